@@ -1,0 +1,53 @@
+"""Cellar: a distributed key/value object store for LLM KV caches.
+
+The package root holds what every part shares: typed errors (`cellar.errors`), the layered
+configuration (`cellar.config`), size/duration units, the small HTTP server, the `cellar`
+command and the local cluster behind `cellar up`. The SDK is exported here lazily
+(`cellar.connect`, `cellar.Client`) so that importing `cellar.master` or
+`cellar.storage_node` never loads client code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cellar.errors import (
+    AlreadyExists,
+    BufferTooSmall,
+    CellarError,
+    ConfigError,
+    IntegrityError,
+    InvalidArgument,
+    NoSpace,
+    NotFound,
+    NotReady,
+    PermissionDenied,
+    QuotaExceeded,
+    Status,
+    Timeout,
+    Unavailable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExists", "BufferTooSmall", "CellarError", "Client", "ConfigError", "IntegrityError",
+    "InvalidArgument", "NoSpace", "NotFound", "NotReady", "PermissionDenied", "QuotaExceeded",
+    "Status", "Timeout", "Unavailable", "alloc_buffer", "connect",
+]
+
+_LAZY = {"connect": "cellar.client", "Client": "cellar.client", "alloc_buffer": "cellar.client"}
+
+if TYPE_CHECKING:
+    from cellar.client import Client, alloc_buffer, connect
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'cellar' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

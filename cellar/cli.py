@@ -1,0 +1,53 @@
+"""The `cellar` command: one entry point, one subcommand per job.
+
+Subcommands are imported lazily so that `cellar master` never loads client code and
+`cellar get` never loads the master.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, function, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "master": ("cellar.master.main", "main", "run the metadata master"),
+    "node": ("cellar.storage_node.main", "main", "run a storage node contributing a DRAM segment"),
+    "up": ("cellar.local_cluster", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
+    "status": ("cellar.client.cli", "status_main", "print the cluster's capacity, nodes and tenants"),
+    "put": ("cellar.client.cli", "put_main", "store a file's bytes under a key"),
+    "get": ("cellar.client.cli", "get_main", "fetch a key's bytes to a file or stdout"),
+    "rm": ("cellar.client.cli", "rm_main", "remove a key"),
+    "bench": ("cellar.bench", "main", "run the data-plane and metadata benchmarks"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: cellar <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_text}" for name, (_m, _f, help_text) in SUBCOMMANDS.items()]
+    lines += ["", "Run `cellar <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] == "--version":
+        from cellar import __version__
+
+        print(f"cellar {__version__}")
+        return 0
+    entry = SUBCOMMANDS.get(argv[0])
+    if entry is None:
+        print(f"cellar: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name, _ = entry
+    func = getattr(importlib.import_module(module_name), func_name)
+    result = func(argv[1:])
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,468 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[Status]
+    NOT_FOUND: _ClassVar[Status]
+    ALREADY_EXISTS: _ClassVar[Status]
+    NO_SPACE: _ClassVar[Status]
+    QUOTA_EXCEEDED: _ClassVar[Status]
+    NOT_READY: _ClassVar[Status]
+    INVALID: _ClassVar[Status]
+    UNAVAILABLE: _ClassVar[Status]
+    PERMISSION_DENIED: _ClassVar[Status]
+    EXPIRED: _ClassVar[Status]
+    INTERNAL: _ClassVar[Status]
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_STATE_ACTIVE: _ClassVar[NodeState]
+    NODE_STATE_SUSPECT: _ClassVar[NodeState]
+    NODE_STATE_EXPIRED: _ClassVar[NodeState]
+    NODE_STATE_DRAINING: _ClassVar[NodeState]
+OK: Status
+NOT_FOUND: Status
+ALREADY_EXISTS: Status
+NO_SPACE: Status
+QUOTA_EXCEEDED: Status
+NOT_READY: Status
+INVALID: Status
+UNAVAILABLE: Status
+PERMISSION_DENIED: Status
+EXPIRED: Status
+INTERNAL: Status
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_STATE_ACTIVE: NodeState
+NODE_STATE_SUSPECT: NodeState
+NODE_STATE_EXPIRED: NodeState
+NODE_STATE_DRAINING: NodeState
+
+class RequestHeader(_message.Message):
+    __slots__ = ("tenant", "client_id", "token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    client_id: str
+    token: str
+    def __init__(self, tenant: _Optional[str] = ..., client_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class ReplyHeader(_message.Message):
+    __slots__ = ("epoch", "master_time_ms")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    master_time_ms: int
+    def __init__(self, epoch: _Optional[int] = ..., master_time_ms: _Optional[int] = ...) -> None: ...
+
+class Endpoint(_message.Message):
+    __slots__ = ("transport", "address", "extra")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    address: str
+    extra: bytes
+    def __init__(self, transport: _Optional[str] = ..., address: _Optional[str] = ..., extra: _Optional[bytes] = ...) -> None: ...
+
+class SegmentInfo(_message.Message):
+    __slots__ = ("segment_id", "node_id", "size_bytes", "host_id", "endpoints")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    node_id: str
+    size_bytes: int
+    host_id: str
+    endpoints: _containers.RepeatedCompositeFieldContainer[Endpoint]
+    def __init__(self, segment_id: _Optional[int] = ..., node_id: _Optional[str] = ..., size_bytes: _Optional[int] = ..., host_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ...) -> None: ...
+
+class Grant(_message.Message):
+    __slots__ = ("op", "alloc_id", "epoch", "expiry_ms", "key_tag", "mac")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_TAG_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    op: int
+    alloc_id: int
+    epoch: int
+    expiry_ms: int
+    key_tag: int
+    mac: bytes
+    def __init__(self, op: _Optional[int] = ..., alloc_id: _Optional[int] = ..., epoch: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., key_tag: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...
+
+class Replica(_message.Message):
+    __slots__ = ("node_id", "segment_id", "offset", "length", "grant")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: int
+    offset: int
+    length: int
+    grant: Grant
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ...) -> None: ...
+
+class KeyResult(_message.Message):
+    __slots__ = ("status", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PutItem(_message.Message):
+    __slots__ = ("key", "size_bytes", "replicas", "soft_pin", "hard_pin", "upsert", "preferred_host_id", "avoid_node_ids")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SOFT_PIN_FIELD_NUMBER: _ClassVar[int]
+    HARD_PIN_FIELD_NUMBER: _ClassVar[int]
+    UPSERT_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    AVOID_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size_bytes: int
+    replicas: int
+    soft_pin: bool
+    hard_pin: bool
+    upsert: bool
+    preferred_host_id: str
+    avoid_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., soft_pin: _Optional[bool] = ..., hard_pin: _Optional[bool] = ..., upsert: _Optional[bool] = ..., preferred_host_id: _Optional[str] = ..., avoid_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("header", "items")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    items: _containers.RepeatedCompositeFieldContainer[PutItem]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutItem, _Mapping]]] = ...) -> None: ...
+
+class PutStartResult(_message.Message):
+    __slots__ = ("status", "message", "put_id", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    put_id: int
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., put_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class PutStartReply(_message.Message):
+    __slots__ = ("header", "results", "segments")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class PutEndItem(_message.Message):
+    __slots__ = ("key", "put_id", "checksum")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    put_id: int
+    checksum: int
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class PutEndRequest(_message.Message):
+    __slots__ = ("header", "items")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ...) -> None: ...
+
+class PutEndReply(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[KeyResult]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+
+class PutRef(_message.Message):
+    __slots__ = ("key", "put_id")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    put_id: int
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ...) -> None: ...
+
+class PutRevokeRequest(_message.Message):
+    __slots__ = ("header", "items")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    items: _containers.RepeatedCompositeFieldContainer[PutRef]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutRef, _Mapping]]] = ...) -> None: ...
+
+class PutRevokeReply(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[KeyResult]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+
+class GetReplicasRequest(_message.Message):
+    __slots__ = ("header", "keys", "unpin_ids")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    UNPIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    unpin_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., unpin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetResult(_message.Message):
+    __slots__ = ("status", "message", "size_bytes", "checksum", "pin_id", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    size_bytes: int
+    checksum: int
+    pin_id: int
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., pin_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class GetReplicasReply(_message.Message):
+    __slots__ = ("header", "results", "segments")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[GetResult]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[GetResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class UnpinRequest(_message.Message):
+    __slots__ = ("header", "pin_ids")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PIN_IDS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    pin_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., pin_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UnpinReply(_message.Message):
+    __slots__ = ("header", "released")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    released: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., released: _Optional[int] = ...) -> None: ...
+
+class KeysRequest(_message.Message):
+    __slots__ = ("header", "keys")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExistsReply(_message.Message):
+    __slots__ = ("header", "statuses")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    statuses: _containers.RepeatedScalarFieldContainer[Status]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., statuses: _Optional[_Iterable[_Union[Status, str]]] = ...) -> None: ...
+
+class PrefixLenReply(_message.Message):
+    __slots__ = ("header", "prefix_len")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    prefix_len: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., prefix_len: _Optional[int] = ...) -> None: ...
+
+class RemoveReply(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[KeyResult]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+
+class RemovePrefixRequest(_message.Message):
+    __slots__ = ("header", "prefix")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    prefix: str
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., prefix: _Optional[str] = ...) -> None: ...
+
+class RemoveAllRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ...) -> None: ...
+
+class RemoveCountReply(_message.Message):
+    __slots__ = ("header", "removed")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    removed: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., removed: _Optional[int] = ...) -> None: ...
+
+class MountSegmentRequest(_message.Message):
+    __slots__ = ("header", "node_id", "incarnation", "segments")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    node_id: str
+    incarnation: int
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class MountSegmentReply(_message.Message):
+    __slots__ = ("header", "results", "heartbeat_interval_ms", "cluster_secret_check")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_SECRET_CHECK_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[KeyResult]
+    heartbeat_interval_ms: int
+    cluster_secret_check: bytes
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ...) -> None: ...
+
+class UnmountSegmentRequest(_message.Message):
+    __slots__ = ("header", "node_id", "segment_ids")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    node_id: str
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UnmountSegmentReply(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    results: _containers.RepeatedCompositeFieldContainer[KeyResult]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+
+class FreedRange(_message.Message):
+    __slots__ = ("segment_id", "alloc_id", "offset", "length")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    alloc_id: int
+    offset: int
+    length: int
+    def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    FREED_ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    node_id: str
+    incarnation: int
+    freed_ack_seq: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("header", "remount", "freed", "freed_seq")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REMOUNT_FIELD_NUMBER: _ClassVar[int]
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    FREED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    remount: bool
+    freed: _containers.RepeatedCompositeFieldContainer[FreedRange]
+    freed_seq: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ...) -> None: ...
+
+class SegmentStatus(_message.Message):
+    __slots__ = ("info", "state", "used_bytes", "object_count")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    info: SegmentInfo
+    state: NodeState
+    used_bytes: int
+    object_count: int
+    def __init__(self, info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., used_bytes: _Optional[int] = ..., object_count: _Optional[int] = ...) -> None: ...
+
+class TenantStatus(_message.Message):
+    __slots__ = ("name", "used_bytes", "quota_bytes", "object_count", "quota_objects")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    used_bytes: int
+    quota_bytes: int
+    object_count: int
+    quota_objects: int
+    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., object_count: _Optional[int] = ..., quota_objects: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusReply(_message.Message):
+    __slots__ = ("header", "segments", "tenants", "object_count", "capacity_bytes", "used_bytes", "role", "leader_address", "max_key_bytes", "max_object_bytes", "max_batch_keys")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_KEYS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentStatus]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
+    object_count: int
+    capacity_bytes: int
+    used_bytes: int
+    role: str
+    leader_address: str
+    max_key_bytes: int
+    max_object_bytes: int
+    max_batch_keys: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., object_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., role: _Optional[str] = ..., leader_address: _Optional[str] = ..., max_key_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,144 @@
+"""Grants: capabilities the master signs and storage nodes check on every data-plane request.
+
+A grant says "this holder may do OP on [offset, offset+length) of segment S, which belongs to
+allocation A of object K, under master epoch E, until EXPIRY". The MAC is keyed BLAKE2b
+(16 bytes) over a fixed little-endian layout of exactly those fields, with the cluster secret
+that the master and every node share. Knowing a node's address is therefore not enough to read
+or write its memory, and a grant cannot be stretched to a neighbouring range.
+
+This module lives in proto/ because it is part of the contract between the master (signs)
+and storage nodes (verify); it holds no state and touches no payload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+GRANT_OP_READ = 1
+GRANT_OP_WRITE = 2
+GRANT_MAC_BYTES = 16
+MIN_SECRET_BYTES = 16
+
+# op, segment_id, offset, length, alloc_id, epoch, expiry_ms, key_tag
+_SIGNED = struct.Struct("<BQQQQQQQ")
+
+
+def key_tag(tenant: str, key: str) -> int:
+    """A 64-bit tag binding a grant to one object (tenant and key)."""
+    return xxhash.xxh64_intdigest(tenant.encode() + b"\0" + key.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    op: int
+    segment_id: int
+    offset: int
+    length: int
+    alloc_id: int
+    epoch: int
+    expiry_ms: int
+    key_tag: int
+    mac: bytes
+
+    def covers(self, segment_id: int, offset: int, length: int) -> bool:
+        """True if [offset, offset+length) of segment_id lies inside the granted range."""
+        return (
+            segment_id == self.segment_id
+            and offset >= self.offset
+            and length >= 0
+            and offset + length <= self.offset + self.length
+        )
+
+
+def compute_mac(
+    secret: bytes,
+    op: int,
+    segment_id: int,
+    offset: int,
+    length: int,
+    alloc_id: int,
+    epoch: int,
+    expiry_ms: int,
+    tag: int,
+) -> bytes:
+    message = _SIGNED.pack(op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag)
+    return hashlib.blake2b(message, key=secret, digest_size=GRANT_MAC_BYTES).digest()
+
+
+def sign(
+    secret: bytes,
+    *,
+    op: int,
+    segment_id: int,
+    offset: int,
+    length: int,
+    alloc_id: int,
+    epoch: int,
+    expiry_ms: int,
+    tag: int,
+) -> Grant:
+    mac = compute_mac(secret, op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag)
+    return Grant(op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag, mac)
+
+
+class GrantRejected(Exception):
+    """Why a grant was refused; `reason` is one of the class constants."""
+
+    BAD_MAC = "bad_mac"
+    EXPIRED = "expired"
+    WRONG_OP = "wrong_op"
+    OUT_OF_RANGE = "out_of_range"
+    STALE_EPOCH = "stale_epoch"
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def verify(
+    secret: bytes,
+    grant: Grant,
+    *,
+    op: int,
+    segment_id: int,
+    offset: int,
+    length: int,
+    now_ms: int,
+    min_epoch: int = 0,
+    allowed_skew_ms: int = 0,
+) -> None:
+    """Raise GrantRejected unless `grant` is authentic, unexpired and covers the request.
+
+    `now_ms` is the verifier's estimate of the master's clock; `allowed_skew_ms` absorbs the
+    error of that estimate. `min_epoch` fences grants from an older master.
+    """
+    expected = compute_mac(
+        secret,
+        grant.op,
+        grant.segment_id,
+        grant.offset,
+        grant.length,
+        grant.alloc_id,
+        grant.epoch,
+        grant.expiry_ms,
+        grant.key_tag,
+    )
+    if not hmac.compare_digest(expected, grant.mac):
+        raise GrantRejected(GrantRejected.BAD_MAC)
+    if grant.op != op:
+        raise GrantRejected(GrantRejected.WRONG_OP, f"grant op {grant.op}, request op {op}")
+    if grant.epoch < min_epoch:
+        raise GrantRejected(GrantRejected.STALE_EPOCH, f"{grant.epoch} < {min_epoch}")
+    if now_ms > grant.expiry_ms + allowed_skew_ms:
+        raise GrantRejected(GrantRejected.EXPIRED, f"{now_ms - grant.expiry_ms} ms ago")
+    if not grant.covers(segment_id, offset, length):
+        raise GrantRejected(
+            GrantRejected.OUT_OF_RANGE,
+            f"[{offset}, +{length}) of segment {segment_id} not inside "
+            f"[{grant.offset}, +{grant.length}) of segment {grant.segment_id}",
+        )

@@ -1,0 +1,171 @@
+"""The data-plane frame: one fixed little-endian header, optional metadata, then the payload.
+
+Every transport that speaks over a byte stream (tcp today) uses exactly this layout, and
+storage nodes check every field of it before touching memory:
+
+request  = REQUEST header (108 bytes) + meta (meta_len bytes) + payload (length bytes, WRITE only)
+response = RESPONSE header (32 bytes) + message (msg_len bytes, errors only)
+           + payload (length bytes, READ with status OK only)
+
+The request header carries the grant the master signed (segment, granted range, allocation,
+epoch, expiry, key tag, MAC) and the range this request touches (offset, length), which must
+lie inside the granted range. Decoding never allocates from a length that has not been
+checked against the limits below; bad magic, version or op is a `FrameError`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from cellar.proto.grant import GRANT_MAC_BYTES, GRANT_OP_READ, GRANT_OP_WRITE, Grant
+
+REQUEST_MAGIC = b"CLRQ"
+RESPONSE_MAGIC = b"CLRP"
+VERSION = 1
+
+# Data ops share their numbers with the grant ops, so a grant's op is the request's op.
+OP_READ = GRANT_OP_READ    # 1
+OP_WRITE = GRANT_OP_WRITE  # 2
+OP_PING = 3  # no grant, no payload: liveness and latency probe
+OPS = frozenset({OP_WRITE, OP_READ, OP_PING})
+
+# Response statuses (frame level; the SDK maps them to its exceptions).
+ST_OK = 0
+ST_BAD_FRAME = 1         # malformed header: the connection is closed after the reply
+ST_BAD_GRANT = 2         # MAC, op or key tag does not match
+ST_EXPIRED = 3           # grant expired
+ST_OUT_OF_RANGE = 4      # range outside the grant or the segment
+ST_UNKNOWN_SEGMENT = 5
+ST_SEALED = 6            # write into an allocation that was already completely written
+ST_TOO_LARGE = 7         # length or meta over the limit
+ST_INTERNAL = 8
+ST_UNSUPPORTED = 9
+ST_STALE_EPOCH = 10      # grant from an older master
+STATUS_NAMES = {
+    ST_OK: "ok", ST_BAD_FRAME: "bad frame", ST_BAD_GRANT: "bad grant", ST_EXPIRED: "grant expired",
+    ST_OUT_OF_RANGE: "out of range", ST_UNKNOWN_SEGMENT: "unknown segment",
+    ST_SEALED: "allocation sealed", ST_TOO_LARGE: "too large", ST_INTERNAL: "internal error",
+    ST_UNSUPPORTED: "unsupported", ST_STALE_EPOCH: "stale epoch",
+}
+
+# Limits (bytes). A node may configure a lower max frame payload; never a higher meta limit.
+MAX_META_BYTES = 4096
+MAX_MESSAGE_BYTES = 1024
+DEFAULT_MAX_FRAME_PAYLOAD_BYTES = 64 << 20
+
+# magic, version, op, flags, meta_len, request_id, segment_id, grant_offset, grant_length,
+# alloc_id, epoch, expiry_ms, key_tag, mac, offset, length
+REQUEST = struct.Struct(f"<4sBBHIQQQQQQQQ{GRANT_MAC_BYTES}sQQ")
+# magic, version, status, flags, msg_len, request_id, length
+RESPONSE = struct.Struct("<4sBBHIQQ")
+# object checksum (xxh3_64 of the whole value), object size, tenant bytes, key bytes
+WRITE_META = struct.Struct("<QQHH")
+
+
+class FrameError(Exception):
+    """A request or response that must be refused with `status`."""
+
+    def __init__(self, status: int, message: str = "") -> None:
+        super().__init__(message or STATUS_NAMES.get(status, str(status)))
+        self.status = status
+        self.message = message or STATUS_NAMES.get(status, str(status))
+
+
+@dataclass(slots=True)
+class RequestHeader:
+    op: int
+    request_id: int
+    segment_id: int
+    offset: int
+    length: int
+    meta_len: int = 0
+    flags: int = 0
+    grant: Grant | None = None
+
+    def pack(self) -> bytes:
+        g = self.grant
+        if g is None:
+            return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags, self.meta_len,
+                                self.request_id, self.segment_id, 0, 0, 0, 0, 0, 0,
+                                bytes(GRANT_MAC_BYTES), self.offset, self.length)
+        return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags, self.meta_len,
+                            self.request_id, g.segment_id, g.offset, g.length, g.alloc_id,
+                            g.epoch, g.expiry_ms, g.key_tag, g.mac, self.offset, self.length)
+
+
+def decode_request(header: bytes | memoryview, *, max_payload_bytes: int) -> RequestHeader:
+    """Parse and bound-check a request header; raises FrameError."""
+    if len(header) != REQUEST.size:
+        raise FrameError(ST_BAD_FRAME, "short header")
+    (magic, version, op, flags, meta_len, request_id, segment_id, grant_offset, grant_length,
+     alloc_id, epoch, expiry_ms, tag, mac, offset, length) = REQUEST.unpack(header)
+    if magic != REQUEST_MAGIC:
+        raise FrameError(ST_BAD_FRAME, "bad magic")
+    if version != VERSION:
+        raise FrameError(ST_UNSUPPORTED, f"frame version {version}")
+    if op not in OPS:
+        raise FrameError(ST_BAD_FRAME, f"unknown op {op}")
+    if meta_len > MAX_META_BYTES:
+        raise FrameError(ST_TOO_LARGE, f"meta {meta_len} > {MAX_META_BYTES} bytes")
+    if length > max_payload_bytes:
+        raise FrameError(ST_TOO_LARGE, f"length {length} > {max_payload_bytes} bytes")
+    grant = None
+    if op != OP_PING:
+        grant = Grant(op, segment_id, grant_offset, grant_length, alloc_id, epoch, expiry_ms,
+                      tag, mac)
+    return RequestHeader(op, request_id, segment_id, offset, length, meta_len, flags, grant)
+
+
+def pack_response(status: int, request_id: int, length: int = 0, message: str = "") -> bytes:
+    """Header plus the (bounded) error message; the READ payload is sent separately."""
+    msg = message.encode()[:MAX_MESSAGE_BYTES] if status != ST_OK else b""
+    return RESPONSE.pack(RESPONSE_MAGIC, VERSION, status, 0, len(msg), request_id, length) + msg
+
+
+@dataclass(slots=True)
+class ResponseHeader:
+    status: int
+    request_id: int
+    length: int
+    msg_len: int
+
+
+def decode_response(header: bytes | memoryview, *, max_payload_bytes: int) -> ResponseHeader:
+    if len(header) != RESPONSE.size:
+        raise FrameError(ST_BAD_FRAME, "short response header")
+    magic, version, status, _flags, msg_len, request_id, length = RESPONSE.unpack(header)
+    if magic != RESPONSE_MAGIC or version != VERSION:
+        raise FrameError(ST_BAD_FRAME, "bad response magic/version")
+    if msg_len > MAX_MESSAGE_BYTES or length > max_payload_bytes:
+        raise FrameError(ST_TOO_LARGE, "response over the limits")
+    return ResponseHeader(status, request_id, length, msg_len)
+
+
+@dataclass(slots=True, frozen=True)
+class WriteMeta:
+    """What a storage node records in its own index for a written allocation."""
+
+    checksum: int
+    object_size: int
+    tenant: str
+    key: str
+
+    def pack(self) -> bytes:
+        tenant, key = self.tenant.encode(), self.key.encode()
+        return WRITE_META.pack(self.checksum, self.object_size, len(tenant), len(key)) + tenant + key
+
+
+def decode_write_meta(meta: bytes | memoryview) -> WriteMeta:
+    if len(meta) < WRITE_META.size:
+        raise FrameError(ST_BAD_FRAME, "short write meta")
+    checksum, object_size, tenant_len, key_len = WRITE_META.unpack_from(meta)
+    if WRITE_META.size + tenant_len + key_len != len(meta):
+        raise FrameError(ST_BAD_FRAME, "write meta lengths disagree")
+    body = bytes(meta[WRITE_META.size:])
+    try:
+        tenant = body[:tenant_len].decode()
+        key = body[tenant_len:].decode()
+    except UnicodeDecodeError:
+        raise FrameError(ST_BAD_FRAME, "write meta is not UTF-8") from None
+    return WriteMeta(checksum, object_size, tenant, key)
