@@ -1,0 +1,12 @@
+"""cellar.bench: `make bench` / `cellar bench`.
+
+Starts its own cluster (a master and one node as child processes), drives it from a client in a
+third process, measures this machine's own ceilings (loopback TCP, page-aligned memcpy) in the
+same run, and reports every figure as a ratio to its ceiling, since these machines are noisy.
+Results go to bench/results/<date>-<host>.json and a Markdown table on stdout. It asserts
+nothing: figures live here, never as timed assertions in tests.
+"""
+
+from cellar.bench.run import main
+
+__all__ = ["main"]

@@ -1,0 +1,166 @@
+"""`cellar bench`: start a cluster, measure, compare with this machine's ceilings, write results.
+
+    cellar bench [--quick] [--out bench/results] [--nodes 1] [--segment-size 6GiB]
+
+Steps (a progress line for each): measure the ceilings (loopback TCP, aligned memcpy); start
+a master and the nodes as child processes; run bench/worker.py in a third process for each
+transport; stop the cluster; write `<out>/<date>-<host>.json` and `.md` and print the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cellar.bench import ceilings
+
+KiB, MiB = 1 << 10, 1 << 20
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+def say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def master_rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_worker(address: str, extra: list[str]) -> list[dict[str, Any]]:
+    command = [sys.executable, "-m", "cellar.bench.worker", "--address", address, *extra]
+    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench worker failed (exit {proc.returncode}): {' '.join(command)}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    ceil = report["ceilings"]
+    lines = [
+        f"Cellar bench, {report['date']} on {report['host']} ({report['cpus']} cores); "
+        f"ceilings in the same run: loopback TCP {ceil['tcp_GBps']:.2f} GB/s, "
+        f"aligned memcpy {ceil['memcpy_aligned_GBps']:.2f} GB/s.",
+        "",
+        "| transport | api | size | batch | put GB/s | put ops/s | put / ceiling "
+        "| get GB/s | get ops/s | get / ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    data = [r for r in report["results"] if r["kind"] == "data"]
+    keys = sorted({(r["transport"], r["api"], r["size_bytes"], r["batch"]) for r in data})
+    for transport, api, size, batch in keys:
+        row = {r["op"]: r for r in data if (r["transport"], r["api"], r["size_bytes"],
+                                             r["batch"]) == (transport, api, size, batch)}
+        ceiling = ceil["tcp_GBps"] if transport == "tcp" else ceil["memcpy_aligned_GBps"]
+        cells = [transport, api, size_label(size), str(batch)]
+        for op in ("put", "get"):
+            r = row.get(op)
+            cells += ([f"{r['GBps']:.2f}", f"{r['ops_per_s']:,.0f}", f"{r['GBps'] / ceiling:.2f}"]
+                      if r else ["-", "-", "-"])
+        lines.append("| " + " | ".join(cells) + " |")
+    latency = [r for r in report["results"] if r["kind"] == "latency"]
+    if latency:
+        lines += ["", "| transport | single op | size | p50 µs | p99 µs |", "|---|---|---|---|---|"]
+        for r in latency:
+            lines.append(f"| {r['transport']} | {r['op']} | {size_label(r['size_bytes'])} | "
+                         f"{r['p50_us']:.0f} | {r['p99_us']:.0f} |")
+    meta = [r for r in report["results"] if r["kind"] == "metadata"]
+    if meta:
+        lines += ["", "| metadata op (batch 128) | objects in table | keys/s |", "|---|---|---|"]
+        for r in meta:
+            pair = "PutStart+PutEnd" if r["op"] == "put" else "GetReplicas+Unpin"
+            lines.append(f"| {pair} | {r['objects']:,} | {r['keys_per_s']:,} |")
+    if report.get("master_rss_bytes_per_million_objects"):
+        lines.append("")
+        lines.append(f"Master RSS: {report['master_rss_bytes_per_million_objects'] / MiB:.0f} MiB "
+                     "per million objects.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cellar bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and one repetition (a smoke run, not figures)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--segment-size", default="6GiB", help="per node")
+    parser.add_argument("--transports", default="tcp", help="comma list")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--metadata-levels", default="10000,1000000",
+                        help="objects in the table for the metadata bench (add 10000000 for "
+                             "the full figure: needs minutes and several GiB)")
+    args = parser.parse_args(argv)
+    from cellar.local_cluster import LocalCluster
+
+    say("measuring this machine's ceilings (loopback TCP, aligned memcpy)")
+    limits = ceilings.measure(reps=1 if args.quick else 3)
+    say(f"ceilings: {limits}")
+    worker_args = ["--reps", str(1 if args.quick else args.reps)]
+    if args.quick:
+        worker_args += ["--sizes", "65536,1048576", "--batches", "1,16",
+                        "--target-bytes", str(32 * MiB), "--latency-samples", "100",
+                        "--metadata-levels", "10000", "--metadata-seconds", "1"]
+    else:
+        worker_args += ["--metadata-levels", args.metadata_levels]
+    results: list[dict[str, Any]] = []
+    rss_per_million = 0.0
+    with LocalCluster(nodes=args.nodes, segment_size=args.segment_size, port=0,
+                      http_port=0) as cluster:
+        say(f"cluster up at {cluster.address}")
+        for transport in args.transports.split(","):
+            say(f"data plane and latency over {transport}")
+            results += run_worker(cluster.address, [*worker_args, "--transport", transport,
+                                                    "--skip", "metadata"])
+        say("metadata")
+        rss_before = master_rss_bytes(cluster.master_pid)
+        results += run_worker(cluster.address, [*worker_args, "--skip", "data,latency"])
+        rss_after = master_rss_bytes(cluster.master_pid)
+        objects = max((r["objects"] for r in results if r["kind"] == "metadata"), default=0)
+        if objects >= 100_000 and rss_after > rss_before:
+            rss_per_million = (rss_after - rss_before) / objects * 1e6
+    now = dt.datetime.now()
+    report = {
+        "date": now.strftime("%Y-%m-%d %H:%M"),
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "quick": args.quick,
+        "ceilings": limits,
+        "results": results,
+        "master_rss_bytes_per_million_objects": round(rss_per_million),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{now.strftime('%Y-%m-%d')}-{socket.gethostname()}{'-quick' if args.quick else ''}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    table = markdown(report)
+    (args.out / f"{stem}.md").write_text(table)
+    print(table)
+    say(f"wrote {args.out / stem}.json and .md")
+    medians = [r["GBps"] for r in results if r["kind"] == "data"]
+    if medians:
+        say(f"median data-plane figure {statistics.median(medians):.2f} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

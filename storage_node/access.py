@@ -1,0 +1,145 @@
+"""NodeAccess: the storage node's `SegmentAccess`, the gate between the network and memory.
+
+The transport server (tcp today; shm and rdma later) calls it from its connection threads to
+turn a decoded request into a memoryview of segment memory. Before it returns a view, every
+request passes, in this order:
+1. the segment is one of this node's (ST_UNKNOWN_SEGMENT);
+2. the grant is authentic (MAC with the cluster secret), for this op, from the current master
+   epoch or newer, unexpired by the node's estimate of the master clock, and covers the
+   requested range (ST_BAD_GRANT, ST_STALE_EPOCH, ST_EXPIRED, ST_OUT_OF_RANGE);
+3. the range lies inside the segment (ST_OUT_OF_RANGE);
+4. writes only: the key tag of the write meta (tenant, key) is the one the grant was signed
+   for (ST_BAD_GRANT), the object fits the grant and the range lies inside the object
+   (ST_OUT_OF_RANGE), and the index accepts the allocation: not sealed, not freed, same
+   metadata as its first write (ST_SEALED, ST_BAD_GRANT).
+
+Invariant: no byte of segment memory is handed out for a request that failed any check, and
+`written` is the only way an allocation's received ranges (and so its sealing) advance.
+It never copies payload bytes itself and never blocks on the network; it is safe to call from
+any number of threads (the index has its own lock, the clock is read-only here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cellar.proto.grant import Grant, GrantRejected, key_tag, verify
+from cellar.storage_node.clock import MasterClock
+from cellar.storage_node.index import ObjectIndex, WriteRefused
+from cellar.storage_node.segment import Segment
+from cellar.transfer.frame import (
+    OP_READ,
+    OP_WRITE,
+    ST_BAD_FRAME,
+    ST_BAD_GRANT,
+    ST_EXPIRED,
+    ST_OUT_OF_RANGE,
+    ST_SEALED,
+    ST_STALE_EPOCH,
+    ST_UNKNOWN_SEGMENT,
+    FrameError,
+    RequestHeader,
+    WriteMeta,
+)
+
+GRANT_STATUS = {
+    GrantRejected.BAD_MAC: ST_BAD_GRANT,
+    GrantRejected.WRONG_OP: ST_BAD_GRANT,
+    GrantRejected.EXPIRED: ST_EXPIRED,
+    GrantRejected.OUT_OF_RANGE: ST_OUT_OF_RANGE,
+    GrantRejected.STALE_EPOCH: ST_STALE_EPOCH,
+}
+REFUSED_STATUS = {
+    WriteRefused.SEALED: ST_SEALED,
+    WriteRefused.FREED: ST_SEALED,  # the allocation takes no more writes, ever
+    WriteRefused.CONFLICT: ST_BAD_GRANT,
+}
+
+
+class NodeAccess:
+    """Implements `cellar.transfer.base.SegmentAccess` for this node's segments."""
+
+    def __init__(
+        self,
+        segments: Mapping[int, Segment],
+        index: ObjectIndex,
+        secret: bytes,
+        clock: MasterClock,
+        *,
+        allowed_skew_ms: int = 1000,
+    ) -> None:
+        self.segments = dict(segments)
+        self.index = index
+        self.clock = clock
+        self._secret = secret
+        self._allowed_skew_ms = allowed_skew_ms
+
+    def writable(self, request: RequestHeader, meta: WriteMeta) -> memoryview:
+        segment, grant = self._check(request, OP_WRITE)
+        if key_tag(meta.tenant, meta.key) != grant.key_tag:
+            raise FrameError(ST_BAD_GRANT, "the write's tenant/key is not the one the grant names")
+        if meta.object_size > grant.length:
+            raise FrameError(
+                ST_OUT_OF_RANGE,
+                f"object of {meta.object_size} bytes does not fit the grant of {grant.length}",
+            )
+        if request.offset + request.length > grant.offset + meta.object_size:
+            raise FrameError(
+                ST_OUT_OF_RANGE,
+                f"[{request.offset}, +{request.length}) runs past the object's end "
+                f"{grant.offset + meta.object_size}",
+            )
+        try:
+            self.index.admit_write(
+                alloc_id=grant.alloc_id,
+                segment_id=segment.segment_id,
+                object_offset=grant.offset,
+                object_size=meta.object_size,
+                tenant=meta.tenant,
+                key=meta.key,
+                checksum=meta.checksum,
+                epoch=grant.epoch,
+                grant_expiry_ms=grant.expiry_ms,
+            )
+        except WriteRefused as exc:
+            raise FrameError(REFUSED_STATUS[exc.reason], str(exc)) from None
+        return segment.view(request.offset, request.length)
+
+    def written(self, request: RequestHeader, meta: WriteMeta) -> None:
+        grant = request.grant
+        assert grant is not None  # writable() accepted this request
+        start = request.offset - grant.offset
+        self.index.record_written(grant.alloc_id, start, start + request.length)
+
+    def readable(self, request: RequestHeader) -> memoryview:
+        segment, _grant = self._check(request, OP_READ)
+        return segment.view(request.offset, request.length)
+
+    def _check(self, request: RequestHeader, op: int) -> tuple[Segment, Grant]:
+        grant = request.grant
+        if grant is None or request.op != op:
+            raise FrameError(ST_BAD_FRAME, "data request without a grant")
+        segment = self.segments.get(request.segment_id)
+        if segment is None:
+            raise FrameError(ST_UNKNOWN_SEGMENT, f"segment {request.segment_id} is not on this node")
+        try:
+            verify(
+                self._secret,
+                grant,
+                op=op,
+                segment_id=request.segment_id,
+                offset=request.offset,
+                length=request.length,
+                now_ms=self.clock.now_ms(),
+                min_epoch=self.clock.epoch,
+                allowed_skew_ms=self._allowed_skew_ms,
+            )
+        except GrantRejected as exc:
+            raise FrameError(GRANT_STATUS.get(exc.reason, ST_BAD_GRANT), str(exc)) from None
+        if not segment.contains(request.offset, request.length):
+            raise FrameError(
+                ST_OUT_OF_RANGE,
+                f"[{request.offset}, +{request.length}) is outside segment {segment.segment_id} "
+                f"({segment.size_bytes} bytes)",
+            )
+        return segment, grant

@@ -1,0 +1,141 @@
+"""NodeConfig: every setting of a storage node, with its unit and help text.
+
+Layered like every Cellar process (defaults < file < `CELLAR_NODE_*` environment < flags) by
+`cellar.config`. `validate()` names the offending field. Identity settings (`node_id`,
+`host_id`) default to values derived from the machine; give `--node-id` explicitly to keep the
+same segment ids (and, from the restart issue on, the same memory) across restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from dataclasses import dataclass
+
+from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
+from cellar.units import parse_host_port
+
+ENV_PREFIX = "CELLAR_NODE_"
+PAGE_BYTES = 4096
+MIN_SEGMENT_BYTES = 1 << 20  # 1 MiB: smaller is useless and makes bin rounding dominate
+MAX_SEGMENTS = 64
+MAX_NODE_ID_CHARS = 128
+_NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def default_node_id() -> str:
+    """Hostname-derived with a random suffix, so two nodes on one machine never collide."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0]) or "node"
+    return f"{host[:64]}-{secrets.token_hex(3)}"
+
+
+def default_host_id() -> str:
+    """The same value for every node on this machine: /etc/machine-id, else the hostname."""
+    try:
+        with open("/etc/machine-id") as f:
+            machine_id = f.read().strip()
+        if machine_id:
+            return machine_id
+    except OSError:
+        pass
+    return socket.gethostname()
+
+
+@dataclass
+class NodeConfig:
+    master: str = setting("127.0.0.1:50051", "master address HOST:PORT")
+    listen: str = setting("127.0.0.1:0", "data-plane (tcp) listen address HOST:PORT; port 0 = any")
+    advertise_host: str = setting(
+        "", "host clients use to reach this node; '' = the listen host (hostname if wildcard)"
+    )
+    http: str = setting("", "HTTP address HOST:PORT for /metrics, /health, /api/v1/status; '' = off")
+    segment_size_bytes: int = setting(
+        1 << 30, "size of each segment (also --segment-size)", unit=UNIT_BYTES
+    )
+    segments: int = setting(1, "number of segments this node contributes")
+    node_id: str = setting(
+        None, "stable node id; default: hostname plus a random suffix",
+        default_factory=default_node_id,
+    )
+    host_id: str = setting(
+        None, "machine id shared by every node on this host (same-host clients use shm)",
+        default_factory=default_host_id,
+    )
+    shm_dir: str = setting("/dev/shm", "directory of the segment files (tmpfs or hugetlbfs)")
+    hugepages: bool = setting(False, "back segments with huge pages (shm_dir must be hugetlbfs)")
+    mlock: bool = setting(False, "lock segment memory into RAM (needs RLIMIT_MEMLOCK)")
+    keep_segments_on_exit: bool = setting(
+        False, "keep the segment files on shutdown (for restart re-attach)"
+    )
+    cluster_secret_file: str = setting(
+        "", "file holding the cluster secret; '' = CELLAR_CLUSTER_SECRET or ~/.cellar/cluster-secret"
+    )
+    heartbeat_interval_s: float = setting(
+        1.0, "heartbeat interval (the master may ask for another)", unit=UNIT_SECONDS
+    )
+    max_frame_payload_bytes: int = setting(
+        64 << 20, "largest payload of one data-plane frame", unit=UNIT_BYTES
+    )
+    max_connections: int = setting(256, "most concurrent data-plane connections")
+    grant_skew_s: float = setting(
+        1.0, "tolerated error of this node's estimate of the master clock", unit=UNIT_SECONDS
+    )
+    master_timeout_s: float = setting(5.0, "deadline of each RPC to the master", unit=UNIT_SECONDS)
+
+    def validate(self) -> None:
+        for name in ("master", "listen"):
+            try:
+                parse_host_port(getattr(self, name))
+            except ValueError as exc:
+                require(False, name, str(exc))
+        if self.http:
+            try:
+                parse_host_port(self.http)
+            except ValueError as exc:
+                require(False, "http", str(exc))
+        require(
+            self.segment_size_bytes >= MIN_SEGMENT_BYTES, "segment_size_bytes",
+            f"{self.segment_size_bytes} bytes is below the minimum {MIN_SEGMENT_BYTES}",
+        )
+        require(
+            self.segment_size_bytes % PAGE_BYTES == 0, "segment_size_bytes",
+            f"{self.segment_size_bytes} bytes is not a multiple of the page size {PAGE_BYTES}",
+        )
+        require(1 <= self.segments <= MAX_SEGMENTS, "segments", f"must be 1..{MAX_SEGMENTS}")
+        require(
+            bool(_NODE_ID_RE.match(self.node_id)) and len(self.node_id) <= MAX_NODE_ID_CHARS,
+            "node_id",
+            f"{self.node_id!r}: use 1..{MAX_NODE_ID_CHARS} of A-Z a-z 0-9 . _ - "
+            "(it names the segment files)",
+        )
+        require(bool(self.host_id) and len(self.host_id) <= 256, "host_id", "must be 1..256 chars")
+        require(bool(self.shm_dir), "shm_dir", "must not be empty")
+        require(os.path.isdir(self.shm_dir), "shm_dir", f"{self.shm_dir} is not a directory")
+        require(
+            0.01 <= self.heartbeat_interval_s <= 60.0, "heartbeat_interval_s", "must be 10ms..60s"
+        )
+        require(
+            PAGE_BYTES <= self.max_frame_payload_bytes <= 1 << 30, "max_frame_payload_bytes",
+            "must be 4KiB..1GiB",
+        )
+        require(1 <= self.max_connections <= 65536, "max_connections", "must be 1..65536")
+        require(0.0 <= self.grant_skew_s <= 60.0, "grant_skew_s", "must be 0..60s")
+        require(0.05 <= self.master_timeout_s <= 300.0, "master_timeout_s", "must be 50ms..300s")
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return parse_host_port(self.listen)
+
+    @property
+    def http_host_port(self) -> tuple[str, int] | None:
+        return parse_host_port(self.http) if self.http else None
+
+    def advertised_host(self, listen_host: str) -> str:
+        """The host part of the tcp endpoint the node mounts with."""
+        if self.advertise_host:
+            return self.advertise_host
+        if listen_host in ("0.0.0.0", "::", ""):
+            return socket.gethostname()
+        return listen_host

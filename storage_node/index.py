@@ -1,0 +1,306 @@
+"""ObjectIndex: the node's own record of the objects it holds, and the sealing rule.
+
+What it owns
+    One entry per allocation this node has received bytes for: alloc_id -> (segment, offset,
+    object size, tenant, key, checksum, epoch, state, write-grant expiry). The first write of an
+    allocation creates the entry (WRITING); received byte ranges are merged as intervals, so a
+    retried chunk never counts twice; when [offset, offset + object size) has arrived completely
+    the entry becomes SEALED. A new master rebuilds its object table from `snapshot()` (the
+    "Cache durability" issue), so the index keeps everything a rebuild needs.
+
+The sealing rule (why the master may reuse a completed object's range at once)
+    Once SEALED, writes to that alloc_id are refused, so a writer whose grant is still valid
+    cannot touch the range again after the object is complete. When the master frees a range
+    (`apply_freed`) the entry is dropped but leaves a tombstone alloc_id -> grant expiry: writes
+    under that allocation stay refused until its grant has expired (plus the allowed clock
+    skew), after which the grant check refuses them anyway and the tombstone is purged. A first
+    write of a new allocation that overlaps an entry proves the master freed that entry (it
+    never hands out a live range twice), so the old entry is tombstoned the same way even if
+    its FreedRange has not arrived yet. Together: a late write from a timed-out writer never
+    lands in someone else's object.
+
+Invariants
+    Entries of one segment never overlap (zero-length objects hold no bytes and are not in the
+    per-segment order). `received_bytes` equals the total length of the merged intervals and
+    never exceeds the object size. An alloc_id is never both an entry and a tombstone.
+    Memory is bounded: entries by the allocations the master made in this node's segments,
+    tombstones by the free rate times the grant TTL (they purge by expiry).
+
+Thread safety
+    Data-plane threads call `admit_write`/`record_written` concurrently with the control loop's
+    `apply_freed`/`clear`; one lock guards everything, held for O(log n + k) work per call.
+
+It never touches segment memory and never decides whether a grant is authentic (access.py
+does); alloc ids are unique per master epoch, which is all this issue relies on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import threading
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Extra time a tombstone outlives its grant's expiry (beyond the allowed skew), so that a
+# correction of the master-clock estimate cannot revive a grant whose tombstone is gone.
+TOMBSTONE_GRACE_MS = 5_000
+
+class AllocState(str, enum.Enum):
+    WRITING = "writing"
+    SEALED = "sealed"
+
+
+@dataclass(slots=True)
+class IndexEntry:
+    alloc_id: int
+    segment_id: int
+    offset: int            # where the object starts in the segment (the grant's offset)
+    length: int            # object size in bytes
+    tenant: str
+    key: str
+    checksum: int          # xxh3_64 of the whole value, as the writer declared it
+    epoch: int             # epoch of the master that granted the write
+    write_grant_expiry_ms: int
+    state: AllocState = AllocState.WRITING
+    received_bytes: int = 0
+    # merged [start, end) ranges received, relative to `offset`; emptied once SEALED
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def copy(self) -> IndexEntry:
+        return dataclasses.replace(self, ranges=list(self.ranges))
+
+
+class WriteRefused(Exception):
+    """A write the index does not accept; `reason` is one of the class constants."""
+
+    SEALED = "sealed"      # the allocation was completely written already
+    FREED = "freed"        # the master freed the allocation (tombstone)
+    CONFLICT = "conflict"  # metadata disagrees with the allocation's first write
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class FreedLike(Protocol):
+    """What apply_freed needs of a proto FreedRange."""
+
+    segment_id: int
+    alloc_id: int
+    offset: int
+    length: int
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentUsage:
+    objects: int = 0
+    sealed_objects: int = 0
+    sealed_bytes: int = 0
+    writing_bytes: int = 0
+
+
+def _merge(ranges: list[tuple[int, int]], start: int, end: int) -> int:
+    """Add [start, end) to sorted, disjoint, non-adjacent `ranges`; return newly covered bytes."""
+    if start >= end:
+        return 0
+    lo = bisect_left(ranges, start, key=lambda r: r[1])  # first range ending at/after start
+    hi = bisect_right(ranges, end, key=lambda r: r[0])   # first range starting after end
+    if lo < hi:
+        old = sum(e - s for s, e in ranges[lo:hi])
+        start, end = min(start, ranges[lo][0]), max(end, ranges[hi - 1][1])
+    else:
+        old = 0
+    ranges[lo:hi] = [(start, end)]
+    return (end - start) - old
+
+
+class ObjectIndex:
+    def __init__(self, *, allowed_skew_ms: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._allowed_skew_ms = allowed_skew_ms
+        self._entries: dict[int, IndexEntry] = {}
+        # per segment: (offset, alloc_id) of entries holding bytes, sorted
+        self._order: dict[int, list[tuple[int, int]]] = {}
+        self._tombstones: dict[int, int] = {}  # alloc_id -> write grant expiry (master ms)
+        self._tombstone_heap: list[tuple[int, int]] = []  # (expiry_ms, alloc_id)
+
+    # ---- data plane ------------------------------------------------------------------
+
+    def admit_write(
+        self,
+        *,
+        alloc_id: int,
+        segment_id: int,
+        object_offset: int,
+        object_size: int,
+        tenant: str,
+        key: str,
+        checksum: int,
+        epoch: int,
+        grant_expiry_ms: int,
+    ) -> None:
+        """Accept a write into this allocation or raise WriteRefused.
+
+        The caller has already checked the grant and that the range lies inside the segment and
+        inside [object_offset, object_offset + object_size).
+        """
+        with self._lock:
+            if alloc_id in self._tombstones:
+                raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
+            entry = self._entries.get(alloc_id)
+            if entry is None:
+                self._drop_overlapping(segment_id, object_offset, object_size)
+                entry = IndexEntry(alloc_id, segment_id, object_offset, object_size, tenant, key,
+                                   checksum, epoch, grant_expiry_ms)
+                self._entries[alloc_id] = entry
+                if object_size > 0:
+                    insort(self._order.setdefault(segment_id, []), (object_offset, alloc_id))
+                return
+            if entry.state is AllocState.SEALED:
+                raise WriteRefused(WriteRefused.SEALED, f"allocation {alloc_id} is complete")
+            if (entry.segment_id, entry.offset, entry.length, entry.tenant, entry.key,
+                    entry.checksum) != (segment_id, object_offset, object_size, tenant, key,
+                                        checksum):
+                raise WriteRefused(
+                    WriteRefused.CONFLICT,
+                    f"allocation {alloc_id} was first written as {entry.tenant!r}/{entry.key!r} "
+                    f"({entry.length} bytes at {entry.offset}, checksum {entry.checksum:#x})",
+                )
+            if grant_expiry_ms > entry.write_grant_expiry_ms:
+                entry.write_grant_expiry_ms = grant_expiry_ms
+
+    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> bool:
+        """Bytes [rel_start, rel_end) of the object arrived; True if this completed it."""
+        with self._lock:
+            entry = self._entries.get(alloc_id)
+            if entry is None or entry.state is AllocState.SEALED:
+                return False  # freed meanwhile, or a concurrent duplicate chunk
+            assert 0 <= rel_start <= rel_end <= entry.length, (rel_start, rel_end, entry.length)
+            entry.received_bytes += _merge(entry.ranges, rel_start, rel_end)
+            assert entry.received_bytes <= entry.length
+            if entry.received_bytes == entry.length:
+                entry.state = AllocState.SEALED
+                entry.ranges = []
+                return True
+            return False
+
+    # ---- control plane ---------------------------------------------------------------
+
+    def apply_freed(self, ranges: Iterable[FreedLike], now_ms: int) -> int:
+        """Drop the entries the master freed, tombstoning them; returns how many were dropped."""
+        dropped = 0
+        with self._lock:
+            for freed in ranges:
+                entry = self._entries.get(freed.alloc_id)
+                if entry is not None:
+                    self._drop(entry)
+                    dropped += 1
+            self._purge(now_ms)
+        return dropped
+
+    def purge(self, now_ms: int) -> int:
+        """Forget tombstones whose grants have expired; returns how many."""
+        with self._lock:
+            return self._purge(now_ms)
+
+    def clear(self, now_ms: int) -> None:
+        """Forget every entry: the master this node (re)mounted on starts with an empty view.
+
+        Entries become tombstones until their write grants expire: after a remount on a master
+        with the same epoch, a grant issued before the remount may still be valid, and its
+        writes must not land in ranges the master now hands out again. (The "Cache
+        durability" issue replaces this with a rebuild of the master from `snapshot()`.)
+        """
+        with self._lock:
+            for entry in list(self._entries.values()):
+                self._drop(entry)
+            assert not self._entries
+            self._order.clear()
+            self._purge(now_ms)
+
+    # ---- queries ---------------------------------------------------------------------
+
+    def get(self, alloc_id: int) -> IndexEntry | None:
+        with self._lock:
+            entry = self._entries.get(alloc_id)
+            return entry.copy() if entry is not None else None
+
+    def is_tombstoned(self, alloc_id: int) -> bool:
+        with self._lock:
+            return alloc_id in self._tombstones
+
+    def snapshot(self) -> list[IndexEntry]:
+        """Copies of every entry (WRITING and SEALED), for a master's rebuild."""
+        with self._lock:
+            return [entry.copy() for entry in self._entries.values()]
+
+    def usage(self) -> dict[int, SegmentUsage]:
+        """Per-segment object counts and bytes."""
+        out: dict[int, list[int]] = {}
+        with self._lock:
+            for entry in self._entries.values():
+                row = out.setdefault(entry.segment_id, [0, 0, 0, 0])
+                row[0] += 1
+                if entry.state is AllocState.SEALED:
+                    row[1] += 1
+                    row[2] += entry.length
+                else:
+                    row[3] += entry.received_bytes
+        return {seg: SegmentUsage(*row) for seg, row in out.items()}
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            sealed = sum(1 for e in self._entries.values() if e.state is AllocState.SEALED)
+            return {"entries": len(self._entries), "sealed": sealed,
+                    "writing": len(self._entries) - sealed, "tombstones": len(self._tombstones)}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # ---- internals (lock held) -------------------------------------------------------
+
+    def _drop(self, entry: IndexEntry) -> None:
+        del self._entries[entry.alloc_id]
+        if entry.length > 0:
+            order = self._order.get(entry.segment_id)
+            if order is not None:
+                i = bisect_left(order, (entry.offset, entry.alloc_id))
+                if i < len(order) and order[i] == (entry.offset, entry.alloc_id):
+                    del order[i]
+        self._tombstones[entry.alloc_id] = entry.write_grant_expiry_ms
+        heapq.heappush(self._tombstone_heap, (entry.write_grant_expiry_ms, entry.alloc_id))
+
+    def _drop_overlapping(self, segment_id: int, offset: int, length: int) -> None:
+        order = self._order.get(segment_id)
+        if not order or length <= 0:
+            return
+        end = offset + length
+        i = bisect_left(order, (offset, -1))
+        if i > 0:
+            i -= 1  # the entry starting before `offset` may reach into it
+        victims = []
+        while i < len(order) and order[i][0] < end:
+            entry = self._entries[order[i][1]]
+            if entry.end() > offset:
+                victims.append(entry)
+            i += 1
+        for entry in victims:
+            self._drop(entry)
+
+    def _purge(self, now_ms: int) -> int:
+        purged = 0
+        heap = self._tombstone_heap
+        horizon = now_ms - self._allowed_skew_ms - TOMBSTONE_GRACE_MS
+        while heap and heap[0][0] < horizon:
+            expiry, alloc_id = heapq.heappop(heap)
+            if self._tombstones.get(alloc_id) == expiry:
+                del self._tombstones[alloc_id]
+                purged += 1
+        return purged

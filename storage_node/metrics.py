@@ -1,0 +1,117 @@
+"""Node observability: Prometheus metrics and the HTTP endpoints beside them.
+
+Metrics live in a per-process registry and are computed at scrape time from the sources that
+already count them: the data server's stats (bytes, requests, errors, connections), the
+index (objects and sealed bytes per segment) and the control loop (master connection). So
+the data-plane hot path pays for no Prometheus call of its own.
+
+Endpoints (only when `--http` is given): `/metrics`, `/health` (200 once mounted, else 503),
+`/api/v1/status` (JSON: node id, segments, index counts, master epoch, connected).
+It never changes node state; every handler only reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.segment import Segment
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cellar.http import HttpServer, Request, Response
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "_")
+
+
+class NodeCollector(Collector):
+    """Reads the node's counters at scrape time."""
+
+    def __init__(
+        self,
+        segments: Mapping[int, Segment],
+        index: ObjectIndex,
+        server_stats: Callable[[], Mapping[str, Any]],
+        master_connected: Callable[[], bool],
+    ) -> None:
+        self._segments = segments
+        self._index = index
+        self._server_stats = server_stats
+        self._master_connected = master_connected
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._server_stats()
+        yield CounterMetricFamily("node_bytes_written", "payload bytes received by writes",
+                                  value=stats.get("bytes_in", 0))
+        yield CounterMetricFamily("node_bytes_read", "payload bytes sent by reads",
+                                  value=stats.get("bytes_out", 0))
+        requests = CounterMetricFamily("node_requests", "data-plane requests served",
+                                       labels=["op"])
+        for op, count in sorted(stats.get("requests", {}).items()):
+            requests.add_metric([op], count)
+        yield requests
+        errors = CounterMetricFamily("node_request_errors", "data-plane requests refused",
+                                     labels=["status"])
+        for status, count in sorted(stats.get("errors", {}).items()):
+            errors.add_metric([_slug(status)], count)
+        yield errors
+        yield GaugeMetricFamily("node_active_connections", "open data-plane connections",
+                                value=stats.get("active_connections", 0))
+        yield CounterMetricFamily("node_connections_refused", "connections over the limit",
+                                  value=stats.get("connections_refused", 0))
+        usage = self._index.usage()
+        capacity = GaugeMetricFamily("node_segment_capacity_bytes", "segment size",
+                                     labels=["segment"])
+        sealed = GaugeMetricFamily("node_segment_sealed_bytes",
+                                   "bytes of completely written objects", labels=["segment"])
+        objects = GaugeMetricFamily("node_objects", "objects in the node's index",
+                                    labels=["segment"])
+        for seg_id, segment in sorted(self._segments.items()):
+            label = [str(seg_id)]
+            row = usage.get(seg_id)
+            capacity.add_metric(label, segment.size_bytes)
+            sealed.add_metric(label, row.sealed_bytes if row else 0)
+            objects.add_metric(label, row.objects if row else 0)
+        yield capacity
+        yield sealed
+        yield objects
+        yield GaugeMetricFamily("node_index_tombstones",
+                                "freed allocations still refusing writes",
+                                value=self._index.counts()["tombstones"])
+        yield GaugeMetricFamily("node_master_connected", "1 if the last master RPC succeeded",
+                                value=1 if self._master_connected() else 0)
+
+
+def build_registry(collector: NodeCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def build_http(
+    registry: CollectorRegistry,
+    status: Callable[[], dict[str, Any]],
+    healthy: Callable[[], bool],
+) -> HttpServer:
+    server = HttpServer()
+
+    async def metrics(_request: Request) -> Response:
+        return Response(200, generate_latest(registry), CONTENT_TYPE)
+
+    async def health(_request: Request) -> Response:
+        ok = healthy()
+        return Response.json({"status": "ok" if ok else "not mounted"}, 200 if ok else 503)
+
+    async def api_status(_request: Request) -> Response:
+        return Response.json(status())
+
+    server.route("GET", "/metrics", metrics)
+    server.route("GET", "/health", health)
+    server.route("GET", "/api/v1/status", api_status)
+    return server

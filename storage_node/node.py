@@ -1,0 +1,155 @@
+"""StorageNode: one node process's parts, wired together, and their start/stop order.
+
+Start: segments (mapped memory) -> index and clock -> NodeAccess -> TCP data server ->
+optional HTTP -> control loop (mount, then heartbeats). The node is "ready" once its first
+mount succeeded: only then can clients be handed grants for it.
+Stop (reverse): control loop stops and unmounts (so the master stops placing here) -> HTTP ->
+data server (connections closed, threads joined) -> segments unmapped and their files
+unlinked unless `keep_segments_on_exit`.
+
+It owns no policy of its own; each rule lives in the module named for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cellar.storage_node.access import NodeAccess
+from cellar.storage_node.clock import MasterClock
+from cellar.storage_node.config import NodeConfig
+from cellar.storage_node.control import ControlLoop
+from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.metrics import NodeCollector, build_http, build_registry
+from cellar.storage_node.segment import Segment
+from cellar.transfer.tcp_server import TcpDataServer
+
+from cellar.http import HttpServer
+from cellar.units import format_size
+
+log = logging.getLogger("cellar.node")
+
+
+class StorageNode:
+    def __init__(self, cfg: NodeConfig, secret: bytes) -> None:
+        self.cfg = cfg
+        self.secret = secret
+        self.segments: list[Segment] = []
+        self.index = ObjectIndex(allowed_skew_ms=int(cfg.grant_skew_s * 1000))
+        self.clock = MasterClock()
+        self.access: NodeAccess | None = None
+        self.server: TcpDataServer | None = None
+        self.control: ControlLoop | None = None
+        self.http: HttpServer | None = None
+        self.tcp_address = ""
+        self.http_address = ""
+
+    # ---- start -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the segments and start the data server (raises SegmentError / OSError)."""
+        cfg = self.cfg
+        try:
+            for i in range(cfg.segments):
+                self.segments.append(Segment.create(
+                    cfg.shm_dir, cfg.node_id, i, cfg.segment_size_bytes,
+                    hugepages=cfg.hugepages, mlock=cfg.mlock,
+                ))
+            by_id = {s.segment_id: s for s in self.segments}
+            assert len(by_id) == len(self.segments), "segment id collision"
+            self.access = NodeAccess(by_id, self.index, self.secret, self.clock,
+                                     allowed_skew_ms=int(cfg.grant_skew_s * 1000))
+            host, port = cfg.listen_host_port
+            self.server = TcpDataServer(self.access, host, port,
+                                        max_frame_payload_bytes=cfg.max_frame_payload_bytes,
+                                        max_connections=cfg.max_connections)
+            port = self.server.start()
+        except BaseException:
+            self.close()
+            raise
+        advertised = cfg.advertised_host(host)
+        self.tcp_address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
+        self.control = ControlLoop(
+            node_id=cfg.node_id, host_id=cfg.host_id, master=cfg.master, segments=self.segments,
+            tcp_address=self.tcp_address, index=self.index, clock=self.clock,
+            heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
+        )
+
+    async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
+        """Serve until `stop` is set; call `on_ready` once the first mount succeeded."""
+        assert self.control is not None and self.server is not None, "open() first"
+        control = self.control
+        if self.cfg.http_host_port is not None:
+            host, port = self.cfg.http_host_port
+            collector = NodeCollector({s.segment_id: s for s in self.segments}, self.index,
+                                      self.server.stats.snapshot, lambda: control.connected)
+            self.http = build_http(build_registry(collector), self.status,
+                                   lambda: control.mount_count > 0)
+            port = await self.http.start(host, port)
+            self.http_address = f"{host}:{port}"
+        task = asyncio.create_task(control.run(stop), name="cellar-node-control")
+        try:
+            mounted = asyncio.create_task(control.first_mount.wait())
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({mounted, stopped, task}, return_when=asyncio.FIRST_COMPLETED)
+            mounted.cancel()
+            stopped.cancel()
+            if control.first_mount.is_set() and on_ready is not None:
+                on_ready()
+            await stop.wait()
+        finally:
+            if not task.done():
+                stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await control.unmount()
+            await control.close()
+            if self.http is not None:
+                await self.http.stop()
+
+    # ---- stop --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the data server and release the segments. Safe to call twice."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        for segment in self.segments:
+            segment.close(unlink=not self.cfg.keep_segments_on_exit)
+        self.segments = []
+
+    # ---- views -------------------------------------------------------------------------
+
+    def ready_line(self) -> str:
+        cfg = self.cfg
+        return (
+            f"cellar node {cfg.node_id} serving tcp {self.tcp_address} "
+            f"(http {self.http_address or 'off'}, segments {len(self.segments)} x "
+            f"{format_size(cfg.segment_size_bytes)}) mounted on {cfg.master}"
+        )
+
+    def status(self) -> dict[str, Any]:
+        usage = self.index.usage()
+        segments = []
+        for s in self.segments:
+            row = usage.get(s.segment_id)
+            segments.append({
+                "segment_id": s.segment_id, "index": s.index, "size_bytes": s.size_bytes,
+                "path": str(s.path) if s.path else "",
+                "objects": row.objects if row else 0,
+                "sealed_objects": row.sealed_objects if row else 0,
+                "sealed_bytes": row.sealed_bytes if row else 0,
+            })
+        return {
+            "node_id": self.cfg.node_id,
+            "host_id": self.cfg.host_id,
+            "tcp": self.tcp_address,
+            "http": self.http_address,
+            "segments": segments,
+            "index": self.index.counts(),
+            "master": self.control.status() if self.control else {},
+            "data_plane": self.server.stats.snapshot() if self.server else {},
+        }
