@@ -1,0 +1,180 @@
+"""MasterConfig: every setting and limit of the master, with its unit, default and help.
+
+Layered by `cellar.config` (defaults < file < `CELLAR_MASTER_*` environment < flags) and
+printed by `cellar master --print-config`. `validate()` rejects inconsistent values naming
+the field, so a bad configuration stops the process before it listens.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
+from cellar.errors import ConfigError
+from cellar.units import parse_host_port, parse_size_bytes
+
+ENV_PREFIX = "CELLAR_MASTER_"
+DEFAULT_TENANT = "default"
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_SEGMENT_BYTES = 1 << 48
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """A tenant's limits; 0 means unlimited."""
+
+    quota_bytes: int = 0
+    quota_objects: int = 0
+
+
+def parse_tenant_quota(name: str, raw: Any, field: str = "tenants") -> TenantQuota:
+    """{"quota_bytes": "4GiB", "quota_objects": 1000} -> TenantQuota; ConfigError naming `field`."""
+    if not isinstance(name, str) or not TENANT_NAME.match(name):
+        raise ConfigError(field, f"bad tenant name {name!r} (letters, digits, . _ -; at most 128)")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(field, f"tenant {name!r}: expected a mapping with quota_bytes/quota_objects")
+    unknown = set(raw) - {"quota_bytes", "quota_objects", "name"}
+    if unknown:
+        raise ConfigError(field, f"tenant {name!r}: unknown keys {sorted(unknown)}")
+    try:
+        quota_bytes = parse_size_bytes(raw.get("quota_bytes", 0) or 0)
+        quota_objects = raw.get("quota_objects", 0) or 0
+        if isinstance(quota_objects, bool) or not isinstance(quota_objects, (int, str)):
+            raise ValueError(f"quota_objects: not an integer: {quota_objects!r}")
+        quota_objects = int(quota_objects)
+    except ValueError as exc:
+        raise ConfigError(field, f"tenant {name!r}: {exc}") from None
+    if quota_bytes < 0 or quota_objects < 0:
+        raise ConfigError(field, f"tenant {name!r}: quotas must be >= 0")
+    return TenantQuota(quota_bytes, quota_objects)
+
+
+@dataclass
+class MasterConfig:
+    listen: str = setting("127.0.0.1:50051", "gRPC listen address HOST:PORT (port 0 picks one)")
+    http: str = setting("127.0.0.1:9400", "HTTP address for /metrics, /health and the admin API")
+    cluster_secret_file: str = setting(
+        "", "file holding the hex cluster secret for grant MACs (empty: ~/.cellar/cluster-secret; "
+        "env CELLAR_CLUSTER_SECRET wins)"
+    )
+    default_replicas: int = setting(1, "replicas per object when a put asks for 0", unit="replicas")
+    max_replicas: int = setting(8, "most replicas one object may ask for", unit="replicas")
+    max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)
+    max_batch_keys: int = setting(1024, "most keys (or pin ids) in one batched request", unit="keys")
+    pin_ttl_s: float = setting(10.0, "a read pin (and its read grant) expires after this", unit=UNIT_SECONDS)
+    max_pins_per_client: int = setting(65536, "most live pins one client id may hold", unit="pins")
+    write_grant_ttl_s: float = setting(
+        30.0, "write grants expire and unfinished puts are revoked after this", unit=UNIT_SECONDS
+    )
+    grant_skew_s: float = setting(
+        1.0, "clock-skew margin added before a revoked put's range is reused", unit=UNIT_SECONDS
+    )
+    heartbeat_interval_s: float = setting(1.0, "how often nodes are told to heartbeat", unit=UNIT_SECONDS)
+    node_suspect_after_s: float = setting(
+        3.0, "a node silent this long gets no new placements (SUSPECT)", unit=UNIT_SECONDS
+    )
+    node_expire_after_s: float = setting(
+        10.0, "a node silent this long is EXPIRED and its replicas dropped", unit=UNIT_SECONDS
+    )
+    new_node_ramp_s: float = setting(
+        10.0, "a newly mounted node's placement weight ramps up over this", unit=UNIT_SECONDS
+    )
+    placement_choices: int = setting(3, "segments sampled per replica (power of k choices)", unit="segments")
+    eviction_high_watermark: float = setting(
+        0.90, "evict in the background when used/capacity exceeds this", unit="fraction"
+    )
+    eviction_low_watermark: float = setting(
+        0.85, "background eviction stops at this used/capacity", unit="fraction"
+    )
+    eviction_samples: int = setting(16, "objects sampled per eviction (approximate LRU)", unit="objects")
+    max_evictions_per_put: int = setting(
+        64, "most objects one put may evict synchronously to make room", unit="objects"
+    )
+    max_evictions_per_tick: int = setting(
+        20000, "most objects one background eviction tick may evict", unit="objects"
+    )
+    tick_interval_s: float = setting(
+        0.1, "period of the background sweeps (membership, pins, puts, quarantine, eviction)",
+        unit=UNIT_SECONDS,
+    )
+    max_freed_per_heartbeat: int = setting(
+        4096, "most freed-range notices returned in one heartbeat reply", unit="ranges"
+    )
+    max_freed_backlog: int = setting(
+        1_000_000, "most unacknowledged freed-range notices kept per node (oldest dropped)",
+        unit="ranges",
+    )
+    max_segments_per_node: int = setting(64, "most segments one node may mount", unit="segments")
+    grpc_max_message_bytes: int = setting(
+        4 << 20, "largest gRPC message the master sends or accepts", unit=UNIT_BYTES
+    )
+    tenants: dict[str, Any] = setting(
+        None, "tenant quotas: {name: {quota_bytes: '4GiB', quota_objects: N}}; 0 = unlimited",
+        flag=False, default_factory=dict,
+    )
+    allow_unknown_tenants: bool = setting(
+        False, "accept requests from tenants not configured (created unlimited)"
+    )
+
+    def validate(self) -> None:
+        for name in ("listen", "http"):
+            try:
+                parse_host_port(getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(name, str(exc)) from None
+        require(self.default_replicas >= 1, "default_replicas", "must be >= 1")
+        require(1 <= self.max_replicas <= 64, "max_replicas", "must be in [1, 64]")
+        require(self.default_replicas <= self.max_replicas, "default_replicas", "must be <= max_replicas")
+        require(1 <= self.max_key_bytes <= 1 << 16, "max_key_bytes", "must be in [1, 65536]")
+        require(1 <= self.max_batch_keys <= 1 << 16, "max_batch_keys", "must be in [1, 65536]")
+        require(self.pin_ttl_s > 0, "pin_ttl_s", "must be > 0")
+        require(self.max_pins_per_client >= 1, "max_pins_per_client", "must be >= 1")
+        require(self.write_grant_ttl_s > 0, "write_grant_ttl_s", "must be > 0")
+        require(self.grant_skew_s >= 0, "grant_skew_s", "must be >= 0")
+        require(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
+        require(
+            self.node_suspect_after_s > self.heartbeat_interval_s, "node_suspect_after_s",
+            "must be greater than heartbeat_interval_s",
+        )
+        require(
+            self.node_expire_after_s > self.node_suspect_after_s, "node_expire_after_s",
+            "must be greater than node_suspect_after_s",
+        )
+        require(self.new_node_ramp_s >= 0, "new_node_ramp_s", "must be >= 0")
+        require(1 <= self.placement_choices <= 64, "placement_choices", "must be in [1, 64]")
+        require(
+            0 < self.eviction_low_watermark <= 1, "eviction_low_watermark", "must be in (0, 1]"
+        )
+        require(
+            0 < self.eviction_high_watermark <= 1, "eviction_high_watermark", "must be in (0, 1]"
+        )
+        require(
+            self.eviction_high_watermark >= self.eviction_low_watermark, "eviction_high_watermark",
+            f"{self.eviction_high_watermark} is below eviction_low_watermark "
+            f"{self.eviction_low_watermark}",
+        )
+        require(1 <= self.eviction_samples <= 1024, "eviction_samples", "must be in [1, 1024]")
+        require(self.max_evictions_per_put >= 0, "max_evictions_per_put", "must be >= 0")
+        require(self.max_evictions_per_tick >= 1, "max_evictions_per_tick", "must be >= 1")
+        require(0 < self.tick_interval_s <= 5, "tick_interval_s", "must be in (0, 5]")
+        require(self.max_freed_per_heartbeat >= 1, "max_freed_per_heartbeat", "must be >= 1")
+        require(self.max_freed_backlog >= 1, "max_freed_backlog", "must be >= 1")
+        require(self.max_segments_per_node >= 1, "max_segments_per_node", "must be >= 1")
+        require(
+            64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
+            "must be in [64KiB, 1GiB]",
+        )
+        if not isinstance(self.tenants, dict):
+            raise ConfigError("tenants", "expected a mapping of tenant name to quotas")
+        for name, raw in self.tenants.items():
+            parse_tenant_quota(name, raw)
+
+    def tenant_quotas(self) -> dict[str, TenantQuota]:
+        """The configured tenants, parsed; `default` is always present."""
+        quotas = {name: parse_tenant_quota(name, raw) for name, raw in self.tenants.items()}
+        quotas.setdefault(DEFAULT_TENANT, TenantQuota())
+        return quotas

@@ -1,0 +1,196 @@
+"""Eviction: which object to drop when memory or a tenant's quota runs short.
+
+The policy
+    By bytes, approximate LRU on last access. An object's `last_access` is the monotonic time of
+    its PutEnd or of the last GetReplicas that returned it; Exists and PrefixLen never touch it
+    (a probe must not keep an object alive). Eviction runs
+    - in the background when used/capacity goes above the high watermark (0.90), down to the low
+      watermark (0.85), at most `max_evictions_per_tick` objects per tick;
+    - synchronously inside PutStart when no segment has room, at most `max_evictions_per_put`
+      objects per key, so a writer is refused NO_SPACE only when nothing was evictable;
+    - per tenant, inside PutStart, when the tenant would go over its quota: only that tenant's
+      own objects, and QUOTA_EXCEEDED only when none of them is evictable.
+
+Why approximate (like Redis's evict.c)
+    An exact LRU needs a linked list touched on every read; in CPython an OrderedDict entry costs
+    ~100 bytes and a move_to_end per read. Instead every evictable object sits in a flat list
+    (a "pool"), knows its index, and leaves it by swap-with-last: O(1) with one pointer per object.
+    To pick a victim we sample `eviction_samples` (16) random entries and take the one accessed
+    longest ago. Like Redis's sampling, the victim is almost always among the oldest few percent,
+    which is what an LRU cache needs; a pool no larger than the sample is scanned exactly, so small
+    caches (and the unit tests) get exact LRU order. A touch is one attribute store.
+
+What it skips
+    - read-pinned objects (a reader holds a pin from GetReplicas until Unpin or the pin TTL): they
+      stay in the pool, are skipped when sampled, and each pool counts them so "nothing evictable"
+      is known without scanning;
+    - hard-pinned objects are never in a pool: they are never evicted (they count against quota);
+    - soft-pinned objects live in a second pool that is only sampled when the first has nothing
+      evictable (the "second pass").
+    WRITING objects are never in a pool; they are dropped by revoke or by the writer timeout.
+
+What it never does: free ranges itself (it calls the object table's `drop`, which knows about
+pins and quarantine) or look at payload bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cellar.master.objects import Obj
+    from cellar.master.tenants import Tenant
+
+NORMAL = 1  # pool kinds (index into the pools tuples); 0 = not in any pool
+SOFT = 2
+_SAMPLE_ROUNDS = 4
+
+
+class Pool:
+    """A flat list of evictable objects; each object knows its index (gslot or tslot)."""
+
+    __slots__ = ("items", "pinned", "is_global")
+
+    def __init__(self, is_global: bool) -> None:
+        self.items: list[Obj] = []
+        self.pinned = 0  # how many items have pins > 0
+        self.is_global = is_global
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, obj: Obj) -> None:
+        if self.is_global:
+            obj.gslot = len(self.items)
+        else:
+            obj.tslot = len(self.items)
+        self.items.append(obj)
+
+    def remove(self, obj: Obj) -> None:
+        items = self.items
+        slot = obj.gslot if self.is_global else obj.tslot
+        assert items[slot] is obj, "eviction pool slot out of sync"
+        last = items.pop()
+        if last is not obj:
+            items[slot] = last
+            if self.is_global:
+                last.gslot = slot
+            else:
+                last.tslot = slot
+
+    def evictable(self) -> int:
+        return len(self.items) - self.pinned
+
+
+class Evictor:
+    """Owns the global pools, picks victims and runs the eviction loops."""
+
+    def __init__(self, samples: int, drop: Callable[[Obj], int], rng: random.Random) -> None:
+        self.samples = samples
+        self._drop = drop  # ObjectTable.drop bound to "now": returns bytes freed at once
+        self._random = rng.random
+        self.pools: tuple[Pool, Pool, Pool] = (Pool(True), Pool(True), Pool(True))
+        self.evicted_keys = 0
+        self.evicted_bytes = 0
+        self.attempts = 0  # eviction runs started (watermark ticks, PutStart, quota)
+        self.successes = 0  # eviction runs that evicted at least one object
+
+    # ---------------------------------------------------------------- pool membership
+
+    def enter(self, obj: Obj) -> None:
+        """A COMPLETE, visible, not hard-pinned object becomes evictable."""
+        kind = SOFT if obj.pin_kind == SOFT else NORMAL
+        obj.pool_kind = kind
+        self.pools[kind].add(obj)
+        obj.tenant.pools[kind].add(obj)
+        if obj.pins:
+            self.pools[kind].pinned += 1
+            obj.tenant.pools[kind].pinned += 1
+
+    def leave(self, obj: Obj) -> None:
+        kind = obj.pool_kind
+        if not kind:
+            return
+        obj.pool_kind = 0
+        self.pools[kind].remove(obj)
+        obj.tenant.pools[kind].remove(obj)
+        if obj.pins:
+            self.pools[kind].pinned -= 1
+            obj.tenant.pools[kind].pinned -= 1
+
+    def on_first_pin(self, obj: Obj) -> None:
+        kind = obj.pool_kind
+        if kind:
+            self.pools[kind].pinned += 1
+            obj.tenant.pools[kind].pinned += 1
+
+    def on_last_unpin(self, obj: Obj) -> None:
+        kind = obj.pool_kind
+        if kind:
+            self.pools[kind].pinned -= 1
+            obj.tenant.pools[kind].pinned -= 1
+
+    # ---------------------------------------------------------------- victims
+
+    def _sample(self, pool: Pool) -> Obj | None:
+        """The least recently accessed unpinned object among a random sample (None if none)."""
+        if pool.evictable() <= 0:
+            return None
+        items = pool.items
+        count = len(items)
+        best: Obj | None = None
+        if count <= self.samples:
+            for obj in items:
+                if not obj.pins and (best is None or obj.last_access < best.last_access):
+                    best = obj
+            return best
+        rand = self._random
+        for _ in range(_SAMPLE_ROUNDS):
+            for _ in range(self.samples):
+                obj = items[int(rand() * count)]
+                if not obj.pins and (best is None or obj.last_access < best.last_access):
+                    best = obj
+            if best is not None:
+                return best
+        # Almost everything sampled was pinned; the pool counts say something is not: find it.
+        for obj in items:
+            if not obj.pins:
+                return obj
+        raise AssertionError("eviction pool pinned count out of sync")
+
+    def victim(self, tenant: Tenant | None = None) -> Obj | None:
+        """Next object to evict: normal pool first, soft-pinned only when it has none."""
+        pools = self.pools if tenant is None else tenant.pools
+        victim = self._sample(pools[NORMAL])
+        if victim is None:
+            victim = self._sample(pools[SOFT])
+        return victim
+
+    def evict_one(self, tenant: Tenant | None = None) -> int:
+        """Evict one object (of `tenant` if given); bytes it held, or -1 if nothing evictable."""
+        victim = self.victim(tenant)
+        if victim is None:
+            return -1
+        held = victim.reserved * len(victim.replicas)
+        self._drop(victim)
+        self.evicted_keys += 1
+        self.evicted_bytes += held
+        return held
+
+    def evict_to_watermark(self, used_bytes: int, low_bytes: int, limit: int) -> tuple[int, bool]:
+        """Evict until used <= low or `limit` objects; returns (evicted, reached_low)."""
+        self.attempts += 1
+        evicted = 0
+        while used_bytes > low_bytes:
+            if evicted >= limit:
+                return evicted, False
+            held = self.evict_one()
+            if held < 0:
+                return evicted, True  # nothing evictable: stop trying until the next crossing
+            used_bytes -= held
+            evicted += 1
+            if evicted == 1:
+                self.successes += 1
+        return evicted, True

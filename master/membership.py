@@ -1,0 +1,255 @@
+"""Membership: which storage nodes and segments exist, whether they are alive, what they must drop.
+
+Owns the node table (node id, incarnation, state, last heartbeat), the segment table (one
+`SegmentAllocator` per mounted segment), the placement candidate lists (segments of ACTIVE
+nodes, by host) and each node's freed-range outbox (ranges the master no longer assigns, which
+the node drops from its own index once it acknowledges them in a heartbeat).
+
+Liveness is measured on the monotonic clock: a node silent for `node_suspect_after_s` is
+SUSPECT (its replicas are still served, it gets no new placements), after `node_expire_after_s`
+it is EXPIRED: `tick` hands it back to the service, which drops its replicas, and `forget`
+removes it so that a later mount starts clean. Stall guard: the ticker measures its own loop
+lag and `credit_lag` adds that time to every node's last heartbeat, so a master that was
+stopped or stalled never expires nodes for a period it was not listening.
+
+Invariant: a segment id belongs to at most one node; a forgotten segment is marked `gone` and
+its allocator is never touched again. This module never decides which objects exist: dropping
+replicas is the service's job.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from cellar.errors import Status
+from cellar.master.allocator import SegmentAllocator
+from cellar.master.config import MAX_SEGMENT_BYTES
+
+if TYPE_CHECKING:
+    from cellar.master.objects import Obj
+
+ACTIVE = 1  # same numbers as the proto NodeState enum
+SUSPECT = 2
+EXPIRED = 3
+STATE_NAMES = {ACTIVE: "ACTIVE", SUSPECT: "SUSPECT", EXPIRED: "EXPIRED"}
+
+MAX_NODE_ID_CHARS = 256
+MAX_HOST_ID_CHARS = 256
+MAX_ENDPOINTS = 16
+MAX_ENDPOINT_CHARS = 4096
+
+
+class Segment:
+    """One mounted segment: its allocator and the objects holding a replica in it."""
+
+    __slots__ = (
+        "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
+        "quarantined_bytes", "gone",
+    )
+
+    def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
+        self.segment_id = segment_id
+        self.node = node
+        self.size_bytes = size_bytes
+        self.host_id = host_id
+        self.info = info  # the SegmentInfo as mounted (endpoints etc.), returned to clients as is
+        self.allocator = SegmentAllocator(size_bytes)
+        self.objects: set[Obj] = set()
+        self.quarantined_bytes = 0
+        self.gone = False
+
+    def free_fraction(self) -> float:
+        return self.allocator.free_bytes / self.allocator.capacity_bytes
+
+
+class Node:
+    __slots__ = (
+        "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
+        "outbox_dropped",
+    )
+
+    def __init__(self, node_id: str, incarnation: int, now: float) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.state = ACTIVE
+        self.last_seen = now
+        self.joined_at = now
+        self.segments: dict[int, Segment] = {}
+        # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
+        self.outbox: deque[tuple[int, int, int, int, int]] = deque()
+        self.outbox_dropped = 0
+
+
+class Membership:
+    """Nodes, segments, liveness and freed-range outboxes."""
+
+    def __init__(
+        self,
+        *,
+        suspect_after_s: float,
+        expire_after_s: float,
+        max_segments_per_node: int,
+        max_freed_backlog: int,
+        seq_base: int,
+    ) -> None:
+        self.suspect_after_s = suspect_after_s
+        self.expire_after_s = expire_after_s
+        self.max_segments_per_node = max_segments_per_node
+        self.max_freed_backlog = max_freed_backlog
+        self.nodes: dict[str, Node] = {}
+        self.segments: dict[int, Segment] = {}
+        # Placement candidates, rebuilt whenever a node changes state (rare).
+        self.active_segments: list[Segment] = []
+        self.active_node_ids: frozenset[str] = frozenset()
+        self.by_host: dict[str, list[Segment]] = {}
+        self.max_segment_bytes = 0  # largest mounted segment (ACTIVE or SUSPECT)
+        self.lag_credited_s = 0.0
+        # Freed-range sequence numbers start above anything an earlier master handed out.
+        self._freed_seq = seq_base
+
+    # ---------------------------------------------------------------- mounting
+
+    def mount(self, node_id: str, incarnation: int, infos: list[Any], now: float) -> list[tuple[int, str]]:
+        """Mount segments for a node already cleared of any older incarnation (see service)."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = Node(node_id, incarnation, now)
+            self.nodes[node_id] = node
+        node.last_seen = now
+        node.state = ACTIVE
+        results: list[tuple[int, str]] = []
+        for info in infos:
+            results.append(self._mount_one(node, info))
+        if not node.segments:
+            del self.nodes[node_id]  # nothing mounted: do not keep an empty node around
+        self._refresh()
+        return results
+
+    def _mount_one(self, node: Node, info: Any) -> tuple[int, str]:
+        segment_id = int(info.segment_id)
+        size = int(info.size_bytes)
+        host_id = str(info.host_id)
+        if segment_id == 0:
+            return Status.INVALID, "segment_id must be non-zero"
+        if size < 4096 or size > MAX_SEGMENT_BYTES:
+            return Status.INVALID, f"size_bytes must be in [4096, {MAX_SEGMENT_BYTES}]"
+        if len(host_id) > MAX_HOST_ID_CHARS:
+            return Status.INVALID, f"host_id longer than {MAX_HOST_ID_CHARS} characters"
+        if info.node_id and info.node_id != node.node_id:
+            return Status.INVALID, "segment node_id differs from the request's node_id"
+        if len(info.endpoints) > MAX_ENDPOINTS:
+            return Status.INVALID, f"more than {MAX_ENDPOINTS} endpoints"
+        for endpoint in info.endpoints:
+            if len(endpoint.address) + len(endpoint.extra) + len(endpoint.transport) > MAX_ENDPOINT_CHARS:
+                return Status.INVALID, "endpoint too long"
+        existing = self.segments.get(segment_id)
+        if existing is not None:
+            if existing.node is not node:
+                return Status.INVALID, f"segment {segment_id} is mounted by node {existing.node.node_id!r}"
+            if existing.size_bytes != size:
+                return Status.INVALID, f"segment {segment_id} is already mounted with another size"
+            return Status.OK, ""  # idempotent re-mount of the same segment
+        if len(node.segments) >= self.max_segments_per_node:
+            return Status.INVALID, f"node has max_segments_per_node ({self.max_segments_per_node}) segments"
+        stored = type(info)()
+        stored.CopyFrom(info)
+        stored.node_id = node.node_id
+        segment = Segment(segment_id, node, size, host_id, stored)
+        self.segments[segment_id] = segment
+        node.segments[segment_id] = segment
+        return Status.OK, ""
+
+    def detach_segment(self, segment: Segment) -> None:
+        """Forget one segment (its replicas were already dropped by the service)."""
+        segment.gone = True
+        self.segments.pop(segment.segment_id, None)
+        node = segment.node
+        node.segments.pop(segment.segment_id, None)
+        if not node.segments:
+            self.nodes.pop(node.node_id, None)
+        self._refresh()
+
+    def forget(self, node: Node) -> None:
+        """Forget a node and its segments (its replicas were already dropped by the service)."""
+        node.state = EXPIRED
+        for segment in node.segments.values():
+            segment.gone = True
+            self.segments.pop(segment.segment_id, None)
+        node.segments.clear()
+        node.outbox.clear()
+        if self.nodes.get(node.node_id) is node:
+            del self.nodes[node.node_id]
+        self._refresh()
+
+    def _refresh(self) -> None:
+        active: list[Segment] = []
+        by_host: dict[str, list[Segment]] = {}
+        largest = 0
+        for node in self.nodes.values():
+            for segment in node.segments.values():
+                largest = max(largest, segment.size_bytes)
+                if node.state == ACTIVE:
+                    active.append(segment)
+                    by_host.setdefault(segment.host_id, []).append(segment)
+        self.active_segments = active
+        self.by_host = by_host
+        self.active_node_ids = frozenset(n.node_id for n in self.nodes.values() if n.state == ACTIVE)
+        self.max_segment_bytes = largest
+
+    # ---------------------------------------------------------------- liveness
+
+    def heartbeat(self, node_id: str, incarnation: int, now: float) -> Node | None:
+        """Record a heartbeat; None means the master does not know this node (it must remount)."""
+        node = self.nodes.get(node_id)
+        if node is None or node.incarnation != incarnation:
+            return None
+        node.last_seen = now
+        if node.state != ACTIVE:
+            node.state = ACTIVE
+            self._refresh()
+        return node
+
+    def credit_lag(self, lag_s: float) -> None:
+        """The master's loop did not run for `lag_s`: that silence is not the nodes' fault."""
+        if lag_s <= 0:
+            return
+        self.lag_credited_s += lag_s
+        for node in self.nodes.values():
+            node.last_seen += lag_s
+
+    def tick(self, now: float) -> list[Node]:
+        """Move silent nodes to SUSPECT; return the nodes that must now be expired."""
+        expired: list[Node] = []
+        changed = False
+        for node in self.nodes.values():
+            silent = now - node.last_seen
+            if silent >= self.expire_after_s:
+                expired.append(node)
+            elif silent >= self.suspect_after_s and node.state == ACTIVE:
+                node.state = SUSPECT
+                changed = True
+        if changed:
+            self._refresh()
+        return expired
+
+    # ---------------------------------------------------------------- freed ranges
+
+    def notify_freed(self, segment: Segment, alloc_id: int, offset: int, length: int) -> None:
+        node = segment.node
+        self._freed_seq += 1
+        outbox = node.outbox
+        outbox.append((self._freed_seq, segment.segment_id, alloc_id, offset, length))
+        if len(outbox) > self.max_freed_backlog:
+            outbox.popleft()
+            node.outbox_dropped += 1
+
+    @staticmethod
+    def take_freed(node: Node, ack_seq: int, limit: int) -> list[tuple[int, int, int, int, int]]:
+        """Drop entries the node acknowledged; return up to `limit` of the rest, oldest first."""
+        outbox = node.outbox
+        while outbox and outbox[0][0] <= ack_seq:
+            outbox.popleft()
+        if len(outbox) <= limit:
+            return list(outbox)
+        return [outbox[i] for i in range(limit)]

@@ -1,0 +1,178 @@
+"""Prometheus metrics of the master, computed at scrape time.
+
+Owns the per-RPC counters (plain ints bumped by the servicer: a prometheus_client Counter takes
+a lock per increment, which the metadata hot path should not pay) and a custom collector that
+reads them and the service's tables when /metrics is scraped. Names follow Mooncake's master
+where the meaning is the same (`master_key_count`, `master_allocated_bytes`,
+`master_total_capacity_bytes`, `master_<rpc>_requests_total`, `master_evicted_key_count`, ...),
+so existing dashboards keep working; per-tenant gauges carry a `tenant` label and per-segment
+gauges `segment` and `node` labels.
+
+A registry is per process (never the global default), so tests can run several masters.
+This module only reads state; it never changes it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cellar.master.membership import STATE_NAMES
+
+if TYPE_CHECKING:
+    from cellar.master.service import MasterService
+
+# RPC name -> metric stem (Mooncake's stem where the meaning is the same)
+RPC_METRIC_NAMES = {
+    "PutStart": "put_start",
+    "PutEnd": "put_end",
+    "PutRevoke": "put_revoke",
+    "GetReplicas": "get_replica_list",
+    "Unpin": "unpin",
+    "Exists": "exist_key",
+    "PrefixLen": "prefix_len",
+    "Remove": "remove",
+    "RemovePrefix": "remove_prefix",
+    "RemoveAll": "remove_all",
+    "MountSegment": "mount_segment",
+    "UnmountSegment": "unmount_segment",
+    "Heartbeat": "heartbeat",
+    "ClusterStatus": "cluster_status",
+}
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)
+
+
+class RpcStats:
+    """Counters of one RPC, bumped on the hot path with plain integer adds."""
+
+    __slots__ = ("requests", "failures", "keys", "key_failures", "buckets", "latency_sum_s")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.failures = 0  # whole-request failures (gRPC error status)
+        self.keys = 0
+        self.key_failures = 0  # per-key results other than OK
+        self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.latency_sum_s += seconds
+
+
+def _untyped(name: str, doc: str, value: float) -> Metric:
+    """A sample named exactly `name`: Mooncake exposes these counters without a _total suffix,
+    which the text format only allows for untyped metrics."""
+    metric = Metric(name, doc, "unknown")
+    metric.add_sample(name, {}, value)
+    return metric
+
+
+def _total(stem: str, doc: str, value: float) -> Metric:
+    metric = Metric(stem, doc, "counter")
+    metric.add_sample(stem + "_total", {}, value)
+    return metric
+
+
+class MasterCollector(Collector):
+    def __init__(self, service: MasterService, rpc_stats: dict[str, RpcStats]) -> None:
+        self.service = service
+        self.rpc_stats = rpc_stats
+
+    def collect(self) -> Iterator[Metric]:
+        service = self.service
+        capacity, used = service.capacity()
+        yield GaugeMetricFamily("master_epoch", "the master's term (ms since the Unix epoch at start)",
+                                value=service.epoch)
+        yield GaugeMetricFamily("master_key_count", "visible (COMPLETE) objects",
+                                value=service.objects.complete_count)
+        yield GaugeMetricFamily("master_writing_key_count", "objects being written (WRITING)",
+                                value=len(service.objects.puts))
+        yield GaugeMetricFamily("master_allocated_bytes", "bytes allocated in segments (incl. quarantine)",
+                                value=used)
+        yield GaugeMetricFamily("master_total_capacity_bytes", "bytes of all mounted segments", value=capacity)
+        yield GaugeMetricFamily("master_quarantined_bytes", "freed bytes waiting for write grants to expire",
+                                value=service.quarantine.held_bytes)
+        yield GaugeMetricFamily("master_pin_count", "live read pins", value=len(service.pins))
+
+        nodes = GaugeMetricFamily("master_node_count", "storage nodes by state", labels=["state"])
+        by_state = dict.fromkeys(STATE_NAMES.values(), 0)
+        for node in service.membership.nodes.values():
+            by_state[STATE_NAMES[node.state]] += 1
+        for state, count in by_state.items():
+            nodes.add_metric([state], count)
+        yield nodes
+
+        seg_cap = GaugeMetricFamily("master_segment_capacity_bytes", "segment size", labels=["segment", "node"])
+        seg_used = GaugeMetricFamily("master_segment_used_bytes", "segment bytes allocated",
+                                     labels=["segment", "node"])
+        seg_keys = GaugeMetricFamily("master_segment_key_count", "replicas held in the segment",
+                                     labels=["segment", "node"])
+        for segment in service.membership.segments.values():
+            labels = [str(segment.segment_id), segment.node.node_id]
+            seg_cap.add_metric(labels, segment.allocator.capacity_bytes)
+            seg_used.add_metric(labels, segment.allocator.used_bytes)
+            seg_keys.add_metric(labels, len(segment.objects))
+        yield seg_cap
+        yield seg_used
+        yield seg_keys
+
+        t_used = GaugeMetricFamily("master_tenant_used_bytes", "bytes charged to the tenant", labels=["tenant"])
+        t_quota = GaugeMetricFamily("master_tenant_quota_bytes", "tenant byte quota (0 = unlimited)",
+                                    labels=["tenant"])
+        t_keys = GaugeMetricFamily("master_tenant_key_count", "objects charged to the tenant", labels=["tenant"])
+        t_quota_keys = GaugeMetricFamily("master_tenant_quota_keys", "tenant object quota (0 = unlimited)",
+                                         labels=["tenant"])
+        for tenant in service.tenants.all():
+            t_used.add_metric([tenant.name], tenant.used_bytes)
+            t_quota.add_metric([tenant.name], tenant.quota_bytes)
+            t_keys.add_metric([tenant.name], tenant.object_count)
+            t_quota_keys.add_metric([tenant.name], tenant.quota_objects)
+        yield t_used
+        yield t_quota
+        yield t_keys
+        yield t_quota_keys
+
+        evictor = service.evictor
+        yield _untyped("master_evicted_key_count", "objects evicted", evictor.evicted_keys)
+        yield _untyped("master_evicted_size_bytes", "bytes evicted", evictor.evicted_bytes)
+        yield _total("master_attempted_evictions", "eviction runs started", evictor.attempts)
+        yield _total("master_successful_evictions", "eviction runs that evicted something",
+                     evictor.successes)
+        yield _total("master_put_start_alloc_failures", "put keys refused NO_SPACE",
+                     service.no_space_count)
+        yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)
+        yield _total("master_put_timeout", "puts revoked by the writer timeout", service.puts_timed_out)
+        yield _total("master_node_expired", "nodes expired", service.nodes_expired)
+        yield _total("master_loop_lag_credited_seconds", "event-loop lag credited to node liveness",
+                     service.membership.lag_credited_s)
+
+        latency = HistogramMetricFamily("master_rpc_latency_seconds", "RPC handling time", labels=["rpc"])
+        for rpc, stats in self.rpc_stats.items():
+            stem = "master_" + RPC_METRIC_NAMES[rpc]
+            yield _total(stem + "_requests", f"{rpc} calls", stats.requests)
+            yield _total(stem + "_failures", f"{rpc} calls refused as a whole", stats.failures)
+            yield _total(stem + "_keys", f"keys in {rpc} calls", stats.keys)
+            yield _total(stem + "_key_failures", f"keys of {rpc} calls with a status other than OK",
+                         stats.key_failures)
+            cumulative = 0
+            buckets = []
+            for bound, count in zip(LATENCY_BUCKETS_S, stats.buckets, strict=False):
+                cumulative += count
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", cumulative + stats.buckets[-1]))
+            latency.add_metric([rpc], buckets, stats.latency_sum_s)
+        yield latency
+
+
+def make_registry(service: MasterService, rpc_stats: dict[str, RpcStats]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MasterCollector(service, rpc_stats))
+    return registry

@@ -1,0 +1,233 @@
+"""The object table and its state machine: WRITING -> COMPLETE -> DROPPED.
+
+Owns every object version (`Obj`) and its replicas, the in-flight puts by put id, the writer
+deadlines, and the one function that gives a dropped object's ranges back (`release_ranges`).
+
+State machine (asserted at every transition):
+- `begin`: a PutStart placed the replicas; the version is WRITING, invisible to readers, held
+  in `tenant.writing` and charged to the tenant. For an upsert the old COMPLETE version stays
+  visible meanwhile.
+- `complete`: PutEnd; the version becomes the visible one (`tenant.objects`), evictable unless
+  hard-pinned; an upserted old version is dropped.
+- `drop`: revoke, writer timeout, remove, eviction, upsert replacement or loss of every replica.
+  The version leaves every table and stops being charged. Its ranges are released at once
+  unless readers still pin it, in which case the last unpin releases them.
+
+Releasing a range (quarantine rule, DESIGN write path 4): a range of a version that never
+reached COMPLETE may still receive a late write from its writer until the write grant expires,
+so it is held in quarantine until grant expiry + `grant_skew_s` before the allocator sees it. A
+COMPLETE version's ranges are freed immediately: storage nodes seal an allocation once all its
+bytes were written and refuse further writes to it. Either way the node is told (freed-range
+outbox) so it drops the range from its own index.
+
+This module never chooses placements or victims and never touches payload bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
+
+from cellar.master.eviction import Evictor
+from cellar.master.membership import Membership, Segment
+from cellar.master.quarantine import Quarantine
+from cellar.master.tenants import Tenant
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+WRITING = 1
+COMPLETE = 2
+DROPPED = 3
+STATE_NAMES = {WRITING: "WRITING", COMPLETE: "COMPLETE", DROPPED: "DROPPED"}
+
+NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kinds)
+SOFT_PIN = 2
+HARD_PIN = 3
+
+EXPIRED_PUTS_REMEMBERED = 65536  # so a late PutEnd gets EXPIRED rather than NOT_FOUND
+
+
+class Replica:
+    __slots__ = ("segment", "offset", "alloc_id")
+
+    def __init__(self, segment: Segment, offset: int, alloc_id: int) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.alloc_id = alloc_id
+
+
+class Obj:
+    """One version of one object."""
+
+    __slots__ = (
+        "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
+        "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+    )
+
+    def __init__(
+        self, tenant: Tenant, key: str, size: int, reserved: int, put_id: int, pin_kind: int,
+        deadline: float, tag: int,
+    ) -> None:
+        self.tenant = tenant
+        self.key = key
+        self.size = size
+        self.reserved = reserved  # allocator bytes per replica (rounded size)
+        self.replicas: list[Replica] = []
+        self.state = WRITING
+        self.checksum = 0
+        self.put_id = put_id
+        self.last_access = 0.0
+        self.pins = 0
+        self.pin_kind = pin_kind
+        # Monotonic time the write grants expire; 0.0 once COMPLETE (no late write possible).
+        self.deadline = deadline
+        self.tag = tag  # key_tag(tenant, key), bound into every grant
+        self.gslot = 0
+        self.tslot = 0
+        self.pool_kind = 0
+
+
+class ObjectTable:
+    """Object versions across all tenants, in-flight puts, writer deadlines."""
+
+    def __init__(
+        self,
+        *,
+        membership: Membership,
+        quarantine: Quarantine,
+        evictor_factory: Callable[[Callable[[Obj], int]], Evictor],
+        grant_skew_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.membership = membership
+        self.quarantine = quarantine
+        self.grant_skew_s = grant_skew_s
+        self._clock = clock
+        self.evictor = evictor_factory(self._drop_now)
+        self.puts: dict[int, Obj] = {}
+        self._deadlines: deque[tuple[float, int]] = deque()  # (deadline, put_id), in put order
+        self.expired_puts: OrderedDict[int, None] = OrderedDict()
+        self.complete_count = 0
+
+    def _drop_now(self, obj: Obj) -> int:
+        return self.drop(obj, self._clock())
+
+    # ---------------------------------------------------------------- transitions
+
+    def begin(
+        self, obj: Obj, placements: list[tuple[Segment, int]], alloc_ids: Callable[[], int]
+    ) -> None:
+        tenant = obj.tenant
+        assert obj.state == WRITING and obj.key not in tenant.writing
+        for segment, offset in placements:
+            obj.replicas.append(Replica(segment, offset, alloc_ids()))
+            segment.objects.add(obj)
+        tenant.writing[obj.key] = obj
+        tenant.used_bytes += obj.reserved * len(placements)
+        tenant.object_count += 1
+        self.puts[obj.put_id] = obj
+        self._deadlines.append((obj.deadline, obj.put_id))
+
+    def complete(self, obj: Obj, checksum: int, now: float) -> None:
+        assert obj.state == WRITING, f"complete() of a {STATE_NAMES[obj.state]} object"
+        tenant = obj.tenant
+        old = tenant.objects.get(obj.key)
+        if old is not None:
+            self.drop(old, now)  # upsert: the old version goes (when its readers are done)
+        del self.puts[obj.put_id]
+        del tenant.writing[obj.key]
+        obj.state = COMPLETE
+        obj.checksum = checksum
+        obj.last_access = now
+        obj.deadline = 0.0
+        tenant.objects[obj.key] = obj
+        self.complete_count += 1
+        if obj.pin_kind != HARD_PIN:
+            self.evictor.enter(obj)
+
+    def drop(self, obj: Obj, now: float) -> int:
+        """Take a version out of service; returns the bytes given back to allocators at once."""
+        tenant = obj.tenant
+        state = obj.state
+        if state == COMPLETE:
+            if tenant.objects.get(obj.key) is obj:
+                del tenant.objects[obj.key]
+            self.complete_count -= 1
+            if obj.pool_kind:
+                self.evictor.leave(obj)
+        elif state == WRITING:
+            del self.puts[obj.put_id]
+            if tenant.writing.get(obj.key) is obj:
+                del tenant.writing[obj.key]
+        else:
+            return 0
+        tenant.used_bytes -= obj.reserved * len(obj.replicas)
+        tenant.object_count -= 1
+        obj.state = DROPPED
+        if obj.pins:
+            return 0  # the last unpin releases the ranges
+        return self.release_ranges(obj, now)
+
+    def release_ranges(self, obj: Obj, now: float) -> int:
+        """Give a DROPPED, unpinned version's ranges back (or to quarantine); tell the nodes."""
+        assert obj.state == DROPPED and not obj.pins
+        hold_until = obj.deadline + self.grant_skew_s if obj.deadline else 0.0
+        notify = self.membership.notify_freed
+        freed = 0
+        for rep in obj.replicas:
+            segment = rep.segment
+            if segment.gone:
+                continue
+            segment.objects.discard(obj)
+            notify(segment, rep.alloc_id, rep.offset, obj.size)
+            if hold_until > now:
+                self.quarantine.hold(segment, rep.offset, obj.reserved, hold_until)
+            else:
+                segment.allocator.free(rep.offset)
+                freed += obj.reserved
+        obj.replicas = []
+        return freed
+
+    def on_last_unpin(self, obj: Obj) -> None:
+        if obj.state == DROPPED:
+            self.release_ranges(obj, self._clock())
+        else:
+            self.evictor.on_last_unpin(obj)
+
+    # ---------------------------------------------------------------- sweeps
+
+    def sweep_writers(self, now: float) -> int:
+        """Revoke puts whose writer did not PutEnd before the write grants expired."""
+        deadlines = self._deadlines
+        revoked = 0
+        while deadlines and deadlines[0][0] <= now:
+            _, put_id = deadlines.popleft()
+            obj = self.puts.get(put_id)
+            if obj is None:
+                continue  # completed or revoked already
+            self.remember_expired(put_id)
+            self.drop(obj, now)
+            revoked += 1
+        return revoked
+
+    def remember_expired(self, put_id: int) -> None:
+        self.expired_puts[put_id] = None
+        if len(self.expired_puts) > EXPIRED_PUTS_REMEMBERED:
+            self.expired_puts.popitem(last=False)
+
+    def lose_segment(self, segment: Segment, now: float) -> int:
+        """The segment's memory is gone: drop its replicas; objects left with none are dropped."""
+        lost = 0
+        for obj in list(segment.objects):
+            remaining = [rep for rep in obj.replicas if rep.segment is not segment]
+            if len(remaining) == len(obj.replicas):
+                continue
+            if obj.state != DROPPED:
+                obj.tenant.used_bytes -= obj.reserved * (len(obj.replicas) - len(remaining))
+            obj.replicas = remaining
+            if not remaining and obj.state != DROPPED:
+                self.drop(obj, now)
+                lost += 1
+        segment.objects.clear()
+        return lost

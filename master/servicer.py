@@ -1,0 +1,269 @@
+"""The gRPC face of the master: a thin grpc.aio adapter over `MasterService`.
+
+Owns only translation: protobuf request -> plain call -> protobuf reply, and whole-request
+failures -> gRPC status codes with a message (INVALID_ARGUMENT for a batch over the limit, an
+unknown tenant, a malformed message such as a non-UTF-8 string). It also counts requests, keys,
+failures and handling time per RPC for /metrics.
+
+Requests are parsed by our own deserializer so that undecodable bytes become INVALID_ARGUMENT
+rather than grpc's generic INTERNAL. Handlers are coroutines that never await in the middle
+of a service call, so each request mutates metadata atomically on the one event loop. This
+module holds no state of its own besides the counters and never touches payload bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from cellar.master.metrics import RPC_METRIC_NAMES, RpcStats
+from cellar.master.service import GrantedReplica, MasterService, RequestRejected
+from cellar.proto import cellar_pb2 as pb
+
+SERVICE_NAME = "cellar.v1.Master"
+log = logging.getLogger("cellar.master")
+
+
+class _Malformed:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _parser(cls: Any) -> Callable[[bytes], Any]:
+    from_string = cls.FromString
+
+    def parse(data: bytes) -> Any:
+        try:
+            return from_string(data)
+        except DecodeError as exc:
+            return _Malformed(str(exc))
+
+    return parse
+
+
+def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
+    """Append replicas to a repeated Replica field, building in place (no nested copies)."""
+    add = target.add
+    for r in replicas:
+        g = add(node_id=r.node_id, segment_id=r.segment_id, offset=r.offset, length=r.length).grant
+        g.op = r.op
+        g.alloc_id = r.alloc_id
+        g.epoch = r.epoch
+        g.expiry_ms = r.expiry_ms
+        g.key_tag = r.key_tag
+        g.mac = r.mac
+
+
+class MasterServicer:
+    """Builds the method handlers for `cellar.v1.Master` over one MasterService."""
+
+    def __init__(self, service: MasterService) -> None:
+        self.service = service
+        self.stats: dict[str, RpcStats] = {name: RpcStats() for name in RPC_METRIC_NAMES}
+
+    def _header(self) -> pb.ReplyHeader:
+        epoch, wall_ms = self.service.header()
+        return pb.ReplyHeader(epoch=epoch, master_time_ms=wall_ms)
+
+    # ---------------------------------------------------------------- RPCs (sync bodies)
+
+    def PutStart(self, req: pb.PutStartRequest, stats: RpcStats) -> pb.PutStartReply:
+        h = req.header
+        outcome = self.service.put_start(h.tenant, h.client_id, req.items)
+        reply = pb.PutStartReply(header=self._header(), segments=[s.info for s in outcome.segments])
+        add = reply.results.add
+        failures = 0
+        for r in outcome.results:
+            if r.status:
+                failures += 1
+                add(status=r.status, message=r.message)  # type: ignore[arg-type]
+            else:
+                _add_replicas(add(put_id=r.put_id).replicas, r.replicas)
+        stats.keys += len(outcome.results)
+        stats.key_failures += failures
+        return reply
+
+    def GetReplicas(self, req: pb.GetReplicasRequest, stats: RpcStats) -> pb.GetReplicasReply:
+        h = req.header
+        outcome = self.service.get_replicas(h.tenant, h.client_id, req.keys, req.unpin_ids)
+        reply = pb.GetReplicasReply(header=self._header(), segments=[s.info for s in outcome.segments])
+        add = reply.results.add
+        failures = 0
+        for r in outcome.results:
+            if r.status:
+                failures += 1
+                add(status=r.status, message=r.message)  # type: ignore[arg-type]
+            else:
+                _add_replicas(
+                    add(size_bytes=r.size_bytes, checksum=r.checksum, pin_id=r.pin_id).replicas,
+                    r.replicas,
+                )
+        stats.keys += len(outcome.results)
+        stats.key_failures += failures
+        return reply
+
+    def _key_results(self, results: list[tuple[int, str]], stats: RpcStats) -> list[pb.KeyResult]:
+        KeyResult = pb.KeyResult
+        out = []
+        failures = 0
+        for status, message in results:
+            if status:
+                failures += 1
+                out.append(KeyResult(status=status, message=message))  # type: ignore[arg-type]
+            else:
+                out.append(KeyResult())
+        stats.keys += len(out)
+        stats.key_failures += failures
+        return out
+
+    def PutEnd(self, req: pb.PutEndRequest, stats: RpcStats) -> pb.PutEndReply:
+        results = self.service.put_end(req.header.tenant, req.header.client_id, req.items)
+        return pb.PutEndReply(header=self._header(), results=self._key_results(results, stats))
+
+    def PutRevoke(self, req: pb.PutRevokeRequest, stats: RpcStats) -> pb.PutRevokeReply:
+        results = self.service.put_revoke(req.header.tenant, req.header.client_id, req.items)
+        return pb.PutRevokeReply(header=self._header(), results=self._key_results(results, stats))
+
+    def Unpin(self, req: pb.UnpinRequest, stats: RpcStats) -> pb.UnpinReply:
+        released = self.service.unpin(req.header.tenant, req.header.client_id, req.pin_ids)
+        stats.keys += len(req.pin_ids)
+        return pb.UnpinReply(header=self._header(), released=released)
+
+    def Exists(self, req: pb.KeysRequest, stats: RpcStats) -> pb.ExistsReply:
+        statuses = self.service.exists(req.header.tenant, req.keys)
+        stats.keys += len(statuses)
+        stats.key_failures += sum(1 for s in statuses if s and s != pb.NOT_FOUND)
+        return pb.ExistsReply(header=self._header(), statuses=statuses)  # type: ignore[arg-type]
+
+    def PrefixLen(self, req: pb.KeysRequest, stats: RpcStats) -> pb.PrefixLenReply:
+        count = self.service.prefix_len(req.header.tenant, req.keys)
+        stats.keys += len(req.keys)
+        return pb.PrefixLenReply(header=self._header(), prefix_len=count)
+
+    def Remove(self, req: pb.KeysRequest, stats: RpcStats) -> pb.RemoveReply:
+        results = self.service.remove(req.header.tenant, req.keys)
+        return pb.RemoveReply(header=self._header(), results=self._key_results(results, stats))
+
+    def RemovePrefix(self, req: pb.RemovePrefixRequest, stats: RpcStats) -> pb.RemoveCountReply:
+        removed = self.service.remove_prefix(req.header.tenant, req.prefix)
+        return pb.RemoveCountReply(header=self._header(), removed=removed)
+
+    def RemoveAll(self, req: pb.RemoveAllRequest, stats: RpcStats) -> pb.RemoveCountReply:
+        removed = self.service.remove_all(req.header.tenant)
+        return pb.RemoveCountReply(header=self._header(), removed=removed)
+
+    def MountSegment(self, req: pb.MountSegmentRequest, stats: RpcStats) -> pb.MountSegmentReply:
+        outcome = self.service.mount_segment(req.node_id, req.incarnation, req.segments)
+        return pb.MountSegmentReply(
+            header=self._header(), results=self._key_results(outcome.results, stats),
+            heartbeat_interval_ms=outcome.heartbeat_interval_ms,
+        )
+
+    def UnmountSegment(self, req: pb.UnmountSegmentRequest, stats: RpcStats) -> pb.UnmountSegmentReply:
+        results = self.service.unmount_segment(req.node_id, req.segment_ids)
+        return pb.UnmountSegmentReply(header=self._header(), results=self._key_results(results, stats))
+
+    def Heartbeat(self, req: pb.HeartbeatRequest, stats: RpcStats) -> pb.HeartbeatReply:
+        outcome = self.service.heartbeat(req.node_id, req.incarnation, req.freed_ack_seq)
+        FreedRange = pb.FreedRange
+        freed = [
+            FreedRange(segment_id=seg, alloc_id=alloc, offset=off, length=length)
+            for (_seq, seg, alloc, off, length) in outcome.freed
+        ]
+        return pb.HeartbeatReply(
+            header=self._header(), remount=outcome.remount, freed=freed, freed_seq=outcome.freed_seq
+        )
+
+    def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:
+        service = self.service
+        capacity, used = service.capacity()
+        segments = [
+            pb.SegmentStatus(
+                info=segment.info, state=segment.node.state,  # type: ignore[arg-type]
+                used_bytes=segment.allocator.used_bytes, object_count=len(segment.objects),
+            )
+            for segment in service.membership.segments.values()
+        ]
+        tenants = [
+            pb.TenantStatus(
+                name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
+                object_count=t.object_count, quota_objects=t.quota_objects,
+            )
+            for t in service.tenants.all()
+        ]
+        config = service.config
+        return pb.ClusterStatusReply(
+            header=self._header(), segments=segments, tenants=tenants,
+            object_count=service.objects.complete_count, capacity_bytes=capacity, used_bytes=used,
+            role=service.role, leader_address="", max_key_bytes=config.max_key_bytes,
+            max_object_bytes=service.largest_placeable_bytes(), max_batch_keys=config.max_batch_keys,
+        )
+
+    # ---------------------------------------------------------------- wiring
+
+    def _handler(
+        self, name: str, body: Callable[[Any, RpcStats], Any]
+    ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+        stats = self.stats[name]
+        perf_counter = time.perf_counter
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            stats.requests += 1
+            started = perf_counter()
+            if type(request) is _Malformed:
+                stats.failures += 1
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"malformed {name} request (strings must be valid UTF-8): {request.reason}",
+                )
+            try:
+                reply = body(request, stats)
+            except RequestRejected as exc:
+                stats.failures += 1
+                await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            except Exception as exc:  # a bug: keep serving, say so loudly
+                stats.failures += 1
+                log.exception("%s failed", name)
+                await context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc!r}")
+            stats.observe(perf_counter() - started)
+            return reply
+
+        return handle
+
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+        requests = {
+            "PutStart": (pb.PutStartRequest, pb.PutStartReply),
+            "PutEnd": (pb.PutEndRequest, pb.PutEndReply),
+            "PutRevoke": (pb.PutRevokeRequest, pb.PutRevokeReply),
+            "GetReplicas": (pb.GetReplicasRequest, pb.GetReplicasReply),
+            "Unpin": (pb.UnpinRequest, pb.UnpinReply),
+            "Exists": (pb.KeysRequest, pb.ExistsReply),
+            "PrefixLen": (pb.KeysRequest, pb.PrefixLenReply),
+            "Remove": (pb.KeysRequest, pb.RemoveReply),
+            "RemovePrefix": (pb.RemovePrefixRequest, pb.RemoveCountReply),
+            "RemoveAll": (pb.RemoveAllRequest, pb.RemoveCountReply),
+            "MountSegment": (pb.MountSegmentRequest, pb.MountSegmentReply),
+            "UnmountSegment": (pb.UnmountSegmentRequest, pb.UnmountSegmentReply),
+            "Heartbeat": (pb.HeartbeatRequest, pb.HeartbeatReply),
+            "ClusterStatus": (pb.ClusterStatusRequest, pb.ClusterStatusReply),
+        }
+        return {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._handler(name, getattr(self, name)),
+                request_deserializer=_parser(req_cls),
+                response_serializer=reply_cls.SerializeToString,
+            )
+            for name, (req_cls, reply_cls) in requests.items()
+        }
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        handlers = self.method_handlers()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+        server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]

@@ -1,0 +1,125 @@
+"""Tenants and quotas: namespaces, own-LRU eviction, QUOTA_EXCEEDED, bytes given back."""
+
+from __future__ import annotations
+
+import pytest
+from test_master_support import FakeClock, MiB, get, make_service, mount, put, put_start
+
+from cellar.errors import ConfigError, Status
+from cellar.master.config import MasterConfig, TenantQuota
+from cellar.master.service import PutItem, RequestRejected
+
+LONG_LIVED = {"node_suspect_after_s": 1000, "node_expire_after_s": 2000}
+
+
+def service(**settings):  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    svc = make_service(clock, **LONG_LIVED, **settings)
+    mount(svc, "n1", 1, size=64 * MiB)
+    return svc, clock
+
+
+def test_keys_are_namespaced_per_tenant() -> None:
+    svc, _ = service(tenants={"a": {}, "b": {}})
+    put(svc, "k", 100, tenant="a", checksum=1)
+    assert get(svc, "k", tenant="b").status == Status.NOT_FOUND
+    put(svc, "k", 200, tenant="b", checksum=2)
+    assert get(svc, "k", tenant="a").checksum == 1
+    assert get(svc, "k", tenant="b").checksum == 2
+    assert get(svc, "k", tenant="").status == Status.NOT_FOUND
+    a, b = (svc.tenant(t).objects["k"].tag for t in ("a", "b"))
+    assert a != b  # grants for one tenant's key do not cover another's
+
+
+def test_default_tenant_is_the_empty_name_and_unlimited() -> None:
+    svc, _ = service()
+    assert svc.tenant("") is svc.tenant("default")
+    assert svc.tenant("").quota_bytes == 0
+    put(svc, "k", 100, tenant="default")
+    assert get(svc, "k", tenant="").status == Status.OK
+
+
+def test_over_quota_evicts_own_lru_then_refuses() -> None:
+    svc, clock = service(tenants={"small": {"quota_bytes": "3MiB"}, "other": {}})
+    put(svc, "theirs", MiB, tenant="other")
+    for i in range(3):
+        put(svc, f"k{i}", MiB, tenant="small")
+        clock.advance(1)
+    svc.unpin("small", "reader", [get(svc, "k0", tenant="small").pin_id])  # k0 recently used
+    assert svc.put_start("small", "w", [PutItem("k3", MiB)]).results[0].status == Status.OK
+    assert set(svc.tenant("small").objects) == {"k0", "k2"}  # its own LRU (k1) went
+    assert set(svc.tenant("other").objects) == {"theirs"}  # never another tenant's
+    assert svc.tenant("small").used_bytes == 3 * MiB
+    # pin everything it has: nothing of its own is evictable -> QUOTA_EXCEEDED
+    pins = [get(svc, k, tenant="small").pin_id for k in ("k0", "k2")]
+    refused = svc.put_start("small", "w", [PutItem("k4", MiB)]).results[0]
+    assert refused.status == Status.QUOTA_EXCEEDED and "small" in refused.message
+    # an object bigger than the whole quota is refused outright
+    svc.unpin("small", "reader", pins)
+    huge = svc.put_start("small", "w", [PutItem("huge", 4 * MiB)]).results[0]
+    assert huge.status == Status.QUOTA_EXCEEDED
+    assert set(svc.tenant("small").objects) == {"k0", "k2"}
+
+
+def test_remove_gives_bytes_back() -> None:
+    svc, _ = service(tenants={"t": {"quota_bytes": 2 * MiB}})
+    put(svc, "a", MiB, tenant="t")
+    put(svc, "b", MiB, tenant="t", hard_pin=True)
+    assert svc.tenant("t").used_bytes == 2 * MiB
+    # "a" is evictable, so a third put evicts it rather than refusing
+    assert svc.put_start("t", "w", [PutItem("c", MiB, hard_pin=True)]).results[0].status == Status.OK
+    refused = svc.put_start("t", "w", [PutItem("d", MiB)]).results[0]
+    assert refused.status == Status.QUOTA_EXCEEDED  # b and c are hard-pinned
+    svc.remove("t", ["b"])
+    assert svc.tenant("t").used_bytes == MiB
+    assert svc.put_start("t", "w", [PutItem("d", MiB)]).results[0].status == Status.OK
+
+
+def test_object_quota() -> None:
+    svc, _ = service(tenants={"t": {"quota_objects": 2}})
+    put(svc, "a", 100, tenant="t", hard_pin=True)
+    put(svc, "b", 100, tenant="t")
+    assert svc.put_start("t", "w", [PutItem("c", 100)]).results[0].status == Status.OK
+    assert set(svc.tenant("t").objects) == {"a"}  # b was evicted to make room for c
+    assert svc.tenant("t").object_count == 2
+    refused = svc.put_start("t", "w", [PutItem("d", 100)]).results[0]
+    assert refused.status == Status.QUOTA_EXCEEDED  # c is still WRITING: not evictable
+
+
+def test_quota_counts_reserved_bytes_of_every_replica() -> None:
+    svc, _ = service(tenants={"t": {"quota_bytes": 10 * MiB}})
+    mount(svc, "n2", 2)
+    put(svc, "k", 1000, tenant="t", replicas=2)
+    assert svc.tenant("t").used_bytes == 2 * 1024
+
+
+def test_quota_change_applies_to_later_puts() -> None:
+    svc, _ = service(tenants={"t": {}})
+    for i in range(4):
+        put(svc, f"k{i}", MiB, tenant="t")
+    svc.set_tenant_quota("t", TenantQuota(quota_bytes=2 * MiB))
+    assert len(svc.tenant("t").objects) == 4  # nothing evicted by the change itself
+    assert svc.put_start("t", "w", [PutItem("k4", MiB)]).results[0].status == Status.OK
+    assert svc.tenant("t").used_bytes <= 2 * MiB
+
+
+def test_unknown_tenant_rejected_unless_allowed() -> None:
+    svc, _ = service()
+    with pytest.raises(RequestRejected, match="unknown tenant 'x'"):
+        svc.put_start("x", "w", [PutItem("k", 1)])
+    svc2, _ = service(allow_unknown_tenants=True)
+    assert put_start(svc2, "k", 100, tenant="x").status == Status.OK
+    with pytest.raises(RequestRejected):
+        svc2.exists("bad name!", ["k"])
+
+
+def test_tenant_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="tenants"):
+        MasterConfig(tenants={"a": {"quota_bytes": "lots"}}).validate()
+    with pytest.raises(ConfigError, match="tenants"):
+        MasterConfig(tenants={"bad name": {}}).validate()
+    with pytest.raises(ConfigError, match="tenants"):
+        MasterConfig(tenants={"a": {"quota_bytez": 1}}).validate()
+    quotas = MasterConfig(tenants={"a": {"quota_bytes": "4GiB", "quota_objects": 10}}).tenant_quotas()
+    assert quotas["a"] == TenantQuota(4 << 30, 10)
+    assert quotas["default"] == TenantQuota()
