@@ -4,7 +4,7 @@ Every transport that speaks over a byte stream (tcp today) uses exactly this lay
 storage nodes check every field of it before touching memory:
 
 request  = REQUEST header (108 bytes) + meta (meta_len bytes) + payload (length bytes, WRITE only)
-response = RESPONSE header (32 bytes) + message (msg_len bytes, errors only)
+response = RESPONSE header (28 bytes) + message (msg_len bytes, errors only)
            + payload (length bytes, READ with status OK only)
 
 The request header carries the grant the master signed (segment, granted range, allocation,
@@ -59,6 +59,12 @@ DEFAULT_MAX_FRAME_PAYLOAD_BYTES = 64 << 20
 REQUEST = struct.Struct(f"<4sBBHIQQQQQQQQ{GRANT_MAC_BYTES}sQQ")
 # magic, version, status, flags, msg_len, request_id, length
 RESPONSE = struct.Struct("<4sBBHIQQ")
+# Response flags. CLOSE: the server closes the connection after this response (it could not
+# keep the stream in sync, e.g. a malformed header), so requests pipelined behind it are lost.
+RESP_FLAG_CLOSE = 0x1
+# Byte offset of request_id in a REQUEST header, so an error reply to a header that failed to
+# decode can still name the request it answers.
+REQUEST_ID_OFFSET = 12
 # object checksum (xxh3_64 of the whole value), object size, tenant bytes, key bytes
 WRITE_META = struct.Struct("<QQHH")
 
@@ -117,10 +123,12 @@ def decode_request(header: bytes | memoryview, *, max_payload_bytes: int) -> Req
     return RequestHeader(op, request_id, segment_id, offset, length, meta_len, flags, grant)
 
 
-def pack_response(status: int, request_id: int, length: int = 0, message: str = "") -> bytes:
+def pack_response(status: int, request_id: int, length: int = 0, message: str = "",
+                  flags: int = 0) -> bytes:
     """Header plus the (bounded) error message; the READ payload is sent separately."""
-    msg = message.encode()[:MAX_MESSAGE_BYTES] if status != ST_OK else b""
-    return RESPONSE.pack(RESPONSE_MAGIC, VERSION, status, 0, len(msg), request_id, length) + msg
+    msg = message.encode("utf-8", "replace")[:MAX_MESSAGE_BYTES] if status != ST_OK else b""
+    return RESPONSE.pack(RESPONSE_MAGIC, VERSION, status, flags, len(msg), request_id,
+                         length) + msg
 
 
 @dataclass(slots=True)
@@ -129,17 +137,18 @@ class ResponseHeader:
     request_id: int
     length: int
     msg_len: int
+    flags: int = 0
 
 
 def decode_response(header: bytes | memoryview, *, max_payload_bytes: int) -> ResponseHeader:
     if len(header) != RESPONSE.size:
         raise FrameError(ST_BAD_FRAME, "short response header")
-    magic, version, status, _flags, msg_len, request_id, length = RESPONSE.unpack(header)
+    magic, version, status, flags, msg_len, request_id, length = RESPONSE.unpack(header)
     if magic != RESPONSE_MAGIC or version != VERSION:
         raise FrameError(ST_BAD_FRAME, "bad response magic/version")
     if msg_len > MAX_MESSAGE_BYTES or length > max_payload_bytes:
         raise FrameError(ST_TOO_LARGE, "response over the limits")
-    return ResponseHeader(status, request_id, length, msg_len)
+    return ResponseHeader(status, request_id, length, msg_len, flags)
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,6 +162,8 @@ class WriteMeta:
 
     def pack(self) -> bytes:
         tenant, key = self.tenant.encode(), self.key.encode()
+        if WRITE_META.size + len(tenant) + len(key) > MAX_META_BYTES:
+            raise FrameError(ST_TOO_LARGE, f"write meta over {MAX_META_BYTES} bytes")
         return WRITE_META.pack(self.checksum, self.object_size, len(tenant), len(key)) + tenant + key
 
 

@@ -1,0 +1,236 @@
+"""Socket plumbing and pure helpers of the TCP transport, on socketpairs (no server)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from cellar.proto.grant import Grant
+from cellar.transfer import available_transports, make_transport
+from cellar.transfer._sockio import (
+    Inbox,
+    Outbox,
+    PeerClosed,
+    parse_address,
+    send_all,
+    set_io_timeout,
+)
+from cellar.transfer.tcp import TcpTransport, _byte_view, _deal, _Pool
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    for s in (a, b):  # blocking mode with kernel timeouts, as the transport runs them
+        set_io_timeout(s, 5)
+    return a, b
+
+
+def test_inbox_take_read_into_skip() -> None:
+    a, b = _pair()
+    data = os.urandom(300_000)
+    t = threading.Thread(target=send_all, args=(a, [memoryview(data)]))
+    t.start()
+    inbox = Inbox(b, 4096)
+    assert bytes(inbox.take(10)) == data[:10]
+    assert bytes(inbox.take(4096)) == data[10:4106]  # compacts to fit exactly the buffer
+    dst = bytearray(100_000)
+    inbox.read_into(memoryview(dst))
+    assert dst == data[4106:104_106]
+    inbox.skip(150_000)
+    rest = bytearray(len(data) - 254_106)
+    inbox.read_into(memoryview(rest))
+    assert rest == data[254_106:]
+    t.join()
+    with pytest.raises(ValueError):
+        inbox.take(4097)
+    a.close()
+    with pytest.raises(PeerClosed):
+        inbox.take(1)
+    b.close()
+
+
+def test_inbox_eof_mid_payload() -> None:
+    a, b = _pair()
+    a.sendall(b"x" * 10)
+    a.close()
+    inbox = Inbox(b, 64)
+    with pytest.raises(PeerClosed):
+        inbox.read_into(memoryview(bytearray(11)))
+    b.close()
+
+
+def test_send_all_many_views_and_partial_sends() -> None:
+    a, b = _pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    parts = [os.urandom(n) for n in (1, 0, 5000, 70_000, 3)] * 300  # > MAX_IOV buffers
+    total = sum(map(len, parts))
+    got = bytearray()
+
+    def reader() -> None:
+        while len(got) < total:
+            time.sleep(0.0005)  # slow reader: forces partial sendmsg
+            got.extend(b.recv(1 << 16))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert send_all(a, [memoryview(p) for p in parts]) == total
+    t.join()
+    assert got == b"".join(parts)
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize(("address", "expected"), [
+    ("127.0.0.1:80", ("127.0.0.1", 80)),
+    ("node-1.example:65535", ("node-1.example", 65535)),
+    ("[::1]:9000", ("::1", 9000)),
+])
+def test_parse_address(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["", "host", "host:", ":80", "host:0", "host:70000",
+                                     "host:-1", "host:http"])
+def test_parse_address_rejects(address: str) -> None:
+    with pytest.raises(ValueError):
+        parse_address(address)
+
+
+def _chunks(sizes: list[int]) -> list[tuple[int, int, memoryview, Grant]]:
+    g = Grant(1, 1, 0, 1 << 30, 1, 1, 1, 1, b"m" * 16)
+    return [(i, 0, memoryview(bytearray(n)), g) for i, n in enumerate(sizes)]
+
+
+def test_deal_balances_bytes_and_keeps_order() -> None:
+    chunks = _chunks([100] * 10 + [1000] + [100] * 10)
+    lanes = _deal(chunks, 4)
+    assert sorted(c[0] for lane in lanes for c in lane) == list(range(21))
+    for lane in lanes:
+        assert [c[0] for c in lane] == sorted(c[0] for c in lane)
+    loads = [sum(len(c[2]) for c in lane) for lane in lanes]
+    assert max(loads) - min(loads) <= 1000
+    assert _deal(chunks, 1) == [chunks]
+
+
+def test_byte_view_flattens_and_checks() -> None:
+    import numpy as np
+
+    arr = np.zeros((4, 8), dtype=np.float32)
+    v = _byte_view(arr, writable=True)
+    assert v.format == "B" and len(v) == arr.nbytes
+    with pytest.raises(ValueError):
+        _byte_view(arr[:, ::2], writable=True)
+    with pytest.raises(ValueError):
+        _byte_view(b"readonly", writable=True)
+    assert len(_byte_view(b"readonly", writable=False)) == 8
+
+
+def test_pool_bounds_and_waits() -> None:
+    pool = _Pool("h:1", 2)
+    got = pool.acquire(5, time.monotonic() + 1)
+    assert got == [None, None] and pool.total == 2
+    assert pool.acquire(1, time.monotonic() + 0.05) == []  # full: times out, holds nothing
+    released = threading.Timer(0.05, pool.release_slot)
+    released.start()
+    assert pool.acquire(3, time.monotonic() + 2) == [None]  # woken by the release
+    pool.drop_idle(closing=True)
+    assert pool.acquire(1, time.monotonic() + 1) is None
+
+
+def test_make_transport() -> None:
+    assert "tcp" in available_transports()
+    t = make_transport("tcp", connections_per_node=2)
+    assert isinstance(t, TcpTransport) and t.name == "tcp" and t.connections_per_node == 2
+    t.close()
+    with pytest.raises(ValueError, match="available: tcp"):
+        make_transport("carrier-pigeon")
+    with pytest.raises(ValueError):
+        TcpTransport(chunk_bytes=0)
+
+
+def test_outbox_flushes_before_the_inbox_blocks_or_ends() -> None:
+    a, b = _pair()
+    outbox = Outbox(b, max_bytes=1 << 20)
+    inbox = Inbox(b, 4096, outbox=outbox)
+    a.sendall(b"r1r2")
+    assert bytes(inbox.take(2)) == b"r1"
+    outbox.add(b"reply1")
+    assert bytes(inbox.take(2)) == b"r2"  # buffered: no recv, nothing flushed yet
+    outbox.add(b"reply2", memoryview(b"+payload"))
+    assert outbox.parts
+    a.sendall(b"r3")
+    assert bytes(inbox.take(2)) == b"r3"  # data was ready: still corked
+    assert outbox.parts
+    t = threading.Timer(0.1, a.sendall, args=(b"r4",))
+    t.start()
+    assert bytes(inbox.take(2)) == b"r4"  # had to block: flushed first
+    t.join()
+    assert a.recv(100) == b"reply1reply2+payload"
+    outbox.add(b"last")
+    a.shutdown(socket.SHUT_WR)
+    with pytest.raises(PeerClosed):
+        inbox.take(1)
+    assert a.recv(100) == b"last"  # the peer stopped sending, still got its reply
+    a.close()
+    b.close()
+
+
+def test_outbox_bounds() -> None:
+    a, b = _pair()
+    outbox = Outbox(b, max_bytes=10, max_parts=3)
+    outbox.add(b"12345")
+    outbox.add(b"1234")
+    assert outbox.parts
+    outbox.add(b"x")  # 10 bytes: sent
+    assert not outbox.parts and a.recv(100) == b"123451234x"
+    a.close()
+    b.close()
+
+
+def test_lanes_policy() -> None:
+    t = TcpTransport(connections_per_node=4, chunk_bytes=4 << 20, min_stripe_bytes=8 << 20)
+    mib = 1 << 20
+    assert t._lanes(1, 64 * mib) == 1                # one frame: nothing to stripe
+    assert t._lanes(128, 128 * (64 << 10)) == 1      # small frames: CPU-bound, one lane
+    assert t._lanes(16, 16 * 4 * mib) == 4           # large frames: striped
+    assert t._lanes(4, 16 * mib) == 2                # at most one lane per min_stripe_bytes
+    assert t._lanes(2, 8 * mib) == 1
+    t0 = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0)
+    assert t0._lanes(3, 3 * (64 << 10)) == 3
+    assert t0._lanes(100, 100 * (64 << 10)) == 4
+
+
+def test_take_scatter_and_unread() -> None:
+    a, b = _pair()
+    inbox = Inbox(b, 64)
+    payload = os.urandom(1000)
+    a.sendall(b"HDR1" + payload + b"HDR2msg!HDR3")
+    dst = memoryview(bytearray(1000))
+    head, early = inbox.take_scatter(4, dst)
+    assert bytes(head) == b"HDR1" and 0 < early <= 64  # no more than the inbox could take back
+    assert bytes(dst[:early]) == payload[:early]
+    inbox.read_into(dst[early:])
+    assert bytes(dst) == payload
+    # an "error reply": what landed in dst was not payload, hand it back
+    dst2 = memoryview(bytearray(100))
+    time.sleep(0.05)
+    head, early = inbox.take_scatter(4, dst2)
+    assert bytes(head) == b"HDR2" and bytes(dst2[:early]) == b"msg!HDR3"
+    inbox.unread(dst2[:early])
+    assert bytes(inbox.take(4)) == b"msg!"
+    assert bytes(inbox.take(4)) == b"HDR3"
+    # header already buffered: nothing is scattered
+    a.sendall(b"HDR4HDR5")
+    assert bytes(inbox.take(4)) == b"HDR4"
+    head, early = inbox.take_scatter(4, dst2)
+    assert bytes(head) == b"HDR5" and early == 0
+    inbox.unread(memoryview(b"x" * 10))
+    assert bytes(inbox.take(10)) == b"x" * 10
+    with pytest.raises(ValueError):
+        inbox.unread(memoryview(b"x" * 65))
+    a.close()
+    b.close()

@@ -1,0 +1,267 @@
+"""Socket plumbing shared by the TCP client and server: buffered frame reads, gathered sends.
+
+Payload bytes never become Python `bytes` objects here. `Inbox` reads small things (headers,
+meta, error messages) through one preallocated per-connection buffer, so a pipelined stream of
+small frames costs one `recv_into` for many of them; a payload goes to its destination with
+`recv_into` on the destination memoryview itself, except for the few bytes that a header read
+already pulled into the buffer (at most `Inbox` size, copied once). `send_all` writes a list
+of memoryviews with `sendmsg`, so header, meta and payload leave in one syscall without being
+concatenated.
+
+Every read is bounded: `take(n)` refuses n larger than the buffer, and callers check lengths
+against the frame limits before asking.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Sequence
+
+Buffer = bytes | bytearray | memoryview
+
+# Plain ints: the socket module's flags are IntFlag members, and OR-ing those per call is slow.
+MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+MSG_WAITALL = int(socket.MSG_WAITALL)
+MSG_PEEK = int(socket.MSG_PEEK)
+
+# sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call; stay well below.
+MAX_IOV = 512
+
+
+class PeerClosed(ConnectionError):
+    """The peer closed the stream (EOF) where more bytes were due."""
+
+
+# Sockets stay in blocking mode (no Python-level timeout, which would add a poll() before
+# every recv/send) and get kernel timeouts instead: SO_RCVTIMEO / SO_SNDTIMEO. A call that
+# times out then raises BlockingIOError (EAGAIN); both it and TimeoutError mean "timed out".
+TIMEOUT_ERRORS = (TimeoutError, BlockingIOError)
+
+
+def set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    """Bound every later recv/send on `sock` by `seconds` (>= 1 ms; 0 would mean forever)."""
+    us = max(int(seconds * 1e6), 1000)
+    tv = struct.pack("ll", us // 1_000_000, us % 1_000_000)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def tune_socket(sock: socket.socket, buffer_bytes: int) -> None:
+    """TCP_NODELAY, and big kernel buffers when asked (set before connect/listen, so the
+    window scale negotiated in the handshake can use them)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if buffer_bytes > 0:
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+            except OSError:
+                pass  # the kernel caps it; autotuning still applies
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); ValueError if malformed."""
+    host, sep, port_s = address.rpartition(":")
+    if not sep or not host or not port_s.isdigit():
+        raise ValueError(f"bad address {address!r}: want host:port")
+    port = int(port_s)
+    if not 0 < port < 65536:
+        raise ValueError(f"bad port in {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def send_all(sock: socket.socket, parts: Sequence[Buffer]) -> int:
+    """Send every byte of `parts` (byte-format buffers) with as few `sendmsg` calls as the
+    kernel allows; returns the byte count. Partial sends resume where they stopped."""
+    views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts if len(p)]
+    total = sum(len(v) for v in views)
+    first = 0
+    while first < len(views):
+        batch = views[first:first + MAX_IOV]
+        sent = sock.sendmsg(batch)
+        # Skip fully sent views, trim the partially sent one.
+        while sent > 0:
+            n = len(views[first])
+            if sent >= n:
+                sent -= n
+                first += 1
+            else:
+                views[first] = views[first][sent:]
+                sent = 0
+    return total
+
+
+class Outbox:
+    """Corked replies: parts queue up and leave together in one `sendmsg` when flushed.
+
+    The owner flushes before it could block on a read (Inbox does this for it), and `add`
+    flushes on its own once `max_bytes` or `max_parts` are queued, so nothing waits long and
+    memory held by queued views stays bounded.
+    """
+
+    __slots__ = ("_sock", "parts", "nbytes", "max_bytes", "max_parts")
+
+    def __init__(self, sock: socket.socket, *, max_bytes: int = 1 << 20,
+                 max_parts: int = MAX_IOV // 2) -> None:
+        self._sock = sock
+        self.parts: list[Buffer] = []
+        self.nbytes = 0
+        self.max_bytes = max_bytes
+        self.max_parts = max_parts
+
+    def add(self, part: Buffer, payload: Buffer | None = None) -> None:
+        self.parts.append(part)
+        self.nbytes += len(part)
+        if payload is not None:
+            self.parts.append(payload)
+            self.nbytes += len(payload)
+        if self.nbytes >= self.max_bytes or len(self.parts) >= self.max_parts:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.parts:
+            parts, self.parts, self.nbytes = self.parts, [], 0
+            send_all(self._sock, parts)
+
+
+class Inbox:
+    """A per-connection receive buffer for headers, meta and messages; payloads bypass it.
+
+    A recv into the buffer asks for at most `readahead` bytes. Where what follows a header may
+    be a payload (a WRITE request on the server), readahead stays small, so at most a few KiB
+    of payload ever pass through here (copied once); where nothing but headers and messages
+    follow (requests of READs, replies to WRITEs), a large readahead brings many pipelined
+    frames per syscall. Payloads are received with `recv_into` on their destination itself
+    (`read_into`), and `take_scatter` reads a reply header and the start of its payload with
+    one `recvmsg_into` into [this buffer, destination], so a READ reply costs one syscall and
+    no copy. With an `outbox`, queued replies are flushed before any recv that would block, so
+    the peer never waits for replies we sit on.
+
+    The socket must be in blocking mode (timeouts through `set_io_timeout`): in Python's
+    timeout mode every recv polls first, and the non-blocking probe would wait.
+
+    Invariant: the unread bytes are buf[start:end); a view returned by `take` stays valid
+    until the next call on this inbox.
+    """
+
+    __slots__ = ("_sock", "_buf", "_view", "_start", "_end", "size", "readahead", "outbox")
+
+    def __init__(self, sock: socket.socket, size: int, *, readahead: int = 64 << 10,
+                 outbox: Outbox | None = None) -> None:
+        self._sock = sock
+        self.size = size
+        self.readahead = min(readahead, size)
+        self.outbox = outbox
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def _recv_into(self, view: memoryview, flags: int = 0) -> int:
+        outbox = self.outbox
+        if outbox is not None and outbox.parts:
+            try:
+                got = self._sock.recv_into(view, 0, MSG_DONTWAIT)
+            except BlockingIOError:
+                got = -1
+            if got <= 0:  # would block, or the peer is done sending: it gets its replies
+                outbox.flush()
+            if got < 0:
+                got = self._sock.recv_into(view, 0, flags)
+        else:
+            got = self._sock.recv_into(view, 0, flags)
+        if not got:
+            raise PeerClosed("peer closed the connection")
+        return got
+
+    def _make_room(self, n: int) -> None:
+        """Compact so that n bytes from `start` fit in the buffer."""
+        have = self._end - self._start
+        if have == 0:
+            self._start = self._end = 0
+        elif self.size - self._start < n:
+            self._view[:have] = self._view[self._start:self._end]
+            self._start, self._end = 0, have
+
+    def _fill(self, n: int) -> None:
+        """Receive until at least n (<= size) bytes are buffered."""
+        self._make_room(n)
+        while self._end - self._start < n:
+            want = max(n - (self._end - self._start), self.readahead)
+            end = min(self._end + want, self.size)
+            self._end += self._recv_into(self._view[self._end:end])
+
+    def take(self, n: int) -> memoryview:
+        """The next n bytes (n <= size), reading as needed."""
+        if n > self.size:
+            raise ValueError(f"take({n}) over the inbox size {self.size}")
+        if self._end - self._start < n:
+            self._fill(n)
+        v = self._view[self._start:self._start + n]
+        self._start += n
+        return v
+
+    def take_scatter(self, n: int, dst: memoryview) -> tuple[memoryview, int]:
+        """The next n bytes (a header), plus k bytes that followed it straight into dst[:k].
+
+        dst is where the caller expects the payload behind the header; if the header says
+        otherwise (an error reply), the caller hands those k bytes back with `unread`.
+        Returns (header view, k); k <= min(len(dst), size).
+        """
+        if n > self.size:
+            raise ValueError(f"take({n}) over the inbox size {self.size}")
+        if self._end - self._start >= n or not len(dst):
+            return self.take(n), 0
+        self._make_room(n)
+        tail = dst[:self.size]
+        while True:
+            hdr_end = self._start + n
+            got, _, _, _ = self._sock.recvmsg_into([self._view[self._end:hdr_end], tail])
+            if not got:
+                raise PeerClosed("peer closed the connection")
+            into_header = min(got, hdr_end - self._end)
+            self._end += into_header
+            if self._end == hdr_end:
+                return self.take(n), got - into_header
+
+    def unread(self, data: memoryview) -> None:
+        """Put bytes back in front of the unread ones (len(data) + buffered <= size)."""
+        have = self._end - self._start
+        k = len(data)
+        if k + have > self.size:
+            raise ValueError("unread over the inbox size")
+        if k <= self._start:
+            self._start -= k
+        else:
+            self._view[k:k + have] = self._view[self._start:self._end]
+            self._start, self._end = 0, k + have
+        self._view[self._start:self._start + k] = data
+
+    def read_into(self, dst: memoryview) -> None:
+        """Fill all of `dst` (a writable byte view): buffered bytes first, the rest straight
+        from the socket into `dst`. PeerClosed if the stream ends first."""
+        n = len(dst)
+        have = self._end - self._start
+        pos = have if have < n else n
+        if pos:
+            dst[:pos] = self._view[self._start:self._start + pos]
+            self._start += pos
+        while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
+            pos += self._recv_into(dst[pos:], MSG_WAITALL)
+
+    def skip(self, n: int) -> None:
+        """Discard the next n bytes, reusing this buffer as scratch."""
+        while n > 0:
+            k = min(self._end - self._start, n)
+            self._start += k
+            n -= k
+            if n:
+                self._start = self._end = 0
+                self._end = self._recv_into(self._view[:min(n, self.size)])

@@ -1,0 +1,571 @@
+"""The TCP transport: batches of remote-range transfers over persistent, pipelined connections.
+
+How a batch moves:
+1. Every op is cut into chunks of at most `chunk_bytes`; each chunk is one frame whose range
+   lies inside the op's grant (writes carry the op's WriteMeta on every chunk, so the node can
+   account each frame on its own). An op whose range is not inside its grant fails before a
+   byte moves, so a multi-frame op never lands partly because of its own range.
+2. Chunks are grouped by node address (route.endpoints["tcp"]). For each node the batch checks
+   out connections from that node's pool (waiting only for the first one; extra ones only if
+   idle or creatable right away) and deals the chunks out to them, least-loaded first, so a
+   large object is striped across connections. How many: at most `connections_per_node`, at
+   most one per `min_stripe_bytes` of the node's share, and just one when the frames are much
+   smaller than `chunk_bytes` (measured on a 2-core loopback: small frames are bound by
+   per-frame CPU, where more lanes only add GIL handoffs; large frames gain from parallel
+   kernel copies).
+3. Each checked-out connection is one *lane*, driven by one thread with a blocking socket: it
+   sends up to `max_inflight_per_connection` requests (gathered into as few `sendmsg` calls as
+   possible: header, meta and payload memoryviews, never concatenated) before it reads their
+   responses in order. A READ reply is read with one `recvmsg_into([inbox, destination])`, so
+   its payload goes straight into the op's own destination slice, the rest with `recv_into`
+   (MSG_WAITALL) on that slice: no intermediate buffer, no copy. Lanes run on a small bounded
+   pool of threads owned by the transport; the last lane of a batch runs on the calling
+   thread, so a batch that needs one connection costs no thread hop.
+
+Invariants:
+- A connection belongs to exactly one lane at a time. Pools are taken in address order and
+  lanes never wait for anything but their own socket, so concurrent batches cannot deadlock,
+  and sockets per node never exceed `connections_per_node`.
+- Request ids are per connection and every response is checked against the request it should
+  answer (id, length); any mismatch, short read, timeout or socket error means the stream can
+  no longer be trusted: the connection is closed, never returned to its pool, and only the ops
+  with chunks on it fail (ST_CONNECTION_LOST / ST_TIMEOUT / ST_CONNECT_FAILED). The next batch
+  reconnects; an idle pooled connection whose node went away is noticed at checkout (one
+  non-blocking peek) and replaced before use.
+- An op fails if any of its chunks fails; a failed op never fails its neighbours. A failed
+  read's own destination holds unspecified bytes.
+- Timeouts: every syscall is bounded by the time left to the batch deadline (kernel socket
+  timeouts), and the deadline is checked between frames.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from cellar.proto.grant import Grant
+from cellar.transfer._sockio import (
+    MAX_IOV,
+    MSG_DONTWAIT,
+    MSG_PEEK,
+    TIMEOUT_ERRORS,
+    Inbox,
+    PeerClosed,
+    parse_address,
+    send_all,
+    set_io_timeout,
+    tune_socket,
+)
+from cellar.transfer.base import (
+    ST_CONNECT_FAILED,
+    ST_CONNECTION_LOST,
+    ST_TIMEOUT,
+    SegmentRoute,
+    TransferOp,
+    TransferResult,
+    Transport,
+)
+from cellar.transfer.frame import (
+    DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
+    MAX_MESSAGE_BYTES,
+    OP_PING,
+    OP_READ,
+    OP_WRITE,
+    REQUEST,
+    REQUEST_MAGIC,
+    RESP_FLAG_CLOSE,
+    RESPONSE,
+    RESPONSE_MAGIC,
+    ST_BAD_FRAME,
+    ST_OK,
+    ST_OUT_OF_RANGE,
+    ST_UNSUPPORTED,
+    VERSION,
+    FrameError,
+    decode_response,
+)
+
+# Per-connection receive buffer for response headers and error messages.
+INBOX_BYTES = 64 << 10
+assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
+# Striping policy, measured on 2-core loopback (see the module docstring): frames much smaller
+# than chunk_bytes are bound by per-frame CPU, where extra lanes only add GIL and thread-hop
+# costs, so a node's share of a batch is striped only when its frames average at least
+# chunk_bytes / STRIPE_CHUNK_FRACTION, and over at most one lane per min_stripe_bytes.
+STRIPE_CHUNK_FRACTION = 8
+_ZERO_MAC = bytes(16)
+RESPONSE_SIZE = RESPONSE.size
+_PEEK_NOWAIT = MSG_PEEK | MSG_DONTWAIT
+
+# A chunk on its way: (op index, absolute segment offset, byte view of the op's buffer, grant).
+_Chunk = tuple[int, int, memoryview, Grant]
+
+
+class _Desync(Exception):
+    """A response that does not answer the request it should (id, length, status shape)."""
+
+
+class _Conn:
+    __slots__ = ("sock", "inbox", "next_id", "gen", "io_timeout_s")
+
+    def __init__(self, sock: socket.socket, gen: int) -> None:
+        self.sock = sock
+        self.inbox = Inbox(sock, INBOX_BYTES)
+        self.next_id = 1
+        self.gen = gen
+        self.io_timeout_s = 0.0
+
+    def bound_io(self, remaining_s: float) -> None:
+        """Kernel timeouts close to `remaining_s` (within 10%: skips two syscalls per call
+        when consecutive batches use the same timeout)."""
+        if not 0.9 * remaining_s <= self.io_timeout_s <= 1.1 * remaining_s:
+            set_io_timeout(self.sock, remaining_s)
+            self.io_timeout_s = remaining_s
+
+    def alive(self) -> bool:
+        """An idle connection must have nothing to read: EOF or stray bytes mean it is dead
+        (e.g. the node restarted while it sat in the pool). One non-blocking syscall."""
+        try:
+            self.sock.recv(1, _PEEK_NOWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False  # EOF, or bytes nobody asked for
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Pool:
+    """Connections to one node address: at most `limit` exist, idle ones wait in `idle`.
+
+    `acquire` hands out idle connections and, while under the limit, reserved slots (None) that
+    the caller fills by connecting itself (outside the lock, in parallel).
+    """
+
+    def __init__(self, address: str, limit: int) -> None:
+        self.address = address
+        self.limit = limit
+        self.cond = threading.Condition()
+        self.idle: list[_Conn] = []
+        self.total = 0      # idle + checked out + reserved slots
+        self.gen = 0        # bumped by forget(): older connections are closed on release
+        self.closed = False
+
+    def acquire(self, want: int, deadline: float) -> list[_Conn | None] | None:
+        """Up to `want` (>= 1) connections or slots, waiting only for the first one.
+
+        [] if the deadline passed first, None if the transport is closed."""
+        with self.cond:
+            while not self.idle and self.total >= self.limit:
+                if self.closed:
+                    return None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self.cond.wait(remaining)
+            if self.closed:
+                return None
+            got: list[_Conn | None] = []
+            while len(got) < want and self.idle:
+                got.append(self.idle.pop())
+            while len(got) < want and self.total < self.limit:
+                self.total += 1
+                got.append(None)
+            return got
+
+    def release(self, conn: _Conn, reusable: bool) -> None:
+        with self.cond:
+            keep = reusable and not self.closed and conn.gen == self.gen
+            if keep:
+                self.idle.append(conn)
+            else:
+                self.total -= 1
+            self.cond.notify()
+        if not keep:
+            conn.close()
+
+    def release_slot(self) -> None:
+        with self.cond:
+            self.total -= 1
+            self.cond.notify()
+
+    def drop_idle(self, closing: bool) -> None:
+        with self.cond:
+            self.gen += 1
+            self.closed = self.closed or closing
+            idle, self.idle = self.idle, []
+            self.total -= len(idle)
+            self.cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
+class TcpTransport(Transport):
+    """Persistent, striped, pipelined TCP connections to storage nodes; thread-safe.
+
+    connections_per_node: pool bound per node address (and most lanes one batch stripes over).
+    chunk_bytes: largest frame payload sent or asked for; <= max_frame_payload_bytes, which
+        must not exceed the nodes' own limit.
+    connect_timeout_s: per connection attempt (also bounded by the batch deadline).
+    socket_buffer_bytes: SO_SNDBUF/SO_RCVBUF before connect (0: leave to kernel autotuning).
+    max_inflight_per_connection: requests sent on a connection before reading its replies.
+    max_threads: the lane thread pool shared by all batches.
+    min_stripe_bytes: a node's share of a batch uses at most one lane per this many bytes
+        (0: no byte floor).
+    `ping(address, timeout_s)` measures one round trip for latency probes.
+    """
+
+    name = "tcp"
+
+    def __init__(self, *, connections_per_node: int = 4, chunk_bytes: int = 4 << 20,
+                 max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
+                 connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
+                 max_inflight_per_connection: int = 64, max_threads: int = 16,
+                 min_stripe_bytes: int = 8 << 20) -> None:
+        if connections_per_node < 1 or max_inflight_per_connection < 1 or max_threads < 1:
+            raise ValueError("connections_per_node, max_inflight_per_connection and "
+                             "max_threads must be >= 1")
+        if not 0 < chunk_bytes <= max_frame_payload_bytes:
+            raise ValueError("chunk_bytes must be in (0, max_frame_payload_bytes]")
+        self.connections_per_node = connections_per_node
+        self.chunk_bytes = chunk_bytes
+        self.max_frame_payload_bytes = max_frame_payload_bytes
+        self.connect_timeout_s = connect_timeout_s
+        self.socket_buffer_bytes = socket_buffer_bytes
+        self.max_inflight_per_connection = max_inflight_per_connection
+        self.max_threads = max_threads
+        self.min_stripe_bytes = min_stripe_bytes
+        self._lock = threading.Lock()
+        self._pools: dict[str, _Pool] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    # -- Transport -------------------------------------------------------------------------
+
+    def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
+        return self._batch(ops, timeout_s, OP_WRITE)
+
+    def read(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
+        return self._batch(ops, timeout_s, OP_READ)
+
+    def forget(self, route: SegmentRoute) -> None:
+        address = route.endpoints.get(self.name)
+        with self._lock:
+            pool = self._pools.get(address) if address else None
+        if pool is not None:
+            pool.drop_idle(closing=False)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pools = list(self._pools.values())
+            self._pools.clear()
+            executor, self._executor = self._executor, None
+        for pool in pools:
+            pool.drop_idle(closing=True)
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    def ping(self, address: str, timeout_s: float = 1.0) -> float:
+        """Round-trip seconds of one PING frame on a pooled connection to `address`.
+
+        Raises TimeoutError, or ConnectionError if the node cannot be reached or answers wrong.
+        """
+        deadline = time.monotonic() + timeout_s
+        pool = self._pool(address)
+        if pool is None:
+            raise ConnectionError("transport closed")
+        got = pool.acquire(1, deadline)
+        if got is None:
+            raise ConnectionError("transport closed")
+        if not got:
+            raise TimeoutError(f"{address}: no free connection within {timeout_s} s")
+        conn, reusable = got[0], False
+        try:
+            if conn is not None and not conn.alive():
+                conn.close()  # keep its slot and reconnect below
+                conn = None
+            if conn is None:
+                try:
+                    conn = self._connect(pool, deadline)
+                except OSError as e:
+                    pool.release_slot()
+                    raise ConnectionError(f"{address}: {e}") from e
+            sock = conn.sock
+            conn.bound_io(deadline - time.monotonic())
+            rid = conn.next_id
+            conn.next_id += 1
+            t0 = time.perf_counter()
+            send_all(sock, (REQUEST.pack(REQUEST_MAGIC, VERSION, OP_PING, 0, 0, rid, 0, 0, 0, 0,
+                                         0, 0, 0, _ZERO_MAC, 0, 0),))
+            hdr = decode_response(conn.inbox.take(RESPONSE.size),
+                                  max_payload_bytes=self.max_frame_payload_bytes)
+            rtt = time.perf_counter() - t0
+            if hdr.request_id != rid or hdr.length != 0 or hdr.status != ST_OK:
+                raise ConnectionError(f"{address}: bad ping reply (status {hdr.status})")
+            reusable = True
+            return rtt
+        except TIMEOUT_ERRORS as e:
+            raise TimeoutError(f"{address}: ping timed out") from e
+        except (OSError, FrameError) as e:
+            raise ConnectionError(f"{address}: {e}") from e
+        finally:
+            if conn is not None:
+                pool.release(conn, reusable)
+
+    # -- a batch ---------------------------------------------------------------------------
+
+    def _batch(self, ops: Sequence[TransferOp], timeout_s: float,
+               op_code: int) -> list[TransferResult]:
+        deadline = time.monotonic() + timeout_s
+        fail: list[TransferResult | None] = [None] * len(ops)
+        metas: list[bytes] = [b""] * len(ops)
+        by_address: dict[str, list[_Chunk]] = {}
+        bytes_by_address: dict[str, int] = {}
+        chunk = self.chunk_bytes
+        for i, op in enumerate(ops):
+            address = op.route.endpoints.get(self.name)
+            if not address:
+                fail[i] = TransferResult(ST_UNSUPPORTED, f"segment {op.route.segment_id} on "
+                                         f"node {op.route.node_id} has no tcp endpoint")
+                continue
+            try:
+                view = _byte_view(op.buffer, writable=op_code == OP_READ)
+                if op_code == OP_WRITE:
+                    if op.meta is None:
+                        raise FrameError(ST_BAD_FRAME, "a write needs its WriteMeta")
+                    metas[i] = op.meta.pack()
+            except (ValueError, TypeError) as e:
+                fail[i] = TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
+                continue
+            except FrameError as e:
+                fail[i] = TransferResult(e.status, e.message)
+                continue
+            n = len(view)
+            grant = op.grant
+            if not grant.covers(grant.segment_id, op.offset, n):
+                # Checked here too (the node checks every frame), so that an op cut into
+                # several frames never lands partly: it fails before its first byte moves.
+                fail[i] = TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside the "
+                                         f"grant [{grant.offset}, +{grant.length})")
+                continue
+            chunks = by_address.setdefault(address, [])
+            if n <= chunk:
+                chunks.append((i, op.offset, view, grant))
+            else:
+                for pos in range(0, n, chunk):
+                    chunks.append((i, op.offset + pos, view[pos:pos + chunk], grant))
+            bytes_by_address[address] = bytes_by_address.get(address, 0) + n
+
+        # Pools are taken in address order, and every lane but the newest is already running
+        # on the executor while the batch waits for the next pool: a batch only ever waits
+        # for a pool later in the order than any connection it holds, so no cycle can form.
+        futures: list[Future[None]] = []
+        inline: tuple[Any, ...] | None = None
+        for address in sorted(by_address):
+            chunks = by_address[address]
+            pool = self._pool(address)
+            want = self._lanes(len(chunks), bytes_by_address[address])
+            got = pool.acquire(want, deadline) if pool is not None else None
+            if not got:
+                status, why = ((ST_TIMEOUT, "no free connection before the deadline")
+                               if got is not None else (ST_CONNECT_FAILED, "transport closed"))
+                _fail_chunks(fail, chunks, status, f"{address}: {why}")
+                continue
+            for conn, lane_chunks in zip(got, _deal(chunks, len(got)), strict=True):
+                if inline is not None:
+                    futures.append(self._submit(inline))
+                inline = (pool, conn, lane_chunks, op_code, deadline, metas, fail)
+        if inline is not None:  # the last lane runs here: one connection, no thread hop
+            self._run_lane(*inline)
+        for fut in futures:
+            fut.result()
+        return [r if r is not None else TransferResult() for r in fail]
+
+    def _lanes(self, n_chunks: int, nbytes: int) -> int:
+        """How many connections to stripe one node's share of a batch over."""
+        if n_chunks <= 1 or nbytes * STRIPE_CHUNK_FRACTION < self.chunk_bytes * n_chunks:
+            return 1
+        by_bytes = nbytes // self.min_stripe_bytes if self.min_stripe_bytes > 0 else n_chunks
+        return max(1, min(self.connections_per_node, n_chunks, by_bytes))
+
+    def _submit(self, lane: tuple[Any, ...]) -> Future[None]:
+        with self._lock:
+            if not self._closed:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(self.max_threads,
+                                                        thread_name_prefix="cellar-tcp-lane")
+                return self._executor.submit(self._run_lane, *lane)
+        done: Future[None] = Future()  # closed meanwhile: run it here, never leak a thread pool
+        self._run_lane(*lane)
+        done.set_result(None)
+        return done
+
+    def _pool(self, address: str) -> _Pool | None:
+        with self._lock:
+            if self._closed:
+                return None
+            pool = self._pools.get(address)
+            if pool is None:
+                pool = self._pools[address] = _Pool(address, self.connections_per_node)
+            return pool
+
+    def _connect(self, pool: _Pool, deadline: float) -> _Conn:
+        host, port = parse_address(pool.address)
+        timeout = min(self.connect_timeout_s, deadline - time.monotonic())
+        if timeout <= 0:
+            raise TimeoutError("deadline passed before connecting")
+        family, stype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, stype, proto)
+        try:
+            tune_socket(sock, self.socket_buffer_bytes)
+            sock.settimeout(timeout)
+            sock.connect(addr)
+            sock.settimeout(None)  # blocking from here on; set_io_timeout bounds each call
+        except BaseException:
+            sock.close()
+            raise
+        return _Conn(sock, pool.gen)
+
+    def _run_lane(self, pool: _Pool, conn: _Conn | None, chunks: list[_Chunk], op_code: int,
+                  deadline: float, metas: list[bytes], fail: list[TransferResult | None]) -> None:
+        """Drive one connection through its chunks; never raises."""
+        reusable = False
+        try:
+            if conn is not None and not conn.alive():
+                conn.close()  # keep its slot and reconnect below
+                conn = None
+            if conn is None:
+                try:
+                    conn = self._connect(pool, deadline)
+                except (OSError, ValueError) as e:
+                    pool.release_slot()
+                    _fail_chunks(fail, chunks, ST_CONNECT_FAILED, f"{pool.address}: {e}")
+                    return
+            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, metas, fail)
+        except BaseException as e:  # a bug here must still fail only these ops
+            _fail_chunks(fail, chunks, ST_CONNECTION_LOST, f"{pool.address}: {e!r}")
+            reusable = False
+        finally:
+            if conn is not None:
+                pool.release(conn, reusable)
+
+    def _pump(self, conn: _Conn, address: str, chunks: list[_Chunk], op_code: int,
+              deadline: float, metas: list[bytes], fail: list[TransferResult | None]) -> bool:
+        """Pipelined requests and in-order responses; True if the connection is still in sync."""
+        sock, inbox = conn.sock, conn.inbox
+        pack = REQUEST.pack
+        window = self.max_inflight_per_connection
+        refill_at = window // 2
+        is_write = op_code == OP_WRITE
+        unpack_response = RESPONSE.unpack
+        pending: deque[tuple[int, int, memoryview]] = deque()
+        n = len(chunks)
+        i = 0
+        try:
+            while i < n or pending:
+                if i < n and len(pending) <= refill_at:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError("deadline passed")
+                    conn.bound_io(remaining)
+                    parts: list[bytes | memoryview] = []
+                    while i < n and len(pending) < window and len(parts) < MAX_IOV - 2:
+                        op_i, offset, view, g = chunks[i]
+                        rid = conn.next_id
+                        conn.next_id = rid + 1
+                        meta = metas[op_i]
+                        head = pack(REQUEST_MAGIC, VERSION, op_code, 0, len(meta), rid,
+                                    g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
+                                    g.expiry_ms, g.key_tag, g.mac, offset, len(view))
+                        if is_write:
+                            parts.append(head + meta)
+                            parts.append(view)
+                        else:
+                            parts.append(head)
+                        pending.append((rid, op_i, view))
+                        i += 1
+                    send_all(sock, parts)
+                rid, op_i, view = pending[0]
+                if time.monotonic() > deadline:
+                    raise TimeoutError("deadline passed")
+                # decode_response's checks, inlined: this runs once per chunk
+                if is_write:
+                    head, early = inbox.take(RESPONSE_SIZE), 0
+                else:  # header into the inbox, payload straight into the destination
+                    head, early = inbox.take_scatter(RESPONSE_SIZE, view)
+                magic, version, status, flags, msg_len, got_rid, length = unpack_response(head)
+                if magic != RESPONSE_MAGIC or version != VERSION or msg_len > MAX_MESSAGE_BYTES:
+                    raise _Desync("bad response header")
+                if got_rid != rid:
+                    raise _Desync(f"response to request {got_rid}, expected {rid}")
+                if status == ST_OK:
+                    if length != (0 if is_write else len(view)):
+                        raise _Desync(f"response length {length} for {len(view)} bytes")
+                    if not is_write:
+                        inbox.read_into(view[early:])
+                    pending.popleft()
+                    continue
+                if early:  # they were not payload: the message and what follows it
+                    inbox.unread(view[:early])
+                if length:
+                    raise _Desync("error response with a payload")
+                msg = bytes(inbox.take(msg_len)).decode("utf-8", "replace")
+                pending.popleft()
+                if fail[op_i] is None:
+                    fail[op_i] = TransferResult(status, f"{address}: {msg}")
+                if flags & RESP_FLAG_CLOSE:
+                    raise PeerClosed(f"node closed the connection after: {msg}")
+            return True
+        except TIMEOUT_ERRORS as e:
+            status, why = ST_TIMEOUT, f"{address}: timed out ({e or type(e).__name__})"
+        except (OSError, FrameError, _Desync) as e:
+            status, why = ST_CONNECTION_LOST, f"{address}: {e}"
+        for _, op_i, _ in pending:
+            if fail[op_i] is None:
+                fail[op_i] = TransferResult(status, why)
+        _fail_chunks(fail, chunks[i:], status, why)
+        return False
+
+
+def _byte_view(buf: Any, *, writable: bool) -> memoryview:
+    """A flat byte view of a caller's buffer (numpy, bytearray, mmap, ...); no copy."""
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if not mv.c_contiguous:
+        raise ValueError("buffer is not contiguous")
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise ValueError("read destination is read-only")
+    return mv
+
+
+def _deal(chunks: list[_Chunk], lanes: int) -> list[list[_Chunk]]:
+    """Chunks to `lanes` lists, each chunk to the lane with the fewest bytes so far, so a large
+    object spreads over every lane while input order holds within each lane."""
+    if lanes == 1:
+        return [chunks]
+    out: list[list[_Chunk]] = [[] for _ in range(lanes)]
+    load = [0] * lanes
+    for c in chunks:
+        k = load.index(min(load))
+        out[k].append(c)
+        load[k] += len(c[2]) + REQUEST.size
+    return out
+
+
+def _fail_chunks(fail: list[TransferResult | None], chunks: Sequence[_Chunk], status: int,
+                 message: str) -> None:
+    for c in chunks:
+        if fail[c[0]] is None:
+            fail[c[0]] = TransferResult(status, message)

@@ -1,0 +1,400 @@
+"""The TCP data-plane server a storage node runs: frames in, segment memory out, and back.
+
+Model: one listener thread accepts; each connection gets its own thread with a blocking socket
+(CPython releases the GIL inside `recv_into`/`sendmsg`, so on a few cores this is the fastest
+simple model). A connection serves its requests strictly in order, so responses leave in
+request order and a client can pipeline as deep as it likes.
+
+Per request: the fixed header is read through a preallocated per-connection buffer and decoded
+with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTES), then:
+- WRITE: `access.writable()` returns a memoryview of segment memory and the payload is received
+  straight into it (only the few KiB that arrived with the header pass through the buffer);
+  only when every byte arrived is `access.written()` called, then OK.
+- READ: `access.readable()` returns a memoryview of segment memory; the reply header and that
+  view are sent with `sendmsg` (no copy into bytes).
+- PING: OK.
+Replies are corked: they queue (READ payloads as views) while more requests are already
+waiting in the socket, and leave together in one `sendmsg` before the connection would block
+on a read, or once 1 MiB is queued. A pipelined run of small requests thus costs a few
+syscalls, not two per request. Counters are per connection (no lock per request) and summed
+by `stats.snapshot()`.
+
+Errors and what they cost:
+- `FrameError` from the access layer (bad grant, expired, out of range, sealed...): the reply
+  carries that status and message; a refused WRITE's payload (already bounded by
+  max_frame_payload_bytes) is drained through the connection's own buffer, so the stream stays
+  in sync and the connection stays usable.
+- a malformed header (bad magic, version, op, meta or length over the limits): an error reply
+  flagged RESP_FLAG_CLOSE, then the connection is closed; nothing after it can be trusted.
+- the peer vanishing mid-payload or a recv/send timing out (idle_timeout_s bounds every
+  socket call, against slowloris and readers that never read): that connection closes; a
+  write whose payload did not fully arrive is never `written`.
+- connections beyond max_connections are accepted and closed at once.
+
+It never interprets grants itself (the `SegmentAccess` the node provides does) and never lets an
+exception from one connection reach another or the listener.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+from typing import Any, NoReturn
+
+from cellar.transfer._sockio import Inbox, Outbox, PeerClosed, set_io_timeout, tune_socket
+from cellar.transfer.base import SegmentAccess
+from cellar.transfer.frame import (
+    DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
+    MAX_META_BYTES,
+    OP_PING,
+    OP_READ,
+    OP_WRITE,
+    REQUEST,
+    REQUEST_ID_OFFSET,
+    REQUEST_MAGIC,
+    RESP_FLAG_CLOSE,
+    ST_INTERNAL,
+    ST_OK,
+    STATUS_NAMES,
+    FrameError,
+    RequestHeader,
+    decode_request,
+    decode_write_meta,
+    pack_response,
+)
+
+log = logging.getLogger(__name__)
+
+# Per-connection receive buffer for headers and meta. Each recv into it asks for at most
+# READAHEAD_BYTES: enough for a header, its meta and a run of pipelined READ requests, while at
+# most that much of a WRITE payload is ever copied (the rest lands in segment memory directly).
+INBOX_BYTES = 64 << 10
+READAHEAD_BYTES = 4 << 10
+assert REQUEST.size + MAX_META_BYTES <= INBOX_BYTES
+# Replies queue up (READ payloads as views of segment memory) until the connection would block
+# on a read, or this many bytes / buffers are queued.
+OUTBOX_BYTES = 1 << 20
+# After a fatal reply, how long and how much to keep reading before closing, so the peer sees
+# the reply instead of a reset caused by its own unread bytes.
+LINGER_S = 0.2
+LINGER_BYTES = 1 << 20
+OP_NAMES = {OP_READ: "read", OP_WRITE: "write", OP_PING: "ping"}
+_REQUEST_ID = struct.Struct("<Q")
+
+
+class _Counters:
+    """One connection's counters; only its own thread writes them, so no lock per request."""
+
+    __slots__ = ("bytes_in", "bytes_out", "requests", "errors")
+
+    def __init__(self) -> None:
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.requests = [0, 0, 0, 0]  # by op number; 0 = undecodable
+        self.errors: dict[int, int] = {}
+
+    def error(self, status: int) -> None:
+        self.errors[status] = self.errors.get(status, 0) + 1
+
+    def add_to(self, other: _Counters) -> None:
+        other.bytes_in += self.bytes_in
+        other.bytes_out += self.bytes_out
+        for op, n in enumerate(self.requests):
+            other.requests[op] += n
+        for status, n in dict(self.errors).items():
+            other.errors[status] = other.errors.get(status, 0) + n
+
+
+class DataServerStats:
+    """Counters for the node's /metrics: bytes in/out, requests by op, errors by status,
+    connections. Connections count on their own; `snapshot()` adds them up under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = _Counters()
+        self._live: set[_Counters] = set()
+        self.active_connections = 0
+        self.connections_total = 0
+        self.connections_refused = 0
+
+    def opened(self) -> _Counters:
+        c = _Counters()
+        with self._lock:
+            self._live.add(c)
+            self.active_connections += 1
+            self.connections_total += 1
+        return c
+
+    def closed(self, c: _Counters) -> None:
+        with self._lock:
+            self._live.discard(c)
+            c.add_to(self._closed)
+            self.active_connections -= 1
+
+    def refused(self) -> None:
+        with self._lock:
+            self.connections_refused += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        total = _Counters()
+        with self._lock:
+            self._closed.add_to(total)
+            for c in list(self._live):
+                c.add_to(total)
+            active, opened, refused = (self.active_connections, self.connections_total,
+                                       self.connections_refused)
+        return {
+            "bytes_in": total.bytes_in, "bytes_out": total.bytes_out,
+            "requests": {name: total.requests[op] for op, name in OP_NAMES.items()}
+            | {"invalid": total.requests[0]},  # headers that did not decode
+            "errors": {STATUS_NAMES.get(st, str(st)): n for st, n in total.errors.items()},
+            "active_connections": active, "connections_total": opened,
+            "connections_refused": refused,
+        }
+
+
+class _Fatal(Exception):
+    """Stop serving this connection (after the reply already sent, if any)."""
+
+
+class TcpDataServer:
+    """Serves READ/WRITE/PING frames for the segments behind `access`."""
+
+    def __init__(self, access: SegmentAccess, host: str, port: int, *,
+                 max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
+                 max_connections: int = 256, socket_buffer_bytes: int = 4 << 20,
+                 idle_timeout_s: float = 300.0) -> None:
+        if max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0:
+            raise ValueError("limits must be positive")
+        self.access = access
+        self.host = host
+        self.port = port
+        self.max_frame_payload_bytes = max_frame_payload_bytes
+        self.max_connections = max_connections
+        self.socket_buffer_bytes = socket_buffer_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.stats = DataServerStats()
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Bind and listen; returns the bound port (port 0 picks a free one)."""
+        if self._listener is not None:
+            raise RuntimeError("already started")
+        infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family, stype, proto, _, addr = infos[0]
+        ls = socket.socket(family, stype, proto)
+        try:
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tune_socket(ls, self.socket_buffer_bytes)  # accepted sockets inherit the buffers
+            ls.bind(addr)
+            ls.listen(min(self.max_connections, socket.SOMAXCONN))
+        except BaseException:
+            ls.close()
+            raise
+        self._listener = ls
+        self.port = ls.getsockname()[1]
+        self._stopping = False
+        self._accept_thread = threading.Thread(target=self._accept_loop,
+                                               name=f"cellar-tcp-accept:{self.port}",
+                                               daemon=True)
+        self._accept_thread.start()
+        return self.port
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Close the listener and every connection, then join their threads."""
+        self._stopping = True
+        ls, self._listener = self._listener, None
+        if ls is not None:
+            try:
+                ls.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
+            except OSError:
+                pass
+            ls.close()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout_s)
+            self._accept_thread = None
+        with self._lock:
+            conns = list(self._conns.items())
+        for sock, _ in conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        for _, thread in conns:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> TcpDataServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept_loop(self) -> None:
+        ls = self._listener
+        assert ls is not None
+        while not self._stopping:
+            try:
+                sock, _peer = ls.accept()
+            except OSError:
+                if self._stopping:
+                    return
+                time.sleep(0.01)  # EMFILE and friends: back off instead of spinning
+                continue
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+                if not full and not self._stopping:
+                    thread = threading.Thread(target=self._serve, args=(sock,),
+                                              name=f"cellar-tcp-conn:{self.port}", daemon=True)
+                    self._conns[sock] = thread
+            if full or self._stopping:
+                self.stats.refused()
+                sock.close()
+                continue
+            thread.start()
+
+    # -- one connection --------------------------------------------------------------------
+
+    def _serve(self, sock: socket.socket) -> None:
+        counters = self.stats.opened()
+        try:
+            sock.settimeout(None)  # blocking; the kernel enforces the idle timeout
+            tune_socket(sock, 0)  # buffers were inherited from the listener
+            set_io_timeout(sock, self.idle_timeout_s)
+            outbox = Outbox(sock, max_bytes=OUTBOX_BYTES)
+            conn = _Connection(self, sock, Inbox(sock, INBOX_BYTES, readahead=READAHEAD_BYTES,
+                                                     outbox=outbox), outbox,
+                               counters)
+            while not self._stopping:
+                conn.serve_one()
+        except (_Fatal, PeerClosed, OSError):
+            pass  # peer gone, timed out, or a fatal reply already sent
+        except Exception:  # never let one connection take anything else down
+            log.exception("data connection failed")
+        finally:
+            with self._lock:
+                self._conns.pop(sock, None)
+            try:
+                sock.close()
+            except OSError:
+                pass
+            self.stats.closed(counters)
+
+
+class _Connection:
+    """One client connection's request loop state."""
+
+    __slots__ = ("access", "max_payload", "sock", "inbox", "outbox", "counters")
+
+    def __init__(self, server: TcpDataServer, sock: socket.socket, inbox: Inbox,
+                 outbox: Outbox, counters: _Counters) -> None:
+        self.access = server.access
+        self.max_payload = server.max_frame_payload_bytes
+        self.sock = sock
+        self.inbox = inbox
+        self.outbox = outbox
+        self.counters = counters
+
+    def serve_one(self) -> None:
+        inbox = self.inbox
+        raw = inbox.take(REQUEST.size)
+        try:
+            req = decode_request(raw, max_payload_bytes=self.max_payload)
+        except FrameError as e:
+            rid = _REQUEST_ID.unpack_from(raw, REQUEST_ID_OFFSET)[0] \
+                if raw[:4] == REQUEST_MAGIC else 0
+            self.fatal(e.status, rid, e.message)
+        self.counters.requests[req.op] += 1
+        meta = bytes(inbox.take(req.meta_len)) if req.meta_len else b""
+        if req.op == OP_WRITE:
+            self.write(req, meta)
+        elif req.op == OP_READ:
+            self.read(req)
+        else:
+            self.outbox.add(pack_response(ST_OK, req.request_id))
+
+    def write(self, req: RequestHeader, meta: bytes) -> None:
+        try:
+            wmeta = decode_write_meta(meta)
+            view = _byte_view(self.access.writable(req, wmeta), req.length, writable=True)
+        except Exception as e:  # refused before the payload: drain it, stay in sync
+            self.inbox.skip(req.length)
+            self.refuse(req, e)
+            return
+        self.inbox.read_into(view)  # PeerClosed / timeout here: the write never completes
+        del view
+        self.counters.bytes_in += req.length
+        try:
+            self.access.written(req, wmeta)
+        except Exception as e:
+            self.refuse(req, e)
+            return
+        self.outbox.add(pack_response(ST_OK, req.request_id))
+
+    def read(self, req: RequestHeader) -> None:
+        try:
+            view = _byte_view(self.access.readable(req), req.length, writable=False)
+        except Exception as e:
+            self.refuse(req, e)
+            return
+        self.outbox.add(pack_response(ST_OK, req.request_id, req.length), view)
+        self.counters.bytes_out += req.length
+
+    def refuse(self, req: RequestHeader, e: Exception) -> None:
+        if isinstance(e, FrameError):
+            status, message = e.status, e.message
+        else:
+            log.exception("segment access failed for op %d", req.op)
+            status, message = ST_INTERNAL, f"internal error: {type(e).__name__}"
+        self.counters.error(status)
+        self.outbox.add(pack_response(status, req.request_id, 0, message))
+
+    def fatal(self, status: int, request_id: int, message: str) -> NoReturn:
+        """Reply, stop reading requests, linger briefly so the reply is not lost to a reset."""
+        self.counters.requests[0] += 1
+        self.counters.error(status)
+        sock = self.sock
+        try:
+            self.outbox.add(pack_response(status, request_id, 0, message, RESP_FLAG_CLOSE))
+            self.outbox.flush()
+            sock.shutdown(socket.SHUT_WR)
+            set_io_timeout(sock, LINGER_S)
+            scratch = bytearray(64 << 10)
+            deadline = time.monotonic() + LINGER_S
+            left = LINGER_BYTES
+            while left > 0 and time.monotonic() < deadline:
+                got = sock.recv_into(scratch)
+                if not got:
+                    break
+                left -= got
+        except OSError:
+            pass
+        raise _Fatal(message)
+
+
+def _byte_view(view: Any, length: int, *, writable: bool) -> memoryview:
+    """The access layer's buffer as a flat byte memoryview of exactly `length` bytes."""
+    mv = view if isinstance(view, memoryview) else memoryview(view)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if len(mv) != length:
+        raise FrameError(ST_INTERNAL, f"segment view is {len(mv)} bytes, request {length}")
+    if writable and mv.readonly:
+        raise FrameError(ST_INTERNAL, "segment view is read-only")
+    return mv
