@@ -132,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             results += run_worker(cluster.address, [*worker_args, "--transport", transport,
                                                     "--skip", "metadata"])
         say("metadata")
-        rss_before = master_rss_bytes(cluster.master_pid)
+        assert cluster.master is not None
+        rss_before = master_rss_bytes(cluster.master.pid)
         results += run_worker(cluster.address, [*worker_args, "--skip", "data,latency"])
-        rss_after = master_rss_bytes(cluster.master_pid)
+        rss_after = master_rss_bytes(cluster.master.pid)
         objects = max((r["objects"] for r in results if r["kind"] == "metadata"), default=0)
         if objects >= 100_000 and rss_after > rss_before:
             rss_per_million = (rss_after - rss_before) / objects * 1e6

@@ -8,6 +8,7 @@ Each line on stdout is one JSON result; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -40,14 +41,42 @@ def ops_per_rep(size_bytes: int, batch: int, target_bytes: int) -> int:
     return max(batch, ops // batch * batch)
 
 
-def timed_reps(reps: int, body: Callable[[int], int]) -> list[float]:
-    """Run body(rep) `reps` times; body returns bytes moved; returns seconds per rep."""
+def timed_reps(reps: int, body: Callable[[int], None]) -> list[float]:
+    """Run body(rep) `reps` times; returns seconds per rep."""
     seconds = []
     for rep in range(reps):
         start = time.perf_counter()
         body(rep)
         seconds.append(time.perf_counter() - start)
     return seconds
+
+
+def key_batches(prefix: str, rep: int, ops: int, batch: int) -> list[list[str]]:
+    return [[f"{prefix}/{rep}/{i}" for i in range(first, first + batch)]
+            for first in range(0, ops, batch)]
+
+
+def put_rep(client: cellar.Client, prefix: str, ops: int, batch: int, value: Any,
+            rep: int) -> None:
+    for keys in key_batches(prefix, rep, ops, batch):
+        if len(keys) == 1:
+            client.upsert(keys[0], value)
+            continue
+        for status in client.put_many([(k, value) for k in keys]):
+            if status not in (cellar.Status.OK, cellar.Status.ALREADY_EXISTS):
+                raise RuntimeError(f"put failed: {status!r}")
+
+
+def get_rep(client: cellar.Client, prefix: str, ops: int, batch: int,
+            destinations: list[Any] | None, rep: int) -> None:
+    for keys in key_batches(prefix, rep, ops, batch):
+        if destinations is not None:
+            if min(client.get_many_into(keys, destinations[:len(keys)])) < 0:
+                raise RuntimeError("miss in zero-copy get")
+        elif len(keys) == 1:
+            client.get(keys[0])
+        elif any(v is None for v in client.get_many(keys)):
+            raise RuntimeError("miss in get_many")
 
 
 def data_plane(client: cellar.Client, sizes: list[int], batches: list[int], reps: int,
@@ -65,33 +94,11 @@ def data_plane(client: cellar.Client, sizes: list[int], batches: list[int], reps
             for api in ("bytes", "zero_copy"):
                 prefix = f"bench/{transport}/{api}/{size}/{batch}"
                 value: Any = source_bytes if api == "bytes" else source
-
-                def put_rep(rep: int, prefix: str = prefix, value: Any = value) -> int:
-                    for first in range(0, ops, batch):
-                        keys = [f"{prefix}/{rep}/{i}" for i in range(first, first + batch)]
-                        if batch == 1:
-                            client.upsert(keys[0], value)
-                        else:
-                            for status in client.put_many([(k, value) for k in keys]):
-                                if status not in (cellar.Status.OK, cellar.Status.ALREADY_EXISTS):
-                                    raise RuntimeError(f"put failed: {status!r}")
-                    return ops * size
-
-                def get_rep(rep: int, prefix: str = prefix, api: str = api) -> int:
-                    for first in range(0, ops, batch):
-                        keys = [f"{prefix}/{rep}/{i}" for i in range(first, first + batch)]
-                        if api == "zero_copy":
-                            got = client.get_many_into(keys, destinations)
-                            if min(got) < 0:
-                                raise RuntimeError("miss in zero-copy get")
-                        elif batch == 1:
-                            client.get(keys[0])
-                        elif any(v is None for v in client.get_many(keys)):
-                            raise RuntimeError("miss in get_many")
-                    return ops * size
-
-                put_s = timed_reps(reps, put_rep)
-                get_s = timed_reps(reps, get_rep)
+                dests = destinations if api == "zero_copy" else None
+                put_s = timed_reps(reps, functools.partial(put_rep, client, prefix, ops, batch,
+                                                           value))
+                get_s = timed_reps(reps, functools.partial(get_rep, client, prefix, ops, batch,
+                                                           dests))
                 for op, seconds in (("put", put_s), ("get", get_s)):
                     median_s = statistics.median(seconds)
                     emit({"kind": "data", "transport": transport, "api": api, "op": op,
@@ -101,7 +108,7 @@ def data_plane(client: cellar.Client, sizes: list[int], batches: list[int], reps
                 progress(f"{transport} {api:9} {size // KiB:>6} KiB x{batch:<3} "
                          f"put {ops * size / statistics.median(put_s) / 1e9:6.2f} GB/s  "
                          f"get {ops * size / statistics.median(get_s) / 1e9:6.2f} GB/s")
-                client.remove_prefix(f"bench/{transport}/{api}/{size}/{batch}/")
+                client.remove_prefix(prefix + "/")
 
 
 def latency(client: cellar.Client, transport: str, size: int, samples: int) -> None:
@@ -125,6 +132,23 @@ def latency(client: cellar.Client, transport: str, size: int, samples: int) -> N
     progress(f"{transport} single {size // KiB} KiB: put p50 {sorted(put_us)[samples // 2]:.0f} us,"
              f" get p50 {sorted(get_us)[samples // 2]:.0f} us")
     client.remove_prefix(f"lat/{transport}/")
+
+
+def metadata_stream(stub: Any, header: Any, op: str, level: int, stream: int, batch: int,
+                    stop_at: float, counts: list[int],
+                    put_round: Callable[[list[str]], None]) -> None:
+    """One client thread of the metadata bench; writes its key count into counts[stream]."""
+    n = 0
+    while time.perf_counter() < stop_at:
+        if op == "put":
+            put_round([f"meta/run/{level}/{stream}/{n + i}" for i in range(batch)])
+        else:
+            keys = [f"meta/pre/{(n + i) * 7919 % level}" for i in range(batch)]
+            reply = stub.GetReplicas(pb.GetReplicasRequest(header=header, keys=keys))
+            stub.Unpin(pb.UnpinRequest(header=header, pin_ids=[
+                r.pin_id for r in reply.results if r.pin_id]))
+        n += batch
+    counts[stream] = n
 
 
 def metadata(address: str, levels: list[int], batch: int, seconds: float, streams: int) -> None:
@@ -152,22 +176,10 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
         for op in ("put", "get"):
             counts = [0] * streams
             stop_at = time.perf_counter() + seconds
-
-            def run(stream: int, op: str = op, level: int = level) -> None:
-                n = 0
-                while time.perf_counter() < stop_at:
-                    if op == "put":
-                        keys = [f"meta/run/{level}/{stream}/{n + i}" for i in range(batch)]
-                        put_round(keys)
-                    else:
-                        keys = [f"meta/pre/{(n + i) * 7919 % level}" for i in range(batch)]
-                        reply = stub.GetReplicas(pb.GetReplicasRequest(header=header, keys=keys))
-                        stub.Unpin(pb.UnpinRequest(header=header, pin_ids=[
-                            r.pin_id for r in reply.results if r.pin_id]))
-                    n += batch
-                counts[stream] = n
-
-            threads = [threading.Thread(target=run, args=(s,)) for s in range(streams)]
+            threads = [threading.Thread(target=metadata_stream,
+                                        args=(stub, header, op, level, s, batch, stop_at,
+                                              counts, put_round))
+                       for s in range(streams)]
             start = time.perf_counter()
             for t in threads:
                 t.start()
@@ -179,9 +191,7 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
                   "streams": streams, "keys_per_s": round(rate)})
             progress(f"metadata {op} with {level} objects: {rate:,.0f} keys/s")
             if op == "put":
-                loaded_run = sum(counts)
-                # the run keys stay: they are part of the table for the next level
-                loaded += loaded_run
+                loaded += sum(counts)  # the run's keys stay in the table for the next level
     channel.close()
 
 

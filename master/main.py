@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import contextlib
 import gc
 import logging
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    _install_uvloop()
+    if os.environ.get("CELLAR_NO_UVLOOP") != "1":
+        _install_uvloop()
     started = time.monotonic()
     try:
         code = asyncio.run(serve(config, secret))

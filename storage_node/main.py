@@ -15,13 +15,12 @@ import logging
 import signal
 import sys
 
-from cellar.storage_node.config import ENV_PREFIX, NodeConfig
-from cellar.storage_node.node import StorageNode
-from cellar.storage_node.segment import SegmentError
-
 from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
 from cellar.secret import load_cluster_secret
+from cellar.storage_node.config import ENV_PREFIX, NodeConfig
+from cellar.storage_node.node import StorageNode
+from cellar.storage_node.segment import SegmentError
 
 READY_PREFIX = "cellar node "
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from cellar.storage_node.index import ObjectIndex
-from cellar.storage_node.segment import Segment
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cellar.http import HttpServer, Request, Response
+from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.segment import Segment
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

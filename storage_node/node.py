@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from cellar.http import HttpServer
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
@@ -26,8 +27,6 @@ from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.metrics import NodeCollector, build_http, build_registry
 from cellar.storage_node.segment import Segment
 from cellar.transfer.tcp_server import TcpDataServer
-
-from cellar.http import HttpServer
 from cellar.units import format_size
 
 log = logging.getLogger("cellar.node")

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cellar.storage_node.segment import segment_id_for, segment_path
-
 from cellar.units import parse_size_bytes
 
 READY_RE = re.compile(

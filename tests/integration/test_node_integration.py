@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 import xxhash
+
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant, key_tag, sign
@@ -34,7 +35,6 @@ from cellar.transfer.frame import (
     decode_response,
 )
 from cellar.transfer.tcp import TcpTransport
-
 from tests.integration.master_harness import MasterProcess, start_master
 from tests.integration.node_harness import NodeProcess, kill_node, start_node
 

@@ -11,6 +11,7 @@ import random
 from bisect import bisect_right, insort
 
 import pytest
+
 from cellar.master.allocator import SegmentAllocator, _bin_index, _bin_index_round_up
 
 KIB = 1024

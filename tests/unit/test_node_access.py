@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag, sign
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms

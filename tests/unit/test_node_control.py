@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms

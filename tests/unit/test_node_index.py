@@ -7,6 +7,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+
 from cellar.storage_node.index import (
     TOMBSTONE_GRACE_MS,
     AllocState,

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from cellar.storage_node.config import ENV_PREFIX, NodeConfig
-from cellar.storage_node.main import build_parser
-from cellar.storage_node.segment import Segment, SegmentError, segment_id_for, segment_path
 
 from cellar.config import load
 from cellar.errors import ConfigError
+from cellar.storage_node.config import ENV_PREFIX, NodeConfig
+from cellar.storage_node.main import build_parser
+from cellar.storage_node.segment import Segment, SegmentError, segment_id_for, segment_path
 
 SIZE = 1 << 20
 
