@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 import cellar
+from cellar.client.rpc import MasterChannel
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto import cellar_pb2_grpc as pb_grpc
 
 KiB, MiB = 1 << 10, 1 << 20
+RPC_TIMEOUT_S = 30.0
+PROGRESS_EVERY_OBJECTS = 250_000
+META_PREFIX = f"meta/{os.getpid()}"  # a rerun against the same cluster starts afresh
 
 
 def progress(message: str) -> None:
@@ -41,10 +42,13 @@ def ops_per_rep(size_bytes: int, batch: int, target_bytes: int) -> int:
     return max(batch, ops // batch * batch)
 
 
-def timed_reps(reps: int, body: Callable[[int], None]) -> list[float]:
-    """Run body(rep) `reps` times; returns seconds per rep."""
+def timed_reps(reps: int, body: Callable[[int], None],
+               before: Callable[[int], None] | None = None) -> list[float]:
+    """Run body(rep) `reps` times, before(rep) untimed ahead of each; seconds per rep."""
     seconds = []
     for rep in range(reps):
+        if before is not None:
+            before(rep)
         start = time.perf_counter()
         body(rep)
         seconds.append(time.perf_counter() - start)
@@ -67,8 +71,15 @@ def put_rep(client: cellar.Client, prefix: str, ops: int, batch: int, value: Any
                 raise RuntimeError(f"put failed: {status!r}")
 
 
+def drop_earlier_rep(client: cellar.Client, prefix: str, rep: int) -> None:
+    """Before put rep `rep`: remove rep-1's keys (only the last rep's keys are read back)."""
+    if rep:
+        client.remove_prefix(f"{prefix}/{rep - 1}/")
+
+
 def get_rep(client: cellar.Client, prefix: str, ops: int, batch: int,
-            destinations: list[Any] | None, rep: int) -> None:
+            destinations: list[Any] | None, rep: int, _timed_rep: int = 0) -> None:
+    """Read back put rep `rep`'s keys (timed_reps passes its own rep count last; ignored)."""
     for keys in key_batches(prefix, rep, ops, batch):
         if destinations is not None:
             if min(client.get_many_into(keys, destinations[:len(keys)])) < 0:
@@ -95,10 +106,14 @@ def data_plane(client: cellar.Client, sizes: list[int], batches: list[int], reps
                 prefix = f"bench/{transport}/{api}/{size}/{batch}"
                 value: Any = source_bytes if api == "bytes" else source
                 dests = destinations if api == "zero_copy" else None
+                # Only the last put rep's keys stay (earlier ones are removed, untimed, so a
+                # large row never fills the segment and evicts what the gets will read); every
+                # get rep reads them.
                 put_s = timed_reps(reps, functools.partial(put_rep, client, prefix, ops, batch,
-                                                           value))
+                                                           value),
+                                   before=functools.partial(drop_earlier_rep, client, prefix))
                 get_s = timed_reps(reps, functools.partial(get_rep, client, prefix, ops, batch,
-                                                           dests))
+                                                           dests, reps - 1))
                 for op, seconds in (("put", put_s), ("get", get_s)):
                     median_s = statistics.median(seconds)
                     emit({"kind": "data", "transport": transport, "api": api, "op": op,
@@ -134,51 +149,75 @@ def latency(client: cellar.Client, transport: str, size: int, samples: int) -> N
     client.remove_prefix(f"lat/{transport}/")
 
 
-def metadata_stream(stub: Any, header: Any, op: str, level: int, stream: int, batch: int,
-                    stop_at: float, counts: list[int],
+def metadata_stream(master: Any, header: Any, op: str, level: int, stream: int, batch: int,
+                    stop_at: float, counts: list[int], misses: list[int], preloaded: int,
                     put_round: Callable[[list[str]], None]) -> None:
-    """One client thread of the metadata bench; writes its key count into counts[stream]."""
-    n = 0
+    """One client thread of the metadata bench; writes its key count into counts[stream] and
+    its gets that found nothing into misses[stream] (gets read preloaded keys: all hit)."""
+    n = missed = 0
     while time.perf_counter() < stop_at:
         if op == "put":
-            put_round([f"meta/run/{level}/{stream}/{n + i}" for i in range(batch)])
+            put_round([f"{META_PREFIX}/run/{level}/{stream}/{n + i}" for i in range(batch)])
         else:
-            keys = [f"meta/pre/{(n + i) * 7919 % level}" for i in range(batch)]
-            reply = stub.GetReplicas(pb.GetReplicasRequest(header=header, keys=keys))
-            stub.Unpin(pb.UnpinRequest(header=header, pin_ids=[
-                r.pin_id for r in reply.results if r.pin_id]))
+            keys = [f"{META_PREFIX}/pre/{(n + i + stream * 1009) * 7919 % preloaded}"
+                    for i in range(batch)]
+            reply = master.call("GetReplicas", pb.GetReplicasRequest(header=header, keys=keys),
+                                time.monotonic() + RPC_TIMEOUT_S)
+            pins = [r.pin_id for r in reply.results if r.pin_id]
+            missed += len(keys) - len(pins)
+            master.call("Unpin", pb.UnpinRequest(header=header, pin_ids=pins),
+                        time.monotonic() + RPC_TIMEOUT_S)
         n += batch
     counts[stream] = n
+    misses[stream] = missed
 
 
-def metadata(address: str, levels: list[int], batch: int, seconds: float, streams: int) -> None:
-    """keys/s for PutStart+PutEnd and GetReplicas+Unpin with `level` objects in the table."""
-    options = [("grpc.max_receive_message_length", 4 * MiB)]
-    channel = grpc.insecure_channel(address, options=options)
-    stub = pb_grpc.MasterStub(channel)
+def metadata(address: str, levels: list[int], batch: int, seconds: float, streams: int,
+             fast: bool = True) -> None:
+    """keys/s for PutStart+PutEnd and GetReplicas+Unpin with `level` objects in the table,
+    through the SDK's own line to the master (the fast line unless `fast` is False)."""
+    master = MasterChannel(address, fast=fast)
     header = pb.RequestHeader(tenant="default", client_id=f"bench-{os.getpid()}")
-    loaded = 0
+    master.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
+                time.monotonic() + RPC_TIMEOUT_S)  # learns the fast line's port
+    in_table = preloaded = 0  # objects in the table; how many of them are meta/pre/<i>
+    next_progress = PROGRESS_EVERY_OBJECTS
 
     def put_round(keys: list[str]) -> None:
-        reply = stub.PutStart(pb.PutStartRequest(header=header, items=[
-            pb.PutItem(key=k, size_bytes=64, replicas=1) for k in keys]))
+        reply = master.call("PutStart", pb.PutStartRequest(header=header, items=[
+            pb.PutItem(key=k, size_bytes=64, replicas=1) for k in keys]),
+            time.monotonic() + RPC_TIMEOUT_S)
         ends = [pb.PutEndItem(key=k, put_id=r.put_id, checksum=0)
                 for k, r in zip(keys, reply.results, strict=True) if r.status == pb.OK]
-        stub.PutEnd(pb.PutEndRequest(header=header, items=ends))
+        master.call("PutEnd", pb.PutEndRequest(header=header, items=ends),
+                    time.monotonic() + RPC_TIMEOUT_S)
 
     for level in levels:
-        while loaded < level:
-            n = min(batch, level - loaded)
-            put_round([f"meta/pre/{i}" for i in range(loaded, loaded + n)])
-            loaded += n
-            if loaded % 200_000 < batch:
-                progress(f"metadata: {loaded} objects loaded")
+        level_started = time.perf_counter()
+        while in_table < level:  # load in rounds of `streams` parallel batches
+            firsts = [preloaded + k * batch for k in range(streams)
+                      if in_table + k * batch < level]
+            sizes = [min(batch, level - in_table - k * batch) for k in range(len(firsts))]
+            loaders = [threading.Thread(target=put_round, args=(
+                [f"{META_PREFIX}/pre/{i}" for i in range(first, first + n)],))
+                for first, n in zip(firsts, sizes, strict=True)]
+            for t in loaders:
+                t.start()
+            for t in loaders:
+                t.join()
+            in_table += sum(sizes)
+            preloaded += sum(sizes)
+            if in_table >= next_progress:
+                progress(f"metadata: {in_table:,} objects loaded "
+                         f"({time.perf_counter() - level_started:.0f} s)")
+                next_progress += PROGRESS_EVERY_OBJECTS
         for op in ("put", "get"):
             counts = [0] * streams
+            misses = [0] * streams
             stop_at = time.perf_counter() + seconds
             threads = [threading.Thread(target=metadata_stream,
-                                        args=(stub, header, op, level, s, batch, stop_at,
-                                              counts, put_round))
+                                        args=(master, header, op, level, s, batch, stop_at,
+                                              counts, misses, preloaded, put_round))
                        for s in range(streams)]
             start = time.perf_counter()
             for t in threads:
@@ -188,11 +227,12 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
             elapsed = time.perf_counter() - start
             rate = sum(counts) / elapsed
             emit({"kind": "metadata", "op": op, "objects": level, "batch": batch,
-                  "streams": streams, "keys_per_s": round(rate)})
-            progress(f"metadata {op} with {level} objects: {rate:,.0f} keys/s")
+                  "streams": streams, "keys_per_s": round(rate), "misses": sum(misses)})
+            progress(f"metadata {op} with {level:,} objects: {rate:,.0f} keys/s"
+                     + (f" ({sum(misses)} misses!)" if sum(misses) else ""))
             if op == "put":
-                loaded += sum(counts)  # the run's keys stay in the table for the next level
-    channel.close()
+                in_table += sum(counts)  # the run's keys stay in the table for the next level
+    master.close()
 
 
 def main(argv: list[str] | None = None) -> int:

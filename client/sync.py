@@ -86,8 +86,8 @@ def open_transports(choice: str) -> TransportSet:
         try:
             opened.append(make_transport(name))
         except Exception as exc:
-            if choice == "auto" and opened:
-                continue  # an optional transport this machine lacks
+            if choice == "auto" and name != names[-1]:
+                continue  # an optional transport this machine lacks (e.g. no RDMA device)
             for t in opened:
                 t.close()
             raise InvalidArgument(f"transport {name!r} is not available here: {exc}") from None
@@ -513,7 +513,9 @@ def connect(address: str, *, tenant: str = "default", token: str | None = None,
 
     `tenant` names the key namespace (and quota); `token` is the credential when the master
     checks one; `timeout_s` bounds every call; `transport` picks the data plane ("auto" chooses
-    per node, today "tcp"). Raises `cellar.Unavailable` if the master cannot be reached within
-    `timeout_s`, `cellar.InvalidArgument` for bad arguments.
+    per replica: "shm" for same-host nodes, "rdma" where a device exists, else "tcp"; a forced
+    name uses only that transport). Raises `cellar.Unavailable` if the master cannot be reached
+    within `timeout_s`, `cellar.InvalidArgument` for bad arguments (and for a forced transport
+    this machine lacks, e.g. "rdma" without a device).
     """
     return Client(address, tenant=tenant, token=token, timeout_s=timeout_s, transport=transport)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -24,6 +24,7 @@ from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
 from cellar.master.admin import build_http
 from cellar.master.config import ENV_PREFIX, MasterConfig
+from cellar.master.fastrpc import FastRpcServer
 from cellar.master.metrics import make_registry
 from cellar.master.service import MasterService
 from cellar.master.servicer import MasterServicer
@@ -92,6 +93,11 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
         print(f"cellar master: cannot serve HTTP on {config.http}: {exc.strerror}", file=sys.stderr)
         return 1
     await server.start()
+    fast = FastRpcServer(servicer, limit)
+    try:
+        servicer.fast_port = await fast.start(host)
+    except OSError as exc:  # gRPC alone still serves everything
+        log.warning("metadata fast line not started on %s: %s", host, exc.strerror)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -110,6 +116,7 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
+        await fast.close()
         await server.stop(grace=0.5)
         await http.stop()
     return 0

@@ -12,6 +12,11 @@ removes it so that a later mount starts clean. Stall guard: the ticker measures 
 lag and `credit_lag` adds that time to every node's last heartbeat, so a master that was
 stopped or stalled never expires nodes for a period it was not listening.
 
+Rebuilding segments: a node that mounts with `report_follows` (it holds objects from before:
+a restarted node, or any node after a master restart) gets its segments marked `rebuilding`
+until its ReportObjects says `last` for each (`finish_rebuild`). A rebuilding segment is not a
+placement candidate: its allocator does not know yet which ranges the reported objects hold.
+
 Invariant: a segment id belongs to at most one node; a forgotten segment is marked `gone` and
 its allocator is never touched again. This module never decides which objects exist: dropping
 replicas is the service's job.
@@ -45,7 +50,7 @@ class Segment:
 
     __slots__ = (
         "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
-        "quarantined_bytes", "gone",
+        "quarantined_bytes", "gone", "rebuilding",
     )
 
     def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
@@ -58,6 +63,7 @@ class Segment:
         self.objects: set[Obj] = set()
         self.quarantined_bytes = 0
         self.gone = False
+        self.rebuilding = False  # the node's report has not ended yet: no new placements
 
     def free_fraction(self) -> float:
         return self.allocator.free_bytes / self.allocator.capacity_bytes
@@ -104,14 +110,20 @@ class Membership:
         self.active_node_ids: frozenset[str] = frozenset()
         self.by_host: dict[str, list[Segment]] = {}
         self.max_segment_bytes = 0  # largest mounted segment (ACTIVE or SUSPECT)
+        self.rebuilding_count = 0   # mounted segments whose node's report has not ended
         self.lag_credited_s = 0.0
         # Freed-range sequence numbers start above anything an earlier master handed out.
         self._freed_seq = seq_base
 
     # ---------------------------------------------------------------- mounting
 
-    def mount(self, node_id: str, incarnation: int, infos: list[Any], now: float) -> list[tuple[int, str]]:
-        """Mount segments for a node already cleared of any older incarnation (see service)."""
+    def mount(
+        self, node_id: str, incarnation: int, infos: list[Any], now: float, *, rebuilding: bool = False
+    ) -> list[tuple[int, str]]:
+        """Mount segments for a node already cleared of any older incarnation (see service).
+
+        With `rebuilding`, newly mounted segments take no placements until `finish_rebuild`.
+        """
         node = self.nodes.get(node_id)
         if node is None:
             node = Node(node_id, incarnation, now)
@@ -120,13 +132,13 @@ class Membership:
         node.state = ACTIVE
         results: list[tuple[int, str]] = []
         for info in infos:
-            results.append(self._mount_one(node, info))
+            results.append(self._mount_one(node, info, rebuilding))
         if not node.segments:
             del self.nodes[node_id]  # nothing mounted: do not keep an empty node around
         self._refresh()
         return results
 
-    def _mount_one(self, node: Node, info: Any) -> tuple[int, str]:
+    def _mount_one(self, node: Node, info: Any, rebuilding: bool) -> tuple[int, str]:
         segment_id = int(info.segment_id)
         size = int(info.size_bytes)
         host_id = str(info.host_id)
@@ -156,9 +168,16 @@ class Membership:
         stored.CopyFrom(info)
         stored.node_id = node.node_id
         segment = Segment(segment_id, node, size, host_id, stored)
+        segment.rebuilding = rebuilding
         self.segments[segment_id] = segment
         node.segments[segment_id] = segment
         return Status.OK, ""
+
+    def finish_rebuild(self, segment: Segment) -> None:
+        """The segment's report is complete: it becomes a placement candidate."""
+        if segment.rebuilding:
+            segment.rebuilding = False
+            self._refresh()
 
     def detach_segment(self, segment: Segment) -> None:
         """Forget one segment (its replicas were already dropped by the service)."""
@@ -186,15 +205,20 @@ class Membership:
         active: list[Segment] = []
         by_host: dict[str, list[Segment]] = {}
         largest = 0
+        placeable_nodes: set[str] = set()
+        rebuilding = 0
         for node in self.nodes.values():
             for segment in node.segments.values():
                 largest = max(largest, segment.size_bytes)
-                if node.state == ACTIVE:
+                rebuilding += segment.rebuilding
+                if node.state == ACTIVE and not segment.rebuilding:
                     active.append(segment)
                     by_host.setdefault(segment.host_id, []).append(segment)
+                    placeable_nodes.add(node.node_id)
         self.active_segments = active
         self.by_host = by_host
-        self.active_node_ids = frozenset(n.node_id for n in self.nodes.values() if n.state == ACTIVE)
+        self.active_node_ids = frozenset(placeable_nodes)
+        self.rebuilding_count = rebuilding
         self.max_segment_bytes = largest
 
     # ---------------------------------------------------------------- liveness

@@ -42,6 +42,7 @@ RPC_METRIC_NAMES = {
     "MountSegment": "mount_segment",
     "UnmountSegment": "unmount_segment",
     "Heartbeat": "heartbeat",
+    "ReportObjects": "report_objects",
     "ClusterStatus": "cluster_status",
 }
 LATENCY_BUCKETS_S = (
@@ -151,6 +152,14 @@ class MasterCollector(Collector):
         yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)
         yield _total("master_put_timeout", "puts revoked by the writer timeout", service.puts_timed_out)
         yield _total("master_node_expired", "nodes expired", service.nodes_expired)
+        yield _total("master_rebuild_objects_adopted", "reported objects (replicas) adopted in rebuilds",
+                     service.objects_adopted)
+        yield _total("master_rebuild_objects_refused", "reported objects refused in rebuilds",
+                     service.objects_refused)
+        yield _total("master_replicas_lost", "replicas dropped after a node found them corrupt",
+                     service.replicas_lost)
+        yield GaugeMetricFamily("master_segments_rebuilding", "segments whose index report is not "
+                                "complete (no new placements)", value=service.membership.rebuilding_count)
         yield _total("master_loop_lag_credited_seconds", "event-loop lag credited to node liveness",
                      service.membership.lag_credited_s)
 

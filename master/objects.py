@@ -120,8 +120,9 @@ class ObjectTable:
     ) -> None:
         tenant = obj.tenant
         assert obj.state == WRITING and obj.key not in tenant.writing
-        for segment, offset in placements:
-            obj.replicas.append(Replica(segment, offset, alloc_ids()))
+        # Built in one go: an exact-size list, not one grown by append (memory per object).
+        obj.replicas = [Replica(segment, offset, alloc_ids()) for segment, offset in placements]
+        for segment, _offset in placements:
             segment.objects.add(obj)
         tenant.writing[obj.key] = obj
         tenant.used_bytes += obj.reserved * len(placements)

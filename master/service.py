@@ -11,6 +11,16 @@ no locks. Time comes from an injected clock (`monotonic()` for liveness, TTLs an
 the background work (membership, pin TTLs, writer timeouts, quarantine, watermark eviction)
 that the server's ticker calls every `tick_interval_s`.
 
+Rebuild (master/rebuild.py): nodes holding objects from before (a restarted node, or every
+node after this master started) mount with `report_follows` and report their indexes with
+ReportObjects; the master adopts them before it places anything new in those segments.
+Recovering window: a miss (GetReplicas, Exists, PrefixLen, Remove) answers gRPC UNAVAILABLE,
+which clients retry within their deadline, instead of NOT_FOUND while (a) a segment's report
+is still incomplete, or (b) less than `rebuild_grace_s` passed since this master started and
+either no node has mounted yet or a node said it was mounted before (an earlier epoch, or a
+report follows). A first mount of a fresh node, with no such sign, ends (b) at once, so a
+brand-new cluster answers misses right away.
+
 Per-key inputs are duck-typed: the protobuf messages of cellar.proto work as they are, and
 `PutItem`/`PutEndItem`/`PutRef` below are plain stand-ins for tests. The master never sees,
 sends or stores payload bytes.
@@ -35,6 +45,7 @@ from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, Obj
 from cellar.master.pins import PinTable
 from cellar.master.placement import Placement
 from cellar.master.quarantine import Quarantine
+from cellar.master.rebuild import MAX_REPORT_ENTRIES, adopt, drop_lost, new_counter
 from cellar.master.tenants import Tenant, Tenants
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag
 
@@ -203,6 +214,15 @@ class HeartbeatOutcome:
 class MountOutcome:
     results: list[tuple[int, str]]
     heartbeat_interval_ms: int
+    write_grant_ttl_ms: int = 0
+
+
+@dataclass
+class ReportOutcome:
+    status: Status
+    message: str = ""
+    refused: list[int] = field(default_factory=list)
+    accepted: int = 0
 
 
 KeyResults = list[tuple[int, str]]
@@ -261,6 +281,15 @@ class MasterService:
         self.nodes_expired = 0
         self.puts_timed_out = 0
         self.no_space_count = 0
+        # rebuild (module docstring)
+        self._started_at = self.clock.monotonic()
+        self._restart_evidence = False
+        self._fresh_mount_seen = False
+        self._grace_over = False
+        self._refuse_on_report: dict[str, set[int]] = {}  # node id -> alloc ids freed while down
+        self.objects_adopted = 0
+        self.objects_refused = 0
+        self.replicas_lost = 0
 
     # ---------------------------------------------------------------- request checks
 
@@ -498,7 +527,13 @@ class MasterService:
         for key in keys:
             obj = objects.get(key)
             if obj is None:
-                results.append(GetResult(*self._miss(tenant, key)))
+                status, message = self._miss(tenant, key)
+                if status == Status.NOT_FOUND and self.recovering():
+                    for done in results:
+                        if done.pin_id:
+                            self.pins.unpin(done.pin_id, tenant)
+                    raise self._recovering_error()
+                results.append(GetResult(status, message))
                 continue
             pin_id = pin(obj, tenant, client_id, now)
             if not pin_id:
@@ -534,7 +569,10 @@ class MasterService:
         tenant = self.tenant(tenant_name)
         self.check_batch(len(keys))
         objects = tenant.objects
-        return [OK if key in objects else self._miss(tenant, key)[0] for key in keys]
+        statuses: list[int] = [OK if key in objects else self._miss(tenant, key)[0] for key in keys]
+        if Status.NOT_FOUND in statuses and self.recovering():
+            raise self._recovering_error()
+        return statuses
 
     def prefix_len(self, tenant_name: str, keys: Sequence[str]) -> int:
         tenant = self.tenant(tenant_name)
@@ -549,12 +587,16 @@ class MasterService:
             error = self.key_error(keys[index])
             if error:
                 raise RequestRejected(f"key {index}: {error}")
+        if count < len(keys) and keys[count] not in tenant.writing and self.recovering():
+            raise self._recovering_error()
         return count
 
     def remove(self, tenant_name: str, keys: Sequence[str]) -> KeyResults:
         tenant = self.tenant(tenant_name)
         self.check_batch(len(keys))
         now = self.clock.monotonic()
+        if self.recovering() and any(key not in tenant.objects for key in keys):
+            raise self._recovering_error()
         results: KeyResults = []
         for key in keys:
             obj = tenant.objects.get(key)
@@ -570,6 +612,8 @@ class MasterService:
 
     def remove_prefix(self, tenant_name: str, prefix: str) -> int:
         tenant = self.tenant(tenant_name)
+        if self.recovering():
+            raise self._recovering_error()
         if not prefix:
             raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
         if len(prefix.encode("utf-8", "surrogatepass")) > self.config.max_key_bytes:
@@ -579,6 +623,8 @@ class MasterService:
 
     def remove_all(self, tenant_name: str) -> int:
         tenant = self.tenant(tenant_name)
+        if self.recovering():
+            raise self._recovering_error()
         return self._drop_all(list(tenant.objects.values()))
 
     def _drop_all(self, victims: list[Obj]) -> int:
@@ -589,7 +635,10 @@ class MasterService:
 
     # ---------------------------------------------------------------- membership
 
-    def mount_segment(self, node_id: str, incarnation: int, segments: Sequence[Any]) -> MountOutcome:
+    def mount_segment(
+        self, node_id: str, incarnation: int, segments: Sequence[Any], *,
+        report_follows: bool = False, previous_epoch: int = 0,
+    ) -> MountOutcome:
         if not node_id or len(node_id) > MAX_NODE_ID_CHARS:
             raise RequestRejected(f"node_id must be 1..{MAX_NODE_ID_CHARS} characters")
         if not segments:
@@ -599,9 +648,68 @@ class MasterService:
         now = self.clock.monotonic()
         known = self.membership.nodes.get(node_id)
         if known is not None and known.incarnation != incarnation:
-            self.expire_node(known)  # the old process is gone, and its memory with it
-        results = self.membership.mount(node_id, incarnation, list(segments), now)
-        return MountOutcome(results, int(self.config.heartbeat_interval_s * 1000))
+            # The old process is gone. Its memory may not be (a restart re-attaches it), but
+            # what the old incarnation was told to free must stay freed: remember it.
+            self._refuse_on_report[node_id] = {entry[2] for entry in known.outbox}
+            self.expire_node(known)
+        if report_follows or (previous_epoch and previous_epoch != self.epoch):
+            self._restart_evidence = True
+        elif not self._restart_evidence:
+            self._fresh_mount_seen = True
+        results = self.membership.mount(node_id, incarnation, list(segments), now,
+                                        rebuilding=report_follows)
+        return MountOutcome(results, int(self.config.heartbeat_interval_s * 1000),
+                            int(self.config.write_grant_ttl_s * 1000))
+
+    def report_objects(
+        self, node_id: str, incarnation: int, segment_id: int, entries: Sequence[Any], last: bool
+    ) -> ReportOutcome:
+        """Adopt one batch of a node's index for one segment (master/rebuild.py)."""
+        if len(entries) > MAX_REPORT_ENTRIES:
+            raise RequestRejected(f"more than {MAX_REPORT_ENTRIES} entries in one report")
+        node = self.membership.nodes.get(node_id)
+        if node is None or node.incarnation != incarnation:
+            return ReportOutcome(Status.NOT_FOUND, f"node {node_id!r} is not mounted: mount again")
+        segment = node.segments.get(segment_id)
+        if segment is None:
+            return ReportOutcome(Status.NOT_FOUND, f"segment {segment_id} is not mounted by {node_id!r}")
+        now = self.clock.monotonic()
+        node.last_seen = now
+        refuse = self._refuse_on_report.get(node_id, set())
+        result = adopt(self, segment, entries, now, refuse)
+        self.objects_adopted += result.accepted
+        self.objects_refused += len(result.refused)
+        if last:
+            self.membership.finish_rebuild(segment)
+            if not any(s.rebuilding for s in node.segments.values()):
+                self._refuse_on_report.pop(node_id, None)
+        return ReportOutcome(Status.OK, "", result.refused, result.accepted)
+
+    def recovering(self) -> bool:
+        """Whether a miss may be an object not reported yet (module docstring)."""
+        if self.membership.rebuilding_count:
+            return True
+        if self._grace_over:
+            return False
+        if self.clock.monotonic() - self._started_at >= self.config.rebuild_grace_s:
+            self._grace_over = True
+            return False
+        return self._restart_evidence or not self._fresh_mount_seen
+
+    @staticmethod
+    def _recovering_error() -> RequestRejected:
+        return RequestRejected(
+            "the master is rebuilding its table from the storage nodes' reports; retry shortly",
+            code="UNAVAILABLE",
+        )
+
+    def next_put_id(self) -> int:
+        return self._next_put_id()
+
+    def ensure_alloc_ids_above(self, alloc_id: int) -> None:
+        """Make every future alloc id greater than `alloc_id` (an adopted one)."""
+        if self._next_alloc_id() <= alloc_id:
+            self._next_alloc_id = new_counter(alloc_id + 1)
 
     def unmount_segment(self, node_id: str, segment_ids: Sequence[int]) -> KeyResults:
         self.check_batch(len(segment_ids), "segment ids")
@@ -618,10 +726,22 @@ class MasterService:
             results.append((OK, ""))
         return results
 
-    def heartbeat(self, node_id: str, incarnation: int, freed_ack_seq: int) -> HeartbeatOutcome:
-        node = self.membership.heartbeat(node_id, incarnation, self.clock.monotonic())
+    def heartbeat(
+        self, node_id: str, incarnation: int, freed_ack_seq: int, lost: Sequence[Any] = ()
+    ) -> HeartbeatOutcome:
+        now = self.clock.monotonic()
+        node = self.membership.heartbeat(node_id, incarnation, now)
         if node is None:
             return HeartbeatOutcome(True, [], freed_ack_seq)
+        if lost:
+            self.check_batch(len(lost), "lost ranges")
+            by_segment: dict[int, set[int]] = {}
+            for item in lost:
+                by_segment.setdefault(int(item.segment_id), set()).add(int(item.alloc_id))
+            for segment_id, alloc_ids in by_segment.items():
+                segment = node.segments.get(segment_id)
+                if segment is not None:
+                    self.replicas_lost += drop_lost(self, segment, alloc_ids, now)
         freed = self.membership.take_freed(node, freed_ack_seq, self.config.max_freed_per_heartbeat)
         return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq)
 

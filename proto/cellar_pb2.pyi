@@ -332,28 +332,82 @@ class RemoveCountReply(_message.Message):
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., removed: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("header", "node_id", "incarnation", "segments")
+    __slots__ = ("header", "node_id", "incarnation", "segments", "report_follows", "previous_epoch")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_EPOCH_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     node_id: str
     incarnation: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+    report_follows: bool
+    previous_epoch: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., report_follows: _Optional[bool] = ..., previous_epoch: _Optional[int] = ...) -> None: ...
 
 class MountSegmentReply(_message.Message):
-    __slots__ = ("header", "results", "heartbeat_interval_ms", "cluster_secret_check")
+    __slots__ = ("header", "results", "heartbeat_interval_ms", "cluster_secret_check", "write_grant_ttl_ms")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SECRET_CHECK_FIELD_NUMBER: _ClassVar[int]
+    WRITE_GRANT_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
     heartbeat_interval_ms: int
     cluster_secret_check: bytes
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ...) -> None: ...
+    write_grant_ttl_ms: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ..., write_grant_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class ReportedObject(_message.Message):
+    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key: str
+    alloc_id: int
+    offset: int
+    length: int
+    checksum: int
+    epoch: int
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ReportObjectsRequest(_message.Message):
+    __slots__ = ("header", "node_id", "incarnation", "segment_id", "entries", "last")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    node_id: str
+    incarnation: int
+    segment_id: int
+    entries: _containers.RepeatedCompositeFieldContainer[ReportedObject]
+    last: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., segment_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReportedObject, _Mapping]]] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class ReportObjectsReply(_message.Message):
+    __slots__ = ("header", "status", "message", "refused_alloc_ids", "accepted")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_ALLOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    status: Status
+    message: str
+    refused_alloc_ids: _containers.RepeatedScalarFieldContainer[int]
+    accepted: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., refused_alloc_ids: _Optional[_Iterable[int]] = ..., accepted: _Optional[int] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
     __slots__ = ("header", "node_id", "segment_ids")
@@ -386,16 +440,18 @@ class FreedRange(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq")
+    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq", "lost")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     FREED_ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     node_id: str
     incarnation: int
     freed_ack_seq: int
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ...) -> None: ...
+    lost: _containers.RepeatedCompositeFieldContainer[FreedRange]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ..., lost: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("header", "remount", "freed", "freed_seq")

@@ -99,6 +99,11 @@ class MasterStub:
                 request_serializer=cellar_dot_proto_dot_cellar__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=cellar_dot_proto_dot_cellar__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.ReportObjects = channel.unary_unary(
+                '/cellar.v1.Master/ReportObjects',
+                request_serializer=cellar_dot_proto_dot_cellar__pb2.ReportObjectsRequest.SerializeToString,
+                response_deserializer=cellar_dot_proto_dot_cellar__pb2.ReportObjectsReply.FromString,
+                _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/cellar.v1.Master/ClusterStatus',
                 request_serializer=cellar_dot_proto_dot_cellar__pb2.ClusterStatusRequest.SerializeToString,
@@ -187,6 +192,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportObjects(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ClusterStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -260,6 +271,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=cellar_dot_proto_dot_cellar__pb2.HeartbeatRequest.FromString,
                     response_serializer=cellar_dot_proto_dot_cellar__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'ReportObjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportObjects,
+                    request_deserializer=cellar_dot_proto_dot_cellar__pb2.ReportObjectsRequest.FromString,
+                    response_serializer=cellar_dot_proto_dot_cellar__pb2.ReportObjectsReply.SerializeToString,
             ),
             'ClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterStatus,
@@ -618,6 +634,33 @@ class Master:
             '/cellar.v1.Master/Heartbeat',
             cellar_dot_proto_dot_cellar__pb2.HeartbeatRequest.SerializeToString,
             cellar_dot_proto_dot_cellar__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportObjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellar.v1.Master/ReportObjects',
+            cellar_dot_proto_dot_cellar__pb2.ReportObjectsRequest.SerializeToString,
+            cellar_dot_proto_dot_cellar__pb2.ReportObjectsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,10 +6,12 @@ master and heartbeats, and keeps its own index of the objects it holds so that a
 can rebuild from it. Every data-plane request is checked against the segment bounds and the
 grant the master signed before a byte of segment memory is touched.
 
-Modules: `config` (NodeConfig), `segment` (the mapped memory), `index` (objects held, sealing,
-tombstones), `clock` (the master's clock and epoch as this node sees them), `access` (the
-`SegmentAccess` the transfer server calls), `control` (mount/heartbeat loop), `metrics`
-(Prometheus and HTTP), `node` (wiring, start/stop order), `main` (`cellar node`).
+Modules: `config` (NodeConfig), `segment` (the mapped memory, re-attached after a restart),
+`index` (objects held, sealing, tombstones, the write floor), `journal` (the index persisted
+beside the segments), `verifier` (re-checks restored objects' checksums), `clock` (the
+master's clock and epoch as this node sees them), `access` (the `SegmentAccess` the transfer
+server calls), `control` (mount, index report, heartbeat loop), `metrics` (Prometheus and
+HTTP), `node` (wiring, start/stop order), `main` (`cellar node`).
 
 It never imports `cellar.client` or `cellar.master`: the only contract with the master is
 `cellar.proto`.

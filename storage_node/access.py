@@ -1,8 +1,8 @@
 """NodeAccess: the storage node's `SegmentAccess`, the gate between the network and memory.
 
-The transport server (tcp today; shm and rdma later) calls it from its connection threads to
-turn a decoded request into a memoryview of segment memory. Before it returns a view, every
-request passes, in this order:
+The transport server (tcp, and its COMMIT frames for shm and rdma) calls it from its connection
+threads to turn a decoded request into a memoryview of segment memory. Before it returns a
+view, every request passes, in this order:
 1. the segment is one of this node's (ST_UNKNOWN_SEGMENT);
 2. the grant is authentic (MAC with the cluster secret), for this op, from the current master
    epoch or newer, unexpired by the node's estimate of the master clock, and covers the
@@ -13,6 +13,10 @@ request passes, in this order:
    (ST_OUT_OF_RANGE), and the index accepts the allocation: not sealed, not freed, same
    metadata as its first write (ST_SEALED, ST_BAD_GRANT).
 
+shm and rdma clients copy payloads into segment memory themselves and then send a COMMIT
+(`commit`): it runs checks 1-4 exactly as for a WRITE, plus one: the segment file the client
+copied into is this node's current one (same st_dev/st_ino), and only then records the range.
+
 Invariant: no byte of segment memory is handed out for a request that failed any check, and
 `written` is the only way an allocation's received ranges (and so its sealing) advance.
 It never copies payload bytes itself and never blocks on the network; it is safe to call from
@@ -21,13 +25,16 @@ any number of threads (the index has its own lock, the clock is read-only here).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
 
 from cellar.proto.grant import Grant, GrantRejected, key_tag, verify
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import ObjectIndex, WriteRefused
 from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import (
+    OP_COMMIT,
     OP_READ,
     OP_WRITE,
     ST_BAD_FRAME,
@@ -73,6 +80,14 @@ class NodeAccess:
         self.clock = clock
         self._secret = secret
         self._allowed_skew_ms = allowed_skew_ms
+        # shm/rdma COMMIT: (st_dev, st_ino) of each segment's file, the memory a commit names
+        self._file_ids: dict[int, tuple[int, int]] = {}
+        for sid, seg in self.segments.items():
+            if seg.path is not None:
+                st = os.stat(seg.path)
+                self._file_ids[sid] = (st.st_dev, st.st_ino)
+        # Set by storage_node/rdma.py when this node serves RDMA: client QP info -> node QP info.
+        self.rdma_connect: Callable[[bytes], bytes] | None = None
 
     def writable(self, request: RequestHeader, meta: WriteMeta) -> memoryview:
         segment, grant = self._check(request, OP_WRITE)
@@ -110,6 +125,22 @@ class NodeAccess:
         assert grant is not None  # writable() accepted this request
         start = request.offset - grant.offset
         self.index.record_written(grant.alloc_id, start, start + request.length)
+
+    def commit(self, request: RequestHeader, meta: WriteMeta, file_dev: int,
+               file_ino: int) -> None:
+        """shm/rdma: the payload of [offset, +length) was copied into segment memory by the
+        client itself; run exactly the WRITE checks (grant, range, key tag, not sealed), then
+        record the range as written. Refused with ST_UNKNOWN_SEGMENT when the client copied
+        into another file than this node's current one (the node restarted, file replaced)."""
+        if request.op != OP_COMMIT:
+            raise FrameError(ST_BAD_FRAME, "not a commit")
+        want = self._file_ids.get(request.segment_id)
+        if want is not None and want != (file_dev, file_ino):
+            raise FrameError(ST_UNKNOWN_SEGMENT, f"segment {request.segment_id}: the bytes went "
+                             "into a replaced segment file (node restarted); remap and retry")
+        as_write = dataclasses.replace(request, op=OP_WRITE)
+        self.writable(as_write, meta)
+        self.written(as_write, meta)
 
     def readable(self, request: RequestHeader) -> memoryview:
         segment, _grant = self._check(request, OP_READ)

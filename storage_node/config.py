@@ -69,6 +69,14 @@ class NodeConfig:
     keep_segments_on_exit: bool = setting(
         False, "keep the segment files on shutdown (for restart re-attach)"
     )
+    journal_dir: str = setting(
+        "", "directory of the index journal (restart re-attach); '' = shm_dir "
+        "(/dev/shm with hugepages, since hugetlbfs files take no write())"
+    )
+    verify_rate_bytes_per_s: int = setting(
+        1 << 30, "how fast a restarted node re-checks restored objects' checksums",
+        unit=UNIT_BYTES,
+    )
     cluster_secret_file: str = setting(
         "", "file holding the cluster secret; '' = CELLAR_CLUSTER_SECRET or ~/.cellar/cluster-secret"
     )
@@ -120,9 +128,20 @@ class NodeConfig:
             PAGE_BYTES <= self.max_frame_payload_bytes <= 1 << 30, "max_frame_payload_bytes",
             "must be 4KiB..1GiB",
         )
+        require(self.verify_rate_bytes_per_s >= 1 << 20, "verify_rate_bytes_per_s",
+                "must be at least 1MiB")
+        if self.journal_dir:
+            require(os.path.isdir(self.journal_dir), "journal_dir",
+                    f"{self.journal_dir} is not a directory")
         require(1 <= self.max_connections <= 65536, "max_connections", "must be 1..65536")
         require(0.0 <= self.grant_skew_s <= 60.0, "grant_skew_s", "must be 0..60s")
         require(0.05 <= self.master_timeout_s <= 300.0, "master_timeout_s", "must be 50ms..300s")
+
+    @property
+    def journal_directory(self) -> str:
+        if self.journal_dir:
+            return self.journal_dir
+        return "/dev/shm" if self.hugepages and os.path.isdir("/dev/shm") else self.shm_dir
 
     @property
     def listen_host_port(self) -> tuple[str, int]:

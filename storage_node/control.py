@@ -5,9 +5,21 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
   (freed_ack_seq) in the next heartbeat, so the master never forgets a notice the node has not
   applied. Applying is idempotent, so a notice delivered twice does no harm.
 - `remount=true`, a different master epoch, or a changed incarnation view sends the node back
-  to UNMOUNTED; it mounts again at once. Before a remount the index is cleared (entries become
-  tombstones): the master this node mounts on starts with an empty view of it. The "Cache
-  durability" issue replaces that clear with a rebuild of the master from the index.
+  to UNMOUNTED; it mounts again at once.
+- What a mount does with the index (the rebuild protocol):
+  * first mount of this process (its index may have been restored from the journal), or a
+    master with another epoch (it restarted, or a new leader): WRITING entries are dropped,
+    the mount says `report_follows`, and the SEALED entries are sent with ReportObjects, per
+    segment in batches of at most REPORT_BATCH_ENTRIES / REPORT_BATCH_BYTES, the last one
+    flagged `last`. The master adopts them and places nothing new in a segment before its
+    `last`. Entries it refuses (range taken, older version of a key) are dropped here.
+  * the same master forgot this node (`remount=true` with an unchanged epoch: it expired us,
+    e.g. after a stall): the master already dropped our replicas and told readers so, and
+    may have seen removes since, so the index is cleared (entries become tombstones) and
+    nothing is reported.
+  Either way the mount reply's master time becomes the index's write floor: write grants
+  issued before it are refused from now on (see index.py).
+- Objects the verifier finds corrupt after a restart ride on the next heartbeat (`lost`).
 - The master unreachable: the node keeps serving the data plane with the grants it can check
   (clock estimate runs on the local clock), retries at the heartbeat interval (mount attempts
   back off, bounded at MAX_BACKOFF_S) and logs each state change once, never per attempt.
@@ -33,12 +45,15 @@ from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
+from cellar.storage_node.verifier import Verifier
 
 log = logging.getLogger("cellar.node.control")
 
 INITIAL_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 2.0
 UNMOUNT_TIMEOUT_S = 2.0
+REPORT_BATCH_ENTRIES = 2000
+REPORT_BATCH_BYTES = 2 << 20  # well under the master's 4 MiB message limit
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED)
@@ -71,6 +86,7 @@ class ControlLoop:
         heartbeat_interval_s: float,
         master_timeout_s: float,
         incarnation: int | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.node_id = node_id
         self.host_id = host_id
@@ -82,6 +98,8 @@ class ControlLoop:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.master_timeout_s = master_timeout_s
         self.incarnation = incarnation or (secrets.randbits(64) or 1)
+        # Endpoints other transports add (rdma: storage_node/rdma.py), by segment id.
+        self.extra_endpoints: dict[int, list[pb.Endpoint]] = {}
         self.mounted = False
         self.connected = False
         self.mount_count = 0
@@ -89,6 +107,12 @@ class ControlLoop:
         self.freed_applied = 0
         self.last_error = ""
         self.first_mount = asyncio.Event()
+        self.verifier = verifier
+        self.reported = 0          # entries reported in the last rebuild
+        self.report_refused = 0    # of which the master refused
+        self.lost_reported = 0
+        self._report_next = True   # the next mount rebuilds the master from the index
+        self._mounted_epoch = 0    # epoch of the last successful mount (0 = none yet)
         self._state = ""  # last logged state, so each change is logged once
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
@@ -125,6 +149,7 @@ class ControlLoop:
             if not stop.is_set():
                 await self._try_heartbeat()
                 self.index.purge(self.clock.now_ms())
+                self.index.maybe_compact()
 
     async def unmount(self) -> None:
         """Best effort: tell the master these segments leave (clean shutdown)."""
@@ -153,19 +178,25 @@ class ControlLoop:
                 endpoints=[
                     pb.Endpoint(transport="tcp", address=self.tcp_address),
                     pb.Endpoint(transport="shm", address=str(s.path) if s.path else ""),
+                    *self.extra_endpoints.get(s.segment_id, []),
                 ],
             )
             for s in self.segments
         ]
 
     async def _try_mount(self) -> bool:
-        if self.mount_count > 0:
-            # The master we mount on now starts with an empty view of this node (see clear()).
-            self.index.clear(self.clock.now_ms())
-            self.freed_ack_seq = 0
+        now_ms = self.clock.now_ms()
+        if self._report_next:
+            entries = self.index.prepare_report(now_ms)
+        else:
+            # The same master expired us: it dropped our replicas already (module docstring).
+            self.index.clear(now_ms)
+            entries = []
+        self.freed_ack_seq = 0
         request = pb.MountSegmentRequest(
             header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
-            segments=self.segment_infos(),
+            segments=self.segment_infos(), report_follows=bool(entries),
+            previous_epoch=self._mounted_epoch,
         )
         sent = wall_ms()
         try:
@@ -191,8 +222,13 @@ class ControlLoop:
         if reply.header.epoch < old_epoch:
             log.warning("master epoch went back from %d to %d", old_epoch, reply.header.epoch)
         self.clock.epoch = reply.header.epoch
+        self.index.set_mount(reply.header.master_time_ms, reply.write_grant_ttl_ms)
         if reply.heartbeat_interval_ms > 0:
             self.heartbeat_interval_s = reply.heartbeat_interval_ms / 1000.0
+        if entries and not await self._report(entries):
+            return False
+        self._report_next = False
+        self._mounted_epoch = reply.header.epoch
         self.mounted = True
         self.connected = True
         self.mount_count += 1
@@ -206,6 +242,50 @@ class ControlLoop:
         self.first_mount.set()
         return True
 
+    async def _report(self, entries: list[Any]) -> bool:
+        """Send the index to the master, segment by segment; False if it must mount again."""
+        by_segment: dict[int, list[Any]] = {s.segment_id: [] for s in self.segments}
+        for entry in entries:
+            by_segment.setdefault(entry.segment_id, []).append(entry)
+        refused: list[int] = []
+        stub = self._ensure_channel()
+        for segment_id, items in by_segment.items():
+            start = 0
+            while True:
+                batch: list[pb.ReportedObject] = []
+                size = 0
+                while start < len(items) and len(batch) < REPORT_BATCH_ENTRIES and size < REPORT_BATCH_BYTES:
+                    e = items[start]
+                    start += 1
+                    size += 64 + len(e.key) * 4 + len(e.tenant) * 4
+                    batch.append(pb.ReportedObject(
+                        tenant=e.tenant, key=e.key, alloc_id=e.alloc_id, offset=e.offset,
+                        length=e.length, checksum=e.checksum, epoch=e.epoch))
+                last = start >= len(items)
+                request = pb.ReportObjectsRequest(
+                    header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
+                    segment_id=segment_id, entries=batch, last=last)
+                try:
+                    reply = await stub.ReportObjects(request, timeout=self.master_timeout_s)
+                except grpc.aio.AioRpcError as exc:
+                    self._rpc_failed(exc, waiting=False)
+                    return False
+                if reply.status != pb.OK:
+                    self.last_error = f"report refused: {reply.message}"
+                    self._log_state("report refused", logging.WARNING,
+                                    "master %s refused the index report: %s", self.master,
+                                    reply.message)
+                    return False
+                refused.extend(reply.refused_alloc_ids)
+                if last:
+                    break
+        dropped = self.index.drop_alloc_ids(refused)
+        self.reported = len(entries)
+        self.report_refused = dropped
+        log.info("reported %d object(s) to master %s; it refused %d", len(entries), self.master,
+                 len(refused))
+        return True
+
     # ---- heartbeat ---------------------------------------------------------------------
 
     async def _try_heartbeat(self) -> None:
@@ -213,22 +293,32 @@ class ControlLoop:
             header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
             freed_ack_seq=self.freed_ack_seq,
         )
+        lost = self.verifier.take_lost() if self.verifier is not None else []
+        for segment_id, alloc_id, offset, length in lost:
+            request.lost.add(segment_id=segment_id, alloc_id=alloc_id, offset=offset, length=length)
         sent = wall_ms()
         try:
             reply = await self._ensure_channel().Heartbeat(request, timeout=self.master_timeout_s)
         except grpc.aio.AioRpcError as exc:
+            if lost and self.verifier is not None:
+                self.verifier.requeue_lost(lost)
             self._rpc_failed(exc, waiting=False)
             return
+        self.lost_reported += len(lost)
         self.clock.observe(reply.header.master_time_ms, sent, wall_ms())
         self.connected = True
         if reply.remount:
             self.mounted = False
+            # A master with another epoch starts empty: rebuild it. The same master forgot us
+            # on purpose (expiry): start clean (module docstring).
+            self._report_next = reply.header.epoch != self.clock.epoch
             self._log_state("remount", logging.WARNING,
                             "master %s does not know this node (restarted or expired it): "
                             "mounting again", self.master)
             return
         if reply.header.epoch != self.clock.epoch:
             self.mounted = False
+            self._report_next = True
             self._log_state("remount", logging.WARNING,
                             "master epoch changed from %d to %d: mounting again",
                             self.clock.epoch, reply.header.epoch)
@@ -271,6 +361,9 @@ class ControlLoop:
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "freed_ack_seq": self.freed_ack_seq,
             "freed_applied": self.freed_applied,
+            "reported": self.reported,
+            "report_refused": self.report_refused,
+            "lost_reported": self.lost_reported,
             "clock_offset_ms": self.clock.offset_ms,
             "last_error": self.last_error,
         }

@@ -30,6 +30,21 @@ Thread safety
     Data-plane threads call `admit_write`/`record_written` concurrently with the control loop's
     `apply_freed`/`clear`; one lock guards everything, held for O(log n + k) work per call.
 
+Persistence and re-attach (node restart, master restart)
+    With a journal (storage_node/journal.py) every SEALED entry and every drop of a SEALED
+    entry is appended to a file beside the segments, so a node killed with -9 and restarted
+    with the same id `restore`s its SEALED entries (WRITING ones are lost on purpose: their
+    bytes are partial). On a mount that must rebuild a master, `prepare_report` drops the
+    WRITING entries and returns the SEALED ones to report; entries the master refuses are
+    dropped (`drop_alloc_ids`), like entries the verifier found corrupt (`drop_if_matches`).
+
+The write floor (grants issued before the current mount)
+    After a re-mount the master may hand out again ranges it had granted before (it expired
+    this node, or this process is new). `set_mount(mount_ms, write_grant_ttl_ms)` records the
+    master time of the mount; a write whose grant was issued earlier (expiry - ttl < mount_ms)
+    is refused (FREED: that allocation takes no more writes, ever). Until the first mount a
+    node started with `refuse_writes_until_mount()` accepts no write at all.
+
 It never touches segment memory and never decides whether a grant is authentic (access.py
 does); alloc ids are unique per master epoch, which is all this issue relies on.
 """
@@ -44,6 +59,8 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from cellar.storage_node.journal import IndexJournal, JournalEntry
 
 # Extra time a tombstone outlives its grant's expiry (beyond the allowed skew), so that a
 # correction of the master-clock estimate cannot revive a grant whose tombstone is gone.
@@ -121,10 +138,16 @@ def _merge(ranges: list[tuple[int, int]], start: int, end: int) -> int:
     return (end - start) - old
 
 
+_NO_WRITES_MS = 1 << 62  # write floor before the first mount: every grant is older
+
+
 class ObjectIndex:
-    def __init__(self, *, allowed_skew_ms: int = 0) -> None:
+    def __init__(self, *, allowed_skew_ms: int = 0, journal: IndexJournal | None = None) -> None:
         self._lock = threading.Lock()
         self._allowed_skew_ms = allowed_skew_ms
+        self._journal = journal
+        self._write_floor_ms = 0      # grants issued before this master time are refused
+        self._write_grant_ttl_ms = 0
         self._entries: dict[int, IndexEntry] = {}
         # per segment: (offset, alloc_id) of entries holding bytes, sorted
         self._order: dict[int, list[tuple[int, int]]] = {}
@@ -152,6 +175,11 @@ class ObjectIndex:
         inside [object_offset, object_offset + object_size).
         """
         with self._lock:
+            if grant_expiry_ms - self._write_grant_ttl_ms < self._write_floor_ms:
+                raise WriteRefused(
+                    WriteRefused.FREED,
+                    f"allocation {alloc_id}: the grant was issued before this node's current mount",
+                )
             if alloc_id in self._tombstones:
                 raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
             entry = self._entries.get(alloc_id)
@@ -188,6 +216,8 @@ class ObjectIndex:
             if entry.received_bytes == entry.length:
                 entry.state = AllocState.SEALED
                 entry.ranges = []
+                if self._journal is not None:
+                    self._journal.sealed(_journal_entry(entry))
                 return True
             return False
 
@@ -224,6 +254,89 @@ class ObjectIndex:
             assert not self._entries
             self._order.clear()
             self._purge(now_ms)
+
+    def refuse_writes_until_mount(self) -> None:
+        """No write is admitted before the first `set_mount` (a restarted node's old grants)."""
+        with self._lock:
+            self._write_floor_ms = _NO_WRITES_MS
+
+    def set_mount(self, mount_ms: int, write_grant_ttl_ms: int) -> None:
+        """Refuse from now on every write grant issued before master time `mount_ms`."""
+        with self._lock:
+            self._write_floor_ms = mount_ms
+            self._write_grant_ttl_ms = max(write_grant_ttl_ms, 0)
+
+    def restore(self, entries: Iterable[JournalEntry], segment_sizes: dict[int, int]) -> list[int]:
+        """Re-create SEALED entries replayed from the journal; returns their alloc ids.
+
+        Entries of unknown segments, outside their segment, empty or overlapping an entry
+        restored before them are skipped (and stay out of the journal at its next compaction).
+        """
+        restored: list[int] = []
+        with self._lock:
+            for j in sorted(entries, key=lambda e: e.alloc_id, reverse=True):
+                size = segment_sizes.get(j.segment_id)
+                if (size is None or j.length <= 0 or j.offset < 0 or j.offset + j.length > size
+                        or j.alloc_id in self._entries or self._overlaps(j.segment_id, j.offset,
+                                                                         j.length)):
+                    continue
+                entry = IndexEntry(j.alloc_id, j.segment_id, j.offset, j.length, j.tenant, j.key,
+                                   j.checksum, j.epoch, j.write_grant_expiry_ms,
+                                   AllocState.SEALED, j.length)
+                self._entries[j.alloc_id] = entry
+                insort(self._order.setdefault(j.segment_id, []), (j.offset, j.alloc_id))
+                restored.append(j.alloc_id)
+            if self._journal is not None:
+                try:
+                    self._journal.rewrite([_journal_entry(e) for e in self._entries.values()])
+                except OSError:
+                    self._journal.failed = True
+                    self._journal.close(unlink=True)
+        return restored
+
+    def prepare_report(self, now_ms: int) -> list[IndexEntry]:
+        """For a mount that rebuilds a master: drop WRITING entries, return SEALED copies."""
+        with self._lock:
+            for entry in [e for e in self._entries.values() if e.state is AllocState.WRITING]:
+                self._drop(entry)
+            self._purge(now_ms)
+            return [entry.copy() for entry in self._entries.values()]
+
+    def drop_alloc_ids(self, alloc_ids: Iterable[int]) -> int:
+        """Drop these entries (the master refused them in a rebuild); returns how many."""
+        dropped = 0
+        with self._lock:
+            for alloc_id in alloc_ids:
+                entry = self._entries.get(alloc_id)
+                if entry is not None:
+                    self._drop(entry)
+                    dropped += 1
+        return dropped
+
+    def drop_if_matches(self, alloc_id: int, segment_id: int, offset: int, length: int) -> bool:
+        """Drop the entry if it is still this exact SEALED allocation (verifier)."""
+        with self._lock:
+            entry = self._entries.get(alloc_id)
+            if (entry is None or entry.state is not AllocState.SEALED
+                    or (entry.segment_id, entry.offset, entry.length) != (segment_id, offset, length)):
+                return False
+            self._drop(entry)
+            return True
+
+    def maybe_compact(self) -> bool:
+        """Rewrite the journal when dead records dominate it; True if it did."""
+        journal = self._journal
+        if journal is None or not journal.wants_compaction():
+            return False
+        with self._lock:
+            try:
+                journal.rewrite([_journal_entry(e) for e in self._entries.values()
+                                 if e.state is AllocState.SEALED])
+            except OSError:
+                journal.failed = True
+                journal.close(unlink=True)
+                return False
+        return True
 
     # ---- queries ---------------------------------------------------------------------
 
@@ -266,8 +379,24 @@ class ObjectIndex:
 
     # ---- internals (lock held) -------------------------------------------------------
 
+    def _overlaps(self, segment_id: int, offset: int, length: int) -> bool:
+        order = self._order.get(segment_id)
+        if not order:
+            return False
+        end = offset + length
+        i = bisect_left(order, (offset, -1))
+        if i > 0:
+            i -= 1
+        while i < len(order) and order[i][0] < end:
+            if self._entries[order[i][1]].end() > offset:
+                return True
+            i += 1
+        return False
+
     def _drop(self, entry: IndexEntry) -> None:
         del self._entries[entry.alloc_id]
+        if entry.state is AllocState.SEALED and self._journal is not None:
+            self._journal.dropped(entry.alloc_id)
         if entry.length > 0:
             order = self._order.get(entry.segment_id)
             if order is not None:
@@ -304,3 +433,8 @@ class ObjectIndex:
                 del self._tombstones[alloc_id]
                 purged += 1
         return purged
+
+
+def _journal_entry(e: IndexEntry) -> JournalEntry:
+    return JournalEntry(e.alloc_id, e.segment_id, e.offset, e.length, e.checksum, e.epoch,
+                        e.write_grant_expiry_ms, e.tenant, e.key)

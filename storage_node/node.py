@@ -1,11 +1,15 @@
 """StorageNode: one node process's parts, wired together, and their start/stop order.
 
-Start: segments (mapped memory) -> index and clock -> NodeAccess -> TCP data server ->
-optional HTTP -> control loop (mount, then heartbeats). The node is "ready" once its first
+Start: segments (mapped memory; an earlier process's files of the same size are re-attached)
+-> index journal replayed into the index (entries of re-attached segments only) -> verifier
+thread (re-checks restored checksums at a bounded rate) -> NodeAccess -> TCP data server ->
+optional HTTP -> control loop (mount, report the index, then heartbeats). Until its first
+mount the node admits no write (grants from before a restart must not land). The node is "ready" once its first
 mount succeeded: only then can clients be handed grants for it.
 Stop (reverse): control loop stops and unmounts (so the master stops placing here) -> HTTP ->
-data server (connections closed, threads joined) -> segments unmapped and their files
-unlinked unless `keep_segments_on_exit`.
+data server (connections closed, threads joined) -> segments unmapped and their files (and
+the journal) unlinked unless `keep_segments_on_exit`. A crash leaves both behind, which is what
+a restart with the same `--node-id` re-attaches.
 
 It owns no policy of its own; each rule lives in the module named for it.
 """
@@ -24,8 +28,12 @@ from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
 from cellar.storage_node.control import ControlLoop
 from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.journal import IndexJournal, journal_path
 from cellar.storage_node.metrics import NodeCollector, build_http, build_registry
+from cellar.storage_node.rdma import NodeRdma
+from cellar.storage_node.rdma import attach as attach_rdma
 from cellar.storage_node.segment import Segment
+from cellar.storage_node.verifier import Verifier
 from cellar.transfer.tcp_server import TcpDataServer
 from cellar.units import format_size
 
@@ -38,10 +46,14 @@ class StorageNode:
         self.secret = secret
         self.segments: list[Segment] = []
         self.index = ObjectIndex(allowed_skew_ms=int(cfg.grant_skew_s * 1000))
+        self.journal: IndexJournal | None = None
+        self.verifier: Verifier | None = None
+        self.restored = 0
         self.clock = MasterClock()
         self.access: NodeAccess | None = None
         self.server: TcpDataServer | None = None
         self.control: ControlLoop | None = None
+        self.rdma: NodeRdma | None = None
         self.http: HttpServer | None = None
         self.tcp_address = ""
         self.http_address = ""
@@ -59,6 +71,7 @@ class StorageNode:
                 ))
             by_id = {s.segment_id: s for s in self.segments}
             assert len(by_id) == len(self.segments), "segment id collision"
+            self._restore_index(by_id)
             self.access = NodeAccess(by_id, self.index, self.secret, self.clock,
                                      allowed_skew_ms=int(cfg.grant_skew_s * 1000))
             host, port = cfg.listen_host_port
@@ -75,7 +88,32 @@ class StorageNode:
             node_id=cfg.node_id, host_id=cfg.host_id, master=cfg.master, segments=self.segments,
             tcp_address=self.tcp_address, index=self.index, clock=self.clock,
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
+            verifier=self.verifier,
         )
+        # Serve rdma too where this machine has a device; None (one log line) otherwise.
+        self.rdma = attach_rdma(self.segments, self.access, self.control)
+
+    def _restore_index(self, by_id: dict[int, Segment]) -> None:
+        cfg = self.cfg
+        path = journal_path(cfg.journal_directory, cfg.node_id)
+        try:
+            journal, entries = IndexJournal.open(path)
+        except OSError as exc:
+            log.error("cannot use the index journal %s (%s): objects will not survive a restart "
+                      "of this node", path, exc.strerror or exc)
+            journal, entries = None, []
+        self.journal = journal
+        self.index = ObjectIndex(allowed_skew_ms=int(cfg.grant_skew_s * 1000), journal=journal)
+        self.index.refuse_writes_until_mount()
+        sizes = {sid: s.size_bytes for sid, s in by_id.items() if s.reattached}
+        restored = self.index.restore(entries, sizes)
+        self.restored = len(restored)
+        if entries:
+            log.info("restored %d of %d journaled object(s); verifying their bytes at %s/s",
+                     len(restored), len(entries), format_size(cfg.verify_rate_bytes_per_s))
+        self.verifier = Verifier(by_id, self.index, restored,
+                                 rate_bytes_per_s=cfg.verify_rate_bytes_per_s)
+        self.verifier.start()
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
         """Serve until `stop` is set; call `on_ready` once the first mount succeeded."""
@@ -113,12 +151,21 @@ class StorageNode:
 
     def close(self) -> None:
         """Stop the data server and release the segments. Safe to call twice."""
+        if self.verifier is not None:
+            self.verifier.stop()
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.rdma is not None:
+            self.rdma.close()
+            self.rdma = None
+        keep = self.cfg.keep_segments_on_exit
         for segment in self.segments:
-            segment.close(unlink=not self.cfg.keep_segments_on_exit)
+            segment.close(unlink=not keep)
         self.segments = []
+        if self.journal is not None:
+            self.journal.close(unlink=not keep)
+            self.journal = None
 
     # ---- views -------------------------------------------------------------------------
 
@@ -149,6 +196,8 @@ class StorageNode:
             "http": self.http_address,
             "segments": segments,
             "index": self.index.counts(),
+            "restored": self.restored,
+            "verify": self.verifier.status() if self.verifier else {},
             "master": self.control.status() if self.control else {},
             "data_plane": self.server.stats.snapshot() if self.server else {},
         }

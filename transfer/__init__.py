@@ -11,8 +11,11 @@ Transports:
   persistent connections per node, large objects striped over several connections, pipelined
   requests, `recv_into`/`sendmsg` straight between sockets and the caller's or the segment's
   memory, never an intermediate bytes object for a payload.
-- `shm` and `rdma` arrive with the issue "Data plane at the machine's ceilings"; each registers
-  in `_FACTORIES` below, so `make_transport` and the SDK never special-case one.
+- `shm` (`shm.ShmTransport`): same host; memcpy into/out of the node's mapped segment file,
+  then a COMMIT control frame per write over the node's TCP port (`control.ControlChannel`).
+- `rdma` (`rdma.RdmaTransport` over the small verbs interface in `verbs`): one-sided RDMA
+  READ/WRITE on RC queue pairs, COMMIT like shm; only where pyverbs and a device exist.
+Each registers in `_FACTORIES` below, so `make_transport` and the SDK never special-case one.
 
 A write op may be split into several frames; every frame carries the op's WriteMeta and the
 node's `SegmentAccess.written` is called once per frame that fully arrived.
@@ -46,8 +49,20 @@ def _tcp(**options: Any) -> Transport:
     return TcpTransport(**options)
 
 
-# name -> factory(**options). The next transports add one line each.
-_FACTORIES: dict[str, Callable[..., Transport]] = {"tcp": _tcp}
+def _shm(**options: Any) -> Transport:
+    from cellar.transfer.shm import ShmTransport
+
+    return ShmTransport(**options)
+
+
+def _rdma(**options: Any) -> Transport:
+    from cellar.transfer.rdma import RdmaTransport
+
+    return RdmaTransport(**options)  # raises RdmaUnavailable without pyverbs or a device
+
+
+# name -> factory(**options). Each transport adds one line.
+_FACTORIES: dict[str, Callable[..., Transport]] = {"tcp": _tcp, "shm": _shm, "rdma": _rdma}
 
 
 def available_transports() -> list[str]:

@@ -38,12 +38,17 @@ class TransferOp:
     offset: int           # absolute offset in the segment where this op starts
     buffer: memoryview    # source (write) or destination (read); len(buffer) bytes move
     meta: WriteMeta | None = None  # writes: what the node records in its index
+    # Reads: the caller will verify the bytes' xxh3_64. A transport may compute it as soon as
+    # they land (while they are still in cache) and return it in TransferResult.checksum;
+    # one that does not leaves that None and the caller hashes the buffer itself.
+    want_checksum: bool = False
 
 
 @dataclass(slots=True)
 class TransferResult:
     status: int = ST_OK
     message: str = ""
+    checksum: int | None = None  # xxh3_64 of a read's bytes, when the op asked and it was done
 
     @property
     def ok(self) -> bool:

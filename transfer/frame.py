@@ -28,7 +28,18 @@ VERSION = 1
 OP_READ = GRANT_OP_READ    # 1
 OP_WRITE = GRANT_OP_WRITE  # 2
 OP_PING = 3  # no grant, no payload: liveness and latency probe
-OPS = frozenset({OP_WRITE, OP_READ, OP_PING})
+# --- shm / rdma control ops (issue "Data plane at the machine's ceilings") ---
+# COMMIT: "the bytes of [offset, +length) already landed in your segment memory" (shm memcpy or
+# rdma one-sided WRITE). Carries a WRITE grant and COMMIT meta (WriteMeta + the identity of the
+# segment file the client copied into), never a payload; `length` is the committed range, so it
+# is bounded by the grant and the segment, not by the frame payload limit. The node runs the
+# WRITE checks, then records the range as written.
+OP_COMMIT = 4
+# RDMA_CONNECT: no grant; meta = the client's queue-pair description; an OK reply carries the
+# node's queue-pair description as `length` payload bytes (at most MAX_META_BYTES).
+OP_RDMA_CONNECT = 5
+OPS = frozenset({OP_WRITE, OP_READ, OP_PING, OP_COMMIT, OP_RDMA_CONNECT})
+OPS_WITHOUT_GRANT = frozenset({OP_PING, OP_RDMA_CONNECT})
 
 # Response statuses (frame level; the SDK maps them to its exceptions).
 ST_OK = 0
@@ -114,12 +125,13 @@ def decode_request(header: bytes | memoryview, *, max_payload_bytes: int) -> Req
         raise FrameError(ST_BAD_FRAME, f"unknown op {op}")
     if meta_len > MAX_META_BYTES:
         raise FrameError(ST_TOO_LARGE, f"meta {meta_len} > {MAX_META_BYTES} bytes")
-    if length > max_payload_bytes:
+    if length > max_payload_bytes and op != OP_COMMIT:  # COMMIT: no payload follows
         raise FrameError(ST_TOO_LARGE, f"length {length} > {max_payload_bytes} bytes")
     grant = None
-    if op != OP_PING:
-        grant = Grant(op, segment_id, grant_offset, grant_length, alloc_id, epoch, expiry_ms,
-                      tag, mac)
+    if op not in OPS_WITHOUT_GRANT:
+        grant_op = OP_WRITE if op == OP_COMMIT else op  # a commit finishes a granted write
+        grant = Grant(grant_op, segment_id, grant_offset, grant_length, alloc_id, epoch,
+                      expiry_ms, tag, mac)
     return RequestHeader(op, request_id, segment_id, offset, length, meta_len, flags, grant)
 
 
@@ -180,3 +192,22 @@ def decode_write_meta(meta: bytes | memoryview) -> WriteMeta:
     except UnicodeDecodeError:
         raise FrameError(ST_BAD_FRAME, "write meta is not UTF-8") from None
     return WriteMeta(checksum, object_size, tenant, key)
+
+
+# COMMIT meta = WriteMeta bytes + this trailer: (st_dev, st_ino) of the segment file the client
+# mapped and copied into, so a node whose file was replaced (it restarted) refuses the commit
+# instead of recording bytes that landed in the old, orphaned memory.
+COMMIT_TRAILER = struct.Struct("<QQ")
+
+
+def pack_commit_meta(meta: WriteMeta, file_dev: int, file_ino: int) -> bytes:
+    return meta.pack() + COMMIT_TRAILER.pack(file_dev, file_ino)
+
+
+def decode_commit_meta(meta: bytes | memoryview) -> tuple[WriteMeta, int, int]:
+    """(write meta, file dev, file ino); FrameError if malformed."""
+    if len(meta) < COMMIT_TRAILER.size:
+        raise FrameError(ST_BAD_FRAME, "short commit meta")
+    cut = len(meta) - COMMIT_TRAILER.size
+    dev, ino = COMMIT_TRAILER.unpack_from(meta, cut)
+    return decode_write_meta(meta[:cut]), dev, ino

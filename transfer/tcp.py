@@ -18,7 +18,10 @@ How a batch moves:
    possible: header, meta and payload memoryviews, never concatenated) before it reads their
    responses in order. A READ reply is read with one `recvmsg_into([inbox, destination])`, so
    its payload goes straight into the op's own destination slice, the rest with `recv_into`
-   (MSG_WAITALL) on that slice: no intermediate buffer, no copy. Lanes run on a small bounded
+   (MSG_WAITALL) on that slice: no intermediate buffer, no copy. A one-frame read whose op
+   asked for its checksum (`want_checksum`) is hashed (xxh3_64) by its lane right after its
+   last byte lands, while it is still in cache: on these VMs hashing a just-received MiB runs
+   at ~40 GB/s against ~9 GB/s for the whole batch afterwards. Lanes run on a small bounded
    pool of threads owned by the transport; the last lane of a batch runs on the calling
    thread, so a batch that needs one connection costs no thread hop.
 
@@ -47,6 +50,8 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from xxhash import xxh3_64_intdigest
 
 from cellar.proto.grant import Grant
 from cellar.transfer._sockio import (
@@ -330,6 +335,10 @@ class TcpTransport(Transport):
         deadline = time.monotonic() + timeout_s
         fail: list[TransferResult | None] = [None] * len(ops)
         metas: list[bytes] = [b""] * len(ops)
+        # Reads that asked for their checksum and move in one frame: the lane hashes them
+        # right after the last byte lands (still in cache; several lanes hash in parallel).
+        sums: list[int | None] = [None] * len(ops)
+        hashed = [False] * len(ops)
         by_address: dict[str, list[_Chunk]] = {}
         bytes_by_address: dict[str, int] = {}
         chunk = self.chunk_bytes
@@ -361,6 +370,7 @@ class TcpTransport(Transport):
                 continue
             chunks = by_address.setdefault(address, [])
             if n <= chunk:
+                hashed[i] = op.want_checksum and op_code == OP_READ
                 chunks.append((i, op.offset, view, grant))
             else:
                 for pos in range(0, n, chunk):
@@ -385,12 +395,13 @@ class TcpTransport(Transport):
             for conn, lane_chunks in zip(got, _deal(chunks, len(got)), strict=True):
                 if inline is not None:
                     futures.append(self._submit(inline))
-                inline = (pool, conn, lane_chunks, op_code, deadline, metas, fail)
+                inline = (pool, conn, lane_chunks, op_code, deadline, metas, fail, hashed, sums)
         if inline is not None:  # the last lane runs here: one connection, no thread hop
             self._run_lane(*inline)
         for fut in futures:
             fut.result()
-        return [r if r is not None else TransferResult() for r in fail]
+        return [r if r is not None else TransferResult(checksum=sums[i])
+                for i, r in enumerate(fail)]
 
     def _lanes(self, n_chunks: int, nbytes: int) -> int:
         """How many connections to stripe one node's share of a batch over."""
@@ -438,7 +449,8 @@ class TcpTransport(Transport):
         return _Conn(sock, pool.gen)
 
     def _run_lane(self, pool: _Pool, conn: _Conn | None, chunks: list[_Chunk], op_code: int,
-                  deadline: float, metas: list[bytes], fail: list[TransferResult | None]) -> None:
+                  deadline: float, metas: list[bytes], fail: list[TransferResult | None],
+                  hashed: list[bool], sums: list[int | None]) -> None:
         """Drive one connection through its chunks; never raises."""
         reusable = False
         try:
@@ -452,7 +464,8 @@ class TcpTransport(Transport):
                     pool.release_slot()
                     _fail_chunks(fail, chunks, ST_CONNECT_FAILED, f"{pool.address}: {e}")
                     return
-            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, metas, fail)
+            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, metas, fail,
+                                  hashed, sums)
         except BaseException as e:  # a bug here must still fail only these ops
             _fail_chunks(fail, chunks, ST_CONNECTION_LOST, f"{pool.address}: {e!r}")
             reusable = False
@@ -461,7 +474,8 @@ class TcpTransport(Transport):
                 pool.release(conn, reusable)
 
     def _pump(self, conn: _Conn, address: str, chunks: list[_Chunk], op_code: int,
-              deadline: float, metas: list[bytes], fail: list[TransferResult | None]) -> bool:
+              deadline: float, metas: list[bytes], fail: list[TransferResult | None],
+              hashed: list[bool], sums: list[int | None]) -> bool:
         """Pipelined requests and in-order responses; True if the connection is still in sync."""
         sock, inbox = conn.sock, conn.inbox
         pack = REQUEST.pack
@@ -514,6 +528,8 @@ class TcpTransport(Transport):
                         raise _Desync(f"response length {length} for {len(view)} bytes")
                     if not is_write:
                         inbox.read_into(view[early:])
+                        if hashed[op_i]:
+                            sums[op_i] = xxh3_64_intdigest(view)
                     pending.popleft()
                     continue
                 if early:  # they were not payload: the message and what follows it

@@ -13,6 +13,9 @@ with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTE
 - READ: `access.readable()` returns a memoryview of segment memory; the reply header and that
   view are sent with `sendmsg` (no copy into bytes).
 - PING: OK.
+- COMMIT / RDMA_CONNECT (shm and rdma control frames, no payload): `access.commit()` checks
+  and records a range the client copied into segment memory itself; `access.rdma_connect`
+  answers a queue-pair exchange with the node's QP description as the reply payload.
 Replies are corked: they queue (READ payloads as views) while more requests are already
 waiting in the socket, and leave together in one `sendmsg` before the connection would block
 on a read, or once 1 MiB is queued. A pipelined run of small requests thus costs a few
@@ -49,7 +52,9 @@ from cellar.transfer.base import SegmentAccess
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
     MAX_META_BYTES,
+    OP_COMMIT,
     OP_PING,
+    OP_RDMA_CONNECT,
     OP_READ,
     OP_WRITE,
     REQUEST,
@@ -58,9 +63,11 @@ from cellar.transfer.frame import (
     RESP_FLAG_CLOSE,
     ST_INTERNAL,
     ST_OK,
+    ST_UNSUPPORTED,
     STATUS_NAMES,
     FrameError,
     RequestHeader,
+    decode_commit_meta,
     decode_request,
     decode_write_meta,
     pack_response,
@@ -81,7 +88,8 @@ OUTBOX_BYTES = 1 << 20
 # the reply instead of a reset caused by its own unread bytes.
 LINGER_S = 0.2
 LINGER_BYTES = 1 << 20
-OP_NAMES = {OP_READ: "read", OP_WRITE: "write", OP_PING: "ping"}
+OP_NAMES = {OP_READ: "read", OP_WRITE: "write", OP_PING: "ping", OP_COMMIT: "commit",
+            OP_RDMA_CONNECT: "rdma_connect"}
 _REQUEST_ID = struct.Struct("<Q")
 
 
@@ -93,7 +101,7 @@ class _Counters:
     def __init__(self) -> None:
         self.bytes_in = 0
         self.bytes_out = 0
-        self.requests = [0, 0, 0, 0]  # by op number; 0 = undecodable
+        self.requests = [0] * (max(OP_NAMES) + 1)  # by op number; 0 = undecodable
         self.errors: dict[int, int] = {}
 
     def error(self, status: int) -> None:
@@ -326,6 +334,8 @@ class _Connection:
             self.write(req, meta)
         elif req.op == OP_READ:
             self.read(req)
+        elif req.op == OP_COMMIT or req.op == OP_RDMA_CONNECT:  # shm / rdma control frames
+            self.control(req, meta)
         else:
             self.outbox.add(pack_response(ST_OK, req.request_id))
 
@@ -346,6 +356,27 @@ class _Connection:
             self.refuse(req, e)
             return
         self.outbox.add(pack_response(ST_OK, req.request_id))
+
+    def control(self, req: RequestHeader, meta: bytes) -> None:
+        """COMMIT (shm/rdma: the payload already landed; check and record it) and RDMA_CONNECT
+        (queue-pair exchange; the reply's payload is the node's QP description)."""
+        reply = b""
+        try:
+            if req.op == OP_COMMIT:
+                commit = getattr(self.access, "commit", None)
+                if commit is None:
+                    raise FrameError(ST_UNSUPPORTED, "this server takes no commits")
+                wmeta, dev, ino = decode_commit_meta(meta)
+                commit(req, wmeta, dev, ino)
+            else:
+                accept = getattr(self.access, "rdma_connect", None)
+                if accept is None:
+                    raise FrameError(ST_UNSUPPORTED, "this node serves no rdma")
+                reply = bytes(accept(meta))
+        except Exception as e:
+            self.refuse(req, e)
+            return
+        self.outbox.add(pack_response(ST_OK, req.request_id, len(reply)) + reply)
 
     def read(self, req: RequestHeader) -> None:
         try:

@@ -174,6 +174,27 @@ def test_exact_bytes_over_chunk_boundaries(transport: TcpTransport, route: Segme
     assert by_key == {f"k{n}": n for n in SIZES}
 
 
+def test_reads_report_their_checksum_when_asked(transport: TcpTransport,
+                                               route: SegmentRoute) -> None:
+    """A one-frame read with want_checksum comes back with the xxh3_64 of the bytes read; a
+    read cut into several frames, or one that did not ask, leaves checksum None (the caller
+    hashes)."""
+    import xxhash
+
+    small, large = os.urandom(1000), os.urandom((64 << 10) * 3 + 5)  # large: 4 frames
+    assert all(r.ok for r in transport.write([wop(route, 0, small, key="s"),
+                                              wop(route, 1 << 20, large, key="l")], 30))
+    outs = [bytearray(len(small)), bytearray(len(large)), bytearray(len(small))]
+    ops = [rop(route, 0, outs[0], key="s"), rop(route, 1 << 20, outs[1], key="l"),
+           rop(route, 0, outs[2], key="s")]
+    ops[0].want_checksum = ops[1].want_checksum = True
+    res = transport.read(ops, 30)
+    assert all(r.ok for r in res)
+    assert res[0].checksum == xxhash.xxh3_64_intdigest(small)
+    assert res[1].checksum is None and bytes(outs[1]) == large
+    assert res[2].checksum is None and bytes(outs[2]) == small
+
+
 def test_one_bad_op_fails_alone(transport: TcpTransport, route: SegmentRoute,
                                 access: MemAccess) -> None:
     access.view[:1 << 20] = os.urandom(1 << 20)
@@ -470,7 +491,8 @@ def test_ping_and_stats(server: TcpDataServer, route: SegmentRoute,
     transport.write([wop(route, 0, b"x" * 1000)], 5)
     transport.read([rop(route, 0, bytearray(1000)), rop(route, 0, bytearray(10), ttl_ms=-5)], 5)
     s = server.stats.snapshot()
-    assert s["requests"] == {"read": 2, "write": 1, "ping": 20, "invalid": 0}
+    assert s["requests"] == {"read": 2, "write": 1, "ping": 20, "commit": 0,
+                             "rdma_connect": 0, "invalid": 0}
     assert s["bytes_in"] == 1000 and s["bytes_out"] == 1000
     assert s["errors"] == {"grant expired": 1}
     with pytest.raises(ConnectionError):

@@ -93,7 +93,7 @@ def test_bad_replicas(replicas):
 
 
 def test_transport_names():
-    assert core.transport_names("auto") == ("tcp",)
+    assert core.transport_names("auto") == ("shm", "rdma", "tcp")
     assert core.transport_names("tcp") == ("tcp",)
     for bad in ("udp", "", None, 3):
         with pytest.raises(cellar.InvalidArgument):

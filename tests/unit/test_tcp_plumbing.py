@@ -146,7 +146,7 @@ def test_make_transport() -> None:
     t = make_transport("tcp", connections_per_node=2)
     assert isinstance(t, TcpTransport) and t.name == "tcp" and t.connections_per_node == 2
     t.close()
-    with pytest.raises(ValueError, match="available: tcp"):
+    with pytest.raises(ValueError, match="available: rdma, shm, tcp"):
         make_transport("carrier-pigeon")
     with pytest.raises(ValueError):
         TcpTransport(chunk_bytes=0)

@@ -1,0 +1,219 @@
+"""IndexJournal: the node's object index, persisted cheaply so that a kill -9 does not lose it.
+
+What it owns
+    One append-only file next to the segments (`<dir>/cellar-<node_id>.idx`, tmpfs like the
+    segments, so it survives a process crash and dies with the machine, exactly like the bytes
+    it describes). A record is written when an allocation becomes SEALED (everything a master
+    rebuild needs: alloc id, segment, offset, length, tenant, key, checksum, epoch) and when a
+    SEALED allocation is dropped (freed by the master, refused in a rebuild, failed
+    verification). WRITING allocations are never journaled: a restarted node drops them.
+
+Format (little endian)
+    file   = MAGIC (8 bytes) record*
+    record = body_len u32 | xxh32(body) u32 | body
+    body   = 1 (u8) alloc_id segment_id offset length checksum epoch expiry_ms (7 x u64)
+             tenant_len u16 key_len u16 tenant key          -- SEALED
+           | 2 (u8) alloc_id (u64)                          -- DROPPED
+    Replay reads records in order and stops at the first short or corrupt one (a torn tail),
+    which is cut off. Each record is one write() of an O_APPEND descriptor: a process killed
+    mid-call either wrote it or did not, so fsync is not needed (nor useful on tmpfs).
+
+Compaction
+    On open, after replay, the file is rewritten with only the live entries (temp file +
+    rename). While running, `maybe_compact` rewrites it when dead records outnumber live ones
+    (and are more than COMPACT_MIN_DEAD), so the file stays within about twice the live set.
+
+Failure: if an append fails (a full tmpfs), the journal deletes its file and stops: a restart
+then restores nothing, which loses cached objects but can never restore a stale entry.
+
+Thread safety: none of its own; the index calls it with the index lock held.
+It never reads segment memory and never decides what is intact (the verifier does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+log = logging.getLogger("cellar.node.journal")
+
+MAGIC = b"CELLARJ1"
+_HEAD = struct.Struct("<II")          # body_len, xxh32(body)
+_SEALED = struct.Struct("<BQQQQQQQHH")
+_DROPPED = struct.Struct("<BQ")
+KIND_SEALED = 1
+KIND_DROPPED = 2
+MAX_BODY_BYTES = 1 << 20              # a key is at most 64 KiB on any configured master
+COMPACT_MIN_DEAD = 65536
+
+
+@dataclass(slots=True)
+class JournalEntry:
+    alloc_id: int
+    segment_id: int
+    offset: int
+    length: int
+    checksum: int
+    epoch: int
+    write_grant_expiry_ms: int
+    tenant: str
+    key: str
+
+
+def journal_path(directory: str | os.PathLike[str], node_id: str) -> Path:
+    return Path(directory) / f"cellar-{node_id}.idx"
+
+
+def _encode_sealed(e: JournalEntry) -> bytes:
+    tenant = e.tenant.encode("utf-8", "surrogatepass")
+    key = e.key.encode("utf-8", "surrogatepass")
+    body = _SEALED.pack(KIND_SEALED, e.alloc_id, e.segment_id, e.offset, e.length,
+                        e.checksum & 0xFFFFFFFFFFFFFFFF, e.epoch, max(e.write_grant_expiry_ms, 0),
+                        len(tenant), len(key)) + tenant + key
+    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+
+
+def _encode_dropped(alloc_id: int) -> bytes:
+    body = _DROPPED.pack(KIND_DROPPED, alloc_id)
+    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+
+
+def replay(data: bytes) -> tuple[dict[int, JournalEntry], int, int]:
+    """(live entries by alloc id, bytes of valid prefix, records read) of a journal image."""
+    live: dict[int, JournalEntry] = {}
+    if not data.startswith(MAGIC):
+        return live, 0, 0
+    pos = len(MAGIC)
+    records = 0
+    end = len(data)
+    while pos + _HEAD.size <= end:
+        body_len, digest = _HEAD.unpack_from(data, pos)
+        start = pos + _HEAD.size
+        if body_len == 0 or body_len > MAX_BODY_BYTES or start + body_len > end:
+            break
+        body = data[start:start + body_len]
+        if xxhash.xxh32_intdigest(body) != digest:
+            break
+        kind = body[0]
+        if kind == KIND_SEALED and body_len >= _SEALED.size:
+            (_, alloc_id, segment_id, offset, length, checksum, epoch, expiry, tlen,
+             klen) = _SEALED.unpack_from(body, 0)
+            if _SEALED.size + tlen + klen != body_len:
+                break
+            text = body[_SEALED.size:]
+            try:
+                tenant = text[:tlen].decode("utf-8", "surrogatepass")
+                key = text[tlen:tlen + klen].decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                break
+            live[alloc_id] = JournalEntry(alloc_id, segment_id, offset, length, checksum, epoch,
+                                          expiry, tenant, key)
+        elif kind == KIND_DROPPED and body_len == _DROPPED.size:
+            live.pop(_DROPPED.unpack_from(body, 0)[1], None)
+        else:
+            break
+        pos = start + body_len
+        records += 1
+    return live, pos, records
+
+
+class IndexJournal:
+    """The append-only journal file of one node (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = -1
+        self.live = 0
+        self.dead = 0
+        self.compactions = 0
+        self.failed = False
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> tuple[IndexJournal, list[JournalEntry]]:
+        """Replay the file at `path` (if any), compact it, and open it for appending."""
+        journal = cls(Path(path))
+        entries: list[JournalEntry] = []
+        try:
+            data = journal.path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        if data:
+            live, valid, records = replay(data)
+            if valid < len(data):
+                log.warning("journal %s: ignoring %d bytes of torn or unreadable tail",
+                            journal.path, len(data) - valid)
+            entries = list(live.values())
+            log.info("journal %s: %d records replayed, %d live entries", journal.path, records,
+                     len(entries))
+        journal.rewrite(entries)
+        return journal, entries
+
+    def rewrite(self, entries: list[JournalEntry]) -> None:
+        """Replace the file with exactly `entries` (atomically: temp file, then rename)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            chunk = [MAGIC]
+            size = len(MAGIC)
+            for e in entries:
+                record = _encode_sealed(e)
+                chunk.append(record)
+                size += len(record)
+                if size >= 1 << 20:
+                    _write_all(fd, b"".join(chunk))
+                    chunk, size = [], 0
+            _write_all(fd, b"".join(chunk))
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self.live = len(entries)
+        self.dead = 0
+        self.compactions += 1
+
+    def sealed(self, entry: JournalEntry) -> None:
+        if self._fd >= 0:
+            self._append(_encode_sealed(entry))
+            self.live += 1
+
+    def dropped(self, alloc_id: int) -> None:
+        if self._fd >= 0:
+            self._append(_encode_dropped(alloc_id))
+            self.live -= 1
+            self.dead += 2  # the SEALED record and this one
+
+    def _append(self, record: bytes) -> None:
+        try:
+            _write_all(self._fd, record)
+        except OSError as exc:
+            log.error("journal %s: append failed (%s); deleting it, a restart will not "
+                      "re-attach objects", self.path, exc.strerror)
+            self.failed = True
+            self.close(unlink=True)
+
+    def wants_compaction(self) -> bool:
+        return not self.failed and self.dead > COMPACT_MIN_DEAD and self.dead > 2 * self.live
+
+    def close(self, *, unlink: bool = False) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if unlink:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

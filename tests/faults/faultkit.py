@@ -1,0 +1,182 @@
+"""Helpers for fault tests: real clusters whose processes the tests kill, stop and restart.
+
+    def test_something(fault_cluster):          # the fixture is in conftest.py
+        cluster = fault_cluster(nodes=2, node_expire_after_s=3)
+        cluster.restart_master()        # kill -9, then a new master on the same ports
+        cluster.restart_node(0)         # kill -9, then the same --node-id and shm dir
+        cluster.signal_node(0, signal.SIGSTOP)
+
+`FaultCluster` is a `LocalCluster` (the class behind `cellar up`) that pins its master's ports
+after the first start so a restarted master is found at the same address. `raw_stub(cluster)`
+is a gRPC stub on the master for tests that need grants (PutStart without the SDK).
+Every wait is a poll with a generous deadline (`wait_until`), never a fixed sleep: these tests
+must hold on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import cellar
+from cellar.client.core import grant_from_replica
+from cellar.local_cluster import Child, LocalCluster
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto import cellar_pb2_grpc as pb_grpc
+from cellar.proto.grant import GRANT_OP_WRITE, Grant
+from cellar.storage_node.segment import segment_path
+from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult
+from cellar.transfer.frame import WriteMeta
+from cellar.transfer.tcp import TcpTransport
+
+FAST = {
+    "node_suspect_after_s": 1, "node_expire_after_s": 3, "pin_ttl_s": 2,
+    "write_grant_ttl_s": 3, "heartbeat_interval_s": 0.3, "new_node_ramp_s": 0,
+}
+
+
+class FaultCluster(LocalCluster):
+    def start(self) -> FaultCluster:
+        super().start()
+        assert self.master is not None
+        self.port = int(self.master.address.rsplit(":", 1)[1])
+        self.http_port = int(self.master.http.rsplit(":", 1)[1])
+        self._restarts = 0
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        # Like LocalCluster._spawn but without a preexec_fn: a fork that runs Python code in the
+        # child runs gRPC's at-fork handlers, which can abort the child (epoll_wait: Bad file
+        # descriptor) when this test process has live gRPC channels, as fault tests always do.
+        # Without preexec_fn, subprocess uses vfork and exec straight away.
+        log_path = self.run_dir / f"{name}.log"
+        child = Child(name, [sys.executable, "-m", "cellar", *argv], log_path)
+        with open(log_path, "wb") as log:
+            child.proc = subprocess.Popen(
+                child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self._env, start_new_session=True,
+            )
+        return child
+
+    def _keep_log(self, child: Child) -> None:
+        self._restarts += 1
+        if child.log_path.exists():
+            child.log_path.rename(child.log_path.with_name(f"{child.name}.{self._restarts}.log"))
+
+    def kill_master(self) -> None:
+        assert self.master is not None and self.master.proc is not None
+        self.master.stopping = True
+        if self.master.alive():
+            self.master.proc.kill()
+        self.master.proc.wait(10)
+
+    def restart_master(self) -> None:
+        """kill -9 the master and start a new one on the same ports."""
+        assert self.master is not None
+        self.kill_master()
+        self._keep_log(self.master)
+        deadline = time.monotonic() + 20
+        while True:  # the port may linger for a moment after the kill
+            self.master = self._spawn("master", self._master_argv())
+            try:
+                self._wait_ready([self.master])
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+
+    def signal_master(self, sig: int) -> None:
+        assert self.master is not None and self.master.proc is not None
+        self.master.proc.send_signal(sig)
+
+    def node_log(self, index: int) -> str:
+        return self.nodes[index].log_path.read_text(errors="replace")
+
+    def restart_node(self, index: int, before_start: Callable[[], None] | None = None, *,
+                     sig: int = signal.SIGKILL) -> Child:
+        """Stop node `index` with `sig` (kill -9 by default), run `before_start`, start it again
+        with the same argv (same --node-id and shm dir) and wait until it is ready."""
+        old = self.nodes[index]
+        self.kill_node(index, sig)
+        if before_start is not None:
+            before_start()
+        self._keep_log(old)
+        child = self._spawn(old.name, old.argv[3:])  # [python, -m, cellar, node, ...]
+        self.nodes[index] = child
+        self._wait_ready([child])
+        return child
+
+    def signal_node(self, index: int, sig: int) -> None:
+        proc = self.nodes[index].proc
+        assert proc is not None
+        proc.send_signal(sig)
+
+    def segment_file(self, index: int) -> Path:
+        return segment_path(self.shm_dir, f"node-{index}", 0)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 20.0,
+               interval_s: float = 0.1) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (cellar.Unavailable, cellar.Timeout) as exc:
+            last = exc
+        if last:
+            return last
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s:g}s waiting for {what} (last: {last!r})")
+
+
+def node_states(client: cellar.Client) -> dict[str, str]:
+    return {n["node_id"]: n["state"] for n in client.status()["nodes"]}
+
+
+def raw_stub(cluster: LocalCluster) -> tuple[grpc.Channel, pb_grpc.MasterStub]:
+    channel = grpc.insecure_channel(cluster.address)
+    return channel, pb_grpc.MasterStub(channel)
+
+
+def header(tenant: str = "default") -> pb.RequestHeader:
+    return pb.RequestHeader(tenant=tenant, client_id="fault-test")
+
+
+def locations(stub: pb_grpc.MasterStub, keys: list[str]) -> dict[str, list[Any]]:
+    """key -> its replicas (node_id, segment_id, offset, length, grant), unpinned at once."""
+    reply = stub.GetReplicas(pb.GetReplicasRequest(header=header(), keys=keys))
+    out = {k: list(r.replicas) for k, r in zip(keys, reply.results, strict=True) if r.status == pb.OK}
+    pins = [r.pin_id for r in reply.results if r.pin_id]
+    if pins:
+        stub.Unpin(pb.UnpinRequest(header=header(), pin_ids=pins))
+    return out
+
+
+def write_with(grant_replica: Any, segments: Any, key: str, data: bytes, checksum: int,
+               grant: Grant | None = None) -> TransferResult:
+    """Write `data` with the grant of one PutStart replica through a bare TcpTransport."""
+    seg = next(s for s in segments if s.segment_id == grant_replica.segment_id)
+    route = SegmentRoute(seg.segment_id, seg.node_id, seg.host_id,
+                         {ep.transport: ep.address for ep in seg.endpoints})
+    grant = grant if grant is not None else grant_from_replica(grant_replica, GRANT_OP_WRITE)
+    transport = TcpTransport(connections_per_node=1)
+    try:
+        op = TransferOp(route, grant, grant_replica.offset, memoryview(data),
+                        WriteMeta(checksum, len(data), "default", key))
+        (result,) = transport.write([op], 10.0)
+        return result
+    finally:
+        transport.close()
+
+

@@ -1,0 +1,184 @@
+"""Master rebuild from node reports: adoption, merge of replicas, newest version wins, refusals,
+allocator and tenant accounting, no placements before `last`, the recovering window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from test_master_support import EPOCH, FakeClock, MiB, make_service, mount, put, segment_info
+
+from cellar.errors import Status
+from cellar.master.allocator import SegmentAllocator
+from cellar.master.service import ID_EPOCH_SHIFT, PutItem, RequestRejected
+
+OLD = (EPOCH - 60_000) << ID_EPOCH_SHIFT  # alloc ids of an earlier master
+
+
+@dataclass
+class Entry:
+    key: str
+    alloc_id: int
+    offset: int
+    length: int
+    checksum: int = 7
+    tenant: str = "default"
+    epoch: int = EPOCH - 60_000
+
+
+def get(svc, key: str):
+    """GetReplicas of one key, unpinned at once (a pinned object's ranges are not freed)."""
+    result = svc.get_replicas("", "reader", [key]).results[0]
+    if result.pin_id:
+        svc.unpin("", "reader", [result.pin_id])
+    return result
+
+
+def rebuilding_mount(svc, node_id: str, segment_id: int, size: int = 64 * MiB, incarnation: int = 1):
+    outcome = svc.mount_segment(node_id, incarnation, [segment_info(segment_id, size)],
+                                report_follows=True)
+    assert outcome.results == [(Status.OK, "")]
+    assert outcome.write_grant_ttl_ms == int(svc.config.write_grant_ttl_s * 1000)
+
+
+def test_adopts_reported_objects_and_accounts_them() -> None:
+    svc = make_service(FakeClock(), rebuild_grace_s=0)
+    rebuilding_mount(svc, "n1", 1)
+    # nothing is placeable until the report ends
+    assert svc.put_start("", "c", [PutItem("new", MiB)]).results[0].status == Status.UNAVAILABLE
+    entries = [Entry(f"k{i}", OLD + i, i * MiB, 1000 + i) for i in range(10)]
+    out = svc.report_objects("n1", 1, 1, entries[:5], last=False)
+    assert (out.status, out.accepted, out.refused) == (Status.OK, 5, [])
+    assert svc.recovering()  # a segment is still rebuilding: misses are UNAVAILABLE
+    with pytest.raises(RequestRejected) as info:
+        svc.get_replicas("", "c", ["k0", "k9"])
+    assert info.value.code == "UNAVAILABLE"
+    assert svc.pins.expired_total == 0 and len(svc.pins) == 0  # no pin leaked by the abort
+    out = svc.report_objects("n1", 1, 1, entries[5:], last=True)
+    assert out.accepted == 5
+    assert not svc.recovering()
+    for e in entries:
+        got = get(svc, e.key)
+        assert got.status == Status.OK and got.size_bytes == e.length and got.checksum == 7
+        assert [(r.offset, r.alloc_id) for r in got.replicas] == [(e.offset, e.alloc_id)]
+    tenant = svc.tenant("")
+    assert tenant.object_count == 10
+    assert tenant.used_bytes == sum(SegmentAllocator.rounded_size(e.length) for e in entries)
+    assert svc.objects.complete_count == 10
+    segment = svc.membership.segments[1]
+    assert segment.allocator.used_bytes == tenant.used_bytes
+    # new placements avoid the adopted ranges, and new alloc ids are above the adopted ones
+    started = svc.put_start("", "c", [PutItem(f"new{i}", MiB) for i in range(20)])
+    for r in started.results:
+        assert r.status == Status.OK
+        rep = r.replicas[0]
+        assert rep.alloc_id > OLD + 9
+        for e in entries:
+            assert rep.offset >= e.offset + e.length or rep.offset + MiB <= e.offset
+
+
+def test_replicas_merge_and_newest_version_wins() -> None:
+    svc = make_service(FakeClock(), rebuild_grace_s=0)
+    rebuilding_mount(svc, "n1", 1)
+    rebuilding_mount(svc, "n2", 2)
+    rebuilding_mount(svc, "n3", 3)
+    same = Entry("same", OLD + 1, 0, 5000)
+    svc.report_objects("n1", 1, 1, [same], last=True)
+    out = svc.report_objects("n2", 1, 2, [Entry("same", OLD + 2, 4096 * 4, 5000)], last=True)
+    assert out.accepted == 1
+    assert sorted(r.node_id for r in get(svc, "same").replicas) == ["n1", "n2"]
+    assert svc.tenant("").used_bytes == 2 * SegmentAllocator.rounded_size(5000)
+    # the same replica reported again (a retried batch) is accepted, not duplicated
+    assert svc.report_objects("n1", 1, 1, [same], last=True).accepted == 1
+    assert len(get(svc, "same").replicas) == 2
+    # another value of the key: older loses, newer replaces (and frees the old ranges)
+    older = Entry("same", OLD, 0, 5000, checksum=99)
+    assert svc.report_objects("n3", 1, 3, [older], last=False).refused == [OLD]
+    newer = Entry("same", OLD + 50, 0, 6000, checksum=42)
+    out = svc.report_objects("n3", 1, 3, [newer], last=True)
+    assert out.accepted == 1
+    got = get(svc, "same")
+    assert (got.checksum, got.size_bytes, [r.node_id for r in got.replicas]) == (42, 6000, ["n3"])
+    freed = [(f[1], f[2]) for f in svc.membership.nodes["n1"].outbox]
+    assert (1, OLD + 1) in freed  # n1 is told to drop its stale copy
+    assert svc.tenant("").object_count == 1
+
+
+def test_refusals() -> None:
+    svc = make_service(FakeClock(), rebuild_grace_s=0, max_key_bytes=16)
+    rebuilding_mount(svc, "n1", 1, size=4 * MiB)
+    out = svc.report_objects("n1", 1, 1, [
+        Entry("ok", OLD + 1, 0, 1000),
+        Entry("overlap", OLD + 2, 512, 1000),            # inside "ok"'s range
+        Entry("outside", OLD + 3, 4 * MiB - 10, 100),     # past the segment's end
+        Entry("unaligned", OLD + 4, 1 * MiB + 1, 100),
+        Entry("x" * 40, OLD + 5, 2 * MiB, 100),           # key too long
+        Entry("empty", OLD + 6, 3 * MiB, 0),
+        Entry("t", OLD + 7, 3 * MiB, 100, tenant="nobody"),  # unknown tenant
+    ], last=True)
+    assert out.accepted == 1 and sorted(out.refused) == [OLD + i for i in range(2, 8)]
+    # unknown node or segment: mount again
+    assert svc.report_objects("n1", 2, 1, [], last=True).status == Status.NOT_FOUND
+    assert svc.report_objects("n1", 1, 77, [], last=True).status == Status.NOT_FOUND
+
+
+def test_restarted_node_does_not_resurrect_what_was_freed_while_it_was_down() -> None:
+    clock = FakeClock()
+    svc = make_service(clock, rebuild_grace_s=0)
+    mount(svc, "n1", 1)
+    put(svc, "keep", 1000)
+    put(svc, "gone", 1000)
+    keep, gone = get(svc, "keep").replicas[0], get(svc, "gone").replicas[0]
+    svc.remove("", ["gone"])  # the node never acknowledged this notice: it died
+    rebuilding_mount(svc, "n1", 1, incarnation=2)  # restarted: new incarnation
+    out = svc.report_objects("n1", 2, 1, [
+        Entry("keep", keep.alloc_id, keep.offset, 1000, epoch=EPOCH),
+        Entry("gone", gone.alloc_id, gone.offset, 1000, epoch=EPOCH),
+    ], last=True)
+    assert out.refused == [gone.alloc_id]
+    assert get(svc, "keep").status == Status.OK
+    assert get(svc, "gone").status == Status.NOT_FOUND
+
+
+def test_lost_replicas_from_verification_are_dropped() -> None:
+    svc = make_service(FakeClock(), rebuild_grace_s=0)
+    rebuilding_mount(svc, "n1", 1)
+    svc.report_objects("n1", 1, 1, [Entry("a", OLD + 1, 0, 1000), Entry("b", OLD + 2, 4096, 1000)],
+                       last=True)
+
+    @dataclass
+    class Lost:
+        segment_id: int
+        alloc_id: int
+        offset: int = 0
+        length: int = 0
+
+    svc.heartbeat("n1", 1, 0, [Lost(1, OLD + 1)])
+    assert get(svc, "a").status == Status.NOT_FOUND
+    assert get(svc, "b").status == Status.OK
+    assert svc.membership.segments[1].allocator.used_bytes == SegmentAllocator.rounded_size(1000)
+    assert svc.replicas_lost == 1
+
+
+def test_recovering_window() -> None:
+    clock = FakeClock()
+    svc = make_service(clock, rebuild_grace_s=5)
+    # no node yet: a miss may be an object not reported yet
+    assert svc.recovering()
+    with pytest.raises(RequestRejected):
+        svc.exists("", ["k"])
+    # a fresh node (never mounted before, nothing to report) proves a new cluster
+    mount(svc, "n1", 1)
+    assert not svc.recovering()
+    assert svc.exists("", ["k"]) == [Status.NOT_FOUND]
+    # a node that was mounted on an earlier master re-opens the window until the grace ends
+    svc.mount_segment("n2", 1, [segment_info(2, 64 * MiB)], previous_epoch=EPOCH - 1)
+    assert svc.recovering()
+    for call in (lambda: svc.get_replicas("", "c", ["k"]), lambda: svc.prefix_len("", ["k"]),
+                 lambda: svc.remove("", ["k"]), lambda: svc.remove_all("")):
+        with pytest.raises(RequestRejected) as info:
+            call()
+        assert info.value.code == "UNAVAILABLE"
+    clock.advance(5)
+    assert not svc.recovering()
+    assert get(svc, "k").status == Status.NOT_FOUND

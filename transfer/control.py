@@ -1,0 +1,272 @@
+"""Control frames to storage nodes over their TCP data port: COMMIT (shm, rdma) and RDMA_CONNECT.
+
+The shm and rdma transports move payload bytes without the node's help (memcpy into the mapped
+segment file, one-sided RDMA WRITE), but the node must still check and record every write:
+after the bytes landed, the client sends one small COMMIT frame per op (the same request header
+as a WRITE, with the grant, no payload) and the node runs the WRITE checks and records the
+range (see `cellar.storage_node.access.NodeAccess.commit`). RDMA_CONNECT exchanges queue-pair
+descriptions the same way.
+
+`ControlChannel` keeps a few persistent connections per node address and pipelines a whole
+batch's frames: every node's frames are sent first (in windows of `window` frames), then the
+replies are read in order, so one write call costs one round trip per node however many keys
+it holds. Replies are checked against their requests (id, length); a mismatch, timeout or
+socket error closes that connection and fails only the calls still waiting on it.
+
+It never carries payload bytes (replies at most MAX_META_BYTES) and never retries on its own.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cellar.proto.grant import Grant
+from cellar.transfer._sockio import (
+    MAX_IOV,
+    MSG_DONTWAIT,
+    MSG_PEEK,
+    TIMEOUT_ERRORS,
+    Inbox,
+    parse_address,
+    send_all,
+    set_io_timeout,
+    tune_socket,
+)
+from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST, ST_TIMEOUT
+from cellar.transfer.frame import (
+    MAX_MESSAGE_BYTES,
+    MAX_META_BYTES,
+    REQUEST,
+    REQUEST_MAGIC,
+    RESPONSE,
+    RESPONSE_MAGIC,
+    ST_OK,
+    VERSION,
+)
+
+INBOX_BYTES = 64 << 10
+assert RESPONSE.size + MAX_MESSAGE_BYTES + MAX_META_BYTES <= INBOX_BYTES
+DEFAULT_WINDOW = 256          # frames in flight per connection
+DEFAULT_IDLE_PER_NODE = 2     # idle connections kept per node address
+_ZERO_MAC = bytes(16)
+
+
+@dataclass(slots=True)
+class ControlCall:
+    op: int
+    grant: Grant | None
+    segment_id: int
+    offset: int
+    length: int
+    meta: bytes = b""
+
+
+@dataclass(slots=True)
+class ControlReply:
+    status: int = ST_OK
+    message: str = ""
+    payload: bytes = b""
+
+
+class _Conn:
+    __slots__ = ("sock", "inbox", "next_id")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.inbox = Inbox(sock, INBOX_BYTES)
+        self.next_id = 1
+
+    def alive(self) -> bool:
+        try:
+            self.sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _pack(call: ControlCall, rid: int) -> bytes:
+    g = call.grant
+    if g is None:
+        head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, 0, len(call.meta), rid,
+                            call.segment_id, 0, 0, 0, 0, 0, 0, _ZERO_MAC, call.offset, call.length)
+    else:
+        head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, 0, len(call.meta), rid,
+                            g.segment_id, g.offset, g.length, g.alloc_id, g.epoch, g.expiry_ms,
+                            g.key_tag, g.mac, call.offset, call.length)
+    return head + call.meta
+
+
+class ControlChannel:
+    """Pipelined header-only frames to node TCP addresses; thread-safe."""
+
+    def __init__(self, *, connect_timeout_s: float = 5.0, window: int = DEFAULT_WINDOW,
+                 idle_per_node: int = DEFAULT_IDLE_PER_NODE) -> None:
+        if window < 1 or idle_per_node < 0:
+            raise ValueError("window must be >= 1 and idle_per_node >= 0")
+        self.connect_timeout_s = connect_timeout_s
+        self.window = min(window, MAX_IOV)
+        self.idle_per_node = idle_per_node
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[_Conn]] = {}
+        self._closed = False
+
+    def call(self, calls: Mapping[str, Sequence[ControlCall]],
+             timeout_s: float) -> dict[str, list[ControlReply]]:
+        """One reply per call, per address, in order. Never raises for network trouble."""
+        deadline = time.monotonic() + timeout_s
+        out: dict[str, list[ControlReply]] = {}
+        lanes: list[_Lane] = []
+        for address, batch in calls.items():
+            replies: list[ControlReply] = []
+            out[address] = replies
+            if not batch:
+                continue
+            try:
+                conn = self._checkout(address, deadline)
+            except (OSError, ValueError) as e:
+                status = ST_TIMEOUT if isinstance(e, TIMEOUT_ERRORS) else ST_CONNECT_FAILED
+                replies.extend(ControlReply(status, f"{address}: {e}") for _ in batch)
+                continue
+            lanes.append(_Lane(address, conn, batch, replies))
+        while lanes:  # window by window: send to every node, then read every node's replies
+            for lane in lanes:
+                lane.send(self.window, deadline)
+            for lane in lanes:
+                lane.receive(deadline)
+            still: list[_Lane] = []
+            for lane in lanes:
+                if lane.failure is not None:
+                    lane.conn.close()
+                    status, why = lane.failure
+                    lane.replies.extend(ControlReply(status, why)
+                                        for _ in range(len(lane.batch) - len(lane.replies)))
+                elif len(lane.replies) == len(lane.batch):
+                    self._checkin(lane.address, lane.conn)
+                else:
+                    still.append(lane)
+            lanes = still
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            conns = self._idle.pop(address, [])
+        for conn in conns:
+            conn.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _checkout(self, address: str, deadline: float) -> _Conn:
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ConnectionError("transport closed")
+                pool = self._idle.get(address)
+                conn = pool.pop() if pool else None
+            if conn is None:
+                break
+            if conn.alive():
+                return conn
+            conn.close()
+        host, port = parse_address(address)
+        timeout = min(self.connect_timeout_s, deadline - time.monotonic())
+        if timeout <= 0:
+            raise TimeoutError("deadline passed before connecting")
+        family, stype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, stype, proto)
+        try:
+            tune_socket(sock, 0)
+            sock.settimeout(timeout)
+            sock.connect(addr)
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        return _Conn(sock)
+
+    def _checkin(self, address: str, conn: _Conn) -> None:
+        with self._lock:
+            pool = self._idle.setdefault(address, [])
+            if not self._closed and len(pool) < self.idle_per_node:
+                pool.append(conn)
+                return
+        conn.close()
+
+
+class _Lane:
+    """One node's share of a call on one connection."""
+
+    __slots__ = ("address", "conn", "batch", "replies", "in_flight", "failure")
+
+    def __init__(self, address: str, conn: _Conn, batch: Sequence[ControlCall],
+                 replies: list[ControlReply]) -> None:
+        self.address = address
+        self.conn = conn
+        self.batch = batch
+        self.replies = replies
+        self.in_flight = 0
+        self.failure: tuple[int, str] | None = None
+
+    def send(self, window: int, deadline: float) -> None:
+        start = len(self.replies)
+        chunk = self.batch[start:start + window]
+        conn = self.conn
+        first = conn.next_id
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("deadline passed")
+            set_io_timeout(conn.sock, remaining)
+            send_all(conn.sock, [_pack(c, first + k) for k, c in enumerate(chunk)])
+            conn.next_id += len(chunk)
+            self.in_flight = len(chunk)
+        except Exception as e:  # noqa: BLE001 - any failure breaks only this lane
+            self.failure = _failure(self.address, e)
+
+    def receive(self, deadline: float) -> None:
+        if self.failure is not None:
+            return
+        conn, inbox = self.conn, self.conn.inbox
+        first = conn.next_id - self.in_flight
+        try:
+            for k in range(self.in_flight):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("deadline passed")
+                head = inbox.take(RESPONSE.size)
+                magic, version, status, _flags, msg_len, rid, length = RESPONSE.unpack(head)
+                if (magic != RESPONSE_MAGIC or version != VERSION or rid != first + k
+                        or msg_len > MAX_MESSAGE_BYTES or length > MAX_META_BYTES
+                        or (length and status != ST_OK)):
+                    raise ConnectionError(f"reply out of sync (request {first + k})")
+                message = bytes(inbox.take(msg_len)).decode("utf-8", "replace")
+                payload = bytes(inbox.take(length)) if length else b""
+                self.replies.append(ControlReply(
+                    status, f"{self.address}: {message}" if message else "", payload))
+            self.in_flight = 0
+        except Exception as e:  # noqa: BLE001 - any failure breaks only this lane
+            self.failure = _failure(self.address, e)
+
+
+def _failure(address: str, e: BaseException) -> tuple[int, str]:
+    if isinstance(e, TIMEOUT_ERRORS):
+        return ST_TIMEOUT, f"{address}: timed out ({e or type(e).__name__})"
+    return ST_CONNECTION_LOST, f"{address}: {e or type(e).__name__}"
