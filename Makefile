@@ -34,5 +34,10 @@ proto: venv
 bench: venv
 	$(VENV)/bin/cellar bench
 
+# 10 minutes of random checksummed traffic while nodes and the master are killed, stopped
+# and restarted; exits non-zero on a corrupt read or an unexplained loss.
+soak: venv
+	$(VENV)/bin/cellar soak --duration 600s --report .cellar/soak-report.json
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -5,7 +5,8 @@
 
 Steps (a progress line for each): measure the ceilings (loopback TCP, aligned memcpy); start
 a master and the nodes as child processes; run bench/worker.py in a third process for each
-transport; stop the cluster; write `<out>/<date>-<host>.json` and `.md` and print the table,
+transport; stop the cluster; measure the ceilings again (each ratio uses the better of the two
+measurements, so a neighbour's burst during one of them cannot flatter the ratios); write `<out>/<date>-<host>.json` and `.md` and print the table,
 with each row's ratio to its ceiling and a summary of the issue's targets, met or not.
 
 The default run is the full matrix (64 KiB, 1, 4, 16 MiB x batches 1, 16, 128 x bytes and
@@ -229,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         objects = max((r["objects"] for r in results if r["kind"] == "metadata"), default=0)
         if objects >= 100_000 and rss_after > rss_before:
             rss_per_million = (rss_after - rss_before) / objects * 1e6
+    # Once more after the cluster is gone: on a shared machine one measurement can land in a
+    # neighbour's burst. Each ceiling is the better of the two (the most this machine moved).
+    say("measuring the ceilings again")
+    again = ceilings.measure(reps=1)
+    say(f"ceilings: {again}")
+    first = dict(limits)
+    limits = {name: max(value, again.get(name, 0.0)) for name, value in limits.items()}
     now = dt.datetime.now()
     report = {
         "date": now.strftime("%Y-%m-%d %H:%M"),
@@ -237,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "quick": args.quick,
         "ceilings": limits,
+        "ceilings_measured": [first, again],
         "results": results,
         "master_rss_bytes_per_million_objects": round(rss_per_million),
     }

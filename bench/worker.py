@@ -149,7 +149,7 @@ def latency(client: cellar.Client, transport: str, size: int, samples: int) -> N
     client.remove_prefix(f"lat/{transport}/")
 
 
-def metadata_stream(master: Any, header: Any, op: str, level: int, stream: int, batch: int,
+def metadata_stream(master: Any, header: Any, op: str, run: str, stream: int, batch: int,
                     stop_at: float, counts: list[int], misses: list[int], preloaded: int,
                     put_round: Callable[[list[str]], None]) -> None:
     """One client thread of the metadata bench; writes its key count into counts[stream] and
@@ -157,7 +157,7 @@ def metadata_stream(master: Any, header: Any, op: str, level: int, stream: int, 
     n = missed = 0
     while time.perf_counter() < stop_at:
         if op == "put":
-            put_round([f"{META_PREFIX}/run/{level}/{stream}/{n + i}" for i in range(batch)])
+            put_round([f"{META_PREFIX}/run/{run}/{stream}/{n + i}" for i in range(batch)])
         else:
             keys = [f"{META_PREFIX}/pre/{(n + i + stream * 1009) * 7919 % preloaded}"
                     for i in range(batch)]
@@ -173,9 +173,12 @@ def metadata_stream(master: Any, header: Any, op: str, level: int, stream: int, 
 
 
 def metadata(address: str, levels: list[int], batch: int, seconds: float, streams: int,
-             fast: bool = True) -> None:
+             fast: bool = True, warmup_s: float = 1.0) -> None:
     """keys/s for PutStart+PutEnd and GetReplicas+Unpin with `level` objects in the table,
-    through the SDK's own line to the master (the fast line unless `fast` is False)."""
+    through the SDK's own line to the master (the fast line unless `fast` is False).
+
+    Each timed phase follows `warmup_s` of the same work, untimed (connections opened, the
+    master past its first batches), so the figure is the steady state."""
     master = MasterChannel(address, fast=fast)
     header = pb.RequestHeader(tenant="default", client_id=f"bench-{os.getpid()}")
     master.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
@@ -212,19 +215,23 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
                          f"({time.perf_counter() - level_started:.0f} s)")
                 next_progress += PROGRESS_EVERY_OBJECTS
         for op in ("put", "get"):
-            counts = [0] * streams
-            misses = [0] * streams
-            stop_at = time.perf_counter() + seconds
-            threads = [threading.Thread(target=metadata_stream,
-                                        args=(master, header, op, level, s, batch, stop_at,
-                                              counts, misses, preloaded, put_round))
-                       for s in range(streams)]
-            start = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            elapsed = time.perf_counter() - start
+            for phase, phase_s in (("warm-up", warmup_s), ("timed", seconds)):
+                counts = [0] * streams
+                misses = [0] * streams
+                stop_at = time.perf_counter() + phase_s
+                threads = [threading.Thread(target=metadata_stream,
+                                            args=(master, header, op, f"{level}-{phase}", s,
+                                                  batch, stop_at,
+                                                  counts, misses, preloaded, put_round))
+                           for s in range(streams)]
+                start = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                elapsed = time.perf_counter() - start
+                if phase == "warm-up" and op == "put":
+                    in_table += sum(counts)
             rate = sum(counts) / elapsed
             emit({"kind": "metadata", "op": op, "objects": level, "batch": batch,
                   "streams": streams, "keys_per_s": round(rate), "misses": sum(misses)})
@@ -247,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metadata-levels", default="10000,1000000")
     parser.add_argument("--metadata-seconds", type=float, default=3.0)
     parser.add_argument("--metadata-streams", type=int, default=4)
+    parser.add_argument("--metadata-warmup-seconds", type=float, default=1.0)
     parser.add_argument("--skip", default="", help="comma list of: data,latency,metadata")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -259,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                        args.transport)
     if "metadata" not in skip:
         metadata(args.address, [int(v) for v in args.metadata_levels.split(",") if v], 128,
-                 args.metadata_seconds, args.metadata_streams)
+                 args.metadata_seconds, args.metadata_streams,
+                 warmup_s=args.metadata_warmup_seconds)
     return 0
 
 

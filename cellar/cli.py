@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "get": ("cellar.client.cli", "get_main", "fetch a key's bytes to a file or stdout"),
     "rm": ("cellar.client.cli", "rm_main", "remove a key"),
     "bench": ("cellar.bench", "main", "run the data-plane and metadata benchmarks"),
+    "soak": ("cellar.soak", "main", "random traffic under chaos (kills, stops, restarts); verify every read"),
 }
 
 

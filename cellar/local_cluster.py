@@ -7,13 +7,22 @@ What it owns
     child under a run directory. `start()` returns once every child has printed its ready line,
     or raises with the last lines of the failing child's log. `stop()` sends SIGTERM, waits a
     grace period, then SIGKILLs what is left, and removes the segment files. `cellar up`
-    (`main`) and the integration tests use this same class, so what a user starts by hand is
-    what the tests exercise.
+    (`main`), the integration and fault tests and `cellar soak` use this same class, so what a
+    user starts by hand is what the tests exercise.
+
+    Faults, for the fault tests and the soak: `kill_node`, `restart_node` (kill -9, then the
+    same `--node-id` and shm dir, so the node re-attaches its segment), `restart_master` (kill
+    -9, then a new master on the same ports, which rebuilds from the nodes), `signal_node` and
+    `signal_master` (SIGSTOP/SIGCONT). After `start()` the master's ports are pinned, so a
+    restarted master is found at the same address.
 
 Invariants
     - A child never outlives the cluster: `stop()` reaps every child it started, and on Linux
-      each child gets SIGTERM from the kernel if the thread that started it dies (PDEATHSIG),
-      so even a SIGKILLed parent leaves nothing behind.
+      each child gets SIGTERM from the kernel if the thread that started it dies (PDEATHSIG,
+      which the child asks for itself, see `cellar.lifecycle`), so even a SIGKILLed parent
+      leaves nothing behind. Start children from a thread that lives as long as the cluster.
+    - No Python code runs between fork and exec (no `preexec_fn`): a parent holding gRPC
+      channels would run gRPC's at-fork handlers in the child, which can abort it.
     - Ports may be 0: the real addresses are read back from the ready lines.
 
 What it must never do
@@ -25,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import re
 import secrets
@@ -35,12 +43,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from cellar.lifecycle import PARENT_PID_ENV
 from cellar.units import format_size, parse_size_bytes
 
 MASTER_READY = re.compile(
@@ -51,25 +60,8 @@ DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_STOP_GRACE_S = 5.0
 LOG_TAIL_LINES = 20
 POLL_INTERVAL_S = 0.02
-_PR_SET_PDEATHSIG = 1
-
-
-_prctl: Any = None
-
-
-def _resolve_prctl() -> None:
-    """Look prctl up in the parent, so the forked child only makes one ready-made call."""
-    global _prctl
-    if _prctl is None and sys.platform == "linux":
-        try:
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            _prctl = False
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _prctl:
-        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+RESTART_PORT_WAIT_S = 20.0     # how long a restarted master may wait for its old port
+RESTART_RETRY_INTERVAL_S = 0.3
 
 
 def _flag(name: str) -> str:
@@ -140,6 +132,7 @@ class LocalCluster:
         self.stop_grace_s = stop_grace_s
         self.secret = secrets.token_hex(32)
         self._own_run_dir = run_dir is None
+        self.keep_run_dir = False  # set to keep the logs of a run directory this object made
         self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="cellar-run-"))
         self._own_shm_dir = shm_dir is None
         if shm_dir is not None:
@@ -154,6 +147,7 @@ class LocalCluster:
         self.nodes: list[Child] = []
         self._node_count = nodes
         self._next_node = 0
+        self._restarts = 0
         self._started = False
         self._stopped = False
 
@@ -197,6 +191,9 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        # pin the bound ports: a restarted master must be found at the same address
+        self.port = int(self.master.address.rsplit(":", 1)[1])
+        self.http_port = int(self.master.http.rsplit(":", 1)[1])
         return self
 
     def add_node(self, **node_flags: Any) -> Child:
@@ -219,6 +216,67 @@ class LocalCluster:
                 child.proc.kill()
                 child.proc.wait()
 
+    def restart_node(self, index: int, before_start: Callable[[], None] | None = None, *,
+                     sig: int = signal.SIGKILL) -> Child:
+        """Stop node `index` with `sig` (kill -9 by default), run `before_start`, start it again
+        with the same argv (same --node-id and shm dir, so it re-attaches its segment file) and
+        wait until it is ready. The old log is kept as `<name>.<n>.log`."""
+        old = self.nodes[index]
+        self.kill_node(index, sig)
+        if before_start is not None:
+            before_start()
+        self._keep_log(old)
+        child = self._spawn(old.name, old.argv[3:])  # [python, -m, cellar, node, ...]
+        self.nodes[index] = child
+        self._wait_ready([child])
+        return child
+
+    def signal_node(self, index: int, sig: int) -> None:
+        """Send `sig` (e.g. SIGSTOP, SIGCONT) to node `index` if it is running."""
+        child = self.nodes[index]
+        if child.alive():
+            assert child.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(sig)
+
+    def kill_master(self) -> None:
+        """kill -9 the master and reap it."""
+        assert self.master is not None and self.master.proc is not None
+        self.master.stopping = True
+        if self.master.alive():
+            self.master.proc.kill()
+        self.master.proc.wait(self.stop_grace_s)
+
+    def restart_master(self) -> Child:
+        """kill -9 the master and start a new one on the same ports (it rebuilds its table
+        from the nodes' reports); return when it is ready. The old log is kept."""
+        assert self.master is not None
+        self.kill_master()
+        self._keep_log(self.master)
+        deadline = time.monotonic() + RESTART_PORT_WAIT_S
+        while True:  # the port may linger for a moment after the kill
+            self.master = self._spawn("master", self._master_argv())
+            try:
+                self._wait_ready([self.master])
+                return self.master
+            except ClusterError:
+                if time.monotonic() > deadline:
+                    raise
+                self.master.stopping = True
+                if self.master.alive():
+                    assert self.master.proc is not None
+                    self.master.proc.kill()
+                    self.master.proc.wait(self.stop_grace_s)
+                time.sleep(RESTART_RETRY_INTERVAL_S)
+
+    def signal_master(self, sig: int) -> None:
+        """Send `sig` (e.g. SIGSTOP, SIGCONT) to the master if it is running."""
+        assert self.master is not None
+        if self.master.alive():
+            assert self.master.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.master.proc.send_signal(sig)
+
     def dead_children(self) -> list[Child]:
         """Children that exited although nobody asked them to."""
         children = ([self.master] if self.master is not None else []) + self.nodes
@@ -235,7 +293,7 @@ class LocalCluster:
             self._terminate([self.master])
         if self._own_shm_dir:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
-        if self._own_run_dir:
+        if self._own_run_dir and not self.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
@@ -264,15 +322,20 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         log_path = self.run_dir / f"{name}.log"
-        _resolve_prctl()
         child = Child(name, [sys.executable, "-m", "cellar", *argv], log_path)
+        # No preexec_fn (see the module docstring): the child asks for PDEATHSIG itself.
+        env = {**self._env, PARENT_PID_ENV: str(os.getpid())}
         with open(log_path, "wb") as log:
             child.proc = subprocess.Popen(
                 child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env, start_new_session=True,
-                preexec_fn=_die_with_parent if _prctl else None,
+                env=env, start_new_session=True,
             )
         return child
+
+    def _keep_log(self, child: Child) -> None:
+        self._restarts += 1
+        if child.log_path.exists():
+            child.log_path.rename(child.log_path.with_name(f"{child.name}.{self._restarts}.log"))
 
     def _wait_ready(self, children: list[Child]) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -316,6 +379,7 @@ class LocalCluster:
                 assert child.proc is not None
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.terminate()
+                    child.proc.send_signal(signal.SIGCONT)  # a SIGSTOPped child must see it
         deadline = time.monotonic() + self.stop_grace_s
         for child in children:
             if child.proc is None:

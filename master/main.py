@@ -22,6 +22,7 @@ import grpc
 
 from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
+from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.admin import build_http
 from cellar.master.config import ENV_PREFIX, MasterConfig
 from cellar.master.fastrpc import FastRpcServer
@@ -131,6 +132,7 @@ def _install_uvloop() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent_if_asked()
     parser = argparse.ArgumentParser(
         prog="cellar master",
         description="Run the Cellar metadata master (gRPC + HTTP /metrics and admin API).",

@@ -17,6 +17,7 @@ import sys
 
 from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
+from cellar.lifecycle import die_with_parent_if_asked
 from cellar.secret import load_cluster_secret
 from cellar.storage_node.config import ENV_PREFIX, NodeConfig
 from cellar.storage_node.node import StorageNode
@@ -49,6 +50,7 @@ async def _serve(node: StorageNode) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent_if_asked()
     args = build_parser().parse_args(argv)
     cfg = from_cli(NodeConfig, args, env_prefix=ENV_PREFIX)
     logging.basicConfig(

@@ -6,8 +6,8 @@
         cluster.restart_node(0)         # kill -9, then the same --node-id and shm dir
         cluster.signal_node(0, signal.SIGSTOP)
 
-`FaultCluster` is a `LocalCluster` (the class behind `cellar up`) that pins its master's ports
-after the first start so a restarted master is found at the same address. `raw_stub(cluster)`
+`FaultCluster` is a `LocalCluster` (the class behind `cellar up`, which pins its master's ports
+after the first start so a restarted master is found at the same address). `raw_stub(cluster)`
 is a gRPC stub on the master for tests that need grants (PutStart without the SDK).
 Every wait is a poll with a generous deadline (`wait_until`), never a fixed sleep: these tests
 must hold on a loaded 2-core machine.
@@ -15,9 +15,6 @@ must hold on a loaded 2-core machine.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +25,7 @@ import pytest
 
 import cellar
 from cellar.client.core import grant_from_replica
-from cellar.local_cluster import Child, LocalCluster
+from cellar.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
@@ -44,81 +41,11 @@ FAST = {
 
 
 class FaultCluster(LocalCluster):
-    def start(self) -> FaultCluster:
-        super().start()
-        assert self.master is not None
-        self.port = int(self.master.address.rsplit(":", 1)[1])
-        self.http_port = int(self.master.http.rsplit(":", 1)[1])
-        self._restarts = 0
-        return self
-
-    def _spawn(self, name: str, argv: list[str]) -> Child:
-        # Like LocalCluster._spawn but without a preexec_fn: a fork that runs Python code in the
-        # child runs gRPC's at-fork handlers, which can abort the child (epoll_wait: Bad file
-        # descriptor) when this test process has live gRPC channels, as fault tests always do.
-        # Without preexec_fn, subprocess uses vfork and exec straight away.
-        log_path = self.run_dir / f"{name}.log"
-        child = Child(name, [sys.executable, "-m", "cellar", *argv], log_path)
-        with open(log_path, "wb") as log:
-            child.proc = subprocess.Popen(
-                child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env, start_new_session=True,
-            )
-        return child
-
-    def _keep_log(self, child: Child) -> None:
-        self._restarts += 1
-        if child.log_path.exists():
-            child.log_path.rename(child.log_path.with_name(f"{child.name}.{self._restarts}.log"))
-
-    def kill_master(self) -> None:
-        assert self.master is not None and self.master.proc is not None
-        self.master.stopping = True
-        if self.master.alive():
-            self.master.proc.kill()
-        self.master.proc.wait(10)
-
-    def restart_master(self) -> None:
-        """kill -9 the master and start a new one on the same ports."""
-        assert self.master is not None
-        self.kill_master()
-        self._keep_log(self.master)
-        deadline = time.monotonic() + 20
-        while True:  # the port may linger for a moment after the kill
-            self.master = self._spawn("master", self._master_argv())
-            try:
-                self._wait_ready([self.master])
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-
-    def signal_master(self, sig: int) -> None:
-        assert self.master is not None and self.master.proc is not None
-        self.master.proc.send_signal(sig)
+    """A `LocalCluster` (restart_master, restart_node, signal_node, signal_master live there,
+    shared with `cellar soak`) plus a few test conveniences."""
 
     def node_log(self, index: int) -> str:
         return self.nodes[index].log_path.read_text(errors="replace")
-
-    def restart_node(self, index: int, before_start: Callable[[], None] | None = None, *,
-                     sig: int = signal.SIGKILL) -> Child:
-        """Stop node `index` with `sig` (kill -9 by default), run `before_start`, start it again
-        with the same argv (same --node-id and shm dir) and wait until it is ready."""
-        old = self.nodes[index]
-        self.kill_node(index, sig)
-        if before_start is not None:
-            before_start()
-        self._keep_log(old)
-        child = self._spawn(old.name, old.argv[3:])  # [python, -m, cellar, node, ...]
-        self.nodes[index] = child
-        self._wait_ready([child])
-        return child
-
-    def signal_node(self, index: int, sig: int) -> None:
-        proc = self.nodes[index].proc
-        assert proc is not None
-        proc.send_signal(sig)
 
     def segment_file(self, index: int) -> Path:
         return segment_path(self.shm_dir, f"node-{index}", 0)
