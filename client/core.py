@@ -552,6 +552,7 @@ class PutBatch:
         self._op_owner: list[int] = []       # entry index per planned op
         self._ending: list[int] = []         # entry indexes of the last PutEnd, in order
         self._planned: list[TransferOp] = []
+        self._start_epoch = 0                # master epoch that answered the last PutStart
 
     @property
     def done(self) -> bool:
@@ -580,6 +581,7 @@ class PutBatch:
     def on_start_reply(self, reply: Any) -> list[TransferOp]:
         """Settle refused keys; plan one write per replica of every placed key."""
         check_result_count("PutStart", len(reply.results), len(self._inflight))
+        self._start_epoch = int(reply.header.epoch)
         routes = routes_from_segments(reply.segments)
         ops: list[TransferOp] = []
         self._op_owner = []
@@ -653,9 +655,20 @@ class PutBatch:
 
     def on_end_reply(self, reply: Any) -> None:
         check_result_count("PutEnd", len(reply.results), len(self._ending))
+        # A master that restarted between PutStart and PutEnd never heard of the put: the key
+        # is written again from the start (new placement) rather than reported as NOT_FOUND.
+        master_changed = int(reply.header.epoch) != self._start_epoch
         for i, res in zip(self._ending, reply.results, strict=True):
             e = self.entries[i]
-            e.status, e.message = to_status(res.status), res.message
+            status = to_status(res.status)
+            if master_changed and status != Status.OK:
+                if e.attempts < self._max_attempts:
+                    continue  # still unsettled: the next start_request places it again
+                status = Status.UNAVAILABLE
+                e.message = "the master restarted during the put; retry"
+                e.status = status
+                continue
+            e.status, e.message = status, res.message
         self._ending = []
 
     def abandon(self, message: str) -> list[Any]:

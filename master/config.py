@@ -80,6 +80,9 @@ class MasterConfig:
     node_expire_after_s: float = setting(
         10.0, "a node silent this long is EXPIRED and its replicas dropped", unit=UNIT_SECONDS
     )
+    max_remove_tombstones: int = setting(
+        262_144, "most removed keys remembered (with the allocation they removed) so that a node's "
+        "late index report cannot bring them back; oldest forgotten first", unit="keys")
     rebuild_grace_s: float = setting(
         5.0, "after a start, while nodes may still re-register and report their objects, a miss "
         "answers UNAVAILABLE (clients retry) instead of NOT_FOUND", unit=UNIT_SECONDS
@@ -148,6 +151,7 @@ class MasterConfig:
             self.node_expire_after_s > self.node_suspect_after_s, "node_expire_after_s",
             "must be greater than node_suspect_after_s",
         )
+        require(self.max_remove_tombstones >= 0, "max_remove_tombstones", "must be >= 0")
         require(0 <= self.rebuild_grace_s <= 600, "rebuild_grace_s", "must be in [0, 600]")
         require(self.new_node_ramp_s >= 0, "new_node_ramp_s", "must be >= 0")
         require(1 <= self.placement_choices <= 64, "placement_choices", "must be in [1, 64]")

@@ -97,6 +97,8 @@ def _adopt_one(
     if tenant is None or service.key_error(e.key):
         return False
     key = e.key
+    if alloc_id <= service.removed_alloc_id(tenant.name, key):
+        return False  # a value a client removed since this node wrote it
     checksum = int(e.checksum)
     existing = tenant.objects.get(key)
     if existing is not None:

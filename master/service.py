@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -286,6 +287,10 @@ class MasterService:
         self._restart_evidence = False
         self._fresh_mount_seen = False
         self._grace_over = False
+        # (tenant, key) -> an alloc id drawn when a client removed the key: every replica of any
+        # value written before the remove has a smaller id. A node that was away (or whose freed
+        # notice had not arrived) may still report such a replica; rebuild refuses it.
+        self.removed: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._refuse_on_report: dict[str, set[int]] = {}  # node id -> alloc ids freed while down
         self.objects_adopted = 0
         self.objects_refused = 0
@@ -518,6 +523,10 @@ class MasterService:
         self.check_batch(len(unpin_ids), "pin ids")
         for pin_id in unpin_ids:
             self.pins.unpin(pin_id, tenant)
+        if self.recovering():
+            # A miss may be an object not reported yet, and a hit may be an older value that a
+            # report still to come replaces (newest wins): answer nothing until the table is whole.
+            raise self._recovering_error()
         now = self.clock.monotonic()
         expiry_ms = self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
         objects = tenant.objects
@@ -528,11 +537,6 @@ class MasterService:
             obj = objects.get(key)
             if obj is None:
                 status, message = self._miss(tenant, key)
-                if status == Status.NOT_FOUND and self.recovering():
-                    for done in results:
-                        if done.pin_id:
-                            self.pins.unpin(done.pin_id, tenant)
-                    raise self._recovering_error()
                 results.append(GetResult(status, message))
                 continue
             pin_id = pin(obj, tenant, client_id, now)
@@ -606,9 +610,24 @@ class MasterService:
                     message = "key is being written; its writer must revoke it"
                 results.append((status, message))
                 continue
-            self.objects.drop(obj, now)
+            self._remove(obj, now)
             results.append((OK, ""))
         return results
+
+    def _remove(self, obj: Obj, now: float) -> None:
+        """Drop a value a client removed, remembering it so a late report cannot revive it."""
+        limit = self.config.max_remove_tombstones
+        if limit:
+            name = (obj.tenant.name, obj.key)
+            self.removed[name] = self._next_alloc_id()  # ids are unique, not dense
+            self.removed.move_to_end(name)
+            while len(self.removed) > limit:
+                self.removed.popitem(last=False)
+        self.objects.drop(obj, now)
+
+    def removed_alloc_id(self, tenant_name: str, key: str) -> int:
+        """The alloc id drawn when the key was last removed (0: none remembered)."""
+        return self.removed.get((tenant_name, key), 0)
 
     def remove_prefix(self, tenant_name: str, prefix: str) -> int:
         tenant = self.tenant(tenant_name)
@@ -630,7 +649,7 @@ class MasterService:
     def _drop_all(self, victims: list[Obj]) -> int:
         now = self.clock.monotonic()
         for obj in victims:
-            self.objects.drop(obj, now)
+            self._remove(obj, now)
         return len(victims)
 
     # ---------------------------------------------------------------- membership

@@ -69,19 +69,20 @@ def test_kill_9_master_restart_rebuilds_from_nodes(fault_cluster):
 
 @pytest.mark.timeout(60)
 def test_misses_during_rebuild_are_unavailable_not_not_found(fault_cluster):
-    """Right after the restart (nodes said they were mounted before) a miss answers
-    UNAVAILABLE, which the SDK retries: a client with a short timeout sees cellar.Unavailable,
-    never NotFound for a key that may still be reported; existing keys read back."""
+    """Right after the restart (nodes said they were mounted before) reads answer UNAVAILABLE,
+    which the SDK retries: a client with a short timeout sees cellar.Unavailable, never NotFound
+    for a key that may still be reported (nor an old value a later report replaces); existing
+    keys read back once the table is whole."""
     cluster = fault_cluster(nodes=2, segment_size="64MiB", rebuild_grace_s=8)
     with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client, \
             cellar.connect(cluster.address, timeout_s=0.5, transport="tcp") as impatient:
         values = make_values("k", 40, 4)
         assert client.put_many(values) == [Status.OK] * len(values)
         cluster.restart_master()
-        for key, value in values.items():
-            assert client.get(key) == value
         with pytest.raises(cellar.Unavailable):
             impatient.get("no/such/key")
+        for key, value in values.items():
+            assert client.get(key) == value
         wait_until("NotFound after the rebuild window",
                    lambda: client.get_many(["no/such/key"]) == [None], timeout_s=20)
         with pytest.raises(cellar.NotFound):

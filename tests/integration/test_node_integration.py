@@ -55,6 +55,16 @@ def _start_master(port: int = 0) -> MasterProcess:
     return start_master(*flags, secret=SECRET)
 
 
+def _readable(c: Cluster, key: str) -> bool:
+    try:
+        c.get(key)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return False
+        raise
+    return True
+
+
 def _kill_master(master: MasterProcess) -> None:
     master.proc.kill()
     master.proc.wait(10)
@@ -316,6 +326,8 @@ def test_remounts_after_master_restart() -> None:
             assert node.alive
             data = os.urandom(300_000)
             c.put("after", data)  # grants of the new epoch are accepted
+            # reads wait out the rebuild window (the node said it was mounted before)
+            wait_for(lambda: _readable(c, "after"), 15, "the rebuild window to close")
             assert c.get("after") == data
             assert c.status().header.epoch > first_epoch
             # a grant of the dead master is fenced off by the new epoch

@@ -217,6 +217,39 @@ def test_failed_replica_revokes_and_retries_elsewhere():
     assert batch.entries[0].status == Status.OK
 
 
+def test_put_lost_by_a_restarted_master_is_written_again():
+    batch = make_put(["a"])
+    req = batch.start_request(HEADER)
+    reply = placed(batch, req, [["n1", "n2"]])
+    reply.header.epoch = 5
+    batch.on_start_reply(reply)
+    end, _ = batch.on_write_results([OK, OK], may_retry=True)
+    # the master restarted (epoch 6) and never heard of put 100
+    lost = pb.PutEndReply(results=[pb.KeyResult(status=Status.NOT_FOUND)])
+    lost.header.epoch = 6
+    batch.on_end_reply(lost)
+    assert not batch.done  # not settled as NOT_FOUND: placed again
+    req = batch.start_request(HEADER)
+    assert [i.key for i in req.items] == ["a"]
+    reply = placed(batch, req, [["n1", "n2"]])
+    reply.header.epoch = 6
+    batch.on_start_reply(reply)
+    batch.on_write_results([OK, OK], may_retry=True)
+    done = pb.PutEndReply(results=[pb.KeyResult(status=Status.OK)])
+    done.header.epoch = 6
+    batch.on_end_reply(done)
+    assert batch.entries[0].status == Status.OK
+
+
+def test_same_master_not_found_at_put_end_is_final():
+    batch = make_put(["a"])
+    req = batch.start_request(HEADER)
+    batch.on_start_reply(placed(batch, req, [["n1", "n2"]]))
+    batch.on_write_results([OK, OK], may_retry=True)
+    batch.on_end_reply(pb.PutEndReply(results=[pb.KeyResult(status=Status.NOT_FOUND)]))
+    assert batch.entries[0].status == Status.NOT_FOUND
+
+
 def test_retries_are_bounded():
     batch = make_put(["a"], max_attempts=2)
     for _ in range(2):
