@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass
 
 from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
+from cellar.transfer.base import local_host_id
 from cellar.units import parse_host_port
 
 ENV_PREFIX = "CELLAR_NODE_"
@@ -32,15 +33,8 @@ def default_node_id() -> str:
 
 
 def default_host_id() -> str:
-    """The same value for every node on this machine: /etc/machine-id, else the hostname."""
-    try:
-        with open("/etc/machine-id") as f:
-            machine_id = f.read().strip()
-        if machine_id:
-            return machine_id
-    except OSError:
-        pass
-    return socket.gethostname()
+    """The same value for every node on this machine (and what same-host clients compare)."""
+    return local_host_id()
 
 
 @dataclass

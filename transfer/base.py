@@ -12,10 +12,11 @@ straight between the socket and the segment.
 
 from __future__ import annotations
 
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from cellar.proto.grant import Grant
 from cellar.transfer.frame import ST_OK, STATUS_NAMES, RequestHeader, WriteMeta
@@ -110,3 +111,28 @@ class SegmentAccess(Protocol):
     def readable(self, request: RequestHeader) -> memoryview:
         """The segment memory [offset, offset+length) to send for a read."""
         ...
+
+
+def byte_view(buf: Any, *, writable: bool) -> memoryview:
+    """A flat byte view of a caller's buffer (numpy, bytearray, mmap, ...); no copy."""
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if not mv.c_contiguous:
+        raise ValueError("buffer is not contiguous")
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise ValueError("read destination is read-only")
+    return mv
+
+
+def local_host_id() -> str:
+    """This machine's id, the same for every process on it: /etc/machine-id, else the hostname.
+    Storage nodes advertise it; same-host clients compare it to choose shm."""
+    try:
+        with open("/etc/machine-id") as f:
+            machine_id = f.read().strip()
+        if machine_id:
+            return machine_id
+    except OSError:
+        pass
+    return socket.gethostname()

@@ -58,6 +58,7 @@ from cellar.transfer.base import (
     TransferOp,
     TransferResult,
     Transport,
+    byte_view,
 )
 from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
@@ -307,7 +308,7 @@ class RdmaTransport(Transport):
             return TransferResult(ST_UNSUPPORTED, f"segment {route.segment_id} of node "
                                   f"{route.node_id} has no usable rdma and tcp endpoints")
         try:
-            view = _byte_view(op.buffer, writable=not writing)
+            view = byte_view(op.buffer, writable=not writing)
         except (ValueError, TypeError) as e:
             return TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
         n, grant = len(view), op.grant
@@ -460,15 +461,6 @@ def _nbytes(buf: Any) -> int:
     return memoryview(buf).nbytes
 
 
-def _byte_view(buf: Any, *, writable: bool) -> memoryview:
-    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    if not mv.c_contiguous:
-        raise ValueError("buffer is not contiguous")
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    if writable and mv.readonly:
-        raise ValueError("read destination is read-only")
-    return mv
 
 
 def _fail(results: list[TransferResult], chunks: list[_Chunk], result: TransferResult) -> None:

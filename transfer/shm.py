@@ -59,12 +59,10 @@ import ctypes
 import fcntl
 import mmap
 import os
-import socket
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import xxhash
 
@@ -74,6 +72,8 @@ from cellar.transfer.base import (
     TransferOp,
     TransferResult,
     Transport,
+    byte_view,
+    local_host_id,
 )
 from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
@@ -98,17 +98,6 @@ MAX_MAPPINGS = 4096               # bound of the mapping cache (one per segment 
 POPULATE_MAX_BYTES = 8 << 30
 
 
-def local_host_id() -> str:
-    """This machine's id, exactly as storage nodes compute their default `host_id`
-    (cellar.storage_node.config.default_host_id): /etc/machine-id, else the hostname."""
-    try:
-        with open("/etc/machine-id") as f:
-            machine_id = f.read().strip()
-        if machine_id:
-            return machine_id
-    except OSError:
-        pass
-    return socket.gethostname()
 
 
 class _PyBuffer(ctypes.Structure):
@@ -191,15 +180,6 @@ class Mapping:
             self._fd = -1
 
 
-def _byte_view(buf: Any, *, writable: bool) -> memoryview:
-    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    if not mv.c_contiguous:
-        raise ValueError("buffer is not contiguous")
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    if writable and mv.readonly:
-        raise ValueError("read destination is read-only")
-    return mv
 
 
 # Whether this TransferResult can carry a read's checksum (TransferOp.want_checksum).
@@ -352,7 +332,7 @@ class ShmTransport(Transport):
                                             f"running (nobody holds {path})")
                 continue
             try:
-                view = _byte_view(op.buffer, writable=not writing)
+                view = byte_view(op.buffer, writable=not writing)
             except (ValueError, TypeError) as e:
                 results[i] = TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
                 continue

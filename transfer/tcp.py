@@ -74,6 +74,7 @@ from cellar.transfer.base import (
     TransferOp,
     TransferResult,
     Transport,
+    byte_view,
 )
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
@@ -349,7 +350,7 @@ class TcpTransport(Transport):
                                          f"node {op.route.node_id} has no tcp endpoint")
                 continue
             try:
-                view = _byte_view(op.buffer, writable=op_code == OP_READ)
+                view = byte_view(op.buffer, writable=op_code == OP_READ)
                 if op_code == OP_WRITE:
                     if op.meta is None:
                         raise FrameError(ST_BAD_FRAME, "a write needs its WriteMeta")
@@ -554,16 +555,6 @@ class TcpTransport(Transport):
         return False
 
 
-def _byte_view(buf: Any, *, writable: bool) -> memoryview:
-    """A flat byte view of a caller's buffer (numpy, bytearray, mmap, ...); no copy."""
-    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    if not mv.c_contiguous:
-        raise ValueError("buffer is not contiguous")
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    if writable and mv.readonly:
-        raise ValueError("read destination is read-only")
-    return mv
 
 
 def _deal(chunks: list[_Chunk], lanes: int) -> list[list[_Chunk]]:

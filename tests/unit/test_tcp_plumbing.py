@@ -19,7 +19,8 @@ from cellar.transfer._sockio import (
     send_all,
     set_io_timeout,
 )
-from cellar.transfer.tcp import TcpTransport, _byte_view, _deal, _Pool
+from cellar.transfer.base import byte_view
+from cellar.transfer.tcp import TcpTransport, _deal, _Pool
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -120,13 +121,13 @@ def test_byte_view_flattens_and_checks() -> None:
     import numpy as np
 
     arr = np.zeros((4, 8), dtype=np.float32)
-    v = _byte_view(arr, writable=True)
+    v = byte_view(arr, writable=True)
     assert v.format == "B" and len(v) == arr.nbytes
     with pytest.raises(ValueError):
-        _byte_view(arr[:, ::2], writable=True)
+        byte_view(arr[:, ::2], writable=True)
     with pytest.raises(ValueError):
-        _byte_view(b"readonly", writable=True)
-    assert len(_byte_view(b"readonly", writable=False)) == 8
+        byte_view(b"readonly", writable=True)
+    assert len(byte_view(b"readonly", writable=False)) == 8
 
 
 def test_pool_bounds_and_waits() -> None:
