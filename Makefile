@@ -34,6 +34,9 @@ proto: venv
 bench: venv
 	$(VENV)/bin/cellar bench
 
+bench-quick: venv
+	$(VENV)/bin/cellar bench --quick
+
 # 10 minutes of random checksummed traffic while nodes and the master are killed, stopped
 # and restarted; exits non-zero on a corrupt read or an unexplained loss.
 soak: venv
