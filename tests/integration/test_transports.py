@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cut_proxy import CutProxy
 
 import cellar
 from cellar.local_cluster import LocalCluster
@@ -186,68 +185,6 @@ def test_shm_mapping_of_restarted_node_is_remapped(
 
 # ---- broken connections, in process ------------------------------------------------------
 
-class CutProxy:
-    """Forwards TCP to `target`; when armed, cuts the next connection that carried more than
-    `after_bytes` client -> server."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.lock = threading.Lock()
-        self.after_bytes: int | None = None
-        self.cuts = 0
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, after_bytes: int) -> None:
-        with self.lock:
-            self.after_bytes = after_bytes
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.listener.accept()
-            except OSError:
-                return
-            s = socket.create_connection(self.target)
-            self.socks += [c, s]
-            threading.Thread(target=self._pump, args=(c, s, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(s, c, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
-        moved = 0
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                with self.lock:
-                    limit = self.after_bytes if up else None
-                    cut = limit is not None and moved + len(data) > limit
-                    if cut:
-                        self.after_bytes = None
-                        self.cuts += 1
-                if cut:
-                    assert limit is not None
-                    dst.sendall(data[:max(0, limit - moved)])
-                    break
-                dst.sendall(data)
-                moved += len(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self.socks:
-            sock.close()
-
-
 SECRET = bytes(range(32))
 
 
@@ -287,7 +224,7 @@ def test_connection_broken_mid_transfer_fails_that_item_and_retry_succeeds(
     transport = make_transport(name, **options)
     try:
         # tcp: the cut falls inside the first op's payload; shm: inside the first COMMIT frame
-        proxy.arm(size // 2 if name == "tcp" else 40)
+        proxy.arm("up", size // 2 if name == "tcp" else 40)
         res = transport.write([op(0, "a"), op(1, "b")], 10.0)
         assert proxy.cuts == 1
         assert res[0].status in (ST_CONNECTION_LOST, ST_TIMEOUT)
