@@ -16,7 +16,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from cut_proxy import CutProxy
 
 from cellar.proto.grant import GrantRejected, key_tag, sign, verify
 from cellar.transfer import make_transport
@@ -43,6 +42,7 @@ from cellar.transfer.frame import (
 )
 from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
+from tests.integration.cut_proxy import CutProxy
 
 SECRET = b"cellar-test-secret-0123456789abc"
 SEGMENT_ID = 7

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cut_proxy import CutProxy
 
 import cellar
 from cellar.local_cluster import LocalCluster
@@ -39,6 +38,7 @@ from cellar.transfer import make_transport, verbs
 from cellar.transfer.base import ST_CONNECTION_LOST, ST_TIMEOUT, SegmentRoute, TransferOp
 from cellar.transfer.frame import ST_BAD_GRANT, ST_EXPIRED, WriteMeta
 from cellar.transfer.tcp_server import TcpDataServer
+from tests.integration.cut_proxy import CutProxy
 
 TRANSPORTS = ["tcp", "shm"] + (["rdma"] if verbs.list_devices() else [])
 SIZES = [1, 4095, 4096, 65537, (1 << 20) + 3, 4 << 20, (9 << 20) + 1, 32 << 20]
