@@ -1,0 +1,10 @@
+"""Coordination through etcd: leader election for masters, leader discovery for everyone else.
+
+Owns the only imports of the etcd client library (etcd3aio) and the layout of Cellar's keys
+under `/cellar/<cluster>/`. Masters campaign with `election.LeaderElection`; nodes, clients and
+the CLI find the current leader with `discovery.LeaderDiscovery`. `target` parses the
+`etcd://HOST:PORT[,HOST:PORT...]/NAME` addresses they are all given.
+
+Must not: know master internals (object tables, grants), hold payload bytes, or import the
+client, master or storage_node packages. The embedded default (`cellar up`) never loads it.
+"""

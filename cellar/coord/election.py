@@ -1,0 +1,307 @@
+"""Leader election for masters under an etcd lease, with fencing on the master's own clock.
+
+How it works
+    Each master holds one etcd lease (`lease_ttl_s`) and keeps it alive every
+    `lease_ttl_s / KEEPALIVES_PER_TTL`. It registers itself under `masters/<id>` on that lease.
+    To lead, it runs one transaction: "if `leader` does not exist and `epoch` is still at the
+    version I read, put `leader` = my record (on my lease) and `epoch` = max(last + 1, wall
+    ms)". Exactly one master wins; the epoch grows with every new leader. The others watch
+    `leader` (plus a periodic re-read, in case a watch stalls) and try again when it vanishes,
+    which etcd does when the leader's lease lapses or the leader resigns.
+
+Fencing (why the deadline is computed this way)
+    The leader may serve only while `holds_lease()`: its monotonic clock is before the last
+    successful keep-alive's *send* time + the TTL etcd granted, minus a margin. etcd counts
+    the TTL from when it *received* that keep-alive, which is later, so this leader stops
+    serving before etcd can expire its lease and let anyone else win: two masters never both
+    accept writes, even if this one is partitioned from etcd or frozen (SIGSTOP keeps the
+    monotonic clock running, so a thawed leader finds its deadline passed at once). The
+    owner checks `holds_lease()` on every request, not only when this loop wakes up.
+
+While etcd is down
+    The leader keeps serving until its deadline and no one can be elected (elections need
+    etcd). A lapsed lease deposes the leader (`on_deposed`); a new session grants a new lease
+    and campaigns again once etcd answers.
+
+Callbacks run on the caller's event loop, synchronously, between two awaits:
+    on_elected(epoch)       this master now leads under `epoch`
+    on_deposed(reason)      it no longer does (lease lost or closing); stop serving at once
+    on_leader(record|None)  the leader this master last saw (for redirects and status)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cellar.coord.target import EtcdTarget, LeaderRecord
+
+log = logging.getLogger("cellar.coord")
+
+KEEPALIVES_PER_TTL = 6        # a keep-alive every TTL/6: a few may be lost before a lapse
+RECHECK_INTERVAL_S = 1.0      # a standby re-reads the leader key this often besides watching
+MIN_LEASE_TTL_S = 2           # etcd refuses shorter leases (about 1.5 x its election timeout)
+MAX_LEASE_TTL_S = 60
+SESSION_BACKOFF_S = (0.1, 2.0)
+
+
+def fence_margin_s(ttl_s: float) -> float:
+    """Time the leader gives up before its lease could lapse in etcd (clock rate error, etcd's
+    lease checker running early): a tenth of the TTL, at most half a second."""
+    return min(0.5, ttl_s / 10)
+
+
+class LeaseLost(Exception):
+    pass
+
+
+class LeaderElection:
+    def __init__(
+        self,
+        target: EtcdTarget,
+        me: LeaderRecord,
+        *,
+        lease_ttl_s: int,
+        etcd_timeout_s: float,
+        on_elected: Callable[[int], None],
+        on_deposed: Callable[[str], None],
+        on_leader: Callable[[LeaderRecord | None], None],
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        if not MIN_LEASE_TTL_S <= lease_ttl_s <= MAX_LEASE_TTL_S:
+            raise ValueError(f"lease_ttl_s must be in [{MIN_LEASE_TTL_S}, {MAX_LEASE_TTL_S}]")
+        self.target = target
+        self.me = me
+        self.lease_ttl_s = lease_ttl_s
+        self.etcd_timeout_s = etcd_timeout_s
+        self._on_elected = on_elected
+        self._on_deposed = on_deposed
+        self._on_leader = on_leader
+        self._monotonic = monotonic
+        self._wall_ms = wall_ms
+        self.is_leader = False
+        self.epoch = 0
+        self.elections_won = 0
+        self.etcd_reachable = False
+        self.lease_id = 0
+        self._deadline = 0.0          # monotonic: the lease is surely valid until then
+        self._client: Any = None
+        self._changed = asyncio.Event()
+        self._state = ""
+
+    # ---- what the owner asks -------------------------------------------------------------
+
+    def holds_lease(self) -> bool:
+        """True while this master leads and its lease is surely still valid in etcd."""
+        return self.is_leader and self._monotonic() < self._deadline
+
+    def lease_remaining_s(self) -> float:
+        return max(0.0, self._deadline - self._monotonic()) if self.is_leader else 0.0
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff_s = SESSION_BACKOFF_S[0]
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+                backoff_s = SESSION_BACKOFF_S[0]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - etcd errors of every kind end the session
+                self.etcd_reachable = False
+                self._log_state("etcd down", logging.WARNING,
+                                "etcd %s unreachable or failing (%s); retrying",
+                                ",".join(self.target.endpoints), _describe(exc))
+            finally:
+                await self._close_client()
+            if self.is_leader:
+                # A session only ends once its lease cannot be renewed: stop now rather than
+                # wait for the deadline, since a new session means a new lease.
+                self._depose("lost the etcd session")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff_s)
+            backoff_s = min(backoff_s * 2, SESSION_BACKOFF_S[1])
+
+    async def resign(self) -> None:
+        """Clean shutdown: revoke the lease, which deletes `leader` (if ours) and `masters/<id>`
+        at once, so a standby takes over without waiting for the TTL."""
+        if self.is_leader:
+            self._depose("shutting down")
+        client, lease_id = self._client, self.lease_id
+        if client is None or not lease_id:
+            return
+        with contextlib.suppress(Exception):
+            await client.lease.revoke(lease_id, timeout=self.etcd_timeout_s, max_attempts=1)
+            log.info("resigned: revoked lease %x", lease_id)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        from etcd3aio import Etcd3Client
+
+        client = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1)
+        await client.connect()
+        self._client = client
+        sent = self._monotonic()
+        grant = await client.lease.grant(self.lease_ttl_s, timeout=self.etcd_timeout_s)
+        if grant.TTL <= 0:
+            raise LeaseLost(f"etcd granted a lease of {grant.TTL} s")
+        self.lease_id = grant.ID
+        self._deadline = sent + grant.TTL - fence_margin_s(grant.TTL)
+        await client.kv.put(self.target.masters_prefix + self.me.master_id, self.me.to_json(),
+                            lease=grant.ID, timeout=self.etcd_timeout_s)
+        self.etcd_reachable = True
+        self._log_state("session", logging.INFO, "etcd session open (lease %x, ttl %d s)",
+                        grant.ID, grant.TTL)
+        keepalive = asyncio.create_task(self._keep_alive(client, grant.ID, grant.TTL))
+        watch = asyncio.create_task(self._watch_leader(client))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                if keepalive.done():
+                    keepalive.result()  # raises why the lease ended
+                    raise LeaseLost("keep-alive ended")
+                if not self.is_leader:
+                    await self._campaign(client, grant.ID)
+                self._changed.clear()
+                waiters = {keepalive, stopping}
+                if not self.is_leader:
+                    waiters.add(asyncio.create_task(self._changed.wait()))
+                done, pending = await asyncio.wait(
+                    waiters, timeout=RECHECK_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED)
+                for task in pending - {keepalive, stopping}:
+                    task.cancel()
+        finally:
+            for task in (keepalive, watch, stopping):
+                task.cancel()
+            for task in (keepalive, watch, stopping):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if stop.is_set():
+                await self.resign()
+
+    async def _campaign(self, client: Any, lease_id: int) -> None:
+        kv = client.kv
+        current = await kv.get(self.target.leader_key, timeout=self.etcd_timeout_s)
+        if current.kvs:
+            self._see_leader(current.kvs[0].value)
+            return
+        last = await kv.get(self.target.epoch_key, timeout=self.etcd_timeout_s)
+        last_epoch, version = 0, 0
+        if last.kvs:
+            version = last.kvs[0].version
+            with contextlib.suppress(ValueError):
+                last_epoch = int(last.kvs[0].value)
+        epoch = max(last_epoch + 1, self._wall_ms())
+        record = LeaderRecord(self.me.master_id, self.me.address, self.me.http, epoch)
+        reply = await kv.txn(
+            compare=[kv.txn_compare_create_revision(self.target.leader_key, 0),
+                     kv.txn_compare_version(self.target.epoch_key, version)],
+            success=[kv.txn_op_put(self.target.leader_key, record.to_json(), lease=lease_id),
+                     kv.txn_op_put(self.target.epoch_key, str(epoch))],
+            failure=[kv.txn_op_get(self.target.leader_key)],
+            timeout=self.etcd_timeout_s,
+        )
+        if not reply.succeeded:
+            for response in reply.responses:
+                for item in response.response_range.kvs:
+                    self._see_leader(item.value)
+            return
+        if self._monotonic() >= self._deadline:
+            # Won, but the lease may already be near its end (a slow transaction): give it up
+            # rather than serve on a lease we cannot vouch for; the keep-alive decides.
+            log.warning("won the election with no lease time left; resigning")
+            await client.lease.revoke(lease_id, timeout=self.etcd_timeout_s, max_attempts=1)
+            raise LeaseLost("no lease time left after winning")
+        self.is_leader = True
+        self.epoch = epoch
+        self.elections_won += 1
+        self._state = "leader"
+        log.info("elected leader of cluster %r with epoch %d (lease %x, %.2f s of lease left)",
+                 self.target.cluster, epoch, lease_id, self.lease_remaining_s())
+        self._on_leader(record)
+        self._on_elected(epoch)
+
+    async def _keep_alive(self, client: Any, lease_id: int, ttl_s: int) -> None:
+        """Renew the lease; return (ending the session) once it can no longer be renewed."""
+        interval_s = max(0.2, ttl_s / KEEPALIVES_PER_TTL)
+        while True:
+            await asyncio.sleep(interval_s)
+            sent = self._monotonic()
+            try:
+                granted = await asyncio.wait_for(self._keep_alive_once(client, lease_id),
+                                                 timeout=min(self.etcd_timeout_s, interval_s * 2))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: try again until the deadline
+                self.etcd_reachable = False
+                if self._monotonic() >= self._deadline:
+                    raise LeaseLost(f"lease {lease_id:x} not renewed in time ({_describe(exc)})") from None
+                self._log_state("keepalive failing", logging.WARNING,
+                                "lease keep-alive failing (%s); %.2f s of lease left",
+                                _describe(exc), max(0.0, self._deadline - self._monotonic()))
+                continue
+            if granted <= 0:
+                raise LeaseLost(f"lease {lease_id:x} expired in etcd")
+            self.etcd_reachable = True
+            self._deadline = sent + granted - fence_margin_s(granted)
+            if self._state == "keepalive failing":
+                self._log_state("leader" if self.is_leader else "standby", logging.INFO,
+                                "lease keep-alive works again")
+
+    @staticmethod
+    async def _keep_alive_once(client: Any, lease_id: int) -> int:
+        call = client.lease.keep_alive(lease_id)
+        try:
+            response = await call.read()
+        finally:
+            call.cancel()
+        if response is None or not hasattr(response, "TTL"):
+            raise LeaseLost("keep-alive stream closed")
+        return int(response.TTL)
+
+    async def _watch_leader(self, client: Any) -> None:
+        async for _response in client.watch.watch(self.target.leader_key):
+            self._changed.set()
+
+    def _see_leader(self, raw: bytes) -> None:
+        try:
+            record = LeaderRecord.from_json(raw)
+        except ValueError as exc:
+            log.warning("malformed leader record in etcd (%s); waiting for it to lapse", exc)
+            return
+        self._log_state(f"standby:{record.master_id}:{record.epoch}", logging.INFO,
+                        "standby: leader is %s at %s (epoch %d)", record.master_id,
+                        record.address, record.epoch)
+        self._on_leader(record)
+
+    def _depose(self, reason: str) -> None:
+        if not self.is_leader:
+            return
+        self.is_leader = False
+        self._deadline = 0.0
+        self._state = "deposed"
+        log.warning("no longer leader (epoch %d): %s", self.epoch, reason)
+        self._on_leader(None)
+        self._on_deposed(reason)
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        self.lease_id = 0
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+    def _log_state(self, state: str, level: int, message: str, *args: object) -> None:
+        if state != self._state:
+            self._state = state
+            log.log(level, message, *args)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
