@@ -22,8 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from cellar.errors import ConfigError
 from cellar.http import HttpServer, Request, Response
 from cellar.master.config import parse_tenant_quota
+from cellar.master.leadership import Leadership
 from cellar.master.membership import STATE_NAMES
-from cellar.master.service import MasterService
 from cellar.master.tenants import Tenant
 from cellar.units import format_size
 
@@ -38,7 +38,31 @@ def _tenant_json(tenant: Tenant) -> dict[str, Any]:
     }
 
 
-def status_json(service: MasterService) -> dict[str, Any]:
+def _leadership_json(leadership: Leadership) -> dict[str, Any]:
+    leader = leadership.leader
+    takeover = leadership.takeover
+    return {
+        "role": leadership.role,
+        "epoch": leadership.epoch,
+        "serving": leadership.serving(),
+        "master_id": leadership.master_id,
+        "cluster": leadership.config.cluster if leadership.ha else "",
+        "leader": None if leader is None else {
+            "master_id": leader.master_id, "address": leader.address, "http": leader.http,
+            "epoch": leader.epoch,
+        },
+        "lease_remaining_s": round(leadership.lease_remaining_s(), 3),
+        "elections_won": leadership.elections_won,
+        "takeover": None if not takeover.epoch else {
+            "epoch": takeover.epoch, "complete": takeover.complete,
+            "duration_s": round(takeover.duration_s, 3),
+            "recovered_objects": takeover.recovered_objects, "nodes": takeover.nodes,
+        },
+    }
+
+
+def status_json(leadership: Leadership) -> dict[str, Any]:
+    service = leadership.service
     capacity, used = service.capacity()
     config = service.config
     segments = []
@@ -57,8 +81,7 @@ def status_json(service: MasterService) -> dict[str, Any]:
             ],
         })
     return {
-        "role": service.role,
-        "epoch": service.epoch,
+        **_leadership_json(leadership),
         "segments": segments,
         "capacity": capacity,
         "used": used,
@@ -82,10 +105,12 @@ def status_json(service: MasterService) -> dict[str, Any]:
     }
 
 
-def _status_text(service: MasterService) -> str:
-    status = status_json(service)
+def _status_text(leadership: Leadership) -> str:
+    status = status_json(leadership)
+    leader = status["leader"]
     lines = [
-        f"cellar master ({status['role']}, epoch {status['epoch']})",
+        f"cellar master ({status['role']}, epoch {status['epoch']})"
+        + (f", leader {leader['master_id']} at {leader['address']}" if leader else ""),
         f"capacity {format_size(status['capacity'])}, used {format_size(status['used'])}, "
         f"objects {status['objects']}, writing {status['writing']}, pins {status['pins']}",
         "",
@@ -103,7 +128,7 @@ def _status_text(service: MasterService) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_http(service: MasterService, registry: CollectorRegistry) -> HttpServer:
+def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServer:
     server = HttpServer()
 
     async def metrics(_: Request) -> Response:
@@ -113,15 +138,18 @@ def build_http(service: MasterService, registry: CollectorRegistry) -> HttpServe
         return Response(200, b"ok\n")
 
     async def index(_: Request) -> Response:
-        return Response(200, _status_text(service).encode())
+        return Response(200, _status_text(leadership).encode())
 
     async def status(_: Request) -> Response:
-        return Response.json(status_json(service))
+        return Response.json(status_json(leadership))
 
     async def list_tenants(_: Request) -> Response:
-        return Response.json([_tenant_json(t) for t in service.tenants.all()])
+        return Response.json([_tenant_json(t) for t in leadership.service.tenants.all()])
 
     async def set_tenant(request: Request) -> Response:
+        if not leadership.serving():
+            return Response.json({"error": leadership.redirect(), "leader": leadership.leader_address}, 503)
+        service = leadership.service
         body = request.json()
         if not isinstance(body, dict) or "name" not in body:
             return Response.json({"error": 'expected {"name": ..., "quota_bytes": ..., "quota_objects": ...}'}, 400)

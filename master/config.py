@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
-from cellar.errors import ConfigError
+from cellar.coord.election import MAX_LEASE_TTL_S, MIN_LEASE_TTL_S
+from cellar.coord.target import check_cluster_name, parse_endpoints
+from cellar.errors import ConfigError, InvalidArgument
 from cellar.units import parse_host_port, parse_size_bytes
 
 ENV_PREFIX = "CELLAR_MASTER_"
@@ -126,6 +128,22 @@ class MasterConfig:
     allow_unknown_tenants: bool = setting(
         False, "accept requests from tenants not configured (created unlimited)"
     )
+    etcd: str = setting(
+        "", "etcd endpoints HOST:PORT[,HOST:PORT...] for high availability: masters campaign for "
+        "leadership there (empty: a single master, no etcd)"
+    )
+    cluster: str = setting("cellar", "cluster name: keys live under /cellar/<cluster>/ in etcd")
+    advertise: str = setting(
+        "", "gRPC address HOST:PORT that nodes and clients reach this master at, published in "
+        "etcd when it leads (empty: the bound listen address)"
+    )
+    master_id: str = setting("", "this master's name in etcd (empty: the advertised address)")
+    lease_ttl_s: int = setting(
+        3, "etcd lease of the leader: a dead leader is replaced after about this long; a leader "
+        "cut off from etcd stops serving before it lapses (etcd leases are whole seconds)",
+        unit="s (integer)"
+    )
+    etcd_timeout_s: float = setting(1.0, "deadline of one etcd request", unit=UNIT_SECONDS)
 
     def validate(self) -> None:
         for name in ("listen", "http"):
@@ -177,6 +195,24 @@ class MasterConfig:
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
             "must be in [64KiB, 1GiB]",
         )
+        if self.etcd:
+            try:
+                parse_endpoints(self.etcd)
+                check_cluster_name(self.cluster)
+            except InvalidArgument as exc:
+                raise ConfigError("etcd" if "endpoint" in str(exc) else "cluster", str(exc)) from None
+            if self.advertise:
+                try:
+                    _, advertised_port = parse_host_port(self.advertise)
+                except ValueError as exc:
+                    raise ConfigError("advertise", str(exc)) from None
+                require(advertised_port != 0, "advertise", "must name a real port, not 0")
+            require(MIN_LEASE_TTL_S <= self.lease_ttl_s <= MAX_LEASE_TTL_S, "lease_ttl_s",
+                    f"must be in [{MIN_LEASE_TTL_S}, {MAX_LEASE_TTL_S}] (etcd's minimum lease)")
+            require(0 < self.etcd_timeout_s < self.lease_ttl_s, "etcd_timeout_s",
+                    "must be > 0 and shorter than lease_ttl_s")
+            require(len(self.master_id) <= 128 and "/" not in self.master_id, "master_id",
+                    "must be at most 128 characters, without '/'")
         if not isinstance(self.tenants, dict):
             raise ConfigError("tenants", "expected a mapping of tenant name to quotas")
         for name, raw in self.tenants.items():

@@ -2,7 +2,9 @@
 
 Prints exactly one line to stdout when it is ready to serve, which scripts and tests wait for:
     cellar master listening on HOST:PORT (http HOST:PORT, epoch N)
-(ports are the bound ones, so port 0 works). SIGINT/SIGTERM stop it cleanly with exit 0; an
+(ports are the bound ones, so port 0 works). With `--etcd` (high availability) the master
+starts as a standby (epoch 0 in that line), campaigns in etcd (cellar.coord.election) and
+serves once it leads; `cellar.master.leadership` holds the role and the live service. SIGINT/SIGTERM stop it cleanly with exit 0; an
 invalid configuration exits 2 naming the field; an address that cannot be bound exits 1.
 """
 
@@ -17,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -26,11 +29,14 @@ from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.admin import build_http
 from cellar.master.config import ENV_PREFIX, MasterConfig
 from cellar.master.fastrpc import FastRpcServer
+from cellar.master.leadership import Leadership
 from cellar.master.metrics import make_registry
-from cellar.master.service import MasterService
 from cellar.master.servicer import MasterServicer
 from cellar.secret import load_cluster_secret
 from cellar.units import parse_host_port
+
+if TYPE_CHECKING:
+    from cellar.coord.election import LeaderElection
 
 log = logging.getLogger("cellar.master")
 
@@ -49,7 +55,7 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-async def _ticker(service: MasterService, interval_s: float) -> None:
+async def _ticker(leadership: Leadership, interval_s: float) -> None:
     """Run the background sweeps every `interval_s`; the lateness of each wake-up is loop lag."""
     loop = asyncio.get_running_loop()
     expected = loop.time() + interval_s
@@ -59,16 +65,17 @@ async def _ticker(service: MasterService, interval_s: float) -> None:
         lag = max(0.0, woke - expected)
         expected = woke + interval_s
         try:
-            service.tick(lag)
+            leadership.service.tick(lag)  # the live service: a new one after each election
+            leadership.tick()
         except Exception:  # a bug in a sweep must not stop liveness tracking
             log.exception("background tick failed")
         _freeze_heap()
 
 
 async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | None = None) -> int:
-    service = MasterService(config, secret)
-    servicer = MasterServicer(service)
-    registry = make_registry(service, servicer.stats)
+    leadership = Leadership(config, secret, ha=bool(config.etcd))
+    servicer = MasterServicer(leadership)
+    registry = make_registry(leadership, servicer.stats)
 
     limit = config.grpc_max_message_bytes
     server = grpc.aio.server(options=[
@@ -86,7 +93,7 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     if not bound:
         print(f"cellar master: cannot listen on {config.listen}", file=sys.stderr)
         return 1
-    http = build_http(service, registry)
+    http = build_http(leadership, registry)
     http_host, http_port = parse_host_port(config.http)
     try:
         http_bound = await http.start(http_host, http_port)
@@ -104,9 +111,13 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    ticker = asyncio.create_task(_ticker(service, config.tick_interval_s))
+    ticker = asyncio.create_task(_ticker(leadership, config.tick_interval_s))
+    campaign = None
+    if leadership.ha:
+        election = _election(config, leadership, f"{host}:{bound}", f"{http_host}:{http_bound}")
+        campaign = asyncio.create_task(election.run(stop))
     print(
-        f"cellar master listening on {host}:{bound} (http {http_host}:{http_bound}, epoch {service.epoch})",
+        f"cellar master listening on {host}:{bound} (http {http_host}:{http_bound}, epoch {leadership.epoch})",
         flush=True,
     )
     if ready is not None:
@@ -114,6 +125,9 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     try:
         await stop.wait()
     finally:
+        if campaign is not None:  # resigns: a standby takes over without waiting for the TTL
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(campaign, config.etcd_timeout_s * 2)
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
@@ -121,6 +135,28 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
         await server.stop(grace=0.5)
         await http.stop()
     return 0
+
+
+def _election(config: MasterConfig, leadership: Leadership, bound: str, http: str) -> LeaderElection:
+    """Wire the etcd election to the leadership (cellar.coord.election, master/leadership.py)."""
+    from cellar.coord.election import LeaderElection
+    from cellar.coord.target import EtcdTarget, LeaderRecord, parse_endpoints
+
+    address = config.advertise or bound
+    if parse_host_port(address)[0] in ("0.0.0.0", "::", "[::]", ""):
+        log.warning("advertising %s, which others cannot reach: set --advertise", address)
+    leadership.master_id = config.master_id or address
+    election = LeaderElection(
+        EtcdTarget(parse_endpoints(config.etcd), config.cluster),
+        LeaderRecord(leadership.master_id, address, http, 0),
+        lease_ttl_s=config.lease_ttl_s, etcd_timeout_s=config.etcd_timeout_s,
+        on_elected=leadership.on_elected, on_deposed=leadership.on_deposed,
+        on_leader=leadership.on_leader,
+    )
+    leadership.election = election
+    log.info("master %s campaigning in etcd %s for cluster %r (lease %d s)", leadership.master_id,
+             config.etcd, config.cluster, config.lease_ttl_s)
+    return election
 
 
 def _install_uvloop() -> None:

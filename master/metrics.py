@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from cellar.master.membership import STATE_NAMES
 
 if TYPE_CHECKING:
-    from cellar.master.service import MasterService
+    from cellar.master.leadership import Leadership
 
 # RPC name -> metric stem (Mooncake's stem where the meaning is the same)
 RPC_METRIC_NAMES = {
@@ -83,15 +83,25 @@ def _total(stem: str, doc: str, value: float) -> Metric:
 
 
 class MasterCollector(Collector):
-    def __init__(self, service: MasterService, rpc_stats: dict[str, RpcStats]) -> None:
-        self.service = service
+    def __init__(self, leadership: Leadership, rpc_stats: dict[str, RpcStats]) -> None:
+        self.leadership = leadership
         self.rpc_stats = rpc_stats
 
     def collect(self) -> Iterator[Metric]:
-        service = self.service
+        leadership = self.leadership
+        service = leadership.service
         capacity, used = service.capacity()
-        yield GaugeMetricFamily("master_epoch", "the master's term (ms since the Unix epoch at start)",
-                                value=service.epoch)
+        yield GaugeMetricFamily("master_epoch", "the epoch served under (ms-like; grows with every "
+                                "start or new leader; a standby shows its leader's)", value=leadership.epoch)
+        yield GaugeMetricFamily("master_is_leader", "1 while this master serves (leader with a "
+                                "valid lease, or a single master), else 0", value=int(leadership.serving()))
+        yield _total("master_elections_won", "times this master became leader", leadership.elections_won)
+        takeover = leadership.takeover
+        yield GaugeMetricFamily("master_takeover_duration_seconds", "last takeover: from winning the "
+                                "election to the end of the rebuild (0 until complete)",
+                                value=takeover.duration_s)
+        yield GaugeMetricFamily("master_takeover_recovered_objects", "last takeover: objects adopted "
+                                "from the nodes' index reports", value=takeover.recovered_objects)
         yield GaugeMetricFamily("master_key_count", "visible (COMPLETE) objects",
                                 value=service.objects.complete_count)
         yield GaugeMetricFamily("master_writing_key_count", "objects being written (WRITING)",
@@ -181,7 +191,7 @@ class MasterCollector(Collector):
         yield latency
 
 
-def make_registry(service: MasterService, rpc_stats: dict[str, RpcStats]) -> CollectorRegistry:
+def make_registry(leadership: Leadership, rpc_stats: dict[str, RpcStats]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MasterCollector(service, rpc_stats))
+    registry.register(MasterCollector(leadership, rpc_stats))
     return registry

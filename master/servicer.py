@@ -25,7 +25,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from cellar.coord.redirect import LEADER_METADATA
 from cellar.master.fastrpc import FAST_PORT_METADATA
+from cellar.master.leadership import Leadership
 from cellar.master.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
 from cellar.proto import cellar_pb2 as pb
@@ -69,10 +71,15 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
 class MasterServicer:
     """Builds the method handlers for `cellar.v1.Master` over one MasterService."""
 
-    def __init__(self, service: MasterService) -> None:
-        self.service = service
+    def __init__(self, leadership: Leadership) -> None:
+        self.leadership = leadership
         self.stats: dict[str, RpcStats] = {name: RpcStats() for name in RPC_METRIC_NAMES}
         self.fast_port = 0  # the fast line's port once it listens (cellar.master.fastrpc)
+
+    @property
+    def service(self) -> MasterService:
+        """The live service: a new one after every election (cellar.master.leadership)."""
+        return self.leadership.service
 
     def _header(self) -> pb.ReplyHeader:
         epoch, wall_ms = self.service.header()
@@ -203,7 +210,15 @@ class MasterServicer:
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:
+        leadership = self.leadership
         service = self.service
+        if not leadership.serving():  # a standby: who leads, nothing else (it holds no metadata)
+            return pb.ClusterStatusReply(
+                header=pb.ReplyHeader(epoch=leadership.epoch, master_time_ms=service.clock.wall_ms()),
+                role=leadership.role, leader_address=leadership.leader_address,
+                max_key_bytes=service.config.max_key_bytes,
+                max_batch_keys=service.config.max_batch_keys,
+            )
         capacity, used = service.capacity()
         segments = [
             pb.SegmentStatus(
@@ -223,7 +238,7 @@ class MasterServicer:
         return pb.ClusterStatusReply(
             header=self._header(), segments=segments, tenants=tenants,
             object_count=service.objects.complete_count, capacity_bytes=capacity, used_bytes=used,
-            role=service.role, leader_address="", max_key_bytes=config.max_key_bytes,
+            role=service.role, leader_address=leadership.leader_address, max_key_bytes=config.max_key_bytes,
             max_object_bytes=service.largest_placeable_bytes(), max_batch_keys=config.max_batch_keys,
         )
 
@@ -235,10 +250,17 @@ class MasterServicer:
         stats = self.stats[name]
         perf_counter = time.perf_counter
         advertise = name == "ClusterStatus"
+        leadership = self.leadership
+        serving = leadership.serving
+        gated = name != "ClusterStatus"
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             stats.requests += 1
             started = perf_counter()
+            if gated and not serving():
+                stats.failures += 1
+                context.set_trailing_metadata(((LEADER_METADATA, leadership.leader_address),))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, leadership.redirect())
             if type(request) is _Malformed:
                 stats.failures += 1
                 await context.abort(
@@ -255,7 +277,7 @@ class MasterServicer:
                 log.exception("%s failed", name)
                 await context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc!r}")
             stats.observe(perf_counter() - started)
-            if advertise and self.fast_port:
+            if advertise and self.fast_port and serving():
                 context.set_trailing_metadata(((FAST_PORT_METADATA, str(self.fast_port)),))
             return reply
 
@@ -269,6 +291,9 @@ class MasterServicer:
         stats = self.stats[name]
         stats.requests += 1
         started = time.perf_counter()
+        if not self.leadership.serving():
+            stats.failures += 1
+            return grpc.StatusCode.UNAVAILABLE.value[0], self.leadership.redirect().encode()
         request = parse(data)
         if type(request) is _Malformed:
             stats.failures += 1

@@ -1,0 +1,143 @@
+"""Which master this process is (single, leader or standby) and the MasterService it serves.
+
+Embedded default (no etcd): role "single", one MasterService for the life of the process.
+
+High availability (`--etcd`): the process starts as a standby. `cellar.coord.election` calls
+`on_elected(epoch)` when it wins; this builds a brand-new MasterService under that epoch, which
+rebuilds its tables from the nodes' index reports exactly as after a master restart (nodes see
+the new epoch and mount with `report_follows`). `on_deposed` throws the service away and puts
+an empty one in its place: a deposed leader must never answer from metadata that a newer
+leader may have changed since, so it forgets everything and becomes a standby.
+
+`serving()` is the fence every RPC checks first: always true for "single"; for HA, true only
+while the election says the lease is surely valid on this process's own monotonic clock. So a
+leader frozen past its lease (SIGSTOP, a long pause) refuses the very first request it handles
+after thawing, before its election loop even wakes up.
+
+Takeover is measured from winning to the end of the recovering window (every reporting
+segment done and the rebuild grace over) and logged with the number of objects adopted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cellar.coord.redirect import redirect_details
+from cellar.master.config import MasterConfig
+from cellar.master.service import MasterService
+
+if TYPE_CHECKING:
+    from cellar.coord.election import LeaderElection
+    from cellar.coord.target import LeaderRecord
+
+log = logging.getLogger("cellar.master")
+
+SINGLE = "single"
+LEADER = "leader"
+STANDBY = "standby"
+
+
+@dataclass
+class Takeover:
+    """The last takeover: when it started, how long the rebuild took, what it recovered."""
+
+    epoch: int = 0
+    started_monotonic: float = 0.0
+    duration_s: float = 0.0
+    recovered_objects: int = 0
+    nodes: int = 0
+    complete: bool = False
+
+
+class Leadership:
+    def __init__(self, config: MasterConfig, secret: bytes, *, ha: bool, master_id: str = "") -> None:
+        self.config = config
+        self._secret = secret
+        self.ha = ha
+        self.master_id = master_id
+        self.election: LeaderElection | None = None
+        self.leader: LeaderRecord | None = None  # the leader this master last saw (HA only)
+        self.takeover = Takeover()
+        self.elections_won = 0
+        self.service = self._new_service(None)
+
+    def _new_service(self, epoch: int | None) -> MasterService:
+        if not self.ha:
+            service = MasterService(self.config, self._secret)
+            service.role = SINGLE
+            return service
+        # A standby's service is never served; epoch 0 keeps its ids apart from any leader's.
+        service = MasterService(self.config, self._secret, epoch=epoch if epoch is not None else 0)
+        service.role = LEADER if epoch is not None else STANDBY
+        return service
+
+    # ---- what the servicer asks on every request ----------------------------------------
+
+    def serving(self) -> bool:
+        if not self.ha:
+            return True
+        election = self.election
+        return election is not None and election.holds_lease()
+
+    @property
+    def role(self) -> str:
+        return self.service.role
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this master serves under, or (standby) the leader's it knows, or 0."""
+        if not self.ha or self.service.role == LEADER:
+            return self.service.epoch
+        return self.leader.epoch if self.leader is not None else 0
+
+    @property
+    def leader_address(self) -> str:
+        return self.leader.address if self.leader is not None else ""
+
+    def redirect(self) -> str:
+        """The details of the UNAVAILABLE a non-serving master answers with."""
+        leader = self.leader
+        serving_elsewhere = leader is not None and leader.master_id != self.master_id
+        return redirect_details(self.master_id, self.role if self.role != LEADER else "lease lapsed",
+                                leader.address if serving_elsewhere and leader else "",
+                                leader.epoch if leader is not None else 0)
+
+    def lease_remaining_s(self) -> float:
+        return self.election.lease_remaining_s() if self.election is not None else 0.0
+
+    # ---- callbacks from the election ----------------------------------------------------
+
+    def on_elected(self, epoch: int) -> None:
+        self.service = self._new_service(epoch)
+        self.elections_won += 1
+        self.takeover = Takeover(epoch=epoch, started_monotonic=time.monotonic())
+        log.info("took over as leader with epoch %d: rebuilding from the nodes' reports", epoch)
+
+    def on_deposed(self, reason: str) -> None:
+        old = self.service
+        self.service = self._new_service(None)
+        log.warning("stepped down (%s): dropped the metadata of epoch %d (%d objects); now a standby",
+                    reason, old.epoch, old.objects.complete_count)
+
+    def on_leader(self, record: LeaderRecord | None) -> None:
+        self.leader = record
+
+    # ---- background ----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Close the takeover once the rebuild is over (called by the master's ticker)."""
+        takeover = self.takeover
+        service = self.service
+        if takeover.complete or service.role != LEADER or takeover.epoch != service.epoch:
+            return
+        if service.recovering():
+            return
+        takeover.duration_s = time.monotonic() - takeover.started_monotonic
+        takeover.recovered_objects = service.objects_adopted
+        takeover.nodes = len(service.membership.nodes)
+        takeover.complete = True
+        log.info("takeover complete: epoch %d, recovered %d objects from %d nodes in %.3f s",
+                 takeover.epoch, takeover.recovered_objects, takeover.nodes, takeover.duration_s)
