@@ -1,0 +1,152 @@
+"""Master roles and fencing without etcd: Leadership, the servicer's gate, coord parsing.
+
+The election itself runs against a real etcd in tests/integration/test_ha*.py; here a stand-in
+election with a hand-driven lease checks what the master does with its answers.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_master_support import SECRET, mount
+
+from cellar.coord.election import LeaderElection, fence_margin_s
+from cellar.coord.redirect import leader_from_details
+from cellar.coord.target import EtcdTarget, LeaderRecord, parse_etcd_url
+from cellar.errors import ConfigError, InvalidArgument
+from cellar.master.config import MasterConfig
+from cellar.master.leadership import Leadership
+from cellar.master.servicer import MasterServicer
+from cellar.proto import cellar_pb2 as pb
+
+UNAVAILABLE = 14
+LEADER = LeaderRecord("m1", "127.0.0.1:7001", "127.0.0.1:8001", 1_800_000_000_000)
+
+
+class StubElection:
+    """Answers holds_lease() from a flag the test flips (the lease on the master's own clock)."""
+
+    def __init__(self) -> None:
+        self.lease_valid = False
+
+    def holds_lease(self) -> bool:
+        return self.lease_valid
+
+    def lease_remaining_s(self) -> float:
+        return 1.0 if self.lease_valid else 0.0
+
+
+def ha_leadership() -> tuple[Leadership, StubElection]:
+    config = MasterConfig(etcd="127.0.0.1:2379", cluster="c1", new_node_ramp_s=0.0)
+    config.validate()
+    leadership = Leadership(config, SECRET, ha=True, master_id="m2")
+    election = StubElection()
+    leadership.election = election  # type: ignore[assignment]
+    return leadership, election
+
+
+def put_request(key: str = "k") -> bytes:
+    return pb.PutStartRequest(header=pb.RequestHeader(tenant="default", client_id="c"),
+                              items=[pb.PutItem(key=key, size_bytes=4096)]).SerializeToString()
+
+
+def test_single_master_always_serves() -> None:
+    leadership = Leadership(MasterConfig(), SECRET, ha=False)
+    assert leadership.serving() and leadership.role == "single"
+    assert leadership.epoch == leadership.service.epoch > 0
+
+
+def test_standby_redirects_every_rpc_but_cluster_status() -> None:
+    leadership, _ = ha_leadership()
+    leadership.on_leader(LEADER)
+    servicer = MasterServicer(leadership)
+    code, details = servicer.dispatch("PutStart", put_request())
+    assert code == UNAVAILABLE
+    assert leader_from_details(details.decode()) == LEADER.address
+    status = servicer.ClusterStatus(pb.ClusterStatusRequest(), servicer.stats["ClusterStatus"])
+    assert (status.role, status.leader_address, status.header.epoch) == ("standby", LEADER.address,
+                                                                       LEADER.epoch)
+    assert not status.segments
+
+
+def test_elected_master_serves_until_its_lease_lapses_then_refuses_writes() -> None:
+    leadership, election = ha_leadership()
+    leadership.on_elected(LEADER.epoch + 1)
+    election.lease_valid = True
+    servicer = MasterServicer(leadership)
+    mount(leadership.service, "n1", 1)
+    code, body = servicer.dispatch("PutStart", put_request())
+    assert code == 0
+    reply = pb.PutStartReply.FromString(body)
+    assert reply.header.epoch == LEADER.epoch + 1 and reply.results[0].put_id
+    assert reply.results[0].replicas[0].grant.epoch == LEADER.epoch + 1
+    # Frozen past its lease: the very next request is refused, before any etcd callback ran.
+    election.lease_valid = False
+    end = pb.PutEndRequest(header=pb.RequestHeader(tenant="default", client_id="c"),
+                           items=[pb.PutEndItem(key="k", put_id=reply.results[0].put_id)])
+    code, details = servicer.dispatch("PutEnd", end.SerializeToString())
+    assert code == UNAVAILABLE and "not the leader" in details.decode()
+
+
+def test_a_deposed_leader_forgets_its_metadata() -> None:
+    leadership, election = ha_leadership()
+    leadership.on_elected(LEADER.epoch)
+    election.lease_valid = True
+    old = leadership.service
+    mount(old, "n1", 1)
+    leadership.on_deposed("lease lost")
+    assert leadership.service is not old and leadership.role == "standby"
+    assert not leadership.service.membership.segments
+
+
+def test_election_fence_ends_before_the_lease_could_lapse() -> None:
+    now = [100.0]
+    election = LeaderElection(
+        EtcdTarget(("127.0.0.1:2379",), "c1"), LEADER, lease_ttl_s=3, etcd_timeout_s=1.0,
+        on_elected=lambda epoch: None, on_deposed=lambda reason: None, on_leader=lambda r: None,
+        monotonic=lambda: now[0],
+    )
+    assert not election.holds_lease()
+    election.is_leader = True
+    election._deadline = now[0] + 3 - fence_margin_s(3)  # what a keep-alive sent now grants
+    assert election.holds_lease()
+    now[0] += 3 - fence_margin_s(3)
+    assert not election.holds_lease()
+    assert 0 < fence_margin_s(3) <= 0.5
+    with pytest.raises(ValueError):
+        LeaderElection(EtcdTarget(("h:1",), "c"), LEADER, lease_ttl_s=1, etcd_timeout_s=0.5,
+                       on_elected=print, on_deposed=print, on_leader=print)
+
+
+@pytest.mark.parametrize("url", ["etcd://127.0.0.1:2379/c1", "etcd://a:1,b:2/prod-2.x"])
+def test_etcd_urls_parse(url: str) -> None:
+    target = parse_etcd_url(url)
+    assert target.url() == url
+    assert target.leader_key == f"/cellar/{target.cluster}/leader"
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:2379", "etcd://127.0.0.1:2379", "etcd:///c1",
+                                 "etcd://h:99999/c1", "etcd://h:1/bad/name", "etcd://h:1/" + "x" * 65])
+def test_bad_etcd_urls_are_refused(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_etcd_url(url)
+
+
+def test_leader_records_round_trip_and_reject_garbage() -> None:
+    assert LeaderRecord.from_json(LEADER.to_json()) == LEADER
+    for raw in (b"[]", b'{"master_id": 1}', b"not json", b'{"master_id":"m","address":"x",'
+                b'"http":"","epoch":1}', b"x" * 5000):
+        with pytest.raises(ValueError):
+            LeaderRecord.from_json(raw)
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"etcd": "nohostport"}, "etcd"),
+    ({"etcd": "127.0.0.1:2379", "cluster": "bad/name"}, "cluster"),
+    ({"etcd": "127.0.0.1:2379", "lease_ttl_s": 1}, "lease_ttl_s"),
+    ({"etcd": "127.0.0.1:2379", "advertise": "127.0.0.1:0"}, "advertise"),
+    ({"etcd": "127.0.0.1:2379", "etcd_timeout_s": 5.0}, "etcd_timeout_s"),
+])
+def test_ha_settings_are_checked(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        MasterConfig(**overrides).validate()  # type: ignore[arg-type]
+    assert info.value.field == field
