@@ -20,6 +20,7 @@ segment done and the rebuild grace over) and logged with the number of objects a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class Leadership:
         self.takeover = Takeover()
         self.elections_won = 0
         self.service = self._new_service(None)
+        self._published_nodes: frozenset[str] | None = None
+        self._publishing: asyncio.Task[bool] | None = None
 
     def _new_service(self, epoch: int | None) -> MasterService:
         if not self.ha:
@@ -114,7 +117,12 @@ class Leadership:
         self.service = self._new_service(epoch)
         self.elections_won += 1
         self.takeover = Takeover(epoch=epoch, started_monotonic=time.monotonic())
-        log.info("took over as leader with epoch %d: rebuilding from the nodes' reports", epoch)
+        self._published_nodes = None
+        expected = self.election.expected_nodes if self.election is not None else None
+        if expected is not None:
+            self.service.expect_nodes(expected)
+        log.info("took over as leader with epoch %d: rebuilding from the reports of %s", epoch,
+                 f"{len(expected)} node(s)" if expected is not None else "the nodes (count unknown)")
 
     def on_deposed(self, reason: str) -> None:
         old = self.service
@@ -128,10 +136,14 @@ class Leadership:
     # ---- background ----------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Close the takeover once the rebuild is over (called by the master's ticker)."""
+        """Close the takeover once the rebuild is over, then keep etcd's list of mounted nodes
+        current for the next leader (called by the master's ticker)."""
         takeover = self.takeover
         service = self.service
-        if takeover.complete or service.role != LEADER or takeover.epoch != service.epoch:
+        if service.role != LEADER or takeover.epoch != service.epoch:
+            return
+        if takeover.complete:
+            self._publish_nodes()
             return
         if service.recovering():
             return
@@ -141,3 +153,26 @@ class Leadership:
         takeover.complete = True
         log.info("takeover complete: epoch %d, recovered %d objects from %d nodes in %.3f s",
                  takeover.epoch, takeover.recovered_objects, takeover.nodes, takeover.duration_s)
+
+    def _publish_nodes(self) -> None:
+        """Write the mounted node ids to etcd when they changed, one write in flight at most.
+        Only after the takeover completed: a list published mid-rebuild would be short, and a
+        leader dying then would let the next one end its rebuild before every node reported."""
+        election = self.election
+        if election is None or (self._publishing is not None and not self._publishing.done()):
+            return
+        nodes = frozenset(self.service.membership.nodes)
+        if nodes == self._published_nodes:
+            return
+
+        async def publish() -> bool:
+            try:
+                written = await election.publish_nodes(nodes)
+            except Exception as exc:  # noqa: BLE001 - etcd trouble: the next tick tries again
+                log.warning("could not record the mounted nodes in etcd: %s", exc)
+                return False
+            if written and self.service.epoch == self.takeover.epoch:
+                self._published_nodes = nodes
+            return written
+
+        self._publishing = asyncio.get_running_loop().create_task(publish())

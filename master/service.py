@@ -287,6 +287,9 @@ class MasterService:
         self._restart_evidence = False
         self._fresh_mount_seen = False
         self._grace_over = False
+        # Nodes the previous leader had mounted (HA takeover, cellar.master.leadership): once
+        # all of them have mounted here and reported, nothing is missing and the grace ends.
+        self._expected_nodes: frozenset[str] | None = None
         # (tenant, key) -> an alloc id drawn when a client removed the key: every replica of any
         # value written before the remove has a smaller id. A node that was away (or whose freed
         # notice had not arrived) may still report such a replica; rebuild refuses it.
@@ -713,7 +716,15 @@ class MasterService:
         if self.clock.monotonic() - self._started_at >= self.config.rebuild_grace_s:
             self._grace_over = True
             return False
+        expected = self._expected_nodes
+        if expected is not None and expected.issubset(self.membership.nodes):
+            self._grace_over = True  # every node of the previous leader is back and reported
+            return False
         return self._restart_evidence or not self._fresh_mount_seen
+
+    def expect_nodes(self, node_ids: frozenset[str]) -> None:
+        """The nodes whose reports complete the table (what the previous leader had mounted)."""
+        self._expected_nodes = node_ids
 
     @staticmethod
     def _recovering_error() -> RequestRejected:

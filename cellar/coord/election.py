@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cellar.coord.target import EtcdTarget, LeaderRecord
+from cellar.coord.target import EtcdTarget, LeaderRecord, decode_node_ids, encode_node_ids
 
 log = logging.getLogger("cellar.coord")
 
@@ -89,6 +89,8 @@ class LeaderElection:
         self.elections_won = 0
         self.etcd_reachable = False
         self.lease_id = 0
+        self.record: LeaderRecord | None = None  # ours, while we lead
+        self.expected_nodes: frozenset[str] | None = None  # the previous leader's, at takeover
         self._deadline = 0.0          # monotonic: the lease is surely valid until then
         self._client: Any = None
         self._changed = asyncio.Event()
@@ -143,7 +145,7 @@ class LeaderElection:
     async def _session(self, stop: asyncio.Event) -> None:
         from etcd3aio import Etcd3Client
 
-        client = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1)
+        client: Any = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1)
         await client.connect()
         self._client = client
         sent = self._monotonic()
@@ -217,6 +219,9 @@ class LeaderElection:
             log.warning("won the election with no lease time left; resigning")
             await client.lease.revoke(lease_id, timeout=self.etcd_timeout_s, max_attempts=1)
             raise LeaseLost("no lease time left after winning")
+        nodes = await kv.get(self.target.nodes_key, timeout=self.etcd_timeout_s)
+        self.expected_nodes = decode_node_ids(nodes.kvs[0].value) if nodes.kvs else None
+        self.record = record
         self.is_leader = True
         self.epoch = epoch
         self.elections_won += 1
@@ -225,6 +230,20 @@ class LeaderElection:
                  self.target.cluster, epoch, lease_id, self.lease_remaining_s())
         self._on_leader(record)
         self._on_elected(epoch)
+
+    async def publish_nodes(self, node_ids: frozenset[str]) -> bool:
+        """Record the mounted nodes for the next leader; only while our record is the leader's
+        (a deposed leader's late write fails the comparison). False when it was not written."""
+        client, record = self._client, self.record
+        if client is None or record is None or not self.holds_lease():
+            return False
+        kv = client.kv
+        reply = await kv.txn(
+            compare=[kv.txn_compare_value(self.target.leader_key, record.to_json())],
+            success=[kv.txn_op_put(self.target.nodes_key, encode_node_ids(node_ids))],
+            timeout=self.etcd_timeout_s,
+        )
+        return bool(reply.succeeded)
 
     async def _keep_alive(self, client: Any, lease_id: int, ttl_s: int) -> None:
         """Renew the lease; return (ending the session) once it can no longer be renewed."""
@@ -283,6 +302,7 @@ class LeaderElection:
         if not self.is_leader:
             return
         self.is_leader = False
+        self.record = None
         self._deadline = 0.0
         self._state = "deposed"
         log.warning("no longer leader (epoch %d): %s", self.epoch, reason)

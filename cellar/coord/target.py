@@ -8,6 +8,10 @@ Keys (all values UTF-8):
                                         transaction that makes it leader, so epochs only grow
     /cellar/<cluster>/masters/<id>      JSON LeaderRecord-shaped entry of every live master
                                         (leader and standbys), attached to its own lease
+    /cellar/<cluster>/nodes             JSON list of the node ids the leader has mounted, kept
+                                        after it dies (no lease): the next leader knows whose
+                                        reports complete its rebuild; written by the leader
+                                        only while `leader` still holds its record
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ KEY_ROOT = "/cellar/"
 MAX_CLUSTER_NAME_CHARS = 64
 MAX_ENDPOINTS = 16
 MAX_RECORD_BYTES = 4096  # a leader record larger than this is refused as corrupt
+MAX_NODES_LISTED = 4096  # a node list longer than this is ignored (the rebuild grace applies)
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -58,6 +63,10 @@ class EtcdTarget:
     @property
     def epoch_key(self) -> str:
         return self.prefix + "epoch"
+
+    @property
+    def nodes_key(self) -> str:
+        return self.prefix + "nodes"
 
     @property
     def masters_prefix(self) -> str:
@@ -120,3 +129,20 @@ class LeaderRecord:
             raise ValueError(f"malformed record {data!r}")
         parse_host_port(address)
         return cls(master_id, address, http, epoch)
+
+
+def encode_node_ids(node_ids: frozenset[str]) -> bytes:
+    return json.dumps(sorted(node_ids), separators=(",", ":")).encode()
+
+
+def decode_node_ids(raw: bytes) -> frozenset[str] | None:
+    """The stored node list, or None when absent or not a list of strings (never trust etcd)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, list) or len(data) > MAX_NODES_LISTED:
+        return None
+    if not all(isinstance(item, str) for item in data):
+        return None
+    return frozenset(data)

@@ -7,7 +7,7 @@ election with a hand-driven lease checks what the master does with its answers.
 from __future__ import annotations
 
 import pytest
-from test_master_support import SECRET, mount
+from test_master_support import SECRET, FakeClock, make_service, mount, segment_info
 
 from cellar.coord.election import LeaderElection, fence_margin_s
 from cellar.coord.redirect import leader_from_details
@@ -27,6 +27,7 @@ class StubElection:
 
     def __init__(self) -> None:
         self.lease_valid = False
+        self.expected_nodes: frozenset[str] | None = None
 
     def holds_lease(self) -> bool:
         return self.lease_valid
@@ -96,6 +97,27 @@ def test_a_deposed_leader_forgets_its_metadata() -> None:
     leadership.on_deposed("lease lost")
     assert leadership.service is not old and leadership.role == "standby"
     assert not leadership.service.membership.segments
+
+
+def test_takeover_rebuild_ends_once_the_previous_leaders_nodes_reported() -> None:
+    clock = FakeClock()
+    service = make_service(clock, rebuild_grace_s=60.0)
+    service.expect_nodes(frozenset({"n1", "n2"}))
+    for node_id, segment_id in (("n1", 1), ("n2", 2)):
+        assert service.recovering()  # a miss may still be an object of a node not back yet
+        outcome = service.mount_segment(node_id, 1, [segment_info(segment_id, 1 << 26)],
+                                        previous_epoch=service.epoch - 1)
+        assert outcome.results[0][0] == 0
+    assert not service.recovering()  # long before the 60 s grace
+
+
+def test_takeover_without_a_node_list_waits_for_the_grace() -> None:
+    clock = FakeClock()
+    service = make_service(clock, rebuild_grace_s=5.0)
+    service.mount_segment("n1", 1, [segment_info(1, 1 << 26)], previous_epoch=service.epoch - 1)
+    assert service.recovering()
+    clock.advance(5.0)
+    assert not service.recovering()
 
 
 def test_election_fence_ends_before_the_lease_could_lapse() -> None:
