@@ -1,4 +1,4 @@
-"""The local cluster: one master and N storage nodes on 127.0.0.1, as child processes.
+"""The local cluster: one master (or etcd + N masters) and N storage nodes on 127.0.0.1.
 
 What it owns
     `LocalCluster` starts `python -m cellar master` and `python -m cellar node` children with a
@@ -15,6 +15,16 @@ What it owns
     -9, then a new master on the same ports, which rebuilds from the nodes), `signal_node` and
     `signal_master` (SIGSTOP/SIGCONT). After `start()` the master's ports are pinned, so a
     restarted master is found at the same address.
+
+High availability (`ha=True`, `cellar up --ha`)
+    First a real etcd (`cellar.etcd_server.EtcdServer`, data and log in the run directory),
+    then `masters` masters (`master-0`, `master-1`, ...) on fixed ports, each with `--etcd`,
+    `--cluster`, `--advertise` (its own gRPC address) and `--lease-ttl-s`; `start()` waits
+    until one of them says `"role": "leader"` on its `/api/v1/status`, then starts the nodes
+    with `--master etcd://HOST:PORT/CLUSTER`. `address` is that etcd:// URL (what clients
+    connect to); `leader()` polls the masters' status for the current leader's index. The
+    master faults take the index of a master; `cluster.etcd` is the EtcdServer for etcd
+    faults (`stop`, `start`, `pause`, `resume`).
 
 Invariants
     - A child never outlives the cluster: `stop()` reaps every child it started, and on Linux
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -43,12 +54,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from cellar.etcd_server import EtcdError, EtcdServer, free_port
 from cellar.lifecycle import PARENT_PID_ENV
 from cellar.units import format_size, parse_size_bytes
 
@@ -62,6 +76,10 @@ LOG_TAIL_LINES = 20
 POLL_INTERVAL_S = 0.02
 RESTART_PORT_WAIT_S = 20.0     # how long a restarted master may wait for its old port
 RESTART_RETRY_INTERVAL_S = 0.3
+DEFAULT_LEASE_TTL_S = 3        # HA masters' etcd lease: a dead leader is replaced after ~this
+DEFAULT_CLUSTER_NAME = "local"
+STATUS_PROBE_TIMEOUT_S = 1.0
+DEFAULT_LEADER_WAIT_S = 30.0
 
 
 def _flag(name: str) -> str:
@@ -109,8 +127,19 @@ class Child:
         return f"{self.name} (pid {self.pid}) {how}; last lines of {self.log_path}:\n{_tail(self.log_path)}"
 
 
+def fetch_status(http: str, timeout_s: float = STATUS_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
+    """A master's `/api/v1/status` JSON (HTTP address HOST:PORT), or None if it did not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{http}/api/v1/status", timeout=timeout_s) as reply:
+            body = json.loads(reply.read())
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
 class LocalCluster:
-    """A master and `nodes` storage nodes on `host`; a context manager."""
+    """A master (or, with `ha=True`, etcd and `masters` masters) and `nodes` storage nodes on
+    `host`; a context manager."""
 
     def __init__(self, nodes: int = 2, segment_size: str | int = "1GiB", *,
                  host: str = "127.0.0.1", port: int = 0, http_port: int = 0,
@@ -119,9 +148,20 @@ class LocalCluster:
                  node_flags: Mapping[str, Any] | None = None,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 ha: bool = False, masters: int | None = None,
+                 cluster_name: str = DEFAULT_CLUSTER_NAME, etcd_port: int = 0,
+                 lease_ttl_s: int = DEFAULT_LEASE_TTL_S) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
+        master_count = masters if masters is not None else (2 if ha else 1)
+        if master_count < 1 or (master_count > 1 and not ha):
+            raise ValueError(f"masters must be 1 without ha, >= 1 with it; got {master_count}")
+        self.ha = ha
+        self.cluster_name = cluster_name
+        self.etcd_port = etcd_port
+        self.lease_ttl_s = lease_ttl_s
+        self._master_count = master_count
         self.segment_size_bytes = parse_size_bytes(segment_size)
         self.host = host
         self.port = port
@@ -143,29 +183,79 @@ class LocalCluster:
             self.shm_dir = Path(tempfile.mkdtemp(prefix="cellar-segments-", dir=self.run_dir))
         self._env = dict(os.environ if env is None else env)
         self._env.update({"CELLAR_CLUSTER_SECRET": self.secret, "PYTHONUNBUFFERED": "1"})
-        self.master: Child | None = None
+        self.masters: list[Child] = []
         self.nodes: list[Child] = []
+        self.etcd: EtcdServer | None = None
         self._node_count = nodes
         self._next_node = 0
         self._restarts = 0
+        self._ha_ports: list[tuple[int, int]] = []  # (grpc, http) of each ha master
         self._started = False
         self._stopped = False
 
     # ---- public surface --------------------------------------------------------------------
 
     @property
+    def master(self) -> Child | None:
+        """The master (with ha=True: master-0, which need not lead; see `leader()`)."""
+        return self.masters[0] if self.masters else None
+
+    @property
     def address(self) -> str:
-        """The master's gRPC address, HOST:PORT (what `cellar.connect` takes)."""
+        """What `cellar.connect` and `cellar node --master` take: the master's gRPC address
+        HOST:PORT, or with ha=True the cluster's `etcd://HOST:PORT/NAME`."""
+        if self.ha:
+            return self.etcd_url
         if self.master is None or not self.master.address:
             raise ClusterError("the cluster is not started")
         return self.master.address
 
     @property
+    def etcd_url(self) -> str:
+        """`etcd://HOST:PORT/NAME` of an ha cluster."""
+        if self.etcd is None or not self.etcd.client_port:
+            raise ClusterError("no etcd: the cluster is not started, or not ha")
+        return self.etcd.etcd_url(self.cluster_name)
+
+    @property
     def http_url(self) -> str:
-        """The master's status/metrics base URL."""
+        """The master's status/metrics base URL (with ha=True: the current leader's)."""
+        if self.ha:
+            return f"http://{self.masters[self.leader()].http}"
         if self.master is None or not self.master.http:
             raise ClusterError("the cluster is not started")
         return f"http://{self.master.http}"
+
+    def master_status(self, index: int = 0,
+                      timeout_s: float = STATUS_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
+        """Master `index`'s `/api/v1/status`, or None when it does not answer (dead, stopped)."""
+        child = self.masters[index]
+        if not child.http or not child.alive():
+            return None
+        return fetch_status(child.http, timeout_s)
+
+    def roles(self) -> list[str]:
+        """Each master's `role` ("leader", "standby", "single"; "" when it does not answer)."""
+        out = []
+        for i in range(len(self.masters)):
+            status = self.master_status(i)
+            out.append(str(status.get("role", "")) if status else "")
+        return out
+
+    def leader(self, timeout_s: float = DEFAULT_LEADER_WAIT_S, *,
+               not_index: int | None = None) -> int:
+        """Index of the master that says it leads, polling until exactly one does (and it is
+        not `not_index`, e.g. the one just killed); ClusterError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            roles = self.roles()
+            leaders = [i for i, role in enumerate(roles) if role in ("leader", "single")]
+            if len(leaders) == 1 and leaders[0] != not_index:
+                return leaders[0]
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no single leader among the masters within {timeout_s:g}s "
+                                   f"(roles {roles})")
+            time.sleep(POLL_INTERVAL_S * 5)
 
     def __enter__(self) -> LocalCluster:
         if not self._started:
@@ -183,18 +273,36 @@ class LocalCluster:
         self._started = True
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.master = self._spawn("master", self._master_argv())
-            self._wait_ready([self.master])
+            if self.ha:
+                self._start_ha_masters()
+            else:
+                self.masters = [self._spawn("master", self._master_argv())]
+                self._wait_ready(self.masters)
             for _ in range(self._node_count):
                 self.nodes.append(self._spawn_node())
             self._wait_ready(self.nodes)
         except BaseException:
             self.stop()
             raise
-        # pin the bound ports: a restarted master must be found at the same address
-        self.port = int(self.master.address.rsplit(":", 1)[1])
-        self.http_port = int(self.master.http.rsplit(":", 1)[1])
+        if not self.ha:
+            # pin the bound ports: a restarted master must be found at the same address
+            self.port = int(self.masters[0].address.rsplit(":", 1)[1])
+            self.http_port = int(self.masters[0].http.rsplit(":", 1)[1])
         return self
+
+    def _start_ha_masters(self) -> None:
+        """etcd, then the masters on fixed ports (each advertises its own address, so the
+        port cannot be 0), then wait until one of them leads."""
+        self.etcd = EtcdServer(host=self.host, client_port=self.etcd_port,
+                               data_dir=self.run_dir / "etcd-data",
+                               log_path=self.run_dir / "etcd.log",
+                               start_timeout_s=self.start_timeout_s,
+                               stop_grace_s=self.stop_grace_s)
+        self.etcd.start()
+        for i in range(self._master_count):
+            self.masters.append(self._spawn(f"master-{i}", self._ha_master_argv(i)))
+        self._wait_ready(self.masters)
+        self.leader(self.start_timeout_s)
 
     def add_node(self, **node_flags: Any) -> Child:
         """Start one more node and wait for it; returns its `Child`."""
@@ -239,47 +347,62 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(sig)
 
-    def kill_master(self) -> None:
-        """kill -9 the master and reap it."""
-        assert self.master is not None and self.master.proc is not None
-        self.master.stopping = True
-        if self.master.alive():
-            self.master.proc.kill()
-        self.master.proc.wait(self.stop_grace_s)
+    def kill_master(self, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        """kill -9 (or `sig`) master `index` and reap it."""
+        child = self.masters[index]
+        assert child.proc is not None
+        child.stopping = True
+        if child.alive():
+            child.proc.send_signal(sig)
+            child.proc.send_signal(signal.SIGCONT)  # a stopped master must see a SIGTERM
+        try:
+            child.proc.wait(self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()
 
-    def restart_master(self) -> Child:
-        """kill -9 the master and start a new one on the same ports (it rebuilds its table
-        from the nodes' reports); return when it is ready. The old log is kept."""
-        assert self.master is not None
-        self.kill_master()
-        self._keep_log(self.master)
+    def restart_master(self, index: int = 0) -> Child:
+        """kill -9 master `index` and start it again on the same ports (a single master
+        rebuilds its table from the nodes' reports; an HA one comes back as a standby);
+        return when it is ready. The old log is kept."""
+        self.kill_master(index)
+        return self.start_master(index)
+
+    def start_master(self, index: int = 0) -> Child:
+        """Start master `index` again (after `kill_master`) with the same argv and ports."""
+        old = self.masters[index]
+        if old.alive():
+            raise ClusterError(f"{old.name} is still running")
+        self._keep_log(old)
+        argv = self._ha_master_argv(index) if self.ha else self._master_argv()
         deadline = time.monotonic() + RESTART_PORT_WAIT_S
         while True:  # the port may linger for a moment after the kill
-            self.master = self._spawn("master", self._master_argv())
+            child = self._spawn(old.name, argv)
+            self.masters[index] = child
             try:
-                self._wait_ready([self.master])
-                return self.master
+                self._wait_ready([child])
+                return child
             except ClusterError:
                 if time.monotonic() > deadline:
                     raise
-                self.master.stopping = True
-                if self.master.alive():
-                    assert self.master.proc is not None
-                    self.master.proc.kill()
-                    self.master.proc.wait(self.stop_grace_s)
+                child.stopping = True
+                if child.alive():
+                    assert child.proc is not None
+                    child.proc.kill()
+                    child.proc.wait(self.stop_grace_s)
                 time.sleep(RESTART_RETRY_INTERVAL_S)
 
-    def signal_master(self, sig: int) -> None:
-        """Send `sig` (e.g. SIGSTOP, SIGCONT) to the master if it is running."""
-        assert self.master is not None
-        if self.master.alive():
-            assert self.master.proc is not None
+    def signal_master(self, sig: int, index: int = 0) -> None:
+        """Send `sig` (e.g. SIGSTOP, SIGCONT) to master `index` if it is running."""
+        child = self.masters[index]
+        if child.alive():
+            assert child.proc is not None
             with contextlib.suppress(ProcessLookupError):
-                self.master.proc.send_signal(sig)
+                child.proc.send_signal(sig)
 
     def dead_children(self) -> list[Child]:
         """Children that exited although nobody asked them to."""
-        children = ([self.master] if self.master is not None else []) + self.nodes
+        children = self.masters + self.nodes
         return [c for c in children if c.proc is not None and not c.stopping and not c.alive()]
 
     def stop(self) -> None:
@@ -289,16 +412,19 @@ class LocalCluster:
             return
         self._stopped = True
         self._terminate(self.nodes)
-        if self.master is not None:
-            self._terminate([self.master])
+        self._terminate(self.masters)
+        if self.etcd is not None:
+            self.etcd.close()
         if self._own_shm_dir:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
         if self._own_run_dir and not self.keep_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
-        children = ([self.master] if self.master is not None else []) + self.nodes
-        return [c.pid for c in children if c.proc is not None]
+        pids = [c.pid for c in self.masters + self.nodes if c.proc is not None]
+        if self.etcd is not None and self.etcd.proc is not None:
+            pids.append(self.etcd.pid)
+        return pids
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -309,11 +435,30 @@ class LocalCluster:
             argv += [_flag(name), str(value)]
         return argv
 
+    def _ha_master_argv(self, index: int) -> list[str]:
+        """Master `index` of an ha cluster: ports fixed at first use (port + index when a base
+        port was given, else free ones), since the advertised address must be the real one."""
+        assert self.etcd is not None
+        while len(self._ha_ports) <= index:
+            i = len(self._ha_ports)
+            grpc_port = self.port + i if self.port else free_port(self.host)
+            http_port = self.http_port + i if self.http_port else free_port(self.host)
+            self._ha_ports.append((grpc_port, http_port))
+        grpc_port, http_port = self._ha_ports[index]
+        address = f"{self.host}:{grpc_port}"
+        argv = ["master", "--listen", address, "--http", f"{self.host}:{http_port}",
+                "--etcd", self.etcd.client_address, "--cluster", self.cluster_name,
+                "--advertise", address, "--master-id", f"master-{index}",
+                "--lease-ttl-s", str(self.lease_ttl_s)]
+        for name, value in self.master_flags.items():
+            argv += [_flag(name), str(value)]
+        return argv
+
     def _spawn_node(self, extra_flags: Mapping[str, Any] | None = None) -> Child:
-        assert self.master is not None
+        assert self.masters
         i = self._next_node
         self._next_node += 1
-        argv = ["node", "--master", self.master.address, "--listen", f"{self.host}:0",
+        argv = ["node", "--master", self.address, "--listen", f"{self.host}:0",
                 "--segment-size", str(self.segment_size_bytes), "--node-id", f"node-{i}",
                 "--shm-dir", str(self.shm_dir)]
         for name, value in {**self.node_flags, **(extra_flags or {})}.items():
@@ -359,12 +504,13 @@ class LocalCluster:
             text = child.log_path.read_text(errors="replace")
         except OSError:
             return
-        pattern = MASTER_READY if child.name == "master" else NODE_READY
+        is_master = child.name.startswith("master")
+        pattern = MASTER_READY if is_master else NODE_READY
         for line in text.splitlines():
             match = pattern.match(line)
             if match:
                 child.address = match.group("address")
-                if child.name == "master":
+                if is_master:
                     child.http = match.group("http")
                     child.extra["epoch"] = match.group("epoch")
                 else:
@@ -400,16 +546,30 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cellar up",
-        description="Start a local Cellar cluster (a master and N storage nodes on 127.0.0.1) "
-                    "and keep it running until Ctrl-C or SIGTERM.")
+        description="Start a local Cellar cluster (a master and N storage nodes on 127.0.0.1; "
+                    "with --ha: etcd, 2 masters and the nodes) and keep it running until Ctrl-C "
+                    "or SIGTERM.")
     parser.add_argument("--nodes", type=int, default=2, help="storage nodes (default 2)")
     parser.add_argument("--segment-size", default="1GiB", help="DRAM per node (default 1GiB)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=50051, help="master gRPC port; 0 = any free port (default 50051)")
-    parser.add_argument("--http-port", type=int, default=9400, help="master status/metrics port; 0 = any (default 9400)")
+    parser.add_argument("--port", type=int, default=50051,
+                        help="master gRPC port (with --ha: of master-0; master-i gets PORT+i); "
+                             "0 = any free port (default 50051)")
+    parser.add_argument("--http-port", type=int, default=9400,
+                        help="master status/metrics port (with --ha: HTTP_PORT+i); 0 = any (default 9400)")
     parser.add_argument("--run-dir", default=".cellar/up", help="where the logs go (default .cellar/up)")
     parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S,
                         help=f"seconds to wait for every process to be ready (default {DEFAULT_START_TIMEOUT_S:g})")
+    ha = parser.add_argument_group("high availability")
+    ha.add_argument("--ha", action="store_true",
+                    help="start etcd and several masters (one leads, the others stand by)")
+    ha.add_argument("--masters", type=int, default=2, help="masters with --ha (default 2)")
+    ha.add_argument("--etcd-port", type=int, default=2379,
+                    help="etcd client port with --ha; 0 = any free port (default 2379)")
+    ha.add_argument("--cluster", default=DEFAULT_CLUSTER_NAME,
+                    help=f"cluster name in etcd with --ha (default {DEFAULT_CLUSTER_NAME!r})")
+    ha.add_argument("--lease-ttl-s", type=int, default=DEFAULT_LEASE_TTL_S,
+                    help=f"leader lease in etcd, whole seconds (default {DEFAULT_LEASE_TTL_S})")
     args = parser.parse_args(argv)
     try:
         segment_bytes = parse_size_bytes(args.segment_size)
@@ -417,29 +577,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.nodes < 1:
         parser.error("--nodes must be at least 1")
-    for name in ("port", "http_port"):
+    for name in ("port", "http_port", "etcd_port"):
         if not 0 <= getattr(args, name) <= 65535:
             parser.error(f"--{name.replace('_', '-')} must be 0..65535")
+    if args.ha and not 1 <= args.masters <= 9:
+        parser.error("--masters must be 1..9")
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
     cluster = LocalCluster(args.nodes, segment_bytes, host=args.host, port=args.port,
                            http_port=args.http_port, run_dir=Path(args.run_dir).resolve(),
-                           start_timeout_s=args.start_timeout)
+                           start_timeout_s=args.start_timeout, ha=args.ha,
+                           masters=args.masters if args.ha else None,
+                           cluster_name=args.cluster, etcd_port=args.etcd_port,
+                           lease_ttl_s=args.lease_ttl_s)
     code = 0
     try:
-        print(f"starting a master and {args.nodes} node(s) of {format_size(segment_bytes)} "
+        what = (f"etcd, {args.masters} masters" if args.ha else "a master")
+        print(f"starting {what} and {args.nodes} node(s) of {format_size(segment_bytes)} "
               f"(logs in {cluster.run_dir})...", flush=True)
         cluster.start()
-        address = cluster.address
-        print(f"Cellar is up: master {address}, {args.nodes} node(s) x {format_size(segment_bytes)}\n"
-              f"  status:  {cluster.http_url}/  (JSON {cluster.http_url}/api/v1/status, "
-              f"metrics {cluster.http_url}/metrics)\n"
-              f"           cellar status --master {address}\n"
-              f"  try:     python -c \"import cellar; c = cellar.connect('{address}'); "
-              f"c.put('k', b'v'); print(c.get('k'))\"\n"
-              f"  logs:    {cluster.run_dir}\n"
-              f"Ctrl-C stops the cluster.", flush=True)
+        print(_up_banner(cluster, args.nodes, segment_bytes), flush=True)
         reported: set[str] = set()
         while True:
             time.sleep(0.5)
@@ -447,15 +605,23 @@ def main(argv: list[str] | None = None) -> int:
                 if child.name not in reported:
                     reported.add(child.name)
                     print(f"cellar up: {child.describe_exit()}", file=sys.stderr, flush=True)
-                    if child.name == "master":
-                        print("cellar up: the master is gone; stopping the cluster",
-                              file=sys.stderr, flush=True)
-                        code = 1
+            if not cluster.ha and "master" in reported:
+                print("cellar up: the master is gone; stopping the cluster",
+                      file=sys.stderr, flush=True)
+                code = 1
+            elif cluster.ha and all(m.name in reported for m in cluster.masters):
+                print("cellar up: every master is gone; stopping the cluster",
+                      file=sys.stderr, flush=True)
+                code = 1
+            elif cluster.etcd is not None and not cluster.etcd.alive():
+                print(f"cellar up: {cluster.etcd.describe_exit()}\ncellar up: etcd is gone; "
+                      "stopping the cluster", file=sys.stderr, flush=True)
+                code = 1
             if code:
                 break
     except KeyboardInterrupt:
         pass
-    except ClusterError as exc:
+    except (ClusterError, EtcdError) as exc:
         print(f"cellar up: {exc}", file=sys.stderr, flush=True)
         code = 1
     finally:
@@ -465,3 +631,30 @@ def main(argv: list[str] | None = None) -> int:
     if code == 0:
         print("cellar up: stopped", flush=True)
     return code
+
+
+def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
+    address = cluster.address
+    try_line = (f"  try:     python -c \"import cellar; c = cellar.connect('{address}'); "
+                f"c.put('k', b'v'); print(c.get('k'))\"\n")
+    if not cluster.ha:
+        return (f"Cellar is up: master {address}, {nodes} node(s) x {format_size(segment_bytes)}\n"
+                f"  status:  {cluster.http_url}/  (JSON {cluster.http_url}/api/v1/status, "
+                f"metrics {cluster.http_url}/metrics)\n"
+                f"           cellar status --master {address}\n"
+                f"{try_line}"
+                f"  logs:    {cluster.run_dir}\n"
+                f"Ctrl-C stops the cluster.")
+    leader = cluster.leader()
+    masters = "\n".join(
+        f"           {m.name} {m.address} (http http://{m.http}/api/v1/status)"
+        f"{'  <- leader' if i == leader else ''}" for i, m in enumerate(cluster.masters))
+    return (f"Cellar is up (high availability): {len(cluster.masters)} masters, {nodes} node(s) x "
+            f"{format_size(segment_bytes)}\n"
+            f"  connect: {address}   (clients and nodes find the leader through etcd)\n"
+            f"  etcd:    {cluster.etcd.client_address if cluster.etcd else '?'}\n"
+            f"  masters:\n{masters}\n"
+            f"  status:  cellar status --master {address}\n"
+            f"{try_line}"
+            f"  logs:    {cluster.run_dir}\n"
+            f"Ctrl-C stops the cluster.")
