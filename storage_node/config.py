@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass
 
 from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
+from cellar.coord.target import is_etcd_url, parse_etcd_url
+from cellar.errors import InvalidArgument
 from cellar.transfer.base import local_host_id
 from cellar.units import parse_host_port
 
@@ -39,7 +41,11 @@ def default_host_id() -> str:
 
 @dataclass
 class NodeConfig:
-    master: str = setting("127.0.0.1:50051", "master address HOST:PORT")
+    master: str = setting(
+        "127.0.0.1:50051",
+        "master address HOST:PORT, or etcd://HOST:PORT[,HOST:PORT]/CLUSTER to find and follow "
+        "the leader of an HA cluster",
+    )
     listen: str = setting("127.0.0.1:0", "data-plane (tcp) listen address HOST:PORT; port 0 = any")
     advertise_host: str = setting(
         "", "host clients use to reach this node; '' = the listen host (hostname if wildcard)"
@@ -87,7 +93,12 @@ class NodeConfig:
     master_timeout_s: float = setting(5.0, "deadline of each RPC to the master", unit=UNIT_SECONDS)
 
     def validate(self) -> None:
-        for name in ("master", "listen"):
+        if is_etcd_url(self.master):
+            try:
+                parse_etcd_url(self.master)
+            except InvalidArgument as exc:
+                require(False, "master", str(exc))
+        for name in ("listen",) if is_etcd_url(self.master) else ("master", "listen"):
             try:
                 parse_host_port(getattr(self, name))
             except ValueError as exc:

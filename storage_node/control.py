@@ -1,5 +1,23 @@
 """The control loop: mount this node's segments on the master, heartbeat, follow the master.
 
+Which master (issue 6, HA): `master` is either a fixed HOST:PORT or `etcd://H:P[,H:P]/CLUSTER`.
+- etcd: the leader is looked up through `cellar.coord.discovery.LeaderDiscovery` (in a worker
+  thread) at start and again whenever the master in use is unreachable (UNAVAILABLE,
+  DEADLINE_EXCEEDED) or redirects; lookups are spaced at least MIN_LOOKUP_INTERVAL_S apart.
+  etcd is the authority; when it is unreachable or names no leader (election under way) the
+  node keeps trying the master it has (or the one a redirect named).
+- A redirect (UNAVAILABLE with trailing metadata `cellar-leader` or details ending in
+  `leader=H:P`, cellar/coord/redirect.py) is followed at once, without an etcd round trip; a
+  second redirect before a mount succeeds is checked against etcd (no ping-pong between two
+  stale standbys). A fixed HOST:PORT pointing at a standby thus finds the leader too; when the
+  leader it was sent to becomes unreachable, the node asks the configured address again.
+- Another master address: the old channel is closed, one to the new address opened, and the
+  node mounts again exactly as after a master restart (report_follows, previous_epoch = the
+  last mounted epoch), so the new leader adopts this node's objects. Until that mount the
+  old epoch stays the floor of the grants the node accepts; after it, older epochs are refused.
+  A node the old master had expired (index about to be cleared) stays cleared: what a master
+  dropped on purpose is never handed to its successor.
+
 States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) -> ...
 - A heartbeat reply carries freed ranges: they are applied to the index first and acknowledged
   (freed_ack_seq) in the next heartbeat, so the master never forgets a notice the node has not
@@ -35,17 +53,21 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
+from cellar.coord.redirect import LEADER_METADATA, leader_from_details
+from cellar.coord.target import LeaderRecord, is_etcd_url, parse_etcd_url
+from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
+from cellar.units import parse_host_port
 
 log = logging.getLogger("cellar.node.control")
 
@@ -54,6 +76,8 @@ MAX_BACKOFF_S = 2.0
 UNMOUNT_TIMEOUT_S = 2.0
 REPORT_BATCH_ENTRIES = 2000
 REPORT_BATCH_BYTES = 2 << 20  # well under the master's 4 MiB message limit
+MIN_LOOKUP_INTERVAL_S = 0.25  # at most 4 etcd lookups a second per node
+LOOKUP_TIMEOUT_S = 2.0
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED)
@@ -72,6 +96,35 @@ class MountRefused(Exception):
     """The master answered the mount but refused a segment."""
 
 
+class LeaderSource(Protocol):
+    """What the loop needs of `LeaderDiscovery` (tests pass a fake)."""
+
+    def leader(self, timeout_s: float = ...) -> LeaderRecord | None: ...
+
+    def close(self) -> None: ...
+
+
+def redirect_of(exc: grpc.aio.AioRpcError) -> str:
+    """The leader address a refused RPC names (cellar/coord/redirect.py), or ""."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    address = ""
+    try:
+        metadata: Any = exc.trailing_metadata() or ()
+        for key, value in metadata:
+            if key == LEADER_METADATA:
+                address = value.decode() if isinstance(value, bytes) else str(value)
+                break
+    except (TypeError, ValueError):
+        address = ""
+    address = address or leader_from_details(exc.details() or "")
+    try:
+        parse_host_port(address)
+    except ValueError:
+        return ""  # none, or malformed: never dial what a peer made up
+    return address
+
+
 class ControlLoop:
     def __init__(
         self,
@@ -87,10 +140,23 @@ class ControlLoop:
         master_timeout_s: float,
         incarnation: int | None = None,
         verifier: Verifier | None = None,
+        discovery: LeaderSource | None = None,
     ) -> None:
         self.node_id = node_id
         self.host_id = host_id
-        self.master = master
+        # `configured_master`: what the node was told (HOST:PORT or etcd://...); `master`: the
+        # address it talks to now ("" until etcd named a leader).
+        self.configured_master = master
+        self._discovery: LeaderSource | None = None
+        if is_etcd_url(master):
+            self._discovery = discovery or _etcd_discovery(master)
+            self.master = ""
+        else:
+            self.master = master
+        self.master_source = "config"  # or the etcd url, or "redirect from H:P"
+        self.leader_id = ""             # the leader's master id, when etcd named it
+        self.leader_epoch = 0           # the epoch etcd published for it (0 = not from etcd)
+        self.master_changes = 0
         self.segments = list(segments)
         self.tcp_address = tcp_address
         self.index = index
@@ -114,6 +180,10 @@ class ControlLoop:
         self._report_next = True   # the next mount rebuilds the master from the index
         self._mounted_epoch = 0    # epoch of the last successful mount (0 = none yet)
         self._state = ""  # last logged state, so each change is logged once
+        self._resolve_due = self._discovery is not None  # look the leader up before the next RPC
+        self._redirect = ""            # leader address the last refused RPC named
+        self._redirected = False       # a redirect was followed since the last good mount
+        self._next_lookup_at = 0.0     # loop time before which etcd is not asked again
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
 
@@ -128,20 +198,35 @@ class ControlLoop:
             self._stub = pb_grpc.MasterStub(self._channel)
         return self._stub
 
-    async def close(self) -> None:
+    async def _close_channel(self) -> None:
         if self._channel is not None:
             await self._channel.close(grace=None)
             self._channel = None
             self._stub = None
 
+    async def close(self) -> None:
+        await self._close_channel()
+        if self._discovery is not None:
+            # may wait for a lookup in flight (bounded by LOOKUP_TIMEOUT_S): not on the loop
+            await asyncio.to_thread(self._discovery.close)
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Mount, then heartbeat until `stop` is set."""
+        """Find the master, mount, then heartbeat until `stop` is set."""
         backoff = INITIAL_BACKOFF_S
         while not stop.is_set():
+            if self._resolve_due or self._redirect or not self.master:
+                await self._follow(stop)
+                if not self.master:
+                    await _sleep_or_stop(stop, backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    continue
             if not self.mounted:
+                redirected = self._redirected
                 if await self._try_mount():
                     backoff = INITIAL_BACKOFF_S
                     continue
+                if self._redirect and not redirected:
+                    continue  # a redirect is an answer, not an outage: follow it at once
                 await _sleep_or_stop(stop, backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
@@ -167,6 +252,90 @@ class ControlLoop:
         except grpc.aio.AioRpcError as exc:
             log.warning("unmount on %s failed: %s", self.master, exc.details() or exc.code().name)
         self.mounted = False
+
+    # ---- which master ------------------------------------------------------------------
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        """Pick the master for the next RPC: after a failure, a redirect, or at start."""
+        redirect, self._redirect = self._redirect, ""
+        self._resolve_due = False
+        if redirect and redirect != self.master and (self._discovery is None
+                                                     or not self._redirected):
+            self._redirected = True
+            previous = self.master or "?"
+            await self._switch(redirect, f"redirect from {previous}")
+            log.info("following leader at %s (redirected by %s)", redirect, previous)
+            return
+        if self._discovery is not None:
+            record = await self._lookup(stop)
+            if record is not None:
+                self.leader_id, self.leader_epoch = record.master_id, record.epoch
+                if record.address != self.master:
+                    await self._switch(record.address, self.configured_master)
+                    self.leader_id, self.leader_epoch = record.master_id, record.epoch
+                    log.info("following leader %s at %s (epoch %d)", record.master_id,
+                             record.address, record.epoch)
+                elif self.master_source != self.configured_master:
+                    self.master_source = self.configured_master  # etcd confirmed a redirect
+            elif redirect:
+                # etcd cannot say (unreachable, or election under way): take the peer's word.
+                previous = self.master or "?"
+                await self._switch(redirect, f"redirect from {previous}")
+                log.info("following leader at %s (redirected by %s; etcd named none)",
+                         redirect, previous)
+        elif not redirect and self.master != self.configured_master:
+            # The leader a redirect named is gone: the configured master knows the next one.
+            log.info("master %s unreachable: asking the configured master %s again",
+                     self.master, self.configured_master)
+            await self._switch(self.configured_master, "config")
+
+    async def _lookup(self, stop: asyncio.Event) -> LeaderRecord | None:
+        """The leader etcd names, or None (no leader now, or etcd unreachable: logged once)."""
+        assert self._discovery is not None
+        loop = asyncio.get_running_loop()
+        wait_s = self._next_lookup_at - loop.time()
+        if wait_s > 0:
+            await _sleep_or_stop(stop, wait_s)
+            if stop.is_set():
+                return None
+        timeout_s = min(LOOKUP_TIMEOUT_S, self.master_timeout_s)
+        try:
+            record = await asyncio.to_thread(self._discovery.leader, timeout_s)
+        except Unavailable as exc:
+            self.last_error = str(exc)
+            self._log_state("etcd unreachable", logging.WARNING,
+                            "%s; keeping master %s", exc, self.master or "(none yet)")
+            return None
+        except Exception as exc:  # a broken etcd client must not end the control loop
+            self.last_error = f"leader lookup failed: {exc!r}"
+            self._log_state("lookup failed", logging.ERROR, "leader lookup in %s failed: %r",
+                            self.configured_master, exc)
+            return None
+        finally:
+            self._next_lookup_at = loop.time() + MIN_LOOKUP_INTERVAL_S
+        if record is None:
+            self._log_state("no leader", logging.WARNING,
+                            "etcd names no leader for %s (election under way); retrying",
+                            self.configured_master)
+        return record
+
+    async def _switch(self, address: str, source: str) -> None:
+        """Talk to `address` from now on and mount there as after a master restart."""
+        if address == self.master:
+            self.master_source = source
+            return
+        previous = self.master
+        await self._close_channel()
+        self.master = address
+        self.master_source = source
+        self.leader_id, self.leader_epoch = "", 0
+        self.master_changes += 1
+        if previous:
+            # Rebuild the new master from the index, unless the old one expired this node
+            # (mount pending with a clean index): what it dropped stays dropped.
+            self._report_next = self._report_next or self.mounted
+            self.mounted = False
+        self._state = ""  # the next state is news about another master
 
     # ---- mount -------------------------------------------------------------------------
 
@@ -228,6 +397,7 @@ class ControlLoop:
         if entries and not await self._report(entries):
             return False
         self._report_next = False
+        self._redirected = False
         self._mounted_epoch = reply.header.epoch
         self.mounted = True
         self.connected = True
@@ -333,7 +503,17 @@ class ControlLoop:
         code = exc.code()
         self.connected = False
         self.last_error = f"{code.name}: {exc.details() or ''}".strip()
+        redirect = redirect_of(exc)
+        if redirect and redirect != self.master:
+            self._redirect = redirect
+            self._log_state(f"redirect {redirect}", logging.INFO,
+                            "master %s is not the leader; it names %s", self.master, redirect)
+            return
         if code in _UNREACHABLE:
+            # With etcd, ask it who leads now; with a fixed address, `_follow` decides whether
+            # to go back to the configured master.
+            self._resolve_due = self._discovery is not None or (
+                self.master != self.configured_master)
             if waiting and self.mount_count == 0:
                 self._log_state("waiting", logging.WARNING,
                                 "waiting for master %s (unreachable); retrying", self.master)
@@ -353,6 +533,11 @@ class ControlLoop:
     def status(self) -> dict[str, Any]:
         return {
             "master": self.master,
+            "master_source": self.master_source,
+            "configured_master": self.configured_master,
+            "leader_id": self.leader_id,
+            "leader_epoch": self.leader_epoch,
+            "master_changes": self.master_changes,
             "connected": self.connected,
             "mounted": self.mounted,
             "mount_count": self.mount_count,
@@ -367,6 +552,13 @@ class ControlLoop:
             "clock_offset_ms": self.clock.offset_ms,
             "last_error": self.last_error,
         }
+
+
+def _etcd_discovery(url: str) -> LeaderSource:
+    # Imported here: a node with a fixed master address never loads the etcd client.
+    from cellar.coord.discovery import LeaderDiscovery
+
+    return LeaderDiscovery(parse_etcd_url(url))
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

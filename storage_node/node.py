@@ -174,7 +174,8 @@ class StorageNode:
         return (
             f"cellar node {cfg.node_id} serving tcp {self.tcp_address} "
             f"(http {self.http_address or 'off'}, segments {len(self.segments)} x "
-            f"{format_size(cfg.segment_size_bytes)}) mounted on {cfg.master}"
+            f"{format_size(cfg.segment_size_bytes)}) mounted on "
+            f"{self.control.master if self.control else cfg.master}"
         )
 
     def status(self) -> dict[str, Any]:
