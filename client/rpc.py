@@ -24,21 +24,35 @@ a master restart) sends that call through gRPC instead, with gRPC's retry rules,
 is asked again at most once per `FAST_RELEARN_S`. Replies get the same epoch fence and status
 mapping as gRPC replies.
 
+Leader changes (master high availability, cellar.coord): a call that fails retryably is
+retried against the leader. With an `etcd://` address the client asks etcd (`resolve`, at most
+once per RESOLVE_MIN_INTERVAL_S); otherwise it follows the redirect a standby or a deposed
+leader answers with (trailing metadata `cellar-leader`, or `leader=HOST:PORT` at the end of
+the details, also over the fast line), and when a master stops answering altogether it tries
+the other masters it knew after ROTATE_AFTER_S. A ClusterStatus answered by a standby counts
+as a redirect. Switching replaces the gRPC channel, drops the fast line (the new leader's
+ClusterStatus names its own) and keeps the epoch fence: the new leader's epoch is higher, and
+a reply from an older one still raises, or with etcd is retried at the leader etcd names.
+
 The asyncio face will own a `grpc.aio` channel with the same options and the same mapping.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from cellar.client.core import EpochFence, grpc_error, retryable_grpc
-from cellar.errors import Timeout, Unavailable
+from cellar.coord.redirect import LEADER_METADATA, leader_from_details
+from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc
 from cellar.units import parse_host_port
@@ -59,6 +73,8 @@ FAST_MAX_IDLE_CONNECTIONS = 8
 FAST_RELEARN_S = 1.0
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
+log = logging.getLogger("cellar.client")
+
 
 class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
@@ -73,6 +89,7 @@ class _FastLine:
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._head = bytearray(FAST_FRAME.size)
+        self._closed = False
 
     def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """(numeric gRPC code, reply bytes). _FastLineDown if nothing could be exchanged;
@@ -99,7 +116,7 @@ class _FastLine:
                 sock.close()
             raise _FastLineDown(str(exc)) from None
         with self._lock:
-            if len(self._idle) < FAST_MAX_IDLE_CONNECTIONS:
+            if len(self._idle) < FAST_MAX_IDLE_CONNECTIONS and not self._closed:
                 self._idle.append(sock)
                 sock = None
         if sock is not None:
@@ -108,6 +125,7 @@ class _FastLine:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True  # connections in use are closed when their call returns
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
@@ -140,18 +158,88 @@ CHANNEL_OPTIONS = [
 ]
 
 
-class MasterChannel:
-    """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds)."""
+# Following the leader (module docstring, "Leader changes").
+Resolver = Callable[[float], str]
+RESOLVE_MIN_INTERVAL_S = 0.1   # at most one etcd lookup per this long per client
+RESOLVE_TIMEOUT_S = 1.0        # one etcd lookup waits at most this long
+ROTATE_AFTER_S = 1.0           # without etcd or a redirect: try another known master after this
+MAX_KNOWN_MASTERS = 8
+MAX_RETIRED_CHANNELS = 4       # old channels kept open for calls still in flight on them
 
-    def __init__(self, address: str, *, fast: bool = True) -> None:
+
+class _Line:
+    """One master address and its gRPC channel; replaced whole when the leader changes, so a
+    caller that read `MasterChannel._line` once has a consistent (address, stub) pair."""
+
+    __slots__ = ("address", "channel", "failing_since", "generation", "stub")
+
+    def __init__(self, address: str, generation: int) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = cellar_pb2_grpc.MasterStub(self._channel)
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = cellar_pb2_grpc.MasterStub(self.channel)
+        self.generation = generation
+        self.failing_since = 0.0  # monotonic time of the first failure since the last success
+
+
+def _valid_address(address: str) -> str:
+    """`address` when it is a usable HOST:PORT, else "" (never trust a reply's text)."""
+    if not address or len(address) > 300:
+        return ""
+    try:
+        parse_host_port(address)
+    except ValueError:
+        return ""
+    return address
+
+
+def _leader_hint(exc: grpc.RpcError) -> str:
+    """The leader a redirecting master named: trailing metadata first, then the details."""
+    try:
+        metadata: Any = exc.trailing_metadata()  # type: ignore[attr-defined]
+        for key, value in metadata or ():
+            if key == LEADER_METADATA and isinstance(value, str):
+                return _valid_address(value)
+    except Exception:  # noqa: BLE001 - an error without metadata is not a redirect
+        pass
+    details = (exc.details() if hasattr(exc, "details") else "") or ""
+    return _valid_address(leader_from_details(details))
+
+
+class MasterChannel:
+    """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds).
+
+    `resolve` (timeout_s -> the leader's address, "" during an election; raises
+    `cellar.Unavailable` when etcd is unreachable) makes etcd the authority on where the
+    leader is; without it the channel follows the masters' redirects. `follow=False` talks to
+    `address` only and hands back a standby's own ClusterStatus (`cellar status` uses it).
+    """
+
+    def __init__(self, address: str, *, fast: bool = True, resolve: Resolver | None = None,
+                 follow: bool = True) -> None:
+        self.seed = address
+        self._line = _Line(address, 0)
         self._fence = EpochFence()
         self._use_fast = fast
         self._fast: _FastLine | None = None
         self._fast_relearn_at = 0.0  # when a lost fast line may be asked for again
         self._closed = False
+        self._resolve = resolve
+        self._follow = follow
+        self._switch_lock = threading.Lock()
+        self._resolved_at = -math.inf
+        self._known = [address]      # every master this channel talked to, the seed first
+        self._retired: list[grpc.Channel] = []
+        self.switches = 0            # leader changes followed
+        self.switched_at = -math.inf  # monotonic time of the last one
+
+    @property
+    def address(self) -> str:
+        return self._line.address
+
+    @property
+    def generation(self) -> int:
+        """Grows by one with every leader change this channel followed."""
+        return self._line.generation
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
         fast = FAST_METHODS.get(method)
@@ -163,34 +251,50 @@ class MasterChannel:
                 reply = self._call_fast(line, method, fast, request, deadline)
                 if reply is not None:
                     return reply
-        if method == "ClusterStatus":
-            return self._call_grpc(method, request, deadline, learn=True)
-        return self._call_grpc(method, request, deadline)
+        return self._call_grpc(method, request, deadline, learn=method == "ClusterStatus")
 
     def _call_fast(self, line: _FastLine, method: str, fast: tuple[int, Any], request: Any,
                    deadline: float) -> Any | None:
         """The reply over the fast line, or None when gRPC should carry the call."""
+        origin = self._line
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
-            raise Timeout(f"{method} to master {self.address}: timed out")
+            raise Timeout(f"{method} to master {origin.address}: timed out")
         method_id, reply_cls = fast
         try:
             code, data = line.call(method_id, request.SerializeToString(), remaining_s)
         except TimeoutError:
-            raise Timeout(f"{method} to master {self.address}: timed out") from None
+            raise Timeout(f"{method} to master {origin.address}: timed out") from None
         except _FastLineDown:
-            self._fast = None
-            self._fast_relearn_at = time.monotonic() + FAST_RELEARN_S
-            line.close()
+            self._drop_fast(line)
             return None
         if code != 0:
             status = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+            details = data.decode("utf-8", "replace")
             if retryable_grpc(status):
+                # A redirect (a standby, a deposed leader): this line goes to the wrong master.
+                hint = _valid_address(leader_from_details(details))
+                if hint and self._follow:
+                    self._drop_fast(line, relearn_s=0.0)
+                    self._redirect(origin, hint, deadline)
                 return None
-            raise grpc_error(method, self.address, status, data.decode("utf-8", "replace"))
+            raise grpc_error(method, origin.address, status, details)
         reply = reply_cls.FromString(data)
-        self._fence.check(int(reply.header.epoch), self.address)
+        try:
+            self._fence.check(int(reply.header.epoch), origin.address)
+        except Unavailable:
+            if self._resolve is None or not self._follow:
+                raise
+            self._drop_fast(line, relearn_s=0.0)
+            self._redirect(origin, "", deadline)
+            return None  # gRPC retries it, against the leader etcd names
         return reply
+
+    def _drop_fast(self, line: _FastLine, relearn_s: float = FAST_RELEARN_S) -> None:
+        if self._fast is line:
+            self._fast = None
+            self._fast_relearn_at = time.monotonic() + relearn_s
+        line.close()
 
     def _relearn(self, request: Any, deadline: float) -> _FastLine | None:
         """Ask ClusterStatus for the fast line's port (once per FAST_RELEARN_S at most)."""
@@ -202,7 +306,7 @@ class MasterChannel:
             return None
         return self._fast
 
-    def _learn(self, call: Any) -> None:
+    def _learn(self, call: Any, line: _Line) -> None:
         port = 0
         try:
             for key, value in call.trailing_metadata() or ():
@@ -210,51 +314,134 @@ class MasterChannel:
                     port = int(value)
         except (ValueError, TypeError, AttributeError):
             port = 0
-        if not 0 < port < 65536 or self._closed:
+        if not 0 < port < 65536 or self._closed or self._line is not line:
             return
-        host, _ = parse_host_port(self.address)
-        line = self._fast
-        if line is None or line.address != (host, port):
+        host, _ = parse_host_port(line.address)
+        fast = self._fast
+        if fast is None or fast.address != (host.strip("[]"), port):
             self._fast = _FastLine(host.strip("[]"), port)
-            if line is not None:
-                line.close()
+            if fast is not None:
+                fast.close()
 
     def _call_grpc(self, method: str, request: Any, deadline: float, learn: bool = False) -> Any:
-        rpc = getattr(self._stub, method)
-        if learn and self._use_fast:
-            rpc = rpc.with_call
+        want_call = learn and self._use_fast
         backoff_s = BACKOFF_FIRST_S
-        last: grpc.RpcError | None = None
+        failure = ""
+        redirected = False  # the previous attempt moved to another master: retry at once
         for _attempt in range(MAX_RPC_ATTEMPTS):
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 break
+            line = self._line
+            rpc = getattr(line.stub, method)
+            hint = ""
             try:
-                reply = rpc(request, timeout=remaining_s)
-                if learn and self._use_fast:
-                    reply, call = reply
-                    self._learn(call)
+                if want_call:
+                    reply, call = rpc.with_call(request, timeout=remaining_s)
+                else:
+                    reply = rpc(request, timeout=remaining_s)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 details = (exc.details() if hasattr(exc, "details") else "") or ""
                 if not retryable_grpc(code):
-                    raise grpc_error(method, self.address, code, details) from None
-                last = exc
-                if deadline - time.monotonic() <= backoff_s:
-                    break
-                time.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+                    raise grpc_error(method, line.address, code, details) from None
+                failure = f"{method} to master {line.address}: {details or 'unreachable'}"
+                hint = _leader_hint(exc)
+            else:
+                if method == "ClusterStatus" and reply.role == "standby" and self._follow:
+                    failure = (f"master {line.address} is a standby "
+                               f"(leader {reply.leader_address or 'unknown'})")
+                    hint = _valid_address(reply.leader_address)
+                else:
+                    try:
+                        self._fence.check(int(reply.header.epoch), line.address)
+                    except Unavailable as exc:
+                        if self._resolve is None or not self._follow:
+                            raise
+                        failure = str(exc)  # a deposed leader: ask etcd who leads now
+                    else:
+                        if line.failing_since:
+                            line.failing_since = 0.0
+                        if want_call:
+                            self._learn(call, line)
+                        return reply
+            if self._redirect(line, hint, deadline) and not redirected:
+                redirected = True
                 continue
-            self._fence.check(int(reply.header.epoch), self.address)
-            return reply
-        if last is None:
+            redirected = False
+            if deadline - time.monotonic() <= backoff_s:
+                break
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+        if not failure:
             raise Timeout(f"{method} to master {self.address}: timed out")
-        details = (last.details() if hasattr(last, "details") else "") or "unreachable"
-        raise Unavailable(f"{method} to master {self.address}: {details}")
+        raise Unavailable(failure)
+
+    # ---- following the leader --------------------------------------------------------------
+
+    def _redirect(self, failed: _Line, hint: str, deadline: float) -> bool:
+        """After `failed` did not serve a call: point the channel at the leader. True when the
+        next attempt goes to another master (this call switched, or another caller did)."""
+        if not self._follow or self._closed:
+            return False
+        now = time.monotonic()
+        if not failed.failing_since:
+            failed.failing_since = now
+        with self._switch_lock:
+            if self._line is not failed:
+                return True
+            target = self._leader_address(failed, hint, deadline, now)
+            if not target or target == failed.address or self._closed:
+                return False
+            self._switch(target)
+            return True
+
+    def _leader_address(self, failed: _Line, hint: str, deadline: float, now: float) -> str:
+        """Where the leader is now, or "" when that is not known (yet)."""
+        if self._resolve is not None:
+            if now - self._resolved_at < RESOLVE_MIN_INTERVAL_S:
+                return ""
+            self._resolved_at = now
+            try:
+                return _valid_address(
+                    self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
+            except CellarError:
+                return hint  # etcd unreachable: a master's redirect is the best guess left
+        if hint:
+            return hint
+        # No etcd and no redirect (the master is down): another master we knew may lead now.
+        if now - failed.failing_since >= ROTATE_AFTER_S and len(self._known) > 1:
+            i = self._known.index(failed.address) if failed.address in self._known else -1
+            return self._known[(i + 1) % len(self._known)]
+        return ""
+
+    def _switch(self, address: str) -> None:
+        """Send every next call to `address`; the fast line is learned again from it. The
+        epoch fence stays: the new leader's epoch is higher, an older master's is refused."""
+        old = self._line
+        self._line = _Line(address, old.generation + 1)
+        if address not in self._known:
+            self._known.append(address)
+            del self._known[1:-MAX_KNOWN_MASTERS + 1]  # keep the seed and the newest
+        self._retired.append(old.channel)
+        while len(self._retired) > MAX_RETIRED_CHANNELS:
+            self._retired.pop(0).close()
+        fast, self._fast = self._fast, None
+        self._fast_relearn_at = 0.0
+        if fast is not None:
+            fast.close()
+        self.switches += 1
+        self.switched_at = time.monotonic()
+        log.info("following the master leader: %s -> %s", old.address, address)
 
     def close(self) -> None:
         self._closed = True
-        line, self._fast = self._fast, None
-        if line is not None:
-            line.close()
-        self._channel.close()
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            fast.close()
+        with self._switch_lock:
+            retired, self._retired = self._retired, []
+            line = self._line
+        for channel in retired:
+            channel.close()
+        line.channel.close()

@@ -15,6 +15,13 @@ Deadlines
     their retries, transfers and put retries on other nodes. When it runs out the call raises
     `cellar.Timeout` (or `cellar.Unavailable` if the master was unreachable throughout).
 
+Leader changes
+    With an `etcd://` address (or a standby's redirect) the master channel follows the leader
+    (rpc.py). Calls in flight when the leader dies are retried there within their deadline;
+    puts whose keys the change left UNAVAILABLE (a node refused the old epoch's grant, the new
+    leader's nodes are still mounting) are placed again, and gets whose batch straddled the
+    change ask the new leader for fresh grants.
+
 Copies
     None on CPython. `put` sends straight from the caller's buffer. `get_into` /
     `get_many_into` receive straight into the caller's buffer (checked for size before any
@@ -48,6 +55,7 @@ from cellar.client.core import (
     UnpinQueue,
 )
 from cellar.client.rpc import MasterChannel
+from cellar.coord.target import EtcdTarget, is_etcd_url, parse_etcd_url
 from cellar.errors import CellarError, InvalidArgument, Status, Timeout
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import (
@@ -61,6 +69,13 @@ from cellar.transfer.base import (
 from cellar.units import parse_host_port
 
 UNPIN_FLUSH_TIMEOUT_S = 5.0
+# Riding through a master failover (rpc.py follows the leader; these re-place what it voided).
+FAILOVER_SETTLE_S = 10.0          # after following a leader change, this long counts as "lately"
+MAX_FAILOVER_ROUNDS = 32          # put rounds for keys a leader change left UNAVAILABLE
+FAILOVER_BACKOFF_FIRST_S = 0.05
+FAILOVER_BACKOFF_MAX_S = 0.5
+FAILOVER_PUT_STATUSES = frozenset({Status.UNAVAILABLE, Status.NO_SPACE})
+MAX_GET_FAILOVER_ROUNDS = 2       # gets whose batch straddled a leader change, asked again
 CLOSE_FLUSH_TIMEOUT_S = 1.0
 CLOSE_FLUSH_MAX_CALLS = 8
 
@@ -74,6 +89,19 @@ def _client_id() -> str:
     if _PROCESS_CLIENT_ID is None or _PROCESS_CLIENT_ID[0] != pid:
         _PROCESS_CLIENT_ID = (pid, f"{socket.gethostname()}/{pid}/{secrets.token_hex(4)}")
     return _PROCESS_CLIENT_ID[1]
+
+
+def parse_master_address(address: str) -> EtcdTarget | None:
+    """None for a master's "host:port", the etcd target for "etcd://HOST:PORT[,...]/CLUSTER";
+    `cellar.InvalidArgument` for anything else."""
+    if is_etcd_url(address):
+        return parse_etcd_url(address)
+    try:
+        parse_host_port(address)
+    except ValueError:
+        raise InvalidArgument(f"address must be 'host:port' or 'etcd://HOST:PORT[,...]/CLUSTER', "
+                              f"got {address!r}") from None
+    return None
 
 
 def open_transports(choice: str) -> TransportSet:
@@ -141,10 +169,7 @@ class Client:
                  timeout_s: float = 30.0, transport: str = "auto") -> None:
         if not isinstance(address, str):
             raise InvalidArgument(f"address must be a 'host:port' str, not {type(address).__name__}")
-        try:
-            parse_host_port(address)
-        except ValueError:
-            raise InvalidArgument(f"address must be 'host:port', got {address!r}") from None
+        target = parse_master_address(address)
         if token is not None and not isinstance(token, str):
             raise InvalidArgument(f"token must be a str or None, not {type(token).__name__}")
         self.address = address
@@ -154,20 +179,44 @@ class Client:
         self._header = pb.RequestHeader(tenant=self.tenant, client_id=_client_id(),
                                         token=token or "")
         self._closed = False
+        deadline = self._deadline()
+        self._discovery: Any = None
+        master_address = address
+        if target is not None:
+            # etcd names the leader; it is also asked again whenever the leader stops serving.
+            from cellar.coord.discovery import LeaderDiscovery
+
+            self._discovery = LeaderDiscovery(target)
+            try:
+                master_address = self._discovery.wait_for_leader(self.timeout_s).address
+            except BaseException:
+                self._discovery.close()
+                raise
         self._health = NodeHealth()
         self._unpins = UnpinQueue()
         self._transports = open_transports(transport)
-        self._master = MasterChannel(address)
+        self._master = MasterChannel(
+            master_address, resolve=None if target is None else self._leader_from_etcd)
         self.limits = Limits()
         self._flusher = _UnpinFlusher(self._unpins, self._send_unpins, self._unpin_batch)
         self._finalizer = weakref.finalize(self, _UnpinFlusher.stop, self._flusher)
         try:
             reply = self._master.call("ClusterStatus", pb.ClusterStatusRequest(header=self._header),
-                                      self._deadline())
+                                      deadline)
         except BaseException:
             self.close()
             raise
         self.limits = Limits.from_status(reply)
+
+    def _leader_from_etcd(self, timeout_s: float) -> str:
+        """The leader's address as etcd knows it now; "" during an election."""
+        record = self._discovery.leader(timeout_s)
+        return record.address if record is not None else ""
+
+    @property
+    def master_address(self) -> str:
+        """HOST:PORT of the master this client talks to now (the leader it follows)."""
+        return self._master.address
 
     # ---- context manager and lifecycle -----------------------------------------------------
 
@@ -191,6 +240,8 @@ class Client:
         self._flusher.flush(max_calls=CLOSE_FLUSH_MAX_CALLS)
         self._transports.close()
         self._master.close()
+        if self._discovery is not None:
+            self._discovery.close()
 
     # ---- put -------------------------------------------------------------------------------
 
@@ -235,16 +286,44 @@ class Client:
     def _run_puts(self, entries: list[PutEntry], *, replicas: int, soft_pin: bool, upsert: bool,
                   deadline: float) -> list[PutEntry]:
         for span in core.batch_ranges(len(entries), self.limits.max_batch_keys):
-            batch = PutBatch(entries[span.start:span.stop], tenant=self.tenant, replicas=replicas,
-                             soft_pin=soft_pin, upsert=upsert, health=self._health)
-            try:
-                self._drive_put(batch, deadline)
-            except BaseException as exc:
-                refs = batch.abandon(str(exc) or type(exc).__name__)
-                if refs:
-                    self._revoke(refs, deadline)
-                raise
+            chunk = entries[span.start:span.stop]
+            generation = self._master.generation
+            self._put_batch(chunk, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
+                            deadline=deadline)
+            # Keys a leader change left UNAVAILABLE (a node refused the old epoch's grant, or
+            # the new leader's nodes are still mounting) are placed again while time is left.
+            backoff_s = FAILOVER_BACKOFF_FIRST_S
+            for _round in range(MAX_FAILOVER_ROUNDS):
+                again = [i for i, e in enumerate(chunk) if e.status in FAILOVER_PUT_STATUSES]
+                if not again or not self._near_failover(generation):
+                    break
+                if deadline - time.monotonic() <= backoff_s + core.MIN_RETRY_BUDGET_S:
+                    break
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, FAILOVER_BACKOFF_MAX_S)
+                fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum) for i in again]
+                self._put_batch(fresh, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
+                                deadline=deadline)
+                for i, entry in zip(again, fresh, strict=True):
+                    chunk[i].status, chunk[i].message = entry.status, entry.message
         return entries
+
+    def _near_failover(self, generation: int) -> bool:
+        """Whether this client followed a leader change since `generation`, or lately."""
+        return (self._master.generation != generation
+                or time.monotonic() - self._master.switched_at < FAILOVER_SETTLE_S)
+
+    def _put_batch(self, entries: list[PutEntry], *, replicas: int, soft_pin: bool, upsert: bool,
+                   deadline: float) -> None:
+        batch = PutBatch(entries, tenant=self.tenant, replicas=replicas, soft_pin=soft_pin,
+                         upsert=upsert, health=self._health)
+        try:
+            self._drive_put(batch, deadline)
+        except BaseException as exc:
+            refs = batch.abandon(str(exc) or type(exc).__name__)
+            if refs:
+                self._revoke(refs, deadline)
+            raise
 
     def _drive_put(self, batch: PutBatch, deadline: float) -> None:
         while (request := batch.start_request(self._header)) is not None:
@@ -350,8 +429,22 @@ class Client:
                   deadline: float) -> list[GetEntry]:
         entries: list[GetEntry] = []
         for span in core.batch_ranges(len(keys), self.limits.max_batch_keys):
-            batch = GetBatch(keys[span.start:span.stop],
-                             None if dests is None else dests[span.start:span.stop],
+            chunk = self._get_batch(keys[span.start:span.stop],
+                                    None if dests is None else dests[span.start:span.stop],
+                                    entries, deadline)
+            entries.extend(chunk)
+        return entries
+
+    def _get_batch(self, keys: list[str], dests: list[memoryview] | None,
+                   done: list[GetEntry], deadline: float) -> list[GetEntry]:
+        """One batch's entries; keys whose grants a leader change voided (the nodes mounted at
+        the new leader and refuse the old epoch) are asked for again at the new leader."""
+        out: list[GetEntry] = []
+        index = list(range(len(keys)))
+        for _round in range(MAX_GET_FAILOVER_ROUNDS + 1):
+            generation = self._master.generation
+            batch = GetBatch([keys[i] for i in index],
+                             None if dests is None else [dests[i] for i in index],
                              health=self._health)
             try:
                 self._get_replicas(batch, deadline)
@@ -359,12 +452,22 @@ class Client:
                     results = self._transfer("read", ops, deadline, batch.can_fall_back())
                     batch.on_read_results(results)
             except BaseException:
-                core.release_views(entries + batch.entries)
+                core.release_views(done + out + batch.entries)
                 raise
             finally:
                 self._release(batch.pin_ids)
-            entries.extend(batch.entries)
-        return entries
+            if not out:
+                out = batch.entries
+            else:
+                for i, entry in zip(index, batch.entries, strict=True):
+                    core.release_views([out[i]])
+                    out[i] = entry
+            if self._master.generation == generation:
+                break
+            index = [i for i in index if out[i].status == Status.UNAVAILABLE and not out[i].corrupt]
+            if not index or deadline - time.monotonic() <= core.MIN_RETRY_BUDGET_S:
+                break
+        return out
 
     def _get_replicas(self, batch: GetBatch, deadline: float) -> None:
         unpins = self._unpins.drain(self._unpin_batch())
@@ -509,13 +612,17 @@ class Client:
 
 def connect(address: str, *, tenant: str = "default", token: str | None = None,
             timeout_s: float = 30.0, transport: str = "auto") -> Client:
-    """Connect to the Cellar master at `address` ("host:port").
+    """Connect to a Cellar cluster: its master's "host:port", or
+    "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER" for a highly available cluster, whose leader is
+    looked up in etcd (waiting up to `timeout_s` while an election runs) and followed when it
+    changes. Given a "host:port", the client follows the redirects of a standby master.
 
     `tenant` names the key namespace (and quota); `token` is the credential when the master
     checks one; `timeout_s` bounds every call; `transport` picks the data plane ("auto" chooses
     per replica: "shm" for same-host nodes, "rdma" where a device exists, else "tcp"; a forced
-    name uses only that transport). Raises `cellar.Unavailable` if the master cannot be reached
-    within `timeout_s`, `cellar.InvalidArgument` for bad arguments (and for a forced transport
+    name uses only that transport). Raises `cellar.Unavailable` if the master (or, for an etcd
+    address, etcd or a leader) cannot be reached within `timeout_s`, `cellar.InvalidArgument`
+    for bad arguments (a malformed address included) (and for a forced transport
     this machine lacks, e.g. "rdma" without a device).
     """
     return Client(address, tenant=tenant, token=token, timeout_s=timeout_s, transport=transport)
