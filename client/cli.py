@@ -1,11 +1,15 @@
 """`cellar status | put | get | rm`: quick checks against a running cluster from the shell.
 
-Each command connects with the public SDK (nothing here talks to the master on its own), does
-one thing and exits: 0 on success, 1 when the cluster said no (not found, exists, no space,
-unreachable), 2 for bad usage. Errors are one line on stderr, never a traceback.
+Each command connects with the public SDK (besides the SDK, only `cellar status` reads the
+masters' HTTP status), does one thing and exits: 0 on success, 1 when the cluster said no
+(not found, exists, no space, unreachable), 2 for bad usage. Errors are one line on stderr,
+never a traceback.
 
-The master address comes from `--master`, else `CELLAR_MASTER`, else 127.0.0.1:50051; the
-tenant and token likewise from `--tenant`/`CELLAR_TENANT` and `--token`/`CELLAR_TOKEN`.
+The master address comes from `--master`, else `CELLAR_MASTER`, else 127.0.0.1:50051; it may be
+`etcd://HOST:PORT[,...]/CLUSTER` (the SDK finds and follows the leader). The tenant and token
+likewise from `--tenant`/`CELLAR_TENANT` and `--token`/`CELLAR_TOKEN`. `cellar status` also
+shows the masters' roles: every live master etcd lists, or the master it was pointed at when
+that one is a standby (then the leader's summary follows).
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from cellar.units import format_size, parse_duration_s
 
 DEFAULT_MASTER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = 10.0
+HTTP_PROBE_TIMEOUT_S = 2.0        # one master's /api/v1/status, for `cellar status`
+MAX_STATUS_BYTES = 16 << 20
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"cellar {prog}", description=description)
     parser.add_argument("--master", default=os.environ.get("CELLAR_MASTER", DEFAULT_MASTER),
-                        help="master address HOST:PORT (default: $CELLAR_MASTER or "
-                             f"{DEFAULT_MASTER})")
+                        help="master address HOST:PORT, or etcd://HOST:PORT[,...]/CLUSTER for a "
+                             f"highly available cluster (default: $CELLAR_MASTER or {DEFAULT_MASTER})")
     parser.add_argument("--tenant", default=os.environ.get("CELLAR_TENANT", "default"),
                         help="tenant (default: $CELLAR_TENANT or 'default')")
     parser.add_argument("--token", default=os.environ.get("CELLAR_TOKEN"),
@@ -75,6 +81,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _looks_numeric(text: str) -> bool:
+    if ":" in text:
+        return False  # an address (HOST:PORT) reads left to right
     return bool(text) and (text[0].isdigit() or text in ("-", "unlimited"))
 
 
@@ -88,9 +96,39 @@ def _data_plane(endpoints: dict[str, str]) -> str:
     return endpoints.get("tcp", "-") + "".join(f" +{name}" for name in others)
 
 
+def render_master_line(probed: dict[str, Any]) -> str:
+    """One master's role, epoch and leader, as `cellar status` prints a master it was pointed
+    at that does not serve (a standby)."""
+    return (f"master {probed['address']}: role {probed['role'] or '-'}  epoch {probed['epoch']}"
+            f"  leader {probed['leader_address'] or '?'}")
+
+
+def render_masters(cluster: str, masters: Sequence[dict[str, Any]]) -> str:
+    """The live masters an etcd cluster lists, with their roles (from their HTTP status)."""
+    if not masters:
+        return f"no masters registered in etcd for cluster {cluster!r}"
+    rows = []
+    for m in masters:
+        lease = m.get("lease_remaining_s")
+        takeover = m.get("takeover") or {}
+        rows.append([
+            m["master_id"], m["address"], m["http"] or "-", m["role"], m["epoch"],
+            f"{lease:.1f}s" if isinstance(lease, (int, float)) and m["role"] == "leader" else "-",
+            (f"{takeover['duration_s']:.2f}s, {takeover['recovered_objects']} objects"
+             + ("" if takeover.get("complete", True) else " (running)"))
+            if takeover.get("duration_s") is not None and m["role"] == "leader" else "-",
+        ])
+    return format_table(["MASTER", "ADDRESS", "HTTP", "ROLE", "EPOCH", "LEASE", "TAKEOVER"], rows)
+
+
 def render_status(address: str, status: dict[str, Any]) -> str:
+    role = status["role"] or "-"
+    leader = status.get("leader_address") or ""
+    if not leader and role == "leader":
+        leader = address
     lines = [
-        f"Cellar master {address}  role {status['role'] or '-'}  epoch {status['epoch']}",
+        f"Cellar master {address}  role {role}  epoch {status['epoch']}"
+        + (f"  leader {leader}" if leader else ""),
         f"capacity {format_size(status['capacity_bytes'])}  used "
         f"{format_size(status['used_bytes'])} ({_pct(status['used_bytes'], status['capacity_bytes'])})"
         f"  objects {status['object_count']}  max object "
@@ -118,23 +156,102 @@ def render_status(address: str, status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def fetch_http_status(http: str, timeout_s: float) -> dict[str, Any] | None:
+    """A master's `/api/v1/status` JSON, or None when it did not answer."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    if not http:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{http}/api/v1/status", timeout=timeout_s) as reply:
+            body = json.loads(reply.read(MAX_STATUS_BYTES))
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def etcd_masters(url: str, timeout_s: float) -> tuple[str, list[dict[str, Any]]]:
+    """(the leader's address or "", every live master etcd lists) for an etcd:// address; each
+    master's role, epoch and lease from its HTTP status, else from etcd's records."""
+    from cellar.coord.discovery import LeaderDiscovery
+    from cellar.coord.target import parse_etcd_url
+
+    discovery = LeaderDiscovery(parse_etcd_url(url))
+    try:
+        leader = discovery.leader(timeout_s)
+        records = discovery.masters(timeout_s)
+    finally:
+        discovery.close()
+    masters = []
+    for record in records:
+        is_leader = leader is not None and record.master_id == leader.master_id
+        entry: dict[str, Any] = {
+            "master_id": record.master_id, "address": record.address, "http": record.http,
+            "role": "leader" if is_leader else "standby",
+            "epoch": leader.epoch if is_leader and leader is not None else record.epoch,
+            "lease_remaining_s": None, "takeover": None, "reachable": False,
+        }
+        http = fetch_http_status(record.http, min(timeout_s, HTTP_PROBE_TIMEOUT_S))
+        if http is not None:
+            entry["reachable"] = True
+            for key in ("role", "epoch", "lease_remaining_s", "takeover"):
+                if key in http:
+                    entry[key] = http[key]
+        masters.append(entry)
+    return (leader.address if leader is not None else ""), masters
+
+
 def status_main(argv: list[str]) -> int:
-    parser = _parser("status", "Print the cluster's capacity, use, nodes, objects and tenants.")
+    parser = _parser("status", "Print the masters' roles and the cluster's capacity, use, nodes, "
+                               "objects and tenants.")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
 
     def body() -> int:
-        with _connect(args) as client:
-            status = client.status()
-        if args.json:
-            import json
+        from cellar.client.sync import parse_master_address, probe_master
 
-            print(json.dumps(status, indent=2, sort_keys=True))
+        target = parse_master_address(args.master)
+        out: dict[str, Any] = {}
+        text: list[str] = []
+        if target is not None:
+            leader, masters = etcd_masters(args.master, args.timeout)
+            out["masters"] = masters
+            text += [f"etcd {','.join(target.endpoints)} cluster {target.cluster}: leader "
+                     f"{leader or 'none (election under way)'}", render_masters(target.cluster, masters), ""]
         else:
-            print(render_status(args.master, status))
+            probed = probe_master(args.master, tenant=args.tenant, token=args.token,
+                                  timeout_s=args.timeout)
+            if probed["role"] != "standby":
+                out.update(probed)
+                _print_status(args, out, text + [render_status(args.master, probed)])
+                return 0
+            out["probed"] = {"address": args.master, "role": probed["role"],
+                             "epoch": probed["epoch"], "leader_address": probed["leader_address"]}
+            text += [render_master_line({**probed, "address": args.master}), ""]
+        try:
+            with _connect(args) as client:
+                status = client.status()
+                where = client.master_address
+        except CellarError as exc:
+            _print_status(args, out, text)
+            print(f"cellar status: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        out.update(status)
+        _print_status(args, out, text + [render_status(where, status)])
         return 0
 
     return _run("status", body)
+
+
+def _print_status(args: argparse.Namespace, out: dict[str, Any], text: list[str]) -> None:
+    if args.json:
+        import json
+
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        print("\n".join(text))
 
 
 # ---- put / get / rm -----------------------------------------------------------------------

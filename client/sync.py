@@ -97,6 +97,8 @@ def parse_master_address(address: str) -> EtcdTarget | None:
     if is_etcd_url(address):
         return parse_etcd_url(address)
     try:
+        if "://" in address:
+            raise ValueError("only etcd:// addresses have a scheme")
         parse_host_port(address)
     except ValueError:
         raise InvalidArgument(f"address must be 'host:port' or 'etcd://HOST:PORT[,...]/CLUSTER', "
@@ -626,3 +628,22 @@ def connect(address: str, *, tenant: str = "default", token: str | None = None,
     this machine lacks, e.g. "rdma" without a device).
     """
     return Client(address, tenant=tenant, token=token, timeout_s=timeout_s, transport=transport)
+
+
+def probe_master(address: str, *, tenant: str = "default", token: str | None = None,
+                 timeout_s: float = 5.0) -> dict[str, Any]:
+    """One master's own ClusterStatus, not following any redirect: its role ("leader",
+    "standby", "single"), epoch and leader_address, plus (when it serves) the summary
+    `Client.status` gives. `address` is "host:port"; `cellar.Unavailable` if it is down."""
+    if parse_master_address(address) is not None:
+        raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
+    timeout_s = core.validate_timeout(timeout_s)
+    header = pb.RequestHeader(tenant=core.validate_tenant(tenant), client_id=_client_id(),
+                              token=token or "")
+    channel = MasterChannel(address, fast=False, follow=False)
+    try:
+        reply = channel.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
+                             time.monotonic() + timeout_s)
+    finally:
+        channel.close()
+    return core.status_to_dict(reply)

@@ -1,0 +1,429 @@
+"""The SDK follows the master leader (client/rpc.py): redirects, etcd as the authority, the
+epoch fence across a change, the fast line's redirects, and etcd:// addresses. Fake masters
+stand in for gRPC (no processes, no etcd)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+import cellar
+from cellar.client import rpc, sync
+from cellar.coord.redirect import LEADER_METADATA, redirect_details
+from cellar.proto import cellar_pb2 as pb
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, metadata: tuple[Any, ...] = ()) -> None:
+        super().__init__(details)
+        self._code, self._details, self._metadata = code, details, metadata
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[Any, ...]:
+        return self._metadata
+
+
+class FakeMaster:
+    """role "leader" serves; "standby" redirects (metadata and/or details); "dead" refuses."""
+
+    def __init__(self, address: str, role: str = "leader", epoch: int = 10, leader: str = "",
+                 metadata: bool = True, fast_port: int = 0) -> None:
+        self.address, self.role, self.epoch, self.leader = address, role, epoch, leader
+        self.metadata = metadata
+        self.fast_port = fast_port
+        self.calls: list[str] = []
+
+    def answer(self, method: str) -> Any:
+        self.calls.append(method)
+        if self.role == "dead":
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+        header = pb.ReplyHeader(epoch=self.epoch)
+        if method == "ClusterStatus":
+            return pb.ClusterStatusReply(header=header, role=self.role, leader_address=self.leader)
+        if self.role == "standby":
+            metadata = ((LEADER_METADATA, self.leader),) if self.metadata else ()
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE,
+                               redirect_details(self.address, "standby", self.leader, self.epoch),
+                               metadata)
+        if self.role == "bad":
+            raise FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "bad key")
+        return pb.ClusterStatusReply(header=header)
+
+
+class FakeCall:
+    def __init__(self, metadata: tuple[Any, ...]) -> None:
+        self._metadata = metadata
+
+    def trailing_metadata(self) -> tuple[Any, ...]:
+        return self._metadata
+
+
+class FakeMethod:
+    def __init__(self, master: FakeMaster, method: str) -> None:
+        self.master, self.method = master, method
+
+    def __call__(self, request: Any, timeout: float) -> Any:
+        return self.master.answer(self.method)
+
+    def with_call(self, request: Any, timeout: float) -> tuple[Any, FakeCall]:
+        reply = self.master.answer(self.method)
+        port = self.master.fast_port
+        return reply, FakeCall(((rpc.FAST_PORT_METADATA, str(port)),) if port else ())
+
+
+class FakeStub:
+    def __init__(self, master: FakeMaster) -> None:
+        self.master = master
+
+    def __getattr__(self, method: str) -> FakeMethod:
+        return FakeMethod(self.master, method)
+
+
+class FakeChannel:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def masters(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeMaster]:
+    """address -> fake master; an address nobody registered is a dead one."""
+    table: dict[str, FakeMaster] = {}
+
+    class FakeLine:
+        def __init__(self, address: str, generation: int) -> None:
+            self.address = address
+            self.channel = FakeChannel()
+            self.stub = FakeStub(table.setdefault(address, FakeMaster(address, "dead")))
+            self.generation = generation
+            self.failing_since = 0.0
+
+    monkeypatch.setattr(rpc, "_Line", FakeLine)
+    return table
+
+
+def soon(seconds: float = 2.0) -> float:
+    return time.monotonic() + seconds
+
+
+def test_a_standby_redirect_in_trailing_metadata_is_followed(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
+    masters["l:1"] = FakeMaster("l:1")
+    channel = rpc.MasterChannel("s:1", fast=False)
+    reply = channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert reply.header.epoch == 10
+    assert channel.address == "l:1" and channel.switches == 1 and channel.generation == 1
+    assert masters["l:1"].calls == ["Remove"]
+
+
+def test_a_redirect_in_the_details_alone_is_followed(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1", metadata=False)
+    masters["l:1"] = FakeMaster("l:1")
+    channel = rpc.MasterChannel("s:1", fast=False)
+    channel.call("Exists", pb.KeysRequest(keys=["k"]), soon())
+    assert channel.address == "l:1"
+
+
+def test_cluster_status_of_a_standby_is_a_redirect_unless_asked_not_to_follow(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
+    masters["l:1"] = FakeMaster("l:1")
+    following = rpc.MasterChannel("s:1", fast=False)
+    assert following.call("ClusterStatus", pb.ClusterStatusRequest(), soon()).role == "leader"
+    probe = rpc.MasterChannel("s:1", fast=False, follow=False)
+    reply = probe.call("ClusterStatus", pb.ClusterStatusRequest(), soon())
+    assert reply.role == "standby" and reply.leader_address == "l:1" and probe.address == "s:1"
+
+
+def test_a_standby_that_knows_no_leader_fails_after_the_deadline(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="")
+    channel = rpc.MasterChannel("s:1", fast=False)
+    started = time.monotonic()
+    with pytest.raises(cellar.Unavailable, match="leader=\\?"):
+        channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(0.3))
+    assert 0.1 < time.monotonic() - started < 1.5  # gives up when the next backoff would pass it
+    assert channel.address == "s:1"
+
+
+def test_a_malformed_redirect_is_ignored(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="not an address")
+    channel = rpc.MasterChannel("s:1", fast=False)
+    with pytest.raises(cellar.Unavailable):
+        channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(0.2))
+    assert channel.switches == 0
+
+
+def test_etcd_is_the_authority_over_a_redirect(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="stale:1")
+    masters["l:2"] = FakeMaster("l:2", epoch=20)
+    asked: list[float] = []
+
+    def resolve(timeout_s: float) -> str:
+        asked.append(timeout_s)
+        return "l:2"
+
+    channel = rpc.MasterChannel("s:1", fast=False, resolve=resolve)
+    assert channel.call("Remove", pb.KeysRequest(keys=["k"]), soon()).header.epoch == 20
+    assert channel.address == "l:2" and len(asked) == 1
+    assert 0 < asked[0] <= rpc.RESOLVE_TIMEOUT_S
+    assert "stale:1" not in masters
+
+
+def test_an_unreachable_etcd_falls_back_to_the_redirect(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
+    masters["l:1"] = FakeMaster("l:1")
+
+    def resolve(timeout_s: float) -> str:
+        raise cellar.Unavailable("etcd unreachable")
+
+    channel = rpc.MasterChannel("s:1", fast=False, resolve=resolve)
+    channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert channel.address == "l:1"
+
+
+def test_etcd_lookups_are_rate_limited_during_an_election(masters):
+    masters["old:1"] = FakeMaster("old:1", "dead")
+    asked: list[float] = []
+
+    def resolve(timeout_s: float) -> str:
+        asked.append(time.monotonic())
+        return ""  # no leader yet
+
+    channel = rpc.MasterChannel("old:1", fast=False, resolve=resolve)
+    started = time.monotonic()
+    with pytest.raises(cellar.Unavailable):
+        channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(0.6))
+    elapsed_s = time.monotonic() - started
+    assert 1 <= len(asked) <= elapsed_s / rpc.RESOLVE_MIN_INTERVAL_S + 1
+    assert all(b - a >= rpc.RESOLVE_MIN_INTERVAL_S for a, b in zip(asked, asked[1:], strict=False))
+
+
+def test_a_dead_leader_is_replaced_by_the_one_etcd_names_within_the_deadline(masters):
+    masters["a:1"] = FakeMaster("a:1", epoch=10)
+    masters["b:1"] = FakeMaster("b:1", "standby", leader="a:1", epoch=10)
+    leader = {"address": "a:1"}
+    channel = rpc.MasterChannel("a:1", fast=False, resolve=lambda _t: leader["address"])
+    channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    masters["a:1"].role = "dead"                      # kill -9 the leader ...
+    leader["address"] = ""                            # ... an election runs ...
+    masters["b:1"].role, masters["b:1"].epoch = "leader", 30
+
+    def elected() -> None:
+        leader["address"] = "b:1"
+
+    import threading
+
+    threading.Timer(0.3, elected).start()
+    reply = channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(3.0))
+    assert reply.header.epoch == 30 and channel.address == "b:1"
+    assert channel._fence.highest == 30
+
+
+def test_the_fence_refuses_an_older_epoch_after_a_change(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="new:1")
+    masters["new:1"] = FakeMaster("new:1", epoch=50)
+    channel = rpc.MasterChannel("s:1", fast=False)
+    channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert channel._fence.highest == 50
+    masters["new:1"].epoch = 40                       # a deposed leader answering
+    with pytest.raises(cellar.Unavailable, match="older than 50"):
+        channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+
+
+def test_with_etcd_a_fenced_reply_is_retried_at_the_leader_etcd_names(masters):
+    masters["old:1"] = FakeMaster("old:1", epoch=50)
+    masters["new:1"] = FakeMaster("new:1", epoch=60)
+    leader = {"address": "old:1"}
+    channel = rpc.MasterChannel("old:1", fast=False, resolve=lambda _t: leader["address"])
+    channel._fence.check(55, "somewhere")             # heard from a newer leader already
+    leader["address"] = "new:1"
+    reply = channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert reply.header.epoch == 60 and channel.address == "new:1"
+
+
+def test_without_etcd_a_silent_master_rotates_to_the_others_it_knew(masters, monkeypatch):
+    monkeypatch.setattr(rpc, "ROTATE_AFTER_S", 0.1)
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
+    masters["l:1"] = FakeMaster("l:1", epoch=10)
+    channel = rpc.MasterChannel("s:1", fast=False)
+    channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert channel.address == "l:1"
+    masters["l:1"].role = "dead"                      # the leader dies; s:1 takes over
+    masters["s:1"].role, masters["s:1"].epoch = "leader", 20
+    reply = channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert reply.header.epoch == 20 and channel.address == "s:1"
+
+
+def test_non_retryable_errors_are_not_redirected(masters):
+    masters["l:1"] = FakeMaster("l:1", "bad")
+    channel = rpc.MasterChannel("l:1", fast=False, resolve=lambda _t: "x:1")
+    with pytest.raises(cellar.InvalidArgument):
+        channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert channel.switches == 0
+
+
+def test_switching_retires_the_old_channel_and_drops_the_fast_line(masters):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
+    masters["l:1"] = FakeMaster("l:1")
+    channel = rpc.MasterChannel("s:1", fast=False)
+    old = channel._line.channel
+
+    class Fast:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    fast = Fast()
+    channel._fast = fast  # type: ignore[assignment]
+    channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+    assert channel._fast is None and fast.closed and channel._fast_relearn_at == 0.0
+    assert not old.closed  # calls may still be in flight on it
+    channel.close()
+    assert old.closed and channel._line.channel.closed
+
+
+class FakeFastLine:
+    """A fast line whose every call gets the given (code, body)."""
+
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code, self.body = code, body
+        self.address = ("s", 1)
+        self.closed = False
+
+    def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        return self.code, self.body
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_redirect_over_the_fast_line_moves_the_call_to_the_leader(masters, monkeypatch):
+    masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
+    masters["l:1"] = FakeMaster("l:1", fast_port=7000)
+    learned: list[tuple[str, int]] = []
+
+    class LearnedFast(FakeFastLine):
+        def __init__(self, host: str, port: int) -> None:
+            super().__init__(0, pb.PutStartReply(header=pb.ReplyHeader(epoch=10)).SerializeToString())
+            learned.append((host, port))
+
+    monkeypatch.setattr(rpc, "_FastLine", LearnedFast)
+    channel = rpc.MasterChannel("s:1")
+    details = redirect_details("m-s", "standby", "l:1", 10).encode()
+    standby_fast = FakeFastLine(14, details)
+    channel._fast = standby_fast  # type: ignore[assignment]
+    reply = channel.call("PutStart", pb.PutStartRequest(), soon())
+    assert reply.header.epoch == 10
+    assert standby_fast.closed and channel.address == "l:1"
+    assert masters["l:1"].calls == ["PutStart"]       # gRPC carried the redirected call
+    # The next fast call learns the new leader's fast line from its ClusterStatus.
+    channel.call("PutStart", pb.PutStartRequest(), soon())
+    assert learned == [("l", 7000)]
+    assert masters["l:1"].calls == ["PutStart", "ClusterStatus"]
+
+
+def test_fast_line_unavailable_without_a_leader_falls_back_to_grpc(masters):
+    masters["l:1"] = FakeMaster("l:1")
+    channel = rpc.MasterChannel("l:1")
+    fast = FakeFastLine(14, b"the master is rebuilding its table; retry shortly")
+    channel._fast = fast  # type: ignore[assignment]
+    channel.call("GetReplicas", pb.GetReplicasRequest(), soon())
+    assert channel._fast is fast and not fast.closed and channel.switches == 0
+    assert masters["l:1"].calls == ["GetReplicas"]
+
+
+def test_a_fast_reply_from_an_older_epoch_is_refused(masters):
+    masters["l:1"] = FakeMaster("l:1", epoch=10)
+    channel = rpc.MasterChannel("l:1")
+    channel._fence.check(20, "elsewhere")
+    channel._fast = FakeFastLine(  # type: ignore[assignment]
+        0, pb.PutEndReply(header=pb.ReplyHeader(epoch=10)).SerializeToString())
+    with pytest.raises(cellar.Unavailable, match="older than 20"):
+        channel.call("PutEnd", pb.PutEndRequest(), soon())
+
+
+# ---- addresses -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("address", [
+    "etcd://", "etcd://127.0.0.1:2379", "etcd://127.0.0.1:2379/", "etcd://nohost/c1",
+    "etcd://127.0.0.1:2379/bad name", "localhost", "http://127.0.0.1:1", "",
+])
+def test_bad_addresses_are_invalid_arguments(address):
+    with pytest.raises(cellar.InvalidArgument):
+        cellar.connect(address, timeout_s=0.5)
+
+
+def test_parse_master_address():
+    assert sync.parse_master_address("127.0.0.1:50051") is None
+    target = sync.parse_master_address("etcd://127.0.0.1:2379,127.0.0.1:2380/c1")
+    assert target is not None and target.cluster == "c1" and len(target.endpoints) == 2
+
+
+def test_an_unreachable_etcd_is_unavailable_within_the_timeout():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(cellar.Unavailable):
+        cellar.connect(f"etcd://127.0.0.1:{port}/c1", timeout_s=0.5)
+    assert time.monotonic() - started < 3.0
+
+
+def test_probe_master_takes_one_master_address():
+    with pytest.raises(cellar.InvalidArgument):
+        sync.probe_master("etcd://127.0.0.1:2379/c1")
+
+
+# ---- cellar status ---------------------------------------------------------------------------
+
+def test_status_shows_role_epoch_leader_and_the_masters():
+    from cellar.client import cli
+
+    masters = [
+        {"master_id": "m-0", "address": "127.0.0.1:5001", "http": "127.0.0.1:8001",
+         "role": "leader", "epoch": 1700000000123, "lease_remaining_s": 2.5,
+         "takeover": {"duration_s": 0.42, "recovered_objects": 1000, "complete": True}},
+        {"master_id": "m-1", "address": "127.0.0.1:5002", "http": "", "role": "standby",
+         "epoch": 0, "lease_remaining_s": None, "takeover": None},
+    ]
+    table = cli.render_masters("c1", masters)
+    lines = table.splitlines()
+    assert lines[0].split() == ["MASTER", "ADDRESS", "HTTP", "ROLE", "EPOCH", "LEASE", "TAKEOVER"]
+    assert "leader" in lines[1] and "2.5s" in lines[1] and "0.42s, 1000 objects" in lines[1]
+    assert lines[2].split()[:4] == ["m-1", "127.0.0.1:5002", "-", "standby"]
+    assert lines[1].index("127.0.0.1:5001") == lines[0].index("ADDRESS")  # addresses align left
+    assert "no masters registered" in cli.render_masters("c1", [])
+    line = cli.render_master_line({"address": "127.0.0.1:5002", "role": "standby",
+                                   "epoch": 7, "leader_address": "127.0.0.1:5001"})
+    assert line == "master 127.0.0.1:5002: role standby  epoch 7  leader 127.0.0.1:5001"
+    status = {"role": "leader", "leader_address": "", "epoch": 7, "capacity_bytes": 0,
+              "used_bytes": 0, "object_count": 0, "max_object_bytes": 0, "nodes": [],
+              "tenants": []}
+    head = cli.render_status("127.0.0.1:5001", status).splitlines()[0]
+    assert head == "Cellar master 127.0.0.1:5001  role leader  epoch 7  leader 127.0.0.1:5001"
+
+
+def test_status_against_an_unreachable_etcd_is_one_line(capsys):
+    import socket
+
+    from cellar.client import cli
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.status_main(["--master", f"etcd://127.0.0.1:{port}/c1", "--timeout", "300ms"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cellar status: Unavailable:") and "\n" not in err
+    assert cli.status_main(["--master", "etcd://127.0.0.1:1"]) == 1
+    assert "InvalidArgument" in capsys.readouterr().err
