@@ -10,7 +10,12 @@ Which master (issue 6, HA): `master` is either a fixed HOST:PORT or `etcd://H:P[
   `leader=H:P`, cellar/coord/redirect.py) is followed at once, without an etcd round trip; a
   second redirect before a mount succeeds is checked against etcd (no ping-pong between two
   stale standbys). A fixed HOST:PORT pointing at a standby thus finds the leader too; when the
-  leader it was sent to becomes unreachable, the node asks the configured address again.
+  leader it was sent to becomes unreachable, the node asks the configured address again. A
+  redirect to the master just lost (a standby whose view has not caught up) is not followed
+  for STALE_REDIRECT_S: it means an election is coming.
+- While the leader may be changing, retries run at FAILOVER_POLL_S / FOLLOW_MAX_BACKOFF_S
+  instead of the heartbeat interval / MAX_BACKOFF_S: the new leader's takeover waits for this
+  node's report, so a late node delays every client.
 - Another master address: the old channel is closed, one to the new address opened, and the
   node mounts again exactly as after a master restart (report_follows, previous_epoch = the
   last mounted epoch), so the new leader adopts this node's objects. Until that mount the
@@ -78,6 +83,11 @@ REPORT_BATCH_ENTRIES = 2000
 REPORT_BATCH_BYTES = 2 << 20  # well under the master's 4 MiB message limit
 MIN_LOOKUP_INTERVAL_S = 0.25  # at most 4 etcd lookups a second per node
 LOOKUP_TIMEOUT_S = 2.0
+FAILOVER_POLL_S = 0.25  # retry period while the leader may be changing (etcd or redirects)
+FOLLOW_MAX_BACKOFF_S = 0.5  # mount retry bound when the leader may be changing
+FOLLOW_HEARTBEAT_TIMEOUT_S = 1.0  # heartbeat deadline floor when the leader may be changing
+STALE_REDIRECT_S = 5.0  # a redirect to a master lost this recently is not followed (lease-ish)
+NO_LEADER_DETAILS = "leader=?"  # how a standby that knows no leader ends its refusal
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED)
@@ -184,6 +194,8 @@ class ControlLoop:
         self._redirect = ""            # leader address the last refused RPC named
         self._redirected = False       # a redirect was followed since the last good mount
         self._next_lookup_at = 0.0     # loop time before which etcd is not asked again
+        self._election = False         # the last refusal came from a standby naming no leader
+        self._last_unreachable = ("", 0.0)  # (address, loop time) of the last master lost
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
 
@@ -227,10 +239,21 @@ class ControlLoop:
                     continue
                 if self._redirect and not redirected:
                     continue  # a redirect is an answer, not an outage: follow it at once
+                if self._election:
+                    # A standby answered and knows no leader: one is being elected; look
+                    # again soon rather than backing off (the new leader waits for us).
+                    backoff = min(backoff, FAILOVER_POLL_S)
                 await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                # While the leader may be changing, a slow retry only delays the takeover.
+                backoff = min(backoff * 2,
+                              FOLLOW_MAX_BACKOFF_S if self._following() else MAX_BACKOFF_S)
                 continue
-            await _sleep_or_stop(stop, self.heartbeat_interval_s)
+            interval_s = self.heartbeat_interval_s
+            if not self.connected and self._following():
+                # The leader may be gone: look for its successor sooner than a heartbeat
+                # (the new leader's rebuild waits for this node's report).
+                interval_s = min(interval_s, FAILOVER_POLL_S)
+            await _sleep_or_stop(stop, interval_s)
             if not stop.is_set():
                 await self._try_heartbeat()
                 self.index.purge(self.clock.now_ms())
@@ -254,6 +277,21 @@ class ControlLoop:
         self.mounted = False
 
     # ---- which master ------------------------------------------------------------------
+
+    def _heartbeat_timeout_s(self) -> float:
+        """A stopped or cut-off leader is only noticed when a heartbeat times out; where a
+        successor may exist, do not wait the full master_timeout_s for that."""
+        if not self._following():
+            return self.master_timeout_s
+        # Connected: a heartbeat may wait two intervals. Lost already: one, so a successor
+        # etcd names is looked up about once a heartbeat.
+        intervals = 2 if self.connected else 1
+        return min(self.master_timeout_s,
+                   max(FOLLOW_HEARTBEAT_TIMEOUT_S, intervals * self.heartbeat_interval_s))
+
+    def _following(self) -> bool:
+        """Whether the master in use can change under us (etcd, or a redirect followed)."""
+        return self._discovery is not None or self.master != self.configured_master
 
     async def _follow(self, stop: asyncio.Event) -> None:
         """Pick the master for the next RPC: after a failure, a redirect, or at start."""
@@ -468,7 +506,7 @@ class ControlLoop:
             request.lost.add(segment_id=segment_id, alloc_id=alloc_id, offset=offset, length=length)
         sent = wall_ms()
         try:
-            reply = await self._ensure_channel().Heartbeat(request, timeout=self.master_timeout_s)
+            reply = await self._ensure_channel().Heartbeat(request, timeout=self._heartbeat_timeout_s())
         except grpc.aio.AioRpcError as exc:
             if lost and self.verifier is not None:
                 self.verifier.requeue_lost(lost)
@@ -504,17 +542,31 @@ class ControlLoop:
         self.connected = False
         self.last_error = f"{code.name}: {exc.details() or ''}".strip()
         redirect = redirect_of(exc)
+        self._election = code == grpc.StatusCode.UNAVAILABLE and (
+            exc.details() or "").endswith(NO_LEADER_DETAILS)
+        now = asyncio.get_running_loop().time()
+        gone, gone_at = self._last_unreachable
+        if redirect and redirect == gone and now - gone_at < STALE_REDIRECT_S:
+            # A standby still names the leader we just lost (its lease has not lapsed yet):
+            # an election is coming, so wait here instead of bouncing between the two.
+            redirect = ""
+            self._election = True
         if redirect and redirect != self.master:
             self._redirect = redirect
             self._log_state(f"redirect {redirect}", logging.INFO,
                             "master %s is not the leader; it names %s", self.master, redirect)
             return
         if code in _UNREACHABLE:
+            if not self._election:
+                self._last_unreachable = (self.master, now)
             # With etcd, ask it who leads now; with a fixed address, `_follow` decides whether
             # to go back to the configured master.
-            self._resolve_due = self._discovery is not None or (
-                self.master != self.configured_master)
-            if waiting and self.mount_count == 0:
+            self._resolve_due = self._following()
+            if self._election:
+                self._log_state("election", logging.WARNING,
+                                "master %s does not lead and knows no leader yet; retrying",
+                                self.master)
+            elif waiting and self.mount_count == 0:
                 self._log_state("waiting", logging.WARNING,
                                 "waiting for master %s (unreachable); retrying", self.master)
             else:

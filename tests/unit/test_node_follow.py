@@ -263,6 +263,38 @@ def test_fixed_address_goes_back_to_the_configured_master_when_the_leader_dies()
     run_loop(setup, checked)
 
 
+def test_a_standby_still_naming_the_lost_leader_is_waited_on_not_bounced() -> None:
+    old, configured = HaMaster(epoch=10), HaMaster(epoch=0)
+    started: dict[str, Any] = {}
+
+    async def body(loop: ControlLoop) -> None:
+        await asyncio.wait_for(loop.first_mount.wait(), 5)
+        changes = loop.master_changes
+        await started["server_old"].stop(None)
+        await asyncio.sleep(0.8)  # the standby names the dead leader until its lease lapses
+        assert loop.master == started["configured"] and not loop.mounted
+        assert loop.master_changes == changes + 1  # went back once, did not bounce
+        configured.leader = ""
+        configured.epoch = 20
+        await until(lambda: loop.mounted and loop.clock.epoch == 20, timeout_s=2.0)
+
+    async def setup() -> str:
+        started["server_old"], port_old = await start_master(old)
+        started["server_c"], port_c = await start_master(configured)
+        started["configured"] = f"127.0.0.1:{port_c}"
+        configured.leader = f"127.0.0.1:{port_old}"
+        return str(started["configured"])
+
+    async def checked(loop: ControlLoop) -> None:
+        try:
+            await body(loop)
+        finally:
+            await started["server_c"].stop(None)
+            await started["server_old"].stop(None)
+
+    run_loop(setup, checked)
+
+
 def test_deposed_leader_redirect_moves_a_mounted_node() -> None:
     discovery = FakeDiscovery()
 
