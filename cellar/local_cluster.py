@@ -293,9 +293,13 @@ class LocalCluster:
     def _start_ha_masters(self) -> None:
         """etcd, then the masters on fixed ports (each advertises its own address, so the
         port cannot be 0), then wait until one of them leads."""
+        # A fresh cluster gets a fresh etcd: a reused run directory (cellar up) must not bring
+        # back the previous run's leader record (it would hold the election for a lease TTL).
+        data_dir, log_path = self.run_dir / "etcd-data", self.run_dir / "etcd.log"
+        shutil.rmtree(data_dir, ignore_errors=True)
+        log_path.unlink(missing_ok=True)
         self.etcd = EtcdServer(host=self.host, client_port=self.etcd_port,
-                               data_dir=self.run_dir / "etcd-data",
-                               log_path=self.run_dir / "etcd.log",
+                               data_dir=data_dir, log_path=log_path,
                                start_timeout_s=self.start_timeout_s,
                                stop_grace_s=self.stop_grace_s)
         self.etcd.start()
