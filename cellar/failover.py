@@ -280,7 +280,12 @@ def _markdown(runs: list[FailoverRun], summary: dict[str, Any]) -> str:
         lines.append(f"| {i} | {run.failover_s:.2f} | {run.takeover_duration_s:.2f} | "
                      f"{run.recovered_objects} | {run.acked_before_kill} | {run.verified} | "
                      f"{len(run.missing)} | {len(run.corrupt)} | {len(run.stream_errors)} |")
-    lines += ["", f"**Median failover: {summary['median_failover_s']:.2f} s** "
+    lines.append("")
+    for i, run in enumerate(runs, 1):
+        for error in run.stream_errors[:3]:
+            lines.append(f"- run {i}: {error['kind']} {error['key']} failed after "
+                         f"{error['elapsed_s']:.2f} s ({error['error']})")
+    lines += [f"**Median failover: {summary['median_failover_s']:.2f} s** "
                   f"(min {summary['min_failover_s']:.2f}, max {summary['max_failover_s']:.2f}); "
                   f"median recovered objects {summary['median_recovered_objects']:g}.", ""]
     return "\n".join(lines)
