@@ -308,7 +308,29 @@ class Client:
                                 deadline=deadline)
                 for i, entry in zip(again, fresh, strict=True):
                     chunk[i].status, chunk[i].message = entry.status, entry.message
+            if not upsert and self._near_failover(generation):
+                self._settle_own_writes(chunk, deadline)
         return entries
+
+    def _settle_own_writes(self, chunk: list[PutEntry], deadline: float) -> None:
+        """A put whose bytes reached the nodes just before the leader died is adopted by the new
+        leader from the nodes' indexes; placing it again then finds the key taken. If the stored
+        object has exactly our size and checksum, it is our write: report OK, not AlreadyExists."""
+        taken = [e for e in chunk if e.status == Status.ALREADY_EXISTS]
+        if not taken:
+            return
+        request = pb.GetReplicasRequest(header=self._header, keys=[e.key for e in taken])
+        try:
+            reply = self._master.call("GetReplicas", request, deadline)
+        except CellarError:
+            return  # they stay ALREADY_EXISTS: true, if not the whole story
+        core.check_result_count("GetReplicas", len(reply.results), len(taken))
+        self._release([int(r.pin_id) for r in reply.results if r.pin_id])
+        for entry, result in zip(taken, reply.results, strict=True):
+            if (core.to_status(result.status) == Status.OK
+                    and int(result.size_bytes) == len(entry.value)
+                    and int(result.checksum) == entry.checksum):
+                entry.status, entry.message = Status.OK, ""
 
     def _near_failover(self, generation: int) -> bool:
         """Whether this client followed a leader change since `generation`, or lately."""

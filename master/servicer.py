@@ -215,7 +215,8 @@ class MasterServicer:
         if not leadership.serving():  # a standby: who leads, nothing else (it holds no metadata)
             return pb.ClusterStatusReply(
                 header=pb.ReplyHeader(epoch=leadership.epoch, master_time_ms=service.clock.wall_ms()),
-                role=leadership.role, leader_address=leadership.leader_address,
+                # a leader past its lease answers as what it is about to be: a standby
+                role="standby", leader_address=leadership.leader_address,
                 max_key_bytes=service.config.max_key_bytes,
                 max_batch_keys=service.config.max_batch_keys,
             )

@@ -427,3 +427,36 @@ def test_status_against_an_unreachable_etcd_is_one_line(capsys):
     assert err.startswith("cellar status: Unavailable:") and "\n" not in err
     assert cli.status_main(["--master", "etcd://127.0.0.1:1"]) == 1
     assert "InvalidArgument" in capsys.readouterr().err
+
+
+def test_a_put_the_new_leader_adopted_from_the_nodes_is_reported_as_ours():
+    """After a failover, a re-placed put may find its own bytes already adopted from a node's
+    index: same size and checksum means OK; anything else stays ALREADY_EXISTS."""
+    from cellar.client.core import PutEntry
+    from cellar.client.sync import Client
+    from cellar.errors import Status
+    from cellar.proto import cellar_pb2 as pb
+
+    client = Client.__new__(Client)
+    client._header = pb.RequestHeader(tenant="default", client_id="c")
+    released: list[int] = []
+    client._release = released.extend  # type: ignore[method-assign]
+    asked: list[list[str]] = []
+
+    class Master:
+        def call(self, method, request, deadline):
+            asked.append(list(request.keys))
+            return pb.GetReplicasReply(results=[
+                pb.GetResult(size_bytes=3, checksum=7, pin_id=9),
+                pb.GetResult(size_bytes=3, checksum=8, pin_id=10),
+                pb.GetResult(status=pb.NOT_FOUND),
+            ])
+
+    client._master = Master()  # type: ignore[assignment]
+    entries = [PutEntry(k, memoryview(b"abc"), 7, status=Status.ALREADY_EXISTS) for k in "abc"]
+    entries.append(PutEntry("d", memoryview(b"abc"), 7, status=Status.OK))
+    client._settle_own_writes(entries, soon())
+    assert asked == [["a", "b", "c"]]
+    assert [e.status for e in entries] == [Status.OK, Status.ALREADY_EXISTS,
+                                           Status.ALREADY_EXISTS, Status.OK]
+    assert released == [9, 10]
