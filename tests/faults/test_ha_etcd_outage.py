@@ -91,7 +91,7 @@ def test_long_etcd_outage_deposes_then_recovers():
                    != "leader", timeout_s=LONG_TTL_S + 5, interval_s=0.05)
         stepped_down_s = time.monotonic() - down_at
         print(f"leader stepped down {stepped_down_s:.2f}s into the etcd outage (lease {LONG_TTL_S}s)")
-        assert stepped_down_s <= LONG_TTL_S + 1.0  # + status polling and a loaded machine
+        assert stepped_down_s <= LONG_TTL_S + 2.0  # + status polling on a loaded machine
         # ... so nothing is served: no master can vouch for its leadership.
         with pytest.raises((cellar.Unavailable, cellar.Timeout)):
             impatient.put("refused", payload("refused"))
