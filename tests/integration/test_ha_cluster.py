@@ -25,6 +25,7 @@ from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
+from tests.integration.proc_tools import alive, children_of
 
 CELLAR = [sys.executable, "-m", "cellar"]
 HA_READY = re.compile(r"^\s*connect: (etcd://\S+)")
@@ -97,26 +98,6 @@ def test_one_leader_one_standby_redirects_and_discovery(ha_cluster):
             follower.put("via-standby", b"two")
             assert follower.master_address == lead.address
         assert client.get("via-standby") == b"two"
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.mark.timeout(120)

@@ -12,33 +12,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from tests.integration.proc_tools import alive, children_of
 
 CELLAR = [sys.executable, "-m", "cellar"]
 READY = re.compile(r"^Cellar is up: master (\S+),")
 ONE_LINER = "import cellar; c = cellar.connect({addr!r}); c.put('k', b'v'); print(c.get('k'))"
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def run(args: list[str], **kwargs) -> subprocess.CompletedProcess[bytes]:
