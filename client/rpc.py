@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import socket
 import struct
 import threading
@@ -80,6 +81,10 @@ class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
 
 
+class _LeaderMoved(Exception):
+    """An unanswered call was abandoned: etcd names another master as the leader."""
+
+
 class _FastLine:
     """A pool of persistent connections to the master's fast line; one call per connection at
     a time, so any number of threads may call."""
@@ -91,9 +96,11 @@ class _FastLine:
         self._head = bytearray(FAST_FRAME.size)
         self._closed = False
 
-    def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        """(numeric gRPC code, reply bytes). _FastLineDown if nothing could be exchanged;
-        TimeoutError if the master did not answer in time."""
+    def call(self, method_id: int, body: bytes, timeout_s: float,
+             abandon: Callable[[], bool] | None = None) -> tuple[int, bytes]:
+        """(numeric gRPC code, reply bytes). _FastLineDown if nothing could be exchanged, or
+        if `abandon()` said to give up on a master that has not answered for
+        LEADER_CHECK_AFTER_S (another one leads); TimeoutError if it did not answer in time."""
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         try:
@@ -102,6 +109,8 @@ class _FastLine:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(timeout_s)
             sock.sendall(FAST_FRAME.pack(len(body), method_id) + body)
+            if abandon is not None:
+                _await_reply(sock, time.monotonic() + timeout_s, abandon)
             head = _recv_exact(sock, FAST_FRAME.size)
             length, code = FAST_FRAME.unpack(head)
             if length > MAX_MESSAGE_BYTES:
@@ -129,6 +138,20 @@ class _FastLine:
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close()
+
+
+def _await_reply(sock: socket.socket, deadline: float, abandon: Callable[[], bool]) -> None:
+    """Wait for the reply's first byte; every LEADER_CHECK_AFTER_S without one, ask `abandon`
+    (a frozen or partitioned master answers nothing, and its successor is known by then)."""
+    while True:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise TimeoutError("fast line: no reply in time")
+        readable, _, _ = select.select([sock], [], [], min(remaining_s, LEADER_CHECK_AFTER_S))
+        if readable:
+            return
+        if abandon():
+            raise OSError("fast line: another master leads now; call abandoned")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -165,6 +188,7 @@ RESOLVE_TIMEOUT_S = 1.0        # one etcd lookup waits at most this long
 ROTATE_AFTER_S = 1.0           # without etcd or a redirect: try another known master after this
 MAX_KNOWN_MASTERS = 8
 MAX_RETIRED_CHANNELS = 4       # old channels kept open for calls still in flight on them
+LEADER_CHECK_AFTER_S = 1.0     # with etcd: a call unanswered this long asks etcd who leads
 
 
 class _Line:
@@ -261,8 +285,12 @@ class MasterChannel:
         if remaining_s <= 0:
             raise Timeout(f"{method} to master {origin.address}: timed out")
         method_id, reply_cls = fast
+        abandon = None
+        if self._resolve is not None and self._follow:
+            def abandon() -> bool:
+                return self._moved_on(origin, deadline)
         try:
-            code, data = line.call(method_id, request.SerializeToString(), remaining_s)
+            code, data = line.call(method_id, request.SerializeToString(), remaining_s, abandon)
         except TimeoutError:
             raise Timeout(f"{method} to master {origin.address}: timed out") from None
         except _FastLineDown:
@@ -336,10 +364,16 @@ class MasterChannel:
             rpc = getattr(line.stub, method)
             hint = ""
             try:
-                if want_call:
+                if self._resolve is not None and self._follow:
+                    reply, call = self._watched(line, rpc, request, remaining_s, deadline)
+                elif want_call:
                     reply, call = rpc.with_call(request, timeout=remaining_s)
                 else:
                     reply = rpc(request, timeout=remaining_s)
+            except _LeaderMoved as moved:
+                failure = f"{method} to master {line.address}: {moved}"
+                redirected = False
+                continue  # the channel already points at the new leader
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 details = (exc.details() if hasattr(exc, "details") else "") or ""
@@ -378,6 +412,45 @@ class MasterChannel:
         raise Unavailable(failure)
 
     # ---- following the leader --------------------------------------------------------------
+
+    def _watched(self, line: _Line, rpc: Any, request: Any, timeout_s: float,
+                 deadline: float) -> tuple[Any, Any]:
+        """One gRPC attempt that does not sit out the caller's whole deadline on a master that
+        froze or was cut off: while it has no answer, etcd is asked every LEADER_CHECK_AFTER_S;
+        once etcd names another leader the attempt is cancelled (that master is deposed, so it
+        cannot complete the call later) and `_LeaderMoved` sends the call there."""
+        future = rpc.future(request, timeout=timeout_s)
+        while True:
+            try:
+                return future.result(timeout=LEADER_CHECK_AFTER_S), future
+            except grpc.FutureTimeoutError:
+                if time.monotonic() > deadline + LEADER_CHECK_AFTER_S:  # gRPC's own deadline failed
+                    future.cancel()
+                    raise Timeout(f"master {line.address}: no answer by the deadline") from None
+                if self._moved_on(line, deadline):
+                    future.cancel()
+                    raise _LeaderMoved(f"no answer in {LEADER_CHECK_AFTER_S:g} s and etcd names "
+                                       f"{self.address} as the leader") from None
+
+    def _moved_on(self, line: _Line, deadline: float) -> bool:
+        """With etcd: whether the leader is now another master than `line`'s (and, if so,
+        point the channel there). Rate-limited like every etcd lookup of this channel."""
+        if self._line is not line:
+            return True
+        now = time.monotonic()
+        if self._resolve is None or now - self._resolved_at < RESOLVE_MIN_INTERVAL_S:
+            return False
+        self._resolved_at = now
+        try:
+            target = _valid_address(self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
+        except CellarError:
+            return False  # etcd unreachable: keep waiting for this master
+        if not target or target == line.address:
+            return False
+        with self._switch_lock:
+            if self._line is line and not self._closed:
+                self._switch(target)
+        return True
 
     def _redirect(self, failed: _Line, hint: str, deadline: float) -> bool:
         """After `failed` did not serve a call: point the channel at the leader. True when the

@@ -73,10 +73,36 @@ class FakeMethod:
     def __call__(self, request: Any, timeout: float) -> Any:
         return self.master.answer(self.method)
 
+    def future(self, request: Any, timeout: float) -> FakeFuture:
+        return FakeFuture(self.master, self.method, timeout)
+
     def with_call(self, request: Any, timeout: float) -> tuple[Any, FakeCall]:
         reply = self.master.answer(self.method)
         port = self.master.fast_port
         return reply, FakeCall(((rpc.FAST_PORT_METADATA, str(port)),) if port else ())
+
+
+class FakeFuture(FakeCall):
+    """What `rpc.future()` returns; a "frozen" master never answers (SIGSTOP, a partition)."""
+
+    def __init__(self, master: FakeMaster, method: str, timeout: float) -> None:
+        port = master.fast_port
+        super().__init__(((rpc.FAST_PORT_METADATA, str(port)),) if port else ())
+        self.master, self.method = master, method
+        self.expires = time.monotonic() + timeout
+        self.cancelled = False
+
+    def result(self, timeout: float) -> Any:
+        if self.master.role == "frozen":
+            self.master.calls.append(self.method)
+            if time.monotonic() >= self.expires:
+                raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            time.sleep(max(0.0, min(timeout, self.expires - time.monotonic())))
+            raise grpc.FutureTimeoutError()
+        return self.master.answer(self.method)
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class FakeStub:
@@ -299,7 +325,8 @@ class FakeFastLine:
         self.address = ("s", 1)
         self.closed = False
 
-    def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    def call(self, method_id: int, body: bytes, timeout_s: float,
+             abandon: Any = None) -> tuple[int, bytes]:
         return self.code, self.body
 
     def close(self) -> None:
@@ -460,3 +487,66 @@ def test_a_put_the_new_leader_adopted_from_the_nodes_is_reported_as_ours():
     assert [e.status for e in entries] == [Status.OK, Status.ALREADY_EXISTS,
                                            Status.ALREADY_EXISTS, Status.OK]
     assert released == [9, 10]
+
+
+def test_with_etcd_a_frozen_leader_is_abandoned_for_the_one_etcd_names(masters, monkeypatch):
+    """A leader frozen (SIGSTOP) or cut off answers nothing and refuses nothing: the call asks
+    etcd every LEADER_CHECK_AFTER_S and moves on as soon as another master leads, long before
+    the caller's own deadline."""
+    monkeypatch.setattr(rpc, "LEADER_CHECK_AFTER_S", 0.1)
+    masters["a:1"] = FakeMaster("a:1", epoch=10)
+    masters["b:1"] = FakeMaster("b:1", epoch=30)
+    leader = {"address": "a:1"}
+    channel = rpc.MasterChannel("a:1", fast=False, resolve=lambda _t: leader["address"])
+    masters["a:1"].role = "frozen"
+    import threading
+
+    threading.Timer(0.4, lambda: leader.update(address="b:1")).start()
+    started = time.monotonic()
+    reply = channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(20.0))
+    assert reply.header.epoch == 30 and channel.address == "b:1"
+    assert time.monotonic() - started < 5.0  # not the 20 s deadline
+    assert masters["b:1"].calls == ["Remove"]
+
+
+def test_with_etcd_a_slow_leader_that_still_leads_is_waited_for(masters, monkeypatch):
+    """Etcd still names the slow master: the call keeps waiting on it (never sent twice)."""
+    monkeypatch.setattr(rpc, "LEADER_CHECK_AFTER_S", 0.05)
+    masters["a:1"] = FakeMaster("a:1", "frozen", epoch=10)
+    asked: list[float] = []
+
+    def resolve(_timeout_s: float) -> str:
+        asked.append(time.monotonic())
+        return "a:1"
+
+    channel = rpc.MasterChannel("a:1", fast=False, resolve=resolve)
+    with pytest.raises(cellar.CellarError):
+        channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(0.6))
+    assert len(asked) >= 2 and channel.address == "a:1"
+    assert masters["a:1"].calls.count("Remove") >= 1
+
+
+def test_the_fast_line_gives_up_on_a_silent_master_when_asked_to(monkeypatch):
+    """A real socket whose master never answers: the wait polls `abandon` and ends the call
+    (as _FastLineDown, so gRPC carries it to the new leader) instead of sitting out 20 s."""
+    import socket
+
+    monkeypatch.setattr(rpc, "LEADER_CHECK_AFTER_S", 0.05)
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        line = rpc._FastLine("127.0.0.1", server.getsockname()[1])
+        polls: list[int] = []
+
+        def abandon() -> bool:
+            polls.append(1)
+            return len(polls) >= 3
+
+        started = time.monotonic()
+        with pytest.raises(rpc._FastLineDown):
+            line.call(4, b"", 20.0, abandon)
+        assert len(polls) == 3 and time.monotonic() - started < 5.0
+        with pytest.raises(TimeoutError):
+            line.call(4, b"", 0.2, lambda: False)
+        line.close()
+    finally:
+        server.close()
