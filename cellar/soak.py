@@ -8,6 +8,16 @@ What it owns
     restart the master, SIGSTOP the master), a watcher
     thread polling the master's HTTP API, and the verdict at the end.
 
+    `--ha`: etcd + 2 masters (lease `--lease-ttl-s`, 3 s) + the nodes; workers connect through
+    `etcd://`. The master faults become leader faults, again each kind once per round with the
+    node faults: kill -9 the current leader (wait for the standby to take over, then restart
+    the old one, which comes back as a standby), SIGSTOP the leader past its lease (the standby
+    takes over; SIGCONT, and the old leader must step down), and a brief etcd outage shorter
+    than the lease (SIGSTOP/SIGCONT of etcd, or stop + restart; the leader should keep leading).
+    Each fault records the serving leader's epoch before and after it, so a leader change is a
+    fact of the fault log, not an assumption. The watcher follows whichever master serves as
+    leader.
+
 The model (what a worker knows)
     Every value is self-describing: a header carries the key, a version and a BLAKE2b digest of
     (key, version, body), so any read is verified on its own. Each worker owns a disjoint key
@@ -73,6 +83,11 @@ HEADER = struct.Struct("<4sHQI16s")  # magic, key length, version, body length, 
 DIGEST_BYTES = 16
 
 FAULT_KINDS = ("node_kill_restart", "node_stop", "master_kill_restart", "master_stop")
+HA_FAULT_KINDS = ("node_kill_restart", "node_stop", "leader_kill_restart", "leader_stop",
+                  "etcd_outage")
+DEFAULT_LEASE_TTL_S = 3
+LEADER_WAIT_S = 30.0           # a new leader must be serving within this after a leader fault
+ETCD_OUTAGE_MAX_FRACTION = 0.6  # of the lease: an outage the leader must ride out
 MASTER_FLAGS = {
     "node_suspect_after_s": 1, "node_expire_after_s": 3, "pin_ttl_s": 3,
     "write_grant_ttl_s": 5, "heartbeat_interval_s": 0.3, "new_node_ramp_s": 0,
@@ -165,7 +180,14 @@ class Worker:
         self.client = cellar.connect(args.master, timeout_s=CLIENT_TIMEOUT_S)
         self._channel: Any = None
         self._stub: Any = None
+        self._stub_address = ""
         self._pending_pin = 0
+        self._discovery: Any = None  # etcd:// (--ha): where the leader is
+        self._leader_address = ""
+        from cellar.coord.target import is_etcd_url, parse_etcd_url
+        if is_etcd_url(args.master):
+            from cellar.coord.discovery import LeaderDiscovery
+            self._discovery = LeaderDiscovery(parse_etcd_url(args.master))
         self._log_min = math.log(args.min_size)
         self._log_max = math.log(args.max_size)
 
@@ -302,6 +324,31 @@ class Worker:
         self.losses.append({"key": key, "version": m.version, "ack_time": m.ack_time,
                             "detect_time": time.time(), "nodes": m.nodes, "how": how})
 
+    def _master_address(self) -> str | None:
+        """The gRPC address to ask for replicas: the master, or (etcd://) the leader in etcd."""
+        if self._discovery is None:
+            return str(self.args.master)
+        if not self._leader_address:
+            try:
+                record = self._discovery.leader(timeout_s=1.0)
+            except self.cellar.Unavailable:
+                return None
+            if record is None:  # an election is under way
+                return None
+            self._leader_address = record.address
+        return self._leader_address
+
+    def _forget_master(self) -> None:
+        """After a failed call: ask etcd again next time (the leader may have changed)."""
+        if self._discovery is None:
+            return
+        self._leader_address = ""
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._stub = None
+        self._stub_address = ""
+        self._pending_pin = 0  # a pin lives on the master that granted it
+
     def _locate(self, key: str) -> list[str] | None:
         """The node ids holding `key`'s replicas (None if the master cannot say right now)."""
         import grpc
@@ -309,15 +356,22 @@ class Worker:
         from cellar.proto import cellar_pb2 as pb
         from cellar.proto import cellar_pb2_grpc as pb_grpc
 
-        if self._stub is None:
-            self._channel = grpc.insecure_channel(self.args.master)
+        address = self._master_address()
+        if address is None:
+            return None
+        if self._stub is None or self._stub_address != address:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = grpc.insecure_channel(address)
             self._stub = pb_grpc.MasterStub(self._channel)
+            self._stub_address = address
         header = pb.RequestHeader(tenant="default", client_id=f"soak-locate-{self.args.id}")
         unpin = [self._pending_pin] if self._pending_pin else []
         try:
             reply = self._stub.GetReplicas(
                 pb.GetReplicasRequest(header=header, keys=[key], unpin_ids=unpin), timeout=2.0)
         except grpc.RpcError:
+            self._forget_master()
             return None
         self._pending_pin = 0
         if len(reply.results) != 1 or reply.results[0].status != pb.OK:
@@ -362,6 +416,8 @@ class Worker:
         self.client.close()
         if self._channel is not None:
             self._channel.close()
+        if self._discovery is not None:
+            self._discovery.close()
         return 0
 
     def final_pass(self) -> None:
@@ -394,7 +450,9 @@ def _stamp(t: float) -> str:
 
 
 class Watcher(threading.Thread):
-    """Polls the master's HTTP API: node states (expiries) and the eviction counter."""
+    """Polls the master's HTTP API: node states (expiries) and the eviction counter. With HA it
+    polls whichever master serves as leader (role "leader" and serving: a deposed leader thawed
+    from a SIGSTOP may still say "leader" for a moment, and its table must not count)."""
 
     def __init__(self, cluster: Any) -> None:
         super().__init__(name="soak-watcher", daemon=True)
@@ -404,21 +462,47 @@ class Watcher(threading.Thread):
         self.node_states: dict[str, str] = {}
         self.expiries: list[tuple[float, str]] = []           # (time seen, node id)
         self.evictions: list[tuple[float, float, int]] = []    # (from, to, keys evicted)
+        self.leader_changes: list[tuple[float, int, int]] = []  # (time seen, old, new epoch)
         self.evicted_total = 0
         self.max_used_fraction = 0.0
         self._last_evicted: int | None = None
         self._last_epoch: int | None = None
         self._last_poll = _now()
+        self._leader_http = ""  # HA: the HTTP address of the master last seen serving as leader
 
-    def _get(self, path: str) -> bytes:
-        url = f"http://127.0.0.1:{self.cluster.http_port}{path}"
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:
+    def _get_from(self, http: str, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://{http}{path}", timeout=HTTP_TIMEOUT_S) as response:
             data: bytes = response.read()
             return data
 
+    @staticmethod
+    def _serves(status: dict[str, Any]) -> bool:
+        return status.get("role") in ("leader", "single") and status.get("serving", True) is True
+
+    def leader_status(self) -> tuple[str, dict[str, Any]] | None:
+        """(HTTP address, /api/v1/status) of the master serving as leader, or None."""
+        if not self.cluster.ha:
+            http = f"127.0.0.1:{self.cluster.http_port}"
+            return http, json.loads(self._get_from(http, "/api/v1/status"))
+        candidates = [self._leader_http] if self._leader_http else []
+        candidates += [m.http for m in list(self.cluster.masters)
+                       if m.http and m.http != self._leader_http and m.alive()]
+        for http in candidates:
+            try:
+                status = json.loads(self._get_from(http, "/api/v1/status"))
+            except Exception:  # stopped, dead or restarting: try the next one
+                continue
+            if self._serves(status):
+                self._leader_http = http
+                return http, status
+        return None
+
     def poll(self) -> None:
-        status = json.loads(self._get("/api/v1/status"))
-        metrics = self._get("/metrics").decode()
+        found = self.leader_status()
+        if found is None:
+            return
+        http, status = found
+        metrics = self._get_from(http, "/metrics").decode()
         now = _now()
         match = re.search(r"^master_evicted_key_count(?:\{[^}]*\})? ([0-9.e+]+)$", metrics, re.M)
         evicted = int(float(match.group(1))) if match else 0
@@ -433,6 +517,8 @@ class Watcher(threading.Thread):
             if epoch == self._last_epoch:
                 for node in self.node_states.keys() - states.keys():
                     self.expiries.append((now, node))
+            elif self._last_epoch is not None:
+                self.leader_changes.append((now, self._last_epoch, epoch))
             self.node_states = states
             # a new master counts from 0
             delta = evicted - (self._last_evicted or 0) if epoch == self._last_epoch else evicted
@@ -446,12 +532,22 @@ class Watcher(threading.Thread):
             with contextlib.suppress(Exception):  # a stopped or restarting master: try again
                 self.poll()
 
+    def leader_epoch(self) -> int | None:
+        """The epoch of the master serving as leader right now, or None if none answers."""
+        try:
+            found = self.leader_status()
+        except Exception:
+            return None
+        return int(found[1].get("epoch", 0)) if found is not None else None
+
     def all_active(self, node_ids: list[str]) -> bool:
         try:
-            status = json.loads(self._get("/api/v1/status"))
+            found = self.leader_status()
         except Exception:
             return False
-        states = {seg["node"]: seg["state"] for seg in status.get("segments", [])}
+        if found is None:
+            return False
+        states = {seg["node"]: seg["state"] for seg in found[1].get("segments", [])}
         return all(states.get(n) == "ACTIVE" for n in node_ids)
 
 
@@ -463,25 +559,35 @@ class Fault:
     end: float = 0.0
     detail: str = ""
     recovered_s: float = 0.0
+    epoch_before: int | None = None  # the serving leader's epoch before/after (None: none)
+    epoch_after: int | None = None
+
+    @property
+    def leader_changed(self) -> bool:
+        """A new master (epoch) serves after the fault: its table was rebuilt from the nodes."""
+        return (self.kind == "master_kill_restart"
+                or (self.epoch_after is not None and self.epoch_after != self.epoch_before))
 
 
 class Chaos:
     """One fault at a time, then wait until the cluster is whole again."""
 
     def __init__(self, cluster: Any, watcher: Watcher, rng: random.Random,
-                 expire_after_s: float, log: Any) -> None:
+                 expire_after_s: float, log: Any, *, lease_ttl_s: float = 0.0) -> None:
         self.cluster = cluster
         self.watcher = watcher
         self.rng = rng
         self.expire_after_s = expire_after_s
+        self.lease_ttl_s = lease_ttl_s
         self.log = log
+        self.kinds = HA_FAULT_KINDS if cluster.ha else FAULT_KINDS
         self.faults: list[Fault] = []
         self._round: list[str] = []
 
     def _next_kind(self) -> str:
         """Every kind once per round, in a random order: a short run still sees them all."""
         if not self._round:
-            self._round = list(FAULT_KINDS)
+            self._round = list(self.kinds)
             self.rng.shuffle(self._round)
         return self._round.pop()
 
@@ -490,6 +596,7 @@ class Chaos:
 
     def inject(self) -> Fault:
         kind = self._next_kind()
+        epoch_before = self.watcher.leader_epoch() if self.cluster.ha else None
         t0 = _now()
         if kind == "node_kill_restart":
             i = self.rng.randrange(len(self.cluster.nodes))
@@ -513,7 +620,7 @@ class Chaos:
             fault = Fault(kind, "master", t0, detail="kill -9, restart on the same port")
             self.log("fault: kill -9 the master and restart it")
             self.cluster.restart_master()
-        else:
+        elif kind == "master_stop":
             stop_s = self.rng.uniform(1.0, 2.0 * self.expire_after_s)
             fault = Fault(kind, "master", t0, detail=f"SIGSTOP {stop_s:.1f}s")
             self.log(f"fault: SIGSTOP the master for {stop_s:.1f}s")
@@ -522,12 +629,95 @@ class Chaos:
                 time.sleep(stop_s)
             finally:
                 self.cluster.signal_master(signal.SIGCONT)
+        elif kind == "leader_kill_restart":
+            fault = self._leader_kill_restart(t0)
+        elif kind == "leader_stop":
+            fault = self._leader_stop(t0)
+        else:
+            fault = self._etcd_outage(t0)
+        fault.epoch_before = epoch_before
         fault.end = _now()
         self.faults.append(fault)
         self.wait_whole()
         fault.recovered_s = _now() - fault.end
-        self.log(f"  recovered {fault.recovered_s:.1f}s after {kind} ended")
+        if self.cluster.ha:
+            fault.epoch_after = self.watcher.leader_epoch()
+            if fault.leader_changed:
+                fault.detail += f"; leader epoch {fault.epoch_before} -> {fault.epoch_after}"
+        self.log(f"  recovered {fault.recovered_s:.1f}s after {kind} ended"
+                 f"{' (new leader)' if fault.leader_changed else ''}")
         return fault
+
+    # -- HA faults --
+
+    def _leader_kill_restart(self, t0: float) -> Fault:
+        """kill -9 the leader; once the standby serves, start the old one again (a standby)."""
+        old = self.cluster.leader()
+        name = self.cluster.masters[old].name
+        self.log(f"fault: kill -9 the leader {name}, restart it once the standby took over")
+        self.cluster.kill_master(old)
+        new = self.cluster.leader(LEADER_WAIT_S, not_index=old)
+        took_over_s = _now() - t0
+        self.cluster.start_master(old)
+        role = self._role_of(old)
+        self.log(f"  {self.cluster.masters[new].name} leads {took_over_s:.1f}s after the kill; "
+                 f"{name} restarted as {role or '?'}")
+        return Fault("leader_kill_restart", name, t0,
+                     detail=f"kill -9, {self.cluster.masters[new].name} led after "
+                            f"{took_over_s:.1f}s, restarted as {role or '?'}")
+
+    def _leader_stop(self, t0: float) -> Fault:
+        """SIGSTOP the leader past its lease (the standby takes over), then SIGCONT it."""
+        old = self.cluster.leader()
+        name = self.cluster.masters[old].name
+        stop_s = self.rng.uniform(1.5 * self.lease_ttl_s, 2.5 * self.lease_ttl_s)
+        self.log(f"fault: SIGSTOP the leader {name} for {stop_s:.1f}s (lease {self.lease_ttl_s:g}s)")
+        self.cluster.signal_master(signal.SIGSTOP, old)
+        try:
+            time.sleep(stop_s)
+        finally:
+            self.cluster.signal_master(signal.SIGCONT, old)
+        try:
+            new = self.cluster.leader(LEADER_WAIT_S, not_index=old)
+            after = f"{self.cluster.masters[new].name} leads"
+        except Exception as exc:  # noqa: BLE001 - the log says so; wait_whole decides
+            after = f"no other leader: {exc}"
+        self.log(f"  after SIGCONT: {after}; {name} is {self._role_of(old) or '?'}")
+        return Fault("leader_stop", name, t0, detail=f"SIGSTOP {stop_s:.1f}s past the lease; {after}")
+
+    def _etcd_outage(self, t0: float) -> Fault:
+        """etcd gone for less than the lease: paused (SIGSTOP/SIGCONT) or stopped and started
+        again on the same data; the leader should ride it out."""
+        etcd = self.cluster.etcd
+        assert etcd is not None
+        leader = self.cluster.leader()
+        budget_s = ETCD_OUTAGE_MAX_FRACTION * self.lease_ttl_s
+        if self.rng.random() < 0.5:
+            pause_s = self.rng.uniform(0.3, budget_s)
+            self.log(f"fault: pause etcd (SIGSTOP) for {pause_s:.1f}s")
+            etcd.pause()
+            try:
+                time.sleep(pause_s)
+            finally:
+                etcd.resume()
+            how = f"SIGSTOP {pause_s:.1f}s"
+        else:
+            down_s = self.rng.uniform(0.1, budget_s / 2)
+            self.log(f"fault: stop etcd, restart it after {down_s:.1f}s")
+            etcd.stop()
+            time.sleep(down_s)
+            etcd.start()
+            how = "stop + restart"
+        outage_s = _now() - t0
+        note = "" if outage_s < self.lease_ttl_s else " (LONGER than the lease)"
+        self.log(f"  etcd back after {outage_s:.1f}s{note}")
+        return Fault("etcd_outage", "etcd", t0,
+                     detail=f"{how}, out {outage_s:.1f}s{note}; leader before "
+                            f"{self.cluster.masters[leader].name}")
+
+    def _role_of(self, index: int) -> str:
+        status = self.cluster.master_status(index)
+        return str(status.get("role", "")) if status else ""
 
     def wait_whole(self) -> None:
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
@@ -535,6 +725,9 @@ class Chaos:
             dead = self.cluster.dead_children()
             if dead:
                 raise RuntimeError(f"a cluster process died: {dead[0].describe_exit()}")
+            etcd = self.cluster.etcd
+            if etcd is not None and not etcd.alive():
+                raise RuntimeError(f"etcd died: {etcd.describe_exit()}")
             if self.watcher.all_active(self._node_ids()):
                 return
             time.sleep(0.2)
@@ -587,17 +780,22 @@ def classify_stale(stale: dict[str, Any], chaos: Chaos, rebuild_window_s: float)
     - ack_while_node_away: acknowledged while a node holding a replica was down or expired
       (killed and restarting, or stopped past the expiry); the node reported its old replica
       when it came back and the master re-created the removed object from it.
+    - ack_before_leader_change, ack_during_leader_takeover (--ha): the same two, for a fault
+      after which a new leader served (a leader killed or stopped past its lease, or any
+      fault whose before/after epochs differ): the new leader rebuilt its table from the
+      nodes' reports exactly as a restarted master does.
     - other: none of these; nothing explains it."""
     t0, t1 = stale.get("ack_time", 0.0), stale["t"]
     for f in chaos.faults:
-        if f.kind != "master_kill_restart" or f.start > t1:
+        if not f.leader_changed or f.start > t1:
             continue
+        ha = f.kind != "master_kill_restart"
         if t0 <= f.start:
             stale["ack_before_restart_s"] = round(f.start - t0, 3)
-            return "ack_before_master_restart"
+            return "ack_before_leader_change" if ha else "ack_before_master_restart"
         if t0 <= f.end + f.recovered_s + rebuild_window_s:
             stale["ack_after_restart_s"] = round(t0 - f.end, 3)
-            return "ack_during_master_rebuild"
+            return "ack_during_leader_takeover" if ha else "ack_during_master_rebuild"
     for f in chaos.faults:
         away = f.kind == "node_kill_restart" or (f.kind == "node_stop" and "past expiry" in f.detail)
         if away and f.start <= t0 <= f.end + f.recovered_s + rebuild_window_s and f.start <= t1:
@@ -625,16 +823,25 @@ def run_soak(args: argparse.Namespace) -> int:
     log(f"soak: seed {seed}, {args.nodes} nodes x {format_size(segment_bytes)}, "
         f"{args.clients} clients x {args.keys} keys, replicas {args.replicas}, "
         f"duration {duration_s:g}s, a fault every ~{chaos_interval_s:g}s")
-    cluster = LocalCluster(args.nodes, segment_bytes, master_flags=master_flags,
-                           node_flags={"heartbeat_interval_s": 0.3})
+    if args.ha:
+        log(f"high availability: etcd + {args.masters} masters, lease {args.lease_ttl_s}s")
+        cluster = LocalCluster(args.nodes, segment_bytes, master_flags=master_flags,
+                               node_flags={"heartbeat_interval_s": 0.3}, ha=True,
+                               masters=args.masters, lease_ttl_s=args.lease_ttl_s,
+                               cluster_name=f"soak{os.getpid()}")
+    else:
+        cluster = LocalCluster(args.nodes, segment_bytes, master_flags=master_flags,
+                               node_flags={"heartbeat_interval_s": 0.3})
     workers: list[subprocess.Popen[bytes]] = []
     watcher = Watcher(cluster)
-    chaos = Chaos(cluster, watcher, rng, expire_after_s, log)
+    chaos = Chaos(cluster, watcher, rng, expire_after_s, log,
+                  lease_ttl_s=float(args.lease_ttl_s) if args.ha else 0.0)
     work_dir = cluster.run_dir / "soak"
     failure = ""
     try:
         cluster.start()
-        log(f"cluster up: master {cluster.address}, logs in {cluster.run_dir}")
+        log(f"cluster up: {'etcd ' if args.ha else 'master '}{cluster.address}, "
+            f"logs in {cluster.run_dir}")
         work_dir.mkdir(parents=True, exist_ok=True)
         watcher.start()
         load_until = _now() + duration_s
@@ -665,7 +872,7 @@ def run_soak(args: argparse.Namespace) -> int:
         if not failure:
             log("load over: settling the cluster for the final pass")
             chaos.wait_whole()
-            if any(f.kind == "master_kill_restart" for f in chaos.faults[-1:]):
+            if any(f.leader_changed for f in chaos.faults[-1:]):
                 time.sleep(float(master_flags["rebuild_grace_s"]))
             (work_dir / "settled").touch()
             log("final pass: every worker reads every key it believes present")
@@ -684,11 +891,13 @@ def run_soak(args: argparse.Namespace) -> int:
             if w.poll() is None:
                 w.kill()
                 w.wait()
-        for child in [cluster.master, *cluster.nodes]:
+        for child in [*cluster.masters, *cluster.nodes]:
             if child is not None and child.alive():
                 assert child.proc is not None
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(signal.SIGCONT)
+        if cluster.etcd is not None and cluster.etcd.paused:
+            cluster.etcd.resume()
         report = build_report(args, seed, started, work_dir, chaos, watcher, failure)
         keep = bool(failure or report["corrupt_reads"] or report["lost"]["unexplained"])
         if keep:  # keep the logs for the post-mortem
@@ -778,7 +987,8 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "faults": dict(sorted(Counter(f.kind for f in chaos.faults).items())),
         "fault_log": [{"kind": f.kind, "target": f.target, "at": _stamp(f.start),
                        "lasted_s": round(f.end - f.start, 2), "detail": f.detail,
-                       "recovered_s": round(f.recovered_s, 2)} for f in chaos.faults],
+                       "recovered_s": round(f.recovered_s, 2),
+                       "leader_changed": f.leader_changed} for f in chaos.faults],
         "corrupt_reads": len(corrupt), "corrupt_details": corrupt[:50],
         "stale_reads": len(stale), "stale_by_kind": dict(stale_kinds),
         "stale_by_cause": dict(stale_causes), "stale_details": stale[:500],
@@ -792,6 +1002,28 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "max_used_fraction": round(watcher.max_used_fraction, 3),
         "node_expiries_seen": len(watcher.expiries),
         "failure": failure,
+        **(ha_report(chaos, watcher) if args.ha else {}),
+    }
+
+
+def ha_report(chaos: Chaos, watcher: Watcher) -> dict[str, Any]:
+    """What the leader faults did: how many changed the leader, by kind, and how long the
+    cluster took to be whole again. An etcd outage shorter than the lease should change nothing."""
+    changed = Counter(f.kind for f in chaos.faults if f.leader_changed)
+    recovery: dict[str, list[float]] = {}
+    for f in chaos.faults:
+        recovery.setdefault(f.kind, []).append(f.end - f.start + f.recovered_s)
+    with watcher.lock:
+        seen = len(watcher.leader_changes)
+    return {
+        "ha": True,
+        "leader_changes_by_fault": dict(sorted(changed.items())),
+        "leader_changes_seen_by_watcher": seen,
+        "etcd_outages_that_changed_leader": changed.get("etcd_outage", 0),
+        "leader_faults_without_leader_change": sum(
+            1 for f in chaos.faults
+            if f.kind in ("leader_kill_restart", "leader_stop") and not f.leader_changed),
+        "fault_to_whole_s_max": {k: round(max(v), 2) for k, v in sorted(recovery.items())},
     }
 
 
@@ -813,6 +1045,14 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
         f"  evicted keys seen: {report['evicted_keys_seen']}, max used "
         f"{report['max_used_fraction']:.0%}, node expiries seen: {report['node_expiries_seen']}",
     ]
+    if report.get("ha"):
+        lines.append(
+            f"  leader changes by fault: {report['leader_changes_by_fault']} (seen by the "
+            f"watcher: {report['leader_changes_seen_by_watcher']}; etcd outages that changed "
+            f"the leader: {report['etcd_outages_that_changed_leader']}; leader faults without "
+            f"a change: {report['leader_faults_without_leader_change']})")
+        lines.append(f"  fault start to cluster whole, max by kind (s): "
+                     f"{report['fault_to_whole_s_max']}")
     if report["failure"]:
         lines.append(f"  FAILURE: {report['failure']}")
     for detail in report["corrupt_details"][:5]:
@@ -846,6 +1086,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-size", default="2MiB",
                         help="largest value (default 2MiB; sizes are log-uniform)")
     parser.add_argument("--report", default="", help="write the counts as JSON to this file")
+    parser.add_argument("--ha", action="store_true",
+                        help="etcd + --masters masters; the master faults become leader faults "
+                             "(kill -9, SIGSTOP past the lease) and a brief etcd outage")
+    parser.add_argument("--masters", type=int, default=2, help="masters with --ha (default 2)")
+    parser.add_argument("--lease-ttl-s", type=int, default=DEFAULT_LEASE_TTL_S,
+                        help=f"leader lease with --ha, whole seconds (default {DEFAULT_LEASE_TTL_S})")
     # worker mode (internal)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--id", type=int, default=0, help=argparse.SUPPRESS)
@@ -872,6 +1118,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.clients < 1 or args.nodes < 1 or args.keys < 1:
         parser.error("--clients, --nodes and --keys must be at least 1")
+    if args.ha and (args.masters < 2 or args.lease_ttl_s < 1):
+        parser.error("--ha needs --masters >= 2 (a standby to take over) and --lease-ttl-s >= 1")
     if not 1 <= args.replicas <= args.nodes:
         parser.error("--replicas must be between 1 and --nodes")
     if not HEADER.size + 200 <= min_size <= max_size:
