@@ -16,7 +16,11 @@ What it owns
     than the lease (SIGSTOP/SIGCONT of etcd, or stop + restart; the leader should keep leading).
     Each fault records the serving leader's epoch before and after it, so a leader change is a
     fact of the fault log, not an assumption. The watcher follows whichever master serves as
-    leader.
+    leader. Two more verdicts with --ha (exit 1, logs kept): a leader stopped past its lease
+    that no standby replaced while it was stopped, and an etcd outage within the leader's
+    fence window (TTL - fence margin - keep-alive interval, ~2.2 s of a 3 s lease) after which
+    a new leader serves. A longer outage, even one shorter than the lease, may depose the
+    leader by design (it cannot tell that etcd will keep its lease): counted, not a failure.
 
 The model (what a worker knows)
     Every value is self-describing: a header carries the key, a version and a BLAKE2b digest of
@@ -561,6 +565,7 @@ class Fault:
     recovered_s: float = 0.0
     epoch_before: int | None = None  # the serving leader's epoch before/after (None: none)
     epoch_after: int | None = None
+    outage_s: float = 0.0            # etcd_outage: how long etcd did not answer
 
     @property
     def leader_changed(self) -> bool:
@@ -667,22 +672,33 @@ class Chaos:
                             f"{took_over_s:.1f}s, restarted as {role or '?'}")
 
     def _leader_stop(self, t0: float) -> Fault:
-        """SIGSTOP the leader past its lease (the standby takes over), then SIGCONT it."""
+        """SIGSTOP the leader past its lease, then SIGCONT it. A standby must take over while
+        it is stopped (watched here, since the thawed master may win the next election itself
+        and the epochs alone would not tell); if none did, the fault says NO TAKEOVER."""
         old = self.cluster.leader()
         name = self.cluster.masters[old].name
         stop_s = self.rng.uniform(1.5 * self.lease_ttl_s, 2.5 * self.lease_ttl_s)
         self.log(f"fault: SIGSTOP the leader {name} for {stop_s:.1f}s (lease {self.lease_ttl_s:g}s)")
         self.cluster.signal_master(signal.SIGSTOP, old)
+        taker, took_over_s = "", 0.0
         try:
-            time.sleep(stop_s)
+            until = time.monotonic() + stop_s
+            while time.monotonic() < until:
+                for i in range(len(self.cluster.masters)):
+                    if not taker and i != old and self._role_of(i) == "leader":
+                        taker, took_over_s = self.cluster.masters[i].name, _now() - t0
+                time.sleep(min(0.2, max(0.0, until - time.monotonic())))
         finally:
             self.cluster.signal_master(signal.SIGCONT, old)
+        if taker:
+            after = f"{taker} took over {took_over_s:.1f}s after the stop"
+        else:
+            after = "NO TAKEOVER by a standby while the leader was stopped"
         try:
-            new = self.cluster.leader(LEADER_WAIT_S, not_index=old)
-            after = f"{self.cluster.masters[new].name} leads"
+            after += f"; then master-{self.cluster.leader(LEADER_WAIT_S)} leads"
         except Exception as exc:  # noqa: BLE001 - the log says so; wait_whole decides
-            after = f"no other leader: {exc}"
-        self.log(f"  after SIGCONT: {after}; {name} is {self._role_of(old) or '?'}")
+            after += f"; then {exc}"
+        self.log(f"  {after}; {name} is {self._role_of(old) or '?'}")
         return Fault("leader_stop", name, t0, detail=f"SIGSTOP {stop_s:.1f}s past the lease; {after}")
 
     def _etcd_outage(self, t0: float) -> Fault:
@@ -711,7 +727,7 @@ class Chaos:
         outage_s = _now() - t0
         note = "" if outage_s < self.lease_ttl_s else " (LONGER than the lease)"
         self.log(f"  etcd back after {outage_s:.1f}s{note}")
-        return Fault("etcd_outage", "etcd", t0,
+        return Fault("etcd_outage", "etcd", t0, outage_s=outage_s,
                      detail=f"{how}, out {outage_s:.1f}s{note}; leader before "
                             f"{self.cluster.masters[leader].name}")
 
@@ -899,7 +915,10 @@ def run_soak(args: argparse.Namespace) -> int:
         if cluster.etcd is not None and cluster.etcd.paused:
             cluster.etcd.resume()
         report = build_report(args, seed, started, work_dir, chaos, watcher, failure)
-        keep = bool(failure or report["corrupt_reads"] or report["lost"]["unexplained"])
+        ha_failures = (report.get("leader_stops_without_takeover", 0)
+                       + report.get("etcd_outages_within_fence_window_that_changed_leader", 0))
+        keep = bool(failure or report["corrupt_reads"] or report["lost"]["unexplained"]
+                    or ha_failures)
         if keep:  # keep the logs for the post-mortem
             cluster.keep_run_dir = True
             report["run_dir"] = str(cluster.run_dir)
@@ -910,7 +929,10 @@ def run_soak(args: argparse.Namespace) -> int:
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(json.dumps(report, indent=2, default=str))
         log(f"report written to {args.report}")
-    ok = not failure and report["corrupt_reads"] == 0 and report["lost"]["unexplained"] == 0
+    # HA: a leader stopped past its lease that no standby replaced, or a leader deposed by an
+    # etcd outage it should have ridden out, is a failover failure too
+    ok = (not failure and report["corrupt_reads"] == 0 and report["lost"]["unexplained"] == 0
+          and not ha_failures)
     return 0 if ok else 1
 
 
@@ -1006,10 +1028,24 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     }
 
 
+def fence_window_s(lease_ttl_s: float) -> float:
+    """The longest etcd outage a leader surely rides out: its own deadline is the last
+    keep-alive *sent* + TTL - the fence margin, and the last one may have been sent a keep-alive
+    interval before etcd went away (cellar.coord.election). A longer outage, even one shorter
+    than the lease, may depose it by design; then a new election follows once etcd is back."""
+    from cellar.coord.election import KEEPALIVES_PER_TTL, fence_margin_s
+
+    interval_s = max(0.2, lease_ttl_s / KEEPALIVES_PER_TTL)
+    return lease_ttl_s - fence_margin_s(lease_ttl_s) - interval_s
+
+
 def ha_report(chaos: Chaos, watcher: Watcher) -> dict[str, Any]:
     """What the leader faults did: how many changed the leader, by kind, and how long the
-    cluster took to be whole again. An etcd outage shorter than the lease should change nothing."""
+    cluster took to be whole again. An etcd outage within the leader's fence window must change
+    nothing; a longer one (still shorter than the lease) may."""
     changed = Counter(f.kind for f in chaos.faults if f.leader_changed)
+    window_s = fence_window_s(chaos.lease_ttl_s)
+    outages = [f for f in chaos.faults if f.kind == "etcd_outage"]
     recovery: dict[str, list[float]] = {}
     for f in chaos.faults:
         recovery.setdefault(f.kind, []).append(f.end - f.start + f.recovered_s)
@@ -1020,6 +1056,12 @@ def ha_report(chaos: Chaos, watcher: Watcher) -> dict[str, Any]:
         "leader_changes_by_fault": dict(sorted(changed.items())),
         "leader_changes_seen_by_watcher": seen,
         "etcd_outages_that_changed_leader": changed.get("etcd_outage", 0),
+        "etcd_outage_fence_window_s": round(window_s, 2),
+        "etcd_outages_within_fence_window": sum(1 for f in outages if f.outage_s < window_s),
+        "etcd_outages_within_fence_window_that_changed_leader": sum(
+            1 for f in outages if f.outage_s < window_s and f.leader_changed),
+        "leader_stops_without_takeover": sum(
+            1 for f in chaos.faults if f.kind == "leader_stop" and "NO TAKEOVER" in f.detail),
         "leader_faults_without_leader_change": sum(
             1 for f in chaos.faults
             if f.kind in ("leader_kill_restart", "leader_stop") and not f.leader_changed),
@@ -1049,8 +1091,12 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
         lines.append(
             f"  leader changes by fault: {report['leader_changes_by_fault']} (seen by the "
             f"watcher: {report['leader_changes_seen_by_watcher']}; etcd outages that changed "
-            f"the leader: {report['etcd_outages_that_changed_leader']}; leader faults without "
-            f"a change: {report['leader_faults_without_leader_change']})")
+            f"the leader: {report['etcd_outages_that_changed_leader']}, of them within the "
+            f"{report['etcd_outage_fence_window_s']}s fence window: "
+            f"{report['etcd_outages_within_fence_window_that_changed_leader']} of "
+            f"{report['etcd_outages_within_fence_window']}; leader faults without "
+            f"a change: {report['leader_faults_without_leader_change']}; leader stops no standby "
+            f"took over: {report['leader_stops_without_takeover']})")
         lines.append(f"  fault start to cluster whole, max by kind (s): "
                      f"{report['fault_to_whole_s_max']}")
     if report["failure"]:
@@ -1071,7 +1117,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cellar soak",
         description="Run random checksummed traffic from several client processes against a "
                     "local cluster while killing, stopping and restarting its nodes and master; "
-                    "exit 1 on any corrupt read or unexplained loss.")
+                    "exit 1 on any corrupt read or unexplained loss (with --ha also when no "
+                    "standby took over from a stopped leader, or a short etcd outage deposed it).")
     parser.add_argument("--duration", default="600s", help="how long the load runs (default 600s)")
     parser.add_argument("--clients", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--nodes", type=int, default=3, help="storage nodes (default 3)")

@@ -2,8 +2,8 @@
 against etcd + 2 masters + 3 nodes while the chaos loop kills -9 and SIGSTOPs the leader (past
 its lease), briefly takes etcd away and kills, stops and restarts nodes (`make soak-ha` runs 10
 minutes). It must end with no corrupt read and no unexplained loss (exit 0), with every leader
-fault followed by a new leader, no etcd outage (shorter than the lease) changing the leader,
-and real work done."""
+fault followed by a new leader, no etcd outage within the leader's fence window changing the
+leader, and real work done."""
 
 from __future__ import annotations
 
@@ -38,5 +38,8 @@ def test_soak_ha_short(tmp_path: Path) -> None:
     assert report["lost"]["unexplained"] == 0
     assert len(report["faults"]) >= MIN_FAULT_KINDS, report["faults"]
     assert report["leader_faults_without_leader_change"] == 0, report["fault_log"]
-    assert report["etcd_outages_that_changed_leader"] == 0, report["fault_log"]
+    assert report["leader_stops_without_takeover"] == 0, report["fault_log"]
+    # an outage longer than the leader's fence window (TTL - margin - keep-alive interval,
+    # ~2.2 s of the 3 s lease) may depose it by design; a shorter one must not
+    assert report["etcd_outages_within_fence_window_that_changed_leader"] == 0, report["fault_log"]
     assert report["ops_total"] > MIN_OPS, report["ops"]
