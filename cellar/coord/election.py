@@ -89,6 +89,7 @@ class LeaderElection:
         self.elections_won = 0
         self.etcd_reachable = False
         self.lease_id = 0
+        self._ended_lease_id = 0      # the lease of the last session, revoked by the next one
         self.record: LeaderRecord | None = None  # ours, while we lead
         self.expected_nodes: frozenset[str] | None = None  # the previous leader's, at takeover
         self._deadline = 0.0          # monotonic: the lease is surely valid until then
@@ -113,9 +114,13 @@ class LeaderElection:
             try:
                 await self._session(stop)
                 backoff_s = SESSION_BACKOFF_S[0]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - etcd errors of every kind end the session
+            except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - see below
+                # etcd errors of every kind end the session, and so does grpc.aio's
+                # CancelledError for an RPC that etcd cancelled (it restarted): only the
+                # cancellation of this task itself may end the campaign, or a master would
+                # silently never campaign again.
+                if _cancelled_by_owner():
+                    raise
                 self.etcd_reachable = False
                 self._log_state("etcd down", logging.WARNING,
                                 "etcd %s unreachable or failing (%s); retrying",
@@ -148,6 +153,14 @@ class LeaderElection:
         client: Any = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1)
         await client.connect()
         self._client = client
+        if self._ended_lease_id:
+            # A session ends because its lease could not be renewed, yet etcd may still hold it
+            # (etcd renews every lease when it restarts) and with it our old `leader` key: drop
+            # it now so that an election need not wait a whole TTL. We stopped serving already.
+            ended, self._ended_lease_id = self._ended_lease_id, 0
+            with contextlib.suppress(Exception):
+                await client.lease.revoke(ended, timeout=self.etcd_timeout_s, max_attempts=1)
+                log.info("revoked the lease %x of the previous etcd session", ended)
         sent = self._monotonic()
         grant = await client.lease.grant(self.lease_ttl_s, timeout=self.etcd_timeout_s)
         if grant.TTL <= 0:
@@ -180,9 +193,12 @@ class LeaderElection:
         finally:
             for task in (keepalive, watch, stopping):
                 task.cancel()
-            for task in (keepalive, watch, stopping):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            # Bounded: a task stuck in the etcd client must not stall the next session (a
+            # standby that never campaigns again would leave the cluster without a leader).
+            _, stuck = await asyncio.wait({keepalive, watch, stopping}, timeout=self.etcd_timeout_s)
+            if stuck:
+                log.warning("%d etcd task(s) did not stop within %.3g s; abandoned", len(stuck),
+                            self.etcd_timeout_s)
             if stop.is_set():
                 await self.resign()
 
@@ -254,9 +270,9 @@ class LeaderElection:
             try:
                 granted = await asyncio.wait_for(self._keep_alive_once(client, lease_id),
                                                  timeout=min(self.etcd_timeout_s, interval_s * 2))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure: try again until the deadline
+            except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - as in run()
+                if _cancelled_by_owner():
+                    raise
                 self.etcd_reachable = False
                 if self._monotonic() >= self._deadline:
                     raise LeaseLost(f"lease {lease_id:x} not renewed in time ({_describe(exc)})") from None
@@ -311,15 +327,23 @@ class LeaderElection:
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
+        if self.lease_id:
+            self._ended_lease_id = self.lease_id
         self.lease_id = 0
         if client is not None:
             with contextlib.suppress(Exception):
-                await client.close()
+                await asyncio.wait_for(client.close(), self.etcd_timeout_s)
 
     def _log_state(self, state: str, level: int, message: str, *args: object) -> None:
         if state != self._state:
             self._state = state
             log.log(level, message, *args)
+
+
+def _cancelled_by_owner() -> bool:
+    """Whether the running task itself is being cancelled (not an RPC inside it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _describe(exc: BaseException) -> str:

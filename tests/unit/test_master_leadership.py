@@ -172,3 +172,36 @@ def test_ha_settings_are_checked(overrides: dict[str, object], field: str) -> No
     with pytest.raises(ConfigError) as info:
         MasterConfig(**overrides).validate()  # type: ignore[arg-type]
     assert info.value.field == field
+
+
+def test_an_rpc_cancelled_by_etcd_does_not_end_the_campaign() -> None:
+    """grpc.aio raises CancelledError for an RPC the server cancelled (etcd restarting): the
+    election must start a new session, not die; only cancelling the task itself stops it."""
+    import asyncio
+
+    election = LeaderElection(
+        EtcdTarget(("127.0.0.1:2379",), "c1"), LEADER, lease_ttl_s=3, etcd_timeout_s=1.0,
+        on_elected=lambda epoch: None, on_deposed=lambda reason: None, on_leader=lambda r: None,
+    )
+    sessions: list[int] = []
+
+    async def session(stop: asyncio.Event) -> None:
+        sessions.append(1)
+        if len(sessions) < 3:
+            raise asyncio.CancelledError()  # as grpc.aio does for a CANCELLED status
+        await asyncio.sleep(3600)
+
+    election._session = session  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(election.run(asyncio.Event()))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if len(sessions) >= 3:
+                break
+        assert len(sessions) == 3 and not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
