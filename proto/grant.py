@@ -30,7 +30,13 @@ _SIGNED = struct.Struct("<BQQQQQQQ")
 
 def key_tag(tenant: str, key: str) -> int:
     """A 64-bit tag binding a grant to one object (tenant and key)."""
-    return xxhash.xxh64_intdigest(tenant.encode() + b"\0" + key.encode())
+    return xxhash.xxh64_intdigest(key_tag_prefix(tenant) + key.encode())
+
+
+def key_tag_prefix(tenant: str) -> bytes:
+    """What `key_tag` hashes before the key's UTF-8 bytes; a caller tagging many keys of one
+    tenant computes it once and hashes `prefix + key.encode()` with xxh64 itself."""
+    return tenant.encode() + b"\0"
 
 
 @dataclass(frozen=True, slots=True)
