@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Buffer = bytes | bytearray | memoryview
 
@@ -102,11 +102,14 @@ class Outbox:
     memory held by queued views stays bounded.
     """
 
-    __slots__ = ("_sock", "parts", "nbytes", "max_bytes", "max_parts")
+    __slots__ = ("_sock", "parts", "nbytes", "max_bytes", "max_parts", "before_send")
 
     def __init__(self, sock: socket.socket, *, max_bytes: int = 1 << 20,
-                 max_parts: int = MAX_IOV // 2) -> None:
+                 max_parts: int = MAX_IOV // 2,
+                 before_send: Callable[[], None] | None = None) -> None:
         self._sock = sock
+        # Called before queued replies leave (a storage node makes writes durable there).
+        self.before_send = before_send
         self.parts: list[Buffer] = []
         self.nbytes = 0
         self.max_bytes = max_bytes
@@ -123,6 +126,8 @@ class Outbox:
 
     def flush(self) -> None:
         if self.parts:
+            if self.before_send is not None:
+                self.before_send()
             parts, self.parts, self.nbytes = self.parts, [], 0
             send_all(self._sock, parts)
 
