@@ -357,7 +357,7 @@ class MasterService:
         default_replicas = config.default_replicas
         fast_ok = config.max_replicas >= 1
         next_put_id = self._next_put_id
-        begin = self.objects.begin
+        begin_one = self.objects.begin_one
         next_alloc_id = self._next_alloc_id
         grant_one = self._grant_one
         objects = tenant.objects
@@ -391,14 +391,13 @@ class MasterService:
                     self.no_space_count += 1
                     append(PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left"))
                     continue
-            else:
-                placements = [spot]
+                spot = placements[0]
             put_id = next_put_id()
             obj = Obj(tenant, key, size, reserved, put_id, NO_PIN, deadline,
                       xxh64_intdigest(tag_prefix + key.encode()))
-            begin(obj, placements, next_alloc_id)
+            replica = begin_one(obj, spot[0], spot[1], next_alloc_id())
             append(PutStartResult(OK, "", put_id,
-                                  [grant_one(obj, obj.replicas[0], GRANT_OP_WRITE, expiry_ms, segments)]))
+                                  [grant_one(obj, replica, GRANT_OP_WRITE, expiry_ms, segments)]))
         return PutStartOutcome(results, list(segments.values()))
 
     def _put_one(
