@@ -250,6 +250,7 @@ class ObjectIndex:
                     self._drop(entry)
                     dropped += 1
             self._purge(now_ms)
+            self._flush_drops()
         return dropped
 
     def purge(self, now_ms: int) -> int:
@@ -271,6 +272,7 @@ class ObjectIndex:
             assert not self._entries
             self._order.clear()
             self._purge(now_ms)
+            self._flush_drops()
 
     def refuse_writes_until_mount(self) -> None:
         """No write is admitted before the first `set_mount` (a restarted node's old grants)."""
@@ -317,6 +319,7 @@ class ObjectIndex:
             for entry in [e for e in self._entries.values() if e.state is AllocState.WRITING]:
                 self._drop(entry)
             self._purge(now_ms)
+            self._flush_drops()
             return [entry.copy() for entry in self._entries.values()]
 
     def drop_alloc_ids(self, alloc_ids: Iterable[int]) -> int:
@@ -328,6 +331,7 @@ class ObjectIndex:
                 if entry is not None:
                     self._drop(entry)
                     dropped += 1
+            self._flush_drops()
         return dropped
 
     def drop_if_matches(self, alloc_id: int, segment_id: int, offset: int, length: int) -> bool:
@@ -338,6 +342,7 @@ class ObjectIndex:
                     or (entry.segment_id, entry.offset, entry.length) != (segment_id, offset, length)):
                 return False
             self._drop(entry)
+            self._flush_drops()
             return True
 
     def maybe_compact(self) -> bool:
@@ -413,7 +418,7 @@ class ObjectIndex:
     def _drop(self, entry: IndexEntry) -> None:
         del self._entries[entry.alloc_id]
         if entry.state is AllocState.SEALED and self._journal is not None:
-            self._journal.dropped(entry.alloc_id)
+            self._journal.dropped(entry.alloc_id, defer=True)  # the caller flushes
         if entry.length > 0:
             order = self._order.get(entry.segment_id)
             if order is not None:
@@ -439,8 +444,15 @@ class ObjectIndex:
                 or (i < len(order) and order[i][0] < end)):
             self._drop_overlapping(segment_id, offset, length)
             insort(order, (offset, alloc_id))
+            if not self._defer_journal:  # else the data server's flush writes the drops
+                self._flush_drops()
         else:
             order.insert(i, (offset, alloc_id))
+
+    def _flush_drops(self) -> None:
+        """Write the drop records `_drop` queued (one write for the whole call)."""
+        if self._journal is not None:
+            self._journal.flush()
 
     def _drop_overlapping(self, segment_id: int, offset: int, length: int) -> None:
         order = self._order.get(segment_id)

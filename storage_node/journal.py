@@ -19,13 +19,14 @@ Format (little endian)
     mid-call wrote a prefix of them, and replay keeps exactly the whole records of that
     prefix, so fsync is not needed (nor useful on tmpfs).
 
-Deferred appends (the data path)
-    `sealed(..., defer=True)` queues the record instead of writing it; `flush()` writes every
-    queued record with one write(). The storage node seals objects this way and its data
-    server flushes before any reply leaves (so a write acknowledged OK is always journaled,
-    as before), which turns one syscall per sealed object into one per batch of replies.
-    Every other append writes the queue first, then itself, so the file keeps the order of
-    the calls.
+Deferred appends
+    `sealed(..., defer=True)` and `dropped(..., defer=True)` queue the record instead of
+    writing it; `flush()` writes every queued record with one write(). The storage node seals
+    objects this way and its data server flushes before any reply leaves (so a write
+    acknowledged OK is always journaled, as before): one syscall per batch of replies instead
+    of one per sealed object. The index queues the drops of one call (a heartbeat's freed
+    ranges) and flushes them before it returns: one syscall per call, not per object. An
+    immediate append writes the queue first, then itself, so the file keeps the call order.
 
 Compaction
     On open, after replay, the file is rewritten with only the live entries (temp file +
@@ -210,9 +211,13 @@ class IndexJournal:
         if self._queued:
             self._append(b"")
 
-    def dropped(self, alloc_id: int) -> None:
+    def dropped(self, alloc_id: int, *, defer: bool = False) -> None:
+        """Record the drop of a SEALED entry; with `defer`, at the next `flush`."""
         if self._fd >= 0:
-            self._append(_encode_dropped(alloc_id))
+            if defer and len(self._queued) < MAX_QUEUED_RECORDS:
+                self._queued.append(_encode_dropped(alloc_id))
+            else:
+                self._append(_encode_dropped(alloc_id))
             self.live -= 1
             self.dead += 2  # the SEALED record and this one
 

@@ -27,6 +27,10 @@ MSG_PEEK = int(socket.MSG_PEEK)
 
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call; stay well below.
 MAX_IOV = 512
+# Queued replies that a receive in the middle of a payload lets leave (Inbox._recv_into).
+# Below the TCP client's refill point (half of its 64-frame window), so a writer always gets
+# replies before it waits for them.
+PAYLOAD_FLUSH_PARTS = 16
 
 
 class PeerClosed(ConnectionError):
@@ -142,8 +146,10 @@ class Inbox:
     frames per syscall. Payloads are received with `recv_into` on their destination itself
     (`read_into`), and `take_scatter` reads a reply header and the start of its payload with
     one `recvmsg_into` into [this buffer, destination], so a READ reply costs one syscall and
-    no copy. With an `outbox`, queued replies are flushed before any recv that would block, so
-    the peer never waits for replies we sit on.
+    no copy. With an `outbox`, queued replies are flushed before any recv for a header that
+    would block, so the peer never waits for replies we sit on; in the middle of a payload
+    only once PAYLOAD_FLUSH_PARTS replies are queued (the peer sent that payload in the same
+    burst as the frames still unanswered, so it is not waiting for them yet).
 
     The socket must be in blocking mode (timeouts through `set_io_timeout`): in Python's
     timeout mode every recv polls first, and the non-blocking probe would wait.
@@ -169,9 +175,15 @@ class Inbox:
     def buffered(self) -> int:
         return self._end - self._start
 
-    def _recv_into(self, view: memoryview, flags: int = 0) -> int:
+    def _recv_into(self, view: memoryview, flags: int = 0, *, mid_payload: bool = False) -> int:
         outbox = self.outbox
-        if outbox is not None and outbox.parts:
+        # Waiting for the rest of a payload, replies are held back until PAYLOAD_FLUSH_PARTS
+        # queued: a pipelining writer has more frames in flight (it only waits for replies
+        # with at least that many outstanding), and one sendmsg (plus the node's journal
+        # write) per frame cost more than the frame's own Python. Waiting for a header, i.e.
+        # for a request that may never come, the replies always leave first.
+        if outbox is not None and outbox.parts and (
+                not mid_payload or len(outbox.parts) >= PAYLOAD_FLUSH_PARTS):
             try:
                 got = self._sock.recv_into(view, 0, MSG_DONTWAIT)
             except BlockingIOError:
@@ -259,7 +271,7 @@ class Inbox:
             dst[:pos] = self._view[self._start:self._start + pos]
             self._start += pos
         while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
-            pos += self._recv_into(dst[pos:], MSG_WAITALL)
+            pos += self._recv_into(dst[pos:], MSG_WAITALL, mid_payload=True)
 
     def skip(self, n: int) -> None:
         """Discard the next n bytes, reusing this buffer as scratch."""

@@ -63,3 +63,18 @@ def test_outbox_runs_before_send_before_replies_leave() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_drops_of_one_call_are_written_together(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import cellar.storage_node.journal as jmod
+
+    journal, _ = IndexJournal.open(journal_path(tmp_path, "n1"))
+    index = ObjectIndex(journal=journal)
+    for i in range(1, 11):
+        write(index, i, i * 4096, 100)
+    writes: list[bytes] = []
+    real = jmod._write_all
+    monkeypatch.setattr(jmod, "_write_all", lambda fd, data: (writes.append(data), real(fd, data)))
+    index.apply_freed([_Freed(1, i, i * 4096, 100) for i in range(1, 8)], NOW_MS)
+    assert len(writes) == 1  # seven DROPPED records, one write()
+    assert live_ids(journal.path) == [8, 9, 10]
