@@ -25,7 +25,6 @@ any number of threads (the index has its own lock, the clock is read-only here).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 
@@ -138,7 +137,10 @@ class NodeAccess:
         if want is not None and want != (file_dev, file_ino):
             raise FrameError(ST_UNKNOWN_SEGMENT, f"segment {request.segment_id}: the bytes went "
                              "into a replaced segment file (node restarted); remap and retry")
-        as_write = dataclasses.replace(request, op=OP_WRITE)
+        # The same request as a WRITE (built directly: dataclasses.replace costs ~3 us)
+        as_write = RequestHeader(OP_WRITE, request.request_id, request.segment_id,
+                                 request.offset, request.length, request.meta_len,
+                                 request.flags, request.grant)
         self.writable(as_write, meta)
         self.written(as_write, meta)
 
