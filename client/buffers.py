@@ -151,8 +151,9 @@ _FILLER = _bytes_filler()
 # kernel zeroing the page): 256 faults per MiB, which held bytes-API gets to ~1 GB/s. The pages
 # are fresh on every batch because glibc hands the freed results of the previous batch back to
 # the kernel (heap trim, munmap). So the first allocating get raises glibc's M_TOP_PAD to
-# MALLOC_TOP_PAD_BYTES: freed memory up to that much stays mapped and the next batch's results
-# land on pages already faulted in. Measured (get_many of 16 x 1 MiB, shm and tcp): 254 -> ~1
+# MALLOC_TOP_PAD_BYTES (and pins its mmap threshold at MALLOC_MMAP_THRESHOLD_BYTES): freed
+# memory up to that much stays mapped and the next batch's results land on pages already
+# faulted in. Measured (get_many of 16 x 1 MiB, shm and tcp): 254 -> ~1
 # minor fault per MiB moved, about 2x the throughput (128 x 1 MiB: 256 -> 4 faults per MiB
 # with this 256 MiB pad, 132 with a 64 MiB one). The cost: up to that many bytes of freed
 # memory stay mapped in the client process. Processes that never use the bytes API are not
@@ -160,7 +161,12 @@ _FILLER = _bytes_filler()
 # is tuned (elsewhere this does nothing).
 
 MALLOC_TOP_PAD_BYTES = 256 << 20  # batches of results up to this size reuse their pages
+# Setting M_TOP_PAD switches off glibc's sliding mmap threshold, which would otherwise have
+# risen past the result size after the first free: without this, every result >= 128 KiB
+# would be a fresh mmap. 32 MiB is the most that threshold can be (and would slide to).
+MALLOC_MMAP_THRESHOLD_BYTES = 32 << 20
 _M_TOP_PAD = -2  # glibc <malloc.h>
+_M_MMAP_THRESHOLD = -3
 _malloc_tuned = False
 
 
@@ -182,7 +188,8 @@ def tune_malloc_for_results() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_TOP_PAD, min(pad, 1 << 30)))
+    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
+                and mallopt(_M_TOP_PAD, min(pad, 1 << 30)))
 
 
 def fresh_bytes(nbytes: int) -> tuple[bytes | bytearray, memoryview]:
