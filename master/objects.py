@@ -130,6 +130,20 @@ class ObjectTable:
         self.puts[obj.put_id] = obj
         self._deadlines.append((obj.deadline, obj.put_id))
 
+    def begin_one(self, obj: Obj, segment: Segment, offset: int, alloc_id: int) -> Replica:
+        """`begin` with one placement (the common put), without the per-placement loops."""
+        tenant = obj.tenant
+        assert obj.state == WRITING and obj.key not in tenant.writing
+        replica = Replica(segment, offset, alloc_id)
+        obj.replicas = [replica]
+        segment.objects.add(obj)
+        tenant.writing[obj.key] = obj
+        tenant.used_bytes += obj.reserved
+        tenant.object_count += 1
+        self.puts[obj.put_id] = obj
+        self._deadlines.append((obj.deadline, obj.put_id))
+        return replica
+
     def complete(self, obj: Obj, checksum: int, now: float) -> None:
         assert obj.state == WRITING, f"complete() of a {STATE_NAMES[obj.state]} object"
         tenant = obj.tenant

@@ -25,7 +25,7 @@ from collections.abc import Collection
 from cellar.master.membership import Membership, Segment
 
 MIN_RAMP_WEIGHT = 0.02
-_NO_NODES: frozenset[str] = frozenset()
+NO_NODES: frozenset[str] = frozenset()
 
 
 class Placement:
@@ -52,7 +52,7 @@ class Placement:
         now: float,
     ) -> list[tuple[Segment, int]] | None:
         if replicas == 1 and not avoid and not preferred_host:  # the common case, kept lean
-            spot = self._place_one(size, _NO_NODES, now)
+            spot = self.place_one(size, NO_NODES, now)
             return None if spot is None else [spot]
         chosen: list[tuple[Segment, int]] = []
         used_nodes: set[str] = set(avoid)
@@ -61,7 +61,7 @@ class Placement:
             if index == 0 and preferred_host:
                 spot = self._on_host(size, preferred_host, used_nodes, now)
             if spot is None:
-                spot = self._place_one(size, used_nodes, now)
+                spot = self.place_one(size, used_nodes, now)
             if spot is None:
                 for segment, offset in chosen:  # never handed out: no grant, free at once
                     segment.allocator.free(offset)
@@ -75,7 +75,9 @@ class Placement:
         segments.sort(key=lambda s: self.score(s, now), reverse=True)
         return self._first_fit(segments, size)
 
-    def _place_one(self, size: int, used_nodes: Collection[str], now: float) -> tuple[Segment, int] | None:
+    def place_one(self, size: int, used_nodes: Collection[str], now: float) -> tuple[Segment, int] | None:
+        """One replica on a node not in `used_nodes`; `place` of one replica with nothing to
+        avoid and no preferred host is exactly `place_one(size, NO_NODES, now)`."""
         active = self.membership.active_segments
         count = len(active)
         if count == 0:

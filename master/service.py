@@ -36,19 +36,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from xxhash import xxh64_intdigest
+
 from cellar.errors import Status
 from cellar.master.allocator import SegmentAllocator
 from cellar.master.config import MasterConfig, TenantQuota
 from cellar.master.eviction import Evictor
 from cellar.master.grants import GrantSigner
 from cellar.master.membership import ACTIVE, MAX_NODE_ID_CHARS, Membership, Node, Segment
-from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, ObjectTable
+from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, ObjectTable, Replica
 from cellar.master.pins import PinTable
-from cellar.master.placement import Placement
+from cellar.master.placement import NO_NODES, Placement
 from cellar.master.quarantine import Quarantine
 from cellar.master.rebuild import MAX_REPORT_ENTRIES, adopt, drop_lost, new_counter
 from cellar.master.tenants import Tenant, Tenants
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag, key_tag_prefix
 
 # ids (put, alloc, pin, freed seq) are (epoch_ms << ID_EPOCH_SHIFT) + counter: unique across
 # master restarts because the epoch grows, and far from overflowing 64 bits.
@@ -342,7 +344,63 @@ class MasterService:
         now = self.clock.monotonic()
         wall_ms = self.clock.wall_ms()
         segments: dict[int, Segment] = {}
-        results = [self._put_one(tenant, item, now, wall_ms, segments) for item in items]
+        # The per-key loop below is the master's hottest code (metadata bench: ~1/3 of the
+        # master's CPU). Everything that is the same for the whole batch is looked up once
+        # here, and the common case (a valid ASCII key, one replica, nothing to avoid, no
+        # preferred host, no quota) runs inline: a Python call costs as much as a check.
+        config = self.config
+        max_key_bytes = config.max_key_bytes
+        max_segment_bytes = self.membership.max_segment_bytes
+        limited = tenant.limited
+        tag_prefix = key_tag_prefix(tenant.name)
+        write_ttl_s = config.write_grant_ttl_s
+        deadline = now + write_ttl_s
+        expiry_ms = wall_ms + int(write_ttl_s * 1000)
+        place_one = self.placement.place_one
+        default_replicas = config.default_replicas
+        fast_ok = config.max_replicas >= 1
+        next_put_id = self._next_put_id
+        begin_one = self.objects.begin_one
+        next_alloc_id = self._next_alloc_id
+        grant_one = self._grant_one
+        objects = tenant.objects
+        writing = tenant.writing
+        results: list[PutStartResult] = []
+        append = results.append
+        for item in items:
+            key = item.key
+            size = item.size_bytes
+            if type(size) is int and size > 0:  # SegmentAllocator.rounded_size, inlined
+                reserved = (size + 4095) & -4096 if size >= 262144 else (size + 63) & -64
+            else:
+                reserved = 0
+            if (not fast_ok or not key or len(key) > max_key_bytes or not key.isascii()
+                    or "\x00" in key or not 0 < reserved <= max_segment_bytes
+                    or (item.replicas or default_replicas) != 1
+                    or item.soft_pin or item.hard_pin or key in writing
+                    or (key in objects and not item.upsert) or item.avoid_node_ids
+                    or item.preferred_host_id or limited):
+                append(self._put_one(tenant, item, now, wall_ms, segments))
+                continue
+            # The checks of _put_one, all passed: a valid key, a size that fits a segment, one
+            # replica, no pin, nothing to avoid or prefer, no quota.
+            if not self.membership.active_node_ids:
+                append(self._put_one(tenant, item, now, wall_ms, segments))  # says UNAVAILABLE
+                continue
+            spot = place_one(size, NO_NODES, now)
+            if spot is None:  # as in _put_one: evict for room, else NO_SPACE
+                placements = self._evict_for_space(size, 1, NO_NODES, "", now)
+                if placements is None:
+                    self.no_space_count += 1
+                    append(PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left"))
+                    continue
+                spot = placements[0]
+            put_id = next_put_id()
+            obj = Obj(tenant, key, size, reserved, put_id, NO_PIN, deadline,
+                      xxh64_intdigest(tag_prefix + key.encode()))
+            replica = begin_one(obj, spot[0], spot[1], next_alloc_id())
+            append(PutStartResult(OK, "", put_id,
+                                  [grant_one(obj, replica, GRANT_OP_WRITE, expiry_ms, segments)]))
         return PutStartOutcome(results, list(segments.values()))
 
     def _put_one(
@@ -407,6 +465,23 @@ class MasterService:
         expiry_ms = wall_ms + int(ttl_s * 1000)
         granted = self._grant_all(obj, GRANT_OP_WRITE, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)
+
+    def _grant_one(
+        self, obj: Obj, rep: Replica, op: int, expiry_ms: int, segments: dict[int, Segment]
+    ) -> GrantedReplica:
+        """`_grant_all` for one replica (the put fast path's)."""
+        segment = rep.segment
+        segment_id = segment.segment_id
+        segments[segment_id] = segment
+        size = obj.size
+        offset = rep.offset
+        alloc_id = rep.alloc_id
+        epoch = self.epoch
+        tag = obj.tag
+        return GrantedReplica(
+            segment.node.node_id, segment_id, offset, size, op, alloc_id, epoch, expiry_ms, tag,
+            self._signer.mac(op, segment_id, offset, size, alloc_id, epoch, expiry_ms, tag),
+        )
 
     def _grant_all(
         self, obj: Obj, op: int, expiry_ms: int, segments: dict[int, Segment]

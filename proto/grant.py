@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import xxhash
 
+from cellar.proto.fastinit import fast_frozen_init
+
 GRANT_OP_READ = 1
 GRANT_OP_WRITE = 2
 GRANT_MAC_BYTES = 16
@@ -30,9 +32,16 @@ _SIGNED = struct.Struct("<BQQQQQQQ")
 
 def key_tag(tenant: str, key: str) -> int:
     """A 64-bit tag binding a grant to one object (tenant and key)."""
-    return xxhash.xxh64_intdigest(tenant.encode() + b"\0" + key.encode())
+    return xxhash.xxh64_intdigest(key_tag_prefix(tenant) + key.encode())
 
 
+def key_tag_prefix(tenant: str) -> bytes:
+    """What `key_tag` hashes before the key's UTF-8 bytes; a caller tagging many keys of one
+    tenant computes it once and hashes `prefix + key.encode()` with xxh64 itself."""
+    return tenant.encode() + b"\0"
+
+
+@fast_frozen_init  # built per data-plane frame and per replica: see cellar.proto.fastinit
 @dataclass(frozen=True, slots=True)
 class Grant:
     op: int
@@ -128,7 +137,32 @@ def verify(
         grant.expiry_ms,
         grant.key_tag,
     )
-    if not hmac.compare_digest(expected, grant.mac):
+    _check(expected, grant, op, segment_id, offset, length, now_ms, min_epoch, allowed_skew_ms)
+
+
+class GrantVerifier:
+    """`verify` with the secret keyed once: each check copies the keyed BLAKE2b state instead
+    of keying a new one (about half the cost; a storage node checks every frame). Same checks,
+    same exceptions. Safe to share between threads (copy() only reads the keyed state)."""
+
+    __slots__ = ("_keyed",)
+
+    def __init__(self, secret: bytes) -> None:
+        self._keyed = hashlib.blake2b(key=secret, digest_size=GRANT_MAC_BYTES)
+
+    def verify(self, grant: Grant, *, op: int, segment_id: int, offset: int, length: int,
+               now_ms: int, min_epoch: int = 0, allowed_skew_ms: int = 0) -> None:
+        h = self._keyed.copy()
+        h.update(_SIGNED.pack(grant.op, grant.segment_id, grant.offset, grant.length,
+                              grant.alloc_id, grant.epoch, grant.expiry_ms, grant.key_tag))
+        _check(h.digest(), grant, op, segment_id, offset, length, now_ms, min_epoch,
+               allowed_skew_ms)
+
+
+def _check(expected_mac: bytes, grant: Grant, op: int, segment_id: int, offset: int,
+           length: int, now_ms: int, min_epoch: int, allowed_skew_ms: int) -> None:
+    """The checks of `verify` once the expected MAC is known."""
+    if not hmac.compare_digest(expected_mac, grant.mac):
         raise GrantRejected(GrantRejected.BAD_MAC)
     if grant.op != op:
         raise GrantRejected(GrantRejected.WRONG_OP, f"grant op {grant.op}, request op {op}")

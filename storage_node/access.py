@@ -25,11 +25,10 @@ any number of threads (the index has its own lock, the clock is read-only here).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 
-from cellar.proto.grant import Grant, GrantRejected, key_tag, verify
+from cellar.proto.grant import Grant, GrantRejected, GrantVerifier, key_tag
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import ObjectIndex, WriteRefused
 from cellar.storage_node.segment import Segment
@@ -78,7 +77,7 @@ class NodeAccess:
         self.segments = dict(segments)
         self.index = index
         self.clock = clock
-        self._secret = secret
+        self._verifier = GrantVerifier(secret)
         self._allowed_skew_ms = allowed_skew_ms
         # shm/rdma COMMIT: (st_dev, st_ino) of each segment's file, the memory a commit names
         self._file_ids: dict[int, tuple[int, int]] = {}
@@ -138,9 +137,17 @@ class NodeAccess:
         if want is not None and want != (file_dev, file_ino):
             raise FrameError(ST_UNKNOWN_SEGMENT, f"segment {request.segment_id}: the bytes went "
                              "into a replaced segment file (node restarted); remap and retry")
-        as_write = dataclasses.replace(request, op=OP_WRITE)
+        # The same request as a WRITE (built directly: dataclasses.replace costs ~3 us)
+        as_write = RequestHeader(OP_WRITE, request.request_id, request.segment_id,
+                                 request.offset, request.length, request.meta_len,
+                                 request.flags, request.grant)
         self.writable(as_write, meta)
         self.written(as_write, meta)
+
+    def flush(self) -> None:
+        """Make every write completed so far durable in the index journal; the data server
+        calls it before its replies leave (the index defers journal appends until then)."""
+        self.index.flush_journal()
 
     def readable(self, request: RequestHeader) -> memoryview:
         segment, _grant = self._check(request, OP_READ)
@@ -154,8 +161,7 @@ class NodeAccess:
         if segment is None:
             raise FrameError(ST_UNKNOWN_SEGMENT, f"segment {request.segment_id} is not on this node")
         try:
-            verify(
-                self._secret,
+            self._verifier.verify(
                 grant,
                 op=op,
                 segment_id=request.segment_id,

@@ -32,8 +32,10 @@ Thread safety
 
 Persistence and re-attach (node restart, master restart)
     With a journal (storage_node/journal.py) every SEALED entry and every drop of a SEALED
-    entry is appended to a file beside the segments, so a node killed with -9 and restarted
-    with the same id `restore`s its SEALED entries (WRITING ones are lost on purpose: their
+    entry is appended to a file beside the segments (with `defer_journal`, seals are queued
+    until `flush_journal`, which the node's data server calls before it acknowledges any
+    write), so a node killed with -9 and restarted with the same id `restore`s its SEALED
+    entries (WRITING ones are lost on purpose: their
     bytes are partial). On a mount that must rebuild a master, `prepare_report` drops the
     WRITING entries and returns the SEALED ones to report; entries the master refuses are
     dropped (`drop_alloc_ids`), like entries the verifier found corrupt (`drop_if_matches`).
@@ -142,10 +144,14 @@ _NO_WRITES_MS = 1 << 62  # write floor before the first mount: every grant is ol
 
 
 class ObjectIndex:
-    def __init__(self, *, allowed_skew_ms: int = 0, journal: IndexJournal | None = None) -> None:
+    def __init__(self, *, allowed_skew_ms: int = 0, journal: IndexJournal | None = None,
+                 defer_journal: bool = False) -> None:
         self._lock = threading.Lock()
         self._allowed_skew_ms = allowed_skew_ms
         self._journal = journal
+        # Seals from the data path reach the journal at the next flush_journal() (one write
+        # for many objects); whoever acknowledges writes must flush before it does.
+        self._defer_journal = defer_journal
         self._write_floor_ms = 0      # grants issued before this master time are refused
         self._write_grant_ttl_ms = 0
         self._entries: dict[int, IndexEntry] = {}
@@ -184,12 +190,12 @@ class ObjectIndex:
                 raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
             entry = self._entries.get(alloc_id)
             if entry is None:
-                self._drop_overlapping(segment_id, object_offset, object_size)
                 entry = IndexEntry(alloc_id, segment_id, object_offset, object_size, tenant, key,
                                    checksum, epoch, grant_expiry_ms)
                 self._entries[alloc_id] = entry
                 if object_size > 0:
-                    insort(self._order.setdefault(segment_id, []), (object_offset, alloc_id))
+                    self._insert_dropping_overlaps(segment_id, object_offset, object_size,
+                                                   alloc_id)
                 return
             if entry.state is AllocState.SEALED:
                 raise WriteRefused(WriteRefused.SEALED, f"allocation {alloc_id} is complete")
@@ -211,15 +217,26 @@ class ObjectIndex:
             if entry is None or entry.state is AllocState.SEALED:
                 return False  # freed meanwhile, or a concurrent duplicate chunk
             assert 0 <= rel_start <= rel_end <= entry.length, (rel_start, rel_end, entry.length)
-            entry.received_bytes += _merge(entry.ranges, rel_start, rel_end)
+            if rel_start == 0 and rel_end == entry.length:  # the whole object (one frame)
+                entry.received_bytes = entry.length
+            else:
+                entry.received_bytes += _merge(entry.ranges, rel_start, rel_end)
             assert entry.received_bytes <= entry.length
             if entry.received_bytes == entry.length:
                 entry.state = AllocState.SEALED
                 entry.ranges = []
                 if self._journal is not None:
-                    self._journal.sealed(_journal_entry(entry))
+                    self._journal.sealed(_journal_entry(entry), defer=self._defer_journal)
                 return True
             return False
+
+    def flush_journal(self) -> None:
+        """Write the journal records of seals deferred so far (see `defer_journal`)."""
+        journal = self._journal
+        # Unlocked peek: a seal queued just after it is flushed by its own writer's reply.
+        if journal is not None and journal.queued:
+            with self._lock:
+                journal.flush()
 
     # ---- control plane ---------------------------------------------------------------
 
@@ -233,6 +250,7 @@ class ObjectIndex:
                     self._drop(entry)
                     dropped += 1
             self._purge(now_ms)
+            self._flush_drops()
         return dropped
 
     def purge(self, now_ms: int) -> int:
@@ -254,6 +272,7 @@ class ObjectIndex:
             assert not self._entries
             self._order.clear()
             self._purge(now_ms)
+            self._flush_drops()
 
     def refuse_writes_until_mount(self) -> None:
         """No write is admitted before the first `set_mount` (a restarted node's old grants)."""
@@ -300,6 +319,7 @@ class ObjectIndex:
             for entry in [e for e in self._entries.values() if e.state is AllocState.WRITING]:
                 self._drop(entry)
             self._purge(now_ms)
+            self._flush_drops()
             return [entry.copy() for entry in self._entries.values()]
 
     def drop_alloc_ids(self, alloc_ids: Iterable[int]) -> int:
@@ -311,6 +331,7 @@ class ObjectIndex:
                 if entry is not None:
                     self._drop(entry)
                     dropped += 1
+            self._flush_drops()
         return dropped
 
     def drop_if_matches(self, alloc_id: int, segment_id: int, offset: int, length: int) -> bool:
@@ -321,6 +342,7 @@ class ObjectIndex:
                     or (entry.segment_id, entry.offset, entry.length) != (segment_id, offset, length)):
                 return False
             self._drop(entry)
+            self._flush_drops()
             return True
 
     def maybe_compact(self) -> bool:
@@ -396,7 +418,7 @@ class ObjectIndex:
     def _drop(self, entry: IndexEntry) -> None:
         del self._entries[entry.alloc_id]
         if entry.state is AllocState.SEALED and self._journal is not None:
-            self._journal.dropped(entry.alloc_id)
+            self._journal.dropped(entry.alloc_id, defer=True)  # the caller flushes
         if entry.length > 0:
             order = self._order.get(entry.segment_id)
             if order is not None:
@@ -405,6 +427,32 @@ class ObjectIndex:
                     del order[i]
         self._tombstones[entry.alloc_id] = entry.write_grant_expiry_ms
         heapq.heappush(self._tombstone_heap, (entry.write_grant_expiry_ms, entry.alloc_id))
+
+    def _insert_dropping_overlaps(self, segment_id: int, offset: int, length: int,
+                                  alloc_id: int) -> None:
+        """_drop_overlapping, then insert (offset, alloc_id) into the segment's order, with
+        one bisection in the common case of nothing to drop (the first write of every object
+        comes here)."""
+        order = self._order.get(segment_id)
+        if order is None:
+            order = self._order[segment_id] = []
+        i = bisect_left(order, (offset, -1))
+        end = offset + length
+        # Overlapped: the entry starting before `offset` reaching into it, or one starting
+        # inside [offset, end) (entries never overlap each other, and all have length > 0).
+        if ((i > 0 and self._entries[order[i - 1][1]].end() > offset)
+                or (i < len(order) and order[i][0] < end)):
+            self._drop_overlapping(segment_id, offset, length)
+            insort(order, (offset, alloc_id))
+            if not self._defer_journal:  # else the data server's flush writes the drops
+                self._flush_drops()
+        else:
+            order.insert(i, (offset, alloc_id))
+
+    def _flush_drops(self) -> None:
+        """Write the drop records `_drop` queued (one write for the whole call)."""
+        if self._journal is not None:
+            self._journal.flush()
 
     def _drop_overlapping(self, segment_id: int, offset: int, length: int) -> None:
         order = self._order.get(segment_id)

@@ -15,8 +15,18 @@ Format (little endian)
              tenant_len u16 key_len u16 tenant key          -- SEALED
            | 2 (u8) alloc_id (u64)                          -- DROPPED
     Replay reads records in order and stops at the first short or corrupt one (a torn tail),
-    which is cut off. Each record is one write() of an O_APPEND descriptor: a process killed
-    mid-call either wrote it or did not, so fsync is not needed (nor useful on tmpfs).
+    which is cut off. Records go out with write() on an O_APPEND descriptor: a process killed
+    mid-call wrote a prefix of them, and replay keeps exactly the whole records of that
+    prefix, so fsync is not needed (nor useful on tmpfs).
+
+Deferred appends
+    `sealed(..., defer=True)` and `dropped(..., defer=True)` queue the record instead of
+    writing it; `flush()` writes every queued record with one write(). The storage node seals
+    objects this way and its data server flushes before any reply leaves (so a write
+    acknowledged OK is always journaled, as before): one syscall per batch of replies instead
+    of one per sealed object. The index queues the drops of one call (a heartbeat's freed
+    ranges) and flushes them before it returns: one syscall per call, not per object. An
+    immediate append writes the queue first, then itself, so the file keeps the call order.
 
 Compaction
     On open, after replay, the file is rewritten with only the live entries (temp file +
@@ -50,6 +60,7 @@ KIND_SEALED = 1
 KIND_DROPPED = 2
 MAX_BODY_BYTES = 1 << 20              # a key is at most 64 KiB on any configured master
 COMPACT_MIN_DEAD = 65536
+MAX_QUEUED_RECORDS = 4096             # deferred records beyond this are written at once
 
 
 @dataclass(slots=True)
@@ -132,6 +143,7 @@ class IndexJournal:
         self.dead = 0
         self.compactions = 0
         self.failed = False
+        self._queued: list[bytes] = []  # deferred records, not written yet (see flush)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> tuple[IndexJournal, list[JournalEntry]]:
@@ -154,7 +166,9 @@ class IndexJournal:
         return journal, entries
 
     def rewrite(self, entries: list[JournalEntry]) -> None:
-        """Replace the file with exactly `entries` (atomically: temp file, then rename)."""
+        """Replace the file with exactly `entries` (atomically: temp file, then rename).
+        Queued records are dropped: `entries` is the whole live state, theirs included."""
+        self._queued = []
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -178,18 +192,42 @@ class IndexJournal:
         self.dead = 0
         self.compactions += 1
 
-    def sealed(self, entry: JournalEntry) -> None:
+    def sealed(self, entry: JournalEntry, *, defer: bool = False) -> None:
+        """Record a SEALED entry; with `defer`, at the next `flush` (or any other append)."""
         if self._fd >= 0:
-            self._append(_encode_sealed(entry))
+            if defer and len(self._queued) < MAX_QUEUED_RECORDS:
+                self._queued.append(_encode_sealed(entry))
+            else:
+                self._append(_encode_sealed(entry))
             self.live += 1
 
-    def dropped(self, alloc_id: int) -> None:
+    @property
+    def queued(self) -> bool:
+        """Whether deferred records wait for `flush`."""
+        return bool(self._queued)
+
+    def flush(self) -> None:
+        """Write the deferred records (one write() for all of them)."""
+        if self._queued:
+            self._append(b"")
+
+    def dropped(self, alloc_id: int, *, defer: bool = False) -> None:
+        """Record the drop of a SEALED entry; with `defer`, at the next `flush`."""
         if self._fd >= 0:
-            self._append(_encode_dropped(alloc_id))
+            if defer and len(self._queued) < MAX_QUEUED_RECORDS:
+                self._queued.append(_encode_dropped(alloc_id))
+            else:
+                self._append(_encode_dropped(alloc_id))
             self.live -= 1
             self.dead += 2  # the SEALED record and this one
 
     def _append(self, record: bytes) -> None:
+        if self._queued:
+            self._queued.append(record)
+            record = b"".join(self._queued)
+            self._queued = []
+        if self._fd < 0:
+            return
         try:
             _write_all(self._fd, record)
         except OSError as exc:
@@ -202,6 +240,9 @@ class IndexJournal:
         return not self.failed and self.dead > COMPACT_MIN_DEAD and self.dead > 2 * self.live
 
     def close(self, *, unlink: bool = False) -> None:
+        if not unlink:
+            self.flush()
+        self._queued = []
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -103,7 +103,10 @@ class StorageNode:
                       "of this node", path, exc.strerror or exc)
             journal, entries = None, []
         self.journal = journal
-        self.index = ObjectIndex(allowed_skew_ms=int(cfg.grant_skew_s * 1000), journal=journal)
+        # Journal appends of seals wait for the data server's flush before its replies
+        # (NodeAccess.flush): one write per batch of replies, not one per object.
+        self.index = ObjectIndex(allowed_skew_ms=int(cfg.grant_skew_s * 1000), journal=journal,
+                                 defer_journal=True)
         self.index.refuse_writes_until_mount()
         sizes = {sid: s.size_bytes for sid, s in by_id.items() if s.reattached}
         restored = self.index.restore(entries, sizes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 Buffer = bytes | bytearray | memoryview
 
@@ -27,6 +27,10 @@ MSG_PEEK = int(socket.MSG_PEEK)
 
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call; stay well below.
 MAX_IOV = 512
+# Queued replies that a receive in the middle of a payload lets leave (Inbox._recv_into).
+# Below the TCP client's refill point (half of its 64-frame window), so a writer always gets
+# replies before it waits for them.
+PAYLOAD_FLUSH_PARTS = 16
 
 
 class PeerClosed(ConnectionError):
@@ -102,11 +106,14 @@ class Outbox:
     memory held by queued views stays bounded.
     """
 
-    __slots__ = ("_sock", "parts", "nbytes", "max_bytes", "max_parts")
+    __slots__ = ("_sock", "parts", "nbytes", "max_bytes", "max_parts", "before_send")
 
     def __init__(self, sock: socket.socket, *, max_bytes: int = 1 << 20,
-                 max_parts: int = MAX_IOV // 2) -> None:
+                 max_parts: int = MAX_IOV // 2,
+                 before_send: Callable[[], None] | None = None) -> None:
         self._sock = sock
+        # Called before queued replies leave (a storage node makes writes durable there).
+        self.before_send = before_send
         self.parts: list[Buffer] = []
         self.nbytes = 0
         self.max_bytes = max_bytes
@@ -123,6 +130,8 @@ class Outbox:
 
     def flush(self) -> None:
         if self.parts:
+            if self.before_send is not None:
+                self.before_send()
             parts, self.parts, self.nbytes = self.parts, [], 0
             send_all(self._sock, parts)
 
@@ -137,8 +146,10 @@ class Inbox:
     frames per syscall. Payloads are received with `recv_into` on their destination itself
     (`read_into`), and `take_scatter` reads a reply header and the start of its payload with
     one `recvmsg_into` into [this buffer, destination], so a READ reply costs one syscall and
-    no copy. With an `outbox`, queued replies are flushed before any recv that would block, so
-    the peer never waits for replies we sit on.
+    no copy. With an `outbox`, queued replies are flushed before any recv for a header that
+    would block, so the peer never waits for replies we sit on; in the middle of a payload
+    only once PAYLOAD_FLUSH_PARTS replies are queued (the peer sent that payload in the same
+    burst as the frames still unanswered, so it is not waiting for them yet).
 
     The socket must be in blocking mode (timeouts through `set_io_timeout`): in Python's
     timeout mode every recv polls first, and the non-blocking probe would wait.
@@ -164,9 +175,15 @@ class Inbox:
     def buffered(self) -> int:
         return self._end - self._start
 
-    def _recv_into(self, view: memoryview, flags: int = 0) -> int:
+    def _recv_into(self, view: memoryview, flags: int = 0, *, mid_payload: bool = False) -> int:
         outbox = self.outbox
-        if outbox is not None and outbox.parts:
+        # Waiting for the rest of a payload, replies are held back until PAYLOAD_FLUSH_PARTS
+        # queued: a pipelining writer has more frames in flight (it only waits for replies
+        # with at least that many outstanding), and one sendmsg (plus the node's journal
+        # write) per frame cost more than the frame's own Python. Waiting for a header, i.e.
+        # for a request that may never come, the replies always leave first.
+        if outbox is not None and outbox.parts and (
+                not mid_payload or len(outbox.parts) >= PAYLOAD_FLUSH_PARTS):
             try:
                 got = self._sock.recv_into(view, 0, MSG_DONTWAIT)
             except BlockingIOError:
@@ -254,7 +271,7 @@ class Inbox:
             dst[:pos] = self._view[self._start:self._start + pos]
             self._start += pos
         while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
-            pos += self._recv_into(dst[pos:], MSG_WAITALL)
+            pos += self._recv_into(dst[pos:], MSG_WAITALL, mid_payload=True)
 
     def skip(self, n: int) -> None:
         """Discard the next n bytes, reusing this buffer as scratch."""

@@ -112,6 +112,9 @@ class SegmentAccess(Protocol):
         """The segment memory [offset, offset+length) to send for a read."""
         ...
 
+    # Optional: `flush()`, called by a server before its replies leave, so that whatever
+    # `written` deferred (a storage node's journal appends) is done before a client hears OK.
+
 
 def byte_view(buf: Any, *, writable: bool) -> memoryview:
     """A flat byte view of a caller's buffer (numpy, bytearray, mmap, ...); no copy."""

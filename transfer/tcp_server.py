@@ -19,8 +19,10 @@ with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTE
 Replies are corked: they queue (READ payloads as views) while more requests are already
 waiting in the socket, and leave together in one `sendmsg` before the connection would block
 on a read, or once 1 MiB is queued. A pipelined run of small requests thus costs a few
-syscalls, not two per request. Counters are per connection (no lock per request) and summed
-by `stats.snapshot()`.
+syscalls, not two per request. Just before replies leave, the server calls the access
+layer's optional `flush()` (a storage node journals the objects those writes sealed there, in
+one write, so no write is acknowledged before it is journaled). Counters are per connection
+(no lock per request) and summed by `stats.snapshot()`.
 
 Errors and what they cost:
 - `FrameError` from the access layer (bad grant, expired, out of range, sealed...): the reply
@@ -285,7 +287,9 @@ class TcpDataServer:
             sock.settimeout(None)  # blocking; the kernel enforces the idle timeout
             tune_socket(sock, 0)  # buffers were inherited from the listener
             set_io_timeout(sock, self.idle_timeout_s)
-            outbox = Outbox(sock, max_bytes=OUTBOX_BYTES)
+            # access.flush (optional): e.g. journal what was written, before any reply says so
+            outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
+                            before_send=getattr(self.access, "flush", None))
             conn = _Connection(self, sock, Inbox(sock, INBOX_BYTES, readahead=READAHEAD_BYTES,
                                                      outbox=outbox), outbox,
                                counters)

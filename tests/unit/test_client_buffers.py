@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import mmap
+import sys
 
 import numpy as np
 import pytest
@@ -128,3 +129,30 @@ def test_fresh_bytes_are_filled_in_place():
         assert value == expected and hash(value) == hash(expected)
     obj, view = fresh_bytes(0)
     assert as_bytes(obj) == b""
+
+
+def test_result_allocations_tune_malloc_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import cellar.client.buffers as buffers
+
+    calls: list[tuple[int, int]] = []
+
+    class FakeMallopt:  # like a ctypes function: takes argtypes/restype, then is called
+        def __call__(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    class FakeLibc:
+        mallopt = FakeMallopt()
+
+    monkeypatch.setattr(buffers, "_malloc_tuned", False)
+    monkeypatch.setattr(buffers.ctypes, "CDLL", lambda _name: FakeLibc())
+    monkeypatch.setenv("CELLAR_MALLOC_TOP_PAD_BYTES", str(8 << 20))
+    obj, view = buffers.fresh_bytes(10)
+    view.release()
+    buffers.fresh_bytes(10)[1].release()
+    if sys.platform.startswith("linux"):
+        assert calls == [(-3, 32 << 20), (-2, 8 << 20)]  # M_MMAP_THRESHOLD, M_TOP_PAD; once
+    monkeypatch.setattr(buffers, "_malloc_tuned", False)
+    monkeypatch.setenv("CELLAR_MALLOC_TOP_PAD_BYTES", "0")  # opt out: malloc left alone
+    assert not buffers.tune_malloc_for_results()
+    assert len(calls) <= 2
