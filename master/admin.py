@@ -148,7 +148,8 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
 
     async def set_tenant(request: Request) -> Response:
         if not leadership.serving():
-            return Response.json({"error": leadership.redirect(), "leader": leadership.leader_address}, 503)
+            return Response.json({"error": leadership.redirect(), "leader": leadership.redirect_address()},
+                                 503)
         service = leadership.service
         body = request.json()
         if not isinstance(body, dict) or "name" not in body:

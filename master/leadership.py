@@ -100,13 +100,19 @@ class Leadership:
     def leader_address(self) -> str:
         return self.leader.address if self.leader is not None else ""
 
+    def redirect_address(self) -> str:
+        """Where a non-serving master sends callers: the leader it knows, unless that is itself
+        (a leader past its lease knows no successor yet), else ""."""
+        leader = self.leader
+        if leader is None or leader.master_id == self.master_id:
+            return ""
+        return leader.address
+
     def redirect(self) -> str:
         """The details of the UNAVAILABLE a non-serving master answers with."""
         leader = self.leader
-        serving_elsewhere = leader is not None and leader.master_id != self.master_id
         return redirect_details(self.master_id, self.role if self.role != LEADER else "lease lapsed",
-                                leader.address if serving_elsewhere and leader else "",
-                                leader.epoch if leader is not None else 0)
+                                self.redirect_address(), leader.epoch if leader is not None else 0)
 
     def lease_remaining_s(self) -> float:
         return self.election.lease_remaining_s() if self.election is not None else 0.0

@@ -260,7 +260,7 @@ class MasterServicer:
             started = perf_counter()
             if gated and not serving():
                 stats.failures += 1
-                context.set_trailing_metadata(((LEADER_METADATA, leadership.leader_address),))
+                context.set_trailing_metadata(((LEADER_METADATA, leadership.redirect_address()),))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, leadership.redirect())
             if type(request) is _Malformed:
                 stats.failures += 1

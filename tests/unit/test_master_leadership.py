@@ -205,3 +205,14 @@ def test_an_rpc_cancelled_by_etcd_does_not_end_the_campaign() -> None:
             await task
 
     asyncio.run(scenario())
+
+
+def test_a_leader_past_its_lease_does_not_redirect_to_itself() -> None:
+    leadership, election = ha_leadership()
+    leadership.on_elected(LEADER.epoch + 1)
+    leadership.on_leader(LeaderRecord("m2", "127.0.0.1:7002", "127.0.0.1:8002", LEADER.epoch + 1))
+    election.lease_valid = False
+    assert leadership.redirect_address() == ""
+    assert leader_from_details(leadership.redirect()) == ""
+    leadership.on_leader(LEADER)  # a successor appeared in etcd
+    assert leadership.redirect_address() == LEADER.address
