@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 
 def children_of(pid: int) -> list[int]:
@@ -25,3 +28,19 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def read_lines_until(stream: IO[str], done: Callable[[str], object],
+                     timeout_s: float = 60.0) -> list[str]:
+    """A child's output lines (newline stripped) up to and including the first one `done`
+    accepts, or all of them until end of file or `timeout_s` (checked between lines)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if done(lines[-1]):
+            break
+    return lines

@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
-from tests.integration.proc_tools import alive, children_of
+from tests.integration.proc_tools import alive, children_of, read_lines_until
 
 CELLAR = [sys.executable, "-m", "cellar"]
 HA_READY = re.compile(r"^\s*connect: (etcd://\S+)")
@@ -107,20 +106,10 @@ def test_cellar_up_ha_starts_etcd_two_masters_and_nodes(tmp_path):
          "--http-port", "0", "--etcd-port", "0", "--run-dir", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: list[str] = []
-    url = ""
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
-            match = HA_READY.match(line)
-            url = match.group(1) if match else url
-            if line.startswith("Ctrl-C stops the cluster"):
-                break
+        lines = read_lines_until(proc.stdout, lambda line: line.startswith("Ctrl-C stops the cluster"))
+        url = next((m.group(1) for line in lines if (m := HA_READY.match(line))), "")
         banner = "\n".join(lines)
         assert url, "cellar up --ha never printed its etcd:// address:\n" + banner
         assert "high availability" in banner and "<- leader" in banner

@@ -11,11 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.integration.proc_tools import alive, children_of
+from tests.integration.proc_tools import alive, children_of, read_lines_until
 
 CELLAR = [sys.executable, "-m", "cellar"]
 READY = re.compile(r"^Cellar is up: master (\S+),")
@@ -33,20 +32,11 @@ def cellar_up(tmp_path):
          "--http-port", "0", "--run-dir", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: list[str] = []
-    address = None
-    deadline = time.monotonic() + 60
     try:
         assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
-            match = READY.match(line)
-            if match:
-                address = match.group(1)
-                break
+        lines = read_lines_until(proc.stdout, READY.match)
+        ready = READY.match(lines[-1]) if lines else None
+        address = ready.group(1) if ready else None
         assert address, "cellar up never said it was up:\n" + "\n".join(lines)
         yield proc, address, lines
     finally:
