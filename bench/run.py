@@ -83,13 +83,21 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
 
 
+def tcp_ceiling(ceilings: dict[str, float]) -> float:
+    """The issue's loopback ceiling (limits.py's method); older reports only had tcp_GBps."""
+    return ceilings.get("tcp_issue_GBps") or ceilings["tcp_GBps"]
+
+
 def markdown(report: dict[str, Any]) -> str:
     ceil = report["ceilings"]
     lines = [
         f"Cellar bench, {report['date']} on {report['host']} ({report['cpus']} cores); "
-        f"ceilings in the same run: loopback TCP {ceil['tcp_GBps']:.2f} GB/s (cache-hot 4 MiB "
-        f"buffer; {ceil.get('tcp_cold_GBps', 0):.2f} GB/s over 64 MiB spans, for reference), "
-        f"aligned memcpy {ceil['memcpy_aligned_GBps']:.2f} GB/s.",
+        f"ceilings in the same run: loopback TCP {tcp_ceiling(ceil):.2f} GB/s as issue 4 "
+        f"defines it (limits.py: 4 MiB bytes sent, recv_into a 4 MiB bytearray; the tcp "
+        f"ratios below are to this), {ceil['tcp_GBps']:.2f} GB/s with page-aligned buffers "
+        f"(stricter), {ceil.get('tcp_cold_GBps', 0):.2f} GB/s over 64 MiB spans (memory "
+        f"past the caches, as a batch of large objects is); aligned memcpy "
+        f"{ceil['memcpy_aligned_GBps']:.2f} GB/s (the shm ratios are to this).",
         "",
         "| transport | api | size | batch | put GB/s | put ops/s | put / ceiling "
         "| get GB/s | get ops/s | get / ceiling |",
@@ -100,7 +108,7 @@ def markdown(report: dict[str, Any]) -> str:
     for transport, api, size, batch in keys:
         row = {r["op"]: r for r in data if (r["transport"], r["api"], r["size_bytes"],
                                              r["batch"]) == (transport, api, size, batch)}
-        ceiling = ceil["tcp_GBps"] if transport == "tcp" else ceil["memcpy_aligned_GBps"]
+        ceiling = tcp_ceiling(ceil) if transport == "tcp" else ceil["memcpy_aligned_GBps"]
         cells = [transport, api, size_label(size), str(batch)]
         for op in ("put", "get"):
             r = row.get(op)
@@ -133,10 +141,14 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """The issue's figures, each as (target, what this run measured, met?)."""
     out: list[tuple[str, str, bool]] = []
     results = report["results"]
-    batched_targets = (
-        ("tcp", "TCP", "loopback ceiling", report["ceilings"]["tcp_GBps"], 0.85, True),
-        ("shm", "shm", "aligned memcpy", report["ceilings"]["memcpy_aligned_GBps"], 0.6, False),
-    )
+    ceil = report["ceilings"]
+    batched_targets = [
+        ("tcp", "TCP", "loopback ceiling", tcp_ceiling(ceil), 0.85, True),
+        ("shm", "shm", "aligned memcpy", ceil["memcpy_aligned_GBps"], 0.6, False),
+    ]
+    if "tcp_issue_GBps" in ceil:  # the stricter ceiling, shown beside the issue's
+        batched_targets.insert(1, ("tcp", "TCP", "page-aligned loopback ceiling (stricter)",
+                                   ceil["tcp_GBps"], 0.85, True))
     for transport, name, ceiling_name, ceiling, target, show_best in batched_targets:
         batched = [r for r in results if r["kind"] == "data" and r["transport"] == transport
                    and r["batch"] > 1 and MiB <= r["size_bytes"] <= 16 * MiB]
@@ -209,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     rss_per_million = 0.0
     with LocalCluster(nodes=args.nodes, segment_size=args.segment_size, port=0,
                       http_port=0) as cluster:
-        say(f"cluster up at {cluster.address}")
+        say(f"cluster up at {cluster.address}; waiting for the nodes to pre-fault their "
+            f"segments ({args.segment_size} each)")
+        if not cluster.wait_prefaulted():
+            say("WARNING: the nodes' segment pre-fault did not end in time; the first rows "
+                "may measure page faults")
         for transport in transport_list(args.transports):
             say(f"data plane and latency over {transport}")
             results += run_worker(cluster.address, [*worker_args, "--transport", transport,

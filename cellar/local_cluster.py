@@ -69,6 +69,10 @@ from cellar.units import format_size, parse_size_bytes
 MASTER_READY = re.compile(
     r"^cellar master listening on (?P<address>\S+) \(http (?P<http>[^,\s]+), epoch (?P<epoch>\d+)\)")
 NODE_READY = re.compile(r"^cellar node (?P<node_id>\S+) serving tcp (?P<address>\S+) ")
+# A node's log line when one segment's background pre-fault ended, either way
+# (storage_node/segment.py PREFAULT_DONE_LOG / PREFAULT_SKIPPED_LOG).
+PREFAULT_ENDED = re.compile(r"segment \d+ (?:not )?pre-faulted")
+DEFAULT_PREFAULT_WAIT_S = 120.0
 
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_STOP_GRACE_S = 5.0
@@ -403,6 +407,26 @@ class LocalCluster:
             assert child.proc is not None
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(sig)
+
+    def wait_prefaulted(self, timeout_s: float = DEFAULT_PREFAULT_WAIT_S) -> bool:
+        """Wait until every node's segments ended their background pre-fault (their log says
+        so); False if timeout_s passed first. For benchmarks: until then a node's kernel is
+        still mapping segment pages on the same cores the measurement runs on."""
+        segments = int(self.node_flags.get("segments", 1))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ended = 0
+            for child in self.nodes:
+                try:
+                    text = child.log_path.read_text(errors="replace")
+                except OSError:
+                    text = ""
+                ended += min(segments, len(PREFAULT_ENDED.findall(text)))
+            if ended >= segments * len(self.nodes):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_INTERVAL_S * 10)
 
     def dead_children(self) -> list[Child]:
         """Children that exited although nobody asked them to."""
