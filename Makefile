@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast lint proto bench bench-quick soak soak-ha failover clean
+.PHONY: venv run run-ha test test-fast lint proto bench bench-quick profile soak soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -30,7 +30,7 @@ test-fast: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy cellar master storage_node client transfer proto
+	$(VENV)/bin/mypy cellar master storage_node client transfer proto bench
 
 proto: venv
 	$(PY) proto/_generate.py
@@ -40,6 +40,11 @@ bench: venv
 
 bench-quick: venv
 	$(VENV)/bin/cellar bench --quick
+
+# Where the time goes in the workloads whose figures are unmet: CPU per op of master, node and
+# client, and py-spy's hottest frames of each (bench/results/profiles-<date>-<host>.txt).
+profile: venv
+	$(VENV)/bin/python -m cellar.bench.profile
 
 # 10 minutes of random checksummed traffic while nodes and the master are killed, stopped
 # and restarted; exits non-zero on a corrupt read or an unexplained loss.
