@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 import xxhash
 
-from cellar.client.buffers import as_bytes, fresh_bytes, readable_view
+from cellar.client.buffers import as_bytes, fresh_bytes, readable_view, reserve_result_memory
 from cellar.errors import (
     AlreadyExists,
     BufferTooSmall,
@@ -805,6 +805,9 @@ class GetBatch:
             raise BufferTooSmall(
                 f"buffer for {too_small.key!r} holds {too_small.dest.nbytes} bytes; the object "
                 f"is {too_small.size} bytes", needed_bytes=too_small.size)
+        if self._allocate is fresh_bytes:  # results this batch allocates stay reusable
+            reserve_result_memory(sum(e.size for e in self.entries
+                                      if e.status is None and e.dest is None))
         for e in self.entries:
             if e.status is None:
                 if e.dest is not None:

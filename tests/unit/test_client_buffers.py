@@ -144,7 +144,7 @@ def test_result_allocations_tune_malloc_once(monkeypatch) -> None:  # type: igno
     class FakeLibc:
         mallopt = FakeMallopt()
 
-    monkeypatch.setattr(buffers, "_malloc_tuned", False)
+    _untuned(monkeypatch, buffers)
     monkeypatch.setattr(buffers.ctypes, "CDLL", lambda _name: FakeLibc())
     monkeypatch.setenv("CELLAR_MALLOC_TOP_PAD_BYTES", str(8 << 20))
     obj, view = buffers.fresh_bytes(10)
@@ -152,7 +152,39 @@ def test_result_allocations_tune_malloc_once(monkeypatch) -> None:  # type: igno
     buffers.fresh_bytes(10)[1].release()
     if sys.platform.startswith("linux"):
         assert calls == [(-3, 32 << 20), (-2, 8 << 20)]  # M_MMAP_THRESHOLD, M_TOP_PAD; once
-    monkeypatch.setattr(buffers, "_malloc_tuned", False)
+        assert buffers.reserve_result_memory(1 << 30) == 8 << 20  # a pad chosen is never grown
+        assert len(calls) == 2
+    _untuned(monkeypatch, buffers)
     monkeypatch.setenv("CELLAR_MALLOC_TOP_PAD_BYTES", "0")  # opt out: malloc left alone
     assert not buffers.tune_malloc_for_results()
     assert len(calls) <= 2
+
+
+def _untuned(monkeypatch, buffers) -> None:  # type: ignore[no-untyped-def]
+    for name, value in (("_malloc_tuned", False), ("_pad_bytes", 0), ("_pad_fixed", False),
+                        ("_mallopt", None)):
+        monkeypatch.setattr(buffers, name, value)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc tuning is Linux-only")
+def test_the_pad_grows_with_the_largest_batch_up_to_its_cap(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import cellar.client.buffers as buffers
+
+    calls: list[tuple[int, int]] = []
+
+    class FakeLibc:
+        @staticmethod
+        def mallopt(param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    _untuned(monkeypatch, buffers)
+    monkeypatch.setattr(buffers.ctypes, "CDLL", lambda _name: FakeLibc())
+    monkeypatch.delenv("CELLAR_MALLOC_TOP_PAD_BYTES", raising=False)
+    MiB = 1 << 20
+    assert buffers.reserve_result_memory(100 * MiB) == 256 * MiB  # the first pad covers it
+    assert calls == [(-3, 32 * MiB), (-2, 256 * MiB)]
+    assert buffers.reserve_result_memory(300 * MiB) == 320 * MiB  # rounded up to 64 MiB steps
+    assert buffers.reserve_result_memory(200 * MiB) == 320 * MiB  # never shrinks
+    assert buffers.reserve_result_memory(5 << 30) == 1 << 30      # capped
+    assert calls[2:] == [(-2, 320 * MiB), (-2, 1 << 30)]
