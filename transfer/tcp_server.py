@@ -291,7 +291,8 @@ class TcpDataServer:
             outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
                             before_send=getattr(self.access, "flush", None))
             conn = _Connection(self, sock, Inbox(sock, INBOX_BYTES, readahead=READAHEAD_BYTES,
-                                                     outbox=outbox), outbox,
+                                                     outbox=outbox, read_ahead_of_payload=True),
+                               outbox,
                                counters)
             while not self._stopping:
                 conn.serve_one()
