@@ -226,7 +226,7 @@ class ObjectIndex:
                 entry.state = AllocState.SEALED
                 entry.ranges = []
                 if self._journal is not None:
-                    self._journal.sealed(_journal_entry(entry), defer=self._defer_journal)
+                    self._journal.sealed(entry, defer=self._defer_journal)
                 return True
             return False
 
