@@ -526,7 +526,7 @@ class TransportSet:
 class PutEntry:
     key: str
     value: memoryview
-    checksum: int
+    checksum: int | None             # xxh3_64 of value; None until hashed (hash_values)
     status: Status | None = None     # final outcome; None while in flight
     message: str = ""
     attempts: int = 0
@@ -624,6 +624,8 @@ class PutBatch:
                 continue
             value = e.value
             size = value.nbytes
+            if e.checksum is None:  # not hashed while PutStart was in flight
+                e.checksum = checksum(value)
             meta = WriteMeta(e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
             for rep in res.replicas:
@@ -711,8 +713,22 @@ class PutBatch:
         return refs
 
 
-def put_entries(pairs: Sequence[tuple[str, memoryview]]) -> list[PutEntry]:
-    return [PutEntry(key, view, checksum(view)) for key, view in pairs]
+def put_entries(pairs: Sequence[tuple[str, memoryview]], *, hashed: bool = True) -> list[PutEntry]:
+    """Entries for (key, value) pairs; with `hashed=False` their checksums are left for
+    `hash_values` (or, at the latest, `PutBatch.on_start_reply`) to compute."""
+    return [PutEntry(key, view, checksum(view) if hashed else None) for key, view in pairs]
+
+
+def hash_values(entries: Sequence[PutEntry]) -> None:
+    """Compute the checksums still missing (xxh3 releases the GIL: a helper thread can hash
+    while the caller waits for PutStart, which needs only the sizes)."""
+    for e in entries:
+        if e.checksum is None:
+            e.checksum = checksum(e.value)
+
+
+def unhashed_bytes(entries: Sequence[PutEntry]) -> int:
+    return sum(e.value.nbytes for e in entries if e.checksum is None)
 
 
 # ---- get ----------------------------------------------------------------------------------
