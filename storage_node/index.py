@@ -441,8 +441,7 @@ class ObjectIndex:
         end = offset + length
         # Overlapped: the entry starting before `offset` reaching into it, or one starting
         # inside [offset, end) (entries never overlap each other, and all have length > 0).
-        prev = order.before((offset, -1))
-        after = order.at_or_after((offset, -1))
+        prev, after = order.neighbours((offset, -1))
         if ((prev is not None and self._entries[prev[1]].end() > offset)
                 or (after is not None and after[0] < end)):
             self._drop_overlapping(segment_id, offset, length)

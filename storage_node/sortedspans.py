@@ -94,6 +94,19 @@ class SortedSpans:
                 return bucket[i - 1]
         return buckets[b - 1][-1] if b > 0 else None
 
+    def neighbours(self, item: Span) -> tuple[Span | None, Span | None]:
+        """(`before(item)`, `at_or_after(item)`) with one lookup: the index asks for both on
+        the first write of every object."""
+        buckets = self._buckets
+        b = bisect_left(self._maxes, item)
+        if b == len(buckets):
+            return (buckets[b - 1][-1] if b > 0 else None), None
+        bucket = buckets[b]
+        i = bisect_left(bucket, item)
+        if i > 0:
+            return bucket[i - 1], bucket[i]
+        return (buckets[b - 1][-1] if b > 0 else None), bucket[i]
+
     def at_or_after(self, item: Span) -> Span | None:
         """The least item >= `item`, or None."""
         b = bisect_left(self._maxes, item)

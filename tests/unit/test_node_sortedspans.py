@@ -32,6 +32,7 @@ def test_matches_a_sorted_list(monkeypatch: pytest.MonkeyPatch, seed: int) -> No
         i = bisect_left(model, probe)
         assert spans.before(probe) == (model[i - 1] if i > 0 else None)
         assert spans.at_or_after(probe) == (model[i] if i < len(model) else None)
+        assert spans.neighbours(probe) == (spans.before(probe), spans.at_or_after(probe))
         assert list(spans.from_(probe)) == model[i:]
         assert len(spans) == len(model) and list(spans) == model
 
