@@ -606,10 +606,13 @@ class PutBatch:
         self._started = []
         self._bad_placement = {}
         tenant = self._tenant
+        entries = self.entries
+        started, owners = self._started, self._op_owner
+        # Once per key: each proto field is read once, the common OK case tested on the raw int.
         for i, res in zip(self._inflight, reply.results, strict=True):
-            e = self.entries[i]
-            status = to_status(res.status)
-            if status != Status.OK:
+            e = entries[i]
+            if res.status:  # not OK
+                status = to_status(res.status)
                 if (status in (Status.UNAVAILABLE, Status.NO_SPACE) and e.health_avoided
                         and e.attempts < self._max_attempts):
                     e.health_avoid = False  # the nodes we shunned may be fine: ask again
@@ -618,8 +621,9 @@ class PutBatch:
                 e.status, e.message = status, (res.message or status.name.lower()) + earlier
                 continue
             e.put_id = int(res.put_id)
-            self._started.append(i)
-            if not res.replicas:
+            started.append(i)
+            replicas = res.replicas
+            if not replicas:
                 self._bad_placement[i] = "master placed no replica"
                 continue
             value = e.value
@@ -628,22 +632,23 @@ class PutBatch:
                 e.checksum = checksum(value)
             meta = WriteMeta(e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
-            for rep in res.replicas:
+            for rep in replicas:
                 # _check_range and grant_from_replica, inlined: this runs once per key
-                entry = routes.get(rep.segment_id)
+                segment_id = rep.segment_id
+                entry = routes.get(segment_id)
                 offset, length = rep.offset, rep.length
                 if entry is None or length != size or offset + size > entry[1]:
                     _route, why = _check_range(rep, routes, size)
                     self._bad_placement[i] = why
                     break
                 g = rep.grant
-                planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, rep.segment_id,
+                planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, segment_id,
                                                           offset, length, g.alloc_id, g.epoch,
                                                           g.expiry_ms, g.key_tag, g.mac),
                                           offset, value, meta))
             else:
                 ops.extend(planned)
-                self._op_owner.extend([i] * len(planned))
+                owners.extend([i] * len(planned))
         self._planned = ops
         return ops
 
