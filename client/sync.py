@@ -387,6 +387,8 @@ class Client:
         if core.unhashed_bytes(entries) < HASH_BEHIND_MIN_BYTES:
             return None
         with self._hasher_lock:
+            if self._closed:  # a put racing close(): no new thread, on_start_reply hashes
+                return None
             if self._hasher is None:
                 self._hasher = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="cellar-hash")
             return self._hasher.submit(core.hash_values, entries)
