@@ -95,8 +95,8 @@ class SortedSpans:
         return buckets[b - 1][-1] if b > 0 else None
 
     def neighbours(self, item: Span) -> tuple[Span | None, Span | None]:
-        """(`before(item)`, `at_or_after(item)`) with one lookup: the index asks for both on
-        the first write of every object."""
+        """(the greatest item below `item`, the least item >= `item`), None where there is
+        none, with one lookup: the index asks for both on the first write of every object."""
         buckets = self._buckets
         b = bisect_left(self._maxes, item)
         if b == len(buckets):
@@ -106,14 +106,6 @@ class SortedSpans:
         if i > 0:
             return bucket[i - 1], bucket[i]
         return (buckets[b - 1][-1] if b > 0 else None), bucket[i]
-
-    def at_or_after(self, item: Span) -> Span | None:
-        """The least item >= `item`, or None."""
-        b = bisect_left(self._maxes, item)
-        if b == len(self._buckets):
-            return None
-        bucket = self._buckets[b]
-        return bucket[bisect_left(bucket, item)]
 
     def from_(self, item: Span) -> Iterator[Span]:
         """The items >= `item`, in order. The caller must not change this object while it

@@ -31,15 +31,15 @@ def test_matches_a_sorted_list(monkeypatch: pytest.MonkeyPatch, seed: int) -> No
         probe = (rng.randrange(-5, 505), -1)
         i = bisect_left(model, probe)
         assert spans.before(probe) == (model[i - 1] if i > 0 else None)
-        assert spans.at_or_after(probe) == (model[i] if i < len(model) else None)
-        assert spans.neighbours(probe) == (spans.before(probe), spans.at_or_after(probe))
+        assert spans.neighbours(probe) == (model[i - 1] if i > 0 else None,
+                                           model[i] if i < len(model) else None)
         assert list(spans.from_(probe)) == model[i:]
         assert len(spans) == len(model) and list(spans) == model
 
 
 def test_empty_and_appending() -> None:
     spans = SortedSpans()
-    assert not spans and spans.before((0, -1)) is None and spans.at_or_after((0, -1)) is None
+    assert not spans and spans.before((0, -1)) is None and spans.neighbours((0, -1)) == (None, None)
     assert list(spans.from_((0, -1))) == [] and not spans.remove((1, 1))
     for off in range(0, 10_000, 10):  # a segment filled front to back: appends only
         spans.add((off, off))
