@@ -526,7 +526,7 @@ class TransportSet:
 class PutEntry:
     key: str
     value: memoryview
-    checksum: int
+    checksum: int | None             # xxh3_64 of value; None until hashed (hash_values)
     status: Status | None = None     # final outcome; None while in flight
     message: str = ""
     attempts: int = 0
@@ -606,10 +606,13 @@ class PutBatch:
         self._started = []
         self._bad_placement = {}
         tenant = self._tenant
+        entries = self.entries
+        started, owners = self._started, self._op_owner
+        # Once per key: each proto field is read once, the common OK case tested on the raw int.
         for i, res in zip(self._inflight, reply.results, strict=True):
-            e = self.entries[i]
-            status = to_status(res.status)
-            if status != Status.OK:
+            e = entries[i]
+            if res.status:  # not OK
+                status = to_status(res.status)
                 if (status in (Status.UNAVAILABLE, Status.NO_SPACE) and e.health_avoided
                         and e.attempts < self._max_attempts):
                     e.health_avoid = False  # the nodes we shunned may be fine: ask again
@@ -618,30 +621,34 @@ class PutBatch:
                 e.status, e.message = status, (res.message or status.name.lower()) + earlier
                 continue
             e.put_id = int(res.put_id)
-            self._started.append(i)
-            if not res.replicas:
+            started.append(i)
+            replicas = res.replicas
+            if not replicas:
                 self._bad_placement[i] = "master placed no replica"
                 continue
             value = e.value
             size = value.nbytes
+            if e.checksum is None:  # not hashed while PutStart was in flight
+                e.checksum = checksum(value)
             meta = WriteMeta(e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
-            for rep in res.replicas:
+            for rep in replicas:
                 # _check_range and grant_from_replica, inlined: this runs once per key
-                entry = routes.get(rep.segment_id)
+                segment_id = rep.segment_id
+                entry = routes.get(segment_id)
                 offset, length = rep.offset, rep.length
                 if entry is None or length != size or offset + size > entry[1]:
                     _route, why = _check_range(rep, routes, size)
                     self._bad_placement[i] = why
                     break
                 g = rep.grant
-                planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, rep.segment_id,
+                planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, segment_id,
                                                           offset, length, g.alloc_id, g.epoch,
                                                           g.expiry_ms, g.key_tag, g.mac),
                                           offset, value, meta))
             else:
                 ops.extend(planned)
-                self._op_owner.extend([i] * len(planned))
+                owners.extend([i] * len(planned))
         self._planned = ops
         return ops
 
@@ -711,8 +718,22 @@ class PutBatch:
         return refs
 
 
-def put_entries(pairs: Sequence[tuple[str, memoryview]]) -> list[PutEntry]:
-    return [PutEntry(key, view, checksum(view)) for key, view in pairs]
+def put_entries(pairs: Sequence[tuple[str, memoryview]], *, hashed: bool = True) -> list[PutEntry]:
+    """Entries for (key, value) pairs; with `hashed=False` their checksums are left for
+    `hash_values` (or, at the latest, `PutBatch.on_start_reply`) to compute."""
+    return [PutEntry(key, view, checksum(view) if hashed else None) for key, view in pairs]
+
+
+def hash_values(entries: Sequence[PutEntry]) -> None:
+    """Compute the checksums still missing (xxh3 releases the GIL: a helper thread can hash
+    while the caller waits for PutStart, which needs only the sizes)."""
+    for e in entries:
+        if e.checksum is None:
+            e.checksum = checksum(e.value)
+
+
+def unhashed_bytes(entries: Sequence[PutEntry]) -> int:
+    return sum(e.value.nbytes for e in entries if e.checksum is None)
 
 
 # ---- get ----------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -77,6 +79,10 @@ FAILOVER_BACKOFF_MAX_S = 0.5
 FAILOVER_PUT_STATUSES = frozenset({Status.UNAVAILABLE, Status.NO_SPACE})
 MAX_GET_FAILOVER_ROUNDS = 2       # gets whose batch straddled a leader change, asked again
 CLOSE_FLUSH_TIMEOUT_S = 1.0
+# Put values are hashed on a helper thread while PutStart is in flight when a round has at
+# least this many bytes to hash (below it, the thread hop costs more than the overlap saves).
+HASH_BEHIND_MIN_BYTES = 1 << 20
+HASH_THREADS = 2                  # shared by every call of one client
 CLOSE_FLUSH_MAX_CALLS = 8
 
 _PROCESS_CLIENT_ID: tuple[int, str] | None = None
@@ -181,6 +187,8 @@ class Client:
         self._header = pb.RequestHeader(tenant=self.tenant, client_id=_client_id(),
                                         token=token or "")
         self._closed = False
+        self._hasher: ThreadPoolExecutor | None = None  # hashes put values behind PutStart
+        self._hasher_lock = threading.Lock()
         deadline = self._deadline()
         self._discovery: Any = None
         master_address = address
@@ -241,6 +249,10 @@ class Client:
         self._flusher.stop(join_timeout_s=CLOSE_FLUSH_TIMEOUT_S)
         self._flusher.flush(max_calls=CLOSE_FLUSH_MAX_CALLS)
         self._transports.close()
+        with self._hasher_lock:
+            hasher, self._hasher = self._hasher, None
+        if hasher is not None:
+            hasher.shutdown(wait=True)
         self._master.close()
         if self._discovery is not None:
             self._discovery.close()
@@ -271,7 +283,7 @@ class Client:
         self._check_open()
         pairs = core.normalize_items(items, self.limits.max_key_bytes)
         replicas = core.validate_replicas(replicas)
-        entries = self._run_puts(core.put_entries(pairs), replicas=replicas,
+        entries = self._run_puts(core.put_entries(pairs, hashed=False), replicas=replicas,
                                  soft_pin=bool(soft_pin), upsert=False, deadline=self._deadline())
         return [e.status if e.status is not None else Status.INTERNAL for e in entries]
 
@@ -280,7 +292,7 @@ class Client:
         key = core.validate_key(key, self.limits.max_key_bytes)
         view = core.validate_value(value)
         replicas = core.validate_replicas(replicas)
-        (entry,) = self._run_puts(core.put_entries([(key, view)]), replicas=replicas,
+        (entry,) = self._run_puts(core.put_entries([(key, view)], hashed=False), replicas=replicas,
                                   soft_pin=bool(soft_pin), upsert=upsert, deadline=self._deadline())
         if entry.status != Status.OK:
             raise entry.error()
@@ -319,6 +331,7 @@ class Client:
         taken = [e for e in chunk if e.status == Status.ALREADY_EXISTS]
         if not taken:
             return
+        core.hash_values(taken)  # refused at their first PutStart, they may be unhashed
         request = pb.GetReplicasRequest(header=self._header, keys=[e.key for e in taken])
         try:
             reply = self._master.call("GetReplicas", request, deadline)
@@ -351,7 +364,12 @@ class Client:
 
     def _drive_put(self, batch: PutBatch, deadline: float) -> None:
         while (request := batch.start_request(self._header)) is not None:
-            reply = self._master.call("PutStart", request, deadline)
+            hashing = self._hash_behind(batch.entries)
+            try:
+                reply = self._master.call("PutStart", request, deadline)
+            finally:
+                if hashing is not None:  # done or failed: on_start_reply hashes what is left
+                    futures.wait([hashing])
             ops = batch.on_start_reply(reply)
             results = self._transfer("write", ops, deadline, batch.can_retry())
             may_retry = deadline - time.monotonic() > core.MIN_RETRY_BUDGET_S
@@ -362,6 +380,18 @@ class Client:
                 reply = self._master.call(
                     "PutEnd", pb.PutEndRequest(header=self._header, items=end_items), deadline)
                 batch.on_end_reply(reply)
+
+    def _hash_behind(self, entries: list[PutEntry]) -> Future[None] | None:
+        """Hash the values on a helper thread while PutStart is in flight (the master needs
+        only their sizes); None when there is too little to hash to be worth the hop."""
+        if core.unhashed_bytes(entries) < HASH_BEHIND_MIN_BYTES:
+            return None
+        with self._hasher_lock:
+            if self._closed:  # a put racing close(): no new thread, on_start_reply hashes
+                return None
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="cellar-hash")
+            return self._hasher.submit(core.hash_values, entries)
 
     def _revoke(self, refs: list[Any], deadline: float) -> None:
         """Best effort: if the master cannot be told, its writer timeout revokes the put."""

@@ -117,7 +117,8 @@ class NodeAccess:
             )
         except WriteRefused as exc:
             raise FrameError(REFUSED_STATUS[exc.reason], str(exc)) from None
-        return segment.view(request.offset, request.length)
+        offset = request.offset  # inside the segment: _check made sure
+        return segment.memory[offset:offset + request.length]
 
     def written(self, request: RequestHeader, meta: WriteMeta) -> None:
         grant = request.grant
@@ -151,7 +152,8 @@ class NodeAccess:
 
     def readable(self, request: RequestHeader) -> memoryview:
         segment, _grant = self._check(request, OP_READ)
-        return segment.view(request.offset, request.length)
+        offset = request.offset  # inside the segment: _check made sure
+        return segment.memory[offset:offset + request.length]
 
     def _check(self, request: RequestHeader, op: int) -> tuple[Segment, Grant]:
         grant = request.grant

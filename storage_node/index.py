@@ -57,12 +57,13 @@ import dataclasses
 import enum
 import heapq
 import threading
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from cellar.storage_node.journal import IndexJournal, JournalEntry
+from cellar.storage_node.sortedspans import SortedSpans
 
 # Extra time a tombstone outlives its grant's expiry (beyond the allowed skew), so that a
 # correction of the master-clock estimate cannot revive a grant whose tombstone is gone.
@@ -156,7 +157,7 @@ class ObjectIndex:
         self._write_grant_ttl_ms = 0
         self._entries: dict[int, IndexEntry] = {}
         # per segment: (offset, alloc_id) of entries holding bytes, sorted
-        self._order: dict[int, list[tuple[int, int]]] = {}
+        self._order: dict[int, SortedSpans] = {}
         self._tombstones: dict[int, int] = {}  # alloc_id -> write grant expiry (master ms)
         self._tombstone_heap: list[tuple[int, int]] = []  # (expiry_ms, alloc_id)
 
@@ -226,7 +227,7 @@ class ObjectIndex:
                 entry.state = AllocState.SEALED
                 entry.ranges = []
                 if self._journal is not None:
-                    self._journal.sealed(_journal_entry(entry), defer=self._defer_journal)
+                    self._journal.sealed(entry, defer=self._defer_journal)
                 return True
             return False
 
@@ -303,7 +304,7 @@ class ObjectIndex:
                                    j.checksum, j.epoch, j.write_grant_expiry_ms,
                                    AllocState.SEALED, j.length)
                 self._entries[j.alloc_id] = entry
-                insort(self._order.setdefault(j.segment_id, []), (j.offset, j.alloc_id))
+                self._order.setdefault(j.segment_id, SortedSpans()).add((j.offset, j.alloc_id))
                 restored.append(j.alloc_id)
             if self._journal is not None:
                 try:
@@ -403,17 +404,20 @@ class ObjectIndex:
 
     def _overlaps(self, segment_id: int, offset: int, length: int) -> bool:
         order = self._order.get(segment_id)
-        if not order:
-            return False
-        end = offset + length
-        i = bisect_left(order, (offset, -1))
-        if i > 0:
-            i -= 1
-        while i < len(order) and order[i][0] < end:
-            if self._entries[order[i][1]].end() > offset:
-                return True
-            i += 1
-        return False
+        return bool(order) and bool(self._overlapping(order, offset, offset + length))
+
+    def _overlapping(self, order: SortedSpans, offset: int, end: int) -> list[IndexEntry]:
+        """The entries of `order` that overlap [offset, end): the one starting before `offset`
+        if it reaches into it, and every one starting inside it (all have length > 0)."""
+        found = []
+        prev = order.before((offset, -1))
+        if prev is not None and self._entries[prev[1]].end() > offset:
+            found.append(self._entries[prev[1]])
+        for start, alloc_id in order.from_((offset, -1)):
+            if start >= end:
+                break
+            found.append(self._entries[alloc_id])
+        return found
 
     def _drop(self, entry: IndexEntry) -> None:
         del self._entries[entry.alloc_id]
@@ -422,32 +426,28 @@ class ObjectIndex:
         if entry.length > 0:
             order = self._order.get(entry.segment_id)
             if order is not None:
-                i = bisect_left(order, (entry.offset, entry.alloc_id))
-                if i < len(order) and order[i] == (entry.offset, entry.alloc_id):
-                    del order[i]
+                order.remove((entry.offset, entry.alloc_id))
         self._tombstones[entry.alloc_id] = entry.write_grant_expiry_ms
         heapq.heappush(self._tombstone_heap, (entry.write_grant_expiry_ms, entry.alloc_id))
 
     def _insert_dropping_overlaps(self, segment_id: int, offset: int, length: int,
                                   alloc_id: int) -> None:
-        """_drop_overlapping, then insert (offset, alloc_id) into the segment's order, with
-        one bisection in the common case of nothing to drop (the first write of every object
-        comes here)."""
+        """_drop_overlapping, then insert (offset, alloc_id) into the segment's order; in the
+        common case of nothing to drop (the first write of every object comes here) that is
+        two neighbour lookups and one insert, each O(log n) plus one bucket."""
         order = self._order.get(segment_id)
         if order is None:
-            order = self._order[segment_id] = []
-        i = bisect_left(order, (offset, -1))
+            order = self._order[segment_id] = SortedSpans()
         end = offset + length
         # Overlapped: the entry starting before `offset` reaching into it, or one starting
         # inside [offset, end) (entries never overlap each other, and all have length > 0).
-        if ((i > 0 and self._entries[order[i - 1][1]].end() > offset)
-                or (i < len(order) and order[i][0] < end)):
+        prev, after = order.neighbours((offset, -1))
+        if ((prev is not None and self._entries[prev[1]].end() > offset)
+                or (after is not None and after[0] < end)):
             self._drop_overlapping(segment_id, offset, length)
-            insort(order, (offset, alloc_id))
             if not self._defer_journal:  # else the data server's flush writes the drops
                 self._flush_drops()
-        else:
-            order.insert(i, (offset, alloc_id))
+        order.add((offset, alloc_id))
 
     def _flush_drops(self) -> None:
         """Write the drop records `_drop` queued (one write for the whole call)."""
@@ -458,17 +458,7 @@ class ObjectIndex:
         order = self._order.get(segment_id)
         if not order or length <= 0:
             return
-        end = offset + length
-        i = bisect_left(order, (offset, -1))
-        if i > 0:
-            i -= 1  # the entry starting before `offset` may reach into it
-        victims = []
-        while i < len(order) and order[i][0] < end:
-            entry = self._entries[order[i][1]]
-            if entry.end() > offset:
-                victims.append(entry)
-            i += 1
-        for entry in victims:
+        for entry in self._overlapping(order, offset, offset + length):
             self._drop(entry)
 
     def _purge(self, now_ms: int) -> int:

@@ -47,6 +47,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import xxhash
 
@@ -80,7 +81,31 @@ def journal_path(directory: str | os.PathLike[str], node_id: str) -> Path:
     return Path(directory) / f"cellar-{node_id}.idx"
 
 
-def _encode_sealed(e: JournalEntry) -> bytes:
+class SealedRecord(Protocol):
+    """The fields a SEALED record holds: a JournalEntry, or the index's own entry (which has
+    them under the same names, so sealing an object builds no JournalEntry first)."""
+
+    @property
+    def alloc_id(self) -> int: ...
+    @property
+    def segment_id(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def checksum(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def write_grant_expiry_ms(self) -> int: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+
+
+def _encode_sealed(e: SealedRecord) -> bytes:
     tenant = e.tenant.encode("utf-8", "surrogatepass")
     key = e.key.encode("utf-8", "surrogatepass")
     body = _SEALED.pack(KIND_SEALED, e.alloc_id, e.segment_id, e.offset, e.length,
@@ -192,7 +217,7 @@ class IndexJournal:
         self.dead = 0
         self.compactions += 1
 
-    def sealed(self, entry: JournalEntry, *, defer: bool = False) -> None:
+    def sealed(self, entry: SealedRecord, *, defer: bool = False) -> None:
         """Record a SEALED entry; with `defer`, at the next `flush` (or any other append)."""
         if self._fd >= 0:
             if defer and len(self._queued) < MAX_QUEUED_RECORDS:

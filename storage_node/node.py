@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,26 @@ from cellar.transfer.tcp_server import TcpDataServer
 from cellar.units import format_size
 
 log = logging.getLogger("cellar.node")
+
+HEAP_FREEZE_INTERVAL_S = 1.0
+
+
+async def _freeze_heap_every(interval_s: float) -> None:
+    """Keep the cyclic GC from rescanning the whole object index (as the master does).
+
+    The index holds an entry (a GC-tracked object with a list) per object in the segments,
+    up to millions, and never forms garbage cycles: a dropped entry is unlinked from every
+    table and freed by reference counting. Left alone, CPython's collections of the oldest
+    generation walk all of them while the index grows: measured ~15 us per object admitted at
+    2*10^5 entries (against 3 us with the collector off). So every `interval_s` the young
+    generations are collected (short-lived cycles from asyncio and gRPC die there) and the
+    survivors move to the permanent generation, which collections skip. Cost: O(objects
+    created since the last tick).
+    """
+    while True:
+        await asyncio.sleep(interval_s)
+        gc.collect(1)
+        gc.freeze()
 
 
 class StorageNode:
@@ -131,6 +152,8 @@ class StorageNode:
             port = await self.http.start(host, port)
             self.http_address = f"{host}:{port}"
         task = asyncio.create_task(control.run(stop), name="cellar-node-control")
+        freezer = asyncio.create_task(_freeze_heap_every(HEAP_FREEZE_INTERVAL_S),
+                                      name="cellar-node-gc-freeze")
         try:
             mounted = asyncio.create_task(control.first_mount.wait())
             stopped = asyncio.create_task(stop.wait())
@@ -141,6 +164,7 @@ class StorageNode:
                 on_ready()
             await stop.wait()
         finally:
+            freezer.cancel()
             if not task.done():
                 stop.set()
             with contextlib.suppress(asyncio.CancelledError):

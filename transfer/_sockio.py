@@ -158,14 +158,19 @@ class Inbox:
     until the next call on this inbox.
     """
 
-    __slots__ = ("_sock", "_buf", "_view", "_start", "_end", "size", "readahead", "outbox")
+    __slots__ = ("_sock", "_buf", "_view", "_start", "_end", "size", "readahead", "outbox",
+                 "read_ahead_of_payload")
 
     def __init__(self, sock: socket.socket, size: int, *, readahead: int = 64 << 10,
-                 outbox: Outbox | None = None) -> None:
+                 outbox: Outbox | None = None, read_ahead_of_payload: bool = False) -> None:
         self._sock = sock
         self.size = size
         self.readahead = min(readahead, size)
         self.outbox = outbox
+        # read_into ends a payload with one recvmsg_into([payload rest, this buffer]), so the
+        # next frame's header (and `readahead` bytes) come with it: one syscall per pipelined
+        # frame instead of two (a storage node receiving WRITEs).
+        self.read_ahead_of_payload = read_ahead_of_payload
         self._buf = bytearray(size)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -270,8 +275,28 @@ class Inbox:
         if pos:
             dst[:pos] = self._view[self._start:self._start + pos]
             self._start += pos
+        if pos < n and self.read_ahead_of_payload:
+            pos += self._recv_with_next(dst[pos:])
         while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
             pos += self._recv_into(dst[pos:], MSG_WAITALL, mid_payload=True)
+
+    def _recv_with_next(self, rest: memoryview) -> int:
+        """Without waiting: as much of `rest` as has arrived and, once all of it has, up to
+        `readahead` bytes behind it into the (empty) buffer. Returns the bytes put in `rest`;
+        the caller waits for what is missing (with MSG_WAITALL, one wakeup)."""
+        assert self._start == self._end, "a payload read ends with the buffer drained"
+        want = len(rest)
+        try:
+            got = self._sock.recvmsg_into([rest, self._view[:self.readahead]], 0,
+                                          MSG_DONTWAIT)[0]
+        except BlockingIOError:
+            return 0
+        if not got:
+            raise PeerClosed("peer closed the connection")
+        if got <= want:
+            return got
+        self._start, self._end = 0, got - want
+        return want
 
     def skip(self, n: int) -> None:
         """Discard the next n bytes, reusing this buffer as scratch."""

@@ -291,7 +291,8 @@ class TcpDataServer:
             outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
                             before_send=getattr(self.access, "flush", None))
             conn = _Connection(self, sock, Inbox(sock, INBOX_BYTES, readahead=READAHEAD_BYTES,
-                                                     outbox=outbox), outbox,
+                                                     outbox=outbox, read_ahead_of_payload=True),
+                               outbox,
                                counters)
             while not self._stopping:
                 conn.serve_one()
@@ -333,19 +334,20 @@ class _Connection:
                 if raw[:4] == REQUEST_MAGIC else 0
             self.fatal(e.status, rid, e.message)
         self.counters.requests[req.op] += 1
-        meta = bytes(inbox.take(req.meta_len)) if req.meta_len else b""
+        # A view of the inbox: valid until its next read, so decoded (WRITE) or copied first
+        meta = inbox.take(req.meta_len)
         if req.op == OP_WRITE:
             self.write(req, meta)
         elif req.op == OP_READ:
             self.read(req)
         elif req.op == OP_COMMIT or req.op == OP_RDMA_CONNECT:  # shm / rdma control frames
-            self.control(req, meta)
+            self.control(req, bytes(meta))
         else:
             self.outbox.add(pack_response(ST_OK, req.request_id))
 
-    def write(self, req: RequestHeader, meta: bytes) -> None:
+    def write(self, req: RequestHeader, meta: memoryview) -> None:
         try:
-            wmeta = decode_write_meta(meta)
+            wmeta = decode_write_meta(meta)  # before the inbox moves on (meta is its view)
             view = _byte_view(self.access.writable(req, wmeta), req.length, writable=True)
         except Exception as e:  # refused before the payload: drain it, stay in sync
             self.inbox.skip(req.length)

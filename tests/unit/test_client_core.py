@@ -179,6 +179,26 @@ def placed(batch, start_req, placement):
     return pb.PutStartReply(results=results, segments=[seg(sids[n], n) for n in nodes])
 
 
+def test_put_values_hashed_late_carry_the_same_checksums():
+    """Values left unhashed (the SDK hashes them while PutStart is in flight) get their
+    checksum by hash_values, or at the latest when their writes are planned."""
+    pairs = [(k, memoryview(k.encode() * 10)) for k in "ab"]
+    entries = core.put_entries(pairs, hashed=False)
+    assert [e.checksum for e in entries] == [None, None]
+    assert core.unhashed_bytes(entries) == 20
+    core.hash_values(entries[:1])
+    assert entries[0].checksum == xxhash.xxh3_64_intdigest(b"a" * 10)
+    assert core.unhashed_bytes(entries) == 10
+    batch = PutBatch(entries, tenant="t", replicas=1, soft_pin=False, upsert=False,
+                     health=NodeHealth())
+    req = batch.start_request(HEADER)
+    ops = batch.on_start_reply(placed(batch, req, [["n1"], ["n1"]]))
+    assert [op.meta.checksum for op in ops] == [xxhash.xxh3_64_intdigest(k.encode() * 10)
+                                                for k in "ab"]
+    end, _ = batch.on_write_results([OK, OK], may_retry=True)
+    assert [i.checksum for i in end] == [op.meta.checksum for op in ops]
+
+
 def test_put_plans_one_write_per_replica_with_checksum_meta():
     batch = make_put(["a", "b"])
     req = batch.start_request(HEADER)

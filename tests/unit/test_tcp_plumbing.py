@@ -54,6 +54,34 @@ def test_inbox_take_read_into_skip() -> None:
     b.close()
 
 
+def test_inbox_read_ahead_of_payload_keeps_the_stream_in_order() -> None:
+    """Payload reads that also pull in what follows them (a storage node's WRITEs): every
+    byte still comes out exactly once, in order, whether or not it had arrived yet."""
+    a, b = _pair()
+    frames = [(os.urandom(40), os.urandom(n)) for n in (1, 5000, 65536, 70_000, 3, 200_000)]
+    stream = b"".join(h + p for h, p in frames)
+
+    def trickle() -> None:  # in pieces, so some reads find the payload only partly there
+        for pos in range(0, len(stream), 50_000):
+            a.sendall(stream[pos:pos + 50_000])
+            time.sleep(0.005)
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    inbox = Inbox(b, 4096, readahead=1024, read_ahead_of_payload=True)
+    for head, payload in frames:
+        assert bytes(inbox.take(len(head))) == head
+        dst = bytearray(len(payload))
+        inbox.read_into(memoryview(dst))
+        assert dst == payload
+    t.join()
+    assert inbox.buffered == 0
+    a.close()
+    with pytest.raises(PeerClosed):
+        inbox.read_into(memoryview(bytearray(1)))
+    b.close()
+
+
 def test_inbox_eof_mid_payload() -> None:
     a, b = _pair()
     a.sendall(b"x" * 10)
