@@ -25,10 +25,11 @@ This module never chooses placements or victims and never touches payload bytes.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from cellar.master.eviction import Evictor
+from cellar.master.expiry import ExpiryRuns
 from cellar.master.membership import Membership, Segment
 from cellar.master.quarantine import Quarantine
 from cellar.master.tenants import Tenant
@@ -107,7 +108,7 @@ class ObjectTable:
         self._clock = clock
         self.evictor = evictor_factory(self._drop_now)
         self.puts: dict[int, Obj] = {}
-        self._deadlines: deque[tuple[float, int]] = deque()  # (deadline, put_id), in put order
+        self._deadlines = ExpiryRuns()  # put ids by write deadline, in put order
         self.expired_puts: OrderedDict[int, None] = OrderedDict()
         self.complete_count = 0
 
@@ -128,7 +129,7 @@ class ObjectTable:
         tenant.used_bytes += obj.reserved * len(placements)
         tenant.object_count += 1
         self.puts[obj.put_id] = obj
-        self._deadlines.append((obj.deadline, obj.put_id))
+        self._deadlines.add(obj.deadline, obj.put_id)
 
     def begin_one(self, obj: Obj, segment: Segment, offset: int, alloc_id: int) -> Replica:
         """`begin` with one placement (the common put), without the per-placement loops."""
@@ -141,7 +142,7 @@ class ObjectTable:
         tenant.used_bytes += obj.reserved
         tenant.object_count += 1
         self.puts[obj.put_id] = obj
-        self._deadlines.append((obj.deadline, obj.put_id))
+        self._deadlines.add(obj.deadline, obj.put_id)
         return replica
 
     def complete(self, obj: Obj, checksum: int, now: float) -> None:
@@ -214,10 +215,8 @@ class ObjectTable:
 
     def sweep_writers(self, now: float) -> int:
         """Revoke puts whose writer did not PutEnd before the write grants expired."""
-        deadlines = self._deadlines
         revoked = 0
-        while deadlines and deadlines[0][0] <= now:
-            _, put_id = deadlines.popleft()
+        for put_id in self._deadlines.pop_due(now):
             obj = self.puts.get(put_id)
             if obj is None:
                 continue  # completed or revoked already
