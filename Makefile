@@ -41,6 +41,11 @@ bench: venv
 bench-quick: venv
 	$(VENV)/bin/cellar bench --quick
 
+# The metadata bench alone at 10^4, 10^6 and 10^7 objects (about 7 minutes; the master grows to
+# ~7 GiB): keys/s and master RSS per million objects, into bench/results/metadata-10m.md.
+bench-metadata: venv
+	$(PY) -m cellar.bench.metadata --out bench/results/metadata-10m.md
+
 # 10 minutes of random checksummed traffic while nodes and the master are killed, stopped
 # and restarted; exits non-zero on a corrupt read or an unexplained loss.
 soak: venv
