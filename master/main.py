@@ -117,7 +117,6 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    gc.disable()  # the ticker collects (_freeze_heap)
     ticker = asyncio.create_task(_ticker(leadership, config.tick_interval_s))
     campaign = None
     if leadership.ha:
@@ -129,6 +128,7 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     )
     if ready is not None:
         ready.set()
+    gc.disable()  # the ticker collects (_freeze_heap); enabled again on the way out
     try:
         await stop.wait()
     finally:
