@@ -233,12 +233,15 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
                 if phase == "warm-up" and op == "put":
                     in_table += sum(counts)
             rate = sum(counts) / elapsed
-            emit({"kind": "metadata", "op": op, "objects": level, "batch": batch,
-                  "streams": streams, "keys_per_s": round(rate), "misses": sum(misses)})
-            progress(f"metadata {op} with {level:,} objects: {rate:,.0f} keys/s"
-                     + (f" ({sum(misses)} misses!)" if sum(misses) else ""))
             if op == "put":
                 in_table += sum(counts)  # the run's keys stay in the table for the next level
+            # objects_in_table: `level` plus the keys earlier timed puts left behind (what the
+            # master holds now, for its RSS per object)
+            emit({"kind": "metadata", "op": op, "objects": level, "batch": batch,
+                  "streams": streams, "keys_per_s": round(rate), "misses": sum(misses),
+                  "objects_in_table": in_table})
+            progress(f"metadata {op} with {level:,} objects: {rate:,.0f} keys/s"
+                     + (f" ({sum(misses)} misses!)" if sum(misses) else ""))
     master.close()
 
 

@@ -103,34 +103,46 @@ class Evictor:
         """A COMPLETE, visible, not hard-pinned object becomes evictable."""
         kind = SOFT if obj.pin_kind == SOFT else NORMAL
         obj.pool_kind = kind
-        self.pools[kind].add(obj)
-        obj.tenant.pools[kind].add(obj)
+        pool = self.pools[kind]
+        pool.add(obj)
+        own = obj.tenant.pools  # None for a tenant without a quota (cellar.master.tenants)
+        if own is not None:
+            own[kind].add(obj)
         if obj.pins:
-            self.pools[kind].pinned += 1
-            obj.tenant.pools[kind].pinned += 1
+            pool.pinned += 1
+            if own is not None:
+                own[kind].pinned += 1
 
     def leave(self, obj: Obj) -> None:
         kind = obj.pool_kind
         if not kind:
             return
         obj.pool_kind = 0
-        self.pools[kind].remove(obj)
-        obj.tenant.pools[kind].remove(obj)
+        pool = self.pools[kind]
+        pool.remove(obj)
+        own = obj.tenant.pools
+        if own is not None:
+            own[kind].remove(obj)
         if obj.pins:
-            self.pools[kind].pinned -= 1
-            obj.tenant.pools[kind].pinned -= 1
+            pool.pinned -= 1
+            if own is not None:
+                own[kind].pinned -= 1
 
     def on_first_pin(self, obj: Obj) -> None:
         kind = obj.pool_kind
         if kind:
             self.pools[kind].pinned += 1
-            obj.tenant.pools[kind].pinned += 1
+            own = obj.tenant.pools
+            if own is not None:
+                own[kind].pinned += 1
 
     def on_last_unpin(self, obj: Obj) -> None:
         kind = obj.pool_kind
         if kind:
             self.pools[kind].pinned -= 1
-            obj.tenant.pools[kind].pinned -= 1
+            own = obj.tenant.pools
+            if own is not None:
+                own[kind].pinned -= 1
 
     # ---------------------------------------------------------------- victims
 
@@ -163,6 +175,8 @@ class Evictor:
     def victim(self, tenant: Tenant | None = None) -> Obj | None:
         """Next object to evict: normal pool first, soft-pinned only when it has none."""
         pools = self.pools if tenant is None else tenant.pools
+        if pools is None:
+            return None  # a tenant without a quota is never evicted on its own account
         victim = self._sample(pools[NORMAL])
         if victim is None:
             victim = self._sample(pools[SOFT])

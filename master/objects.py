@@ -25,10 +25,11 @@ This module never chooses placements or victims and never touches payload bytes.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from cellar.master.eviction import Evictor
+from cellar.master.expiry import ExpiryRuns
 from cellar.master.membership import Membership, Segment
 from cellar.master.quarantine import Quarantine
 from cellar.master.tenants import Tenant
@@ -73,7 +74,8 @@ class Obj:
         self.key = key
         self.size = size
         self.reserved = reserved  # allocator bytes per replica (rounded size)
-        self.replicas: list[Replica] = []
+        # A tuple, not a list: 32 bytes less per object, and replicas rarely change.
+        self.replicas: tuple[Replica, ...] = ()
         self.state = WRITING
         self.checksum = 0
         self.put_id = put_id
@@ -106,7 +108,7 @@ class ObjectTable:
         self._clock = clock
         self.evictor = evictor_factory(self._drop_now)
         self.puts: dict[int, Obj] = {}
-        self._deadlines: deque[tuple[float, int]] = deque()  # (deadline, put_id), in put order
+        self._deadlines = ExpiryRuns()  # put ids by write deadline, in put order
         self.expired_puts: OrderedDict[int, None] = OrderedDict()
         self.complete_count = 0
 
@@ -120,28 +122,27 @@ class ObjectTable:
     ) -> None:
         tenant = obj.tenant
         assert obj.state == WRITING and obj.key not in tenant.writing
-        # Built in one go: an exact-size list, not one grown by append (memory per object).
-        obj.replicas = [Replica(segment, offset, alloc_ids()) for segment, offset in placements]
+        obj.replicas = tuple([Replica(segment, offset, alloc_ids()) for segment, offset in placements])
         for segment, _offset in placements:
             segment.objects.add(obj)
         tenant.writing[obj.key] = obj
         tenant.used_bytes += obj.reserved * len(placements)
         tenant.object_count += 1
         self.puts[obj.put_id] = obj
-        self._deadlines.append((obj.deadline, obj.put_id))
+        self._deadlines.add(obj.deadline, obj.put_id)
 
     def begin_one(self, obj: Obj, segment: Segment, offset: int, alloc_id: int) -> Replica:
         """`begin` with one placement (the common put), without the per-placement loops."""
         tenant = obj.tenant
         assert obj.state == WRITING and obj.key not in tenant.writing
         replica = Replica(segment, offset, alloc_id)
-        obj.replicas = [replica]
+        obj.replicas = (replica,)
         segment.objects.add(obj)
         tenant.writing[obj.key] = obj
         tenant.used_bytes += obj.reserved
         tenant.object_count += 1
         self.puts[obj.put_id] = obj
-        self._deadlines.append((obj.deadline, obj.put_id))
+        self._deadlines.add(obj.deadline, obj.put_id)
         return replica
 
     def complete(self, obj: Obj, checksum: int, now: float) -> None:
@@ -201,7 +202,7 @@ class ObjectTable:
             else:
                 segment.allocator.free(rep.offset)
                 freed += obj.reserved
-        obj.replicas = []
+        obj.replicas = ()
         return freed
 
     def on_last_unpin(self, obj: Obj) -> None:
@@ -214,10 +215,8 @@ class ObjectTable:
 
     def sweep_writers(self, now: float) -> int:
         """Revoke puts whose writer did not PutEnd before the write grants expired."""
-        deadlines = self._deadlines
         revoked = 0
-        while deadlines and deadlines[0][0] <= now:
-            _, put_id = deadlines.popleft()
+        for put_id in self._deadlines.pop_due(now):
             obj = self.puts.get(put_id)
             if obj is None:
                 continue  # completed or revoked already
@@ -235,7 +234,7 @@ class ObjectTable:
         """The segment's memory is gone: drop its replicas; objects left with none are dropped."""
         lost = 0
         for obj in list(segment.objects):
-            remaining = [rep for rep in obj.replicas if rep.segment is not segment]
+            remaining = tuple([rep for rep in obj.replicas if rep.segment is not segment])
             if len(remaining) == len(obj.replicas):
                 continue
             if obj.state != DROPPED:

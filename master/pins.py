@@ -14,9 +14,10 @@ never frees ranges itself: the last unpin calls back into the object table.
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from cellar.master.expiry import ExpiryRuns
 
 if TYPE_CHECKING:
     from cellar.master.objects import Obj
@@ -48,7 +49,7 @@ class PinTable:
         self._on_first_pin = on_first_pin
         self._on_last_unpin = on_last_unpin
         self.pins: dict[int, Pin] = {}
-        self._expiry: deque[tuple[float, int]] = deque()  # (expires_at, pin_id) in creation order
+        self._expiry = ExpiryRuns()  # pin ids by expiry, in creation order
         self.per_client: dict[str, int] = {}
         self.expired_total = 0
 
@@ -64,7 +65,7 @@ class PinTable:
         per_client[client_id] = held + 1
         pin_id = self._next_id()
         self.pins[pin_id] = Pin(obj, tenant, client_id)
-        self._expiry.append((now + self.ttl_s, pin_id))
+        self._expiry.add(now + self.ttl_s, pin_id)
         obj.pins += 1
         if obj.pins == 1:
             self._on_first_pin(obj)
@@ -92,11 +93,9 @@ class PinTable:
 
     def sweep(self, now: float) -> int:
         """Release pins whose TTL ran out; returns how many."""
-        expiry = self._expiry
         pins = self.pins
         expired = 0
-        while expiry and expiry[0][0] <= now:
-            _, pin_id = expiry.popleft()
+        for pin_id in self._expiry.pop_due(now):
             pin = pins.pop(pin_id, None)
             if pin is not None:
                 self._release(pin)

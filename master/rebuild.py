@@ -110,7 +110,7 @@ def _adopt_one(
                     return False  # one replica per node
             if not _reserve(segment, offset, length):
                 return False
-            existing.replicas.append(Replica(segment, offset, alloc_id))
+            existing.replicas += (Replica(segment, offset, alloc_id),)
             segment.objects.add(existing)
             tenant.used_bytes += existing.reserved
             return True
@@ -129,7 +129,7 @@ def _adopt_one(
     obj.state = COMPLETE
     obj.checksum = checksum
     obj.last_access = now
-    obj.replicas.append(Replica(segment, offset, alloc_id))
+    obj.replicas = (Replica(segment, offset, alloc_id),)
     segment.objects.add(obj)
     tenant.objects[key] = obj
     tenant.used_bytes += reserved
@@ -150,7 +150,7 @@ def drop_lost(service: MasterService, segment: Segment, alloc_ids: set[int], now
     """The node found these replicas corrupt and dropped them: forget them, free their ranges."""
     lost = 0
     for obj in list(segment.objects):
-        keep = [rep for rep in obj.replicas if not (rep.segment is segment and rep.alloc_id in alloc_ids)]
+        keep = tuple([rep for rep in obj.replicas if not (rep.segment is segment and rep.alloc_id in alloc_ids)])
         if len(keep) == len(obj.replicas):
             continue
         gone = [rep for rep in obj.replicas if rep not in keep]

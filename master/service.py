@@ -626,7 +626,7 @@ class MasterService:
                 continue
             obj.last_access = now
             if len(obj.replicas) > 1:
-                obj.replicas.sort(key=_replica_health)
+                obj.replicas = tuple(sorted(obj.replicas, key=_replica_health))
             granted = self._grant_all(obj, GRANT_OP_READ, expiry_ms, segments)
             results.append(GetResult(OK, "", obj.size, obj.checksum, pin_id, granted))
         return GetOutcome(results, list(segments.values()))

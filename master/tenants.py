@@ -1,8 +1,11 @@
 """Tenants: isolated key namespaces, each with a byte and an object quota.
 
 Owns the tenant table. A tenant holds its own key tables (`objects`: COMPLETE and visible,
-`writing`: being written) and its own eviction pools, so (tenant, key) is an object's identity
-and per-tenant eviction never scans another tenant's keys. `default` always exists and the
+`writing`: being written) and, while it has a quota, its own eviction pools, so (tenant, key) is
+an object's identity and per-tenant eviction never scans another tenant's keys. A tenant
+without a quota is only ever evicted from the global pools, so it keeps no pools of its own
+(a pool slot costs ~40 bytes and a list append per object); they are built from its objects
+when a quota is set. `default` always exists and the
 empty tenant name means `default`.
 
 Accounting: `used_bytes` is the sum of reserved (rounded) bytes of every replica of the
@@ -31,21 +34,42 @@ class Tenant:
     )
 
     def __init__(self, name: str, quota: TenantQuota) -> None:
-        from cellar.master.eviction import Pool
-
         self.name = name
-        self.quota_bytes = quota.quota_bytes
-        self.quota_objects = quota.quota_objects
         self.used_bytes = 0
         self.object_count = 0
         self.objects: dict[str, Obj] = {}  # COMPLETE, visible
         self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
-        # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none
-        self.pools: tuple[Pool, Pool, Pool] = (Pool(False), Pool(False), Pool(False))
+        # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none.
+        # None while the tenant has no quota (module docstring).
+        self.pools: tuple[Pool, Pool, Pool] | None = None
+        self.set_quota(quota)
 
     @property
     def limited(self) -> bool:
         return bool(self.quota_bytes or self.quota_objects)
+
+    def set_quota(self, quota: TenantQuota) -> None:
+        """Change the quotas; keep own eviction pools exactly while there is a quota."""
+        self.quota_bytes = quota.quota_bytes
+        self.quota_objects = quota.quota_objects
+        if not self.limited:
+            self.pools = None
+        elif self.pools is None:
+            self.pools = self._build_pools()
+
+    def _build_pools(self) -> tuple[Pool, Pool, Pool]:
+        """Own pools holding what the global pools hold of this tenant (every evictable object
+        is visible, so in `objects`), pinned counts included."""
+        from cellar.master.eviction import Pool
+
+        pools = (Pool(False), Pool(False), Pool(False))
+        for obj in self.objects.values():
+            kind = obj.pool_kind
+            if kind:
+                pools[kind].add(obj)
+                if obj.pins:
+                    pools[kind].pinned += 1
+        return pools
 
 
 class Tenants:
@@ -76,8 +100,7 @@ class Tenants:
             tenant = Tenant(name, quota)
             self.by_name[name] = tenant
         else:
-            tenant.quota_bytes = quota.quota_bytes
-            tenant.quota_objects = quota.quota_objects
+            tenant.set_quota(quota)
         return tenant
 
     def all(self) -> list[Tenant]:

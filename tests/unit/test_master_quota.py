@@ -103,6 +103,34 @@ def test_quota_change_applies_to_later_puts() -> None:
     assert svc.tenant("t").used_bytes <= 2 * MiB
 
 
+def test_own_pools_are_built_when_a_quota_is_set_and_dropped_when_it_goes() -> None:
+    """A tenant without a quota keeps no eviction pools of its own; setting one builds them from
+    its objects (read pins and soft pins included), so quota eviction sees what it should."""
+    svc, clock = service(tenants={"t": {}})
+    put(svc, "hard", MiB, tenant="t", hard_pin=True)
+    put(svc, "soft", MiB, tenant="t", soft_pin=True)
+    put(svc, "old", MiB, tenant="t")
+    clock.advance(1)
+    put(svc, "pinned", MiB, tenant="t")
+    pin = get(svc, "pinned", tenant="t").pin_id
+    assert svc.tenant("t").pools is None
+    svc.set_tenant_quota("t", TenantQuota(quota_bytes=4 * MiB))
+    pools = svc.tenant("t").pools
+    assert pools is not None
+    assert sorted(o.key for o in pools[1].items) == ["old", "pinned"] and pools[1].pinned == 1
+    assert [o.key for o in pools[2].items] == ["soft"]
+    # one object over quota: "old" is the only evictable normal one ("pinned" is read-pinned)
+    assert svc.put_start("t", "w", [PutItem("new", MiB)]).results[0].status == Status.OK
+    assert set(svc.tenant("t").objects) == {"hard", "soft", "pinned"}
+    assert [o.key for o in pools[1].items] == ["pinned"]
+    svc.unpin("t", "reader", [pin])
+    assert pools[1].pinned == 0 and svc.evictor.pools[1].pinned == 0
+    svc.set_tenant_quota("t", TenantQuota())
+    assert svc.tenant("t").pools is None
+    svc.remove("t", ["pinned", "soft"])  # leaving the global pools only: nothing out of sync
+    assert svc.evictor.pools[1].items == [] and svc.evictor.pools[2].items == []
+
+
 def test_unknown_tenant_rejected_unless_allowed() -> None:
     svc, _ = service()
     with pytest.raises(RequestRejected, match="unknown tenant 'x'"):
