@@ -252,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="65536,1048576,4194304,16777216")
     parser.add_argument("--batches", default="1,16,128")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--target-bytes", type=int, default=256 * MiB)
+    # Bytes each batched rep moves: 1 GiB keeps a rep of large objects >= ~0.1 s even over shm,
+    # so one scheduling hiccup of this shared VM cannot decide a row (256 MiB was one batch of
+    # 16 x 16 MiB, ~30 ms, and rows moved by 2x between runs).
+    parser.add_argument("--target-bytes", type=int, default=1 << 30)
     parser.add_argument("--latency-samples", type=int, default=1000)
     parser.add_argument("--metadata-levels", default="10000,1000000")
     parser.add_argument("--metadata-seconds", type=float, default=3.0)
