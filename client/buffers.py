@@ -197,7 +197,7 @@ def tune_malloc_for_results() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    pad = min(pad, 1 << 30)
+    pad = min(pad, MALLOC_TOP_PAD_MAX_BYTES)
     if not (mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES) and mallopt(_M_TOP_PAD, pad)):
         return False
     _mallopt, _pad_bytes = mallopt, pad

@@ -718,10 +718,10 @@ class PutBatch:
         return refs
 
 
-def put_entries(pairs: Sequence[tuple[str, memoryview]], *, hashed: bool = True) -> list[PutEntry]:
-    """Entries for (key, value) pairs; with `hashed=False` their checksums are left for
-    `hash_values` (or, at the latest, `PutBatch.on_start_reply`) to compute."""
-    return [PutEntry(key, view, checksum(view) if hashed else None) for key, view in pairs]
+def put_entries(pairs: Sequence[tuple[str, memoryview]]) -> list[PutEntry]:
+    """Entries for (key, value) pairs, checksums left for `hash_values` (or, at the latest,
+    `PutBatch.on_start_reply`) to compute."""
+    return [PutEntry(key, view, None) for key, view in pairs]
 
 
 def hash_values(entries: Sequence[PutEntry]) -> None:

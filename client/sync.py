@@ -283,7 +283,7 @@ class Client:
         self._check_open()
         pairs = core.normalize_items(items, self.limits.max_key_bytes)
         replicas = core.validate_replicas(replicas)
-        entries = self._run_puts(core.put_entries(pairs, hashed=False), replicas=replicas,
+        entries = self._run_puts(core.put_entries(pairs), replicas=replicas,
                                  soft_pin=bool(soft_pin), upsert=False, deadline=self._deadline())
         return [e.status if e.status is not None else Status.INTERNAL for e in entries]
 
@@ -292,7 +292,7 @@ class Client:
         key = core.validate_key(key, self.limits.max_key_bytes)
         view = core.validate_value(value)
         replicas = core.validate_replicas(replicas)
-        (entry,) = self._run_puts(core.put_entries([(key, view)], hashed=False), replicas=replicas,
+        (entry,) = self._run_puts(core.put_entries([(key, view)]), replicas=replicas,
                                   soft_pin=bool(soft_pin), upsert=upsert, deadline=self._deadline())
         if entry.status != Status.OK:
             raise entry.error()

@@ -183,7 +183,7 @@ def test_put_values_hashed_late_carry_the_same_checksums():
     """Values left unhashed (the SDK hashes them while PutStart is in flight) get their
     checksum by hash_values, or at the latest when their writes are planned."""
     pairs = [(k, memoryview(k.encode() * 10)) for k in "ab"]
-    entries = core.put_entries(pairs, hashed=False)
+    entries = core.put_entries(pairs)
     assert [e.checksum for e in entries] == [None, None]
     assert core.unhashed_bytes(entries) == 20
     core.hash_values(entries[:1])
