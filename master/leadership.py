@@ -21,13 +21,13 @@ segment done and the rebuild grace over) and logged with the number of objects a
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cellar.coord.redirect import redirect_details
+from cellar.heap import release_frozen
 from cellar.master.config import MasterConfig
 from cellar.master.service import MasterService
 
@@ -137,7 +137,7 @@ class Leadership:
         log.warning("stepped down (%s): dropped the metadata of epoch %d (%d objects); now a standby",
                     reason, old.epoch, old.objects.complete_count)
         del old
-        _collect_frozen()
+        release_frozen()  # the dropped table is frozen and full of cycles (cellar.heap)
 
     def on_leader(self, record: LeaderRecord | None) -> None:
         self.leader = record
@@ -186,12 +186,3 @@ class Leadership:
 
         self._publishing = asyncio.get_running_loop().create_task(publish())
 
-
-def _collect_frozen() -> None:
-    """Free a dropped table. The master freezes its heap out of the cyclic collector
-    (cellar.master.main._freeze_heap), and a table is full of cycles (an object and its tenant
-    point at each other), so reference counting alone would never free it: hand everything
-    back to the collector and run a full collection (seconds at 10^7 objects, once per step-down;
-    the next tick freezes what is still alive)."""
-    gc.unfreeze()
-    gc.collect()

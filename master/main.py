@@ -25,6 +25,7 @@ import grpc
 
 from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
+from cellar.heap import freeze_survivors
 from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.admin import build_http
 from cellar.master.config import ENV_PREFIX, MasterConfig
@@ -42,14 +43,7 @@ log = logging.getLogger("cellar.master")
 
 
 def _freeze_heap() -> None:
-    """Keep the cyclic GC from rescanning the whole object table.
-
-    The metadata is millions of long-lived objects that never form garbage cycles (dropping an
-    object unlinks it from every table, so reference counting frees it). Left alone, CPython's
-    oldest-generation collections walk all of them: ~1 s pauses at 10^6 objects, growing with
-    the table. So each tick collects the young generations (short-lived cycles from gRPC and
-    asyncio die there) and moves the survivors to the permanent generation, which collections
-    skip. Cost: O(objects created since the last tick).
+    """Keep the cyclic GC from rescanning the whole object table (cellar.heap).
 
     While the master serves, this is the only collection (`serve` turns the automatic one off):
     nearly everything the hot path allocates is table state that outlives every collection, so
@@ -57,8 +51,7 @@ def _freeze_heap() -> None:
     before a tick froze it, ~5% of PutStart+PutEnd. Every garbage cycle still dies within
     one tick interval.
     """
-    gc.collect(1)
-    gc.freeze()
+    freeze_survivors()
 
 
 async def _ticker(leadership: Leadership, interval_s: float) -> None:
