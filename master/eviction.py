@@ -103,46 +103,39 @@ class Evictor:
         """A COMPLETE, visible, not hard-pinned object becomes evictable."""
         kind = SOFT if obj.pin_kind == SOFT else NORMAL
         obj.pool_kind = kind
-        pool = self.pools[kind]
-        pool.add(obj)
+        self.pools[kind].add(obj)
         own = obj.tenant.pools  # None for a tenant without a quota (cellar.master.tenants)
         if own is not None:
             own[kind].add(obj)
         if obj.pins:
-            pool.pinned += 1
-            if own is not None:
-                own[kind].pinned += 1
+            self._count_pinned(obj, kind, 1)
 
     def leave(self, obj: Obj) -> None:
         kind = obj.pool_kind
         if not kind:
             return
         obj.pool_kind = 0
-        pool = self.pools[kind]
-        pool.remove(obj)
+        self.pools[kind].remove(obj)
         own = obj.tenant.pools
         if own is not None:
             own[kind].remove(obj)
         if obj.pins:
-            pool.pinned -= 1
-            if own is not None:
-                own[kind].pinned -= 1
+            self._count_pinned(obj, kind, -1)
 
     def on_first_pin(self, obj: Obj) -> None:
-        kind = obj.pool_kind
-        if kind:
-            self.pools[kind].pinned += 1
-            own = obj.tenant.pools
-            if own is not None:
-                own[kind].pinned += 1
+        if obj.pool_kind:
+            self._count_pinned(obj, obj.pool_kind, 1)
 
     def on_last_unpin(self, obj: Obj) -> None:
-        kind = obj.pool_kind
-        if kind:
-            self.pools[kind].pinned -= 1
-            own = obj.tenant.pools
-            if own is not None:
-                own[kind].pinned -= 1
+        if obj.pool_kind:
+            self._count_pinned(obj, obj.pool_kind, -1)
+
+    def _count_pinned(self, obj: Obj, kind: int, delta: int) -> None:
+        """Pinned members of the global pool of `kind` and of the tenant's own, if it has one."""
+        self.pools[kind].pinned += delta
+        own = obj.tenant.pools
+        if own is not None:
+            own[kind].pinned += delta
 
     # ---------------------------------------------------------------- victims
 
