@@ -141,6 +141,22 @@ class MasterConfig:
     grpc_max_message_bytes: int = setting(
         4 << 20, "largest gRPC message the master sends or accepts", unit=UNIT_BYTES
     )
+    max_connections_per_peer: int = setting(
+        64, "most concurrent fast-line connections from one peer address (more are closed; "
+        "their clients use gRPC)", unit="connections"
+    )
+    idle_timeout_s: float = setting(
+        300.0, "a fast-line request's header must arrive within this of the master starting to "
+        "wait for it; idle gRPC connections are closed after it too", unit=UNIT_SECONDS
+    )
+    frame_timeout_s: float = setting(
+        10.0, "a fast-line request's body must arrive (and a reply be read) within this",
+        unit=UNIT_SECONDS
+    )
+    max_pending_bytes: int = setting(
+        64 << 20, "most request-body bytes the fast line receives at once, all connections "
+        "together (a request that does not fit closes its connection)", unit=UNIT_BYTES
+    )
     max_tenant_writing_fraction: float = setting(
         0.5, "most bytes one tenant may hold WRITING (reserved by PutStart, not yet PutEnd), as "
         "a fraction of the cluster's capacity, whatever its quotas", unit="fraction"
@@ -227,6 +243,12 @@ class MasterConfig:
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
             "must be in [64KiB, 1GiB]",
         )
+        require(1 <= self.max_connections_per_peer <= 65536, "max_connections_per_peer",
+                "must be in [1, 65536]")
+        require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be in [0.1s, 1 day]")
+        require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be in [0.1s, 1 hour]")
+        require(self.max_pending_bytes >= self.grpc_max_message_bytes, "max_pending_bytes",
+                "must be at least grpc_max_message_bytes (one largest request)")
         if self.etcd:
             try:
                 parse_endpoints(self.etcd)
