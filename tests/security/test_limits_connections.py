@@ -23,7 +23,8 @@ import pytest
 import cellar
 from cellar.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
-from cellar.transfer.frame import REQUEST
+from cellar.proto.grant import Grant
+from cellar.transfer.frame import OP_WRITE, REQUEST, RequestHeader, WriteMeta
 
 HOSTILE = "127.0.0.2"
 PER_PEER = 16
@@ -165,6 +166,22 @@ def test_node_slow_header_drip_is_closed(cluster: LocalCluster) -> None:
         closed_after_s = _closed_within(sock, header, 0.5, 30.0)
         print(f"\nnode: header dripped at 2 B/s closed after {closed_after_s:.1f} s")
         assert closed_after_s != float("inf"), "a drip kept the connection past the idle timeout"
+    finally:
+        sock.close()
+
+
+def test_node_slow_payload_drip_is_closed(cluster: LocalCluster) -> None:
+    host, port = cluster.nodes[0].address.rsplit(":", 1)
+    sock = _hostile(host, int(port))
+    try:
+        meta = WriteMeta(0, 1 << 20, "default", "drip").pack()
+        header = RequestHeader(OP_WRITE, 1, 1, 0, 1 << 20, len(meta),
+                               grant=Grant(OP_WRITE, 1, 0, 1 << 20, 1, 1, 1, 1, bytes(16))).pack()
+        sock.sendall(header + meta)  # refused (no valid grant): its payload is drained...
+        # ...one byte every 0.5 s: only the payload deadline (frame_timeout_s = 2 s) ends it
+        closed_after_s = _closed_within(sock, bytes(64), 0.5, 30.0)
+        print(f"\nnode: payload dripped at 2 B/s closed after {closed_after_s:.1f} s")
+        assert closed_after_s != float("inf")
     finally:
         sock.close()
 
