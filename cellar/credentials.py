@@ -28,6 +28,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ MAX_CREDENTIALS_FILE_BYTES = 64 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
-def credentials_dir(environ: dict[str, str] | None = None) -> Path:
+def credentials_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where per-address credentials files live (`CELLAR_CREDENTIALS_DIR` or ~/.cellar/credentials)."""
     env = os.environ if environ is None else environ
     return Path(env.get(ENV_CREDENTIALS_DIR) or DEFAULT_CREDENTIALS_DIR).expanduser()
@@ -57,11 +58,11 @@ def file_name(address: str) -> str:
     return prefix + _UNSAFE.sub("_", address).strip("_") + ".json"
 
 
-def credentials_path(address: str, environ: dict[str, str] | None = None) -> Path:
+def credentials_path(address: str, environ: Mapping[str, str] | None = None) -> Path:
     return credentials_dir(environ) / file_name(address)
 
 
-def read_credentials(address: str, environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+def read_credentials(address: str, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The parsed credentials file of `address`, or None (absent, unreadable, not private)."""
     path = credentials_path(address, environ)
     try:
@@ -84,7 +85,7 @@ def read_credentials(address: str, environ: dict[str, str] | None = None) -> dic
     return value if isinstance(value, dict) else None
 
 
-def default_token(address: str, environ: dict[str, str] | None = None) -> str | None:
+def default_token(address: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The token a client of `address` sends when given none: $CELLAR_TOKEN, else the token in
     the address's credentials file, else None."""
     env = os.environ if environ is None else environ
@@ -95,7 +96,7 @@ def default_token(address: str, environ: dict[str, str] | None = None) -> str | 
     return token if isinstance(token, str) and token else None
 
 
-def default_admin_token(address: str, environ: dict[str, str] | None = None) -> str | None:
+def default_admin_token(address: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The token admin commands send when given none: $CELLAR_ADMIN_TOKEN, else the file's
     "admin_token", else $CELLAR_TOKEN (an admin may keep its token there), else None."""
     env = os.environ if environ is None else environ
@@ -122,14 +123,14 @@ def write_private_json(path: Path, value: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def write_credentials(address: str, value: dict[str, Any], environ: dict[str, str] | None = None) -> Path:
+def write_credentials(address: str, value: dict[str, Any], environ: Mapping[str, str] | None = None) -> Path:
     """Write the credentials file of `address` (used by `cellar up`); returns its path."""
     path = credentials_path(address, environ)
     write_private_json(path, {"address": address, **value})
     return path
 
 
-def remove_credentials(address: str, environ: dict[str, str] | None = None) -> None:
+def remove_credentials(address: str, environ: Mapping[str, str] | None = None) -> None:
     """Remove the credentials file of `address` if present (a stopped `cellar up`)."""
     try:
         credentials_path(address, environ).unlink()
