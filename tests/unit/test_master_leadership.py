@@ -111,7 +111,7 @@ def test_a_deposed_leaders_frozen_table_is_freed() -> None:
     leadership.on_elected(LEADER.epoch)
     election.lease_valid = True
     mount(leadership.service, "n1", 1)
-    leadership.service._grace_over = True
+    leadership.service.grace.over = True
     for i in range(10):
         put(leadership.service, f"k{i}", 100)
     table = weakref.ref(leadership.service.objects)  # in cycles: with its evictor, its objects
