@@ -25,6 +25,10 @@ class Request:
     path: str
     query: dict[str, list[str]]
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
@@ -43,7 +47,7 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -90,8 +94,10 @@ class HttpServer:
         lines = head.decode("latin-1").split("\r\n")
         method, target, _version = lines[0].split(" ", 2)
         length = 0
+        headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
             if name.strip().lower() == "content-length":
                 length = int(value.strip())
         if length < 0 or length > MAX_BODY_BYTES:
@@ -102,7 +108,7 @@ class HttpServer:
         if handler is None:
             allowed = any(path == url.path for (_m, path) in self._routes)
             return Response(405 if allowed else 404, b"no such endpoint\n")
-        request = Request(method.upper(), url.path, parse_qs(url.query), body)
+        request = Request(method.upper(), url.path, parse_qs(url.query), body, headers)
         try:
             return await handler(request)
         except (ValueError, KeyError, TypeError) as exc:

@@ -35,6 +35,17 @@ Invariants
       channels would run gRPC's at-fork handlers in the child, which can abort it.
     - Ports may be 0: the real addresses are read back from the ready lines.
 
+Credentials (docs/security.md)
+    Before the master starts, the cluster creates its token store `<run_dir>/tokens.json`
+    (hashed) with an admin token and a token of the `default` tenant (trusted on this host:
+    shm allowed), passes it as the master's `--tokens-file`, and once the master is up writes
+    both tokens, 0600, to `<run_dir>/credentials/<address>.json` and to the per-user
+    credentials directory (`cellar.credentials`, ~/.cellar/credentials/), so that
+    `cellar.connect(cluster.address)` and every CLI command need no flag. `token_for(tenant)`
+    adds a tenant token (the master reads the store file again on an unknown token). `stop()`
+    removes the per-user credentials file it wrote. Nodes need nothing: their credential derives
+    from the cluster secret.
+
 What it must never do
     Import the master, node or client code (children are separate processes); wait without a
     timeout.
@@ -62,8 +73,16 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from cellar.credentials import (
+    file_name,
+    read_credentials,
+    remove_credentials,
+    write_credentials,
+    write_private_json,
+)
 from cellar.etcd_server import EtcdError, EtcdServer, free_port
 from cellar.lifecycle import PARENT_PID_ENV
+from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import format_size, parse_size_bytes
 
 MASTER_READY = re.compile(
@@ -187,6 +206,14 @@ class LocalCluster:
             self.shm_dir = Path(tempfile.mkdtemp(prefix="cellar-segments-", dir=self.run_dir))
         self._env = dict(os.environ if env is None else env)
         self._env.update({"CELLAR_CLUSTER_SECRET": self.secret, "PYTHONUNBUFFERED": "1"})
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tokens_path = self.run_dir / "tokens.json"
+        self.tokens_path.unlink(missing_ok=True)  # a reused run dir (cellar up): fresh tokens
+        self._tokens = TokenStore(self.tokens_path)
+        self.admin_token = self._tokens.create(KIND_ADMIN, label="cellar up admin")[1]
+        self.token = self._tokens.create(KIND_TENANT, "default", shm=True,
+                                         label="cellar up default tenant")[1]
+        self._credentials_written: list[str] = []  # addresses whose per-user file we wrote
         self.masters: list[Child] = []
         self.nodes: list[Child] = []
         self.etcd: EtcdServer | None = None
@@ -292,7 +319,51 @@ class LocalCluster:
             # pin the bound ports: a restarted master must be found at the same address
             self.port = int(self.masters[0].address.rsplit(":", 1)[1])
             self.http_port = int(self.masters[0].http.rsplit(":", 1)[1])
+        self._write_credentials()
         return self
+
+    def token_for(self, tenant: str, *, shm: bool = False, admin: bool = False) -> str:
+        """A new token of `tenant` (or an admin token), valid at once on the running master;
+        a tenant the master does not know is created (unlimited) through the admin API."""
+        self._tokens.refresh()
+        if admin:
+            return self._tokens.create(KIND_ADMIN, label="LocalCluster.token_for")[1]
+        token = self._tokens.create(KIND_TENANT, tenant, shm=shm, label="LocalCluster.token_for")[1]
+        known = self.admin_request("GET", "/api/v1/tenants")
+        if not any(t.get("name") == tenant for t in known):
+            self.admin_request("POST", "/api/v1/tenants", {"name": tenant})
+        return token
+
+    def admin_request(self, method: str, path: str, body: Any = None, *,
+                      token: str | None = None) -> Any:
+        """One call of the (leader) master's JSON admin API with the admin token; the decoded
+        reply. urllib.error.HTTPError on a refusal."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.http_url + path, data=data, method=method,
+            headers={"Authorization": f"Bearer {self.admin_token if token is None else token}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=STATUS_PROBE_TIMEOUT_S * 10) as reply:
+            return json.loads(reply.read())
+
+    def _write_credentials(self) -> None:
+        """The tokens, 0600, under the run dir and in the per-user credentials directory, for
+        the cluster's address and (ha) each master's own address (`cellar status` probes them)."""
+        value = {"tenant": "default", "token": self.token, "admin_token": self.admin_token,
+                 "run_dir": str(self.run_dir)}
+        addresses = [self.address] + ([m.address for m in self.masters] if self.ha else [])
+        for address in addresses:
+            write_private_json(self.run_dir / "credentials" / file_name(address),
+                               {"address": address, **value})
+            write_credentials(address, value)
+            self._credentials_written.append(address)
+
+    def _remove_credentials(self) -> None:
+        for address in self._credentials_written:
+            current = read_credentials(address)
+            if current is not None and current.get("token") == self.token:  # not a newer cluster's
+                remove_credentials(address)
+        self._credentials_written.clear()
 
     def _start_ha_masters(self) -> None:
         """etcd, then the masters on fixed ports (each advertises its own address, so the
@@ -443,6 +514,7 @@ class LocalCluster:
         self._terminate(self.masters)
         if self.etcd is not None:
             self.etcd.close()
+        self._remove_credentials()
         if self._own_shm_dir:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
         if self._own_run_dir and not self.keep_run_dir:
@@ -458,7 +530,7 @@ class LocalCluster:
 
     def _master_argv(self) -> list[str]:
         argv = ["master", "--listen", f"{self.host}:{self.port}",
-                "--http", f"{self.host}:{self.http_port}"]
+                "--http", f"{self.host}:{self.http_port}", *self._tokens_flag()]
         for name, value in self.master_flags.items():
             argv += [_flag(name), str(value)]
         return argv
@@ -477,10 +549,15 @@ class LocalCluster:
         argv = ["master", "--listen", address, "--http", f"{self.host}:{http_port}",
                 "--etcd", self.etcd.client_address, "--cluster", self.cluster_name,
                 "--advertise", address, "--master-id", f"master-{index}",
-                "--lease-ttl-s", str(self.lease_ttl_s)]
+                "--lease-ttl-s", str(self.lease_ttl_s), *self._tokens_flag()]
         for name, value in self.master_flags.items():
             argv += [_flag(name), str(value)]
         return argv
+
+    def _tokens_flag(self) -> list[str]:
+        if "tokens_file" in self.master_flags:  # the caller brings its own store
+            return []
+        return ["--tokens-file", str(self.tokens_path)]
 
     def _spawn_node(self, extra_flags: Mapping[str, Any] | None = None) -> Child:
         assert self.masters

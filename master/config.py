@@ -63,6 +63,11 @@ class MasterConfig:
         "", "file holding the hex cluster secret for grant MACs (empty: ~/.cellar/cluster-secret; "
         "env CELLAR_CLUSTER_SECRET wins)"
     )
+    tokens_file: str = setting(
+        "", "JSON file of the tenant and admin tokens, hashed (cellar token create|list|revoke; "
+        "empty: ~/.cellar/tokens.json). Every RPC and admin call needs a token from it (or a "
+        "node credential)"
+    )
     default_replicas: int = setting(1, "replicas per object when a put asks for 0", unit="replicas")
     max_replicas: int = setting(8, "most replicas one object may ask for", unit="replicas")
     max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)

@@ -48,8 +48,8 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
   back off, bounded at MAX_BACKOFF_S) and logs each state change once, never per attempt.
 - On clean shutdown it unmounts (bounded by a short deadline).
 
-Every RPC carries RequestHeader(tenant="", client_id=node_id) and a deadline of
-master_timeout_s. It never touches segment memory and never blocks the event loop.
+Every RPC carries RequestHeader(tenant="", client_id=node_id, token=<node credential>) and a
+deadline of master_timeout_s. It never touches segment memory and never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -151,8 +151,11 @@ class ControlLoop:
         incarnation: int | None = None,
         verifier: Verifier | None = None,
         discovery: LeaderSource | None = None,
+        credential: str = "",
     ) -> None:
         self.node_id = node_id
+        # the node credential (cellar.proto.grant.node_credential): every RPC's header token
+        self._credential = credential
         self.host_id = host_id
         # `configured_master`: what the node was told (HOST:PORT or etcd://...); `master`: the
         # address it talks to now ("" until etcd named a leader).
@@ -202,7 +205,7 @@ class ControlLoop:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def _header(self) -> pb.RequestHeader:
-        return pb.RequestHeader(tenant="", client_id=self.node_id)
+        return pb.RequestHeader(tenant="", client_id=self.node_id, token=self._credential)
 
     def _ensure_channel(self) -> Any:
         if self._stub is None:
