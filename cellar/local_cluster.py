@@ -67,7 +67,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -174,7 +174,8 @@ class LocalCluster:
                  env: Mapping[str, str] | None = None,
                  ha: bool = False, masters: int | None = None,
                  cluster_name: str = DEFAULT_CLUSTER_NAME, etcd_port: int = 0,
-                 lease_ttl_s: int = DEFAULT_LEASE_TTL_S) -> None:
+                 lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+                 admin_tokens: Sequence[str] = ()) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         master_count = masters if masters is not None else (2 if ha else 1)
@@ -213,6 +214,8 @@ class LocalCluster:
         self.admin_token = self._tokens.create(KIND_ADMIN, label="cellar up admin")[1]
         self.token = self._tokens.create(KIND_TENANT, "default", shm=True,
                                          label="cellar up default tenant")[1]
+        for token in admin_tokens:  # tokens the caller holds already (a test session's)
+            self._tokens.add(KIND_ADMIN, token, shm=True, label="given to LocalCluster")
         self._credentials_written: list[str] = []  # addresses whose per-user file we wrote
         self.masters: list[Child] = []
         self.nodes: list[Child] = []

@@ -174,6 +174,21 @@ class TokenStore:
         self._save()
         return record, token
 
+    def add(self, kind: str, token: str, tenant: str = "", *, shm: bool = False,
+            label: str = "") -> TokenRecord:
+        """Accept a token the caller already holds (a test session's, an operator's own); it
+        must have the `cellar_<id>_<secret>` form. Only its hash is stored."""
+        token_id = token_id_of(token)
+        if token_id is None:
+            raise ValueError("not a cellar token (cellar_<12 hex>_<43 base64url>)")
+        if kind not in KINDS or (kind == KIND_TENANT and not tenant):
+            raise ValueError(f"bad kind {kind!r} or missing tenant")
+        record = TokenRecord(token_id, kind, tenant if kind == KIND_TENANT else "", digest(token),
+                             shm, label[:200], int(time.time() * 1000))
+        self._records[token_id] = record
+        self._save()
+        return record
+
     def revoke(self, token_id: str) -> bool:
         if self._records.pop(token_id, None) is None:
             return False

@@ -202,6 +202,7 @@ class MasterServicer:
             pb.MountSegmentReply, outcome.results, stats,
             heartbeat_interval_ms=outcome.heartbeat_interval_ms,
             write_grant_ttl_ms=outcome.write_grant_ttl_ms,
+            read_grant_ttl_ms=outcome.read_grant_ttl_ms,
         )
 
     def ReportObjects(self, req: pb.ReportObjectsRequest, stats: RpcStats) -> pb.ReportObjectsReply:

@@ -432,7 +432,8 @@ class ControlLoop:
         if reply.header.epoch < old_epoch:
             log.warning("master epoch went back from %d to %d", old_epoch, reply.header.epoch)
         self.clock.epoch = reply.header.epoch
-        self.index.set_mount(reply.header.master_time_ms, reply.write_grant_ttl_ms)
+        self.index.set_mount(reply.header.master_time_ms, reply.write_grant_ttl_ms,
+                             reply.read_grant_ttl_ms)
         if reply.heartbeat_interval_ms > 0:
             self.heartbeat_interval_s = reply.heartbeat_interval_ms / 1000.0
         if entries and not await self._report(entries):
