@@ -86,6 +86,20 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
         g.mac = r.mac
 
 
+def _trusted_on_host() -> bool:
+    """Whether the caller may see shm endpoints: its token says shm (or it is an admin)."""
+    identity = CURRENT_IDENTITY.get()
+    return identity is not None and (identity.shm or identity.admin)
+
+
+def _segment_infos(segments: list[Any]) -> list[Any]:
+    """The segments table of a reply: with shm endpoints only for an identity trusted on the
+    nodes' hosts; everyone else is shown tcp (and rdma) only."""
+    if _trusted_on_host():
+        return [s.info for s in segments]
+    return [s.untrusted_info() for s in segments]
+
+
 class MasterServicer:
     """Builds the method handlers for `cellar.v1.Master` over one MasterService."""
 
@@ -109,7 +123,7 @@ class MasterServicer:
     def PutStart(self, req: pb.PutStartRequest, stats: RpcStats) -> pb.PutStartReply:
         h = req.header
         outcome = self.service.put_start(h.tenant, h.client_id, req.items)
-        reply = pb.PutStartReply(header=self._header(), segments=[s.info for s in outcome.segments])
+        reply = pb.PutStartReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0
         for r in outcome.results:
@@ -125,7 +139,7 @@ class MasterServicer:
     def GetReplicas(self, req: pb.GetReplicasRequest, stats: RpcStats) -> pb.GetReplicasReply:
         h = req.header
         outcome = self.service.get_replicas(h.tenant, h.client_id, req.keys, req.unpin_ids)
-        reply = pb.GetReplicasReply(header=self._header(), segments=[s.info for s in outcome.segments])
+        reply = pb.GetReplicasReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0
         for r in outcome.results:
@@ -243,9 +257,10 @@ class MasterServicer:
                 max_batch_keys=service.config.max_batch_keys,
             )
         capacity, used = service.capacity()
+        trusted = _trusted_on_host()
         segments = [
             pb.SegmentStatus(
-                info=segment.info, state=segment.node.state,  # type: ignore[arg-type]
+                info=segment.info if trusted else segment.untrusted_info(), state=segment.node.state,  # type: ignore[arg-type]
                 used_bytes=segment.allocator.used_bytes, object_count=len(segment.objects),
             )
             for segment in service.membership.segments.values()
