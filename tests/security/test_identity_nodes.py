@@ -73,7 +73,7 @@ def test_node_rpcs_refuse_clients_strangers_and_other_nodes(cluster: SecurityClu
         for rpc in NODE_RPCS:
             for what, (header, expected) in headers.items():
                 request = _attack(rpc, header, victim, segment, alloc_id=1)
-                assert code_of(lambda r=request: getattr(stub, rpc)(r)) == expected, (rpc, what)
+                assert code_of(lambda r=request, m=rpc: getattr(stub, m)(r)) == expected, (rpc, what)
         after = _segments(cluster, stub)
         assert {n: [(s.info.segment_id, s.state, s.object_count) for s in v] for n, v in after.items()} == \
                {n: [(s.info.segment_id, s.state, s.object_count) for s in v] for n, v in before.items()}
