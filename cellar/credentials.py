@@ -16,6 +16,7 @@ File layout (JSON object, mode 0600, directory 0700; one file per master address
      "tenant": "default",                    # tenant of "token"
      "token": "cellar_<id>_<secret>",        # the default tenant's token
      "admin_token": "cellar_<id>_<secret>",  # optional: the cluster's admin token
+     "http": ["127.0.0.1:9400"],             # optional: the masters' HTTP (admin API) addresses
      "run_dir": "/path/of/the/run/dir"}      # optional: informational
 For an HA cluster (`etcd://...` address) the file is named after the etcd address the same
 way (`etcd_<host>_<port>.json` of the first endpoint) and written by `cellar up --ha`.

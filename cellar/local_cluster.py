@@ -353,7 +353,7 @@ class LocalCluster:
         """The tokens, 0600, under the run dir and in the per-user credentials directory, for
         the cluster's address and (ha) each master's own address (`cellar status` probes them)."""
         value = {"tenant": "default", "token": self.token, "admin_token": self.admin_token,
-                 "run_dir": str(self.run_dir)}
+                 "http": [m.http for m in self.masters], "run_dir": str(self.run_dir)}
         addresses = [self.address] + ([m.address for m in self.masters] if self.ha else [])
         for address in addresses:
             write_private_json(self.run_dir / "credentials" / file_name(address),
