@@ -1,22 +1,62 @@
 """A minimal asyncio HTTP/1.1 server for /metrics, /health and the JSON admin API.
 
 Masters and storage nodes serve a handful of small GET/POST endpoints; a full web framework
-would be a heavy dependency for that. Requests are bounded (header bytes, body bytes, time)
-so a hostile peer cannot make the server allocate or wait without limit.
+would be a heavy dependency for that. Requests are bounded (header bytes, body bytes, JSON
+nesting, time, concurrent connections) so a hostile peer cannot make the server allocate,
+recurse or wait without limit: anything over a bound is a 4xx with a message saying which,
+never an unhandled exception. A handler's `CellarError` (e.g. QuotaExceeded past max_tenants)
+answers 400 with its message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from cellar.errors import CellarError
+
 MAX_HEADER_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1 << 20
+MAX_JSON_DEPTH = 32  # nesting of arrays/objects in a request body (the admin API needs 2)
+MAX_CONNECTIONS = 256  # concurrent HTTP connections; more are closed at once
 REQUEST_TIMEOUT_S = 10.0
+# A JSON string, or one of the characters that open or close a level of nesting.
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+class BadRequest(ValueError):
+    """The request is refused with 400 and this message."""
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply arrays and objects nest in `body` (strings skipped), without recursing."""
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(body):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON; BadRequest if it is not JSON or nests over MAX_JSON_DEPTH."""
+    if not body:
+        return None
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: belt and braces
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
 
 
 @dataclass
@@ -31,7 +71,8 @@ class Request:
         return self.headers.get(name.lower(), "")
 
     def json(self) -> Any:
-        return json.loads(self.body or b"null")
+        """The body as JSON (None if empty); BadRequest if malformed or too deeply nested."""
+        return parse_json(self.body)
 
 
 @dataclass
@@ -57,6 +98,7 @@ class HttpServer:
     def __init__(self) -> None:
         self._routes: dict[tuple[str, str], Handler] = {}
         self._server: asyncio.AbstractServer | None = None
+        self._open = 0
 
     def route(self, method: str, path: str, handler: Handler) -> None:
         self._routes[(method.upper(), path)] = handler
@@ -71,10 +113,22 @@ class HttpServer:
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        self._open += 1
+        try:
+            await self._respond(reader, writer)
+        finally:
+            self._open -= 1
+
+    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             response = await asyncio.wait_for(self._handle(reader), REQUEST_TIMEOUT_S)
+        except BadRequest as exc:
+            response = Response.json({"error": str(exc)}, 400)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError,
-                asyncio.LimitOverrunError, ValueError):
+                asyncio.LimitOverrunError, ValueError, UnicodeError):
             response = Response(400, b"bad request\n")
         try:
             head = (f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}\r\n"
@@ -92,16 +146,22 @@ class HttpServer:
     async def _handle(self, reader: asyncio.StreamReader) -> Response:
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
-        method, target, _version = lines[0].split(" ", 2)
+        parts = lines[0].split(" ", 2)
+        if len(parts) != 3:
+            raise BadRequest("malformed request line")
+        method, target, _version = parts
         length = 0
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
             if name.strip().lower() == "content-length":
-                length = int(value.strip())
-        if length < 0 or length > MAX_BODY_BYTES:
-            return Response(413, b"body too large\n")
+                value = value.strip()
+                if not value.isdigit() or len(value) > 12:  # digits only: no "+5", "1_0", "-1"
+                    raise BadRequest("bad Content-Length")
+                length = int(value)
+        if length > MAX_BODY_BYTES:
+            return Response.json({"error": f"body over {MAX_BODY_BYTES} bytes"}, 413)
         body = await reader.readexactly(length) if length else b""
         url = urlsplit(target)
         handler = self._routes.get((method.upper(), url.path))
@@ -111,5 +171,5 @@ class HttpServer:
         request = Request(method.upper(), url.path, parse_qs(url.query), body, headers)
         try:
             return await handler(request)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (CellarError, ValueError, KeyError, TypeError) as exc:
             return Response.json({"error": str(exc)}, 400)

@@ -51,6 +51,11 @@ def _tenant_json(tenant: Tenant) -> dict[str, Any]:
         "quota_bytes": tenant.quota_bytes,
         "objects": tenant.object_count,
         "quota_objects": tenant.quota_objects,
+        "writing_bytes": tenant.writing_bytes,
+        "quota_writing_bytes": tenant.quota_writing_bytes,
+        "hard_pin": tenant.may_hard_pin,
+        "hard_pinned_bytes": tenant.hard_pinned_bytes,
+        "quota_hard_pin_bytes": tenant.quota_hard_pin_bytes,
     }
 
 

@@ -21,38 +21,58 @@ ENV_PREFIX = "CELLAR_MASTER_"
 DEFAULT_TENANT = "default"
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_SEGMENT_BYTES = 1 << 48
+MAX_QUOTA = 1 << 62  # a quota above this is no quota a protobuf uint64 reply could not carry
 
 
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
-    """A tenant's limits; 0 means unlimited."""
+    """A tenant's limits and rights; a quota of 0 means unlimited.
+
+    `quota_writing_bytes` bounds the bytes its puts hold WRITING (reserved, not yet PutEnd);
+    `hard_pin` is the right to hard-pin (never evicted), an admin grant, and
+    `quota_hard_pin_bytes` bounds the bytes it keeps hard-pinned.
+    """
 
     quota_bytes: int = 0
     quota_objects: int = 0
+    quota_writing_bytes: int = 0
+    hard_pin: bool = False
+    quota_hard_pin_bytes: int = 0
+
+
+_QUOTA_SIZES = ("quota_bytes", "quota_writing_bytes", "quota_hard_pin_bytes")
+_QUOTA_KEYS = frozenset({*_QUOTA_SIZES, "quota_objects", "hard_pin", "name"})
 
 
 def parse_tenant_quota(name: str, raw: Any, field: str = "tenants") -> TenantQuota:
-    """{"quota_bytes": "4GiB", "quota_objects": 1000} -> TenantQuota; ConfigError naming `field`."""
+    """{"quota_bytes": "4GiB", "quota_objects": 1000, "hard_pin": true, ...} -> TenantQuota;
+    ConfigError naming `field`."""
     if not isinstance(name, str) or not TENANT_NAME.match(name):
         raise ConfigError(field, f"bad tenant name {name!r} (letters, digits, . _ -; at most 128)")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(field, f"tenant {name!r}: expected a mapping with quota_bytes/quota_objects")
-    unknown = set(raw) - {"quota_bytes", "quota_objects", "name"}
+    unknown = set(raw) - _QUOTA_KEYS
     if unknown:
         raise ConfigError(field, f"tenant {name!r}: unknown keys {sorted(unknown)}")
     try:
-        quota_bytes = parse_size_bytes(raw.get("quota_bytes", 0) or 0)
+        sizes = {key: parse_size_bytes(raw.get(key, 0) or 0) for key in _QUOTA_SIZES}
         quota_objects = raw.get("quota_objects", 0) or 0
         if isinstance(quota_objects, bool) or not isinstance(quota_objects, (int, str)):
             raise ValueError(f"quota_objects: not an integer: {quota_objects!r}")
         quota_objects = int(quota_objects)
-    except ValueError as exc:
+        hard_pin = raw.get("hard_pin", False)
+        if not isinstance(hard_pin, bool):
+            raise ValueError(f"hard_pin: not a boolean: {hard_pin!r}")
+    except (ValueError, TypeError) as exc:
         raise ConfigError(field, f"tenant {name!r}: {exc}") from None
-    if quota_bytes < 0 or quota_objects < 0:
+    if min(sizes.values()) < 0 or quota_objects < 0:
         raise ConfigError(field, f"tenant {name!r}: quotas must be >= 0")
-    return TenantQuota(quota_bytes, quota_objects)
+    if max(max(sizes.values()), quota_objects) > MAX_QUOTA:
+        raise ConfigError(field, f"tenant {name!r}: quotas must be <= {MAX_QUOTA}")
+    return TenantQuota(sizes["quota_bytes"], quota_objects, sizes["quota_writing_bytes"], hard_pin,
+                       sizes["quota_hard_pin_bytes"])
 
 
 @dataclass
@@ -126,8 +146,36 @@ class MasterConfig:
     grpc_max_message_bytes: int = setting(
         4 << 20, "largest gRPC message the master sends or accepts", unit=UNIT_BYTES
     )
+    max_connections_per_peer: int = setting(
+        64, "most concurrent fast-line connections from one peer address (more are closed; "
+        "their clients use gRPC)", unit="connections"
+    )
+    idle_timeout_s: float = setting(
+        300.0, "a fast-line request's header must arrive within this of the master starting to "
+        "wait for it; idle gRPC connections are closed after it too", unit=UNIT_SECONDS
+    )
+    frame_timeout_s: float = setting(
+        10.0, "a fast-line request's body must arrive (and a reply be read) within this",
+        unit=UNIT_SECONDS
+    )
+    max_pending_bytes: int = setting(
+        64 << 20, "most request-body bytes the fast line receives at once, all connections "
+        "together (a request that does not fit closes its connection)", unit=UNIT_BYTES
+    )
+    max_tenant_writing_fraction: float = setting(
+        0.5, "most bytes one tenant may hold WRITING (reserved by PutStart, not yet PutEnd), as "
+        "a fraction of the cluster's capacity, whatever its quotas", unit="fraction"
+    )
+    max_tenants: int = setting(
+        10_000, "most tenants, configured, created by the admin API or implicitly", unit="tenants"
+    )
+    max_status_tenants: int = setting(
+        64, "most tenants listed in one ClusterStatus reply (the caller's own first)",
+        unit="tenants",
+    )
     tenants: dict[str, Any] = setting(
-        None, "tenant quotas: {name: {quota_bytes: '4GiB', quota_objects: N}}; 0 = unlimited",
+        None, "tenant quotas: {name: {quota_bytes: '4GiB', quota_objects: N, quota_writing_bytes: "
+        "'1GiB', hard_pin: false, quota_hard_pin_bytes: '1GiB'}}; 0 = unlimited",
         flag=False, default_factory=dict,
     )
     allow_unknown_tenants: bool = setting(
@@ -200,6 +248,12 @@ class MasterConfig:
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
             "must be in [64KiB, 1GiB]",
         )
+        require(1 <= self.max_connections_per_peer <= 65536, "max_connections_per_peer",
+                "must be in [1, 65536]")
+        require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be in [0.1s, 1 day]")
+        require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be in [0.1s, 1 hour]")
+        require(self.max_pending_bytes >= self.grpc_max_message_bytes, "max_pending_bytes",
+                "must be at least grpc_max_message_bytes (one largest request)")
         if self.etcd:
             try:
                 parse_endpoints(self.etcd)
@@ -218,8 +272,15 @@ class MasterConfig:
                     "must be > 0 and shorter than lease_ttl_s")
             require(len(self.master_id) <= 128 and "/" not in self.master_id, "master_id",
                     "must be at most 128 characters, without '/'")
+        require(0 < self.max_tenant_writing_fraction <= 1, "max_tenant_writing_fraction",
+                "must be in (0, 1]")
+        require(1 <= self.max_tenants <= 1_000_000, "max_tenants", "must be in [1, 1000000]")
+        require(1 <= self.max_status_tenants <= 10_000, "max_status_tenants",
+                "must be in [1, 10000]")
         if not isinstance(self.tenants, dict):
             raise ConfigError("tenants", "expected a mapping of tenant name to quotas")
+        require(len(self.tenants) < self.max_tenants, "tenants",
+                f"{len(self.tenants)} tenants configured; max_tenants is {self.max_tenants}")
         for name, raw in self.tenants.items():
             parse_tenant_quota(name, raw)
 

@@ -49,14 +49,20 @@ _SAMPLE_ROUNDS = 4
 
 
 class Pool:
-    """A flat list of evictable objects; each object knows its index (gslot or tslot)."""
+    """A flat list of evictable objects; each object knows its index (gslot or tslot).
 
-    __slots__ = ("items", "pinned", "is_global")
+    `held_bytes` sums the replica bytes (reserved x replicas) of its items and `pinned_bytes`
+    those of its pinned items, so "could eviction ever free `need` bytes?" is one subtraction:
+    a put that cannot fit even after evicting everything evictable evicts nothing."""
+
+    __slots__ = ("items", "pinned", "is_global", "held_bytes", "pinned_bytes")
 
     def __init__(self, is_global: bool) -> None:
         self.items: list[Obj] = []
         self.pinned = 0  # how many items have pins > 0
         self.is_global = is_global
+        self.held_bytes = 0
+        self.pinned_bytes = 0
 
     def __len__(self) -> int:
         return len(self.items)
@@ -67,11 +73,14 @@ class Pool:
         else:
             obj.tslot = len(self.items)
         self.items.append(obj)
+        self.held_bytes += obj.reserved * len(obj.replicas)
 
     def remove(self, obj: Obj) -> None:
         items = self.items
         slot = obj.gslot if self.is_global else obj.tslot
         assert items[slot] is obj, "eviction pool slot out of sync"
+        self.held_bytes -= obj.reserved * len(obj.replicas)
+        assert self.held_bytes >= 0, "eviction pool bytes out of sync"
         last = items.pop()
         if last is not obj:
             items[slot] = last
@@ -82,6 +91,9 @@ class Pool:
 
     def evictable(self) -> int:
         return len(self.items) - self.pinned
+
+    def evictable_bytes(self) -> int:
+        return self.held_bytes - self.pinned_bytes
 
 
 class Evictor:
@@ -132,10 +144,36 @@ class Evictor:
 
     def _count_pinned(self, obj: Obj, kind: int, delta: int) -> None:
         """Pinned members of the global pool of `kind` and of the tenant's own, if it has one."""
-        self.pools[kind].pinned += delta
+        held = delta * obj.reserved * len(obj.replicas)
+        pool = self.pools[kind]
+        pool.pinned += delta
+        pool.pinned_bytes += held
         own = obj.tenant.pools
         if own is not None:
             own[kind].pinned += delta
+            own[kind].pinned_bytes += held
+
+    def resize(self, obj: Obj, replicas_delta: int) -> None:
+        """The object is about to gain (or lose) replicas while it may sit in a pool: keep
+        the pools' byte sums exact (called before `obj.replicas` changes)."""
+        kind = obj.pool_kind
+        if not kind or not replicas_delta:
+            return
+        held = replicas_delta * obj.reserved
+        pinned = held if obj.pins else 0
+        pools = [self.pools[kind]]
+        if obj.tenant.pools is not None:
+            pools.append(obj.tenant.pools[kind])
+        for pool in pools:
+            pool.held_bytes += held
+            pool.pinned_bytes += pinned
+
+    def evictable_bytes(self, tenant: Tenant | None = None) -> int:
+        """Bytes eviction could free at most (of `tenant` only, if given); pinned ones excluded."""
+        pools = self.pools if tenant is None else tenant.pools
+        if pools is None:
+            return 0
+        return pools[NORMAL].evictable_bytes() + pools[SOFT].evictable_bytes()
 
     # ---------------------------------------------------------------- victims
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
 
 log = logging.getLogger("cellar.master")
+GRPC_MAX_CONCURRENT_STREAMS = 256  # concurrent RPCs on one gRPC connection (HTTP/2 streams)
 
 
 def _freeze_heap() -> None:
@@ -88,6 +89,10 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
+        # gRPC has no per-peer connection limit (the fast line and the nodes do): it closes
+        # idle connections and bounds streams per connection (docs/limits.md).
+        ("grpc.max_connection_idle_ms", int(config.idle_timeout_s * 1000)),
+        ("grpc.max_concurrent_streams", GRPC_MAX_CONCURRENT_STREAMS),
     ])
     servicer.add_to_server(server)
     host, port = parse_host_port(config.listen)
@@ -107,7 +112,10 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         print(f"cellar master: cannot serve HTTP on {config.http}: {exc.strerror}", file=sys.stderr)
         return 1
     await server.start()
-    fast = FastRpcServer(servicer, limit)
+    fast = FastRpcServer(servicer, limit, max_connections_per_peer=config.max_connections_per_peer,
+                         idle_timeout_s=config.idle_timeout_s,
+                         frame_timeout_s=config.frame_timeout_s,
+                         max_pending_bytes=config.max_pending_bytes)
     try:
         servicer.fast_port = await fast.start(host)
     except OSError as exc:  # gRPC alone still serves everything

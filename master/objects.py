@@ -49,6 +49,18 @@ HARD_PIN = 3
 EXPIRED_PUTS_REMEMBERED = 65536  # so a late PutEnd gets EXPIRED rather than NOT_FOUND
 
 
+def charge(obj: Obj, nbytes: int) -> None:
+    """Charge (or, negative, credit) the object's tenant `nbytes` of replica ranges: its used
+    bytes, and its WRITING or hard-pinned bytes when the object is one (master/tenants.py)."""
+    tenant = obj.tenant
+    tenant.used_bytes += nbytes
+    if obj.state == WRITING:
+        tenant.writing_bytes += nbytes
+    if obj.pin_kind == HARD_PIN:
+        tenant.hard_pinned_bytes += nbytes
+    assert tenant.used_bytes >= 0 and tenant.writing_bytes >= 0, "tenant accounting went negative"
+
+
 class Replica:
     __slots__ = ("segment", "offset", "alloc_id")
 
@@ -126,7 +138,7 @@ class ObjectTable:
         for segment, _offset in placements:
             segment.objects.add(obj)
         tenant.writing[obj.key] = obj
-        tenant.used_bytes += obj.reserved * len(placements)
+        charge(obj, obj.reserved * len(placements))
         tenant.object_count += 1
         self.puts[obj.put_id] = obj
         self._deadlines.add(obj.deadline, obj.put_id)
@@ -134,12 +146,14 @@ class ObjectTable:
     def begin_one(self, obj: Obj, segment: Segment, offset: int, alloc_id: int) -> Replica:
         """`begin` with one placement (the common put), without the per-placement loops."""
         tenant = obj.tenant
-        assert obj.state == WRITING and obj.key not in tenant.writing
+        assert obj.state == WRITING and obj.key not in tenant.writing and obj.pin_kind == NO_PIN
         replica = Replica(segment, offset, alloc_id)
         obj.replicas = (replica,)
         segment.objects.add(obj)
         tenant.writing[obj.key] = obj
-        tenant.used_bytes += obj.reserved
+        reserved = obj.reserved  # charge(), inlined: no pin on this path
+        tenant.used_bytes += reserved
+        tenant.writing_bytes += reserved
         tenant.object_count += 1
         self.puts[obj.put_id] = obj
         self._deadlines.add(obj.deadline, obj.put_id)
@@ -153,6 +167,7 @@ class ObjectTable:
             self.drop(old, now)  # upsert: the old version goes (when its readers are done)
         del self.puts[obj.put_id]
         del tenant.writing[obj.key]
+        tenant.writing_bytes -= obj.reserved * len(obj.replicas)
         obj.state = COMPLETE
         obj.checksum = checksum
         obj.last_access = now
@@ -178,7 +193,7 @@ class ObjectTable:
                 del tenant.writing[obj.key]
         else:
             return 0
-        tenant.used_bytes -= obj.reserved * len(obj.replicas)
+        charge(obj, -obj.reserved * len(obj.replicas))
         tenant.object_count -= 1
         obj.state = DROPPED
         if obj.pins:
@@ -238,7 +253,8 @@ class ObjectTable:
             if len(remaining) == len(obj.replicas):
                 continue
             if obj.state != DROPPED:
-                obj.tenant.used_bytes -= obj.reserved * (len(obj.replicas) - len(remaining))
+                charge(obj, -obj.reserved * (len(obj.replicas) - len(remaining)))
+                self.evictor.resize(obj, len(remaining) - len(obj.replicas))
             obj.replicas = remaining
             if not remaining and obj.state != DROPPED:
                 self.drop(obj, now)

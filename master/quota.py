@@ -1,10 +1,18 @@
-"""Quota and space: making room for a put, by tenant quota and by segment space.
+"""Quota and space: what a PutStart may hold, and making room for it, bounded.
 
-Owns the two synchronous eviction loops of PutStart (the policy of which victim is eviction.py's):
-- `make_quota_room`: the tenant would go over its byte or object quota; evict only that
-  tenant's own objects, at most `max_evictions_per_put`, and say why when it cannot;
-- `evict_for_space`: no segment has room; evict from the global pools, at most
-  `max_evictions_per_put`, until placement succeeds.
+Owns the admission rules of a put beyond its key and size, and the two synchronous eviction
+loops of PutStart (which victim is eviction.py's policy):
+- `admit`: the tenant's WRITING bytes (reserved by PutStart, not yet PutEnd) stay within its
+  `quota_writing_bytes` and within `max_tenant_writing_fraction` of the cluster's capacity,
+  whatever its other quotas, so metadata alone (PutStarts with no data) cannot take the store;
+  a hard pin needs the tenant's `hard_pin` right and fits its `quota_hard_pin_bytes`;
+- `make_quota_room`: the tenant would go over its byte or object quota: evict only that
+  tenant's own objects, at most `max_evictions_per_put`;
+- `evict_for_space`: no segment has room: evict from the global pools, at most
+  `max_evictions_per_put`, stopping as soon as placement succeeds.
+Both loops first check that eviction could succeed at all (the free bytes plus every byte
+eviction could free cover what the put needs; the pools keep those sums): a put that will
+fail anyway is refused at once and evicts nothing.
 
 It never places, allocates or frees a range itself (placement.py and objects.py do).
 """
@@ -14,19 +22,67 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cellar.errors import Status
+from cellar.master.eviction import NORMAL, SOFT
+
 if TYPE_CHECKING:
     from cellar.master.config import MasterConfig
     from cellar.master.eviction import Evictor
-    from cellar.master.membership import Segment
+    from cellar.master.membership import Membership, Segment
     from cellar.master.placement import Placement
     from cellar.master.tenants import Tenant
 
+NO_LIMIT = 1 << 62
+
 
 class SpaceMaker:
-    def __init__(self, config: MasterConfig, evictor: Evictor, placement: Placement) -> None:
+    def __init__(
+        self, config: MasterConfig, evictor: Evictor, placement: Placement, membership: Membership
+    ) -> None:
         self.config = config
         self.evictor = evictor
         self.placement = placement
+        self.membership = membership
+        self.refused_before_evicting = 0  # puts refused because eviction could not help
+
+    # ---------------------------------------------------------------- admission
+
+    def capacity_bytes(self) -> int:
+        return sum(segment.size_bytes for segment in self.membership.segments.values())
+
+    def writing_cap(self, tenant: Tenant, capacity_bytes: int) -> int:
+        """Most bytes `tenant` may hold WRITING now (a fraction of 1.0: the capacity itself
+        bounds it, and a put that does not fit is NO_SPACE, not over a cap)."""
+        fraction = self.config.max_tenant_writing_fraction
+        cap = NO_LIMIT if fraction >= 1.0 else int(capacity_bytes * fraction)
+        if tenant.quota_writing_bytes:
+            cap = min(cap, tenant.quota_writing_bytes)
+        return cap
+
+    def admit(
+        self, tenant: Tenant, need: int, hard_pin: bool, writing_cap: int
+    ) -> tuple[Status, str] | None:
+        """Why a put of `need` replica bytes may not be reserved, or None (nothing changes)."""
+        if tenant.writing_bytes + need > writing_cap:
+            return Status.QUOTA_EXCEEDED, (
+                f"tenant {tenant.name!r} holds {tenant.writing_bytes} bytes WRITING; {need} more "
+                f"would pass its WRITING cap of {writing_cap} bytes (quota_writing_bytes, "
+                f"max_tenant_writing_fraction): end or revoke puts first"
+            )
+        if hard_pin:
+            if not tenant.may_hard_pin:
+                return Status.PERMISSION_DENIED, (
+                    f"tenant {tenant.name!r} has no hard_pin right (an admin grants it per tenant)"
+                )
+            quota = tenant.quota_hard_pin_bytes
+            if quota and tenant.hard_pinned_bytes + need > quota:
+                return Status.QUOTA_EXCEEDED, (
+                    f"tenant {tenant.name!r} holds {tenant.hard_pinned_bytes} hard-pinned bytes; "
+                    f"{need} more would pass quota_hard_pin_bytes ({quota})"
+                )
+        return None
+
+    # ---------------------------------------------------------------- quota room
 
     def make_quota_room(self, tenant: Tenant, need: int) -> str:
         """Evict the tenant's own objects until `need` more bytes fit its quota; '' or why not."""
@@ -34,30 +90,59 @@ class SpaceMaker:
         quota_objects = tenant.quota_objects
         if quota_bytes and need > quota_bytes:
             return f"object needs {need} bytes; tenant {tenant.name!r} quota is {quota_bytes} bytes"
+        over_bytes = bool(quota_bytes) and tenant.used_bytes + need > quota_bytes
+        over_objects = bool(quota_objects) and tenant.object_count + 1 > quota_objects
+        if not over_bytes and not over_objects:
+            return ""
         evictor = self.evictor
+        pools = tenant.pools
+        evictable = 0 if pools is None else pools[NORMAL].evictable() + pools[SOFT].evictable()
+        if (over_bytes and tenant.used_bytes + need - evictor.evictable_bytes(tenant) > quota_bytes) or (
+                over_objects and not evictable):
+            self.refused_before_evicting += 1
+            return self._over_quota(tenant)
         budget = self.config.max_evictions_per_put
         evicted = 0
+        evictor.attempts += 1
         while (quota_bytes and tenant.used_bytes + need > quota_bytes) or (
             quota_objects and tenant.object_count + 1 > quota_objects
         ):
-            if not evicted:
-                evictor.attempts += 1
             if evicted >= budget or evictor.evict_one(tenant) < 0:
-                return (
-                    f"tenant {tenant.name!r} is over its quota ({tenant.used_bytes}/{quota_bytes or '-'} "
-                    f"bytes, {tenant.object_count}/{quota_objects or '-'} objects) and has nothing evictable"
-                )
+                return self._over_quota(tenant)
             evicted += 1
             if evicted == 1:
                 evictor.successes += 1
         return ""
 
+    @staticmethod
+    def _over_quota(tenant: Tenant) -> str:
+        return (
+            f"tenant {tenant.name!r} is over its quota ({tenant.used_bytes}/{tenant.quota_bytes or '-'} "
+            f"bytes, {tenant.object_count}/{tenant.quota_objects or '-'} objects) and has nothing "
+            "evictable"
+        )
+
+    # ---------------------------------------------------------------- space
+
+    def could_fit(self, need: int, avoid: Sequence[str]) -> bool:
+        """Whether free bytes plus all evictable bytes could hold `need` (an upper bound on
+        what eviction achieves: if this is False, evicting is pointless)."""
+        free = 0
+        for segment in self.membership.active_segments:
+            if not avoid or segment.node.node_id not in avoid:
+                free += segment.allocator.capacity_bytes - segment.allocator.used_bytes
+        return free + self.evictor.evictable_bytes() >= need
+
     def evict_for_space(
-        self, size: int, replicas: int, avoid: Sequence[str], preferred_host: str, now: float
+        self, size: int, replicas: int, avoid: Sequence[str], preferred_host: str, now: float,
+        reserved: int,
     ) -> list[tuple[Segment, int]] | None:
         """Evict until `replicas` ranges of `size` can be placed; the placements, or None."""
         budget = self.config.max_evictions_per_put
         if budget <= 0:
+            return None
+        if not self.could_fit(reserved * replicas, avoid):
+            self.refused_before_evicting += 1
             return None
         evictor = self.evictor
         evictor.attempts += 1

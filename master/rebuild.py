@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cellar.master.allocator import SegmentAllocator
-from cellar.master.objects import COMPLETE, DROPPED, NO_PIN, Obj, Replica
+from cellar.master.objects import COMPLETE, DROPPED, NO_PIN, Obj, Replica, charge
+from cellar.master.requests import range_error, valid_id
 from cellar.proto.grant import key_tag
 
 if TYPE_CHECKING:
@@ -89,9 +90,12 @@ def _adopt_one(
 ) -> bool:
     length = int(e.length)
     offset = int(e.offset)
-    if alloc_id == 0 or alloc_id in refuse_ids or length <= 0 or offset < 0:
+    # Every value is off the wire: an alloc id outside 1..MAX_ID would push the id counter past
+    # 64 bits (every later grant fails to pack), a range outside the segment corrupts the
+    # allocator. Checked before anything is looked up or reserved.
+    if not valid_id(alloc_id) or alloc_id in refuse_ids:
         return False
-    if offset + length > segment.size_bytes or length > segment.size_bytes:
+    if range_error(offset, length, segment.size_bytes):
         return False
     tenant = service.tenants.resolve(e.tenant)
     if tenant is None or service.key_error(e.key):
@@ -110,9 +114,10 @@ def _adopt_one(
                     return False  # one replica per node
             if not _reserve(segment, offset, length):
                 return False
+            service.evictor.resize(existing, 1)
             existing.replicas += (Replica(segment, offset, alloc_id),)
             segment.objects.add(existing)
-            tenant.used_bytes += existing.reserved
+            charge(existing, existing.reserved)
             return True
         newest = max((rep.alloc_id for rep in existing.replicas), default=0)
         if alloc_id <= newest:
@@ -132,7 +137,7 @@ def _adopt_one(
     obj.replicas = (Replica(segment, offset, alloc_id),)
     segment.objects.add(obj)
     tenant.objects[key] = obj
-    tenant.used_bytes += reserved
+    charge(obj, reserved)
     tenant.object_count += 1
     service.objects.complete_count += 1
     service.evictor.enter(obj)
@@ -154,10 +159,11 @@ def drop_lost(service: MasterService, segment: Segment, alloc_ids: set[int], now
         if len(keep) == len(obj.replicas):
             continue
         gone = [rep for rep in obj.replicas if rep not in keep]
+        if obj.state != DROPPED:
+            charge(obj, -obj.reserved * len(gone))
+            service.evictor.resize(obj, -len(gone))
         obj.replicas = keep
         segment.objects.discard(obj)
-        if obj.state != DROPPED:
-            obj.tenant.used_bytes -= obj.reserved * len(gone)
         for rep in gone:
             segment.allocator.free(rep.offset)
             lost += 1

@@ -33,7 +33,7 @@ from xxhash import xxh64_intdigest
 
 from cellar.errors import Status
 from cellar.master.allocator import SegmentAllocator
-from cellar.master.config import MasterConfig, TenantQuota
+from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.eviction import Evictor
 from cellar.master.grace import RebuildGrace
 from cellar.master.ids import SecretIds
@@ -60,6 +60,7 @@ from cellar.master.replies import (
 from cellar.master.requests import (
     ID_EPOCH_SHIFT,
     MAX_AVOID_NODES,
+    MAX_ID,
     MAX_PREFERRED_HOST_CHARS,
     Clock,
     PutEndItem,
@@ -102,7 +103,8 @@ class MasterService(NodeRpcs):
         base = self.epoch << ID_EPOCH_SHIFT
         self._next_put_id = SecretIds().next  # unguessable (cellar.master.ids)
         self._next_alloc_id = itertools.count(base + 1).__next__
-        self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants)
+        self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
+                              max_tenants=config.max_tenants)
         self.membership = Membership(
             suspect_after_s=config.node_suspect_after_s,
             expire_after_s=config.node_expire_after_s,
@@ -128,7 +130,7 @@ class MasterService(NodeRpcs):
         self.placement = Placement(
             self.membership, choices=config.placement_choices, ramp_s=config.new_node_ramp_s, rng=rng,
         )
-        self.space = SpaceMaker(config, self.evictor, self.placement)
+        self.space = SpaceMaker(config, self.evictor, self.placement, self.membership)
         self._rounded = SegmentAllocator.rounded_size
         self._watermark_evicting = False
         self.nodes_expired = 0
@@ -174,6 +176,7 @@ class MasterService(NodeRpcs):
         max_key_bytes = config.max_key_bytes
         max_segment_bytes = self.membership.max_segment_bytes
         limited = tenant.limited
+        writing_cap = self.space.writing_cap(tenant, self.space.capacity_bytes())
         tag_prefix = key_tag_prefix(tenant.name)
         write_ttl_s = config.write_grant_ttl_s
         deadline = now + write_ttl_s
@@ -201,8 +204,9 @@ class MasterService(NodeRpcs):
                     or (item.replicas or default_replicas) != 1
                     or item.soft_pin or item.hard_pin or key in writing
                     or (key in objects and not item.upsert) or item.avoid_node_ids
-                    or item.preferred_host_id or limited):
-                append(self._put_one(tenant, item, now, wall_ms, segments))
+                    or item.preferred_host_id or limited
+                    or tenant.writing_bytes + reserved > writing_cap):
+                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap))
                 continue
             # The checks of _put_one, all passed: a valid key, a size that fits a segment, one
             # replica, no pin, nothing to avoid or prefer, no quota.
@@ -211,7 +215,7 @@ class MasterService(NodeRpcs):
                 continue
             spot = place_one(size, NO_NODES, now)
             if spot is None:  # as in _put_one: evict for room, else NO_SPACE
-                placements = self.space.evict_for_space(size, 1, NO_NODES, "", now)
+                placements = self.space.evict_for_space(size, 1, NO_NODES, "", now, reserved)
                 if placements is None:
                     self.no_space_count += 1
                     append(PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left"))
@@ -226,8 +230,10 @@ class MasterService(NodeRpcs):
         return PutStartOutcome(results, list(segments.values()))
 
     def _put_one(
-        self, tenant: Tenant, item: PutItemLike, now: float, wall_ms: int, segments: dict[int, Segment]
+        self, tenant: Tenant, item: PutItemLike, now: float, wall_ms: int,
+        segments: dict[int, Segment], writing_cap: int = -1,
     ) -> PutStartResult:
+        """One key of a PutStart, every check spelled out (`writing_cap` < 0: compute it)."""
         config = self.config
         key = item.key
         error = self.key_error(key)
@@ -267,13 +273,20 @@ class MasterService(NodeRpcs):
                 Status.UNAVAILABLE,
                 f"{replicas} replica(s) asked for but only {eligible} live node(s) can take one",
             )
+        need = reserved * replicas
+        if writing_cap < 0:
+            writing_cap = self.space.writing_cap(tenant, self.space.capacity_bytes())
+        refusal = self.space.admit(tenant, need, item.hard_pin, writing_cap)
+        if refusal is not None:
+            return PutStartResult(*refusal)
         if tenant.limited:
-            error = self.space.make_quota_room(tenant, reserved * replicas)
+            error = self.space.make_quota_room(tenant, need)
             if error:
                 return PutStartResult(Status.QUOTA_EXCEEDED, error)
         placements = self.placement.place(size, replicas, avoid, preferred_host, now)
         if placements is None:
-            placements = self.space.evict_for_space(size, replicas, avoid, preferred_host, now)
+            placements = self.space.evict_for_space(size, replicas, avoid, preferred_host, now,
+                                                     reserved)
             if placements is None:
                 self.no_space_count += 1
                 return PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left")
@@ -488,13 +501,20 @@ class MasterService(NodeRpcs):
 
     def ensure_alloc_ids_above(self, alloc_id: int) -> None:
         """Make every future alloc id greater than `alloc_id` (an adopted one)."""
+        assert alloc_id <= MAX_ID, "rebuild refuses alloc ids a grant could not carry"
         if self._next_alloc_id() <= alloc_id:
             self._next_alloc_id = new_counter(alloc_id + 1)
 
     # ---------------------------------------------------------------- status
 
     def set_tenant_quota(self, name: str, quota: TenantQuota) -> Tenant:
+        """Create a tenant or change its quotas; QuotaExceeded past max_tenants."""
         return self.tenants.configure(name, quota)
+
+    def status_tenants(self, caller: str) -> list[Tenant]:
+        """The tenants a ClusterStatus reply lists: the caller's first, at most
+        `max_status_tenants` in all, so the reply stays bounded whatever their number."""
+        return self.tenants.listing(caller or DEFAULT_TENANT, self.config.max_status_tenants)
 
 
 def _replica_health(rep: Replica) -> int:

@@ -270,7 +270,7 @@ class MasterServicer:
                 name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
                 object_count=t.object_count, quota_objects=t.quota_objects,
             )
-            for t in service.tenants.all()
+            for t in service.status_tenants(req.header.tenant)  # bounded: max_status_tenants
         ]
         config = service.config
         return pb.ClusterStatusReply(

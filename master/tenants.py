@@ -1,4 +1,4 @@
-"""Tenants: isolated key namespaces, each with a byte and an object quota.
+"""Tenants: isolated key namespaces, each with its quotas and rights.
 
 Owns the tenant table. A tenant holds its own key tables (`objects`: COMPLETE and visible,
 `writing`: being written) and, while it has a quota, its own eviction pools, so (tenant, key) is
@@ -9,34 +9,45 @@ when a quota is set. `default` always exists and the
 empty tenant name means `default`.
 
 Accounting: `used_bytes` is the sum of reserved (rounded) bytes of every replica of the
-tenant's visible or being-written objects and `object_count` counts those objects. Bytes held
-back in quarantine or by a removed-but-still-pinned object are not charged: the tenant already
-gave them up. A quota of 0 means unlimited. This module never evicts; eviction.py does.
+tenant's visible or being-written objects and `object_count` counts those objects; of those
+bytes, `writing_bytes` are held by puts not yet ended (WRITING) and `hard_pinned_bytes` by
+hard-pinned objects (both charged by `cellar.master.objects.charge`). Bytes held back in
+quarantine or by a removed-but-still-pinned object are not charged: the tenant already gave
+them up. A quota of 0 means unlimited; `hard_pin` is a right (TenantQuota), off by default.
+
+Bound: at most `max_tenants` tenants exist (configured, admin-created or implicit), so the
+table and every listing of it stay bounded; `listing` gives a bounded page for ClusterStatus.
+This module never evicts; eviction.py does.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
+from cellar.errors import QuotaExceeded
 from cellar.master.config import DEFAULT_TENANT, TENANT_NAME, TenantQuota
 
 if TYPE_CHECKING:
     from cellar.master.eviction import Pool
     from cellar.master.objects import Obj
 
-MAX_TENANTS = 10_000  # bound on tenants created implicitly (allow_unknown_tenants)
+DEFAULT_MAX_TENANTS = 10_000
 
 
 class Tenant:
     __slots__ = (
-        "name", "quota_bytes", "quota_objects", "used_bytes", "object_count", "objects",
-        "writing", "pools",
+        "name", "quota_bytes", "quota_objects", "quota_writing_bytes", "may_hard_pin",
+        "quota_hard_pin_bytes", "used_bytes", "object_count", "writing_bytes",
+        "hard_pinned_bytes", "objects", "writing", "pools",
     )
 
     def __init__(self, name: str, quota: TenantQuota) -> None:
         self.name = name
         self.used_bytes = 0
         self.object_count = 0
+        self.writing_bytes = 0
+        self.hard_pinned_bytes = 0
         self.objects: dict[str, Obj] = {}  # COMPLETE, visible
         self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
         # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none.
@@ -52,6 +63,9 @@ class Tenant:
         """Change the quotas; keep own eviction pools exactly while there is a quota."""
         self.quota_bytes = quota.quota_bytes
         self.quota_objects = quota.quota_objects
+        self.quota_writing_bytes = quota.quota_writing_bytes
+        self.may_hard_pin = quota.hard_pin
+        self.quota_hard_pin_bytes = quota.quota_hard_pin_bytes
         if not self.limited:
             self.pools = None
         elif self.pools is None:
@@ -69,19 +83,27 @@ class Tenant:
                 pools[kind].add(obj)
                 if obj.pins:
                     pools[kind].pinned += 1
+                    pools[kind].pinned_bytes += obj.reserved * len(obj.replicas)
         return pools
 
 
 class Tenants:
     """The tenant table; `resolve` is on every request's path, so it is one dict lookup."""
 
-    def __init__(self, quotas: dict[str, TenantQuota], *, allow_unknown: bool) -> None:
+    def __init__(
+        self, quotas: dict[str, TenantQuota], *, allow_unknown: bool,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
+    ) -> None:
         self.allow_unknown = allow_unknown
+        self.max_tenants = max_tenants
+        self.count = 0  # tenants (the "" alias of default is not one)
         self.by_name: dict[str, Tenant] = {}
         for name, quota in quotas.items():
             self.by_name[name] = Tenant(name, quota)
         if DEFAULT_TENANT not in self.by_name:
             self.by_name[DEFAULT_TENANT] = Tenant(DEFAULT_TENANT, TenantQuota())
+        self.count = len(self.by_name)
+        assert self.count <= max_tenants, "MasterConfig.validate bounds the configured tenants"
         self.by_name[""] = self.by_name[DEFAULT_TENANT]
 
     def resolve(self, name: str) -> Tenant | None:
@@ -89,19 +111,41 @@ class Tenants:
         tenant = self.by_name.get(name)
         if tenant is not None or not self.allow_unknown:
             return tenant
-        if not TENANT_NAME.match(name) or len(self.by_name) > MAX_TENANTS:
+        if not TENANT_NAME.match(name) or self.count >= self.max_tenants:
             return None
         return self.configure(name, TenantQuota())
 
     def configure(self, name: str, quota: TenantQuota) -> Tenant:
-        """Create a tenant or change its quotas (existing objects stay; later puts evict)."""
+        """Create a tenant or change its quotas (existing objects stay; later puts evict).
+
+        QuotaExceeded when creating one more than `max_tenants`; nothing changes then."""
         tenant = self.by_name.get(name)
         if tenant is None:
+            if self.count >= self.max_tenants:
+                raise QuotaExceeded(f"max_tenants ({self.max_tenants}) tenants exist; "
+                                    f"tenant {name!r} is not created")
             tenant = Tenant(name, quota)
             self.by_name[name] = tenant
+            self.count += 1
         else:
             tenant.set_quota(quota)
         return tenant
 
     def all(self) -> list[Tenant]:
         return sorted((t for n, t in self.by_name.items() if n), key=lambda t: t.name)
+
+    def listing(self, first: str, limit: int) -> list[Tenant]:
+        """At most `limit` tenants: `first` (the caller's, if it exists), then others by name.
+
+        O(tenants) (a bounded heap, not a sort), bounded by max_tenants; the reply it feeds
+        stays bounded whatever their number."""
+        assert limit >= 1
+        head = self.by_name.get(first)
+        rest = (t for n, t in self.by_name.items() if n and t is not head)
+        if head is None:
+            return heapq.nsmallest(limit, rest, key=_name)
+        return [head, *heapq.nsmallest(limit - 1, rest, key=_name)]
+
+
+def _name(tenant: Tenant) -> str:
+    return tenant.name

@@ -86,7 +86,19 @@ class NodeConfig:
     max_frame_payload_bytes: int = setting(
         64 << 20, "largest payload of one data-plane frame", unit=UNIT_BYTES
     )
-    max_connections: int = setting(256, "most concurrent data-plane connections")
+    max_connections: int = setting(256, "most concurrent data-plane connections", unit="connections")
+    max_connections_per_peer: int = setting(
+        64, "most concurrent data-plane connections from one peer address (so one client "
+        "cannot take every slot)", unit="connections"
+    )
+    idle_timeout_s: float = setting(
+        300.0, "a data-plane connection must send each request's header within this of the "
+        "server starting to wait for it (however slowly the bytes drip), and each send must "
+        "complete within it", unit=UNIT_SECONDS
+    )
+    frame_timeout_s: float = setting(
+        30.0, "a WRITE's payload must arrive within this of its header", unit=UNIT_SECONDS
+    )
     grant_skew_s: float = setting(
         1.0, "tolerated error of this node's estimate of the master clock", unit=UNIT_SECONDS
     )
@@ -139,6 +151,10 @@ class NodeConfig:
             require(os.path.isdir(self.journal_dir), "journal_dir",
                     f"{self.journal_dir} is not a directory")
         require(1 <= self.max_connections <= 65536, "max_connections", "must be 1..65536")
+        require(1 <= self.max_connections_per_peer <= self.max_connections,
+                "max_connections_per_peer", "must be 1..max_connections")
+        require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be 0.1s..1 day")
+        require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be 0.1s..1 hour")
         require(0.0 <= self.grant_skew_s <= 60.0, "grant_skew_s", "must be 0..60s")
         require(0.05 <= self.master_timeout_s <= 300.0, "master_timeout_s", "must be 50ms..300s")
 

@@ -90,7 +90,10 @@ class StorageNode:
             host, port = cfg.listen_host_port
             self.server = TcpDataServer(self.access, host, port,
                                         max_frame_payload_bytes=cfg.max_frame_payload_bytes,
-                                        max_connections=cfg.max_connections)
+                                        max_connections=cfg.max_connections,
+                                        max_connections_per_peer=cfg.max_connections_per_peer,
+                                        idle_timeout_s=cfg.idle_timeout_s,
+                                        frame_timeout_s=cfg.frame_timeout_s)
             port = self.server.start()
         except BaseException:
             self.close()

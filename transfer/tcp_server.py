@@ -31,10 +31,19 @@ Errors and what they cost:
   in sync and the connection stays usable.
 - a malformed header (bad magic, version, op, meta or length over the limits): an error reply
   flagged RESP_FLAG_CLOSE, then the connection is closed; nothing after it can be trusted.
-- the peer vanishing mid-payload or a recv/send timing out (idle_timeout_s bounds every
-  socket call, against slowloris and readers that never read): that connection closes; a
-  write whose payload did not fully arrive is never `written`.
-- connections beyond max_connections are accepted and closed at once.
+- the peer vanishing mid-payload or a recv/send timing out: that connection closes; a write
+  whose payload did not fully arrive is never `written`.
+- connections beyond max_connections, or beyond max_connections_per_peer from one peer
+  address, are accepted and closed at once (counted as refused), so one client cannot take
+  every slot.
+
+Deadlines (against slowloris): every request's header and meta must have arrived within
+idle_timeout_s of the moment the server started waiting for it, however the bytes trickle in
+(a deadline per frame, not per recv: one byte a minute no longer keeps a connection); the
+kernel's receive timeout is lowered to what is left once a frame is slow, so a drip is cut
+within a second of its deadline. A WRITE payload must arrive within frame_timeout_s of its
+header (checked as its bytes arrive; a payload that stalls outright meets the kernel timeout,
+idle_timeout_s). Every send is bounded by idle_timeout_s (readers that never read).
 
 It never interprets grants itself (the `SegmentAccess` the node provides does) and never lets an
 exception from one connection reach another or the listener.
@@ -93,6 +102,43 @@ LINGER_BYTES = 1 << 20
 OP_NAMES = {OP_READ: "read", OP_WRITE: "write", OP_PING: "ping", OP_COMMIT: "commit",
             OP_RDMA_CONNECT: "rdma_connect"}
 _REQUEST_ID = struct.Struct("<Q")
+# A frame deadline lowers the kernel receive timeout only once it would overshoot by more than
+# this, so a connection that keeps up costs no setsockopt per frame.
+REARM_SLACK_S = 1.0
+
+
+class FrameTimeout(TimeoutError):
+    """A frame did not arrive within its deadline: the connection is closed."""
+
+
+class _DeadlineInbox(Inbox):
+    """An Inbox whose receives are bounded by one deadline per frame (module docstring)."""
+
+    __slots__ = ("deadline", "arm", "armed_s", "base_s")
+
+    def __init__(self, sock: socket.socket, size: int, base_s: float, **kw: Any) -> None:
+        super().__init__(sock, size, **kw)
+        self.base_s = base_s  # the kernel timeout set on the socket (idle_timeout_s)
+        self.armed_s = base_s
+        self.deadline = 0.0
+        self.arm = False
+
+    def expect(self, within_s: float, *, arm: bool) -> None:
+        """The bytes read from now on for this frame are due within `within_s`."""
+        self.deadline = time.monotonic() + within_s
+        self.arm = arm
+        if self.armed_s != self.base_s:  # a slow frame lowered it: back to the idle timeout
+            set_io_timeout(self._sock, self.base_s)
+            self.armed_s = self.base_s
+
+    def _recv_into(self, view: memoryview, flags: int = 0, *, mid_payload: bool = False) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise FrameTimeout("frame deadline passed")
+        if self.arm and left < self.armed_s - REARM_SLACK_S:
+            set_io_timeout(self._sock, left)
+            self.armed_s = left
+        return Inbox._recv_into(self, view, flags, mid_payload=mid_payload)
 
 
 class _Counters:
@@ -176,8 +222,10 @@ class TcpDataServer:
     def __init__(self, access: SegmentAccess, host: str, port: int, *,
                  max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
                  max_connections: int = 256, socket_buffer_bytes: int = 4 << 20,
-                 idle_timeout_s: float = 300.0) -> None:
-        if max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0:
+                 idle_timeout_s: float = 300.0, frame_timeout_s: float = 30.0,
+                 max_connections_per_peer: int = 64) -> None:
+        if (max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0
+                or frame_timeout_s <= 0 or max_connections_per_peer <= 0):
             raise ValueError("limits must be positive")
         self.access = access
         self.host = host
@@ -186,9 +234,12 @@ class TcpDataServer:
         self.max_connections = max_connections
         self.socket_buffer_bytes = socket_buffer_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.frame_timeout_s = frame_timeout_s
+        self.max_connections_per_peer = max_connections_per_peer
         self.stats = DataServerStats()
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}
+        self._per_peer: dict[str, int] = {}  # peer address -> open connections
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._stopping = False
@@ -261,18 +312,22 @@ class TcpDataServer:
         assert ls is not None
         while not self._stopping:
             try:
-                sock, _peer = ls.accept()
+                sock, peer = ls.accept()
             except OSError:
                 if self._stopping:
                     return
                 time.sleep(0.01)  # EMFILE and friends: back off instead of spinning
                 continue
+            host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
             with self._lock:
-                full = len(self._conns) >= self.max_connections
+                mine = self._per_peer.get(host, 0)
+                full = (len(self._conns) >= self.max_connections
+                        or mine >= self.max_connections_per_peer)
                 if not full and not self._stopping:
-                    thread = threading.Thread(target=self._serve, args=(sock,),
+                    thread = threading.Thread(target=self._serve, args=(sock, host),
                                               name=f"cellar-tcp-conn:{self.port}", daemon=True)
                     self._conns[sock] = thread
+                    self._per_peer[host] = mine + 1
             if full or self._stopping:
                 self.stats.refused()
                 sock.close()
@@ -281,7 +336,7 @@ class TcpDataServer:
 
     # -- one connection --------------------------------------------------------------------
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, host: str) -> None:
         counters = self.stats.opened()
         try:
             sock.settimeout(None)  # blocking; the kernel enforces the idle timeout
@@ -290,10 +345,10 @@ class TcpDataServer:
             # access.flush (optional): e.g. journal what was written, before any reply says so
             outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
                             before_send=getattr(self.access, "flush", None))
-            conn = _Connection(self, sock, Inbox(sock, INBOX_BYTES, readahead=READAHEAD_BYTES,
-                                                     outbox=outbox, read_ahead_of_payload=True),
-                               outbox,
-                               counters)
+            inbox = _DeadlineInbox(sock, INBOX_BYTES, self.idle_timeout_s,
+                                   readahead=READAHEAD_BYTES, outbox=outbox,
+                                   read_ahead_of_payload=True)
+            conn = _Connection(self, sock, inbox, outbox, counters)
             while not self._stopping:
                 conn.serve_one()
         except (_Fatal, PeerClosed, OSError):
@@ -303,6 +358,11 @@ class TcpDataServer:
         finally:
             with self._lock:
                 self._conns.pop(sock, None)
+                left = self._per_peer.get(host, 1) - 1
+                if left > 0:
+                    self._per_peer[host] = left
+                else:
+                    self._per_peer.pop(host, None)
             try:
                 sock.close()
             except OSError:
@@ -313,12 +373,15 @@ class TcpDataServer:
 class _Connection:
     """One client connection's request loop state."""
 
-    __slots__ = ("access", "max_payload", "sock", "inbox", "outbox", "counters")
+    __slots__ = ("access", "max_payload", "sock", "inbox", "outbox", "counters", "idle_timeout_s",
+                 "frame_timeout_s")
 
-    def __init__(self, server: TcpDataServer, sock: socket.socket, inbox: Inbox,
+    def __init__(self, server: TcpDataServer, sock: socket.socket, inbox: _DeadlineInbox,
                  outbox: Outbox, counters: _Counters) -> None:
         self.access = server.access
         self.max_payload = server.max_frame_payload_bytes
+        self.idle_timeout_s = server.idle_timeout_s
+        self.frame_timeout_s = server.frame_timeout_s
         self.sock = sock
         self.inbox = inbox
         self.outbox = outbox
@@ -326,6 +389,7 @@ class _Connection:
 
     def serve_one(self) -> None:
         inbox = self.inbox
+        inbox.expect(self.idle_timeout_s, arm=True)  # header and meta: one deadline
         raw = inbox.take(REQUEST.size)
         try:
             req = decode_request(raw, max_payload_bytes=self.max_payload)
@@ -350,9 +414,11 @@ class _Connection:
             wmeta = decode_write_meta(meta)  # before the inbox moves on (meta is its view)
             view = _byte_view(self.access.writable(req, wmeta), req.length, writable=True)
         except Exception as e:  # refused before the payload: drain it, stay in sync
+            self.inbox.expect(self.frame_timeout_s, arm=False)
             self.inbox.skip(req.length)
             self.refuse(req, e)
             return
+        self.inbox.expect(self.frame_timeout_s, arm=False)
         self.inbox.read_into(view)  # PeerClosed / timeout here: the write never completes
         del view
         self.counters.bytes_in += req.length

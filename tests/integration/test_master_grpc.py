@@ -328,7 +328,8 @@ def test_tenant_admin_api(master: MasterProcess, stub: pb_grpc.MasterStub, nodes
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
-    code, created = send("POST", {"name": "team-a", "quota_bytes": "8KiB", "quota_objects": 2})
+    code, created = send("POST", {"name": "team-a", "quota_bytes": "8KiB", "quota_objects": 2,
+                                  "hard_pin": True})
     assert code == 200 and created["quota_bytes"] == 8192 and created["quota_objects"] == 2
     assert send("PUT", {"name": "bad name", "quota_bytes": 1})[0] == 400
     assert send("PUT", {"name": "team-a", "quota_bytes": "lots"})[0] == 400
@@ -338,7 +339,7 @@ def test_tenant_admin_api(master: MasterProcess, stub: pb_grpc.MasterStub, nodes
     put(stub, ["q/2"], size=4096, tenant="team-a", hard_pin=True)
     refused = stub.PutStart(pb.PutStartRequest(header=header("team-a"), items=[pb.PutItem(key="q/3", size_bytes=10)]))
     assert refused.results[0].status == pb.QUOTA_EXCEEDED
-    assert send("PUT", {"name": "team-a", "quota_bytes": 0, "quota_objects": 0})[0] == 200
+    assert send("PUT", {"name": "team-a", "quota_bytes": 0, "quota_objects": 0, "hard_pin": True})[0] == 200
     put(stub, ["q/3"], size=10, tenant="team-a")
     assert stub.RemoveAll(pb.RemoveAllRequest(header=header("team-a"))).removed == 3
 

@@ -58,6 +58,7 @@ def test_read_pinned_objects_are_skipped(clock) -> None:  # type: ignore[no-unty
 
 
 def test_soft_pinned_only_in_second_pass_hard_pinned_never(clock) -> None:  # type: ignore[no-untyped-def]
+    # the default tenant may hard-pin, and hold the whole (4 MiB) store WRITING
     svc = make_service(clock, **LONG_LIVED)
     mount(svc, "n1", 1, size=4 * MiB)
     put(svc, "hard", MiB, hard_pin=True)
@@ -137,7 +138,7 @@ def test_sampling_picks_old_objects_from_large_pools() -> None:
     objs = []
     for i in range(10_000):
         obj = Fake()
-        obj.last_access, obj.pins = float(i), 0
+        obj.last_access, obj.pins, obj.reserved, obj.replicas = float(i), 0, 64, ()
         pool.add(obj)  # type: ignore[arg-type]
         objs.append(obj)
     ranks = [evictor._sample(pool).last_access for _ in range(200)]  # type: ignore[union-attr]

@@ -62,7 +62,7 @@ def test_over_quota_evicts_own_lru_then_refuses() -> None:
 
 
 def test_remove_gives_bytes_back() -> None:
-    svc, _ = service(tenants={"t": {"quota_bytes": 2 * MiB}})
+    svc, _ = service(tenants={"t": {"quota_bytes": 2 * MiB, "hard_pin": True}})
     put(svc, "a", MiB, tenant="t")
     put(svc, "b", MiB, tenant="t", hard_pin=True)
     assert svc.tenant("t").used_bytes == 2 * MiB
@@ -76,7 +76,7 @@ def test_remove_gives_bytes_back() -> None:
 
 
 def test_object_quota() -> None:
-    svc, _ = service(tenants={"t": {"quota_objects": 2}})
+    svc, _ = service(tenants={"t": {"quota_objects": 2, "hard_pin": True}})
     put(svc, "a", 100, tenant="t", hard_pin=True)
     put(svc, "b", 100, tenant="t")
     assert svc.put_start("t", "w", [PutItem("c", 100)]).results[0].status == Status.OK
@@ -106,7 +106,7 @@ def test_quota_change_applies_to_later_puts() -> None:
 def test_own_pools_are_built_when_a_quota_is_set_and_dropped_when_it_goes() -> None:
     """A tenant without a quota keeps no eviction pools of its own; setting one builds them from
     its objects (read pins and soft pins included), so quota eviction sees what it should."""
-    svc, clock = service(tenants={"t": {}})
+    svc, clock = service(tenants={"t": {"hard_pin": True}})
     put(svc, "hard", MiB, tenant="t", hard_pin=True)
     put(svc, "soft", MiB, tenant="t", soft_pin=True)
     put(svc, "old", MiB, tenant="t")
@@ -118,6 +118,7 @@ def test_own_pools_are_built_when_a_quota_is_set_and_dropped_when_it_goes() -> N
     pools = svc.tenant("t").pools
     assert pools is not None
     assert sorted(o.key for o in pools[1].items) == ["old", "pinned"] and pools[1].pinned == 1
+    assert pools[1].held_bytes == 2 * MiB and pools[1].pinned_bytes == MiB
     assert [o.key for o in pools[2].items] == ["soft"]
     # one object over quota: "old" is the only evictable normal one ("pinned" is read-pinned)
     assert svc.put_start("t", "w", [PutItem("new", MiB)]).results[0].status == Status.OK

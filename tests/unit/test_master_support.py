@@ -40,6 +40,10 @@ def make_service(
     clock: FakeClock | None = None, seed: int = 0, epoch: int = EPOCH, **settings: Any
 ) -> MasterService:
     settings.setdefault("new_node_ramp_s", 0.0)  # most tests do not want the newcomer ramp
+    # Most tests fill their small segments with puts in flight; the WRITING cap has its own
+    # tests (tests/security/test_limits_reservation.py) and the default hard-pin right too.
+    settings.setdefault("max_tenant_writing_fraction", 1.0)
+    settings.setdefault("tenants", {"default": {"hard_pin": True}})
     config = MasterConfig(**settings)
     config.validate()
     return MasterService(config, SECRET, clock=clock or FakeClock(), epoch=epoch, rng=random.Random(seed))
