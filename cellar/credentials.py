@@ -17,6 +17,7 @@ File layout (JSON object, mode 0600, directory 0700; one file per master address
      "token": "cellar_<id>_<secret>",        # the default tenant's token
      "admin_token": "cellar_<id>_<secret>",  # optional: the cluster's admin token
      "http": ["127.0.0.1:9400"],             # optional: the masters' HTTP (admin API) addresses
+     "tls_ca": "/path/ca.pem",               # optional: the master speaks TLS; verify with this
      "run_dir": "/path/of/the/run/dir"}      # optional: informational
 For an HA cluster (`etcd://...` address) the file is named after the etcd address the same
 way (`etcd_<host>_<port>.json` of the first endpoint) and written by `cellar up --ha`.
@@ -36,6 +37,7 @@ from typing import Any
 ENV_TOKEN = "CELLAR_TOKEN"
 ENV_ADMIN_TOKEN = "CELLAR_ADMIN_TOKEN"
 ENV_CREDENTIALS_DIR = "CELLAR_CREDENTIALS_DIR"
+ENV_TLS_CA = "CELLAR_TLS_CA"
 DEFAULT_CREDENTIALS_DIR = Path("~/.cellar/credentials")
 MAX_CREDENTIALS_FILE_BYTES = 64 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
@@ -110,18 +112,34 @@ def default_admin_token(address: str, environ: Mapping[str, str] | None = None) 
     return env.get(ENV_TOKEN) or None
 
 
-def write_private_json(path: Path, value: dict[str, Any]) -> None:
-    """Write `value` to `path` with mode 0600 (directory 0700), atomically (rename)."""
+def default_tls_ca(address: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The CA file a client or node verifies the master at `address` with: $CELLAR_TLS_CA,
+    else the "tls_ca" of the address's credentials file, else None (plaintext)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_TLS_CA):
+        return env[ENV_TLS_CA]
+    creds = read_credentials(address, env)
+    ca = creds.get("tls_ca") if creds else None
+    return ca if isinstance(ca, str) and ca else None
+
+
+def write_private_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` with mode 0600 (directory 0700), atomically (rename)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchmod(fd, 0o600)
-        os.write(fd, (json.dumps(value, indent=1) + "\n").encode())
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def write_private_json(path: Path, value: dict[str, Any]) -> None:
+    """Write `value` as JSON to `path` with mode 0600 (directory 0700), atomically."""
+    write_private_bytes(path, (json.dumps(value, indent=1) + "\n").encode())
 
 
 def write_credentials(address: str, value: dict[str, Any], environ: Mapping[str, str] | None = None) -> Path:

@@ -74,6 +74,8 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from cellar.credentials import (
+    ENV_TLS_CA,
+    credentials_path,
     file_name,
     read_credentials,
     remove_credentials,
@@ -82,6 +84,7 @@ from cellar.credentials import (
 )
 from cellar.etcd_server import EtcdError, EtcdServer, free_port
 from cellar.lifecycle import PARENT_PID_ENV
+from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import format_size, parse_size_bytes
 
@@ -175,7 +178,7 @@ class LocalCluster:
                  ha: bool = False, masters: int | None = None,
                  cluster_name: str = DEFAULT_CLUSTER_NAME, etcd_port: int = 0,
                  lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-                 admin_tokens: Sequence[str] = ()) -> None:
+                 admin_tokens: Sequence[str] = (), tls: bool = False) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         master_count = masters if masters is not None else (2 if ha else 1)
@@ -214,6 +217,10 @@ class LocalCluster:
         self.admin_token = self._tokens.create(KIND_ADMIN, label="cellar up admin")[1]
         self.token = self._tokens.create(KIND_TENANT, "default", shm=True,
                                          label="cellar up default tenant")[1]
+        self.tls: TlsFiles | None = None
+        if tls:  # a throwaway CA and a master certificate for `host` (cellar.tls)
+            self.tls = make_dev_pki(self.run_dir / "tls", [host])
+            self._env[ENV_TLS_CA] = str(self.tls.ca_file)  # nodes verify the master with it
         for token in admin_tokens:  # tokens the caller holds already (a test session's)
             self._tokens.add(KIND_ADMIN, token, shm=True, label="given to LocalCluster")
         self._credentials_written: list[str] = []  # addresses whose per-user file we wrote
@@ -352,8 +359,11 @@ class LocalCluster:
     def _write_credentials(self) -> None:
         """The tokens, 0600, under the run dir and in the per-user credentials directory, for
         the cluster's address and (ha) each master's own address (`cellar status` probes them)."""
-        value = {"tenant": "default", "token": self.token, "admin_token": self.admin_token,
-                 "http": [m.http for m in self.masters], "run_dir": str(self.run_dir)}
+        value: dict[str, Any] = {
+            "tenant": "default", "token": self.token, "admin_token": self.admin_token,
+            "http": [m.http for m in self.masters], "run_dir": str(self.run_dir)}
+        if self.tls is not None:
+            value["tls_ca"] = str(self.tls.ca_file)
         addresses = [self.address] + ([m.address for m in self.masters] if self.ha else [])
         for address in addresses:
             write_private_json(self.run_dir / "credentials" / file_name(address),
@@ -558,9 +568,13 @@ class LocalCluster:
         return argv
 
     def _tokens_flag(self) -> list[str]:
-        if "tokens_file" in self.master_flags:  # the caller brings its own store
-            return []
-        return ["--tokens-file", str(self.tokens_path)]
+        """--tokens-file (unless the caller brings its own store) and, with tls, the
+        certificate flags: what every master of this cluster shares."""
+        flags = [] if "tokens_file" in self.master_flags else ["--tokens-file", str(self.tokens_path)]
+        if self.tls is not None:
+            flags += ["--tls-cert-file", str(self.tls.cert_file),
+                      "--tls-key-file", str(self.tls.key_file)]
+        return flags
 
     def _spawn_node(self, extra_flags: Mapping[str, Any] | None = None) -> Child:
         assert self.masters
@@ -668,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=".cellar/up", help="where the logs go (default .cellar/up)")
     parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S,
                         help=f"seconds to wait for every process to be ready (default {DEFAULT_START_TIMEOUT_S:g})")
+    parser.add_argument("--tls", action="store_true",
+                        help="gRPC and the metadata fast line over TLS with a throwaway CA "
+                             "(needs the cryptography package: pip install 'cellar-kv[tls]')")
     ha = parser.add_argument_group("high availability")
     ha.add_argument("--ha", action="store_true",
                     help="start etcd and several masters (one leads, the others stand by)")
@@ -693,12 +710,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
+    if args.tls:
+        try:
+            import cryptography  # noqa: F401  (only to say what is missing before starting)
+        except ImportError:
+            parser.error("--tls needs the cryptography package: pip install 'cellar-kv[tls]'")
     cluster = LocalCluster(args.nodes, segment_bytes, host=args.host, port=args.port,
                            http_port=args.http_port, run_dir=Path(args.run_dir).resolve(),
                            start_timeout_s=args.start_timeout, ha=args.ha,
                            masters=args.masters if args.ha else None,
                            cluster_name=args.cluster, etcd_port=args.etcd_port,
-                           lease_ttl_s=args.lease_ttl_s)
+                           lease_ttl_s=args.lease_ttl_s, tls=args.tls)
     code = 0
     try:
         what = (f"etcd, {args.masters} masters" if args.ha else "a master")
@@ -751,6 +773,7 @@ def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
                 f"metrics {cluster.http_url}/metrics)\n"
                 f"           cellar status --master {address}\n"
                 f"{try_line}"
+                f"{_credentials_line(cluster)}"
                 f"  logs:    {cluster.run_dir}\n"
                 f"Ctrl-C stops the cluster.")
     leader = cluster.leader()
@@ -764,5 +787,12 @@ def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
             f"  masters:\n{masters}\n"
             f"  status:  cellar status --master {address}\n"
             f"{try_line}"
+            f"{_credentials_line(cluster)}"
             f"  logs:    {cluster.run_dir}\n"
             f"Ctrl-C stops the cluster.")
+
+
+def _credentials_line(cluster: LocalCluster) -> str:
+    tls = f"; TLS, CA {cluster.tls.ca_file}" if cluster.tls is not None else ""
+    return (f"  tokens:  {credentials_path(cluster.address)} (admin + default tenant, 0600; "
+            f"`cellar token --help`{tls})\n")

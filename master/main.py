@@ -36,6 +36,7 @@ from cellar.master.leadership import Leadership
 from cellar.master.metrics import make_registry
 from cellar.master.servicer import AuthInterceptor, MasterServicer
 from cellar.secret import load_cluster_secret
+from cellar.tls import read_pem, server_context
 from cellar.tokens import DEFAULT_TOKENS_PATH, TokenStore, ensure_private
 from cellar.units import parse_host_port
 
@@ -97,7 +98,14 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     servicer.add_to_server(server)
     host, port = parse_host_port(config.listen)
     try:
-        bound = server.add_insecure_port(config.listen)
+        if config.tls_cert_file:  # cellar.tls: the fast line below uses the same certificate
+            bound = server.add_secure_port(config.listen, grpc.ssl_server_credentials(
+                [(read_pem(config.tls_key_file), read_pem(config.tls_cert_file))]))
+        else:
+            bound = server.add_insecure_port(config.listen)
+    except OSError as exc:
+        print(f"cellar master: cannot read the TLS files: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"cellar master: cannot listen on {config.listen}: {exc}", file=sys.stderr)
         return 1
@@ -117,7 +125,8 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                          frame_timeout_s=config.frame_timeout_s,
                          max_pending_bytes=config.max_pending_bytes)
     try:
-        servicer.fast_port = await fast.start(host)
+        servicer.fast_port = await fast.start(host, server_context(
+            config.tls_cert_file, config.tls_key_file) if config.tls_cert_file else None)
     except OSError as exc:  # gRPC alone still serves everything
         log.warning("metadata fast line not started on %s: %s", host, exc.strerror)
 

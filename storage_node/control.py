@@ -65,6 +65,7 @@ import grpc.aio
 
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.coord.target import LeaderRecord, is_etcd_url, parse_etcd_url
+from cellar.credentials import default_tls_ca
 from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
@@ -72,6 +73,7 @@ from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
+from cellar.tls import read_pem
 from cellar.units import parse_host_port
 
 log = logging.getLogger("cellar.node.control")
@@ -209,7 +211,12 @@ class ControlLoop:
 
     def _ensure_channel(self) -> Any:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.master, options=CHANNEL_OPTIONS)
+            ca = default_tls_ca(self.master)  # cellar.tls: $CELLAR_TLS_CA when the master speaks TLS
+            if ca:
+                credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(ca))
+                self._channel = grpc.aio.secure_channel(self.master, credentials, options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.master, options=CHANNEL_OPTIONS)
             self._stub = pb_grpc.MasterStub(self._channel)
         return self._stub
 

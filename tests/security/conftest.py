@@ -1,8 +1,9 @@
 """Fixtures of the security tests: real clusters on loopback (cellar.local_cluster), attacked
 through the public SDK and through bare gRPC stubs that send exactly what an attacker would.
 
-`cluster` is one `LocalCluster` per module (2 nodes of 64 MiB) with tenants `alice` and `bob`
-and a token for each (`cluster.alice`, `cluster.bob`); `stub` is a bare MasterStub on it.
+`cluster` is one `SecurityCluster` per module (2 nodes of 64 MiB) with tenants `alice` and
+`bob` and a token for each (`cluster.alice`, `cluster.bob`); `stub` is a bare MasterStub on it.
+Helpers live in identity_kit.py.
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ from typing import Any
 
 import grpc
 import pytest
+from identity_kit import SecurityCluster
 
-from cellar.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2_grpc as pb_grpc
-
-
-class SecurityCluster(LocalCluster):
-    alice: str
-    bob: str
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +39,3 @@ def cluster() -> Iterator[SecurityCluster]:
 def stub(cluster: SecurityCluster) -> Iterator[Any]:
     with grpc.insecure_channel(cluster.address) as channel:
         yield pb_grpc.MasterStub(channel)
-
-
-def code_of(call: Any) -> grpc.StatusCode:
-    """The gRPC status code `call()` fails with (pytest.fail if it succeeds)."""
-    try:
-        call()
-    except grpc.RpcError as exc:
-        return exc.code()
-    pytest.fail("the call succeeded")

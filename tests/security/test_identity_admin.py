@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 import grpc
-from conftest import SecurityCluster, code_of
+from identity_kit import SecurityCluster, code_of
 
 import cellar
 from cellar.proto import cellar_pb2 as pb

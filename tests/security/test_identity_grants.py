@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import SecurityCluster, code_of
+from identity_kit import SecurityCluster, code_of
 
 import cellar
 from cellar.client.core import grant_from_replica
