@@ -15,8 +15,9 @@ Routes:
 
 [admin] routes need `Authorization: Bearer <admin token>` (401 without a valid token, 403 with a
 non-admin one): the one HTTP check is `_guard` around those handlers, through the same
-`Authorizer` as gRPC. The read-only pages are public on the HTTP port and show no shm segment
-paths unless the caller sends an admin token (the path is what a same-host reader would map).
+`Authorizer` as gRPC. The read-only pages are public on the HTTP port and list no shm
+endpoints unless the caller sends an admin token (the segment file is what a same-host reader
+would map). /api/v1/status reports `cellar.master.status.summarize`, as ClusterStatus does.
 
 Handlers run on the master's event loop between RPCs, so they read a consistent snapshot.
 This module only reads state, except for tenant quotas through MasterService and tokens
@@ -37,6 +38,7 @@ from cellar.master.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identit
 from cellar.master.config import TENANT_NAME, parse_tenant_quota
 from cellar.master.leadership import Leadership
 from cellar.master.membership import STATE_NAMES
+from cellar.master.status import summarize
 from cellar.master.tenants import Tenant
 from cellar.tokens import KINDS
 from cellar.units import format_size
@@ -84,32 +86,26 @@ def _leadership_json(leadership: Leadership) -> dict[str, Any]:
 
 def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, Any]:
     service = leadership.service
-    capacity, used = service.capacity()
     config = service.config
-    segments = []
-    for segment in service.membership.segments.values():
-        segments.append({
-            "id": segment.segment_id,
-            "node": segment.node.node_id,
-            "host": segment.host_id,
-            "state": STATE_NAMES.get(segment.node.state, "UNKNOWN"),
-            "capacity": segment.allocator.capacity_bytes,
-            "used": segment.allocator.used_bytes,
-            "quarantined": segment.quarantined_bytes,
-            "objects": len(segment.objects),
-            "endpoints": [
-                {"transport": e.transport,
-                 "address": e.address if show_shm or e.transport != "shm" else "(hidden)"}
-                for e in segment.info.endpoints
-            ],
-        })
+    summary = summarize(leadership, trusted=show_shm)  # what ClusterStatus reports too
+    segments = [{
+        "id": s.segment.segment_id,
+        "node": s.segment.node.node_id,
+        "host": s.segment.host_id,
+        "state": STATE_NAMES.get(s.state, "UNKNOWN"),
+        "capacity": s.segment.allocator.capacity_bytes,
+        "used": s.used_bytes,
+        "quarantined": s.segment.quarantined_bytes,
+        "objects": s.object_count,
+        "endpoints": [{"transport": e.transport, "address": e.address} for e in s.info.endpoints],
+    } for s in summary.segments]
     return {
         **_leadership_json(leadership),
         "segments": segments,
-        "capacity": capacity,
-        "used": used,
+        "capacity": summary.capacity_bytes,
+        "used": summary.used_bytes,
         "quarantined": service.quarantine.held_bytes,
-        "objects": service.objects.complete_count,
+        "objects": summary.object_count,
         "writing": len(service.objects.puts),
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
@@ -117,7 +113,7 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
             "max_replicas": config.max_replicas,
-            "max_object_bytes": service.largest_placeable_bytes(),
+            "max_object_bytes": summary.max_object_bytes,
             "pin_ttl_s": config.pin_ttl_s,
             "max_pins_per_client": config.max_pins_per_client,
             "write_grant_ttl_s": config.write_grant_ttl_s,

@@ -15,6 +15,8 @@ rather than grpc's generic INTERNAL. Handlers are coroutines that never await in
 of a service call, so each request mutates metadata atomically on the one event loop. This
 module holds no state of its own besides the counters and never touches payload bytes.
 
+ClusterStatus only translates `cellar.master.status.summarize`, which /api/v1/status reports too.
+
 `dispatch` runs the same bodies for the master's metadata fast line (`cellar.master.fastrpc`),
 whose port ClusterStatus advertises in its trailing metadata.
 """
@@ -36,6 +38,7 @@ from cellar.master.fastrpc import FAST_PORT_METADATA
 from cellar.master.leadership import Leadership
 from cellar.master.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
+from cellar.master.status import summarize
 from cellar.proto import cellar_pb2 as pb
 
 SERVICE_NAME = "cellar.v1.Master"
@@ -246,38 +249,20 @@ class MasterServicer:
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:
-        leadership = self.leadership
-        service = self.service
-        if not leadership.serving():  # a standby: who leads, nothing else (it holds no metadata)
-            return pb.ClusterStatusReply(
-                header=pb.ReplyHeader(epoch=leadership.epoch, master_time_ms=service.clock.wall_ms()),
-                # a leader past its lease answers as what it is about to be: a standby
-                role="standby", leader_address=leadership.leader_address,
-                max_key_bytes=service.config.max_key_bytes,
-                max_batch_keys=service.config.max_batch_keys,
-            )
-        capacity, used = service.capacity()
-        trusted = _trusted_on_host()
-        segments = [
-            pb.SegmentStatus(
-                info=segment.info if trusted else segment.untrusted_info(), state=segment.node.state,  # type: ignore[arg-type]
-                used_bytes=segment.allocator.used_bytes, object_count=len(segment.objects),
-            )
-            for segment in service.membership.segments.values()
-        ]
-        tenants = [
-            pb.TenantStatus(
-                name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
-                object_count=t.object_count, quota_objects=t.quota_objects,
-            )
-            for t in service.status_tenants(req.header.tenant)  # bounded: max_status_tenants
-        ]
-        config = service.config
+        summary = summarize(self.leadership, caller_tenant=req.header.tenant,
+                            trusted=_trusted_on_host())
+        header = pb.ReplyHeader(epoch=summary.epoch, master_time_ms=summary.master_time_ms)
         return pb.ClusterStatusReply(
-            header=self._header(), segments=segments, tenants=tenants,
-            object_count=service.objects.complete_count, capacity_bytes=capacity, used_bytes=used,
-            role=service.role, leader_address=leadership.leader_address, max_key_bytes=config.max_key_bytes,
-            max_object_bytes=service.largest_placeable_bytes(), max_batch_keys=config.max_batch_keys,
+            header=header, role=summary.role, leader_address=summary.leader_address,
+            max_key_bytes=summary.max_key_bytes, max_batch_keys=summary.max_batch_keys,
+            segments=[pb.SegmentStatus(info=s.info, state=s.state,  # type: ignore[arg-type]
+                                       used_bytes=s.used_bytes, object_count=s.object_count)
+                      for s in summary.segments],
+            tenants=[pb.TenantStatus(name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
+                                     object_count=t.object_count, quota_objects=t.quota_objects)
+                     for t in summary.tenants],
+            object_count=summary.object_count, capacity_bytes=summary.capacity_bytes,
+            used_bytes=summary.used_bytes, max_object_bytes=summary.max_object_bytes,
         )
 
     # ---------------------------------------------------------------- wiring
