@@ -88,39 +88,33 @@ def read_credentials(address: str, environ: Mapping[str, str] | None = None) -> 
     return value if isinstance(value, dict) else None
 
 
+def _lookup(address: str, variable: str, entry: str, environ: Mapping[str, str] | None) -> str | None:
+    """$`variable` if set, else the string `entry` of the address's credentials file, else None."""
+    env = os.environ if environ is None else environ
+    if env.get(variable):
+        return env[variable]
+    creds = read_credentials(address, env)
+    value = creds.get(entry) if creds else None
+    return value if isinstance(value, str) and value else None
+
+
 def default_token(address: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The token a client of `address` sends when given none: $CELLAR_TOKEN, else the token in
     the address's credentials file, else None."""
-    env = os.environ if environ is None else environ
-    if env.get(ENV_TOKEN):
-        return env[ENV_TOKEN]
-    creds = read_credentials(address, env)
-    token = creds.get("token") if creds else None
-    return token if isinstance(token, str) and token else None
+    return _lookup(address, ENV_TOKEN, "token", environ)
 
 
 def default_admin_token(address: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The token admin commands send when given none: $CELLAR_ADMIN_TOKEN, else the file's
     "admin_token", else $CELLAR_TOKEN (an admin may keep its token there), else None."""
     env = os.environ if environ is None else environ
-    if env.get(ENV_ADMIN_TOKEN):
-        return env[ENV_ADMIN_TOKEN]
-    creds = read_credentials(address, env)
-    token = creds.get("admin_token") if creds else None
-    if isinstance(token, str) and token:
-        return token
-    return env.get(ENV_TOKEN) or None
+    return _lookup(address, ENV_ADMIN_TOKEN, "admin_token", env) or env.get(ENV_TOKEN) or None
 
 
 def default_tls_ca(address: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The CA file a client or node verifies the master at `address` with: $CELLAR_TLS_CA,
     else the "tls_ca" of the address's credentials file, else None (plaintext)."""
-    env = os.environ if environ is None else environ
-    if env.get(ENV_TLS_CA):
-        return env[ENV_TLS_CA]
-    creds = read_credentials(address, env)
-    ca = creds.get("tls_ca") if creds else None
-    return ca if isinstance(ca, str) and ca else None
+    return _lookup(address, ENV_TLS_CA, "tls_ca", environ)
 
 
 def write_private_bytes(path: Path, data: bytes) -> None:
