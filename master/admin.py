@@ -156,12 +156,17 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
             try:
                 identity = authorizer.check_http(request.header("authorization"), admin=True)
             except AuthRefused as exc:
-                status = 401 if exc.code == UNAUTHENTICATED else 403
-                return Response.json({"error": exc.message}, status)
+                if exc.code == UNAUTHENTICATED:
+                    response = Response.json({"error": exc.message}, 401)
+                    response.headers["WWW-Authenticate"] = 'Bearer realm="cellar"'
+                    return response
+                return Response.json({"error": exc.message}, 403)
             return await handler(request, identity)
         return guarded
 
     def _is_admin(request: Request) -> bool:
+        if not request.header("authorization"):  # an anonymous reader, not a refusal
+            return False
         try:
             return authorizer.check_http(request.header("authorization"), admin=True).admin
         except AuthRefused:
