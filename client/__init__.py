@@ -24,6 +24,7 @@ What it guarantees
 
 What it must never do
     Import `cellar.master` or `cellar.storage_node`, or send payload through the master.
+Import rule: must not import cellar.master.*, cellar.storage_node.*, cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """
 
 from cellar.client.buffers import alloc_buffer
