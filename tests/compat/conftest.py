@@ -11,11 +11,12 @@ them alive for the test.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+from mooncake_helpers import OTHER_TENANT, Buffers, setup_args
 
 from cellar.compat.mooncake import MooncakeDistributedStore
 from cellar.local_cluster import LocalCluster
@@ -31,14 +32,10 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def mc_cluster(module_cluster: Callable[..., LocalCluster]) -> LocalCluster:
-    """One master and two 64 MiB nodes shared by a test module."""
-    return module_cluster(nodes=2, segment_size=64 * MIB)
-
-
-def setup_args(cluster: LocalCluster, *, segment: Any = 0, local_buffer: Any = "16MB",
-               protocol: str = "tcp") -> tuple[Any, ...]:
-    """Mooncake's seven positional setup arguments for `cluster`."""
-    return ("127.0.0.1", "P2PHANDSHAKE", segment, local_buffer, protocol, "", cluster.address)
+    """One master and two 64 MiB nodes shared by a test module; any tenant name is
+    accepted (OTHER_TENANT is the second one the tests use)."""
+    return module_cluster(nodes=2, segment_size=64 * MIB,
+                          allow_unknown_tenants="true")
 
 
 @pytest.fixture
@@ -56,29 +53,6 @@ def new_store(mc_cluster: LocalCluster) -> Iterator[Callable[..., MooncakeDistri
     finally:
         for store in stores:
             store.close()
-
-
-class Buffers:
-    """ctypes buffers kept alive for one test; `.ptr(buf)` is the address Mooncake takes."""
-
-    def __init__(self) -> None:
-        self._keep: list[Any] = []
-
-    def make(self, nbytes: int, fill: bytes | None = None) -> Any:
-        buf = (ctypes.c_ubyte * nbytes)()
-        if fill is not None:
-            ctypes.memmove(buf, fill, min(nbytes, len(fill)))
-        self._keep.append(buf)
-        return buf
-
-    @staticmethod
-    def ptr(buf: Any) -> int:
-        return ctypes.addressof(buf)
-
-    @staticmethod
-    def read(buf: Any, nbytes: int | None = None, offset: int = 0) -> bytes:
-        data = bytes(buf)
-        return data[offset:] if nbytes is None else data[offset:offset + nbytes]
 
 
 @pytest.fixture
