@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-from mooncake_helpers import OTHER_TENANT, Buffers, setup_args
+from mooncake_helpers import Buffers, setup_args
 
 from cellar.compat.mooncake import MooncakeDistributedStore
 from cellar.local_cluster import LocalCluster
@@ -31,7 +30,7 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def mc_cluster(module_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+def mc_cluster(module_cluster: Callable[..., LocalCluster]) -> LocalCluster:  # noqa: F811
     """One master and two 64 MiB nodes shared by a test module; any tenant name is
     accepted (OTHER_TENANT is the second one the tests use)."""
     return module_cluster(nodes=2, segment_size=64 * MIB,
