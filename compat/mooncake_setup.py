@@ -121,10 +121,11 @@ def _transport(protocol: str) -> str:
 
 def build(local_hostname: Any, metadata_server: Any, global_segment_size: Any,
           local_buffer_size: Any, protocol: Any, rdma_devices: Any, master_server_addr: Any,
-          *, engine: Any = None, enable_ssd_offload: Any = False, ssd_offload_path: Any = "",
+          engine: Any = None, enable_ssd_offload: Any = False, ssd_offload_path: Any = "",
           tenant_id: Any = DEFAULT_TENANT, enable_client_http_server: Any = False,
           client_http_port: Any = 0) -> SetupConfig:
-    """A checked SetupConfig from Mooncake's setup arguments (see the module doc)."""
+    """A checked SetupConfig from Mooncake's setup arguments, in Mooncake's order (any of them
+    may be passed by name or position, as pybind allows; see the module doc)."""
     hostname = _text(local_hostname, "local_hostname").strip()
     _text(metadata_server, "metadata_server")   # Mooncake's metadata service: no Cellar role
     _text(rdma_devices, "rdma_devices")         # Cellar's rdma transport picks its device

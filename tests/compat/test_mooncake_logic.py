@@ -190,3 +190,9 @@ def test_listen_host():
     assert _listen_host("127.0.0.1") == "127.0.0.1"
     assert _listen_host("localhost:12345") == "localhost"
     assert _listen_host("[::1]:5") == "::1"
+
+
+def test_setup_takes_every_argument_by_position_as_pybind_does():
+    # SGLang passes the transfer engine (None) as the eighth positional argument
+    cfg = build("h", "P2PHANDSHAKE", 0, "1MB", "tcp", "", "127.0.0.1:9", None, False, "", "t2")
+    assert cfg.tenant == "t2" and cfg.local_buffer_bytes == MIB
