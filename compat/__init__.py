@@ -12,6 +12,7 @@ What it owns
     - `mooncake_io.py`     every SDK call the store makes, as per-key codes.
     - `mooncake_ranges.py` get_into_ranges.
     - `mooncake_node.py`   the storage node a store with global_segment_size > 0 embeds.
+    - `mooncake_unsupported.py` the Mooncake methods Cellar cannot honour, as NOT_SUPPORTED.
     - `mooncake_shim.py`   writes the opt-in `mooncake.store` shim for code that cannot change.
 
 Import rule (checked by tests/compat/test_mooncake_imports.py)

@@ -48,6 +48,7 @@ from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_op
 from cellar.compat.mooncake_memory import BufferHandle, RegisteredMemory, RegistrationError
 from cellar.compat.mooncake_node import EmbeddedNode
 from cellar.compat.mooncake_setup import SetupConfig, SetupError, build, from_dict
+from cellar.compat.mooncake_unsupported import UNSUPPORTED, not_supported
 from cellar.errors import BufferTooSmall, CellarError, Timeout, Unavailable
 
 __all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]
@@ -382,11 +383,21 @@ class MooncakeDistributedStore:
     def put_tensor(self, key: str, tensor: Any) -> int:
         return self.batch_put_tensor([key], [tensor])[0]
 
+    def upsert_tensor(self, key: str, tensor: Any) -> int:
+        return self.batch_upsert_tensor([key], [tensor])[0]
+
     def get_tensor(self, key: str) -> Any:
         return self.batch_get_tensor([key])[0]
 
     def batch_put_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
         """Tensors with dtype and shape stored beside the bytes (the SDK's tensor face)."""
+        return self._put_tensors(keys, tensors_list, upsert=False)
+
+    def batch_upsert_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
+        return self._put_tensors(keys, tensors_list, upsert=True)
+
+    def _put_tensors(self, keys: Sequence[str], tensors_list: Sequence[Any], *,
+                     upsert: bool) -> list[int]:
         client, names = self._client, list(keys)
         if client is None or len(names) != len(tensors_list):
             return [INVALID] * len(names)
@@ -394,7 +405,7 @@ class MooncakeDistributedStore:
         if put_tensors is None:
             return [NOT_SUPPORTED] * len(names)  # until sdk-faces: no tensor face in the SDK
         try:
-            return [put_code(st) for st in put_tensors(names, list(tensors_list))]
+            return [put_code(st) for st in put_tensors(names, list(tensors_list), upsert=upsert)]
         except CellarError as exc:
             return [put_code(exc)] * len(names)
 
@@ -489,6 +500,11 @@ class MooncakeDistributedStore:
                 return view
             views.append(view)
         return views
+
+
+for _name in UNSUPPORTED:
+    assert not hasattr(MooncakeDistributedStore, _name), _name  # served ones are not listed
+    setattr(MooncakeDistributedStore, _name, not_supported(_name))
 
 
 def _first_error(codes: list[int]) -> int:

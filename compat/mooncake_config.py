@@ -24,7 +24,7 @@ from cellar.compat.mooncake_codes import ErrorCode
 MAX_REPLICAS = 16   # far above any cluster's node count; bounds garbage input
 
 
-@dataclass
+@dataclass(slots=True)
 class ReplicateConfig:
     """Per-write options; attribute names and defaults as in Mooncake."""
 

@@ -13,8 +13,9 @@ Mooncake's rules kept here
       matter: "16 MB"). Anything else, a percentage ("50%") included, is INVALID_PARAMS.
     - `metadata_server` (P2PHANDSHAKE, http://..., etcd://...) is Mooncake's transfer-engine
       metadata service; Cellar has none, so it is accepted and ignored.
-    - `protocol` picks the Cellar transport: "tcp" -> tcp, "rdma" -> rdma; another Mooncake
-      protocol (efa, nvlink, ...) is NOT_SUPPORTED.
+    - `protocol` picks the Cellar transport: "tcp" -> tcp, "rdma" -> rdma (Cellar's own
+      "auto" and "shm" are accepted too); another Mooncake protocol (efa, nvlink, ...) is
+      NOT_SUPPORTED.
     - The dict form requires `local_hostname` and `metadata_server`, and ignores keys it does
       not know (as Mooncake does; they are logged).
     `SetupError` carries the code setup returns.
@@ -41,7 +42,8 @@ DEFAULT_PROTOCOL = "tcp"
 DEFAULT_MASTER = "127.0.0.1:50051"
 DEFAULT_TENANT = "default"
 MAX_SIZE_BYTES = 1 << 50                # refuses absurd sizes before anything allocates
-PROTOCOL_TRANSPORTS = {"tcp": "tcp", "rdma": "rdma"}
+# Mooncake's names, plus Cellar's own: "auto" (shm for same-host nodes, rdma, tcp) and "shm".
+PROTOCOL_TRANSPORTS = {"tcp": "tcp", "rdma": "rdma", "auto": "auto", "shm": "shm"}
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,

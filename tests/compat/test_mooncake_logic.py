@@ -65,6 +65,7 @@ def test_setup_refusals_carry_mooncake_codes():
     assert code(global_segment_size="50%") == ErrorCode.INVALID_PARAMS
     assert code(local_buffer_size="ten") == ErrorCode.INVALID_PARAMS
     assert code(protocol="efa") == ErrorCode.NOT_SUPPORTED
+    assert code(protocol="nvlink") == ErrorCode.NOT_SUPPORTED
     assert code(local_hostname="") == ErrorCode.INVALID_PARAMS
     assert code(master_server_addr=" ") == ErrorCode.INVALID_PARAMS
     assert code(metadata_server=5) == ErrorCode.INVALID_PARAMS
@@ -138,6 +139,8 @@ def test_replicate_config_options():
             write_options(bad)
         assert info.value.code == code, attr
     assert not hasattr(ReplicateConfig(), "group_ids")  # SGLang probes for it: absent on purpose
+    with pytest.raises(AttributeError):
+        ReplicateConfig().soft_pin_action = 1  # a newer Mooncake option is refused, not ignored
 
 
 def test_registered_memory_bounds():

@@ -130,8 +130,9 @@ def test_replicate_config(new_store, mc_cluster, connect_to):
         assert store.batch_put_from([k("bad")], [1], [1], bad) == [NOT_SUPPORTED]
 
 
-def test_zero_copy_through_registered_ctypes_buffers(new_store, buffers):
-    store = new_store()
+@pytest.mark.parametrize("protocol", ["tcp", "auto"])  # auto: same-host nodes over shared memory
+def test_zero_copy_through_registered_ctypes_buffers(new_store, buffers, protocol):
+    store = new_store(protocol=protocol)
     data = os.urandom(64 * KIB)
     src = buffers.make(len(data), data)
     dst = buffers.make(len(data))
