@@ -1,0 +1,26 @@
+"""cellar.compat: other stores' client APIs, served by Cellar.
+
+What it owns
+    `cellar.compat.mooncake`: Mooncake Store's Python API (`MooncakeDistributedStore`,
+    `ReplicateConfig`) so code written for Mooncake moves to Cellar by changing one import
+    (docs/mooncake.md: the method table, the migration line, the opt-in shim).
+    - `mooncake.py`        the store class: Mooncake's methods, signatures and integer results.
+    - `mooncake_codes.py`  Mooncake's ErrorCode numbers and the one table Cellar outcomes map by.
+    - `mooncake_setup.py`  setup's arguments (positional or dict, human-readable sizes).
+    - `mooncake_config.py` ReplicateConfig and which of its options Cellar honours.
+    - `mooncake_memory.py` registered buffers: raw pointers become bounds-checked views.
+    - `mooncake_io.py`     every SDK call the store makes, as per-key codes.
+    - `mooncake_ranges.py` get_into_ranges.
+    - `mooncake_node.py`   the storage node a store with global_segment_size > 0 embeds.
+    - `mooncake_unsupported.py` the Mooncake methods Cellar cannot honour, as NOT_SUPPORTED.
+    - `mooncake_shim.py`   writes the opt-in `mooncake.store` shim for code that cannot change.
+
+Import rule (checked by tests/compat/test_mooncake_imports.py)
+    This room depends only on the SDK (`cellar`, `cellar.client`, `cellar.errors`,
+    `cellar.proto` for the one RPC the SDK does not wrap yet) and the package root's shared
+    pieces (`cellar.lifecycle`, `cellar.local_cluster`'s ready-line pattern). It never imports
+    `cellar.master` or `cellar.storage_node`: the embedded storage node is a `cellar node`
+    child process started through the public `python -m cellar node` entry point. No module
+    named `mooncake` is shipped: it would shadow a real Mooncake install (the opt-in shim is
+    documented instead). Nothing else in Cellar imports this room.
+"""

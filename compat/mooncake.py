@@ -1,0 +1,544 @@
+"""`MooncakeDistributedStore` on Cellar: Mooncake Store's Python API, one import away.
+
+    from cellar.compat.mooncake import MooncakeDistributedStore, ReplicateConfig
+
+    store = MooncakeDistributedStore()
+    store.setup("localhost", "P2PHANDSHAKE", "512MB", "16MB", "tcp", "", "10.0.0.1:50051")
+    store.put("k", b"v")          # 0
+    store.get("k")                # b"v"; b"" when missing
+
+What it owns
+    The Mooncake 0.3.x surface (names, signatures, integer results) over one `cellar.Client`:
+    setup (positional or a dict), the byte API, the zero-copy pointer API over registered
+    buffers, scatter/gather, ranged reads, tensors, removal, health, and the embedded storage
+    node a client with `global_segment_size > 0` contributes. docs/mooncake.md has the table of
+    every Mooncake method: supported, supported with a difference, or NOT_SUPPORTED.
+
+Contract
+    Every method returns what Mooncake returns: 0 or a negative `ErrorCode` (codes from the one
+    table in `mooncake_codes`), byte counts, lists of those, `b""` / None for a miss. Nothing
+    raises for a storage outcome; wrong Python argument types raise TypeError as pybind would.
+    A put of an existing key returns 0 (Mooncake's cache semantics); `upsert` replaces.
+    A method Cellar cannot honour returns NOT_SUPPORTED (-1012), never pretends.
+
+Thread safety
+    Like Mooncake's store, one instance may be used from many threads at once.
+
+What it must never do
+    Import `cellar.master` or `cellar.storage_node` (the embedded node is a `cellar node` child
+    process, see `mooncake_node`); touch memory outside a registered buffer.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cellar
+from cellar.client import Client
+from cellar.client.sync import probe_master
+from cellar.compat import mooncake_io as io
+from cellar.compat import mooncake_ranges
+from cellar.compat.mooncake_codes import ErrorCode, code_for, put_code
+from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_options
+from cellar.compat.mooncake_memory import BufferHandle, RegisteredMemory, RegistrationError
+from cellar.compat.mooncake_node import EmbeddedNode
+from cellar.compat.mooncake_setup import SetupConfig, SetupError, build, from_dict
+from cellar.compat.mooncake_unsupported import UNSUPPORTED, not_supported
+from cellar.errors import BufferTooSmall, CellarError, Timeout, Unavailable
+
+__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]
+
+CLIENT_TIMEOUT_S = 30.0         # every SDK call's deadline (Mooncake's RPCs have their own)
+HEALTH_TIMEOUT_S = 2.0          # health_check asks the master at most this long
+GET_BUFFER_ATTEMPTS = 2         # get_buffer sizes then reads; an upsert in between costs a retry
+HC_HEALTHY, HC_NOT_INITIALIZED, HC_MASTER_UNREACHABLE = 0, 1, 2
+INVALID = int(ErrorCode.INVALID_PARAMS)
+NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
+
+
+def _teardown(client: Client, node: EmbeddedNode | None) -> None:
+    if node is not None:
+        node.stop()
+    client.close()
+
+
+class MooncakeDistributedStore:
+    """Mooncake's store class, backed by a Cellar cluster (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+        self._node: EmbeddedNode | None = None
+        self._config: SetupConfig | None = None
+        self._memory = RegisteredMemory()
+        self._finalizer: weakref.finalize | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def setup(self, *args: Any, **kwargs: Any) -> int:
+        """setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+        protocol, rdma_devices, master_server_addr, engine=None, *, enable_ssd_offload=False,
+        ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+        client_http_port=...) or setup(config_dict); 0 or a negative code."""
+        if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
+            make: Callable[[], SetupConfig] = lambda: from_dict(args[0])  # noqa: E731
+        elif not args and set(kwargs) == {"config"} and isinstance(kwargs["config"], Mapping):
+            make = lambda: from_dict(kwargs["config"])  # noqa: E731
+        else:
+            make = lambda: build(*args, **kwargs)  # noqa: E731
+        try:
+            config = make()  # a wrong argument list raises TypeError, as pybind does
+        except SetupError as exc:
+            return int(exc.code)
+        return self._start(config)
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Mooncake's dummy client shares memory with a local real-client process. Cellar
+        has no such process: every client talks to the cluster itself, so this connects to the
+        Cellar master at `server_address` without contributing memory (mem_pool_size unused)."""
+        try:
+            config = build(socket.gethostname(), "", 0, local_buffer_size, "tcp", "",
+                           server_address)
+        except SetupError as exc:
+            return int(exc.code)
+        return self._start(config)
+
+    def _start(self, config: SetupConfig) -> int:
+        with self._lock:
+            if self._client is not None:
+                return INVALID  # set up already (Mooncake: "already initialized")
+            try:
+                client = cellar.connect(config.master_address, tenant=config.tenant,
+                                        timeout_s=CLIENT_TIMEOUT_S, transport=config.transport)
+            except CellarError as exc:
+                return code_for(exc)
+            node = None
+            if config.global_segment_bytes > 0:
+                node = EmbeddedNode(config.master_address, config.global_segment_bytes,
+                                    _listen_host(config.local_hostname))
+                try:
+                    node.start()
+                except SetupError as exc:
+                    client.close()
+                    return int(exc.code)
+            self._client, self._node, self._config = client, node, config
+            self._finalizer = weakref.finalize(self, _teardown, client, node)
+            return 0
+
+    def close(self) -> int:
+        """Stop the embedded node (its objects leave the cluster) and disconnect; 0."""
+        with self._lock:
+            finalizer, self._finalizer = self._finalizer, None
+            self._client = self._node = self._config = None
+            self._memory = RegisteredMemory()
+        if finalizer is not None:
+            finalizer()
+        return 0
+
+    def get_hostname(self) -> str:
+        return self._config.local_hostname if self._config is not None else ""
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 master unreachable (Mooncake's values)."""
+        client = self._client
+        if client is None:
+            return HC_NOT_INITIALIZED
+        try:
+            probe_master(client.master_address, tenant=client.tenant, timeout_s=HEALTH_TIMEOUT_S)
+        except (Unavailable, Timeout):
+            return HC_MASTER_UNREACHABLE
+        except CellarError:
+            return HC_MASTER_UNREACHABLE
+        return HC_HEALTHY
+
+    @property
+    def embedded_node(self) -> EmbeddedNode | None:
+        """The storage node this store runs (global_segment_size > 0), else None."""
+        return self._node
+
+    # ---- bytes ----------------------------------------------------------------------------
+
+    def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
+        return self._put_values([key], [value], config, upsert=False)[0]
+
+    def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
+        return self._put_values([key], [value], config, upsert=True)[0]
+
+    def put_batch(self, keys: Sequence[str], values: Sequence[Any],
+                  config: ReplicateConfig | None = None) -> int:
+        return _first_error(self._put_values(keys, values, config, upsert=False))
+
+    def upsert_batch(self, keys: Sequence[str], values: Sequence[Any],
+                     config: ReplicateConfig | None = None) -> int:
+        return _first_error(self._put_values(keys, values, config, upsert=True))
+
+    def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
+        return self._put_joined(key, parts, config, upsert=False)
+
+    def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
+        return self._put_joined(key, parts, config, upsert=True)
+
+    def get(self, key: str) -> bytes:
+        """The value, or b"" when it is missing or unreadable (Mooncake's convention)."""
+        client = self._client
+        if client is None:
+            return b""
+        got = io.read_whole(client, key)
+        return got if isinstance(got, bytes) else b""
+
+    def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        client, names = self._client, list(keys)
+        if client is None:
+            return [b""] * len(names)
+        try:
+            values = client.get_many(names)
+        except (Unavailable, Timeout):
+            return [b""] * len(names)
+        except CellarError:
+            return [self.get(k) for k in names]  # one key's problem: read them one by one
+        return [v if v is not None else b"" for v in values]
+
+    def get_size(self, key: str) -> int:
+        client = self._client
+        if client is None:
+            return INVALID
+        try:
+            return client.size(key)
+        except CellarError as exc:
+            return code_for(exc)
+
+    def is_exist(self, key: str) -> int:
+        """1 present, 0 absent, negative on error."""
+        return self.batch_is_exist([key])[0]
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        client, names = self._client, list(keys)
+        if client is None:
+            return [INVALID] * len(names)
+        return io.exists_codes(client, names)
+
+    def remove(self, key: str, force: bool = False) -> int:
+        """0, or OBJECT_NOT_FOUND. `force` changes nothing: Cellar removes a pinned object at
+        once for new readers (readers holding it finish first)."""
+        return self.batch_remove([key], force)[0]
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        client, names = self._client, list(keys)
+        if client is None:
+            return [INVALID] * len(names)
+        out = []
+        for key in names:
+            try:
+                out.append(0 if client.remove(key) else int(ErrorCode.OBJECT_NOT_FOUND))
+            except CellarError as exc:
+                out.append(code_for(exc))
+        return out
+
+    def remove_all(self, force: bool = False) -> int:
+        """Remove every key of this store's tenant; the count."""
+        client = self._client
+        return io.remove_all(client) if client is not None else INVALID
+
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """Remove the keys the pattern finds (regex search, as Mooncake); the count. Cellar's
+        master removes by prefix only, so the patterns served are those that mean "starts
+        with L" (`^L`, `^L.*`), "is exactly L" (`^L$`) or "anything" (`.*`, `^`); any other
+        pattern returns NOT_SUPPORTED (docs/mooncake.md says which RPC that needs)."""
+        client = self._client
+        if client is None:
+            return INVALID
+        try:
+            re.compile(regex_pattern)
+        except (re.error, TypeError):
+            return INVALID
+        kind, literal = _literal_pattern(regex_pattern)
+        try:
+            if kind == "all":
+                return io.remove_all(client)
+            if kind == "prefix":
+                return client.remove_prefix(literal)
+            if kind == "exact":
+                return 1 if client.remove(literal) else 0
+        except CellarError as exc:
+            return code_for(exc)
+        return NOT_SUPPORTED
+
+    # ---- registered memory and pointers ---------------------------------------------------
+
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        if self._client is None:
+            return INVALID
+        try:
+            self._memory.register(buffer_ptr, size)
+        except RegistrationError:
+            return INVALID
+        return 0
+
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        if self._client is None:
+            return INVALID
+        try:
+            self._memory.unregister(buffer_ptr)
+        except RegistrationError:
+            return INVALID
+        return 0
+
+    def put_from(self, key: str, buffer_ptr: int, size: int,
+                 config: ReplicateConfig | None = None) -> int:
+        return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
+
+    def upsert_from(self, key: str, buffer_ptr: int, size: int,
+                    config: ReplicateConfig | None = None) -> int:
+        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
+
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Bytes read into the registered buffer, or a negative code (INVALID_PARAMS when
+        `size` is smaller than the object, as Mooncake)."""
+        return self.batch_get_into([key], [buffer_ptr], [size])[0]
+
+    def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
+                       sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
+        return self._put_pointers(keys, [[p] for p in buffer_ptrs], [[s] for s in sizes],
+                                  config, upsert=False, same_len=(buffer_ptrs, sizes))
+
+    def batch_upsert_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
+                          sizes: Sequence[int], config: ReplicateConfig | None = None) -> list[int]:
+        return self._put_pointers(keys, [[p] for p in buffer_ptrs], [[s] for s in sizes],
+                                  config, upsert=True, same_len=(buffer_ptrs, sizes))
+
+    def batch_put_from_multi_buffers(self, keys: Sequence[str],
+                                     all_buffer_ptrs: Sequence[Sequence[int]],
+                                     all_sizes: Sequence[Sequence[int]],
+                                     config: ReplicateConfig | None = None) -> list[int]:
+        """Each key's value is its buffers concatenated in order (gather)."""
+        return self._put_pointers(keys, all_buffer_ptrs, all_sizes, config, upsert=False,
+                                  same_len=(all_buffer_ptrs, all_sizes))
+
+    def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
+                       sizes: Sequence[int]) -> list[int]:
+        names = list(keys)
+        if self._client is None or not len(names) == len(buffer_ptrs) == len(sizes):
+            return [INVALID] * len(names)
+        views: list[memoryview | int] = [self._view(p, s) for p, s in zip(buffer_ptrs, sizes, strict=True)]
+        good = [i for i, v in enumerate(views) if isinstance(v, memoryview)]
+        out = [v if isinstance(v, int) else 0 for v in views]
+        got = io.get_views(self._client, [names[i] for i in good], [views[i] for i in good])  # type: ignore[misc]
+        for i, n in zip(good, got, strict=True):
+            out[i] = n
+        return out
+
+    def batch_get_into_multi_buffers(self, keys: Sequence[str],
+                                     all_buffer_ptrs: Sequence[Sequence[int]],
+                                     all_sizes: Sequence[Sequence[int]],
+                                     prefer_alloc_in_same_node: bool = False) -> list[int]:
+        """Each object scattered over its buffers in order; bytes read per key. (Reads come
+        from a same-host replica whenever one exists, so prefer_alloc_in_same_node is moot.)"""
+        names = list(keys)
+        if self._client is None or not len(names) == len(all_buffer_ptrs) == len(all_sizes):
+            return [INVALID] * len(names)
+        parts = [self._views(p, s) for p, s in zip(all_buffer_ptrs, all_sizes, strict=True)]
+        good = [i for i, v in enumerate(parts) if isinstance(v, list)]
+        out = [v if isinstance(v, int) else 0 for v in parts]
+        got = io.get_parts(self._client, [names[i] for i in good], [parts[i] for i in good])  # type: ignore[misc]
+        for i, n in zip(good, got, strict=True):
+            out[i] = n
+        return out
+
+    def get_into_ranges(self, buffer_ptrs: Sequence[int], all_keys: Sequence[Sequence[str]],
+                        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+                        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+                        all_sizes: Sequence[Sequence[Sequence[int]]]) -> list[list[list[int]]]:
+        """results[i][j][k]: bytes of fragment k of key j landed in buffer i, or negative."""
+        return mooncake_ranges.get_into_ranges(
+            self._client, self._memory, buffer_ptrs, all_keys, all_dst_offsets,
+            all_src_offsets, all_sizes)
+
+    def get_buffer(self, key: str) -> BufferHandle | None:
+        """The object in a buffer this handle owns (ptr(), size(), buffer protocol), or None."""
+        client = self._client
+        if client is None:
+            return None
+        for _attempt in range(GET_BUFFER_ATTEMPTS):
+            try:
+                handle = BufferHandle(client.size(key))
+                n = client.get_into(key, handle)
+            except BufferTooSmall:
+                continue  # replaced by a larger value between size and read
+            except CellarError:
+                return None
+            if n == len(handle):
+                return handle
+        return None
+
+    def batch_get_buffer(self, keys: Sequence[str]) -> list[BufferHandle | None]:
+        return [self.get_buffer(k) for k in keys]
+
+    # ---- tensors --------------------------------------------------------------------------
+
+    def put_tensor(self, key: str, tensor: Any) -> int:
+        return self.batch_put_tensor([key], [tensor])[0]
+
+    def upsert_tensor(self, key: str, tensor: Any) -> int:
+        return self.batch_upsert_tensor([key], [tensor])[0]
+
+    def get_tensor(self, key: str) -> Any:
+        return self.batch_get_tensor([key])[0]
+
+    def batch_put_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
+        """Tensors with dtype and shape stored beside the bytes (the SDK's tensor face)."""
+        return self._put_tensors(keys, tensors_list, upsert=False)
+
+    def batch_upsert_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
+        return self._put_tensors(keys, tensors_list, upsert=True)
+
+    def _put_tensors(self, keys: Sequence[str], tensors_list: Sequence[Any], *,
+                     upsert: bool) -> list[int]:
+        client, names = self._client, list(keys)
+        if client is None or len(names) != len(tensors_list):
+            return [INVALID] * len(names)
+        put_tensors = getattr(client, "put_tensors", None)
+        if put_tensors is None:
+            return [NOT_SUPPORTED] * len(names)  # until sdk-faces: no tensor face in the SDK
+        try:
+            return [put_code(st) for st in put_tensors(names, list(tensors_list), upsert=upsert)]
+        except CellarError as exc:
+            return [put_code(exc)] * len(names)
+
+    def batch_get_tensor(self, keys: Sequence[str]) -> list[Any]:
+        client, names = self._client, list(keys)
+        get_tensors = getattr(client, "get_tensors", None)
+        if get_tensors is None:
+            return [None] * len(names)  # until sdk-faces (docs/mooncake.md)
+        try:
+            return list(get_tensors(names))
+        except CellarError:
+            return [None] * len(names)
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    def _put_values(self, keys: Sequence[str], values: Sequence[Any],
+                    config: ReplicateConfig | None, *, upsert: bool) -> list[int]:
+        """Non-zero-copy writes: Mooncake stages them in the local buffer, so a value larger
+        than local_buffer_size fails there (INVALID_PARAMS); Cellar sends from the caller's
+        buffer, and keeps the limit so code tuned against Mooncake fails the same way."""
+        names = list(keys)
+        if self._client is None or self._config is None or len(names) != len(values):
+            return [INVALID] * len(names)
+        try:
+            replicas, soft_pin = write_options(config)
+        except OptionError as exc:
+            return [int(exc.code)] * len(names)
+        limit = self._config.local_buffer_bytes
+        out, items, where = [0] * len(names), [], []
+        for i, (key, value) in enumerate(zip(names, values, strict=True)):
+            try:
+                view = memoryview(value)
+            except TypeError:
+                out[i] = INVALID
+                continue
+            if view.nbytes > limit:
+                out[i] = INVALID
+                continue
+            items.append((key, view))
+            where.append(i)
+        for i, code in zip(where, io.put_views(self._client, items, replicas=replicas,
+                                               soft_pin=soft_pin, upsert=upsert), strict=True):
+            out[i] = code
+        return out
+
+    def _put_joined(self, key: str, parts: Sequence[Any], config: ReplicateConfig | None, *,
+                    upsert: bool) -> int:
+        try:
+            value = b"".join(memoryview(p).cast("B") for p in parts)
+        except TypeError:
+            return INVALID
+        return self._put_values([key], [value], config, upsert=upsert)[0]
+
+    def _put_pointers(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
+                      sizes: Sequence[Sequence[int]], config: ReplicateConfig | None, *,
+                      upsert: bool, same_len: tuple[Sequence[Any], Sequence[Any]]) -> list[int]:
+        names = list(keys)
+        if self._client is None or not len(names) == len(same_len[0]) == len(same_len[1]):
+            return [INVALID] * len(names)
+        try:
+            replicas, soft_pin = write_options(config)
+        except OptionError as exc:
+            return [int(exc.code)] * len(names)
+        parts = [self._views(p, s) for p, s in zip(ptrs, sizes, strict=True)]
+        good = [i for i, v in enumerate(parts) if isinstance(v, list)]
+        out = [v if isinstance(v, int) else 0 for v in parts]
+        items = [(names[i], parts[i]) for i in good]
+        if all(len(p) == 1 for _, p in items):  # type: ignore[arg-type]
+            codes = io.put_views(self._client, [(k, p[0]) for k, p in items],  # type: ignore[index]
+                                 replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+        else:
+            codes = io.put_parts(self._client, items, replicas=replicas,  # type: ignore[arg-type]
+                                 soft_pin=soft_pin, upsert=upsert)
+        for i, code in zip(good, codes, strict=True):
+            out[i] = code
+        return out
+
+    def _view(self, ptr: int, size: int) -> memoryview | int:
+        try:
+            return self._memory.view(ptr, size)
+        except RegistrationError:
+            return INVALID
+
+    def _views(self, ptrs: Sequence[int], sizes: Sequence[int]) -> list[memoryview] | int:
+        if isinstance(ptrs, (int, str, bytes)) or isinstance(sizes, (int, str, bytes)) \
+                or len(ptrs) != len(sizes) or not ptrs:
+            return INVALID
+        views = []
+        for p, s in zip(ptrs, sizes, strict=True):
+            view = self._view(p, s)
+            if isinstance(view, int):
+                return view
+            views.append(view)
+        return views
+
+
+for _name in UNSUPPORTED:
+    assert not hasattr(MooncakeDistributedStore, _name), _name  # served ones are not listed
+    setattr(MooncakeDistributedStore, _name, not_supported(_name))
+
+
+def _first_error(codes: list[int]) -> int:
+    return next((c for c in codes if c != 0), 0)
+
+
+def _listen_host(local_hostname: str) -> str:
+    """The host part of Mooncake's local_hostname ("host", "host:port", "[v6]:port")."""
+    host = local_hostname
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host or "127.0.0.1"
+
+
+_LITERAL = re.compile(r"(?:[A-Za-z0-9_\-/:@,=!%~#&' ]|\\[^A-Za-z0-9])*")
+_ANY_TAIL = (".*", ".*$", "")
+
+
+def _literal_pattern(pattern: str) -> tuple[str, str]:
+    """("all"|"prefix"|"exact"|"other", literal) for a regex searched in every key."""
+    if pattern in ("", ".*", "^", "^.*", "^.*$"):
+        return "all", ""
+    if not pattern.startswith("^"):
+        return "other", ""
+    match = _LITERAL.match(pattern, 1)
+    assert match is not None  # the pattern matches the empty string
+    body, tail = match.group(0), pattern[match.end():]
+    literal = re.sub(r"\\(.)", r"\1", body)
+    if not literal:
+        return "other", ""
+    if tail == "$":
+        return "exact", literal
+    if tail in _ANY_TAIL:
+        return "prefix", literal
+    return "other", ""

@@ -1,0 +1,150 @@
+"""The storage node a Mooncake-style client embeds when `global_segment_size > 0`.
+
+What it owns
+    `EmbeddedNode`: a real `cellar node` child process (`python -m cellar node`, the public
+    entry point) that contributes `segment_bytes` of this host's DRAM to the cluster the store
+    is connected to, as a Mooncake client mounts its global segment. `start()` returns once the
+    node printed its ready line (it is then mounted on the master); `stop()` sends SIGTERM
+    (the node unmounts, so the master drops the objects it held), waits, then SIGKILLs, and
+    removes the node's segment files and log.
+
+Why a child process and not an in-process node
+    The room's import rule: compat depends only on the SDK. A child keeps the node's event
+    loop, memory and signal handling out of the caller's process (an engine), and is exactly
+    what `cellar node` runs standalone.
+
+Lifetime (reference section 4.3)
+    The memory lives only as long as the store: `close()`, or the exit of this process, ends
+    the node and every object it held. A standalone `cellar node` keeps its memory across
+    client restarts. The child asks the kernel for SIGTERM when its parent thread dies
+    (`cellar.lifecycle`), so it is started from a keeper thread that lives until `stop()`.
+
+What it must never do
+    Import `cellar.storage_node`; wait without a timeout.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake_setup import SetupError
+from cellar.lifecycle import PARENT_PID_ENV
+from cellar.local_cluster import NODE_READY
+
+NODE_START_TIMEOUT_S = 60.0
+NODE_STOP_GRACE_S = 10.0
+POLL_INTERVAL_S = 0.05
+CONFIG_ERROR_EXIT = 2   # `cellar node` exits 2 on a configuration it refuses
+
+
+class EmbeddedNode:
+    """One `cellar node` child serving `segment_bytes` for the cluster at `master`."""
+
+    def __init__(self, master: str, segment_bytes: int, host: str) -> None:
+        # Segments are whole pages; Mooncake takes any size, so round down rather than refuse.
+        self.segment_bytes = segment_bytes - segment_bytes % mmap.PAGESIZE
+        self.master = master
+        self.host = host
+        self.address = ""
+        self.node_id = ""
+        self._dir = Path(tempfile.mkdtemp(prefix="cellar-mooncake-node-",
+                                          dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+        self._log_path = self._dir / "node.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._release = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid if self._proc is not None else -1
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start the child and wait for its ready line; SetupError with the code otherwise."""
+        started = threading.Event()
+        failure: list[BaseException] = []
+        self._keeper = threading.Thread(target=self._keep, args=(started, failure),
+                                        name="cellar-mooncake-node", daemon=True)
+        self._keeper.start()
+        started.wait(NODE_START_TIMEOUT_S)
+        if failure or self._proc is None:
+            self.stop()
+            raise SetupError(ErrorCode.INTERNAL_ERROR, f"cannot start cellar node: {failure}")
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        while not self._read_ready():
+            code = self._proc.poll()
+            if code is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                refused = code == CONFIG_ERROR_EXIT
+                raise SetupError(
+                    ErrorCode.INVALID_PARAMS if refused else ErrorCode.INTERNAL_ERROR,
+                    f"embedded cellar node {'refused its configuration' if refused else 'did not start'}"
+                    f" (exit {code}): {tail}")
+            time.sleep(POLL_INTERVAL_S)
+
+    def _keep(self, started: threading.Event, failure: list[BaseException]) -> None:
+        """Start the child and live until stop(): the child's PDEATHSIG follows this thread."""
+        argv = [sys.executable, "-m", "cellar", "node", "--master", self.master,
+                "--listen", f"{self.host}:0", "--segment-size", str(self.segment_bytes),
+                "--shm-dir", str(self._dir)]
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        try:
+            with open(self._log_path, "wb") as log_file:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                                              stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True)
+        except OSError as exc:
+            failure.append(exc)
+        finally:
+            started.set()
+        self._release.wait()
+
+    def _read_ready(self) -> bool:
+        try:
+            text = self._log_path.read_text(errors="replace")
+        except OSError:
+            return False
+        for line in text.splitlines():
+            match = NODE_READY.match(line)
+            if match:
+                self.address, self.node_id = match.group("address"), match.group("node_id")
+                return True
+        return False
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> int:
+        """SIGTERM, wait, SIGKILL if needed; remove the segment files. 0, or the exit code."""
+        code = 0
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(NODE_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc is not None:
+            code = proc.returncode or 0
+        self._release.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(NODE_STOP_GRACE_S)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return code

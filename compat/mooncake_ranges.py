@@ -1,0 +1,94 @@
+"""`get_into_ranges`: byte ranges of objects gathered into registered buffers.
+
+What it owns
+    The buffer-major plan Mooncake's `get_into_ranges` takes (buffer i <- key j <- fragment k:
+    `size` bytes from `src_offset` of the object to `dst_offset` of the buffer) and its
+    per-fragment results (bytes copied, or a negative code).
+
+Checks, before any byte lands
+    - shapes: the five lists agree at the top level (else every fragment is INVALID_PARAMS),
+      per buffer (its keys), and per key (its fragments);
+    - destination: the buffer is registered and `dst_offset + size` fits in what the
+      registration leaves from `buffer_ptr` on (destination overflow -> INVALID_PARAMS);
+    - source: `src_offset + size` fits in the object (source overflow -> INVALID_PARAMS);
+    - a missing key gives OBJECT_NOT_FOUND for each of its fragments; other fragments of the
+      same call still succeed, as in Mooncake.
+
+Difference from Mooncake
+    The SDK has no ranged read yet, so each distinct key is read whole once per call and its
+    fragments copied from that copy; Mooncake reads only the ranges from the remote replica.
+
+What it must never do
+    Write outside the registered buffer, or past a fragment's `size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cellar.client import Client
+from cellar.compat import mooncake_io as io
+from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake_memory import RegisteredMemory
+
+INVALID = int(ErrorCode.INVALID_PARAMS)
+
+
+def _shape(values: Sequence[Any], n: int) -> bool:
+    return not isinstance(values, (str, bytes)) and len(values) == n
+
+
+def _empty_results(all_dst_offsets: Sequence[Sequence[Sequence[int]]]) -> list[list[list[int]]]:
+    """The result shape (from the destination offsets), every fragment INVALID_PARAMS."""
+    out: list[list[list[int]]] = []
+    for per_buffer in all_dst_offsets:
+        out.append([[INVALID] * len(frags) for frags in per_buffer])
+    return out
+
+
+def _offset(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def get_into_ranges(client: Client | None, memory: RegisteredMemory, buffer_ptrs: Sequence[int],
+                    all_keys: Sequence[Sequence[str]],
+                    all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+                    all_src_offsets: Sequence[Sequence[Sequence[int]]],
+                    all_sizes: Sequence[Sequence[Sequence[int]]]) -> list[list[list[int]]]:
+    results = _empty_results(all_dst_offsets)
+    n = len(buffer_ptrs)
+    if client is None or not all(_shape(v, n) for v in (all_keys, all_dst_offsets,
+                                                         all_src_offsets, all_sizes)):
+        return results
+    objects: dict[str, bytes | int] = {}
+    for i, ptr in enumerate(buffer_ptrs):
+        keys, dsts, srcs, sizes = all_keys[i], all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
+        capacity = memory.capacity_at(ptr)
+        if capacity == 0 or not all(_shape(v, len(keys)) for v in (dsts, srcs, sizes)):
+            continue
+        for j, key in enumerate(keys):
+            if not all(_shape(v, len(dsts[j])) for v in (srcs[j], sizes[j])):
+                continue
+            if key not in objects:
+                objects[key] = io.read_whole(client, key)
+            value = objects[key]
+            for k, (dst, src, size) in enumerate(zip(dsts[j], srcs[j], sizes[j], strict=True)):
+                results[i][j][k] = _copy(memory, ptr, capacity, value, dst, src, size)
+    return results
+
+
+def _copy(memory: RegisteredMemory, ptr: int, capacity: int, value: bytes | int,
+          dst: Any, src: Any, size: Any) -> int:
+    if isinstance(value, int):
+        return value  # the object's own code (missing, unreadable)
+    dst, src, size = _offset(dst), _offset(src), _offset(size)
+    if dst is None or src is None or size is None:
+        return INVALID
+    if src + size > len(value):
+        return INVALID  # source overflow
+    if dst + size > capacity:
+        return INVALID  # destination overflow
+    if size:
+        memory.view(ptr + dst, size)[:] = value[src:src + size]
+    return size

@@ -1,0 +1,59 @@
+"""global_segment_size > 0: the store's process contributes memory through an embedded
+`cellar node` child. Another client reads the objects while the store is up; after close()
+they are gone and the child has exited (the reference's section 4.3 warning, as a test)."""
+
+from __future__ import annotations
+
+import os
+
+from mooncake_helpers import setup_args
+
+from cellar.compat.mooncake import MooncakeDistributedStore
+
+MIB = 1 << 20
+
+
+def test_embedded_segment_lives_and_dies_with_the_store(make_cluster, connect_to, monkeypatch):
+    cluster = make_cluster(nodes=0)  # the embedded node is the only memory in the cluster
+    monkeypatch.setenv("CELLAR_CLUSTER_SECRET", cluster.secret)  # what a node needs to mount
+    reader = connect_to(cluster)
+    assert reader.status()["capacity_bytes"] == 0
+
+    store = MooncakeDistributedStore()
+    assert store.setup(*setup_args(cluster, segment="32 MB")) == 0
+    node = store.embedded_node
+    assert node is not None and node.alive() and node.segment_bytes == 32 * MIB
+    status = reader.status()
+    assert status["capacity_bytes"] == 32 * MIB
+    assert [n["node_id"] for n in status["nodes"]] == [node.node_id]
+
+    values = {f"emb/{i}": os.urandom(256 << 10) for i in range(8)}
+    assert store.put_batch(list(values), list(values.values())) == 0
+    for key, value in values.items():
+        assert reader.get(key) == value  # another client, reading the store's own memory
+    pid = node.pid
+
+    assert store.close() == 0
+    assert not node.alive()
+    assert not _process_exists(pid)
+    assert reader.status()["capacity_bytes"] == 0
+    assert reader.get_many(list(values)) == [None] * len(values)
+
+
+def test_embedded_segment_setup_refusals(make_cluster, monkeypatch):
+    cluster = make_cluster(nodes=0)
+    monkeypatch.setenv("CELLAR_CLUSTER_SECRET", cluster.secret)
+    store = MooncakeDistributedStore()
+    # below the node's 1 MiB minimum: the node refuses its configuration, setup says so
+    assert store.setup(*setup_args(cluster, segment="64 KB")) == -600
+    assert store.health_check() == 1  # nothing half set up
+    assert store.setup(*setup_args(cluster, segment="8MB")) == 0
+    store.close()
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,60 @@
+"""The compat room's import rule (compat/__init__.py), checked statically and at run time:
+compat imports neither the master nor the storage node (the embedded node is a child process),
+no `mooncake` module is shipped or imported, and nothing else in Cellar imports compat."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("cellar.master", "cellar.storage_node", "master", "storage_node", "mooncake")
+ROOMS = ("cellar", "master", "storage_node", "client", "transfer", "proto", "bench",
+         "integrations")
+
+
+def _imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def _is_under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_compat_imports_neither_master_nor_storage_node_nor_mooncake():
+    files = sorted((ROOT / "compat").glob("*.py"))
+    assert len(files) >= 8
+    bad = [(f.name, name) for f in files for name in _imports(f)
+           if any(_is_under(name, p) for p in FORBIDDEN)]
+    assert bad == []
+
+
+def test_nothing_else_imports_compat():
+    bad = []
+    for room in ROOMS:
+        for path in (ROOT / room).rglob("*.py") if (ROOT / room).is_dir() else []:
+            bad += [(str(path.relative_to(ROOT)), n) for n in _imports(path)
+                    if _is_under(n, "cellar.compat") or _is_under(n, "compat")]
+    assert bad == []
+
+
+def test_no_mooncake_module_is_shipped():
+    assert not (ROOT / "mooncake").exists() and not (ROOT / "mooncake.py").exists()
+    assert not (ROOT / "compat" / "mooncake").exists()  # compat.mooncake is a module, not a shim
+
+
+def test_importing_compat_loads_no_server_code():
+    code = ("import sys, cellar.compat.mooncake; "
+            "print(sorted(m for m in sys.modules if m.startswith(('cellar.master', "
+            "'cellar.storage_node')) or m == 'mooncake' or m.startswith('mooncake.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

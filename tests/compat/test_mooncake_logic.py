@@ -1,0 +1,201 @@
+"""Pure logic of cellar.compat.mooncake: setup arguments, the code table, ReplicateConfig,
+registered memory bounds and the regex patterns remove_by_regex can serve. No cluster."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from cellar.compat.mooncake import _listen_host, _literal_pattern
+from cellar.compat.mooncake_codes import TABLE_ROWS, ErrorCode, code_for, put_code
+from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_options
+from cellar.compat.mooncake_memory import BufferHandle, RegisteredMemory, RegistrationError
+from cellar.compat.mooncake_setup import SetupError, build, from_dict, parse_size_bytes
+from cellar.errors import (
+    AlreadyExists,
+    BufferTooSmall,
+    CellarError,
+    IntegrityError,
+    InvalidArgument,
+    NoSpace,
+    NotFound,
+    Status,
+    Timeout,
+    Unavailable,
+)
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("text,nbytes", [
+    ("16MB", 16 * MIB), ("16 MB", 16 * MIB), ("16mb", 16 * MIB), ("16M", 16 * MIB),
+    ("1.5 GB", 3 << 29), ("4096", 4096), (" 2 KB ", 2048), ("1TB", 1 << 40), ("7B", 7),
+    (123, 123), (0, 0),
+])
+def test_sizes_read_as_mooncake_reads_them(text, nbytes):
+    assert parse_size_bytes(text, "size") == nbytes
+
+
+@pytest.mark.parametrize("text", ["50%", "", "MB", "-1", "16 XB", "1e400GB", "nan", True, -5])
+def test_bad_sizes_are_invalid_params(text):
+    with pytest.raises(SetupError) as info:
+        parse_size_bytes(text, "size")
+    assert info.value.code == ErrorCode.INVALID_PARAMS
+
+
+def test_setup_positional_arguments():
+    cfg = build("node1:12345", "http://meta:8080/metadata", "32MB", "1 MB", "rdma", "mlx5_0",
+                "etcd://127.0.0.1:2379/c", tenant_id="t1")
+    assert (cfg.local_hostname, cfg.master_address, cfg.global_segment_bytes,
+            cfg.local_buffer_bytes, cfg.transport, cfg.tenant) == (
+        "node1:12345", "etcd://127.0.0.1:2379/c", 32 * MIB, MIB, "rdma", "t1")
+
+
+def test_setup_refusals_carry_mooncake_codes():
+    def code(**overrides):
+        args = {"local_hostname": "h", "metadata_server": "P2PHANDSHAKE",
+                "global_segment_size": 0, "local_buffer_size": 0, "protocol": "tcp",
+                "rdma_devices": "", "master_server_addr": "127.0.0.1:1"}
+        args.update(overrides)
+        with pytest.raises(SetupError) as info:
+            build(**args)
+        return info.value.code
+
+    assert code(global_segment_size="50%") == ErrorCode.INVALID_PARAMS
+    assert code(local_buffer_size="ten") == ErrorCode.INVALID_PARAMS
+    assert code(protocol="efa") == ErrorCode.NOT_SUPPORTED
+    assert code(protocol="nvlink") == ErrorCode.NOT_SUPPORTED
+    assert code(local_hostname="") == ErrorCode.INVALID_PARAMS
+    assert code(master_server_addr=" ") == ErrorCode.INVALID_PARAMS
+    assert code(metadata_server=5) == ErrorCode.INVALID_PARAMS
+    assert code(enable_ssd_offload=True) == ErrorCode.NOT_SUPPORTED
+    assert code(enable_client_http_server="true") == ErrorCode.NOT_SUPPORTED
+
+
+def test_setup_signature_errors_are_type_errors_naming_the_argument():
+    # SGLang retries setup without a keyword whose name the TypeError mentions
+    with pytest.raises(TypeError, match="no_such_option"):
+        build("h", "m", 0, 0, "tcp", "", "a:1", no_such_option=1)
+    with pytest.raises(TypeError):
+        build("h", "m", 0)
+
+
+def test_setup_dict_reads_text_and_defaults():
+    cfg = from_dict({"local_hostname": "h", "metadata_server": "P2PHANDSHAKE",
+                     "global_segment_size": "64 MB", "master_server_addr": "127.0.0.1:9",
+                     "unknown_key": "ignored"})
+    assert cfg.global_segment_bytes == 64 * MIB and cfg.local_buffer_bytes == 16 * MIB
+    assert cfg.transport == "tcp" and cfg.tenant == "default"
+    for missing in ("local_hostname", "metadata_server"):
+        values = {"local_hostname": "h", "metadata_server": "m"}
+        del values[missing]
+        with pytest.raises(SetupError) as info:
+            from_dict(values)
+        assert info.value.code == ErrorCode.INVALID_PARAMS
+    with pytest.raises(SetupError):
+        from_dict({"local_hostname": "h", "metadata_server": "m", "global_segment_size": "10%"})
+
+
+def test_code_table():
+    assert code_for(Status.OK) == 0
+    assert code_for(Status.NOT_FOUND) == -704
+    assert code_for(Status.ALREADY_EXISTS) == -705
+    assert code_for(Status.NO_SPACE) == -200
+    assert code_for(Status.INVALID) == -600
+    assert code_for(Status.UNAVAILABLE) == -800
+    assert code_for(NotFound("k")) == -704
+    assert code_for(AlreadyExists("k")) == -705
+    assert code_for(NoSpace("x")) == -200
+    assert code_for(InvalidArgument("x")) == -600
+    assert code_for(BufferTooSmall("x", 10)) == -600
+    assert code_for(Unavailable("x")) == -900
+    assert code_for(Timeout("x")) == -901
+    assert code_for(IntegrityError("x")) == -801
+    assert code_for(CellarError("x")) == -1
+    assert code_for(RuntimeError("x")) == -1
+    assert code_for(99) == -1
+    # a put of an existing key is a success for Mooncake; nothing else becomes 0
+    assert put_code(Status.ALREADY_EXISTS) == 0 and put_code(AlreadyExists("k")) == 0
+    assert [c for _, c in TABLE_ROWS if c == 0] == [ErrorCode.OK]
+    assert all(code < 0 for st in Status if st != Status.OK for code in [code_for(st)])
+
+
+def test_replicate_config_options():
+    assert write_options(None) == (1, False)
+    cfg = ReplicateConfig()
+    assert (cfg.replica_num, cfg.with_soft_pin, cfg.preferred_segment) == (1, False, "")
+    cfg.replica_num, cfg.with_soft_pin = 2, True
+    assert write_options(cfg) == (2, True)
+    for attr, value, code in [("with_hard_pin", True, ErrorCode.NOT_SUPPORTED),
+                              ("preferred_segment", "host:1", ErrorCode.NOT_SUPPORTED),
+                              ("preferred_segments", ["a"], ErrorCode.NOT_SUPPORTED),
+                              ("prefer_alloc_in_same_node", True, ErrorCode.NOT_SUPPORTED),
+                              ("replica_num", 0, ErrorCode.INVALID_PARAMS),
+                              ("replica_num", "2", ErrorCode.INVALID_PARAMS)]:
+        bad = ReplicateConfig()
+        setattr(bad, attr, value)
+        with pytest.raises(OptionError) as info:
+            write_options(bad)
+        assert info.value.code == code, attr
+    assert not hasattr(ReplicateConfig(), "group_ids")  # SGLang probes for it: absent on purpose
+    with pytest.raises(AttributeError):
+        ReplicateConfig().soft_pin_action = 1  # a newer Mooncake option is refused, not ignored
+
+
+def test_registered_memory_bounds():
+    mem = RegisteredMemory()
+    buf = (ctypes.c_ubyte * 4096)()
+    base = ctypes.addressof(buf)
+    assert mem.register(base, 4096) is True
+    assert mem.register(base, 4096) is False  # same buffer again: no-op
+    for ptr, size in [(base + 1, 10), (base - 10, 20), (base + 4095, 1)]:
+        with pytest.raises(RegistrationError):
+            mem.register(ptr, size)  # overlaps
+    view = mem.view(base + 100, 50)
+    view[:] = b"x" * 50
+    assert bytes(buf[100:150]) == b"x" * 50 and bytes(buf[99:100]) == b"\0"
+    assert mem.capacity_at(base + 4000) == 96 and mem.capacity_at(base + 4096) == 0
+    for ptr, size in [(base + 4000, 97), (base - 1, 2), (0, 1), (base, 0), (base, -1),
+                      (base, 1 << 60), (-5, 1), (1.5, 1)]:
+        with pytest.raises(RegistrationError):
+            mem.view(ptr, size)  # type: ignore[arg-type]
+    assert mem.unregister(base) == 4096
+    with pytest.raises(RegistrationError):
+        mem.view(base, 1)
+    with pytest.raises(RegistrationError):
+        mem.unregister(base)
+
+
+def test_buffer_handle_exports_its_bytes_at_a_stable_address():
+    handle = BufferHandle(16)
+    handle[:] = bytes(range(16))
+    assert handle.size() == len(handle) == 16
+    assert ctypes.string_at(handle.ptr(), 16) == bytes(range(16))
+    assert bytes(memoryview(handle)) == bytes(range(16))
+    with pytest.raises(BufferError):
+        handle.extend(b"more")  # the address may not move
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    (".*", ("all", "")), ("^", ("all", "")), ("", ("all", "")), ("^.*$", ("all", "")),
+    ("^user_session_", ("prefix", "user_session_")), ("^user_session_.*", ("prefix", "user_session_")),
+    ("^a/b-c:d.*$", ("prefix", "a/b-c:d")), (r"^v1\.page\.", ("prefix", "v1.page.")),
+    ("^exact_key$", ("exact", "exact_key")),
+    ("session", ("other", "")), ("^a.b", ("other", "")), ("^a|b", ("other", "")),
+    ("^a+", ("other", "")), (r"^\d", ("other", "")), ("^[ab]", ("other", "")),
+])
+def test_regex_patterns_cellar_can_serve(pattern, expected):
+    assert _literal_pattern(pattern) == expected
+
+
+def test_listen_host():
+    assert _listen_host("127.0.0.1") == "127.0.0.1"
+    assert _listen_host("localhost:12345") == "localhost"
+    assert _listen_host("[::1]:5") == "::1"
+
+
+def test_setup_takes_every_argument_by_position_as_pybind_does():
+    # SGLang passes the transfer engine (None) as the eighth positional argument
+    cfg = build("h", "P2PHANDSHAKE", 0, "1MB", "tcp", "", "127.0.0.1:9", None, False, "", "t2")
+    assert cfg.tenant == "t2" and cfg.local_buffer_bytes == MIB
