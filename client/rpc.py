@@ -51,7 +51,8 @@ from typing import Any
 
 import grpc
 
-from cellar.client.core import EpochFence, grpc_error, retryable_grpc
+from cellar.client.core import EpochFence
+from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
