@@ -12,6 +12,7 @@ import pytest
 
 import cellar
 from cellar.client import rpc, sync
+from cellar.coord import follow
 from cellar.coord.redirect import LEADER_METADATA, redirect_details
 from cellar.proto import cellar_pb2 as pb
 
@@ -276,7 +277,7 @@ def test_with_etcd_a_fenced_reply_is_retried_at_the_leader_etcd_names(masters):
 
 
 def test_without_etcd_a_silent_master_rotates_to_the_others_it_knew(masters, monkeypatch):
-    monkeypatch.setattr(rpc, "ROTATE_AFTER_S", 0.1)
+    monkeypatch.setattr(follow, "ROTATE_AFTER_S", 0.1)
     masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
     masters["l:1"] = FakeMaster("l:1", epoch=10)
     channel = rpc.MasterChannel("s:1", fast=False)
