@@ -32,8 +32,10 @@ What it must never do
     the faces (`sync`, `aio`, `rpc`) block or await; the rest never does.
 """
 
+from cellar.client.aio import AsyncClient, connect_async
 from cellar.client.buffers import alloc_buffer
 from cellar.client.statuses import LATE, MISS, ClientClosed, Unauthenticated
 from cellar.client.sync import Client, connect
 
-__all__ = ["LATE", "MISS", "Client", "ClientClosed", "Unauthenticated", "alloc_buffer", "connect"]
+__all__ = ["LATE", "MISS", "AsyncClient", "Client", "ClientClosed", "Unauthenticated",
+           "alloc_buffer", "connect", "connect_async"]

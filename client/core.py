@@ -50,7 +50,6 @@ from cellar.transfer.base import (
     SegmentRoute,
     TransferOp,
     TransferResult,
-    Transport,
 )
 
 
@@ -248,18 +247,18 @@ class EpochFence:
 class TransportSet:
     """The transports a client opened, in preference order; picks one per segment route."""
 
-    def __init__(self, transports: Sequence[Transport]) -> None:
-        self.transports = list(transports)
+    def __init__(self, transports: Sequence[Any]) -> None:
+        self.transports = list(transports)  # `Transport`s (sync face) or `AsyncTransport`s
 
-    def pick(self, route: SegmentRoute) -> Transport | None:
+    def pick(self, route: SegmentRoute) -> Any | None:
         for transport in self.transports:
             if transport.can_reach(route):
                 return transport
         return None
 
-    def assign(self, ops: Sequence[TransferOp]) -> tuple[list[tuple[Transport, list[int]]], list[int]]:
+    def assign(self, ops: Sequence[TransferOp]) -> tuple[list[tuple[Any, list[int]]], list[int]]:
         """Group op indexes by the transport that will move them; also the unreachable ones."""
-        groups: dict[int, tuple[Transport, list[int]]] = {}
+        groups: dict[int, tuple[Any, list[int]]] = {}
         unreachable: list[int] = []
         for i, op in enumerate(ops):
             transport = self.pick(op.route)
@@ -274,6 +273,7 @@ class TransportSet:
             transport.forget(route)
 
     def close(self) -> None:
+        """Close sync transports (the asyncio face awaits each one's `aclose` itself)."""
         for transport in self.transports:
             transport.close()
 
@@ -288,13 +288,13 @@ class TransferRound:
     kind: str                                    # "read" | "write"
     ops: list[TransferOp]
     deadline: float
-    groups: list[tuple[Transport, list[int]]]
+    groups: list[tuple[Any, list[int]]]
     results: list[TransferResult | None]
 
     def budget_s(self, now: float | None = None) -> float:
         return self.deadline - (time.monotonic() if now is None else now)
 
-    def settle(self, transport: Transport, indexes: list[int],
+    def settle(self, transport: Any, indexes: list[int],
                results: Sequence[TransferResult]) -> None:
         """Record one transport's results; drop its cached route to nodes that failed."""
         check_result_count(f"{transport.name} {self.kind}", len(results), len(indexes))

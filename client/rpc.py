@@ -210,7 +210,7 @@ class _Line:
         self.failing_since = 0.0  # monotonic time of the first failure since the last success
 
 
-def _valid_address(address: str) -> str:
+def valid_address(address: str) -> str:
     """`address` when it is a usable HOST:PORT, else "" (never trust a reply's text)."""
     if not address or len(address) > 300:
         return ""
@@ -221,17 +221,17 @@ def _valid_address(address: str) -> str:
     return address
 
 
-def _leader_hint(exc: grpc.RpcError) -> str:
+def leader_hint(exc: grpc.RpcError) -> str:
     """The leader a redirecting master named: trailing metadata first, then the details."""
     try:
         metadata: Any = exc.trailing_metadata()  # type: ignore[attr-defined]
         for key, value in metadata or ():
             if key == LEADER_METADATA and isinstance(value, str):
-                return _valid_address(value)
+                return valid_address(value)
     except Exception:  # noqa: BLE001 - an error without metadata is not a redirect
         pass
     details = (exc.details() if hasattr(exc, "details") else "") or ""
-    return _valid_address(leader_from_details(details))
+    return valid_address(leader_from_details(details))
 
 
 class MasterChannel:
@@ -307,7 +307,7 @@ class MasterChannel:
             details = data.decode("utf-8", "replace")
             if retryable_grpc(status):
                 # A redirect (a standby, a deposed leader): this line goes to the wrong master.
-                hint = _valid_address(leader_from_details(details))
+                hint = valid_address(leader_from_details(details))
                 if hint and self._follow:
                     self._drop_fast(line, relearn_s=0.0)
                     self._redirect(origin, hint, deadline)
@@ -387,13 +387,13 @@ class MasterChannel:
                 if not retryable_grpc(code):
                     raise grpc_error(method, line.address, code, details) from None
                 failure = f"{method} to master {line.address}: {details or 'unreachable'}"
-                hint = _leader_hint(exc)
+                hint = leader_hint(exc)
                 unreachable = not hint and "leader=" not in details  # no answer, not a refusal
             else:
                 if method == "ClusterStatus" and reply.role == "standby" and self._follow:
                     failure = (f"master {line.address} is a standby "
                                f"(leader {reply.leader_address or 'unknown'})")
-                    hint = _valid_address(reply.leader_address)
+                    hint = valid_address(reply.leader_address)
                 else:
                     try:
                         self._fence.check(int(reply.header.epoch), line.address)
@@ -491,7 +491,7 @@ class MasterChannel:
         assert self._resolve is not None
         self._resolved_at = now
         try:
-            leader = _valid_address(
+            leader = valid_address(
                 self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
         except CellarError:
             leader = ""  # etcd unreachable: a master's redirect is the best guess left

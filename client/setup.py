@@ -3,8 +3,7 @@
 What it owns
     `ConnectArgs` (every `connect`/`connect_async` argument checked once, the credential
     resolved), the per-process client id pins and puts are attributed to, parsing of the
-    master address ("host:port" or "etcd://..."), and opening the transports a `transport=`
-    choice names through a face's own opener.
+    master address ("host:port" or "etcd://..."), and the error a missing transport raises.
 
 What it must never do
     Talk to the master (the faces do, with their own channel).
@@ -83,18 +82,12 @@ class ConnectArgs:
         return pb.RequestHeader(tenant=self.tenant, client_id=client_id(), token=self.token)
 
 
-def open_transports(choice: str, make: Callable[[str], T], close: Callable[[T], Any]) -> list[T]:
-    """Open what `transport=choice` names, in preference order, with a face's opener; with
-    "auto", a transport this machine lacks (no RDMA device) is skipped."""
-    names = transport_names(choice)
-    opened: list[T] = []
-    for name in names:
-        try:
-            opened.append(make(name))
-        except Exception as exc:
-            if choice == "auto" and name != names[-1]:
-                continue
-            for t in opened:
-                close(t)
-            raise InvalidArgument(f"transport {name!r} is not available here: {exc}") from None
-    return opened
+def opened(open_all: Callable[[str], list[T]], choice: str) -> list[T]:
+    """`cellar.transfer.open_transports` (or its asyncio form) for `transport=choice`, with
+    a transport this machine lacks reported as `cellar.InvalidArgument`."""
+    from cellar.transfer import TransportUnavailable
+
+    try:
+        return open_all(choice)
+    except (TransportUnavailable, ValueError) as exc:
+        raise InvalidArgument(str(exc)) from None

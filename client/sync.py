@@ -46,11 +46,12 @@ from cellar.client.core import TransportSet, UnpinQueue
 from cellar.client.flows import Move, Rpc, Session, Sleep
 from cellar.client.puts import hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
-from cellar.client.setup import ConnectArgs, client_id, open_transports, parse_master_address
+from cellar.client.setup import ConnectArgs, client_id, opened, parse_master_address
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
-from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult, Transport
+from cellar.transfer import open_transports
+from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
 
 T = TypeVar("T")
 
@@ -63,12 +64,6 @@ HASH_BEHIND_MIN_BYTES = 1 << 20
 HASH_THREADS = 2                  # shared by every call of one client
 
 __all__ = ["Client", "connect", "parse_master_address", "probe_master"]
-
-
-def _make_transport(name: str) -> Transport:
-    from cellar.transfer import make_transport
-
-    return make_transport(name)
 
 
 class _UnpinFlusher:
@@ -136,8 +131,7 @@ class Client:
             except BaseException:
                 self._discovery.close()
                 raise
-        self._transports = TransportSet(open_transports(args.transport, _make_transport,
-                                                        Transport.close))
+        self._transports = TransportSet(opened(open_transports, args.transport))
         self._master = MasterChannel(
             master_address, resolve=None if args.target is None else self._leader_from_etcd)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
