@@ -61,9 +61,11 @@ from cellar.transfer.base import (
     TransferResult,
     hash_views,
 )
+from cellar.transfer.control import ControlCall
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
     MAX_MESSAGE_BYTES,
+    OP_COMMIT,
     OP_READ,
     OP_WRITE,
     REQUEST,
@@ -245,11 +247,9 @@ class _Channel:
                     head = pack(REQUEST_MAGIC, VERSION, frame.op_code, 0, len(meta), rid,
                                 g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
                                 g.expiry_ms, g.key_tag, g.mac, offset, size)
+                    parts.append(head + meta if meta else head)
                     if frame.op_code == OP_WRITE:
-                        parts.append(head + meta)
-                        parts.extend(views)
-                    else:
-                        parts.append(head)
+                        parts.extend(views)  # scatter-gather: one iovec per part
                     self.sent.append(frame)
                 if self.sent and self._reader_wake is not None:
                     _wake(self._reader_wake)  # an idle reader now has a reply to wait for
@@ -490,15 +490,37 @@ class AsyncTcpTransport(AsyncTransport):
 
     # -- a batch ---------------------------------------------------------------------------
 
+    async def commit(self, calls: dict[str, list[ControlCall]],
+                     timeout_s: float) -> dict[str, list[tuple[int, str]]]:
+        """Header-only control frames (shm/rdma COMMIT) to node tcp addresses, pipelined on the
+        same channels as payload frames; (status, message) per call, per address, in order."""
+        order = [(address, call) for address, batch in calls.items() for call in batch]
+        n = len(order)
+        plan = Plan([None] * n, [call.meta for _, call in order], [False] * n, [None] * n)
+        for k, (address, call) in enumerate(order):
+            plan.by_address.setdefault(address, []).append(
+                (k, call.offset, (), call.length, call.grant))  # type: ignore[arg-type]
+            plan.bytes_by_address[address] = 0
+        op_codes = {call.op for _, call in order}
+        assert len(op_codes) <= 1 and OP_READ not in op_codes and OP_WRITE not in op_codes
+        results = await self._run(plan, op_codes.pop() if op_codes else OP_COMMIT, timeout_s)
+        out: dict[str, list[tuple[int, str]]] = {address: [] for address in calls}
+        for (address, _), r in zip(order, results, strict=True):
+            out[address].append((r.status, r.message))
+        return out
+
     async def _batch(self, ops: Sequence[TransferOp], timeout_s: float,
                      op_code: int) -> list[TransferResult]:
+        return await self._run(plan_batch(ops, self.name, op_code, self.chunk_bytes), op_code,
+                               timeout_s)
+
+    async def _run(self, plan: Plan, op_code: int, timeout_s: float) -> list[TransferResult]:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         elif self._loop is not loop:
             raise RuntimeError("AsyncTcpTransport used from a second event loop")
         deadline = loop.time() + timeout_s
-        plan = plan_batch(ops, self.name, op_code, self.chunk_bytes)
         if self._closed:
             for chunks in plan.by_address.values():
                 fail_chunks(plan.fail, chunks, ST_CONNECT_FAILED, "transport closed")
