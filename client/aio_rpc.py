@@ -8,8 +8,9 @@ What it owns
     the leader with the policy every Cellar caller shares (`cellar.coord.follow`).
 
 How it differs from the sync channel, and why
-    No threads: a call is a coroutine, concurrent calls share the channel and take one fast
-    connection each (an idle one, or a new one). The etcd client is blocking, so a leader
+    No threads: a call is a coroutine; concurrent calls share the gRPC channel and are
+    pipelined over one or two fast-line connections (the master answers each connection in
+    order), so 64 concurrent gets cost 64 frames on one socket, not 64 connections. The etcd client is blocking, so a leader
     lookup (rare: only after a failure, rate-limited) runs in `asyncio.to_thread`. A frozen
     leader with etcd is noticed when the call's attempt ends, not every LEADER_CHECK_AFTER_S
     as in the sync channel (not built here).
@@ -21,6 +22,7 @@ What it must never do
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import socket
@@ -36,7 +38,6 @@ from cellar.client.rpc import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
     CHANNEL_OPTIONS,
-    FAST_MAX_IDLE_CONNECTIONS,
     FAST_METHODS,
     FAST_RELEARN_S,
     MAX_KNOWN_MASTERS,
@@ -56,6 +57,7 @@ from cellar.units import parse_host_port
 
 AsyncResolver = Callable[[float], Awaitable[str]]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+FAST_ASYNC_CONNECTIONS = 2  # pipelined connections per client to the master's fast line
 
 log = logging.getLogger("cellar.client")
 
@@ -64,61 +66,108 @@ class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
 
 
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+class _Pipe:
+    """One fast-line connection carrying many calls at once: requests are written as they come
+    and the master answers each connection's requests in order, so replies are matched to
+    callers first in, first out by one reader task. A caller that gives up (timeout,
+    cancellation) leaves its slot in the queue; the reply that fills it is dropped."""
 
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.pending: collections.deque[asyncio.Future[tuple[int, bytes]]] = collections.deque()
+        self.down = False
+        self._reader = asyncio.get_running_loop().create_task(self._read(reader))
 
-class AsyncFastLine:
-    """Persistent asyncio connections to the master's fast line; one call per connection at
-    a time (any number of coroutines may call: each takes an idle connection or opens one)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.address = (host, port)
-        self._idle: list[Conn] = []
-        self._closed = False
-
-    async def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        """(numeric gRPC code, reply bytes); _FastLineDown if nothing could be exchanged,
-        TimeoutError if the master did not answer in time."""
-        conn = self._idle.pop() if self._idle else None
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        error: BaseException = _FastLineDown("fast line closed")
         try:
-            async with asyncio.timeout(timeout_s):
-                if conn is None:
-                    conn = await asyncio.open_connection(*self.address)
-                    sock = conn[1].get_extra_info("socket")
-                    if sock is not None:
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader, writer = conn
-                writer.write(fastline.pack_head(len(body), method_id) + body)
+            while True:
                 head = await reader.readexactly(fastline.FRAME.size)
                 length, code = fastline.FRAME.unpack(head)
                 if length > MAX_MESSAGE_BYTES:
                     raise ConnectionError(f"fast line reply of {length} bytes")
                 data = await reader.readexactly(length) if length else b""
-        except TimeoutError:
-            _close(conn)
-            raise
+                if not self.pending:
+                    raise ConnectionError("fast line reply to no request")
+                waiter = self.pending.popleft()
+                if not waiter.done():
+                    waiter.set_result((code, data))
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            _close(conn)
+            error = _FastLineDown(str(exc) or type(exc).__name__)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.close(error)
+
+    def close(self, error: BaseException | None = None) -> None:
+        if not self.down:
+            self.down = True
+            self.writer.close()
+            self._reader.cancel()
+        while self.pending:
+            waiter = self.pending.popleft()
+            if not waiter.done():
+                waiter.set_exception(error or _FastLineDown("fast line closed"))
+
+
+class AsyncFastLine:
+    """Pipelined asyncio connections to the master's fast line, shared by every coroutine of
+    one client: a call takes the connection with the fewest calls in flight (a new one while
+    under FAST_ASYNC_CONNECTIONS and all are busy), writes its frame and awaits its reply."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        self._pipes: list[_Pipe] = []
+        self._opening: asyncio.Lock | None = None
+        self._closed = False
+
+    async def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """(numeric gRPC code, reply bytes); _FastLineDown if nothing could be exchanged,
+        TimeoutError if the master did not answer in time."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                pipe = await self._pipe()
+                waiter: asyncio.Future[tuple[int, bytes]] = \
+                    asyncio.get_running_loop().create_future()
+                pipe.pending.append(waiter)
+                pipe.writer.write(fastline.pack_head(len(body), method_id) + body)
+                if pipe.writer.transport.get_write_buffer_size() > MAX_MESSAGE_BYTES:
+                    await pipe.writer.drain()
+                return await waiter
+        except (OSError, ValueError) as exc:
             raise _FastLineDown(str(exc)) from None
-        except BaseException:  # cancelled mid-exchange: the stream can no longer be trusted
-            _close(conn)
-            raise
-        if not self._closed and len(self._idle) < FAST_MAX_IDLE_CONNECTIONS:
-            self._idle.append(conn)
-        else:
-            _close(conn)
-        return code, data
+
+    async def _pipe(self) -> _Pipe:
+        if self._closed:
+            raise _FastLineDown("fast line closed")
+        self._pipes = [p for p in self._pipes if not p.down]
+        best = min(self._pipes, key=lambda p: len(p.pending), default=None)
+        if best is not None and (not best.pending or len(self._pipes) >= FAST_ASYNC_CONNECTIONS):
+            return best
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        if best is not None and self._opening.locked():
+            return best  # another call is opening one: share what is open meanwhile
+        async with self._opening:  # one connect at a time
+            live = [p for p in self._pipes if not p.down]
+            if len(live) >= FAST_ASYNC_CONNECTIONS:
+                return min(live, key=lambda p: len(p.pending))
+            reader, writer = await asyncio.open_connection(*self.address)
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pipe = _Pipe(reader, writer)
+            if self._closed:
+                pipe.close()
+                raise _FastLineDown("fast line closed")
+            self._pipes.append(pipe)
+            return pipe
 
     def close(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            _close(conn)
-
-
-def _close(conn: Conn | None) -> None:
-    if conn is not None:
-        conn[1].close()
+        pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.close()
 
 
 class AsyncMasterChannel:
