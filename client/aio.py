@@ -19,6 +19,14 @@ Cancellation
     gave up on lands in the caller's buffer afterwards, its pins are queued for release, and a
     put in flight is revoked (best effort; the master's writer timeout does it otherwise).
 
+Coalesced gets
+    The `get` calls made in one turn of the loop (say `asyncio.gather` of 64 of them) are sent
+    as one batch: one GetReplicas and one transfer round instead of 64 of each, which is what
+    lets 64 concurrent gets reach the sync face's batched rate. Each caller still gets its own
+    bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
+    `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
+    only its own call).
+
 Deadlines and leader changes
     As for `Client`: `timeout_s` bounds each call; the channel follows the leader.
 """
@@ -33,7 +41,7 @@ from typing import Any, TypeVar
 
 from cellar.client import api, flows
 from cellar.client.aio_rpc import AsyncMasterChannel
-from cellar.client.checks import UNPIN_DELAY_S, Limits
+from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
 from cellar.client.flows import Move, Rpc, Session, Sleep
 from cellar.client.setup import ConnectArgs, opened
@@ -48,6 +56,7 @@ T = TypeVar("T")
 UNPIN_FLUSH_TIMEOUT_S = 5.0
 CLOSE_FLUSH_TIMEOUT_S = 1.0
 CLOSE_FLUSH_MAX_CALLS = 8
+MAX_COALESCED_GETS = 1024          # keys of one coalesced get batch (the flows split further)
 
 __all__ = ["AsyncClient", "connect_async"]
 
@@ -74,6 +83,8 @@ class AsyncClient:
         self._s: Session | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._get_queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
+        self._tasks: set[asyncio.Task[None]] = set()  # coalesced get batches in flight
 
     async def open(self) -> AsyncClient:
         """Connect (ClusterStatus at the leader); called by `connect_async` and `async with`."""
@@ -174,8 +185,49 @@ class AsyncClient:
     # ---- get -------------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes:
-        """As `Client.get`."""
-        return await self._run(api.get(self._session(), key))
+        """As `Client.get`. The `get` calls made in one turn of the loop travel together (one
+        GetReplicas, one transfer round; see "Coalesced gets" above); each still gets its own
+        result or exception."""
+        s = self._session()
+        key = validate_key(key, s.limits.max_key_bytes)
+        assert self._loop is not None
+        waiter: asyncio.Future[bytes] = self._loop.create_future()
+        self._get_queue.append((key, waiter))
+        if len(self._get_queue) == 1:
+            self._loop.call_soon(self._flush_gets)
+        return await waiter
+
+    def _flush_gets(self) -> None:
+        queued, self._get_queue = self._get_queue, []
+        if not queued or self._loop is None:
+            return
+        for first in range(0, len(queued), MAX_COALESCED_GETS):
+            task = self._loop.create_task(self._coalesced(queued[first:first + MAX_COALESCED_GETS]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _coalesced(self, queued: list[tuple[str, asyncio.Future[bytes]]]) -> None:
+        waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile
+        if not waiting:
+            return
+        try:
+            if self._closed or self._s is None:
+                raise ClientClosed("this cellar.AsyncClient is closed")
+            entries = await self._run(api.get_each(self._s, [k for k, _ in waiting]))
+        except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
+            for _, waiter in waiting:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        for (_, waiter), entry in zip(waiting, entries, strict=True):
+            try:
+                value = api.value_or_raise(entry)
+            except CellarError as exc:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+                continue
+            if not waiter.done():
+                waiter.set_result(value)
 
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""

@@ -66,44 +66,61 @@ class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
 
 
-class _Pipe:
+class _Pipe(asyncio.Protocol):
     """One fast-line connection carrying many calls at once: requests are written as they come
     and the master answers each connection's requests in order, so replies are matched to
-    callers first in, first out by one reader task. A caller that gives up (timeout,
-    cancellation) leaves its slot in the queue; the reply that fills it is dropped."""
+    callers first in, first out as they are parsed (`data_received`, no task hop). A caller that
+    gives up (timeout, cancellation) leaves its slot in the queue; the reply that fills it is
+    dropped."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
         self.pending: collections.deque[asyncio.Future[tuple[int, bytes]]] = collections.deque()
         self.down = False
-        self._reader = asyncio.get_running_loop().create_task(self._read(reader))
+        self._inbox = bytearray()
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        error: BaseException = _FastLineDown("fast line closed")
-        try:
-            while True:
-                head = await reader.readexactly(fastline.FRAME.size)
-                length, code = fastline.FRAME.unpack(head)
-                if length > MAX_MESSAGE_BYTES:
-                    raise ConnectionError(f"fast line reply of {length} bytes")
-                data = await reader.readexactly(length) if length else b""
-                if not self.pending:
-                    raise ConnectionError("fast line reply to no request")
-                waiter = self.pending.popleft()
-                if not waiter.done():
-                    waiter.set_result((code, data))
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            error = _FastLineDown(str(exc) or type(exc).__name__)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self.close(error)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        inbox = self._inbox
+        inbox += data
+        head_bytes = fastline.FRAME.size
+        used = 0
+        while len(inbox) - used >= head_bytes:
+            length, code = fastline.FRAME.unpack_from(inbox, used)
+            if length > MAX_MESSAGE_BYTES:
+                self.close(_FastLineDown(f"fast line reply of {length} bytes"))
+                return
+            end = used + head_bytes + length
+            if len(inbox) < end:
+                break
+            if not self.pending:
+                self.close(_FastLineDown("fast line reply to no request"))
+                return
+            waiter = self.pending.popleft()
+            if not waiter.done():
+                waiter.set_result((code, bytes(inbox[used + head_bytes:end])))
+            used = end
+        if used:
+            del inbox[:used]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(_FastLineDown(str(exc) if exc else "fast line closed by the master"))
+
+    def send(self, frame: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(frame)
 
     def close(self, error: BaseException | None = None) -> None:
         if not self.down:
             self.down = True
-            self.writer.close()
-            self._reader.cancel()
+            if self.transport is not None:
+                self.transport.close()
         while self.pending:
             waiter = self.pending.popleft()
             if not waiter.done():
@@ -130,9 +147,7 @@ class AsyncFastLine:
                 waiter: asyncio.Future[tuple[int, bytes]] = \
                     asyncio.get_running_loop().create_future()
                 pipe.pending.append(waiter)
-                pipe.writer.write(fastline.pack_head(len(body), method_id) + body)
-                if pipe.writer.transport.get_write_buffer_size() > MAX_MESSAGE_BYTES:
-                    await pipe.writer.drain()
+                pipe.send(fastline.pack_head(len(body), method_id) + body)
                 return await waiter
         except (OSError, ValueError) as exc:
             raise _FastLineDown(str(exc)) from None
@@ -152,11 +167,7 @@ class AsyncFastLine:
             live = [p for p in self._pipes if not p.down]
             if len(live) >= FAST_ASYNC_CONNECTIONS:
                 return min(live, key=lambda p: len(p.pending))
-            reader, writer = await asyncio.open_connection(*self.address)
-            sock = writer.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pipe = _Pipe(reader, writer)
+            _, pipe = await asyncio.get_running_loop().create_connection(_Pipe, *self.address)
             if self._closed:
                 pipe.close()
                 raise _FastLineDown("fast line closed")

@@ -27,7 +27,7 @@ from cellar.client.checks import (
     validate_value,
 )
 from cellar.client.flows import Flow, Session
-from cellar.client.gets import into_result, miss_or_raise, release_views, take_value
+from cellar.client.gets import GetEntry, into_result, miss_or_raise, release_views, take_value
 from cellar.client.puts import PutEntry, put_entries
 from cellar.client.statuses import LATE
 from cellar.errors import InvalidArgument, Status
@@ -78,6 +78,18 @@ def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False
 def get(s: Session, key: Any) -> Flow[bytes]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = yield from flows.run_gets(s, [key], None, s.deadline())
+    return value_or_raise(entry)
+
+
+def get_each(s: Session, names: list[str]) -> Flow[list[GetEntry]]:
+    """Entries for checked keys read into fresh bytes, one per key, for a face that turns
+    each into its own `get` result (`value_or_raise`): the asyncio face coalesces the `get`
+    calls made in one loop turn into one of these batches."""
+    return (yield from flows.run_gets(s, names, None, s.deadline()))
+
+
+def value_or_raise(entry: GetEntry) -> bytes:
+    """`get`'s result for one entry: its bytes, or its error (NotFound, IntegrityError...)."""
     if entry.status != Status.OK:
         release_views([entry])
         raise entry.error()
