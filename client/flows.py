@@ -143,7 +143,8 @@ def run_puts(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bo
                 break
             yield Sleep(backoff_s)
             backoff_s = min(backoff_s * 2, FAILOVER_BACKOFF_MAX_S)
-            fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum) for i in again]
+            fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum, parts=chunk[i].parts)
+                     for i in again]
             yield from put_batch(s, fresh, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
                                  deadline=deadline)
             for i, entry in zip(again, fresh, strict=True):
@@ -211,7 +212,7 @@ def settle_own_writes(s: Session, chunk: list[PutEntry], deadline: float) -> Flo
     s.release([int(r.pin_id) for r in reply.results if r.pin_id])
     for entry, result in zip(taken, reply.results, strict=True):
         if (to_status(result.status) == Status.OK
-                and int(result.size_bytes) == len(entry.value)
+                and int(result.size_bytes) == entry.nbytes
                 and int(result.checksum) == entry.checksum):
             entry.status, entry.message = Status.OK, ""
 
