@@ -3,7 +3,8 @@
 Routes:
   GET  /metrics            Prometheus text format (per-process registry, see metrics.py)
   GET  /health             200 "ok"
-  GET  /                   a small plain-text status page
+  GET  /                   the HTML status page (master/statuspage.py); ?text=1 plain text
+  GET  /api/v1/events      JSON: the recent events, newest first (master/events.py)
   GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:
@@ -24,6 +25,8 @@ from cellar.http import HttpServer, Request, Response
 from cellar.master.config import parse_tenant_quota
 from cellar.master.leadership import Leadership
 from cellar.master.membership import STATE_NAMES
+from cellar.master.statuspage import nodes_of
+from cellar.master.statuspage import render as render_status_page
 from cellar.master.tenants import Tenant
 from cellar.units import format_size
 
@@ -83,6 +86,7 @@ def status_json(leadership: Leadership) -> dict[str, Any]:
     return {
         **_leadership_json(leadership),
         "segments": segments,
+        "nodes": nodes_of(segments),
         "capacity": capacity,
         "used": used,
         "quarantined": service.quarantine.held_bytes,
@@ -137,8 +141,14 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
     async def health(_: Request) -> Response:
         return Response(200, b"ok\n")
 
-    async def index(_: Request) -> Response:
-        return Response(200, _status_text(leadership).encode())
+    async def index(request: Request) -> Response:
+        if request.query.get("text"):
+            return Response(200, _status_text(leadership).encode())
+        page = render_status_page(status_json(leadership), leadership.events.recent())
+        return Response(200, page.encode(), "text/html; charset=utf-8")
+
+    async def events(_: Request) -> Response:
+        return Response.json([e.to_json() for e in leadership.events.recent()])
 
     async def status(_: Request) -> Response:
         return Response.json(status_json(leadership))
@@ -166,6 +176,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
     server.route("GET", "/", index)
     server.route("GET", "/api/v1/status", status)
     server.route("GET", "/api/v1/tenants", list_tenants)
+    server.route("GET", "/api/v1/events", events)
     server.route("POST", "/api/v1/tenants", set_tenant)
     server.route("PUT", "/api/v1/tenants", set_tenant)
     return server

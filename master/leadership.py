@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from cellar.coord.redirect import redirect_details
 from cellar.heap import release_frozen
 from cellar.master.config import MasterConfig
+from cellar.master.events import DEPOSED, ELECTED, NEW_LEADER, REBUILD_DONE, EventLog
 from cellar.master.service import MasterService
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class Leadership:
         self.leader: LeaderRecord | None = None  # the leader this master last saw (HA only)
         self.takeover = Takeover()
         self.elections_won = 0
+        self.events = EventLog()
         self.service = self._new_service(None)
         self._published_nodes: frozenset[str] | None = None
         self._publishing: asyncio.Task[bool] | None = None
@@ -72,10 +74,12 @@ class Leadership:
         if not self.ha:
             service = MasterService(self.config, self._secret)
             service.role = SINGLE
+            service.events = self.events
             return service
         # A standby's service is never served; epoch 0 keeps its ids apart from any leader's.
         service = MasterService(self.config, self._secret, epoch=epoch if epoch is not None else 0)
         service.role = LEADER if epoch is not None else STANDBY
+        service.events = self.events
         return service
 
     # ---- what the servicer asks on every request ----------------------------------------
@@ -128,18 +132,23 @@ class Leadership:
         expected = self.election.expected_nodes if self.election is not None else None
         if expected is not None:
             self.service.expect_nodes(expected)
+        self.events.record(ELECTED, f"became leader with epoch {epoch}: rebuilding from the nodes' reports")
         log.info("took over as leader with epoch %d: rebuilding from the reports of %s", epoch,
                  f"{len(expected)} node(s)" if expected is not None else "the nodes (count unknown)")
 
     def on_deposed(self, reason: str) -> None:
         old = self.service
         self.service = self._new_service(None)
+        self.events.record(DEPOSED, f"stepped down ({reason}); now a standby")
         log.warning("stepped down (%s): dropped the metadata of epoch %d (%d objects); now a standby",
                     reason, old.epoch, old.objects.complete_count)
         del old
         release_frozen()  # the dropped table is frozen and full of cycles (cellar.heap)
 
     def on_leader(self, record: LeaderRecord | None) -> None:
+        old = self.leader
+        if record is not None and (old is None or (old.master_id, old.epoch) != (record.master_id, record.epoch)):
+            self.events.record(NEW_LEADER, f"leader is {record.master_id} at {record.address} (epoch {record.epoch})")
         self.leader = record
 
     # ---- background ----------------------------------------------------------------------
@@ -160,6 +169,8 @@ class Leadership:
         takeover.recovered_objects = service.objects_adopted
         takeover.nodes = len(service.membership.nodes)
         takeover.complete = True
+        self.events.record(REBUILD_DONE, f"rebuild done: {takeover.recovered_objects} objects from "
+                           f"{takeover.nodes} node(s) in {takeover.duration_s:.3f} s")
         log.info("takeover complete: epoch %d, recovered %d objects from %d nodes in %.3f s",
                  takeover.epoch, takeover.recovered_objects, takeover.nodes, takeover.duration_s)
 
