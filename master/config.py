@@ -59,6 +59,10 @@ def parse_tenant_quota(name: str, raw: Any, field: str = "tenants") -> TenantQuo
 class MasterConfig:
     listen: str = setting("127.0.0.1:50051", "gRPC listen address HOST:PORT (port 0 picks one)")
     http: str = setting("127.0.0.1:9400", "HTTP address for /metrics, /health and the admin API")
+    fast_port: int = setting(
+        0, "TCP port of the metadata fast line, on the listen host (0 = any free port; fix it "
+        "when a firewall or a Kubernetes Service must name it)", unit="port"
+    )
     cluster_secret_file: str = setting(
         "", "file holding the hex cluster secret for grant MACs (empty: ~/.cellar/cluster-secret; "
         "env CELLAR_CLUSTER_SECRET wins)"
@@ -151,6 +155,7 @@ class MasterConfig:
                 parse_host_port(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(name, str(exc)) from None
+        require(0 <= self.fast_port <= 65535, "fast_port", "must be in [0, 65535]")
         require(self.default_replicas >= 1, "default_replicas", "must be >= 1")
         require(1 <= self.max_replicas <= 64, "max_replicas", "must be in [1, 64]")
         require(self.default_replicas <= self.max_replicas, "default_replicas", "must be <= max_replicas")

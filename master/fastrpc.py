@@ -65,8 +65,8 @@ class FastRpcServer:
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
-    async def start(self, host: str) -> int:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str, port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

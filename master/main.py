@@ -102,7 +102,7 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     await server.start()
     fast = FastRpcServer(servicer, limit)
     try:
-        servicer.fast_port = await fast.start(host)
+        servicer.fast_port = await fast.start(host, config.fast_port)
     except OSError as exc:  # gRPC alone still serves everything
         log.warning("metadata fast line not started on %s: %s", host, exc.strerror)
 
