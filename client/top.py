@@ -101,8 +101,8 @@ def render(http: str, status: dict[str, Any], events: list[dict[str, Any]]) -> s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cellar top", description=(
         "Live view of a Cellar cluster (the master's status page in the terminal)."))
-    parser.add_argument("--http", default=os.environ.get("CELLAR_MASTER_HTTP", DEFAULT_HTTP),
-                        help=f"a master's HTTP address HOST:PORT (default: $CELLAR_MASTER_HTTP or "
+    parser.add_argument("--http", default=os.environ.get("CELLAR_STATUS_HTTP", DEFAULT_HTTP),
+                        help=f"a master's HTTP address HOST:PORT (default: $CELLAR_STATUS_HTTP or "
                              f"{DEFAULT_HTTP}); a standby is followed to its leader")
     parser.add_argument("--interval", default="2s", type=parse_duration_s,
                         help="redraw period (default 2s)")

@@ -55,7 +55,7 @@ def test_ids_are_unique_and_the_grid_fits(dashboard: dict[str, Any]) -> None:
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24 and grid["h"] > 0
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0
 
 
 @pytest.mark.parametrize("needle", [

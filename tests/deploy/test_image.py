@@ -53,7 +53,7 @@ def test_final_stage_runs_as_a_non_root_user() -> None:
     assert user not in ("root", "0"), users[-1]
     # the user is created before it is used
     run_lines = " ".join(args for word, args in final_stage() if word == "RUN")
-    assert f"--uid {user}" in run_lines or f"useradd" in run_lines and user in run_lines
+    assert f"--uid {user}" in run_lines or "useradd" in run_lines and user in run_lines
 
 
 def test_healthcheck_probes_health() -> None:
@@ -82,13 +82,18 @@ def test_no_secret_is_baked_into_the_image() -> None:
 
 
 def test_build_context_holds_every_room_the_wheel_packages() -> None:
-    """Every folder pyproject maps to a cellar package is copied into the build stage."""
-    copied = {args.split()[0] for word, args in instructions() if word == "COPY"
-              and "--from" not in args}
+    """The build stage copies the whole context, and .dockerignore keeps every folder pyproject
+    maps to a cellar package (and the packaging files) in it."""
+    copies = [args for word, args in instructions() if word == "COPY" and "--from" not in args]
+    assert copies == [". /src"], copies
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
     pyproject = (ROOT / "pyproject.toml").read_text()
     section = pyproject.split("[tool.setuptools.package-dir]", 1)[1].split("\n[", 1)[0]
     folders = set(re.findall(r'=\s*"([^"]+)"', section))
-    assert folders and folders <= copied, f"not copied: {folders - copied}"
+    assert folders, "no package-dir mapping in pyproject.toml"
+    kept = folders | {"pyproject.toml", "README.md", "setup.py"}
+    assert not kept & ignored, f".dockerignore drops {kept & ignored}"
 
 
 def test_the_wheel_the_image_installs_builds_and_holds_the_package(tmp_path: Path) -> None:
