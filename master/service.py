@@ -860,12 +860,14 @@ class MasterService:
 
     def expire_node(self, node: Node) -> None:
         now = self.clock.monotonic()
+        segments, replicas = len(node.segments), sum(len(s.objects) for s in node.segments.values())
         for segment in list(node.segments.values()):
             self.objects.lose_segment(segment, now)
             self.quarantine.forget_segment(segment)
         self.membership.forget(node)
         self.nodes_expired += 1
-        self.events.record(NODE_EXPIRED, f"node {node.node_id} expired: {len(node.segments)} segment(s) dropped")
+        self.events.record(NODE_EXPIRED, f"node {node.node_id} expired: {segments} segment(s), "
+                                         f"{replicas} replica(s) dropped")
 
     # ---------------------------------------------------------------- background
 
