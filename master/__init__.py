@@ -3,7 +3,9 @@
 It owns the object table and its state machine, per-segment allocators, placement, pins,
 eviction, tenants and quotas, quarantine of freed ranges and node membership, all mutated from
 one asyncio event loop (no locks). `service.MasterService` is the behaviour as plain methods;
-`servicer` is the thin gRPC adapter; `admin` serves /metrics, /health and the JSON admin API;
+`servicer` is the thin gRPC adapter; `admin` serves /metrics, /health and the JSON admin API,
+`statuspage` renders the HTML page at `/` and `events` keeps the bounded log of failovers,
+rebuilds and expiries it shows;
 `main` is `cellar master`;
 `rebuild` re-creates objects, allocator state and tenant usage from the nodes' index reports
 after a master or node restart.
