@@ -14,7 +14,6 @@ The room
     - `rpc.py`    the sync face's gRPC channel to the master: deadlines, bounded retries.
     - `buffers.py` caller buffers as flat byte views (no copies), `alloc_buffer`.
     - `cli.py`    `cellar status|put|get|rm`.
-    - `top.py`    `cellar top`: the master's status page as a live terminal view (HTTP only).
     An `AsyncClient` (asyncio face) reuses `core` with a `grpc.aio` channel, as httpx's
     `AsyncClient` reuses its core.
 

@@ -174,9 +174,9 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
     server.route("GET", "/metrics", metrics)
     server.route("GET", "/health", health)
     server.route("GET", "/", index)
+    server.route("GET", "/api/v1/events", events)
     server.route("GET", "/api/v1/status", status)
     server.route("GET", "/api/v1/tenants", list_tenants)
-    server.route("GET", "/api/v1/events", events)
     server.route("POST", "/api/v1/tenants", set_tenant)
     server.route("PUT", "/api/v1/tenants", set_tenant)
     return server

@@ -14,6 +14,7 @@ This module only reads state; it never changes it.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -175,7 +176,7 @@ class MasterCollector(Collector):
                                 "miss objects the nodes have not reported (rebuild)", value=int(recovering))
         yield GaugeMetricFamily("master_rebuild_elapsed_seconds", "how long the current rebuild has "
                                 "run (0 when none runs)",
-                                value=service.clock.monotonic() - service.started_monotonic if recovering else 0.0)
+                                value=time.monotonic() - leadership.service_started_monotonic if recovering else 0.0)
         yield _total("master_events", "entries written to the master's event log (master/events.py)",
                      leadership.events.recorded_total)
         yield _total("master_loop_lag_credited_seconds", "event-loop lag credited to node liveness",

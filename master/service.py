@@ -41,7 +41,6 @@ from xxhash import xxh64_intdigest
 from cellar.errors import Status
 from cellar.master.allocator import SegmentAllocator
 from cellar.master.config import MasterConfig, TenantQuota
-from cellar.master.events import NODE_EXPIRED, EventLog
 from cellar.master.eviction import Evictor
 from cellar.master.grants import GrantSigner
 from cellar.master.membership import ACTIVE, MAX_NODE_ID_CHARS, Membership, Node, Segment
@@ -283,8 +282,6 @@ class MasterService:
         self._rounded = SegmentAllocator.rounded_size
         self._watermark_evicting = False
         self.nodes_expired = 0
-        # Leadership replaces this with its own log, which outlives the service (master/events.py)
-        self.events = EventLog()
         self.puts_timed_out = 0
         self.no_space_count = 0
         # rebuild (module docstring)
@@ -785,11 +782,6 @@ class MasterService:
                 self._refuse_on_report.pop(node_id, None)
         return ReportOutcome(Status.OK, "", result.refused, result.accepted)
 
-    @property
-    def started_monotonic(self) -> float:
-        """When this service started (its rebuild window opens then)."""
-        return self._started_at
-
     def recovering(self) -> bool:
         """Whether a miss may be an object not reported yet (module docstring)."""
         if self.membership.rebuilding_count:
@@ -860,14 +852,11 @@ class MasterService:
 
     def expire_node(self, node: Node) -> None:
         now = self.clock.monotonic()
-        segments, replicas = len(node.segments), sum(len(s.objects) for s in node.segments.values())
         for segment in list(node.segments.values()):
             self.objects.lose_segment(segment, now)
             self.quarantine.forget_segment(segment)
         self.membership.forget(node)
         self.nodes_expired += 1
-        self.events.record(NODE_EXPIRED, f"node {node.node_id} expired: {segments} segment(s), "
-                                         f"{replicas} replica(s) dropped")
 
     # ---------------------------------------------------------------- background
 
