@@ -123,6 +123,8 @@ def test_every_cellar_command_line_parses_with_the_compose_environment(
     if argv[0] == "master":
         assert settings["etcd"] == "etcd:2379" and settings["master_id"] == service
         assert settings["cluster_secret_file"] == "/run/secrets/cluster_secret"
+        if "tokens_file" in settings:  # the authentication work (tokens) is in this tree
+            assert settings["tokens_file"] == "/run/secrets/cellar_tokens"
     else:
         assert settings["node_id"] == service
         assert settings["master"] == "etcd://etcd:2379/cellar"
@@ -150,6 +152,9 @@ def test_secrets_volumes_and_ports_are_consistent(compose: dict[str, Any]) -> No
         for key, value in svc.get("environment", {}).items():
             if str(value).startswith("/run/secrets/"):
                 assert str(value).removeprefix("/run/secrets/") in used, f"{name} {key}"
+        for entry in svc.get("env_file", []):
+            path = entry["path"] if isinstance(entry, dict) else entry
+            assert Path(path).name in gitignored, f"{name}: env file {path} is not git-ignored"
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("."):

@@ -179,6 +179,10 @@ def test_rendered_container_args_parse_with_cellar_print_config(
     settings = print_config(args, env)
     assert settings["advertise"] == "10.1.2.3:50051" and settings["fast_port"] == "50052"
     assert settings["etcd"] == (values_of(name) or {}).get("etcd", {}).get("endpoints", "cellar-etcd.kv.svc:2379")
+    tokens_secret = (values_of(name) or {}).get("tokens", {}).get("existingSecret")
+    assert (env.get("CELLAR_MASTER_TOKENS_FILE") == "/etc/cellar/tokens/tokens.json") == bool(tokens_secret)
+    if "tokens_file" in settings:  # the authentication work (tokens) is in this tree
+        assert settings["tokens_file"] == env.get("CELLAR_MASTER_TOKENS_FILE", "")
     node = one(docs, "StatefulSet", "-node")["spec"]["template"]["spec"]["containers"][0]
     args, env = _kubelet_args(node, tmp_path / "node")
     assert args[0] == "node"
