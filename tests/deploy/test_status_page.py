@@ -2,9 +2,10 @@
 
 An HA LocalCluster (etcd + 2 masters + 3 nodes, two tenants with quotas) gets some data, and
 one node is stopped past its expiry so the event log has a `node_expired` entry. Headless
-Chromium (Debian's `chromium`) loads the leader's `/`: the test reads the DOM Chromium built
-(`--dump-dom`, after parsing, so what a person's browser shows) for the role, epoch, every node
-with its state and every tenant, and takes a screenshot into bench/results/status-page.png.
+Chromium (Debian's `chromium`, driven by selenium through Debian's `chromium-driver`, with
+JavaScript switched off: the page must read without it) loads the leader's `/`; the test reads
+the DOM for the role, epoch, every node with its state, every tenant and the events, and takes
+a screenshot into bench/results/status-page.png.
 `cellar top --once`, pointed at the standby, follows to the leader and shows the same rows.
 """
 
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from html.parser import HTMLParser
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,37 +32,6 @@ EXPIRE_AFTER_S = 3.0
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
                   "--hide-scrollbars"]
-
-
-class _Rows(HTMLParser):
-    """Collects the data-* attributes of table rows and the text of id'd elements."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[dict[str, str]] = []
-        self.ids: dict[str, str] = {}
-        self._open_id: str | None = None
-        self.has_script = False
-        self.refresh = ""
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = {k: v or "" for k, v in attrs}
-        if tag == "tr" and any(k.startswith("data-") for k in a):
-            self.rows.append(a)
-        if tag == "script":
-            self.has_script = True
-        if tag == "meta" and a.get("http-equiv") == "refresh":
-            self.refresh = a.get("content", "")
-        if "id" in a and tag == "span":
-            self._open_id = a["id"]
-
-    def handle_data(self, data: str) -> None:
-        if self._open_id:
-            self.ids[self._open_id] = self.ids.get(self._open_id, "") + data
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "span":
-            self._open_id = None
 
 
 def _wait(predicate: Any, what: str) -> None:
@@ -98,33 +68,53 @@ def _expired(c: LocalCluster, leader: int) -> bool:
     return "node-2" not in {n["node"] for n in status.get("nodes", [])}
 
 
-def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    binary = require_tool("chromium", "chromium-browser")
-    return subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+@pytest.fixture()
+def browser(tmp_path: Path) -> Iterator[Any]:
+    chromium = require_tool("chromium", "chromium-browser")
+    driver_path = require_tool("chromedriver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1000"):
+        options.add_argument(flag)
+    options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
-def test_status_page_in_headless_chromium(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_status_page_in_headless_chromium(cluster: LocalCluster, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
     leader = cluster.leader()
-    url = f"http://{cluster.masters[leader].http}/"
-    proc = _chromium(["--dump-dom", url], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    page = _Rows()
-    page.feed(proc.stdout)
+    browser.get(f"http://{cluster.masters[leader].http}/")
     status = cluster.master_status(leader)
     assert status is not None
-    assert page.ids["role"] == "leader" and page.ids["epoch"] == str(status["epoch"])
-    assert not page.has_script and page.refresh.isdigit()
-    nodes = {r["data-node"]: r["data-state"] for r in page.rows if "data-node" in r}
+    assert browser.find_element(By.ID, "role").text == "leader"
+    assert browser.find_element(By.ID, "epoch").text == str(status["epoch"])
+    assert not browser.find_elements(By.TAG_NAME, "script")
+    refresh = browser.find_element(By.CSS_SELECTOR, 'meta[http-equiv="refresh"]')
+    assert refresh.get_attribute("content").isdigit()
+    nodes = {row.get_attribute("data-node"): row.get_attribute("data-state")
+             for row in browser.find_elements(By.CSS_SELECTOR, "#nodes tr[data-node]")}
     assert nodes == {"node-0": "ACTIVE", "node-1": "ACTIVE", "node-2": "ACTIVE"}
-    tenants = {r["data-tenant"] for r in page.rows if "data-tenant" in r}
+    for row in browser.find_elements(By.CSS_SELECTOR, "#nodes tr[data-node]"):
+        assert row.find_element(By.CSS_SELECTOR, "[role=meter]").is_displayed()  # the use bar
+    tenants = {row.get_attribute("data-tenant")
+               for row in browser.find_elements(By.CSS_SELECTOR, "#tenants tr[data-tenant]")}
     assert tenants == {"default", "team-a"}
-    kinds = [r["data-kind"] for r in page.rows if "data-kind" in r]
+    kinds = [row.get_attribute("data-kind")
+             for row in browser.find_elements(By.CSS_SELECTOR, "#events tr[data-kind]")]
     assert "node_expired" in kinds and "elected" in kinds and "rebuild_done" in kinds
+    expired = browser.find_element(By.CSS_SELECTOR, '#events tr[data-kind="node_expired"]').text
+    assert "node-2" in expired
 
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    shot = _chromium([f"--screenshot={SCREENSHOT}", "--window-size=1200,1000", url], tmp_path)
-    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert browser.save_screenshot(str(SCREENSHOT))
     assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
