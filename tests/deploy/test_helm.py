@@ -63,6 +63,13 @@ def test_chart_lints_clean(name: str) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+def test_etcd_subchart_is_present_and_lints_clean() -> None:
+    assert helm.dependency_list(str(CHART)) == [
+        {"name": "etcd", "version": "0.1.0", "repository": "", "status": "unpacked"}]
+    report = helm.lint(str(CHART / "charts" / "etcd"), strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+
+
 def test_every_manifest_validates_against_the_kubernetes_schemas(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     custom = []
@@ -111,6 +118,9 @@ def test_masters_shape(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "fast", "http"}
     pdb = one(docs, "PodDisruptionBudget", "-master")
     assert pdb["spec"]["minAvailable"] >= 1
+    # the etcd subchart runs only when no external etcd is named
+    bundled = [d for d in kind(docs, "StatefulSet") if d["metadata"]["name"].endswith("-etcd")]
+    assert len(bundled) == (0 if values.get("etcd", {}).get("endpoints") else 1)
 
 
 def test_nodes_shape_and_resources_match_the_segment(rendered: tuple[str, list[dict[str, Any]]]) -> None:

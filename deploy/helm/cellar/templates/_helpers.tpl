@@ -32,7 +32,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.etcd.endpoints -}}
 {{- .Values.etcd.endpoints -}}
 {{- else if .Values.etcd.enabled -}}
-{{- printf "%s-etcd.%s.svc:2379" (include "cellar.fullname" .) .Release.Namespace -}}
+{{- printf "%s-etcd.%s.svc:2379" (.Release.Name | trunc 58 | trimSuffix "-") .Release.Namespace -}}
 {{- else -}}
 {{- fail "set etcd.endpoints or etcd.enabled=true: the masters elect their leader in etcd" -}}
 {{- end -}}
