@@ -180,9 +180,12 @@ def alert_rules() -> list[dict[str, Any]]:
     return [r for group in rules["groups"] for r in group["rules"] if "alert" in r]
 
 
-def _skip_client_metrics(expr: str) -> None:
+def _skip_client_metrics(prom: Prom, expr: str) -> None:
+    """Without the SDK's metrics module only the expression's syntax can be checked here."""
     if "cellar_client_" in expr and client_metrics is None:
-        pytest.skip("cellar.client.metrics is not in this tree yet (branch sdk-buffers)")
+        prom.query(expr)  # Prometheus parses and evaluates it (no data to require)
+        pytest.skip("cellar.client.metrics is not in this tree yet (branch sdk-buffers): "
+                    "syntax checked, data not")
 
 
 def test_promtool_accepts_the_shipped_config_and_rules() -> None:
@@ -195,8 +198,8 @@ def test_promtool_accepts_the_shipped_config_and_rules() -> None:
 
 @pytest.mark.parametrize(("where", "expr"), dashboard_exprs(), ids=[w for w, _ in dashboard_exprs()])
 def test_every_dashboard_query_returns_data(stack: tuple[Prom, LocalCluster], where: str, expr: str) -> None:
-    _skip_client_metrics(expr)
     prom, _ = stack
+    _skip_client_metrics(prom, expr)
     for name in sorted(set(_METRIC.findall(expr))):
         assert prom.wait_for_data(f'count({{__name__="{name}"}})'), f"{where}: no series {name}"
     assert prom.wait_for_data(expr), f"{where}: {expr} returned nothing"
