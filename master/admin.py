@@ -22,11 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from cellar.errors import ConfigError
 from cellar.http import HttpServer, Request, Response
+from cellar.master import statuspage
 from cellar.master.config import parse_tenant_quota
 from cellar.master.leadership import Leadership
 from cellar.master.membership import STATE_NAMES
-from cellar.master.statuspage import nodes_of
-from cellar.master.statuspage import render as render_status_page
 from cellar.master.tenants import Tenant
 from cellar.units import format_size
 
@@ -86,7 +85,6 @@ def status_json(leadership: Leadership) -> dict[str, Any]:
     return {
         **_leadership_json(leadership),
         "segments": segments,
-        "nodes": nodes_of(segments),
         "capacity": capacity,
         "used": used,
         "quarantined": service.quarantine.held_bytes,
@@ -94,6 +92,7 @@ def status_json(leadership: Leadership) -> dict[str, Any]:
         "writing": len(service.objects.puts),
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
+        "nodes": statuspage.nodes_of(segments),  # the segments per node, as the page shows them
         "limits": {
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
@@ -144,7 +143,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
     async def index(request: Request) -> Response:
         if request.query.get("text"):
             return Response(200, _status_text(leadership).encode())
-        page = render_status_page(status_json(leadership), leadership.events.recent())
+        page = statuspage.render(status_json(leadership), leadership.events.recent())
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
     async def events(_: Request) -> Response:

@@ -155,7 +155,6 @@ class MasterConfig:
                 parse_host_port(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(name, str(exc)) from None
-        require(0 <= self.fast_port <= 65535, "fast_port", "must be in [0, 65535]")
         require(self.default_replicas >= 1, "default_replicas", "must be >= 1")
         require(1 <= self.max_replicas <= 64, "max_replicas", "must be in [1, 64]")
         require(self.default_replicas <= self.max_replicas, "default_replicas", "must be <= max_replicas")
@@ -196,6 +195,7 @@ class MasterConfig:
         require(self.max_freed_per_heartbeat >= 1, "max_freed_per_heartbeat", "must be >= 1")
         require(self.max_freed_backlog >= 1, "max_freed_backlog", "must be >= 1")
         require(self.max_segments_per_node >= 1, "max_segments_per_node", "must be >= 1")
+        require(0 <= self.fast_port <= 65535, "fast_port", "must be in [0, 65535]")
         require(
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
             "must be in [64KiB, 1GiB]",
