@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "node": ("cellar.storage_node.main", "main", "run a storage node contributing a DRAM segment"),
     "up": ("cellar.local_cluster", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
     "status": ("cellar.client.cli", "status_main", "print the cluster's capacity, nodes and tenants"),
+    "top": ("cellar.client.top", "main", "live view of the cluster (the status page in the terminal)"),
     "put": ("cellar.client.cli", "put_main", "store a file's bytes under a key"),
     "get": ("cellar.client.cli", "get_main", "fetch a key's bytes to a file or stdout"),
     "rm": ("cellar.client.cli", "rm_main", "remove a key"),

@@ -8,6 +8,8 @@ one asyncio event loop (no locks). `service.MasterService` is the behaviour as p
 `main` is `cellar master`;
 `rebuild` re-creates objects, allocator state and tenant usage from the nodes' index reports
 after a master or node restart.
+`statuspage` renders the HTML page at `/` and `events` keeps the bounded log of failovers,
+rebuilds and node expiries it shows (the log lives in `leadership`, which outlives a service).
 
 Metadata transports: gRPC (`servicer`) is the API and serves every RPC. Beside it, on the same
 event loop, `fastrpc` serves the five hottest RPCs (PutStart, PutEnd, PutRevoke, GetReplicas,

@@ -3,7 +3,8 @@
 Routes:
   GET  /metrics            Prometheus text format (per-process registry, see metrics.py)
   GET  /health             200 "ok"
-  GET  /                   a small plain-text status page
+  GET  /                   the HTML status page (master/statuspage.py); ?text=1 plain text
+  GET  /api/v1/events      JSON: the recent events, newest first (master/events.py)
   GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:
@@ -34,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from cellar.errors import ConfigError
 from cellar.http import HttpServer, Request, Response
+from cellar.master import statuspage
 from cellar.master.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
 from cellar.master.config import TENANT_NAME, parse_tenant_quota
 from cellar.master.leadership import Leadership
@@ -109,6 +111,7 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
         "writing": len(service.objects.puts),
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
+        "nodes": statuspage.nodes_of(segments),  # the segments per node, as the page shows them
         "limits": {
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
@@ -178,8 +181,14 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     async def health(_: Request) -> Response:
         return Response(200, b"ok\n")
 
-    async def index(_: Request) -> Response:
-        return Response(200, _status_text(leadership).encode())
+    async def index(request: Request) -> Response:
+        if request.query.get("text"):
+            return Response(200, _status_text(leadership).encode())
+        page = statuspage.render(status_json(leadership), leadership.events.recent())
+        return Response(200, page.encode(), "text/html; charset=utf-8")
+
+    async def events(_: Request) -> Response:
+        return Response.json([e.to_json() for e in leadership.events.recent()])
 
     async def status(request: Request) -> Response:
         return Response.json(status_json(leadership, show_shm=_is_admin(request)))
@@ -205,6 +214,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     server.route("GET", "/metrics", metrics)
     server.route("GET", "/health", health)
     server.route("GET", "/", index)
+    server.route("GET", "/api/v1/events", events)
     server.route("GET", "/api/v1/status", status)
     server.route("GET", "/api/v1/tenants", list_tenants)
     server.route("POST", "/api/v1/tenants", _guard(set_tenant))

@@ -79,6 +79,10 @@ def parse_tenant_quota(name: str, raw: Any, field: str = "tenants") -> TenantQuo
 class MasterConfig:
     listen: str = setting("127.0.0.1:50051", "gRPC listen address HOST:PORT (port 0 picks one)")
     http: str = setting("127.0.0.1:9400", "HTTP address for /metrics, /health and the admin API")
+    fast_port: int = setting(
+        0, "TCP port of the metadata fast line, on the listen host (0 = any free port; fix it "
+        "when a firewall or a Kubernetes Service must name it)", unit="port"
+    )
     cluster_secret_file: str = setting(
         "", "file holding the hex cluster secret for grant MACs (empty: ~/.cellar/cluster-secret; "
         "env CELLAR_CLUSTER_SECRET wins)"
@@ -251,6 +255,7 @@ class MasterConfig:
         require(self.max_freed_per_heartbeat >= 1, "max_freed_per_heartbeat", "must be >= 1")
         require(self.max_freed_backlog >= 1, "max_freed_backlog", "must be >= 1")
         require(self.max_segments_per_node >= 1, "max_segments_per_node", "must be >= 1")
+        require(0 <= self.fast_port <= 65535, "fast_port", "must be in [0, 65535]")
         require(
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
             "must be in [64KiB, 1GiB]",

@@ -109,9 +109,11 @@ class FastRpcServer:
         self._per_peer: dict[str, int] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Listen on `host`, port 0; over TLS when `ssl_context` is given (as gRPC is)."""
-        self._server = await asyncio.start_server(self._serve, host, 0, ssl=ssl_context)
+    async def start(self, host: str, port: int = 0,
+                    ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on `host`:`port` (0: any free port); over TLS when `ssl_context` is given
+        (as gRPC is)."""
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl_context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.port

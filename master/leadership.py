@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from cellar.coord.redirect import redirect_details
 from cellar.heap import release_frozen
 from cellar.master.config import MasterConfig
+from cellar.master.events import DEPOSED, ELECTED, NEW_LEADER, NODE_EXPIRED, REBUILD_DONE, EventLog
 from cellar.master.service import MasterService
 
 if TYPE_CHECKING:
@@ -64,11 +65,18 @@ class Leadership:
         self.leader: LeaderRecord | None = None  # the leader this master last saw (HA only)
         self.takeover = Takeover()
         self.elections_won = 0
+        self.events = EventLog()
+        self.service_started_monotonic = 0.0
+        # what the expiry watch saw at the last tick (see _watch_expiries)
+        self._watched: object = object()  # the service watched (identity only)
+        self._expired_seen = 0
+        self._node_replicas: dict[str, int] = {}
         self.service = self._new_service(None)
         self._published_nodes: frozenset[str] | None = None
         self._publishing: asyncio.Task[bool] | None = None
 
     def _new_service(self, epoch: int | None) -> MasterService:
+        self.service_started_monotonic = time.monotonic()  # its rebuild window opens now
         if not self.ha:
             service = MasterService(self.config, self._secret)
             service.role = SINGLE
@@ -128,18 +136,23 @@ class Leadership:
         expected = self.election.expected_nodes if self.election is not None else None
         if expected is not None:
             self.service.expect_nodes(expected)
+        self.events.record(ELECTED, f"became leader with epoch {epoch}: rebuilding from the nodes' reports")
         log.info("took over as leader with epoch %d: rebuilding from the reports of %s", epoch,
                  f"{len(expected)} node(s)" if expected is not None else "the nodes (count unknown)")
 
     def on_deposed(self, reason: str) -> None:
         old = self.service
         self.service = self._new_service(None)
+        self.events.record(DEPOSED, f"stepped down ({reason}); now a standby")
         log.warning("stepped down (%s): dropped the metadata of epoch %d (%d objects); now a standby",
                     reason, old.epoch, old.objects.complete_count)
         del old
         release_frozen()  # the dropped table is frozen and full of cycles (cellar.heap)
 
     def on_leader(self, record: LeaderRecord | None) -> None:
+        old = self.leader
+        if record is not None and (old is None or (old.master_id, old.epoch) != (record.master_id, record.epoch)):
+            self.events.record(NEW_LEADER, f"leader is {record.master_id} at {record.address} (epoch {record.epoch})")
         self.leader = record
 
     # ---- background ----------------------------------------------------------------------
@@ -147,6 +160,7 @@ class Leadership:
     def tick(self) -> None:
         """Close the takeover once the rebuild is over, then keep etcd's list of mounted nodes
         current for the next leader (called by the master's ticker)."""
+        self._watch_expiries()
         takeover = self.takeover
         service = self.service
         if service.role != LEADER or takeover.epoch != service.epoch:
@@ -160,8 +174,28 @@ class Leadership:
         takeover.recovered_objects = service.objects_adopted
         takeover.nodes = len(service.membership.nodes)
         takeover.complete = True
+        self.events.record(REBUILD_DONE, f"rebuild done: {takeover.recovered_objects} objects from "
+                           f"{takeover.nodes} node(s) in {takeover.duration_s:.3f} s")
         log.info("takeover complete: epoch %d, recovered %d objects from %d nodes in %.3f s",
                  takeover.epoch, takeover.recovered_objects, takeover.nodes, takeover.duration_s)
+
+    def _watch_expiries(self) -> None:
+        """Log each node the service expired since the last tick. The service's tick forgets an
+        expired node and counts it (`nodes_expired`); the nodes that vanished from membership
+        since the last look are those, with the replicas they held then. Observing here keeps
+        the event log out of the metadata code. O(segments) per tick."""
+        service = self.service
+        nodes = service.membership.nodes
+        if self._watched != service:  # a new service (election; identity, no __eq__): counter at 0
+            self._watched, self._expired_seen = service, service.nodes_expired
+        elif service.nodes_expired > self._expired_seen:
+            gone = [node_id for node_id in self._node_replicas if node_id not in nodes]
+            for node_id in gone[:service.nodes_expired - self._expired_seen]:
+                self.events.record(NODE_EXPIRED, f"node {node_id} expired: its "
+                                   f"{self._node_replicas[node_id]} replica(s) dropped")
+            self._expired_seen = service.nodes_expired
+        self._node_replicas = {node_id: sum(len(seg.objects) for seg in node.segments.values())
+                               for node_id, node in nodes.items()}
 
     def _publish_nodes(self) -> None:
         """Write the mounted node ids to etcd when they changed, one write in flight at most.

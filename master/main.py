@@ -125,7 +125,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                          frame_timeout_s=config.frame_timeout_s,
                          max_pending_bytes=config.max_pending_bytes)
     try:
-        servicer.fast_port = await fast.start(host, server_context(
+        servicer.fast_port = await fast.start(host, config.fast_port, server_context(
             config.tls_cert_file, config.tls_key_file) if config.tls_cert_file else None)
     except OSError as exc:  # gRPC alone still serves everything
         log.warning("metadata fast line not started on %s: %s", host, exc.strerror)

@@ -14,6 +14,7 @@ This module only reads state; it never changes it.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -170,6 +171,14 @@ class MasterCollector(Collector):
                      service.replicas_lost)
         yield GaugeMetricFamily("master_segments_rebuilding", "segments whose index report is not "
                                 "complete (no new placements)", value=service.membership.rebuilding_count)
+        recovering = leadership.serving() and service.recovering()
+        yield GaugeMetricFamily("master_rebuild_in_progress", "1 while this serving master may still "
+                                "miss objects the nodes have not reported (rebuild)", value=int(recovering))
+        yield GaugeMetricFamily("master_rebuild_elapsed_seconds", "how long the current rebuild has "
+                                "run (0 when none runs)",
+                                value=time.monotonic() - leadership.service_started_monotonic if recovering else 0.0)
+        yield _total("master_events", "entries written to the master's event log (master/events.py)",
+                     leadership.events.recorded_total)
         yield _total("master_loop_lag_credited_seconds", "event-loop lag credited to node liveness",
                      service.membership.lag_credited_s)
 

@@ -22,8 +22,20 @@ from prometheus_client.registry import Collector
 from cellar.http import HttpServer, Request, Response
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
+from cellar.transfer.frame import (
+    ST_BAD_GRANT,
+    ST_EXPIRED,
+    ST_OUT_OF_RANGE,
+    ST_STALE_EPOCH,
+    STATUS_NAMES,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# frame statuses (transfer/frame.py STATUS_NAMES) that mean "your grant does not allow this"
+GRANT_REFUSAL_STATUSES = (
+    STATUS_NAMES[ST_BAD_GRANT], STATUS_NAMES[ST_EXPIRED], STATUS_NAMES[ST_STALE_EPOCH],
+    STATUS_NAMES[ST_OUT_OF_RANGE],
+)
 
 
 def _slug(name: str) -> str:
@@ -61,6 +73,13 @@ class NodeCollector(Collector):
         for status, count in sorted(stats.get("errors", {}).items()):
             errors.add_metric([_slug(status)], count)
         yield errors
+        # Always every reason, zero included, so dashboards and alerts see the series exist.
+        refusals = CounterMetricFamily("node_grant_refusals", "data-plane requests refused for "
+                                       "their grant", labels=["reason"])
+        counted = stats.get("errors", {})
+        for status in GRANT_REFUSAL_STATUSES:
+            refusals.add_metric([_slug(status)], counted.get(status, 0))
+        yield refusals
         yield GaugeMetricFamily("node_active_connections", "open data-plane connections",
                                 value=stats.get("active_connections", 0))
         yield CounterMetricFamily("node_connections_refused", "connections over the limit",
