@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from sglang.srt.runtime_context import get_parallel
 
 BACKEND_CONFIG = {"backend_name": "cellar", "module_path": "cellar.integrations.sglang",
