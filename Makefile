@@ -77,7 +77,7 @@ clean:
 # `make engine-venv-sglang` prints the venv's folder; its python is <folder>/bin/python. The
 # engine tests run from that venv with this clone's code on PYTHONPATH (build/engine-site).
 ENGINE_VENV := $(PYTHON) tests/engines/engine_venv.py
-ENGINE_PYTEST := -m pytest -q -p no:cacheprovider
+ENGINE_PYTEST := -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning
 
 .PHONY: engine-venv-sglang test-engines test-engines-sglang bench-engines
 
