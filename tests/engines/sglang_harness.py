@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from sglang.srt.runtime_context import get_parallel
 
 BACKEND_CONFIG = {"backend_name": "cellar", "module_path": "cellar.integrations.sglang",
@@ -172,9 +171,11 @@ class Engine:
 
     # ---- the controller's storage path ----------------------------------------------------
 
-    def backup(self, pages: int, seed: int) -> int:
-        """Fill `pages` host pages, back them up through the controller; tokens it stored."""
-        tokens = self.tokens(pages, seed)
+    def backup(self, pages: int, seed: int, *, first: int | None = None) -> int:
+        """Fill host pages with sequence `seed` (its first `first` pages of `pages`, default
+        all), back them up through the controller; the tokens it stored."""
+        tokens = self.tokens(pages, seed)[:(pages if first is None else first) * self.shape.page_size]
+        pages = len(tokens) // self.shape.page_size
         host_indices = self.host.alloc(len(tokens))
         assert host_indices is not None, "host pool too small for the test"
         self.fill(host_indices, seed, pages)
@@ -207,10 +208,12 @@ class Engine:
         assert op.host_indices is not None, "host pool too small for the test"
         c.prefetch_buffer.put(op)
         completed, terminated = 0, False
+        assert policy in ("wait_complete", "timeout"), policy
         deadline = time.monotonic() + ACK_WAIT_S
         while time.monotonic() < deadline:
-            if policy == "timeout" and not terminated and timeout_s is not None and \
+            if policy == "timeout" and timeout_s is not None and \
                     time.monotonic() - started > timeout_s:
+                # _can_terminate_prefetch said yes: the scheduler takes what has been acked.
                 completed, _ = c.terminate_prefetch(op)
                 terminated = True
                 break
