@@ -14,6 +14,7 @@ How LMCache finds it
           remote_storage_plugin.cellar.master: "127.0.0.1:7070"     # or etcd://host:port/cluster
           remote_storage_plugin.cellar.tenant: "default"            # optional
           remote_storage_plugin.cellar.timeout_s: 5.0               # optional, per Cellar call
+          remote_storage_plugin.cellar.transport: auto              # optional: auto|tcp|shm|rdma
           save_chunk_meta: false                                    # optional, LMCache's own key
 
     (`CellarConnector` itself also loads as `class_name`: LMCache then wraps it in its
@@ -114,14 +115,16 @@ class _CellarCalls:
     threads (exists_sync, batched_contains). Both raise `cellar.Unavailable` while no client
     could be opened; the connector maps every error to a miss."""
 
-    def __init__(self, master: str, tenant: str, timeout_s: float,
+    def __init__(self, master: str, tenant: str, timeout_s: float, transport: str,
                  on_connect: Callable[[cellar.Client], None]) -> None:
         self.master, self.tenant, self.timeout_s = master, tenant, timeout_s
+        self.transport = transport
         self._on_connect = on_connect
         self._client: cellar.Client | None = None
         self._lock = threading.Lock()
         self._next_try_s = 0.0
         self._closed = False
+        self.in_flight = 0  # calls under way (observability; the outage tests wait on it)
         self._pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="cellar-lmcache")
 
     def client(self) -> cellar.Client:
@@ -135,7 +138,8 @@ class _CellarCalls:
                 raise cellar.Unavailable(f"Cellar master {self.master} unreachable; next try in "
                                          f"{self._next_try_s - now:.1f} s")
             try:
-                client = cellar.connect(self.master, tenant=self.tenant, timeout_s=self.timeout_s)
+                client = cellar.connect(self.master, tenant=self.tenant, timeout_s=self.timeout_s,
+                                        transport=self.transport)
             except _FAILURES:
                 self._next_try_s = now + RECONNECT_BACKOFF_S
                 raise
@@ -144,7 +148,13 @@ class _CellarCalls:
         return client
 
     def run_sync(self, fn: Callable[[cellar.Client], T]) -> T:
-        return fn(self.client())
+        with self._lock:
+            self.in_flight += 1
+        try:
+            return fn(self.client())
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     async def run(self, fn: Callable[[cellar.Client], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -200,7 +210,8 @@ class CellarConnector(RemoteConnector):
         self.format = chunk_format(self, metadata.model_name, metadata.world_size,
                                    metadata.use_mla)
         self._calls = _CellarCalls(master, str(extra.get(prefix + "tenant", "default")),
-                                   timeout_s, self._describe_format)
+                                   timeout_s, str(extra.get(prefix + "transport", "auto")),
+                                   self._describe_format)
         log.info("Cellar connector: master %s, format namespace %s (%s)", master,
                  self.format.namespace(), self.format.layout)
 

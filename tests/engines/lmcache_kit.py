@@ -31,6 +31,7 @@ HEAD_DIM = 64
 CHUNK_TOKENS = 16
 DTYPE = torch.bfloat16
 MODEL = "cellar-test/tiny-kv"
+DROP_LOCAL_WAIT_S = 60.0
 
 CONFIG_YAML = """\
 chunk_size: {chunk}
@@ -45,6 +46,7 @@ extra_config:
   remote_storage_plugin.cellar.class_name: CellarConnectorAdapter
   remote_storage_plugin.cellar.master: "{master}"
   remote_storage_plugin.cellar.timeout_s: {timeout_s}
+  remote_storage_plugin.cellar.transport: {transport}
   save_chunk_meta: {save_chunk_meta}
 """
 
@@ -84,9 +86,9 @@ class CPUKVConnector(GPUConnectorInterface):
 
 def write_config(path: Path, master: str, *, save_chunk_meta: bool = False,
                  chunk: int = CHUNK_TOKENS, cpu_gib: float = 0.25, timeout_s: float = 5.0,
-                 blocking_s: int = 10) -> Path:
+                 blocking_s: int = 10, transport: str = "auto") -> Path:
     path.write_text(CONFIG_YAML.format(master=master, chunk=chunk, cpu_gib=cpu_gib,
-                                       timeout_s=timeout_s, blocking_s=blocking_s,
+                                       timeout_s=timeout_s, blocking_s=blocking_s, transport=transport,
                                        save_chunk_meta=str(save_chunk_meta).lower()))
     return path
 
@@ -130,7 +132,19 @@ def cellar_connector(engine: LMCacheEngine) -> Any:
 def drop_local(engine: LMCacheEngine) -> None:
     """Empty the engine's LocalCPUBackend so the next retrieve must come from Cellar."""
     assert engine.storage_manager is not None
-    engine.storage_manager.storage_backends["LocalCPUBackend"].clear()
+    import time
+
+    local = engine.storage_manager.storage_backends["LocalCPUBackend"]
+    # A chunk whose remote put is still under way is referenced and cannot go yet: wait for it
+    # (bounded), so a retrieve after this can only be served by Cellar.
+    deadline = time.monotonic() + DROP_LOCAL_WAIT_S
+    while True:
+        local.clear()
+        held = local.get_keys()
+        if not held:
+            return
+        assert time.monotonic() < deadline, f"LocalCPUBackend still holds {len(held)} chunks"
+        time.sleep(0.05)
 
 
 def random_kv(tokens: int, *, seed: int, layers: int = LAYERS,
@@ -159,5 +173,40 @@ def wait_stored(engine: LMCacheEngine, tokens: torch.Tensor, timeout_s: float = 
         time.sleep(0.05)
 
 
+def prompt(prefix_tokens: int, suffix_tokens: int, *, suffix_seed: int) -> torch.Tensor:
+    """A prompt of a shared prefix (the same in every process) and a suffix of its own."""
+    return torch.cat([tokens_for(prefix_tokens, seed=1), tokens_for(suffix_tokens, seed=suffix_seed)])
+
+
+def _main(argv: list[str]) -> int:
+    """`store CONFIG PREFIX SUFFIX SEED` or `retrieve CONFIG PREFIX SUFFIX SEED OUT`: one engine in
+    this process (the two-instance test runs two of them); KV is random_kv(seed=SEED)."""
+    import json
+
+    command, config, prefix, suffix, seed = argv[:5]
+    engine = make_engine(Path(config))
+    tokens = prompt(int(prefix), int(suffix), suffix_seed=int(seed))
+    try:
+        if command == "store":
+            engine.store(tokens, kv=random_kv(len(tokens), seed=int(seed)))
+            print(json.dumps({"stored_chunks": wait_stored(engine, tokens)}), flush=True)
+        else:
+            hit = engine.lookup(tokens)
+            kv = torch.zeros(2, LAYERS, len(tokens), KV_HEADS * HEAD_DIM, dtype=DTYPE)
+            mask = engine.retrieve(tokens, kv=kv)
+            torch.save({"kv": kv, "mask": mask}, argv[5])
+            print(json.dumps({"lookup_tokens": hit, "retrieved_tokens": int(mask.sum())}),
+                  flush=True)
+    finally:
+        destroy(engine)
+    return 0
+
+
 __all__ = ["CONFIG_YAML", "CPUKVConnector", "cellar_connector", "destroy", "drop_local",
-           "make_engine", "random_kv", "remote_backend", "tokens_for", "wait_stored", "write_config"]
+           "make_engine", "prompt", "random_kv", "remote_backend", "tokens_for", "wait_stored", "write_config"]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
