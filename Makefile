@@ -68,3 +68,22 @@ failover: venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# ---- LMCache engine (issue 12, LMCache half) ----------------------------------------------
+# The LMCache venv (recipe tests/engines/recipes/lmcache: torch 2.13 CPU, lmcache 0.5.6 without
+# its GPU stack, the modules it imports) is built by tests/engines/engine_venv.py into
+# $(CELLAR_ENGINE_CACHE) (default ~/.cache/cellar/engines/lmcache-<recipe sha>) and reused.
+ENGINE_VENV ?= $(PYTHON) tests/engines/engine_venv.py
+
+.PHONY: venv-lmcache test-engines-lmcache bench-engines-lmcache
+
+venv-lmcache:
+	$(ENGINE_VENV) build lmcache
+
+# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
+test-engines-lmcache:
+	$(ENGINE_VENV) run lmcache -- -m pytest tests/engines -q -p no:cacheprovider
+
+# LMCache's retrieve against Cellar's own batched get (bench/results/engines-lmcache-<date>.*).
+bench-engines-lmcache:
+	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache

@@ -98,6 +98,9 @@ T = TypeVar("T")
 # What a Cellar call may raise that the engine must never see (the SDK maps transport errors to
 # CellarError; OSError covers a socket error it did not wrap).
 _FAILURES = (CellarError, OSError)
+# What makes one key of a batch a miss (others stay readable); anything else (an unreachable
+# master, a timeout) ends the whole batch.
+_KEY_MISSES = (cellar.NotFound, cellar.NotReady, BufferTooSmall, cellar.IntegrityError)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -167,6 +170,23 @@ class _CellarCalls:
         if client is not None:
             client.close()
         self._pool.shutdown(wait=False)
+
+
+def _get_into(client: cellar.Client, names: list[str], buffers: Sequence[Any]) -> list[int]:
+    """Each object read straight into its buffer: sizes, -1 for a miss or an object larger
+    than its buffer (not of this format: the SDK refuses it before any transfer). The batch
+    goes in one call; only a batch holding such an object is read again key by key, so the
+    others still load."""
+    try:
+        return client.get_many_into(names, buffers)
+    except BufferTooSmall:
+        sizes: list[int] = []
+        for name, buffer in zip(names, buffers, strict=True):
+            try:
+                sizes.append(client.get_into(name, buffer))
+            except _KEY_MISSES:
+                sizes.append(-1)
+        return sizes
 
 
 def chunk_format(connector: RemoteConnector, model: str, world_size: int,
@@ -262,34 +282,14 @@ class CellarConnector(RemoteConnector):
     def _read_raw(self, client: cellar.Client, names: list[str],
                   objs: list[MemoryObj]) -> list[int]:
         """Sizes read straight into the MemoryObjs; -1 for a miss or a refused object."""
-        views = [obj.byte_array for obj in objs]
-        try:
-            return client.get_many_into(names, views)
-        except BufferTooSmall:
-            # Some object is larger than a chunk: not of this format. Find it key by key (the
-            # SDK refuses it before any transfer) so the others still load.
-            sizes: list[int] = []
-            for name, view in zip(names, views, strict=True):
-                try:
-                    sizes.append(client.get_into(name, view))
-                except (cellar.NotFound, BufferTooSmall):
-                    sizes.append(-1)
-            return sizes
+        return _get_into(client, names, [obj.byte_array for obj in objs])
 
     def _read_meta(self, client: cellar.Client, names: list[str]) -> list[MemoryObj | None]:
         """The `save_chunk_meta` layout: each object staged, checked, then copied into a
         MemoryObj of the shapes its metadata states."""
         stage_bytes = HEADER_BYTES + self.remote_metadata_bytes + self.full_chunk_size_bytes
         stages = [bytearray(stage_bytes) for _ in names]
-        try:
-            sizes = client.get_many_into(names, stages)
-        except BufferTooSmall:
-            sizes = []
-            for name, stage in zip(names, stages, strict=True):
-                try:
-                    sizes.append(client.get_into(name, stage))
-                except (cellar.NotFound, BufferTooSmall):
-                    sizes.append(-1)
+        sizes = _get_into(client, names, stages)
         out: list[MemoryObj | None] = []
         for name, stage, size in zip(names, stages, sizes, strict=True):
             obj = None

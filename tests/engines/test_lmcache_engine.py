@@ -170,6 +170,14 @@ def test_object_of_wrong_size_is_refused(tmp_path: Path, cluster: LocalCluster,
         for i in bad:  # each refused alone too, not only cut off by the prefix rule
             assert asyncio.run_coroutine_threadsafe(conn.get(keys[i]), conn.loop).result(
                 WAIT_S) is None
+        # LMCache's async-loading path (batched_get_non_blocking) stops at the same place.
+        prefix = asyncio.run_coroutine_threadsafe(
+            conn.batched_get_non_blocking("lookup-1", keys), conn.loop).result(WAIT_S)
+        try:
+            assert len(prefix) == 1 and torch.equal(prefix[0].tensor, kv[:, :, :CHUNK])
+        finally:
+            for obj in prefix:
+                obj.ref_count_down()
     finally:
         kit.destroy(engine)
 
