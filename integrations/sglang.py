@@ -1,0 +1,380 @@
+"""Cellar as SGLang HiCache's L3 storage backend (targets SGLang 0.5.23), loaded by SGLang's
+`dynamic` backend factory with no change to SGLang:
+
+    python -m sglang.launch_server ... --enable-hierarchical-cache \\
+        --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "cellar",
+            "module_path": "cellar.integrations.sglang", "class_name": "CellarHiCacheStorage",
+            "interface_v1": 1, "master": "127.0.0.1:50051", "tenant": "default"}'
+
+What it owns
+    `CellarHiCacheStorage`, a `HiCacheStorage`: the zero-copy v1 interface that
+    `HiCacheController` uses with `interface_v1` (`batch_set_v1` from its backup thread,
+    `batch_exists` and `batch_get_v1` from its prefetch threads), the generic interface it uses
+    without it (`get/set/batch_get/batch_set/exists`), and `clear`, `get_stats`, `close`.
+
+Objects and keys
+    A page is one object (MLA) or two (MHA: K, then V), each exactly `object_bytes` long, moved
+    between Cellar and the host pool's own memory (`sglang_pages`: one range per object in the
+    page-first layouts, one range per layer in `layer_first`). Keys are SGLang's page hashes
+    under the namespace of the page's `KVFormat` (model, KV dtype, layout, page size, head and
+    layer geometry, parallel rule): `<ns>/<hash>.k.r<tp rank>` and `.v.r<tp rank>` for MHA
+    (each rank holds its own heads), `<ns>/<hash>.kv` for MLA (rank-replicated; only SGLang's
+    storage-writer rank writes, every rank reads). A reader of another format asks for other
+    keys and sees a miss; an object of the wrong size under a reader's key is refused.
+
+Guarantees to the engine
+    - No exception leaves this class after construction (`sglang_link.Link`): an outage is a
+      miss, a shorter prefix or a failed backup, and the backend recovers with the cluster.
+    - `batch_exists` is the leading run of pages whose every object exists (one `prefix_len`).
+    - `batch_get_v1` returns True exactly for the pages whose every object landed whole with
+      the format's size. With `get_timeout_base_s` set (use SGLang's `timeout` policy values:
+      base + per 1024 tokens), a call returns within that budget and reports only what landed.
+
+Settings (keys of `--hicache-storage-backend-extra-config`, beside SGLang's own)
+    master (required), tenant ("default"), token (None: $CELLAR_TOKEN or the token file),
+    transport ("auto"), timeout_s (30: per SDK call), replicas (1), soft_pin (false),
+    model (override of SGLang's model name in the format), get_timeout_base_s (none: no
+    deadline) and get_timeout_per_ki_token_s (0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+
+from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
+from cellar.integrations.kvformat import KVFormat
+from cellar.integrations.sglang_link import Capabilities, Link, connect_from, log
+from cellar.integrations.sglang_pages import PoolPages
+
+ADAPTER = "sglang-hicache"
+ADAPTER_VERSION = 1
+TARGET_SGLANG = "0.5.23"
+# Pages per get when the SDK has no deadline-bounded get: the deadline is checked between
+# chunks, so a call overruns its budget by at most one chunk's read.
+FALLBACK_CHUNK_PAGES = 8
+# get_stats() samples kept between two reads (SGLang reads them every few seconds).
+MAX_STATS_SAMPLES = 4096
+_STORED = (Status.OK, Status.ALREADY_EXISTS)
+_DEFAULTS: dict[str, Any] = {"tenant": "default", "token": None, "transport": "auto",
+                             "timeout_s": 30.0, "replicas": 1, "soft_pin": False, "model": None,
+                             "get_timeout_base_s": None, "get_timeout_per_ki_token_s": 0.0}
+
+
+def settings_from(extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The backend's settings from SGLang's extra config (InvalidArgument if malformed)."""
+    extra = dict(extra or {})
+    master = extra.get("master")
+    if not isinstance(master, str) or not master:
+        raise InvalidArgument("the Cellar HiCache backend needs \"master\" in "
+                              "--hicache-storage-backend-extra-config (e.g. 127.0.0.1:50051)")
+    out = {k: extra.get(k, v) for k, v in _DEFAULTS.items()}
+    out["master"] = master
+    for name in ("timeout_s", "get_timeout_per_ki_token_s"):
+        if not isinstance(out[name], (int, float)) or out[name] < 0:
+            raise InvalidArgument(f"{name} must be a number >= 0, got {out[name]!r}")
+    base = out["get_timeout_base_s"]
+    if base is not None and (not isinstance(base, (int, float)) or base <= 0):
+        raise InvalidArgument(f"get_timeout_base_s must be a number > 0, got {base!r}")
+    if not isinstance(out["replicas"], int) or out["replicas"] < 1:
+        raise InvalidArgument(f"replicas must be an int >= 1, got {out['replicas']!r}")
+    return out
+
+
+def page_format(pool: Any, pages: PoolPages, *, model: str, tp_size: int) -> KVFormat:
+    """The KV format of a registered host pool's pages."""
+    g = pages.geometry
+    dims: list[tuple[str, str]] = [("layers", f"{pool.start_layer}-{pool.end_layer}"),
+                                   ("object_bytes", str(g.object_bytes))]
+    if g.is_mla:
+        dims.append(("kv_cache_dim", str(pool.kv_cache_dim)))
+    else:
+        dims += [("heads", str(pool.head_num)), ("head_dim", str(pool.head_dim)),
+                 ("v_head_dim", str(pool.v_head_dim))]
+    return KVFormat(model=model, kv_dtype=str(pool.dtype).removeprefix("torch."),
+                    layout=pages.layout, page_size_tokens=pages.page_size_tokens,
+                    parallel_rule="mla" if g.is_mla else f"tp{tp_size}", adapter=ADAPTER,
+                    adapter_version=ADAPTER_VERSION, shape=tuple(dims))
+
+
+class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
+    """SGLang HiCache L3 backend over Cellar (see the module docstring)."""
+
+    def __init__(self, storage_config: Any, kwargs: dict[str, Any] | None = None) -> None:
+        self.storage_config = storage_config
+        self.settings = settings_from(getattr(storage_config, "extra_config", None))
+        self.link = Link(connect_from(self.settings))
+        self.is_writer = bool(getattr(storage_config, "is_storage_writer", True))
+        self.pages: PoolPages | None = None
+        self.format: KVFormat | None = None
+        self._tags: tuple[str, ...] = ()
+        self._stats: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [],
+                                               "prefetch_bandwidth": [], "backup_bandwidth": []}
+
+    # ---- registration and keys ------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        cfg = self.storage_config
+        model = self.settings["model"] or getattr(cfg, "model_name", None)
+        if not model:
+            raise InvalidArgument("the Cellar HiCache backend needs a model name for its KV "
+                                  "format: SGLang's served model name, or \"model\" in its config")
+        is_mla = bool(getattr(cfg, "is_mla_model", False))
+        self.pages = PoolPages(mem_pool_host, is_mla=is_mla)
+        self.format = page_format(mem_pool_host, self.pages, model=str(model),
+                                  tp_size=int(getattr(cfg, "tp_size", 1)))
+        rank = int(getattr(cfg, "tp_rank", 0))
+        self._tags = ("kv",) if is_mla else (f"k.r{rank}", f"v.r{rank}")
+        log.info("Cellar HiCache backend (SGLang %s target): namespace %s, %s, %d B per object",
+                 TARGET_SGLANG, self.format.namespace(), self.format.layout,
+                 self.pages.geometry.object_bytes)
+        if self.is_writer:
+            self.link.call("describe", self._describe, None)
+
+    def _describe(self, client: Any, _caps: Capabilities) -> None:
+        assert self.format is not None
+        try:
+            client.put(self.format.key("format"), self.format.descriptor())
+        except AlreadyExists:
+            pass
+
+    def _ready(self) -> tuple[PoolPages, KVFormat]:
+        if self.pages is None or self.format is None:
+            raise InvalidArgument("register_mem_pool_host was not called")
+        return self.pages, self.format
+
+    def object_keys(self, page_hashes: Sequence[str]) -> list[str]:
+        """The Cellar keys of pages, page-major (K, V per page for MHA)."""
+        _, fmt = self._ready()
+        return [fmt.key(f"{h}.{tag}") for h in page_hashes for tag in self._tags]
+
+    # ---- zero-copy v1 ---------------------------------------------------------------------
+
+    def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
+        if not keys:
+            return []
+        if not self.is_writer:  # an MLA replica: the writer rank stores the shared objects
+            return [True] * len(keys)
+        try:
+            pages, _ = self._ready()
+            objects = [obj for page in pages.views(host_indices) for obj in page]
+            names = self.object_keys(keys)
+        except InvalidArgument as e:
+            self.link.warn("backup-args", f"backup refused: {e}")
+            return [False] * len(keys)
+        started = time.monotonic()
+        statuses = self.link.call("backup", lambda c, caps: self._put(c, caps, names, objects),
+                                  [Status.UNAVAILABLE] * len(names))
+        per = pages.geometry.objects_per_page
+        done = [all(s in _STORED for s in statuses[i * per:(i + 1) * per])
+                for i in range(len(keys))]
+        self._record("backup", sum(done), pages.geometry.page_bytes, started)
+        return done
+
+    def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
+        filled = [False] * len(keys)
+        if not keys:
+            return filled
+        try:
+            pages, _ = self._ready()
+            views = pages.views(host_indices)
+            names = self.object_keys(keys)
+        except InvalidArgument as e:
+            self.link.warn("prefetch-args", f"prefetch refused: {e}")
+            return filled
+        if len(views) != len(keys):
+            self.link.warn("prefetch-args", f"{len(keys)} keys for {len(views)} pages")
+            return filled
+        started = time.monotonic()
+        deadline = self._deadline(len(keys), started)
+        self.link.call("prefetch", lambda c, caps: self._get_pages(c, caps, names, views, filled,
+                                                                   deadline), None)
+        self._record("prefetch", sum(filled), pages.geometry.page_bytes, started)
+        return filled
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        if not keys:
+            return 0
+        try:
+            pages, _ = self._ready()
+            names = self.object_keys(keys)
+        except InvalidArgument as e:
+            self.link.warn("exists-args", f"exists refused: {e}")
+            return 0
+        found = self.link.call("exists", lambda c, _caps: int(c.prefix_len(names)), 0)
+        return min(len(keys), found // pages.geometry.objects_per_page)
+
+    # ---- generic interface (SGLang without interface_v1) -----------------------------------
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        if not keys:
+            return True
+        if not self.is_writer:
+            return True
+        try:
+            pages, _ = self._ready()
+            if values is None or len(values) != len(keys):
+                raise InvalidArgument(f"{len(keys)} keys but values for "
+                                      f"{0 if values is None else len(values)}")
+            objects = [[v] for value in values for v in pages.flat_views(value.contiguous())]
+            names = self.object_keys(keys)
+        except InvalidArgument as e:
+            self.link.warn("backup-args", f"backup refused: {e}")
+            return False
+        statuses = self.link.call("backup", lambda c, caps: self._put(c, caps, names, objects),
+                                  [Status.UNAVAILABLE])
+        return len(statuses) == len(names) and all(s in _STORED for s in statuses)
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        return self.batch_get([key], None if target_location is None else [target_location])[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[Any]:
+        out: list[Any] = [None] * len(keys)
+        if not keys:
+            return out
+        try:
+            pages, _ = self._ready()
+            targets = (list(target_locations) if target_locations is not None
+                       else [pages.pool.get_dummy_flat_data_page() for _ in keys])
+            if len(targets) != len(keys):
+                raise InvalidArgument(f"{len(keys)} keys but {len(targets)} targets")
+            views = [[[v] for v in pages.flat_views(t)] for t in targets]
+            names = self.object_keys(keys)
+        except InvalidArgument as e:
+            self.link.warn("prefetch-args", f"prefetch refused: {e}")
+            return out
+        filled = [False] * len(keys)
+        self.link.call("prefetch", lambda c, caps: self._get_pages(c, caps, names, views, filled,
+                                                                   None), None)
+        return [t if ok else None for t, ok in zip(targets, filled, strict=True)]
+
+    # ---- housekeeping ---------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Remove every object of this backend's format (all ranks and all instances that
+        share it), as HiCache's `clear` empties its storage."""
+        if self.format is not None:
+            prefix = self.format.namespace() + "/"
+            self.link.call("clear", lambda c, _caps: c.remove_prefix(prefix), 0)
+
+    def get_stats(self) -> Any:
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        metrics = StorageMetrics()
+        for name, samples in self._stats.items():
+            getattr(metrics, name).extend(samples)
+            samples.clear()
+        return metrics
+
+    def close(self) -> None:
+        self.link.close()
+
+    # ---- moving bytes ---------------------------------------------------------------------
+
+    def _deadline(self, page_count: int, started: float) -> float | None:
+        base = self.settings["get_timeout_base_s"]
+        if base is None:
+            return None
+        pages, _ = self._ready()
+        tokens = page_count * pages.page_size_tokens
+        return started + float(base) + tokens / 1024 * float(self.settings["get_timeout_per_ki_token_s"])
+
+    def _put(self, client: Any, caps: Capabilities, names: list[str],
+             objects: list[list[memoryview]]) -> list[Status]:
+        opts = {"replicas": self.settings["replicas"], "soft_pin": bool(self.settings["soft_pin"])}
+        if caps.parts:
+            return list(client.put_many_parts(list(zip(names, objects, strict=True)), **opts))
+        # Without scatter-gather a multi-part (layer_first) object is gathered by one copy.
+        items = [(k, parts[0] if len(parts) == 1 else b"".join(parts))
+                 for k, parts in zip(names, objects, strict=True)]
+        return list(client.put_many(items, **opts))
+
+    def _get_pages(self, client: Any, caps: Capabilities, names: list[str],
+                   views: list[list[list[memoryview]]], filled: list[bool],
+                   deadline: float | None) -> None:
+        """Fill the leading pages that Cellar holds whole; mark each in `filled` (in place, so
+        an outage part-way still reports the pages that landed)."""
+        pages, fmt = self._ready()
+        per = pages.geometry.objects_per_page
+        expected = pages.geometry.object_bytes
+        step = len(views) if caps.deadline or deadline is None else FALLBACK_CHUNK_PAGES
+        for first in range(0, len(views), step):
+            budget_s = None if deadline is None else deadline - time.monotonic()
+            if budget_s is not None and budget_s <= 0:
+                return
+            last = min(len(views), first + step)
+            chunk_names = names[first * per:last * per]
+            chunk_objects = [obj for page in views[first:last] for obj in page]
+            sizes = self._get(client, caps, chunk_names, chunk_objects, expected,
+                              budget_s if caps.deadline else None)
+            for i in range(last - first):
+                got = sizes[i * per:(i + 1) * per]
+                if len(got) < per or any(s != expected for s in got):
+                    bad = [s for s in got if s >= 0 and s != expected]
+                    if bad:
+                        self.link.warn("format", f"refused an object of {bad[0]} bytes under "
+                                       f"{fmt.namespace()} (the format holds {expected})")
+                    return  # HiCache uses the leading run only: stop at the first hole
+                filled[first + i] = True
+
+    def _get(self, client: Any, caps: Capabilities, names: list[str],
+             objects: list[list[memoryview]], expected: int, budget_s: float | None) -> list[int]:
+        """Per object: its size, or <0 (miss / late / refused); cut at the first hole when the
+        SDK can (prefix=True)."""
+        try:
+            return self._read(client, caps, names, objects, expected, budget_s)
+        except BufferTooSmall as e:
+            # An object under one of our keys is larger than the format: refuse it (the SDK
+            # checks sizes before any transfer) and serve the pages before it, one by one.
+            self.link.warn("format", f"refused an oversized object: {e}")
+        out: list[int] = []
+        for name, parts in zip(names, objects, strict=True):
+            try:
+                (size,) = self._read(client, caps, [name], [parts], expected, None) or (-1,)
+            except BufferTooSmall:
+                size = -1
+            out.append(size)
+            if size != expected:
+                break
+        return out
+
+    def _read(self, client: Any, caps: Capabilities, names: list[str],
+              objects: list[list[memoryview]], expected: int, budget_s: float | None) -> list[int]:
+        opts: dict[str, Any] = {"timeout_s": max(budget_s, 0.0), "prefix": True} if (
+            caps.deadline and budget_s is not None) else {}
+        if caps.parts:
+            return list(client.get_many_into_parts(names, objects, **opts))
+        if all(len(parts) == 1 for parts in objects):
+            return list(client.get_many_into(names, [p[0] for p in objects], **opts))
+        # No scatter-gather in this SDK: read each object into a staging buffer and scatter
+        # it only when it has exactly the format's size.
+        stage = [bytearray(expected) for _ in names]
+        sizes = list(client.get_many_into(names, stage, **opts))
+        for size, buf, parts in zip(sizes, stage, objects, strict=False):
+            if size == expected:
+                at = 0
+                for part in parts:
+                    part[:] = buf[at:at + part.nbytes]
+                    at += part.nbytes
+        return sizes
+
+    def _record(self, op: str, page_count: int, page_bytes: int, started: float) -> None:
+        if page_count <= 0 or len(self._stats[f"{op}_pgs"]) >= MAX_STATS_SAMPLES:
+            return
+        seconds = max(time.monotonic() - started, 1e-9)
+        self._stats[f"{op}_pgs"].append(page_count)
+        self._stats[f"{op}_bandwidth"].append(page_count * page_bytes / seconds / 1e9)

@@ -1,0 +1,135 @@
+"""Where the bytes of a HiCache page live in SGLang's host KV pool, as zero-copy views.
+
+What it owns
+    `PoolPages`: for a registered host pool (`MHATokenToKVPoolHost` or `MLATokenToKVPoolHost`,
+    layouts `layer_first`, `page_first`, `page_first_direct`), the Cellar objects of one page
+    and, for each object, the memoryviews of the pool that hold it, in object order:
+    - MHA: two objects per page, K then V (the rank's heads); MLA: one object per page.
+    - `page_first` / `page_first_direct`: an object is one contiguous range of the pool.
+    - `layer_first`: an object is one range per layer (scatter-gather), layer 0 first.
+    An object's bytes are the same in every layout's reader of that layout, and the same as
+    the matching half of SGLang's flat data page (`get_data_page`), so the generic
+    (`batch_get`/`batch_set`) and zero-copy (`batch_get_v1`/`batch_set_v1`) paths share objects.
+
+    The pointer arithmetic is SGLang's own: `get_page_buffer_meta(indices)` of the pool gives
+    (pointer, size) per part; this module turns each into a view of the pool's buffer after
+    checking that it lies inside the buffer and has the part size the geometry expects. A
+    pointer outside the buffer is a broken invariant (an SGLang change), refused with
+    `cellar.InvalidArgument`, never turned into a view.
+
+What it must never do
+    Copy a page (views only), or import sglang (it reads the pool object it is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cellar.errors import InvalidArgument
+
+SUPPORTED_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+@dataclass(frozen=True)
+class PageGeometry:
+    """How one page maps to Cellar objects."""
+
+    is_mla: bool
+    objects_per_page: int  # 2 (K, V) for MHA, 1 for MLA
+    parts_per_object: int  # 1, or the layer count for layer_first
+    part_bytes: int
+
+    @property
+    def object_bytes(self) -> int:
+        return self.parts_per_object * self.part_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        return self.objects_per_page * self.object_bytes
+
+
+def _raw_view(tensor: Any) -> memoryview:
+    """The tensor's storage as one flat byte view (no copy): torch -> uint8 -> numpy."""
+    import torch  # the engine's torch; only this room's SGLang modules use it
+
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise InvalidArgument("the host KV pool must be a contiguous CPU tensor")
+    flat = tensor.reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")
+
+
+class PoolPages:
+    """Views of a host pool's pages; built once at `register_mem_pool_host`."""
+
+    def __init__(self, pool: Any, *, is_mla: bool) -> None:
+        layout = getattr(pool, "layout", None)
+        if layout not in SUPPORTED_LAYOUTS:
+            raise InvalidArgument(f"host pool layout {layout!r} is not supported by Cellar "
+                                  f"(supported: {', '.join(SUPPORTED_LAYOUTS)})")
+        self.pool = pool
+        self.layout: str = layout
+        self.page_size_tokens = int(pool.page_size)
+        self.raw = _raw_view(pool.kv_buffer)
+        self.base_ptr = int(pool.kv_buffer.data_ptr())
+        ptrs, sizes = pool.get_page_buffer_meta(self._token_indices([0]))
+        objects = 1 if is_mla else 2
+        if not sizes or len(sizes) % objects or len(set(sizes)) != 1:
+            raise InvalidArgument(f"unexpected page meta from {type(pool).__name__}: "
+                                  f"{len(sizes)} parts of sizes {sorted(set(sizes))}")
+        self.geometry = PageGeometry(is_mla=is_mla, objects_per_page=objects,
+                                     parts_per_object=len(sizes) // objects,
+                                     part_bytes=int(sizes[0]))
+        if self.geometry.page_bytes != self.page_size_tokens * int(pool.size_per_token):
+            raise InvalidArgument(f"page meta covers {self.geometry.page_bytes} bytes, the pool "
+                                  f"holds {self.page_size_tokens * int(pool.size_per_token)} "
+                                  "per page")
+
+    def _token_indices(self, pages: list[int]) -> Any:
+        import torch
+
+        p = self.page_size_tokens
+        return torch.tensor([page * p + t for page in pages for t in range(p)], dtype=torch.int64)
+
+    def page_count(self, host_indices: Any) -> int:
+        n = int(host_indices.numel())
+        if n % self.page_size_tokens:
+            raise InvalidArgument(f"{n} host indices is not a whole number of "
+                                  f"{self.page_size_tokens}-token pages")
+        return n // self.page_size_tokens
+
+    def views(self, host_indices: Any) -> list[list[list[memoryview]]]:
+        """Per page, per object, the parts (views into the pool) holding that object."""
+        pages = self.page_count(host_indices)
+        if pages == 0:
+            return []
+        ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
+        g = self.geometry
+        per_page = g.objects_per_page * g.parts_per_object
+        if len(ptrs) != pages * per_page or len(sizes) != len(ptrs):
+            raise InvalidArgument(f"page meta gave {len(ptrs)} parts for {pages} pages, "
+                                  f"expected {pages * per_page}")
+        limit = self.raw.nbytes
+        out: list[list[list[memoryview]]] = []
+        for page in range(pages):
+            objects: list[list[memoryview]] = [[] for _ in range(g.objects_per_page)]
+            # SGLang lists a page's parts part-major: (part 0 of each object), (part 1 ...), ...
+            for i in range(per_page):
+                j = page * per_page + i
+                offset, size = int(ptrs[j]) - self.base_ptr, int(sizes[j])
+                if size != g.part_bytes or offset < 0 or offset + size > limit:
+                    raise InvalidArgument(f"page part {i} of page {page} ({size} bytes at "
+                                          f"offset {offset}) lies outside the host pool")
+                objects[i % g.objects_per_page].append(self.raw[offset:offset + size])
+            out.append(objects)
+        return out
+
+    def flat_views(self, flat_page: Any) -> list[memoryview]:
+        """A flat data page tensor (generic path) cut into its objects' byte views."""
+        raw = _raw_view(flat_page)
+        g = self.geometry
+        if raw.nbytes != g.page_bytes:
+            raise InvalidArgument(f"flat page of {raw.nbytes} bytes, the format's page holds "
+                                  f"{g.page_bytes}")
+        n = g.object_bytes
+        return [raw[i * n:(i + 1) * n] for i in range(g.objects_per_page)]

@@ -1,0 +1,59 @@
+"""Engine tests: Cellar's adapters inside the engines' own code, against a real local cluster.
+
+They run from the engine venvs that `tests/engines/engine_venv.py` builds outside the clone
+(`make test-engines`); in any other interpreter (the project's .venv) the engine is missing
+and this folder is skipped at collection, so `pytest tests` stays engine-free.
+
+Fixtures
+    `cluster`       a `LocalCluster` (master + 2 nodes, 128 MiB segments) for one module
+    `fresh_cluster` a factory of clusters owned by one test (for tests that kill processes)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+collect_ignore_glob: list[str] = []
+if importlib.util.find_spec("sglang") is None:
+    collect_ignore_glob.append("test_sglang_*.py")
+if importlib.util.find_spec("lmcache") is None:
+    collect_ignore_glob.append("test_lmcache_*.py")
+
+from cellar.local_cluster import LocalCluster  # noqa: E402
+
+SEGMENT = "128MiB"
+
+
+def _start(nodes: int, **node_flags: Any) -> LocalCluster:
+    cluster = LocalCluster(nodes, SEGMENT, node_flags=node_flags or None)
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    c = _start(2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
+    made: list[LocalCluster] = []
+
+    def make(nodes: int = 2, **node_flags: Any) -> LocalCluster:
+        c = _start(nodes, **node_flags)
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.stop()

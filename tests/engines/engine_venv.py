@@ -1,0 +1,181 @@
+"""Engine virtualenvs for the engine tests: built once per recipe, outside the clone, reused.
+
+Why it exists
+    The engine tests (tests/engines/) run Cellar's adapters inside the engines' own code, which
+    needs SGLang or LMCache and torch: 1.5-2.5 GB that must not land in the project's `.venv`
+    and should not be rebuilt by every `make test`. So each engine has a recipe folder
+    (`tests/engines/recipes/<engine>/`: `steps.txt`, one `pip install` per line, all run with
+    `constraints.txt`; `stubs/`, small modules copied into site-packages) and the venv lives in
+    `$CELLAR_ENGINE_CACHE` (default `~/.cache/cellar/engines`) as `<engine>-<sha>`, where the
+    sha covers the recipe, this script, Cellar's runtime dependencies and the Python version.
+    A changed recipe builds a new folder; an unchanged one is reused as is.
+
+    Cellar itself is not installed into the shared venv (several clones use one venv): `path`
+    builds `<clone>/build/engine-site/`, a folder of symlinks that maps `cellar.<part>` to the
+    clone's top-level folders as pyproject's package-dir does, and the tests run with it on
+    PYTHONPATH, so they always see the clone's current code.
+
+Commands (python3 tests/engines/engine_venv.py ...)
+    build <engine>               build if needed; print the venv's folder
+    python <engine>              print the venv's python (building if needed)
+    site                         (re)build build/engine-site; print its folder
+    run <engine> -- <args...>    run the venv's python with build/engine-site on PYTHONPATH
+
+Concurrency: builds take an exclusive lock on `<cache>/.lock`, write into `<name>.tmp` and
+rename it when complete, so two clones building at once end with one complete venv.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = Path(__file__).resolve().parent / "recipes"
+# Bounded: one pip step that hangs (a dead index) must not eat the 15-minute test budget.
+PIP_STEP_TIMEOUT_S = 900
+COMPLETE_MARK = ".cellar-complete"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("CELLAR_ENGINE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "cellar" / "engines"
+
+
+def _pyproject() -> dict:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def runtime_deps() -> list[str]:
+    """Cellar's own runtime dependencies (pyproject) plus what the test runner needs."""
+    deps = list(_pyproject()["project"]["dependencies"])
+    return deps + ["pytest>=8", "pytest-timeout>=2.3"]
+
+
+def recipe_sha(engine: str) -> str:
+    folder = RECIPES / engine
+    if not (folder / "steps.txt").is_file():
+        raise SystemExit(f"no recipe for engine {engine!r} in {RECIPES}")
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(Path(__file__).read_bytes())
+    h.update("\n".join(runtime_deps()).encode())
+    h.update(f"{sys.version_info.major}.{sys.version_info.minor}".encode())
+    return h.hexdigest()[:12]
+
+
+def venv_dir(engine: str) -> Path:
+    return cache_root() / f"{engine}-{recipe_sha(engine)}"
+
+
+def _steps(engine: str) -> list[list[str]]:
+    lines = (RECIPES / engine / "steps.txt").read_text().splitlines()
+    return [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _site_packages(venv: Path) -> Path:
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    return site
+
+
+def _log(message: str) -> None:
+    print(f"[engine-venv] {message}", file=sys.stderr, flush=True)
+
+
+def build(engine: str) -> Path:
+    target = venv_dir(engine)
+    if (target / COMPLETE_MARK).is_file():
+        return target
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / COMPLETE_MARK).is_file():  # another clone built it while we waited
+            return target
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        started = time.monotonic()
+        _log(f"building {target} (recipe {RECIPES / engine})")
+        subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True)
+        py = str(tmp / "bin" / "python")
+        constraints = str(RECIPES / engine / "constraints.txt")
+        pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", constraints]
+        for step in _steps(engine) + [runtime_deps()]:
+            _log("pip install " + " ".join(step))
+            subprocess.run(pip + step, check=True, timeout=PIP_STEP_TIMEOUT_S)
+        stubs = RECIPES / engine / "stubs"
+        if stubs.is_dir():
+            shutil.copytree(stubs, _site_packages(tmp), dirs_exist_ok=True)
+        seconds = time.monotonic() - started
+        (tmp / COMPLETE_MARK).write_text(f"built in {seconds:.0f} s\n")
+        shutil.rmtree(target, ignore_errors=True)
+        # A venv's scripts name their folder; the rename keeps `bin/python` (a symlink) valid
+        # and the tests only ever call `bin/python -m ...`.
+        tmp.rename(target)
+        _log(f"built in {seconds:.0f} s")
+    return target
+
+
+def site() -> Path:
+    """build/engine-site: `cellar` and its parts as symlinks into this clone."""
+    mapping: dict[str, str] = _pyproject()["tool"]["setuptools"]["package-dir"]
+    out = ROOT / "build" / "engine-site"
+    tmp = out.with_name("engine-site.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    pkg = tmp / "cellar"
+    pkg.mkdir(parents=True)
+    for entry in (ROOT / mapping.get("cellar", "cellar")).iterdir():
+        if entry.name != "__pycache__":
+            (pkg / entry.name).symlink_to(entry)
+    for name, folder in mapping.items():
+        if name == "cellar" or not (ROOT / folder).is_dir():
+            continue
+        parts = name.split(".")
+        assert parts[0] == "cellar" and len(parts) == 2, f"unexpected package-dir entry {name}"
+        link = pkg / parts[1]
+        if not link.exists():
+            link.symlink_to(ROOT / folder)
+    # pytest puts the clone's root first on sys.path (pyproject's pythonpath), where `cellar/`
+    # is only the package root; importing `cellar` here first, at interpreter start, binds it
+    # to this folder so `cellar.client` & co. resolve through the links.
+    (tmp / "sitecustomize.py").write_text("import cellar  # noqa: F401  (see engine_venv.site)\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command == "build" and len(rest) == 1:
+        print(build(rest[0]))
+    elif command == "python" and len(rest) == 1:
+        print(build(rest[0]) / "bin" / "python")
+    elif command == "site" and not rest:
+        print(site())
+    elif command == "run" and len(rest) >= 2 and rest[1] == "--":
+        py = build(rest[0]) / "bin" / "python"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(site()), str(ROOT)]
+                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        os.chdir(ROOT)
+        os.execve(str(py), [str(py), *rest[2:]], env)
+    else:
+        print(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
