@@ -13,20 +13,24 @@ import pytest
 
 import cellar
 from cellar.errors import Status
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_face
 
 LONG_KEY = "é" * 513  # 1026 bytes in UTF-8, over the master's 1024
 
 
 @pytest.fixture(scope="module")
 def cluster(module_cluster):
-    return module_cluster(nodes=2, segment_size="16MiB")
+    return module_cluster(nodes=2, segment_size="16MiB", allow_unknown_tenants="true")
 
 
-@pytest.fixture
-def client(cluster, connect_to):
-    c = connect_to(cluster)
+@pytest.fixture(params=FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
+def client(request, cluster):
+    """Each test runs over both faces (Client, AsyncClient) and both transports (tcp, shm),
+    each in its own tenant (its own key namespace) on the module's cluster."""
+    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant="-".join(request.param))
     c.upsert("bad/present", b"0123456789")
-    return c
+    yield c
+    c.close()
 
 
 BAD_KEYS = [("", "empty"), (b"bytes", "str"), (7, "str"), (None, "str"), (LONG_KEY, "1026 bytes")]
