@@ -36,19 +36,31 @@ What one object holds (one LMCache chunk of one rank)
       fingerprint and payload size), LMCache's `RemoteMetadata` (shapes, dtypes, format,
       length) and the KV bytes. The header must match the reader's format and the object's
       exact size, the metadata's length must match its shapes and the payload, or the object is
-      refused before its bytes are copied into a `MemoryObj`. Today's SDK has no scatter-gather
-      yet, so this mode stages the object in one buffer and copies it (one copy each way).
+      refused before its bytes are copied into a `MemoryObj`. The SDK's faces offer no
+      scatter-gather get yet, so this mode stages the object in one buffer and copies it (one
+      copy each way).
 
 Async without blocking the loop
-    LMCache runs every connector coroutine on its own event loop thread. The coroutines never
-    call Cellar on that thread: each call runs on a worker thread (`_CellarCalls`), so the loop
-    keeps serving other requests while a call waits on the network.
+    LMCache runs every connector coroutine on its own event loop thread. The connector's one
+    `cellar.AsyncClient` lives on that loop (`lmcache_session.CellarSession`): a call waiting
+    on the master or a node is a suspended coroutine, so the loop keeps serving other lookups
+    and transfers meanwhile. LMCache's few synchronous entry points (exists_sync,
+    batched_contains, remove_sync), called from the engine's threads, are submitted to the
+    loop and waited for on the calling thread. What does run on the loop is CPU work: the
+    shm transport's memcpy (the SDK copies inline, in pieces of at most 4 MiB) and, with
+    `save_chunk_meta: true`, the staging copy.
+
+Reads stop at the first chunk that does not load
+    LMCache uses only the leading run of chunks it finds, so a batched read asks the SDK for
+    that prefix (`get_many_into(..., prefix=True)`, bounded by `timeout_s`): chunks after a
+    missing, late or refused one are never read, and their MemoryObjs go straight back.
 
 Failures
     Nothing escapes into the engine: a Cellar error, an unreachable master or node, a timeout or
     a refused object is logged and becomes a miss (get), False (exists), a shorter prefix
-    (contains) or a dropped write (put). A master that cannot be reached at start or later is
-    retried after `RECONNECT_BACKOFF_S`; meanwhile every call is a miss.
+    (contains) or a dropped write (put). A master that cannot be reached when the connector
+    first needs it is asked again after `lmcache_session.RECONNECT_BACKOFF_S`; meanwhile every
+    call is a miss at once.
 
 What it must never do
     Hand the engine bytes of another format or of the wrong size, or block LMCache's loop.
@@ -58,11 +70,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from lmcache.utils import CacheEngineKey
@@ -78,8 +87,9 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 import cellar
-from cellar.errors import AlreadyExists, BufferTooSmall, CellarError, InvalidArgument, Status
+from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
+from cellar.integrations.lmcache_session import FAILURES, CellarSession
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +99,8 @@ ADAPTER_NAME = "lmcache"
 ADAPTER_VERSION = 1
 DEFAULT_TIMEOUT_S = 5.0
 MAX_TIMEOUT_S = 600.0
-# A master unreachable at connect time is asked again no sooner than this.
-RECONNECT_BACKOFF_S = 2.0
-# Worker threads that carry Cellar calls off LMCache's loop (the SDK client is thread-safe).
-CALL_THREADS = 4
-
-T = TypeVar("T")
-# What a Cellar call may raise that the engine must never see (the SDK maps transport errors to
-# CellarError; OSError covers a socket error it did not wrap).
-_FAILURES = (CellarError, OSError)
-# What makes one key of a batch a miss (others stay readable); anything else (an unreachable
-# master, a timeout) ends the whole batch.
+# What makes one key of a batch a miss (the others stay readable); anything else (an
+# unreachable master, a timeout) ends the whole batch.
 _KEY_MISSES = (cellar.NotFound, cellar.NotReady, BufferTooSmall, cellar.IntegrityError)
 
 
@@ -111,82 +112,23 @@ def _shape_text(shape: Sequence[int]) -> str:
     return "x".join(str(int(d)) for d in shape)
 
 
-class _CellarCalls:
-    """One SDK client, opened lazily, whose blocking calls run on worker threads.
-
-    `run` is awaited on LMCache's loop and never blocks it; `run_sync` is for the engine's own
-    threads (exists_sync, batched_contains). Both raise `cellar.Unavailable` while no client
-    could be opened; the connector maps every error to a miss."""
-
-    def __init__(self, master: str, tenant: str, timeout_s: float, transport: str,
-                 on_connect: Callable[[cellar.Client], None]) -> None:
-        self.master, self.tenant, self.timeout_s = master, tenant, timeout_s
-        self.transport = transport
-        self._on_connect = on_connect
-        self._client: cellar.Client | None = None
-        self._lock = threading.Lock()
-        self._next_try_s = 0.0
-        self._closed = False
-        self.in_flight = 0  # calls under way (observability; the outage tests wait on it)
-        self._pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="cellar-lmcache")
-
-    def client(self) -> cellar.Client:
-        with self._lock:
-            if self._closed:
-                raise cellar.Unavailable("the Cellar connector is closed")
-            if self._client is not None:
-                return self._client
-            now = time.monotonic()
-            if now < self._next_try_s:
-                raise cellar.Unavailable(f"Cellar master {self.master} unreachable; next try in "
-                                         f"{self._next_try_s - now:.1f} s")
-            try:
-                client = cellar.connect(self.master, tenant=self.tenant, timeout_s=self.timeout_s,
-                                        transport=self.transport)
-            except _FAILURES:
-                self._next_try_s = now + RECONNECT_BACKOFF_S
-                raise
-            self._client = client
-        self._on_connect(client)
-        return client
-
-    def run_sync(self, fn: Callable[[cellar.Client], T]) -> T:
-        with self._lock:
-            self.in_flight += 1
-        try:
-            return fn(self.client())
-        finally:
-            with self._lock:
-                self.in_flight -= 1
-
-    async def run(self, fn: Callable[[cellar.Client], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.run_sync, fn)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-        self._pool.shutdown(wait=False)
-
-
-def _get_into(client: cellar.Client, names: list[str], buffers: Sequence[Any]) -> list[int]:
-    """Each object read straight into its buffer: sizes, -1 for a miss or an object larger
-    than its buffer (not of this format: the SDK refuses it before any transfer). The batch
-    goes in one call; only a batch holding such an object is read again key by key, so the
-    others still load."""
+async def _get_prefix_into(client: cellar.AsyncClient, names: list[str],
+                           buffers: Sequence[Any], budget_s: float) -> list[int]:
+    """The leading run of objects read straight into their buffers: one size per key of that
+    run (shorter than `names` when a key is missing, late or refused; keys after it are not
+    read). An object larger than its buffer is not of this format: the SDK refuses it before
+    any transfer, for the whole batch, so only such a batch is read again key by key, up to
+    that object."""
     try:
-        return client.get_many_into(names, buffers)
+        sizes = await client.get_many_into(names, buffers, timeout_s=budget_s, prefix=True)
     except BufferTooSmall:
-        sizes: list[int] = []
+        sizes = []
         for name, buffer in zip(names, buffers, strict=True):
             try:
-                sizes.append(client.get_into(name, buffer))
+                sizes.append(await client.get_into(name, buffer))
             except _KEY_MISSES:
-                sizes.append(-1)
-        return sizes
+                break
+    return [n for n in sizes if n >= 0]
 
 
 def chunk_format(connector: RemoteConnector, model: str, world_size: int,
@@ -229,9 +171,11 @@ class CellarConnector(RemoteConnector):
         metadata = local_cpu_backend.metadata
         self.format = chunk_format(self, metadata.model_name, metadata.world_size,
                                    metadata.use_mla)
-        self._calls = _CellarCalls(master, str(extra.get(prefix + "tenant", "default")),
-                                   timeout_s, str(extra.get(prefix + "transport", "auto")),
-                                   self._describe_format)
+        self.read_budget_s = timeout_s
+        self.session = CellarSession(
+            loop, master, tenant=str(extra.get(prefix + "tenant", "default")),
+            timeout_s=timeout_s, transport=str(extra.get(prefix + "transport", "auto")),
+            on_open=self._describe_format)
         log.info("Cellar connector: master %s, format namespace %s (%s)", master,
                  self.format.namespace(), self.format.layout)
 
@@ -240,13 +184,13 @@ class CellarConnector(RemoteConnector):
     def _name(self, key: CacheEngineKey) -> str:
         return self.format.key(key.to_string())
 
-    def _describe_format(self, client: cellar.Client) -> None:
+    async def _describe_format(self, client: cellar.AsyncClient) -> None:
         """Store the format's descriptor once, so an operator can tell what a namespace holds."""
         try:
-            client.put(self.format.key("format"), self.format.descriptor())
+            await client.put(self.format.key("format"), self.format.descriptor())
         except AlreadyExists:
             pass
-        except _FAILURES as e:
+        except FAILURES as e:
             log.debug("Cellar: format descriptor not stored: %s", e)
 
     def _payload_ok(self, size_bytes: int) -> bool:
@@ -279,27 +223,45 @@ class CellarConnector(RemoteConnector):
             objs.append(obj)
         return objs
 
-    def _read_raw(self, client: cellar.Client, names: list[str],
-                  objs: list[MemoryObj]) -> list[int]:
-        """Sizes read straight into the MemoryObjs; -1 for a miss or a refused object."""
-        return _get_into(client, names, [obj.byte_array for obj in objs])
+    async def _read_raw(self, client: cellar.AsyncClient,
+                        names: list[str]) -> list[MemoryObj]:
+        """The `save_chunk_meta: false` layout: the leading run of chunks, read straight into
+        MemoryObjs of the LocalCPUBackend and cut to the tokens they hold."""
+        objs = self._allocate(len(names))
+        loaded: list[MemoryObj] = []
+        try:
+            sizes = await _get_prefix_into(client, names[:len(objs)],
+                                           [obj.byte_array for obj in objs], self.read_budget_s)
+            for name, obj, size in zip(names, objs, sizes, strict=False):
+                if not self._payload_ok(size):
+                    log.warning("Cellar: %s refused: %d bytes is not whole tokens of %d bytes "
+                                "up to %d", name, size, self.single_token_size,
+                                self.full_chunk_size_bytes)
+                    break
+                loaded.append(self.reshape_partial_chunk(obj, size))
+        finally:
+            for obj in objs[len(loaded):]:
+                obj.ref_count_down()  # not read, or refused: back to the allocator
+        return loaded
 
-    def _read_meta(self, client: cellar.Client, names: list[str]) -> list[MemoryObj | None]:
-        """The `save_chunk_meta` layout: each object staged, checked, then copied into a
-        MemoryObj of the shapes its metadata states."""
+    async def _read_meta(self, client: cellar.AsyncClient,
+                         names: list[str]) -> list[MemoryObj]:
+        """The `save_chunk_meta: true` layout: the leading run of chunks, each staged, checked
+        (header, metadata, sizes), then copied into a MemoryObj of the shapes it states."""
         stage_bytes = HEADER_BYTES + self.remote_metadata_bytes + self.full_chunk_size_bytes
         stages = [bytearray(stage_bytes) for _ in names]
-        sizes = _get_into(client, names, stages)
-        out: list[MemoryObj | None] = []
-        for name, stage, size in zip(names, stages, sizes, strict=True):
-            obj = None
-            if size >= 0:
-                try:
-                    obj = self._unpack_meta(memoryview(stage)[:size])
-                except FormatMismatch as e:
-                    log.warning("Cellar: %s refused: %s", name, e)
-            out.append(obj)
-        return out
+        sizes = await _get_prefix_into(client, names, stages, self.read_budget_s)
+        loaded: list[MemoryObj] = []
+        for name, stage, size in zip(names, stages, sizes, strict=False):
+            try:
+                obj = self._unpack_meta(memoryview(stage)[:size])
+            except FormatMismatch as e:
+                log.warning("Cellar: %s refused: %s", name, e)
+                break
+            if obj is None:  # the LocalCPUBackend is full
+                break
+            loaded.append(obj)
+        return loaded
 
     def _unpack_meta(self, value: memoryview) -> MemoryObj | None:
         body = self.format.verify_header(value[:HEADER_BYTES], len(value))
@@ -325,44 +287,21 @@ class CellarConnector(RemoteConnector):
             raise
         return obj
 
-    def _finish_raw(self, name: str, obj: MemoryObj, size: int) -> MemoryObj | None:
-        if size < 0:
-            obj.ref_count_down()
-            return None
-        if not self._payload_ok(size):
-            log.warning("Cellar: %s refused: %d bytes is not whole tokens of %d bytes up to %d",
-                        name, size, self.single_token_size, self.full_chunk_size_bytes)
-            obj.ref_count_down()
-            return None
-        return self.reshape_partial_chunk(obj, size)
-
-    def _batched_read(self, client: cellar.Client,
-                      keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
+    async def _read_prefix(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:
+        """The leading run of `keys` loaded from Cellar; empty on any Cellar failure."""
         names = [self._name(k) for k in keys]
-        if self.save_chunk_meta:
-            return self._read_meta(client, names)
-        objs = self._allocate(len(names))
-        out: list[MemoryObj | None] = [None] * len(names)
-        if not objs:
-            return out
+        read = self._read_meta if self.save_chunk_meta else self._read_raw
         try:
-            sizes = self._read_raw(client, names[:len(objs)], objs)
-        except BaseException:
-            for obj in objs:
-                obj.ref_count_down()
-            raise
-        for i, (obj, size) in enumerate(zip(objs, sizes, strict=True)):
-            out[i] = self._finish_raw(names[i], obj, size)
-        return out
+            return await self.session.run(lambda c: read(c, names))
+        except FAILURES as e:
+            log.warning("Cellar: read of %d chunks failed, all missed: %s", len(keys), e)
+            return []
 
     async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
-        if not keys:
-            return []
-        try:
-            return await self._calls.run(lambda c: self._batched_read(c, keys))
-        except _FAILURES as e:
-            log.warning("Cellar: batched get of %d chunks failed, all missed: %s", len(keys), e)
-            return [None] * len(keys)
+        """One MemoryObj per key of the leading run that loaded, None for the rest (keys after
+        a missing one are not read: LMCache uses a prefix only)."""
+        loaded: list[MemoryObj | None] = list(await self._read_prefix(keys))
+        return loaded + [None] * (len(keys) - len(loaded))
 
     async def get(self, key: CacheEngineKey) -> MemoryObj | None:
         return (await self.batched_get([key]))[0]
@@ -373,37 +312,24 @@ class CellarConnector(RemoteConnector):
     async def batched_get_non_blocking(self, lookup_id: str,
                                        keys: list[CacheEngineKey]) -> list[MemoryObj]:
         """The leading run of chunks that loaded (one batched read, not one per key)."""
-        objs = await self.batched_get(keys)
-        prefix: list[MemoryObj] = []
-        cut = False
-        for obj in objs:
-            cut = cut or obj is None
-            if obj is not None and cut:
-                obj.ref_count_down()  # loaded past a missing chunk: useless to the engine
-            elif obj is not None:
-                prefix.append(obj)
-        return prefix
+        return await self._read_prefix(keys)
 
     # ---- probes --------------------------------------------------------------------------
 
     async def exists(self, key: CacheEngineKey) -> bool:
         name = self._name(key)
         try:
-            return await self._calls.run(lambda c: c.exists(name))
-        except _FAILURES as e:
+            return await self.session.run(lambda c: c.exists(name))
+        except FAILURES as e:
             log.warning("Cellar: exists failed, reported missing: %s", e)
             return False
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        name = self._name(key)
         try:
-            return self._calls.run_sync(lambda c: c.exists(name))
-        except _FAILURES as e:
+            return self.session.run_sync(lambda c: c.exists(self._name(key)))
+        except FAILURES as e:
             log.warning("Cellar: exists failed, reported missing: %s", e)
             return False
-
-    def _prefix(self, client: cellar.Client, keys: Sequence[CacheEngineKey]) -> int:
-        return client.prefix_len([self._name(k) for k in keys])
 
     async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
                                      pin: bool = False) -> int:
@@ -411,9 +337,10 @@ class CellarConnector(RemoteConnector):
         a probe must not make objects unevictable)."""
         if not keys:
             return 0
+        names = [self._name(k) for k in keys]
         try:
-            return await self._calls.run(lambda c: self._prefix(c, keys))
-        except _FAILURES as e:
+            return await self.session.run(lambda c: c.prefix_len(names))
+        except FAILURES as e:
             log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
             return 0
 
@@ -421,11 +348,13 @@ class CellarConnector(RemoteConnector):
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey]) -> int:
+        """`batched_async_contains` for LMCache's synchronous lookup (an engine thread)."""
         if not keys:
             return 0
+        names = [self._name(k) for k in keys]
         try:
-            return self._calls.run_sync(lambda c: self._prefix(c, keys))
-        except _FAILURES as e:
+            return self.session.run_sync(lambda c: c.prefix_len(names))
+        except FAILURES as e:
             log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
             return 0
 
@@ -434,8 +363,8 @@ class CellarConnector(RemoteConnector):
 
     # ---- writes --------------------------------------------------------------------------
 
-    def _write(self, client: cellar.Client, keys: Sequence[CacheEngineKey],
-               objs: Sequence[MemoryObj]) -> None:
+    async def _write(self, client: cellar.AsyncClient, keys: Sequence[CacheEngineKey],
+                     objs: Sequence[MemoryObj]) -> None:
         items = []
         for key, obj in zip(keys, objs, strict=True):
             if not self._payload_ok(obj.get_size()):
@@ -445,7 +374,7 @@ class CellarConnector(RemoteConnector):
             items.append((self._name(key), self._put_value(obj)))
         if not items:
             return
-        statuses = client.put_many(items)
+        statuses = await client.put_many(items)
         failed = [s for s in statuses if s not in (Status.OK, Status.ALREADY_EXISTS)]
         if failed:
             log.warning("Cellar: %d of %d chunks not stored (%s)", len(failed), len(items),
@@ -456,8 +385,8 @@ class CellarConnector(RemoteConnector):
         if not keys:
             return
         try:
-            await self._calls.run(lambda c: self._write(c, keys, memory_objs))
-        except _FAILURES as e:
+            await self.session.run(lambda c: self._write(c, keys, memory_objs))
+        except FAILURES as e:
             log.warning("Cellar: put of %d chunks dropped: %s", len(keys), e)
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
@@ -469,10 +398,9 @@ class CellarConnector(RemoteConnector):
     # ---- the rest of RemoteConnector ------------------------------------------------------
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
-        name = self._name(key)
         try:
-            return self._calls.run_sync(lambda c: c.remove(name))
-        except _FAILURES as e:
+            return self.session.run_sync(lambda c: c.remove(self._name(key)))
+        except FAILURES as e:
             log.warning("Cellar: remove failed: %s", e)
             return False
 
@@ -487,14 +415,14 @@ class CellarConnector(RemoteConnector):
     async def ping(self) -> int:
         """0 when the master answers, 1 otherwise."""
         try:
-            await self._calls.run(lambda c: c.status())
-        except _FAILURES as e:
+            await self.session.run(lambda c: c.status())
+        except FAILURES as e:
             log.warning("Cellar: ping failed: %s", e)
             return 1
         return 0
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._calls.close)
+        await self.session.aclose()
 
 
 class CellarConnectorAdapter(ConnectorAdapter):

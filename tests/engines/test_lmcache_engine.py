@@ -212,10 +212,10 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
         result: list[torch.Tensor] = []
         worker = threading.Thread(target=lambda: result.append(engine.retrieve(tokens, kv=out)))
         worker.start()
-        _wait_until(lambda: conn._calls.in_flight > 0, "the retrieve to reach Cellar")
+        _wait_until(lambda: conn.session.in_flight > 0, "the retrieve to reach Cellar")
         during = len(ticks)
         _wait_until(lambda: len(ticks) >= during + 50, "50 ticks of the loop")
-        assert conn._calls.in_flight > 0 and worker.is_alive()  # the call is still waiting
+        assert conn.session.in_flight > 0 and worker.is_alive()  # the call is still waiting
         cluster.signal_master(signal.SIGCONT)
         stopped = False
         worker.join(WAIT_S)

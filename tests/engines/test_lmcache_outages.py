@@ -94,7 +94,7 @@ def _retrieve_while(engine: Any, tokens: torch.Tensor, kv: torch.Tensor,
 
     worker = threading.Thread(target=run)
     worker.start()
-    _wait_until(lambda: conn._calls.in_flight > 0, "the retrieve to wait on Cellar")
+    _wait_until(lambda: conn.session.in_flight > 0, "the retrieve to wait on Cellar")
     kill()
     worker.join(WAIT_S)
     assert not worker.is_alive()
