@@ -42,13 +42,12 @@ What one object holds (one LMCache chunk of one rank)
 
 Async without blocking the loop
     LMCache runs every connector coroutine on its own event loop thread. The connector's one
-    `cellar.AsyncClient` lives on that loop (`lmcache_session.CellarSession`): a call waiting
-    on the master or a node is a suspended coroutine, so the loop keeps serving other lookups
-    and transfers meanwhile. LMCache's few synchronous entry points (exists_sync,
-    batched_contains, remove_sync), called from the engine's threads, are submitted to the
-    loop and waited for on the calling thread. What does run on the loop is CPU work: the
-    shm transport's memcpy (the SDK copies inline, in pieces of at most 4 MiB) and, with
-    `save_chunk_meta: true`, the staging copy.
+    `cellar.AsyncClient` lives on a loop thread of its own (`lmcache_session.CellarSession`,
+    which says why): LMCache's coroutines await the client's calls there, so LMCache's loop
+    is neither waiting on Cellar nor running Cellar's copies and checksums, and keeps serving
+    other requests meanwhile. LMCache's synchronous entry points (exists_sync,
+    batched_contains, remove_sync), called from the engine's threads, wait on the session
+    directly.
 
 Reads stop at the first chunk that does not load
     LMCache uses only the leading run of chunks it finds, so a batched read asks the SDK for
@@ -173,7 +172,7 @@ class CellarConnector(RemoteConnector):
                                    metadata.use_mla)
         self.read_budget_s = timeout_s
         self.session = CellarSession(
-            loop, master, tenant=str(extra.get(prefix + "tenant", "default")),
+            master, tenant=str(extra.get(prefix + "tenant", "default")),
             timeout_s=timeout_s, transport=str(extra.get(prefix + "transport", "auto")),
             on_open=self._describe_format)
         log.info("Cellar connector: master %s, format namespace %s (%s)", master,
