@@ -97,11 +97,27 @@ ENGINE_PYTEST := -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning 
 engine-venv-sglang:
 	@$(ENGINE_VENV) build sglang
 
-test-engines: test-engines-sglang
+test-engines: test-engines-sglang test-engines-lmcache
 
 test-engines-sglang:
 	nice -n 10 $(ENGINE_VENV) run sglang -- $(ENGINE_PYTEST) tests/engines -k sglang
 
-bench-engines:
+bench-engines: bench-engines-lmcache
 	nice -n 10 $(ENGINE_VENV) run sglang -- -m cellar.bench.engines_sglang
 
+# ---- LMCache engine (issue 12, LMCache half) ----------------------------------------------
+# The LMCache venv (recipe tests/engines/recipes/lmcache: torch 2.13 CPU, lmcache 0.5.6 without
+# its GPU stack, the modules it imports) is built by tests/engines/engine_venv.py into
+# $(CELLAR_ENGINE_CACHE) (default ~/.cache/cellar/engines/lmcache-<recipe sha>) and reused.
+.PHONY: venv-lmcache test-engines-lmcache bench-engines-lmcache
+
+venv-lmcache:
+	$(ENGINE_VENV) build lmcache
+
+# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
+test-engines-lmcache:
+	$(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache
+
+# LMCache's retrieve against Cellar's own batched get (bench/results/engines-lmcache-<date>.*).
+bench-engines-lmcache:
+	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache

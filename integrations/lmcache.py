@@ -1,0 +1,443 @@
+"""Cellar as an LMCache remote storage plugin (LMCache 0.5.6), loaded by configuration only.
+
+How LMCache finds it
+    LMCache 0.5.6 builds one `RemoteBackend` per name in `remote_storage_plugins`; its
+    `ConnectorManager` imports `extra_config["remote_storage_plugin.<name>.module_path"]`, takes
+    the attribute named by `...class_name` and, because `CellarConnectorAdapter` subclasses
+    LMCache's `ConnectorAdapter`, instantiates it with no argument and asks it to
+    `create_connector(context)` for the URL `plugin://<name>`. No LMCache file changes:
+
+        remote_storage_plugins: ["cellar"]
+        extra_config:
+          remote_storage_plugin.cellar.module_path: cellar.integrations.lmcache
+          remote_storage_plugin.cellar.class_name: CellarConnectorAdapter
+          remote_storage_plugin.cellar.master: "127.0.0.1:7070"     # or etcd://host:port/cluster
+          remote_storage_plugin.cellar.tenant: "default"            # optional
+          remote_storage_plugin.cellar.timeout_s: 5.0               # optional, per Cellar call
+          remote_storage_plugin.cellar.transport: auto              # optional: auto|tcp|shm|rdma
+          save_chunk_meta: false                                    # optional, LMCache's own key
+
+    (`CellarConnector` itself also loads as `class_name`: LMCache then wraps it in its
+    `DynamicConnectorAdapter`.) The credential comes from `$CELLAR_TOKEN` or the token file
+    `cellar up` writes, as for every SDK client.
+
+What one object holds (one LMCache chunk of one rank)
+    Key: `<format namespace>/<CacheEngineKey.to_string()>` (`cellar.integrations.kvformat`): the
+    namespace hashes model, KV dtypes, chunk shapes, memory format, chunk size, world size or
+    MLA, the chunk-metadata mode and this adapter's version, so a reader of another format asks
+    for other keys and sees a miss.
+    - `save_chunk_meta: false`: the value is the chunk's KV bytes and nothing else. Reads land
+      straight in the `MemoryObj` the LocalCPUBackend allocated (zero-copy); a partial last
+      chunk is an object of fewer whole tokens. The size rule is the guard: an object larger
+      than a full chunk is refused by the SDK before any transfer, one that is not a whole
+      number of tokens is refused after (its buffer goes back to the allocator, never to the
+      engine).
+    - `save_chunk_meta: true` (LMCache's default): the value is the kvformat header (32 bytes:
+      fingerprint and payload size), LMCache's `RemoteMetadata` (shapes, dtypes, format,
+      length) and the KV bytes. The header must match the reader's format and the object's
+      exact size, the metadata's length must match its shapes and the payload, or the object is
+      refused before its bytes are copied into a `MemoryObj`. The SDK's faces offer no
+      scatter-gather get yet, so this mode stages the object in one buffer and copies it (one
+      copy each way).
+
+Async without blocking the loop
+    LMCache runs every connector coroutine on its own event loop thread. The connector's one
+    `cellar.AsyncClient` lives on a loop thread of its own (`lmcache_session.CellarSession`,
+    which says why): LMCache's coroutines await the client's calls there, so LMCache's loop
+    is neither waiting on Cellar nor running Cellar's copies and checksums, and keeps serving
+    other requests meanwhile. LMCache's synchronous entry points (exists_sync,
+    batched_contains, remove_sync), called from the engine's threads, wait on the session
+    directly.
+
+Reads stop at the first chunk that does not load
+    LMCache uses only the leading run of chunks it finds, so a batched read asks the SDK for
+    that prefix (`get_many_into(..., prefix=True)`, bounded by `timeout_s`): chunks after a
+    missing, late or refused one are never read, and their MemoryObjs go straight back.
+
+Failures
+    Nothing escapes into the engine: a Cellar error, an unreachable master or node, a timeout or
+    a refused object is logged and becomes a miss (get), False (exists), a shorter prefix
+    (contains) or a dropped write (put). A master that cannot be reached when the connector
+    first needs it is asked again after `lmcache_session.RECONNECT_BACKOFF_S`; meanwhile every
+    call is a miss at once.
+
+What it must never do
+    Hand the engine bytes of another format or of the wrong size, or block LMCache's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.memory_management import MemoryObj
+from lmcache.v1.protocol import RemoteMetadata
+from lmcache.v1.storage_backend.connector import (
+    ConnectorAdapter,
+    ConnectorContext,
+    extract_plugin_type,
+)
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+import cellar
+from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
+from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
+from cellar.integrations.lmcache_session import FAILURES, CellarSession
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "cellar"
+ADAPTER_NAME = "lmcache"
+# Bumped when the object layout above changes: every namespace changes with it.
+ADAPTER_VERSION = 1
+DEFAULT_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 600.0
+# What makes one key of a batch a miss (the others stay readable); anything else (an
+# unreachable master, a timeout) ends the whole batch.
+_KEY_MISSES = (cellar.NotFound, cellar.NotReady, BufferTooSmall, cellar.IntegrityError)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "x".join(str(int(d)) for d in shape)
+
+
+async def _get_prefix_into(client: cellar.AsyncClient, names: list[str],
+                           buffers: Sequence[Any], budget_s: float) -> list[int]:
+    """The leading run of objects read straight into their buffers: one size per key of that
+    run (shorter than `names` when a key is missing, late or refused; keys after it are not
+    read). An object larger than its buffer is not of this format: the SDK refuses it before
+    any transfer, for the whole batch, so only such a batch is read again key by key, up to
+    that object."""
+    try:
+        sizes = await client.get_many_into(names, buffers, timeout_s=budget_s, prefix=True)
+    except BufferTooSmall:
+        sizes = []
+        for name, buffer in zip(names, buffers, strict=True):
+            try:
+                sizes.append(await client.get_into(name, buffer))
+            except _KEY_MISSES:
+                break
+    return [n for n in sizes if n >= 0]
+
+
+def chunk_format(connector: RemoteConnector, model: str, world_size: int,
+                 use_mla: bool) -> KVFormat:
+    """The KV format of the chunks this connector reads and writes."""
+    meta_mode = "meta" if connector.save_chunk_meta else "raw"
+    return KVFormat(
+        model=model,
+        kv_dtype="+".join(_dtype_name(d) for d in connector.meta_dtypes),
+        layout=f"{connector.meta_fmt.name}.{meta_mode}",
+        page_size_tokens=connector.full_chunk_size_bytes // connector.single_token_size,
+        parallel_rule="mla" if use_mla else f"tp{world_size}",
+        adapter=ADAPTER_NAME,
+        adapter_version=ADAPTER_VERSION,
+        shape=(("chunk_shapes", ";".join(_shape_text(s) for s in connector.meta_shapes)),
+               ("chunk_bytes", str(connector.full_chunk_size_bytes))),
+    )
+
+
+class CellarConnector(RemoteConnector):
+    """LMCache's `RemoteConnector` over a Cellar cluster (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, local_cpu_backend: LocalCPUBackend,
+                 config: LMCacheEngineConfig | None = None,
+                 plugin_name: str | None = None) -> None:
+        super().__init__(local_cpu_backend.config, local_cpu_backend.metadata)
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.plugin_name = plugin_name or PLUGIN_TYPE
+        extra = dict((config or local_cpu_backend.config).extra_config or {})
+        prefix = f"remote_storage_plugin.{self.plugin_name}."
+        master = extra.get(prefix + "master")
+        if not isinstance(master, str) or not master:
+            raise InvalidArgument(f"extra_config {prefix}master must name the Cellar master "
+                                  "(host:port or etcd://host:port/cluster)")
+        timeout_s = float(extra.get(prefix + "timeout_s", DEFAULT_TIMEOUT_S))
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise InvalidArgument(f"{prefix}timeout_s must be in (0, {MAX_TIMEOUT_S}] s, "
+                                  f"got {timeout_s}")
+        metadata = local_cpu_backend.metadata
+        self.format = chunk_format(self, metadata.model_name, metadata.world_size,
+                                   metadata.use_mla)
+        self.read_budget_s = timeout_s
+        self.session = CellarSession(
+            master, tenant=str(extra.get(prefix + "tenant", "default")),
+            timeout_s=timeout_s, transport=str(extra.get(prefix + "transport", "auto")),
+            on_open=self._describe_format)
+        log.info("Cellar connector: master %s, format namespace %s (%s)", master,
+                 self.format.namespace(), self.format.layout)
+
+    # ---- names, sizes and the object layout ----------------------------------------------
+
+    def _name(self, key: CacheEngineKey) -> str:
+        return self.format.key(key.to_string())
+
+    async def _describe_format(self, client: cellar.AsyncClient) -> None:
+        """Store the format's descriptor once, so an operator can tell what a namespace holds."""
+        try:
+            await client.put(self.format.key("format"), self.format.descriptor())
+        except AlreadyExists:
+            pass
+        except FAILURES as e:
+            log.debug("Cellar: format descriptor not stored: %s", e)
+
+    def _payload_ok(self, size_bytes: int) -> bool:
+        """Whether a payload of `size_bytes` is whole tokens of this format, at most a chunk."""
+        return (0 < size_bytes <= self.full_chunk_size_bytes
+                and size_bytes % self.single_token_size == 0)
+
+    def _meta_value(self, memory_obj: MemoryObj) -> bytes:
+        """Header + LMCache metadata + KV bytes (the `save_chunk_meta` layout)."""
+        payload = memory_obj.byte_array
+        meta = RemoteMetadata(len(payload), memory_obj.get_shapes(), memory_obj.get_dtypes(),
+                              memory_obj.get_memory_format()).serialize()
+        return b"".join((self.format.header(len(meta) + len(payload)), meta, payload))
+
+    def _put_value(self, memory_obj: MemoryObj) -> Any:
+        if self.save_chunk_meta:
+            return self._meta_value(memory_obj)
+        return memory_obj.byte_array  # the allocator's memory itself: the SDK sends from it
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def _allocate(self, count: int) -> list[MemoryObj]:
+        """Up to `count` full-chunk MemoryObjs, fewer if the LocalCPUBackend runs out."""
+        objs: list[MemoryObj] = []
+        for _ in range(count):
+            obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes,
+                                                  self.meta_fmt)
+            if obj is None or obj.raw_tensor is None:
+                break
+            objs.append(obj)
+        return objs
+
+    async def _read_raw(self, client: cellar.AsyncClient,
+                        names: list[str]) -> list[MemoryObj]:
+        """The `save_chunk_meta: false` layout: the leading run of chunks, read straight into
+        MemoryObjs of the LocalCPUBackend and cut to the tokens they hold."""
+        objs = self._allocate(len(names))
+        loaded: list[MemoryObj] = []
+        try:
+            sizes = await _get_prefix_into(client, names[:len(objs)],
+                                           [obj.byte_array for obj in objs], self.read_budget_s)
+            for name, obj, size in zip(names, objs, sizes, strict=False):
+                if not self._payload_ok(size):
+                    log.warning("Cellar: %s refused: %d bytes is not whole tokens of %d bytes "
+                                "up to %d", name, size, self.single_token_size,
+                                self.full_chunk_size_bytes)
+                    break
+                loaded.append(self.reshape_partial_chunk(obj, size))
+        finally:
+            for obj in objs[len(loaded):]:
+                obj.ref_count_down()  # not read, or refused: back to the allocator
+        return loaded
+
+    async def _read_meta(self, client: cellar.AsyncClient,
+                         names: list[str]) -> list[MemoryObj]:
+        """The `save_chunk_meta: true` layout: the leading run of chunks, each staged, checked
+        (header, metadata, sizes), then copied into a MemoryObj of the shapes it states."""
+        stage_bytes = HEADER_BYTES + self.remote_metadata_bytes + self.full_chunk_size_bytes
+        stages = [bytearray(stage_bytes) for _ in names]
+        sizes = await _get_prefix_into(client, names, stages, self.read_budget_s)
+        loaded: list[MemoryObj] = []
+        for name, stage, size in zip(names, stages, sizes, strict=False):
+            try:
+                obj = self._unpack_meta(memoryview(stage)[:size])
+            except FormatMismatch as e:
+                log.warning("Cellar: %s refused: %s", name, e)
+                break
+            if obj is None:  # the LocalCPUBackend is full
+                break
+            loaded.append(obj)
+        return loaded
+
+    def _unpack_meta(self, value: memoryview) -> MemoryObj | None:
+        body = self.format.verify_header(value[:HEADER_BYTES], len(value))
+        meta_end = HEADER_BYTES + self.remote_metadata_bytes
+        if body < self.remote_metadata_bytes:
+            raise FormatMismatch(f"object body of {body} bytes holds no chunk metadata")
+        meta = RemoteMetadata.deserialize(bytes(value[HEADER_BYTES:meta_end]))
+        payload = value[meta_end:]
+        stated = sum(torch.Size(s).numel() * d.itemsize
+                     for s, d in zip(meta.shapes, meta.dtypes, strict=True))
+        if (meta.length != len(payload) or stated != len(payload)
+                or not self._payload_ok(len(payload))
+                or list(meta.dtypes) != list(self.meta_dtypes) or meta.fmt != self.meta_fmt):
+            raise FormatMismatch(f"chunk metadata (length {meta.length}, {stated} bytes by its "
+                                 f"shapes) does not fit a payload of {len(payload)} bytes")
+        obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+        if obj is None:
+            return None
+        try:
+            obj.byte_array.cast("B")[:] = payload  # ctypes exports "<B"; cast to plain bytes
+        except BaseException:
+            obj.ref_count_down()
+            raise
+        return obj
+
+    async def _read_prefix(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:
+        """The leading run of `keys` loaded from Cellar; empty on any Cellar failure."""
+        names = [self._name(k) for k in keys]
+        read = self._read_meta if self.save_chunk_meta else self._read_raw
+        try:
+            return await self.session.run(lambda c: read(c, names))
+        except FAILURES as e:
+            log.warning("Cellar: read of %d chunks failed, all missed: %s", len(keys), e)
+            return []
+
+    async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        """One MemoryObj per key of the leading run that loaded, None for the rest (keys after
+        a missing one are not read: LMCache uses a prefix only)."""
+        loaded: list[MemoryObj | None] = list(await self._read_prefix(keys))
+        return loaded + [None] * (len(keys) - len(loaded))
+
+    async def get(self, key: CacheEngineKey) -> MemoryObj | None:
+        return (await self.batched_get([key]))[0]
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str,
+                                       keys: list[CacheEngineKey]) -> list[MemoryObj]:
+        """The leading run of chunks that loaded (one batched read, not one per key)."""
+        return await self._read_prefix(keys)
+
+    # ---- probes --------------------------------------------------------------------------
+
+    async def exists(self, key: CacheEngineKey) -> bool:
+        name = self._name(key)
+        try:
+            return await self.session.run(lambda c: c.exists(name))
+        except FAILURES as e:
+            log.warning("Cellar: exists failed, reported missing: %s", e)
+            return False
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        try:
+            return self.session.run_sync(lambda c: c.exists(self._name(key)))
+        except FAILURES as e:
+            log.warning("Cellar: exists failed, reported missing: %s", e)
+            return False
+
+    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
+                                     pin: bool = False) -> int:
+        """How many leading chunks exist (one PrefixLen on the master's fast line; never pins:
+        a probe must not make objects unevictable)."""
+        if not keys:
+            return 0
+        names = [self._name(k) for k in keys]
+        try:
+            return await self.session.run(lambda c: c.prefix_len(names))
+        except FAILURES as e:
+            log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
+            return 0
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: list[CacheEngineKey]) -> int:
+        """`batched_async_contains` for LMCache's synchronous lookup (an engine thread)."""
+        if not keys:
+            return 0
+        names = [self._name(k) for k in keys]
+        try:
+            return self.session.run_sync(lambda c: c.prefix_len(names))
+        except FAILURES as e:
+            log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
+            return 0
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    # ---- writes --------------------------------------------------------------------------
+
+    async def _write(self, client: cellar.AsyncClient, keys: Sequence[CacheEngineKey],
+                     objs: Sequence[MemoryObj]) -> None:
+        items = []
+        for key, obj in zip(keys, objs, strict=True):
+            if not self._payload_ok(obj.get_size()):
+                log.warning("Cellar: chunk %s of %d bytes is not whole tokens of this format; "
+                            "not stored", key.to_string(), obj.get_size())
+                continue
+            items.append((self._name(key), self._put_value(obj)))
+        if not items:
+            return
+        statuses = await client.put_many(items)
+        failed = [s for s in statuses if s not in (Status.OK, Status.ALREADY_EXISTS)]
+        if failed:
+            log.warning("Cellar: %d of %d chunks not stored (%s)", len(failed), len(items),
+                        ", ".join(sorted({s.name for s in failed})))
+
+    async def batched_put(self, keys: list[CacheEngineKey], memory_objs: list[MemoryObj]) -> None:
+        """Store the chunks; the caller (LMCache's instrumented wrapper) drops their refs."""
+        if not keys:
+            return
+        try:
+            await self.session.run(lambda c: self._write(c, keys, memory_objs))
+        except FAILURES as e:
+            log.warning("Cellar: put of %d chunks dropped: %s", len(keys), e)
+
+    async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
+        await self.batched_put([key], [memory_obj])
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    # ---- the rest of RemoteConnector ------------------------------------------------------
+
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        try:
+            return self.session.run_sync(lambda c: c.remove(self._name(key)))
+        except FAILURES as e:
+            log.warning("Cellar: remove failed: %s", e)
+            return False
+
+    async def list(self) -> list[str]:
+        """Cellar has no key listing: this returns no keys (LMCache only uses it in a
+        file-system admin endpoint)."""
+        return []
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        """0 when the master answers, 1 otherwise."""
+        try:
+            await self.session.run(lambda c: c.status())
+        except FAILURES as e:
+            log.warning("Cellar: ping failed: %s", e)
+            return 1
+        return 0
+
+    async def close(self) -> None:
+        await self.session.aclose()
+
+
+class CellarConnectorAdapter(ConnectorAdapter):
+    """What `remote_storage_plugin.<name>.class_name` names: builds a `CellarConnector` for
+    `plugin://cellar` (or `plugin://cellar.<instance>`)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"plugin://{PLUGIN_TYPE}")
+
+    def can_parse(self, url: str) -> bool:
+        return (url.startswith("plugin://")
+                and extract_plugin_type(url[len("plugin://"):]) == PLUGIN_TYPE)
+
+    def create_connector(self, context: ConnectorContext) -> RemoteConnector:
+        return CellarConnector(context.loop, context.local_cpu_backend, context.config,
+                               plugin_name=context.plugin_name)
+
+
+__all__ = ["ADAPTER_VERSION", "CellarConnector", "CellarConnectorAdapter", "chunk_format"]

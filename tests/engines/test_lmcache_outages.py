@@ -1,0 +1,141 @@
+"""Outages under LMCache 0.5.6's LMCacheEngine through plugin://cellar: the master or a node
+is killed (kill -9) while a retrieve waits on it. The engine sees misses or a shorter prefix,
+never an exception and never wrong bytes, and gets everything back once the cluster is whole.
+
+The connector talks TCP here (`transport: tcp`) so that a dead node really stands between the
+engine and its bytes (on one host the shm transport reads the segment file without the node).
+Runs from the LMCache engine venv; skipped where LMCache is not installed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lmcache")
+
+import lmcache_kit as kit  # noqa: E402
+import torch  # noqa: E402
+
+from cellar.local_cluster import LocalCluster  # noqa: E402
+
+CHUNK = kit.CHUNK_TOKENS
+CHUNKS = 12
+WAIT_S = 90.0
+# Fast liveness so a killed node's replicas are dropped and a restarted one re-attaches quickly.
+MASTER_FLAGS = {"node_suspect_after_s": 1, "node_expire_after_s": 3, "pin_ttl_s": 2,
+                "write_grant_ttl_s": 3, "heartbeat_interval_s": 0.3, "new_node_ramp_s": 0}
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    c = LocalCluster(2, "64MiB", master_flags=MASTER_FLAGS)
+    try:
+        c.start()
+        yield c
+    finally:
+        for child in [*c.masters, *c.nodes]:  # never leave a stopped process behind
+            if child.alive() and child.proc is not None:
+                child.proc.send_signal(signal.SIGCONT)
+        c.stop()
+
+
+def _wait_until(cond: Any, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _retrieve(engine: Any, tokens: torch.Tensor, kv: torch.Tensor) -> int:
+    """One retrieve from Cellar alone; asserts it returned a prefix of exact bytes and left
+    the rest of the KV untouched; returns the prefix in tokens."""
+    kit.drop_local(engine)
+    out = torch.zeros_like(kv)
+    mask = engine.retrieve(tokens, kv=out)  # an exception here fails the test: none may escape
+    got = int(mask.sum())
+    assert bool(mask[:got].all()) and not bool(mask[got:].any()), "not a prefix"
+    assert torch.equal(out[:, :, :got], kv[:, :, :got]), "wrong bytes in the prefix"
+    assert not bool(out[:, :, got:].any()), "bytes written past the prefix"
+    return got
+
+
+def _stored_engine(tmp_path: Path, cluster: LocalCluster, model: str) -> tuple[Any, Any, Any]:
+    config = kit.write_config(tmp_path / "outage.yaml", cluster.address, timeout_s=3.0,
+                              blocking_s=20, transport="tcp")
+    engine = kit.make_engine(config, model=model)
+    tokens = kit.tokens_for(CHUNKS * CHUNK, seed=61)
+    kv = kit.random_kv(len(tokens), seed=62)
+    engine.store(tokens, kv=kv)
+    assert kit.wait_stored(engine, tokens) == CHUNKS
+    return engine, tokens, kv
+
+
+def _retrieve_while(engine: Any, tokens: torch.Tensor, kv: torch.Tensor,
+                    stall: Any, kill: Any) -> int:
+    """Stall the cluster (`stall`), start a retrieve, wait until it is waiting on Cellar,
+    `kill`, and return the prefix the retrieve ended with."""
+    conn = kit.cellar_connector(engine)
+    stall()
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            got.append(_retrieve(engine, tokens, kv))
+        except BaseException as e:  # reported below: nothing may escape the engine
+            errors.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    _wait_until(lambda: conn.session.in_flight > 0, "the retrieve to wait on Cellar")
+    kill()
+    worker.join(WAIT_S)
+    assert not worker.is_alive()
+    assert not errors, errors
+    return got[0]
+
+
+def _recovers(engine: Any, tokens: torch.Tensor, kv: torch.Tensor) -> None:
+    _wait_until(lambda: _retrieve(engine, tokens, kv) == len(tokens),
+                "the full prefix back after the restart")
+    assert engine.lookup(tokens) == len(tokens)
+
+
+def test_node_killed_mid_retrieve(tmp_path: Path, cluster: LocalCluster) -> None:
+    engine, tokens, kv = _stored_engine(tmp_path, cluster, "test/outage-node")
+    try:
+        got = _retrieve_while(engine, tokens, kv,
+                              stall=lambda: cluster.signal_node(0, signal.SIGSTOP),
+                              kill=lambda: cluster.kill_node(0))
+        assert got < len(tokens)  # node 0 held some chunks: they are missing now
+        # While the node is down: lookups and retrieves answer (shorter), stores are dropped
+        # or land on the other node, and nothing raises.
+        assert engine.lookup(tokens) <= len(tokens)
+        assert _retrieve(engine, tokens, kv) < len(tokens)
+        cluster.restart_node(0)  # same identity and segment file: it re-attaches its chunks
+        _recovers(engine, tokens, kv)
+    finally:
+        kit.destroy(engine)
+
+
+def test_master_killed_mid_retrieve(tmp_path: Path, cluster: LocalCluster) -> None:
+    engine, tokens, kv = _stored_engine(tmp_path, cluster, "test/outage-master")
+    try:
+        got = _retrieve_while(engine, tokens, kv,
+                              stall=lambda: cluster.signal_master(signal.SIGSTOP),
+                              kill=lambda: cluster.kill_master())
+        assert got == 0  # no master: no replica can be found
+        assert engine.lookup(tokens) == 0
+        more = kit.tokens_for(2 * CHUNK, seed=63)
+        engine.store(more, kv=kit.random_kv(len(more), seed=64))  # dropped, not raised
+        cluster.start_master()  # rebuilds its table from the nodes' own indexes
+        _recovers(engine, tokens, kv)
+    finally:
+        kit.destroy(engine)
