@@ -150,9 +150,7 @@ class MooncakeDistributedStore:
             return HC_NOT_INITIALIZED
         try:
             probe_master(client.master_address, tenant=client.tenant, timeout_s=HEALTH_TIMEOUT_S)
-        except (Unavailable, Timeout):
-            return HC_MASTER_UNREACHABLE
-        except CellarError:
+        except CellarError:  # unreachable, timed out, or not answering as a master
             return HC_MASTER_UNREACHABLE
         return HC_HEALTHY
 

@@ -41,26 +41,24 @@ def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int
     """Store each (key, buffer); 0 per stored (or, without upsert, already present) key."""
     if not items:
         return []
-    if not upsert:
+    batched = not upsert or _accepts(client.put_many, "upsert")  # until sdk-faces: else one by one
+    if batched:
+        options = {"upsert": True} if upsert else {}
         try:
-            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin)
-        except CellarError as exc:
+            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin, **options)
+            return [put_code(st) for st in statuses]
+        except _WHOLE_CALL as exc:
             return _all(len(items), exc, put_code)
-        return [put_code(st) for st in statuses]
-    if _accepts(client.put_many, "upsert"):
-        try:
-            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin,
-                                       upsert=True)
-        except CellarError as exc:
-            return _all(len(items), exc, put_code)
-        return [put_code(st) for st in statuses]
-    out = []  # until sdk-faces: no batched upsert yet
+        except CellarError:
+            pass  # one item's problem (a bad key, a duplicate): find out which
+    write = client.upsert if upsert else client.put
+    out = []
     for key, value in items:
         try:
-            client.upsert(key, value, replicas=replicas, soft_pin=soft_pin)
+            write(key, value, replicas=replicas, soft_pin=soft_pin)
             out.append(0)
         except CellarError as exc:
-            out.append(code_for(exc))
+            out.append(put_code(exc))
     return out
 
 

@@ -172,6 +172,10 @@ def test_zero_copy_through_registered_ctypes_buffers(new_store, buffers, protoco
     assert store.batch_upsert_from(keys[:2], [src_ptr, src_ptr], [10, 20]) == [OK, OK]
     assert store.get_size(keys[1]) == 20
     assert store.batch_put_from(keys[:2], [src_ptr], [1, 2]) == [INVALID, INVALID]
+    # one bad key in a batch fails alone
+    fine = k("fine")
+    assert store.batch_put_from([fine, ""], [src_ptr, src_ptr], [8, 8]) == [OK, INVALID]
+    assert store.get(fine) == data[:8]
     assert store.unregister_buffer(src_ptr) == OK and store.unregister_buffer(src_ptr) == INVALID
     assert store.put_from(k("after"), src_ptr, 16) == INVALID
 
