@@ -122,7 +122,7 @@ class MooncakeDistributedStore:
                 node = EmbeddedNode(config.master_address, config.global_segment_bytes,
                                     _listen_host(config.local_hostname))
                 try:
-                    node.start()
+                    node.start(lambda: [n["node_id"] for n in client.status()["nodes"]])
                 except SetupError as exc:
                     client.close()
                     return int(exc.code)

@@ -7,8 +7,8 @@ What it owns
     raises for a per-key failure: a raised SDK error becomes that code for every key it hit.
 
 The switch to the new SDK faces (issue 11)
-    The SDK grows `put_many(..., upsert=True)`, `put_many_parts`, `get_many_into_parts` and
-    `remove_all`. Where the connected client has them they are used; until then the fallbacks
+    The SDK grows `put_many(..., upsert=True)`, `put_many_parts` and `get_many_into_parts`
+    (and, once asked for, `remove_all`). Where the connected client has them they are used; until then the fallbacks
     below do the same with today's calls: upserts one by one, parts joined into one buffer
     (a copy) on put and received into a scratch buffer then scattered (a copy) on get. Each
     fallback is marked `# until sdk-faces`, so the switch is deleting those branches.
@@ -128,25 +128,16 @@ def read_whole(client: Client, key: str) -> bytes | int:
 
 
 def remove_all(client: Client) -> int:
-    """Remove every key of the client's tenant; the count, or a negative code."""
+    """Remove every key of the client's tenant; the count, or a negative code. The master has
+    the RemoveAll RPC but the SDK does not wrap it yet: until `Client.remove_all` exists this
+    returns NOT_SUPPORTED (this room talks to the cluster only through the SDK)."""
     sdk_remove_all = getattr(client, "remove_all", None)
+    if sdk_remove_all is None:
+        return int(ErrorCode.NOT_SUPPORTED)
     try:
-        if sdk_remove_all is not None:
-            return int(sdk_remove_all())
-        return _remove_all_rpc(client)
+        return int(sdk_remove_all())
     except CellarError as exc:
         return code_for(exc)
-
-
-def _remove_all_rpc(client: Client) -> int:
-    """until sdk-faces: the master's RemoveAll RPC exists but the SDK has no method for it yet,
-    so this reaches through the client's channel (the one place this room does)."""
-    from cellar.proto import cellar_pb2 as pb
-
-    client._check_open()
-    reply = client._master.call("RemoveAll", pb.RemoveAllRequest(header=client._header),
-                                client._deadline())
-    return int(reply.removed)
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:
