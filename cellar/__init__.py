@@ -3,7 +3,7 @@
 The package root holds what every part shares: typed errors (`cellar.errors`), the layered
 configuration (`cellar.config`), size/duration units, the small HTTP server, the `cellar`
 command and the local cluster behind `cellar up`. The SDK is exported here lazily
-(`cellar.connect`, `cellar.Client`) so that importing `cellar.master` or
+(`cellar.connect`, `cellar.Client`, `cellar.connect_async`, `cellar.AsyncClient`) so that importing `cellar.master` or
 `cellar.storage_node` never loads client code.
 """
 
@@ -31,15 +31,29 @@ from cellar.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlreadyExists", "BufferTooSmall", "CellarError", "Client", "ConfigError", "IntegrityError",
-    "InvalidArgument", "NoSpace", "NotFound", "NotReady", "PermissionDenied", "QuotaExceeded",
-    "Status", "Timeout", "Unavailable", "alloc_buffer", "connect",
+    "LATE", "MISS", "AlreadyExists", "AsyncClient", "BufferTooSmall", "CellarError", "Client",
+    "ClientClosed", "ConfigError", "IntegrityError", "InvalidArgument", "NoSpace", "NotFound",
+    "NotReady", "PermissionDenied", "QuotaExceeded", "Status", "Timeout", "Unauthenticated",
+    "Unavailable", "alloc_buffer", "connect", "connect_async",
 ]
 
-_LAZY = {"connect": "cellar.client", "Client": "cellar.client", "alloc_buffer": "cellar.client"}
+_LAZY = {"connect": "cellar.client", "Client": "cellar.client", "alloc_buffer": "cellar.client",
+         "AsyncClient": "cellar.client", "connect_async": "cellar.client",
+         "MISS": "cellar.client", "LATE": "cellar.client", "ClientClosed": "cellar.client",
+         "Unauthenticated": "cellar.client"}
 
 if TYPE_CHECKING:
-    from cellar.client import Client, alloc_buffer, connect
+    from cellar.client import (
+        LATE,
+        MISS,
+        AsyncClient,
+        Client,
+        ClientClosed,
+        Unauthenticated,
+        alloc_buffer,
+        connect,
+        connect_async,
+    )
 
 
 def __getattr__(name: str) -> Any:

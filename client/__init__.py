@@ -6,16 +6,21 @@ What it owns
     moves payload bytes itself, through `cellar.transfer`, straight to and from the storage
     nodes that hold them. The master never sees a payload byte.
 
-The room
-    - `core.py`   the protocol logic every face shares: argument checks, request building,
-                  per-key status -> exception mapping, replica and transport choice, the
-                  put/get state machines, checksums, node health and the unpin queue. No I/O.
-    - `sync.py`   `Client`, the blocking face (threads); `connect`.
-    - `rpc.py`    the sync face's gRPC channel to the master: deadlines, bounded retries.
-    - `buffers.py` caller buffers as flat byte views (no copies), `alloc_buffer`.
-    - `cli.py`    `cellar status|put|get|rm`.
-    An `AsyncClient` (asyncio face) reuses `core` with a `grpc.aio` channel, as httpx's
-    `AsyncClient` reuses its core.
+The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
+    - `checks.py`   argument checks, the client's limits, the credential lookup
+    - `statuses.py` per-key statuses, MISS/LATE, status and gRPC code -> exception
+    - `core.py`     reply decoding and the shared state (node health, unpin queue, epoch
+                    fence, transport choice per replica and transfer-round budgets)
+    - `puts.py`, `gets.py` the put and get state machines (no I/O)
+    - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
+                    retries, pin release, deadline-bounded gets, probes)
+    - `api.py`      the public operations: checks + flow + result, shared by both faces
+    - `setup.py`    connect arguments, client id, master address parsing
+    - `sync.py`     `Client`, the blocking face (threads); `connect`
+    - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
+    - `aio.py`      `AsyncClient`, the asyncio face; `connect_async` (grpc.aio + asyncio fast line)
+    - `buffers.py`  caller buffers as flat byte views (no copies), `alloc_buffer`
+    - `cli.py`      `cellar status|put|get|rm`
 
 What it guarantees
     A put becomes visible only when every replica is written (PutStart, parallel writes,
@@ -23,10 +28,14 @@ What it guarantees
     xxh3_64 matches the checksum recorded at PutEnd, falling back to other replicas.
 
 What it must never do
-    Import `cellar.master` or `cellar.storage_node`, or send payload through the master.
+    Import `cellar.master` or `cellar.storage_node`, or send payload through the master. Only
+    the faces (`sync`, `aio`, `rpc`) block or await; the rest never does.
 """
 
+from cellar.client.aio import AsyncClient, connect_async
 from cellar.client.buffers import alloc_buffer
+from cellar.client.statuses import LATE, MISS, ClientClosed, Unauthenticated
 from cellar.client.sync import Client, connect
 
-__all__ = ["Client", "alloc_buffer", "connect"]
+__all__ = ["LATE", "MISS", "AsyncClient", "Client", "ClientClosed", "Unauthenticated",
+           "alloc_buffer", "connect", "connect_async"]

@@ -16,8 +16,9 @@ writer timeout) and a repeated Unpin or Remove finds nothing left to do.
 Every reply's epoch goes through an `EpochFence`: a reply from a master older than one this
 client already heard from (a deposed leader) raises `cellar.Unavailable`.
 
-The fast line: PutStart, PutEnd, PutRevoke, GetReplicas and Unpin go over the master's
-metadata fast line (`cellar.master.fastrpc`: the same protobuf messages, length-prefixed, over a
+The fast line: PutStart, PutEnd, PutRevoke, GetReplicas, Unpin, Exists and PrefixLen go over the
+master's metadata fast line (`cellar.proto.fastline`, served by `cellar.master.fastrpc`: the same
+protobuf messages, length-prefixed, over a
 small pool of persistent TCP connections; about 0.12 ms per round trip instead of 0.8 ms) once
 ClusterStatus's trailing metadata has named its port. A connection that fails (refused, reset,
 a master restart) sends that call through gRPC instead, with gRPC's retry rules, and the port
@@ -25,11 +26,11 @@ is asked again at most once per `FAST_RELEARN_S`. Replies get the same epoch fen
 mapping as gRPC replies.
 
 Leader changes (master high availability, cellar.coord): a call that fails retryably is
-retried against the leader. With an `etcd://` address the client asks etcd (`resolve`, at most
-once per RESOLVE_MIN_INTERVAL_S); otherwise it follows the redirect a standby or a deposed
-leader answers with (trailing metadata `cellar-leader`, or `leader=HOST:PORT` at the end of
-the details, also over the fast line), and when a master stops answering altogether it tries
-the other masters it knew after ROTATE_AFTER_S. A ClusterStatus answered by a standby counts
+retried against the leader `cellar.coord.follow.next_master` picks, the same policy the storage
+node uses: etcd (`resolve`, rate-limited) is the authority when configured; else the redirect a
+standby or a deposed leader answers with (trailing metadata `cellar-leader`, or
+`leader=HOST:PORT` at the end of the details, also over the fast line); else, when a master
+stops answering altogether, the other masters it knew. A ClusterStatus answered by a standby counts
 as a redirect. Switching replaces the gRPC channel, drops the fast line (the new leader's
 ClusterStatus names its own) and keeps the epoch fence: the new leader's epoch is higher, and
 a reply from an older one still raises, or with etcd is retried at the leader etcd names.
@@ -43,7 +44,6 @@ import logging
 import math
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -51,11 +51,19 @@ from typing import Any
 
 import grpc
 
-from cellar.client.core import EpochFence, grpc_error, retryable_grpc
+from cellar.client.core import EpochFence
+from cellar.client.statuses import grpc_error, retryable_grpc
+from cellar.coord.follow import (
+    MIN_LOOKUP_INTERVAL_S,
+    NO_ETCD,
+    EtcdView,
+    may_ask_etcd,
+    next_master,
+)
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto import cellar_pb2_grpc
+from cellar.proto import cellar_pb2_grpc, fastline
 from cellar.units import parse_host_port
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -63,13 +71,11 @@ MAX_RPC_ATTEMPTS = 64
 BACKOFF_FIRST_S = 0.02
 BACKOFF_MAX_S = 0.5
 
-# The fast line's frame and method numbers: the contract of cellar.master.fastrpc (the client
-# must not import cellar.master, so they are repeated here; a unit test keeps them equal).
-FAST_PORT_METADATA = "cellar-fast-rpc-port"
-FAST_FRAME = struct.Struct("<IB")
-FAST_METHODS = {"PutStart": (1, pb.PutStartReply), "PutEnd": (2, pb.PutEndReply),
-                "PutRevoke": (3, pb.PutRevokeReply), "GetReplicas": (4, pb.GetReplicasReply),
-                "Unpin": (5, pb.UnpinReply)}
+# The fast line's contract (frame, method numbers, port metadata) lives in cellar.proto.fastline.
+FAST_PORT_METADATA = fastline.PORT_METADATA
+FAST_FRAME = fastline.FRAME
+FAST_METHODS = {name: (fastline.METHOD_IDS[name], reply)
+                for name, reply in fastline.REPLY_TYPES.items()}
 FAST_MAX_IDLE_CONNECTIONS = 8
 FAST_RELEARN_S = 1.0
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -183,9 +189,8 @@ CHANNEL_OPTIONS = [
 
 # Following the leader (module docstring, "Leader changes").
 Resolver = Callable[[float], str]
-RESOLVE_MIN_INTERVAL_S = 0.1   # at most one etcd lookup per this long per client
+RESOLVE_MIN_INTERVAL_S = MIN_LOOKUP_INTERVAL_S  # at most one etcd lookup per this long
 RESOLVE_TIMEOUT_S = 1.0        # one etcd lookup waits at most this long
-ROTATE_AFTER_S = 1.0           # without etcd or a redirect: try another known master after this
 MAX_KNOWN_MASTERS = 8
 MAX_RETIRED_CHANNELS = 4       # old channels kept open for calls still in flight on them
 LEADER_CHECK_AFTER_S = 1.0     # with etcd: a call unanswered this long asks etcd who leads
@@ -205,7 +210,7 @@ class _Line:
         self.failing_since = 0.0  # monotonic time of the first failure since the last success
 
 
-def _valid_address(address: str) -> str:
+def valid_address(address: str) -> str:
     """`address` when it is a usable HOST:PORT, else "" (never trust a reply's text)."""
     if not address or len(address) > 300:
         return ""
@@ -216,17 +221,17 @@ def _valid_address(address: str) -> str:
     return address
 
 
-def _leader_hint(exc: grpc.RpcError) -> str:
+def leader_hint(exc: grpc.RpcError) -> str:
     """The leader a redirecting master named: trailing metadata first, then the details."""
     try:
         metadata: Any = exc.trailing_metadata()  # type: ignore[attr-defined]
         for key, value in metadata or ():
             if key == LEADER_METADATA and isinstance(value, str):
-                return _valid_address(value)
+                return valid_address(value)
     except Exception:  # noqa: BLE001 - an error without metadata is not a redirect
         pass
     details = (exc.details() if hasattr(exc, "details") else "") or ""
-    return _valid_address(leader_from_details(details))
+    return valid_address(leader_from_details(details))
 
 
 class MasterChannel:
@@ -251,6 +256,7 @@ class MasterChannel:
         self._follow = follow
         self._switch_lock = threading.Lock()
         self._resolved_at = -math.inf
+        self._lost: tuple[str, float] = ("", -math.inf)  # the last master found unreachable
         self._known = [address]      # every master this channel talked to, the seed first
         self._retired: list[grpc.Channel] = []
         self.switches = 0            # leader changes followed
@@ -301,7 +307,7 @@ class MasterChannel:
             details = data.decode("utf-8", "replace")
             if retryable_grpc(status):
                 # A redirect (a standby, a deposed leader): this line goes to the wrong master.
-                hint = _valid_address(leader_from_details(details))
+                hint = valid_address(leader_from_details(details))
                 if hint and self._follow:
                     self._drop_fast(line, relearn_s=0.0)
                     self._redirect(origin, hint, deadline)
@@ -363,6 +369,7 @@ class MasterChannel:
             line = self._line
             rpc = getattr(line.stub, method)
             hint = ""
+            unreachable = False
             try:
                 if self._resolve is not None and self._follow:
                     reply, call = self._watched(line, rpc, request, remaining_s, deadline)
@@ -380,12 +387,13 @@ class MasterChannel:
                 if not retryable_grpc(code):
                     raise grpc_error(method, line.address, code, details) from None
                 failure = f"{method} to master {line.address}: {details or 'unreachable'}"
-                hint = _leader_hint(exc)
+                hint = leader_hint(exc)
+                unreachable = not hint and "leader=" not in details  # no answer, not a refusal
             else:
                 if method == "ClusterStatus" and reply.role == "standby" and self._follow:
                     failure = (f"master {line.address} is a standby "
                                f"(leader {reply.leader_address or 'unknown'})")
-                    hint = _valid_address(reply.leader_address)
+                    hint = valid_address(reply.leader_address)
                 else:
                     try:
                         self._fence.check(int(reply.header.epoch), line.address)
@@ -399,7 +407,7 @@ class MasterChannel:
                         if want_call:
                             self._learn(call, line)
                         return reply
-            if self._redirect(line, hint, deadline) and not redirected:
+            if self._redirect(line, hint, deadline, unreachable) and not redirected:
                 redirected = True
                 continue
             redirected = False
@@ -438,23 +446,22 @@ class MasterChannel:
         if self._line is not line:
             return True
         now = time.monotonic()
-        if self._resolve is None or now - self._resolved_at < RESOLVE_MIN_INTERVAL_S:
+        if self._resolve is None or not may_ask_etcd(self._resolved_at, now):
             return False
-        self._resolved_at = now
-        try:
-            target = _valid_address(self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
-        except CellarError:
-            return False  # etcd unreachable: keep waiting for this master
-        if not target or target == line.address:
-            return False
+        target = next_master(current=line.address, hint="", etcd=self._ask_etcd(deadline, now),
+                             known=self._known, failing_for_s=0.0, now=now)
+        if not target:
+            return False  # etcd still names this master, names none, or is unreachable
         with self._switch_lock:
             if self._line is line and not self._closed:
                 self._switch(target)
         return True
 
-    def _redirect(self, failed: _Line, hint: str, deadline: float) -> bool:
+    def _redirect(self, failed: _Line, hint: str, deadline: float,
+                  unreachable: bool = False) -> bool:
         """After `failed` did not serve a call: point the channel at the leader. True when the
-        next attempt goes to another master (this call switched, or another caller did)."""
+        next attempt goes to another master (this call switched, or another caller did).
+        `unreachable`: the master did not answer at all (not a refusal naming no leader)."""
         if not self._follow or self._closed:
             return False
         now = time.monotonic()
@@ -464,29 +471,31 @@ class MasterChannel:
             if self._line is not failed:
                 return True
             target = self._leader_address(failed, hint, deadline, now)
-            if not target or target == failed.address or self._closed:
+            if unreachable:
+                self._lost = (failed.address, now)
+            if not target or self._closed:
                 return False
             self._switch(target)
             return True
 
     def _leader_address(self, failed: _Line, hint: str, deadline: float, now: float) -> str:
-        """Where the leader is now, or "" when that is not known (yet)."""
+        """Where the leader is now (`cellar.coord.follow`), or "" when that is not known (yet)."""
+        etcd = NO_ETCD
         if self._resolve is not None:
-            if now - self._resolved_at < RESOLVE_MIN_INTERVAL_S:
-                return ""
-            self._resolved_at = now
-            try:
-                return _valid_address(
-                    self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
-            except CellarError:
-                return hint  # etcd unreachable: a master's redirect is the best guess left
-        if hint:
-            return hint
-        # No etcd and no redirect (the master is down): another master we knew may lead now.
-        if now - failed.failing_since >= ROTATE_AFTER_S and len(self._known) > 1:
-            i = self._known.index(failed.address) if failed.address in self._known else -1
-            return self._known[(i + 1) % len(self._known)]
-        return ""
+            etcd = (self._ask_etcd(deadline, now) if may_ask_etcd(self._resolved_at, now)
+                    else EtcdView(configured=True))
+        return next_master(current=failed.address, hint=hint, etcd=etcd, known=self._known,
+                           failing_for_s=now - failed.failing_since, lost=self._lost, now=now)
+
+    def _ask_etcd(self, deadline: float, now: float) -> EtcdView:
+        assert self._resolve is not None
+        self._resolved_at = now
+        try:
+            leader = valid_address(
+                self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
+        except CellarError:
+            leader = ""  # etcd unreachable: a master's redirect is the best guess left
+        return EtcdView(configured=True, asked=True, leader=leader)
 
     def _switch(self, address: str) -> None:
         """Send every next call to `address`; the fast line is learned again from it. The

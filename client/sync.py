@@ -1,9 +1,11 @@
 """`Client`: the blocking face of the SDK.
 
 What it owns
-    The I/O that `core` plans: gRPC calls to the master through `MasterChannel` and payload
-    transfers through the transports (`cellar.transfer`), plus one background thread that
-    releases pins nobody else carried to the master within `UNPIN_DELAY_S`.
+    The blocking I/O the flows ask for (`cellar.client.flows`: `Rpc` through `MasterChannel`,
+    `Move` through the transports, `Sleep`), the helper threads that hash put values behind
+    PutStart, and one background thread that releases pins nobody else carried to the master
+    within `UNPIN_DELAY_S`. What is sent, retried and returned is decided by the flows
+    (`cellar.client.api`), the same for `AsyncClient`.
 
 Thread safety
     A `Client` may be shared by any number of threads. Per-call state lives in the call's own
@@ -18,9 +20,7 @@ Deadlines
 Leader changes
     With an `etcd://` address (or a standby's redirect) the master channel follows the leader
     (rpc.py). Calls in flight when the leader dies are retried there within their deadline;
-    puts whose keys the change left UNAVAILABLE (a node refused the old epoch's grant, the new
-    leader's nodes are still mounting) are placed again, and gets whose batch straddled the
-    change ask the new leader for fresh grants.
+    the flows re-place puts and re-ask gets the change voided.
 
 Copies
     None on CPython. `put` sends straight from the caller's buffer. `get_into` /
@@ -29,105 +29,42 @@ Copies
     `buffers.fresh_bytes`; one copy on other interpreters). Fresh memory still costs its page
     faults, so hot loops should reuse `cellar.alloc_buffer` buffers with the `_into` calls.
 """
-
 from __future__ import annotations
 
-import os
-import secrets
-import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from cellar.client import core
-from cellar.client.buffers import writable_view
-from cellar.client.core import (
-    GetBatch,
-    GetEntry,
-    Limits,
-    NodeHealth,
-    PutBatch,
-    PutEntry,
-    TransportSet,
-    UnpinQueue,
-)
+from cellar.client import api, api_buffers, flows
+from cellar.client.checks import Limits, validate_tenant, validate_timeout
+from cellar.client.core import TransportSet, UnpinQueue
+from cellar.client.flows import Move, Record, Rpc, Session, Sleep
+from cellar.client.metering import Meter
+from cellar.client.puts import hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
-from cellar.coord.target import EtcdTarget, is_etcd_url, parse_etcd_url
-from cellar.errors import CellarError, InvalidArgument, Status, Timeout
+from cellar.client.setup import ConnectArgs, client_id, opened, parse_master_address
+from cellar.client.statuses import ClientClosed
+from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
-from cellar.transfer.base import (
-    ST_CONNECT_FAILED,
-    ST_CONNECTION_LOST,
-    ST_TIMEOUT,
-    TransferOp,
-    TransferResult,
-    Transport,
-)
-from cellar.units import parse_host_port
+from cellar.transfer import open_transports
+from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
+
+T = TypeVar("T")
 
 UNPIN_FLUSH_TIMEOUT_S = 5.0
-# Riding through a master failover (rpc.py follows the leader; these re-place what it voided).
-FAILOVER_SETTLE_S = 10.0          # after following a leader change, this long counts as "lately"
-MAX_FAILOVER_ROUNDS = 32          # put rounds for keys a leader change left UNAVAILABLE
-FAILOVER_BACKOFF_FIRST_S = 0.05
-FAILOVER_BACKOFF_MAX_S = 0.5
-FAILOVER_PUT_STATUSES = frozenset({Status.UNAVAILABLE, Status.NO_SPACE})
-MAX_GET_FAILOVER_ROUNDS = 2       # gets whose batch straddled a leader change, asked again
 CLOSE_FLUSH_TIMEOUT_S = 1.0
+CLOSE_FLUSH_MAX_CALLS = 8
 # Put values are hashed on a helper thread while PutStart is in flight when a round has at
 # least this many bytes to hash (below it, the thread hop costs more than the overlap saves).
 HASH_BEHIND_MIN_BYTES = 1 << 20
 HASH_THREADS = 2                  # shared by every call of one client
-CLOSE_FLUSH_MAX_CALLS = 8
 
-_PROCESS_CLIENT_ID: tuple[int, str] | None = None
-
-
-def _client_id() -> str:
-    """Stable for this process (pins and puts are attributed to it); renewed after fork."""
-    global _PROCESS_CLIENT_ID
-    pid = os.getpid()
-    if _PROCESS_CLIENT_ID is None or _PROCESS_CLIENT_ID[0] != pid:
-        _PROCESS_CLIENT_ID = (pid, f"{socket.gethostname()}/{pid}/{secrets.token_hex(4)}")
-    return _PROCESS_CLIENT_ID[1]
-
-
-def parse_master_address(address: str) -> EtcdTarget | None:
-    """None for a master's "host:port", the etcd target for "etcd://HOST:PORT[,...]/CLUSTER";
-    `cellar.InvalidArgument` for anything else."""
-    if is_etcd_url(address):
-        return parse_etcd_url(address)
-    try:
-        if "://" in address:
-            raise ValueError("only etcd:// addresses have a scheme")
-        parse_host_port(address)
-    except ValueError:
-        raise InvalidArgument(f"address must be 'host:port' or 'etcd://HOST:PORT[,...]/CLUSTER', "
-                              f"got {address!r}") from None
-    return None
-
-
-def open_transports(choice: str) -> TransportSet:
-    """Open the transports `connect(transport=choice)` asks for, in preference order."""
-    from cellar.transfer import make_transport
-
-    names = core.transport_names(choice)
-    opened: list[Transport] = []
-    for name in names:
-        try:
-            opened.append(make_transport(name))
-        except Exception as exc:
-            if choice == "auto" and name != names[-1]:
-                continue  # an optional transport this machine lacks (e.g. no RDMA device)
-            for t in opened:
-                t.close()
-            raise InvalidArgument(f"transport {name!r} is not available here: {exc}") from None
-    return TransportSet(opened)
+__all__ = ["Client", "connect", "parse_master_address", "probe_master"]
 
 
 class _UnpinFlusher:
@@ -175,48 +112,40 @@ class Client:
 
     def __init__(self, address: str, *, tenant: str = "default", token: str | None = None,
                  timeout_s: float = 30.0, transport: str = "auto") -> None:
-        if not isinstance(address, str):
-            raise InvalidArgument(f"address must be a 'host:port' str, not {type(address).__name__}")
-        target = parse_master_address(address)
-        if token is not None and not isinstance(token, str):
-            raise InvalidArgument(f"token must be a str or None, not {type(token).__name__}")
-        self.address = address
-        self.tenant = core.validate_tenant(tenant)
-        self.timeout_s = core.validate_timeout(timeout_s)
-        core.transport_names(transport)  # refuse unknown names before opening anything
-        self._header = pb.RequestHeader(tenant=self.tenant, client_id=_client_id(),
-                                        token=token or "")
+        args = ConnectArgs.check(address, tenant, token, timeout_s, transport)
+        self.address = args.address
+        self.tenant = args.tenant
+        self.timeout_s = args.timeout_s
         self._closed = False
         self._hasher: ThreadPoolExecutor | None = None  # hashes put values behind PutStart
         self._hasher_lock = threading.Lock()
-        deadline = self._deadline()
+        deadline = time.monotonic() + self.timeout_s
         self._discovery: Any = None
-        master_address = address
-        if target is not None:
+        master_address = args.address
+        if args.target is not None:
             # etcd names the leader; it is also asked again whenever the leader stops serving.
             from cellar.coord.discovery import LeaderDiscovery
 
-            self._discovery = LeaderDiscovery(target)
+            self._discovery = LeaderDiscovery(args.target)
             try:
                 master_address = self._discovery.wait_for_leader(self.timeout_s).address
             except BaseException:
                 self._discovery.close()
                 raise
-        self._health = NodeHealth()
-        self._unpins = UnpinQueue()
-        self._transports = open_transports(transport)
+        self._transports = TransportSet(opened(open_transports, args.transport))
         self._master = MasterChannel(
-            master_address, resolve=None if target is None else self._leader_from_etcd)
-        self.limits = Limits()
-        self._flusher = _UnpinFlusher(self._unpins, self._send_unpins, self._unpin_batch)
+            master_address, resolve=None if args.target is None else self._leader_from_etcd)
+        self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
+                          self._transports, self._release)
+        self._flusher = _UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)
         self._finalizer = weakref.finalize(self, _UnpinFlusher.stop, self._flusher)
         try:
-            reply = self._master.call("ClusterStatus", pb.ClusterStatusRequest(header=self._header),
-                                      deadline)
+            reply = self._master.call("ClusterStatus",
+                                      pb.ClusterStatusRequest(header=self._s.header), deadline)
         except BaseException:
             self.close()
             raise
-        self.limits = Limits.from_status(reply)
+        self._s.limits = Limits.from_status(reply)
 
     def _leader_from_etcd(self, timeout_s: float) -> str:
         """The leader's address as etcd knows it now; "" during an election."""
@@ -227,6 +156,10 @@ class Client:
     def master_address(self) -> str:
         """HOST:PORT of the master this client talks to now (the leader it follows)."""
         return self._master.address
+
+    @property
+    def limits(self) -> Limits:
+        return self._s.limits
 
     # ---- context manager and lifecycle -----------------------------------------------------
 
@@ -262,156 +195,34 @@ class Client:
     def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """Store `value` under `key`; raises `cellar.AlreadyExists` if the key exists.
 
-        `value` is any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, ...) of
-        at least one byte. Every replica is written (in parallel) before the object becomes
-        visible; on failure the put is revoked and the error raised.
+        `value` is any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, CPU
+        torch tensor, ...) of at least one byte. Every replica is written (in parallel) before
+        the object becomes visible; on failure the put is revoked and the error raised.
         """
-        self._put_one(key, value, replicas=replicas, soft_pin=soft_pin, upsert=False)
+        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin), "put")
 
     def upsert(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """Store `value` under `key`, replacing any existing value."""
-        self._put_one(key, value, replicas=replicas, soft_pin=soft_pin, upsert=True)
+        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin, upsert=True),
+                  "put")
 
-    def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False) -> list[Status]:
+    def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
+                 upsert: bool = False) -> list[Status]:
         """Store many values; one `cellar.Status` per item in input order.
 
         `items` is a mapping or a sequence of (key, value) pairs (keys unique). A key that
-        exists reports `Status.ALREADY_EXISTS` (a cache treats that as success); keys that could
-        not be written report their status instead of raising. Bad arguments raise
-        `cellar.InvalidArgument` before anything is sent; an unreachable master raises.
+        exists reports `Status.ALREADY_EXISTS` (a cache treats that as success) unless
+        `upsert=True` replaces it; keys that could not be written report their status instead
+        of raising. Bad arguments raise `cellar.InvalidArgument` before anything is sent.
         """
-        self._check_open()
-        pairs = core.normalize_items(items, self.limits.max_key_bytes)
-        replicas = core.validate_replicas(replicas)
-        entries = self._run_puts(core.put_entries(pairs), replicas=replicas,
-                                 soft_pin=bool(soft_pin), upsert=False, deadline=self._deadline())
-        return [e.status if e.status is not None else Status.INTERNAL for e in entries]
-
-    def _put_one(self, key: str, value: Any, *, replicas: int, soft_pin: bool, upsert: bool) -> None:
-        self._check_open()
-        key = core.validate_key(key, self.limits.max_key_bytes)
-        view = core.validate_value(value)
-        replicas = core.validate_replicas(replicas)
-        (entry,) = self._run_puts(core.put_entries([(key, view)]), replicas=replicas,
-                                  soft_pin=bool(soft_pin), upsert=upsert, deadline=self._deadline())
-        if entry.status != Status.OK:
-            raise entry.error()
-
-    def _run_puts(self, entries: list[PutEntry], *, replicas: int, soft_pin: bool, upsert: bool,
-                  deadline: float) -> list[PutEntry]:
-        for span in core.batch_ranges(len(entries), self.limits.max_batch_keys):
-            chunk = entries[span.start:span.stop]
-            generation = self._master.generation
-            self._put_batch(chunk, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
-                            deadline=deadline)
-            # Keys a leader change left UNAVAILABLE (a node refused the old epoch's grant, or
-            # the new leader's nodes are still mounting) are placed again while time is left.
-            backoff_s = FAILOVER_BACKOFF_FIRST_S
-            for _round in range(MAX_FAILOVER_ROUNDS):
-                again = [i for i, e in enumerate(chunk) if e.status in FAILOVER_PUT_STATUSES]
-                if not again or not self._near_failover(generation):
-                    break
-                if deadline - time.monotonic() <= backoff_s + core.MIN_RETRY_BUDGET_S:
-                    break
-                time.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, FAILOVER_BACKOFF_MAX_S)
-                fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum) for i in again]
-                self._put_batch(fresh, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
-                                deadline=deadline)
-                for i, entry in zip(again, fresh, strict=True):
-                    chunk[i].status, chunk[i].message = entry.status, entry.message
-            if not upsert and self._near_failover(generation):
-                self._settle_own_writes(chunk, deadline)
-        return entries
-
-    def _settle_own_writes(self, chunk: list[PutEntry], deadline: float) -> None:
-        """A put whose bytes reached the nodes just before the leader died is adopted by the new
-        leader from the nodes' indexes; placing it again then finds the key taken. If the stored
-        object has exactly our size and checksum, it is our write: report OK, not AlreadyExists."""
-        taken = [e for e in chunk if e.status == Status.ALREADY_EXISTS]
-        if not taken:
-            return
-        core.hash_values(taken)  # refused at their first PutStart, they may be unhashed
-        request = pb.GetReplicasRequest(header=self._header, keys=[e.key for e in taken])
-        try:
-            reply = self._master.call("GetReplicas", request, deadline)
-        except CellarError:
-            return  # they stay ALREADY_EXISTS: true, if not the whole story
-        core.check_result_count("GetReplicas", len(reply.results), len(taken))
-        self._release([int(r.pin_id) for r in reply.results if r.pin_id])
-        for entry, result in zip(taken, reply.results, strict=True):
-            if (core.to_status(result.status) == Status.OK
-                    and int(result.size_bytes) == len(entry.value)
-                    and int(result.checksum) == entry.checksum):
-                entry.status, entry.message = Status.OK, ""
-
-    def _near_failover(self, generation: int) -> bool:
-        """Whether this client followed a leader change since `generation`, or lately."""
-        return (self._master.generation != generation
-                or time.monotonic() - self._master.switched_at < FAILOVER_SETTLE_S)
-
-    def _put_batch(self, entries: list[PutEntry], *, replicas: int, soft_pin: bool, upsert: bool,
-                   deadline: float) -> None:
-        batch = PutBatch(entries, tenant=self.tenant, replicas=replicas, soft_pin=soft_pin,
-                         upsert=upsert, health=self._health)
-        try:
-            self._drive_put(batch, deadline)
-        except BaseException as exc:
-            refs = batch.abandon(str(exc) or type(exc).__name__)
-            if refs:
-                self._revoke(refs, deadline)
-            raise
-
-    def _drive_put(self, batch: PutBatch, deadline: float) -> None:
-        while (request := batch.start_request(self._header)) is not None:
-            hashing = self._hash_behind(batch.entries)
-            try:
-                reply = self._master.call("PutStart", request, deadline)
-            finally:
-                if hashing is not None:  # done or failed: on_start_reply hashes what is left
-                    futures.wait([hashing])
-            ops = batch.on_start_reply(reply)
-            results = self._transfer("write", ops, deadline, batch.can_retry())
-            may_retry = deadline - time.monotonic() > core.MIN_RETRY_BUDGET_S
-            end_items, revoke_items = batch.on_write_results(results, may_retry=may_retry)
-            if revoke_items:
-                self._revoke(revoke_items, deadline)
-            if end_items:
-                reply = self._master.call(
-                    "PutEnd", pb.PutEndRequest(header=self._header, items=end_items), deadline)
-                batch.on_end_reply(reply)
-
-    def _hash_behind(self, entries: list[PutEntry]) -> Future[None] | None:
-        """Hash the values on a helper thread while PutStart is in flight (the master needs
-        only their sizes); None when there is too little to hash to be worth the hop."""
-        if core.unhashed_bytes(entries) < HASH_BEHIND_MIN_BYTES:
-            return None
-        with self._hasher_lock:
-            if self._closed:  # a put racing close(): no new thread, on_start_reply hashes
-                return None
-            if self._hasher is None:
-                self._hasher = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="cellar-hash")
-            return self._hasher.submit(core.hash_values, entries)
-
-    def _revoke(self, refs: list[Any], deadline: float) -> None:
-        """Best effort: if the master cannot be told, its writer timeout revokes the put."""
-        try:
-            self._master.call("PutRevoke", pb.PutRevokeRequest(header=self._header, items=refs),
-                              max(deadline, time.monotonic() + 1.0))
-        except CellarError:
-            pass
+        return self._run(api.put_many(self._s, items, replicas=replicas, soft_pin=soft_pin,
+                                      upsert=upsert), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes:
         """The value under `key`; raises `cellar.NotFound` if there is none."""
-        self._check_open()
-        key = core.validate_key(key, self.limits.max_key_bytes)
-        (entry,) = self._run_gets([key], None, self._deadline())
-        if entry.status != Status.OK:
-            core.release_views([entry])
-            raise entry.error()
-        return core.take_value(entry)
+        return self._run(api.get(self._s, key), "get")
 
     def get_into(self, key: str, buffer: Any) -> int:
         """Read the value under `key` into `buffer`; returns its size in bytes.
@@ -419,249 +230,239 @@ class Client:
         Raises `cellar.NotFound`, or `cellar.BufferTooSmall` (before any transfer) when the
         value does not fit. Bytes past the value's size are left untouched.
         """
-        self._check_open()
-        key = core.validate_key(key, self.limits.max_key_bytes)
-        dest = writable_view(buffer, "buffer")
-        (entry,) = self._run_gets([key], [dest], self._deadline())
-        if entry.status != Status.OK:
-            raise entry.error()
-        return entry.size
+        return self._run(api.get_into(self._s, key, buffer), "get")
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Values for `keys` in input order; None for a key that is missing or unreadable
         (not found, still being written, or every replica unreachable). Raises
         `cellar.IntegrityError` if a value is found but no replica passes its checksum."""
-        self._check_open()
-        names = core.validate_keys(keys, self.limits.max_key_bytes)
-        entries = self._run_gets(names, None, self._deadline())
-        try:
-            for entry in entries:
-                core.miss_or_raise(entry)
-            return [core.take_value(e) if e.status == Status.OK else None for e in entries]
-        finally:
-            core.release_views(entries)
+        return self._run(api.get_many(self._s, keys), "get")
 
-    def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
-        """Read each key into its buffer; sizes in input order, -1 for a miss (as `get_many`).
+    def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
+                      timeout_s: float | None = None, prefix: bool = False) -> list[int]:
+        """Read each key into its buffer; per key its size, `cellar.MISS` (-1) or
+        `cellar.LATE` (-2: not read within `timeout_s`, a budget in seconds from the call).
 
-        Every buffer is checked before any transfer: `cellar.BufferTooSmall` names the first
-        key whose value does not fit.
+        Every buffer is checked before any transfer (`cellar.BufferTooSmall` names the first
+        key whose value does not fit). When the call returns, no byte of a read it gave up on
+        lands in `buffers` later. `prefix=True` cuts the list to the leading run of keys that
+        were read (keys after a miss are not read). `timeout_s=0` returns at once, every key
+        LATE; a negative budget is `cellar.InvalidArgument`.
         """
-        self._check_open()
-        names = core.validate_keys(keys, self.limits.max_key_bytes)
-        if isinstance(buffers, (bytes, bytearray, memoryview, str)) or not hasattr(buffers, "__len__"):
-            raise InvalidArgument("buffers must be a sequence with one buffer per key")
-        if len(buffers) != len(names):
-            raise InvalidArgument(f"{len(names)} keys but {len(buffers)} buffers")
-        dests = [writable_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
-        out: list[int] = []
-        for entry in self._run_gets(names, dests, self._deadline()):
-            core.miss_or_raise(entry)
-            out.append(entry.size if entry.status == Status.OK else -1)
-        return out
+        return self._run(api.get_many_into(self._s, keys, buffers, timeout_s=timeout_s,
+                                           prefix=prefix), "get")
 
     def size(self, key: str) -> int:
         """The size in bytes of the value under `key`; raises `cellar.NotFound`."""
+        return self._run(api.size(self._s, key))
+
+    # ---- probes and removal ----------------------------------------------------------------
+
+    def exists(self, key: str) -> bool:
+        """Whether a complete value is stored under `key` (never pins it)."""
+        return self._run(api.exists(self._s, key), "exists")
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key has a complete value, in input order (never pins)."""
+        return self._run(api.exists_many(self._s, keys), "exists")
+
+    def prefix_len(self, keys: Sequence[str]) -> int:
+        """How many leading keys of `keys` have complete values (never pins)."""
+        return self._run(api.prefix_len(self._s, keys), "prefix_len")
+
+    def remove(self, key: str) -> bool:
+        """Remove `key`; True if it was there, False if not."""
+        return self._run(api.remove(self._s, key))
+
+    def remove_prefix(self, prefix: str) -> int:
+        """Remove every key of this tenant that starts with `prefix` (non-empty); the count."""
+        return self._run(api.remove_prefix(self._s, prefix))
+
+    def status(self) -> dict[str, Any]:
+        """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""
+        return self._run(api.status(self._s))
+
+    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+
+    def register_buffer(self, ptr: int, size: int) -> None:
+        """Vouch for host memory [ptr, ptr + size) the `_ptr`/`_from` calls may use. Overlapping
+        registrations count as their union; the same one twice is a no-op."""
         self._check_open()
-        key = core.validate_key(key, self.limits.max_key_bytes)
-        unpins = self._unpins.drain(self._unpin_batch())
-        request = pb.GetReplicasRequest(header=self._header, keys=[key], unpin_ids=unpins)
-        try:
-            reply = self._master.call("GetReplicas", request, self._deadline())
-        except BaseException:
-            self._unpins.requeue(unpins)
-            raise
-        core.check_result_count("GetReplicas", len(reply.results), 1)
-        result = reply.results[0]
-        self._release([int(result.pin_id)])
-        status = core.to_status(result.status)
-        if status != Status.OK:
-            raise core.status_error(status, result.message, key)
-        return int(result.size_bytes)
+        self._s.pointers.register(ptr, size)
 
-    def _run_gets(self, keys: list[str], dests: list[memoryview] | None,
-                  deadline: float) -> list[GetEntry]:
-        entries: list[GetEntry] = []
-        for span in core.batch_ranges(len(keys), self.limits.max_batch_keys):
-            chunk = self._get_batch(keys[span.start:span.stop],
-                                    None if dests is None else dests[span.start:span.stop],
-                                    entries, deadline)
-            entries.extend(chunk)
-        return entries
+    def unregister_buffer(self, ptr: int) -> None:
+        """Forget the registration starting at `ptr`; `cellar.InvalidArgument` if there is none
+        (or a call is using it)."""
+        self._check_open()
+        self._s.pointers.unregister(ptr)
 
-    def _get_batch(self, keys: list[str], dests: list[memoryview] | None,
-                   done: list[GetEntry], deadline: float) -> list[GetEntry]:
-        """One batch's entries; keys whose grants a leader change voided (the nodes mounted at
-        the new leader and refuse the old epoch) are asked for again at the new leader."""
-        out: list[GetEntry] = []
-        index = list(range(len(keys)))
-        for _round in range(MAX_GET_FAILOVER_ROUNDS + 1):
-            generation = self._master.generation
-            batch = GetBatch([keys[i] for i in index],
-                             None if dests is None else [dests[i] for i in index],
-                             health=self._health)
+    def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1, soft_pin: bool = False,
+                 upsert: bool = False) -> None:
+        """Store the `size` bytes at `ptr` (inside a registered buffer) under `key`."""
+        self._run(api_buffers.put_from(self._s, key, ptr, size, replicas=replicas,
+                                       soft_pin=soft_pin, upsert=upsert), "put")
+
+    def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                      replicas: int = 1, soft_pin: bool = False,
+                      upsert: bool = False) -> list[Status]:
+        """`put_many` from registered memory; one `cellar.Status` per key."""
+        return self._run(api_buffers.put_many_from(self._s, keys, ptrs, sizes, replicas=replicas,
+                                                   soft_pin=soft_pin, upsert=upsert), "put")
+
+    def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
+        """`get_into` the registered memory [ptr, ptr + size); returns the object's size."""
+        return self._run(api_buffers.get_into_ptr(self._s, key, ptr, size), "get")
+
+    def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                           timeout_s: float | None = None, prefix: bool = False) -> list[int]:
+        """`get_many_into` registered memory (sizes, MISS, LATE; `timeout_s`, `prefix`)."""
+        return self._run(api_buffers.get_many_into_ptrs(self._s, keys, ptrs, sizes,
+                                                        timeout_s=timeout_s, prefix=prefix), "get")
+
+    def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
+                  soft_pin: bool = False, upsert: bool = False) -> None:
+        """Store the concatenation of `parts` (in order, no staging copy) under `key`."""
+        self._run(api_buffers.put_parts(self._s, key, parts, replicas=replicas, soft_pin=soft_pin,
+                                        upsert=upsert), "put")
+
+    def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
+                       soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """`put_parts` for many (key, parts) pairs; one `cellar.Status` per key."""
+        return self._run(api_buffers.put_many_parts(self._s, items, replicas=replicas,
+                                                    soft_pin=soft_pin, upsert=upsert), "put")
+
+    def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
+        """Read `key` into `parts` in order; their total must equal the object's size."""
+        return self._run(api_buffers.get_into_parts(self._s, key, parts), "get")
+
+    def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]], *,
+                            timeout_s: float | None = None, prefix: bool = False) -> list[int]:
+        """`get_many_into` with parts per key (sizes, MISS, LATE; `timeout_s`, `prefix`)."""
+        return self._run(api_buffers.get_many_into_parts(self._s, keys, parts_per_key,
+                                                         timeout_s=timeout_s, prefix=prefix), "get")
+
+    def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
+                   upsert: bool = False) -> None:
+        """Store a contiguous tensor with its dtype and shape (torch optional)."""
+        self._run(api_buffers.put_tensor(self._s, key, t, replicas=replicas, soft_pin=soft_pin,
+                                         upsert=upsert), "put")
+
+    def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
+                    soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """`put_tensor` for many; one `cellar.Status` per key."""
+        return self._run(api_buffers.put_tensors(self._s, keys, tensors, replicas=replicas,
+                                                 soft_pin=soft_pin, upsert=upsert), "put")
+
+    def get_tensor(self, key: str) -> Any:
+        """The tensor stored under `key` (dtype and shape as put); `cellar.NotFound` if none."""
+        return self._run(api_buffers.get_tensor(self._s, key), "get")
+
+    def get_tensors(self, keys: Sequence[str]) -> list[Any]:
+        """Tensors for `keys` in order; None for a miss."""
+        return self._run(api_buffers.get_tensors(self._s, keys), "get")
+
+    def get_tensor_into(self, key: str, t: Any) -> int:
+        """Read the tensor under `key` into `t` (same dtype and shape, CPU, contiguous)."""
+        return self._run(api_buffers.get_tensor_into(self._s, key, t), "get")
+
+    # ---- the face: performing what the flows ask -------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("this cellar.Client is closed")
+
+    def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
+        """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
+        if self._closed:
+            flow.close()
+            raise ClientClosed("this cellar.Client is closed")
+        meter = Meter(op) if op is not None else None
+        send: Any = None
+        error: BaseException | None = None
+        while True:
             try:
-                self._get_replicas(batch, deadline)
-                while ops := batch.next_ops():
-                    results = self._transfer("read", ops, deadline, batch.can_fall_back())
-                    batch.on_read_results(results)
-            except BaseException:
-                core.release_views(done + out + batch.entries)
+                effect = flow.throw(error) if error is not None else flow.send(send)
+            except StopIteration as stop:
+                if meter is not None:
+                    meter.finish()
+                return stop.value  # type: ignore[no-any-return]
+            except BaseException as exc:
+                if meter is not None:
+                    meter.finish(exc)
                 raise
-            finally:
-                self._release(batch.pin_ids)
-            if not out:
-                out = batch.entries
-            else:
-                for i, entry in zip(index, batch.entries, strict=True):
-                    core.release_views([out[i]])
-                    out[i] = entry
-            if self._master.generation == generation:
-                break
-            index = [i for i in index if out[i].status == Status.UNAVAILABLE and not out[i].corrupt]
-            if not index or deadline - time.monotonic() <= core.MIN_RETRY_BUDGET_S:
-                break
-        return out
+            send, error = None, None
+            if isinstance(effect, Record):
+                if meter is not None:
+                    meter.record = effect
+                continue
+            started = time.perf_counter()
+            try:
+                send = self._perform(effect)
+            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
+                error = exc
+            if meter is not None:
+                meter.spent(effect, time.perf_counter() - started)
 
-    def _get_replicas(self, batch: GetBatch, deadline: float) -> None:
-        unpins = self._unpins.drain(self._unpin_batch())
+    def _perform(self, effect: flows.Effect) -> Any:
+        if isinstance(effect, Rpc):
+            if effect.hash_behind:
+                return self._call_hashing(effect)
+            return self._master.call(effect.method, effect.request, effect.deadline)
+        if isinstance(effect, Move):
+            return self._move(effect)
+        if isinstance(effect, Sleep):
+            time.sleep(effect.seconds)
+            return None
+        raise AssertionError(f"unknown effect {effect!r}")
+
+    def _call_hashing(self, effect: Rpc) -> Any:
+        """PutStart with the values hashed on a helper thread meanwhile (xxh3 releases the
+        GIL; the master needs only sizes); inline hashing is left to `on_start_reply`."""
+        hashing = None
+        if unhashed_bytes(effect.hash_behind) >= HASH_BEHIND_MIN_BYTES:
+            with self._hasher_lock:
+                if not self._closed:  # a put racing close(): no new thread
+                    if self._hasher is None:
+                        self._hasher = ThreadPoolExecutor(HASH_THREADS,
+                                                          thread_name_prefix="cellar-hash")
+                    hashing = self._hasher.submit(hash_values, effect.hash_behind)
         try:
-            reply = self._master.call("GetReplicas", batch.request(self._header, unpins), deadline)
-        except BaseException:
-            self._unpins.requeue(unpins)
-            raise
-        batch.on_reply(reply)
+            return self._master.call(effect.method, effect.request, effect.deadline)
+        finally:
+            if hashing is not None:
+                futures.wait([hashing])
+
+    def _move(self, effect: Move) -> list[TransferResult]:
+        """Each transport's share of the round in turn (each moves its ops in parallel)."""
+        rnd = effect.round
+        for transport, indexes in rnd.groups:
+            sub = [rnd.ops[i] for i in indexes]
+            budget_s = rnd.budget_s()
+            if budget_s <= 0:
+                results = rnd.timed_out(indexes)
+            else:
+                try:
+                    move = transport.write if rnd.kind == "write" else transport.read
+                    results = move(sub, budget_s)
+                except OSError as exc:
+                    results = [TransferResult(ST_CONNECTION_LOST, str(exc))] * len(sub)
+            rnd.settle(transport, indexes, results)
+        return rnd.outcome()
 
     def _release(self, pin_ids: list[int]) -> None:
         if not pin_ids:
             return
-        if self._unpins.add(pin_ids) or self._closed:
+        if self._s.unpins.add(pin_ids) or self._closed:
             self._flusher.flush(max_calls=CLOSE_FLUSH_MAX_CALLS)
         else:
             self._flusher.ensure_started()
 
     def _send_unpins(self, ids: list[int]) -> None:
         timeout_s = CLOSE_FLUSH_TIMEOUT_S if self._closed else UNPIN_FLUSH_TIMEOUT_S
-        self._master.call("Unpin", pb.UnpinRequest(header=self._header, pin_ids=ids),
-                          time.monotonic() + min(self.timeout_s, timeout_s))
-
-    def _unpin_batch(self) -> int:
-        return min(core.MAX_UNPINS_PER_CALL, self.limits.max_batch_keys)
-
-    # ---- probes and removal ----------------------------------------------------------------
-
-    def exists(self, key: str) -> bool:
-        """Whether a complete value is stored under `key` (never pins it)."""
-        return self.exists_many([key])[0]
-
-    def exists_many(self, keys: Sequence[str]) -> list[bool]:
-        """Whether each key has a complete value, in input order (never pins)."""
-        self._check_open()
-        names = core.validate_keys(keys, self.limits.max_key_bytes)
-        deadline = self._deadline()
-        out: list[bool] = []
-        for span in core.batch_ranges(len(names), self.limits.max_batch_keys):
-            chunk = names[span.start:span.stop]
-            reply = self._master.call("Exists", pb.KeysRequest(header=self._header, keys=chunk),
-                                      deadline)
-            core.check_result_count("Exists", len(reply.statuses), len(chunk))
-            for key, st in zip(chunk, reply.statuses, strict=True):
-                status = core.to_status(st)
-                if status not in (Status.OK, Status.NOT_FOUND, Status.NOT_READY):
-                    raise core.status_error(status, "", key)
-                out.append(status == Status.OK)
-        return out
-
-    def prefix_len(self, keys: Sequence[str]) -> int:
-        """How many leading keys of `keys` have complete values (never pins)."""
-        self._check_open()
-        names = core.validate_keys(keys, self.limits.max_key_bytes)
-        deadline = self._deadline()
-        total = 0
-        for span in core.batch_ranges(len(names), self.limits.max_batch_keys):
-            chunk = names[span.start:span.stop]
-            reply = self._master.call("PrefixLen", pb.KeysRequest(header=self._header, keys=chunk),
-                                      deadline)
-            n = int(reply.prefix_len)
-            if n > len(chunk):
-                raise CellarError(f"PrefixLen: master answered {n} for {len(chunk)} keys")
-            total += n
-            if n < len(chunk):
-                break
-        return total
-
-    def remove(self, key: str) -> bool:
-        """Remove `key`; True if it was there, False if not."""
-        self._check_open()
-        key = core.validate_key(key, self.limits.max_key_bytes)
-        reply = self._master.call("Remove", pb.KeysRequest(header=self._header, keys=[key]),
-                                  self._deadline())
-        core.check_result_count("Remove", len(reply.results), 1)
-        status = core.to_status(reply.results[0].status)
-        if status == Status.OK:
-            return True
-        if status == Status.NOT_FOUND:
-            return False
-        raise core.status_error(status, reply.results[0].message, key)
-
-    def remove_prefix(self, prefix: str) -> int:
-        """Remove every key of this tenant that starts with `prefix` (non-empty); the count."""
-        self._check_open()
-        prefix = core.validate_key(prefix, self.limits.max_key_bytes, "prefix")
-        reply = self._master.call(
-            "RemovePrefix", pb.RemovePrefixRequest(header=self._header, prefix=prefix),
-            self._deadline())
-        return int(reply.removed)
-
-    def status(self) -> dict[str, Any]:
-        """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""
-        self._check_open()
-        reply = self._master.call("ClusterStatus", pb.ClusterStatusRequest(header=self._header),
-                                  self._deadline())
-        self.limits = Limits.from_status(reply)
-        return core.status_to_dict(reply)
-
-    # ---- plumbing --------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CellarError("this cellar.Client is closed")
-
-    def _deadline(self) -> float:
-        return time.monotonic() + self.timeout_s
-
-    def _transfer(self, kind: str, ops: list[TransferOp], deadline: float,
-                  can_fall_back: bool) -> list[TransferResult]:
-        """Move `ops` through the transports that reach them; one result per op, in order."""
-        if not ops:
-            return []
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise Timeout(f"{kind} of {len(ops)} ranges: the {self.timeout_s:g}s deadline passed")
-        round_deadline = time.monotonic() + core.attempt_budget_s(remaining_s, can_fall_back)
-        results: list[TransferResult | None] = [None] * len(ops)
-        groups, unreachable = self._transports.assign(ops)
-        for i in unreachable:
-            results[i] = TransferResult(ST_CONNECT_FAILED, "no transport reaches node "
-                                        f"{ops[i].route.node_id}")
-        for transport, indexes in groups:
-            sub = [ops[i] for i in indexes]
-            move = transport.write if kind == "write" else transport.read
-            budget_s = round_deadline - time.monotonic()
-            if budget_s <= 0:
-                sub_results = [TransferResult(ST_TIMEOUT, "no time left")] * len(sub)
-            else:
-                try:
-                    sub_results = move(sub, budget_s)
-                except OSError as exc:
-                    sub_results = [TransferResult(ST_CONNECTION_LOST, str(exc))] * len(sub)
-            core.check_result_count(f"{transport.name} {kind}", len(sub_results), len(sub))
-            for i, res in zip(indexes, sub_results, strict=True):
-                results[i] = res
-                if res.status in core.NODE_TROUBLE:
-                    transport.forget(ops[i].route)
-        return [r if r is not None else TransferResult(ST_CONNECTION_LOST, "no result")
-                for r in results]
+        flow = flows.unpin(self._s, ids, timeout_s)
+        effect = next(flow)
+        assert isinstance(effect, Rpc)
+        self._master.call(effect.method, effect.request, effect.deadline)
 
 
 def connect(address: str, *, tenant: str = "default", token: str | None = None,
@@ -671,13 +472,14 @@ def connect(address: str, *, tenant: str = "default", token: str | None = None,
     looked up in etcd (waiting up to `timeout_s` while an election runs) and followed when it
     changes. Given a "host:port", the client follows the redirects of a standby master.
 
-    `tenant` names the key namespace (and quota); `token` is the credential when the master
-    checks one; `timeout_s` bounds every call; `transport` picks the data plane ("auto" chooses
-    per replica: "shm" for same-host nodes, "rdma" where a device exists, else "tcp"; a forced
-    name uses only that transport). Raises `cellar.Unavailable` if the master (or, for an etcd
-    address, etcd or a leader) cannot be reached within `timeout_s`, `cellar.InvalidArgument`
-    for bad arguments (a malformed address included) (and for a forced transport
-    this machine lacks, e.g. "rdma" without a device).
+    `tenant` names the key namespace (and quota); `token` is the credential (None: take
+    $CELLAR_TOKEN, else the token file `cellar up` wrote); `timeout_s` bounds every call;
+    `transport` picks the data plane ("auto" chooses per replica: "shm" for same-host nodes,
+    "rdma" where a device exists, else "tcp"; a forced name uses only that transport). Raises
+    `cellar.Unavailable` if the master (or, for an etcd address, etcd or a leader) cannot be
+    reached within `timeout_s`, `cellar.InvalidArgument` for bad arguments (a malformed
+    address, a forced transport this machine lacks), `cellar.Unauthenticated` /
+    `cellar.PermissionDenied` when the master refuses the credential.
     """
     return Client(address, tenant=tenant, token=token, timeout_s=timeout_s, transport=transport)
 
@@ -687,10 +489,12 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
     """One master's own ClusterStatus, not following any redirect: its role ("leader",
     "standby", "single"), epoch and leader_address, plus (when it serves) the summary
     `Client.status` gives. `address` is "host:port"; `cellar.Unavailable` if it is down."""
+    from cellar.client.core import status_to_dict
+
     if parse_master_address(address) is not None:
         raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
-    timeout_s = core.validate_timeout(timeout_s)
-    header = pb.RequestHeader(tenant=core.validate_tenant(tenant), client_id=_client_id(),
+    timeout_s = validate_timeout(timeout_s)
+    header = pb.RequestHeader(tenant=validate_tenant(tenant), client_id=client_id(),
                               token=token or "")
     channel = MasterChannel(address, fast=False, follow=False)
     try:
@@ -698,4 +502,4 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
                              time.monotonic() + timeout_s)
     finally:
         channel.close()
-    return core.status_to_dict(reply)
+    return status_to_dict(reply)

@@ -9,7 +9,8 @@ Why it exists
     rates lose a large share of the master's single core to gRPC's per-call machinery.
 
 The contract stays gRPC
-    Only PutStart, PutEnd, PutRevoke, GetReplicas and Unpin are served here, with exactly the
+    Only the RPCs of `cellar.proto.fastline.METHODS` (PutStart, PutEnd, PutRevoke,
+    GetReplicas, Unpin, Exists, PrefixLen) are served here, with exactly the
     gRPC API's request and reply messages, run through the same servicer bodies
     (`MasterServicer.dispatch`), so validation, statistics, per-key statuses and error codes
     are the same. Every other RPC, and every client that does not know this line, uses gRPC.
@@ -22,11 +23,9 @@ Single loop
     metadata code still never needs a lock: a request is handled start to finish between two
     awaits, exactly like a gRPC handler.
 
-Frames (little-endian)
-    request = u32 body length | u8 method | body (serialized request message)
-    reply   = u32 body length | u8 code   | body (serialized reply if code is 0, else UTF-8
-              details); code is the numeric gRPC status code the gRPC path would have used.
-    One request at a time per connection (a client keeps a small pool of connections). A body
+Frames
+    The layout and method numbers are the wire contract in `cellar.proto.fastline`. One
+    request at a time per connection (a client keeps a small pool of connections). A body
     over the master's gRPC message limit, or an unknown method, closes the connection; so does
     a connection beyond MAX_CONNECTIONS.
 
@@ -41,22 +40,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import struct
 from typing import Any
+
+from cellar.proto.fastline import FRAME, METHOD_NAMES
+from cellar.proto.fastline import PORT_METADATA as FAST_PORT_METADATA
+
+__all__ = ["FAST_PORT_METADATA", "FastRpcServer"]
 
 log = logging.getLogger("cellar.master")
 
-FAST_PORT_METADATA = "cellar-fast-rpc-port"
-FRAME = struct.Struct("<IB")
-# method number -> RPC name; shared with the client (cellar.client.rpc)
-METHODS = {1: "PutStart", 2: "PutEnd", 3: "PutRevoke", 4: "GetReplicas", 5: "Unpin"}
-METHOD_IDS = {name: number for number, name in METHODS.items()}
-OK_CODE = 0
 MAX_CONNECTIONS = 4096  # beyond this a new connection is closed at once (its client uses gRPC)
 
 
 class FastRpcServer:
-    """Serves METHODS for one servicer on the running loop. `start` binds; `close` stops."""
+    """Serves the fast line's methods for one servicer on the running loop. `start` binds; `close` stops."""
 
     def __init__(self, servicer: Any, max_message_bytes: int) -> None:
         self.servicer = servicer
@@ -95,7 +92,7 @@ class FastRpcServer:
             while True:
                 head = await reader.readexactly(FRAME.size)
                 length, method = unpack(head)
-                name = METHODS.get(method)
+                name = METHOD_NAMES.get(method)
                 if name is None or length > self.max_message_bytes:
                     log.warning("fast rpc: bad frame (method %d, %d bytes); closing", method, length)
                     return

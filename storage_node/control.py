@@ -6,11 +6,11 @@ Which master (issue 6, HA): `master` is either a fixed HOST:PORT or `etcd://H:P[
   DEADLINE_EXCEEDED) or redirects; lookups are spaced at least MIN_LOOKUP_INTERVAL_S apart.
   etcd is the authority; when it is unreachable or names no leader (election under way) the
   node keeps trying the master it has (or the one a redirect named).
-- A redirect (UNAVAILABLE with trailing metadata `cellar-leader` or details ending in
-  `leader=H:P`, cellar/coord/redirect.py) is followed at once, without an etcd round trip; a
-  second redirect before a mount succeeds is checked against etcd (no ping-pong between two
-  stale standbys). A fixed HOST:PORT pointing at a standby thus finds the leader too; when the
-  leader it was sent to becomes unreachable, the node asks the configured address again. A
+- Which master next is decided by `cellar.coord.follow.next_master`, the policy the SDK uses
+  too: etcd, when configured, is the authority (a redirect, UNAVAILABLE with trailing metadata
+  `cellar-leader` or details ending in `leader=H:P`, is checked against it and followed only
+  when etcd cannot say); without etcd a redirect is followed at once, and when the leader it
+  named stays unreachable the node asks the configured address again. A
   redirect to the master just lost (a standby whose view has not caught up) is not followed
   for STALE_REDIRECT_S: it means an election is coming.
 - While the leader may be changing, retries run at FAILOVER_POLL_S / FOLLOW_MAX_BACKOFF_S
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -63,6 +64,7 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
+from cellar.coord.follow import NO_ETCD, EtcdView, next_master, stale_redirect
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.coord.target import LeaderRecord, is_etcd_url, parse_etcd_url
 from cellar.errors import Unavailable
@@ -86,7 +88,6 @@ LOOKUP_TIMEOUT_S = 2.0
 FAILOVER_POLL_S = 0.25  # retry period while the leader may be changing (etcd or redirects)
 FOLLOW_MAX_BACKOFF_S = 0.5  # mount retry bound when the leader may be changing
 FOLLOW_HEARTBEAT_TIMEOUT_S = 1.0  # heartbeat deadline floor when the leader may be changing
-STALE_REDIRECT_S = 5.0  # a redirect to a master lost this recently is not followed (lease-ish)
 NO_LEADER_DETAILS = "leader=?"  # how a standby that knows no leader ends its refusal
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -195,7 +196,8 @@ class ControlLoop:
         self._redirected = False       # a redirect was followed since the last good mount
         self._next_lookup_at = 0.0     # loop time before which etcd is not asked again
         self._election = False         # the last refusal came from a standby naming no leader
-        self._last_unreachable = ("", 0.0)  # (address, loop time) of the last master lost
+        self._last_unreachable = ("", -math.inf)  # (address, loop time) of the last master lost
+        self._failing_since = 0.0      # loop time of the first failure since the last success
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
 
@@ -294,38 +296,46 @@ class ControlLoop:
         return self._discovery is not None or self.master != self.configured_master
 
     async def _follow(self, stop: asyncio.Event) -> None:
-        """Pick the master for the next RPC: after a failure, a redirect, or at start."""
+        """Pick the master for the next RPC (after a failure, a redirect, or at start) with the
+        policy every Cellar caller shares (`cellar.coord.follow.next_master`)."""
         redirect, self._redirect = self._redirect, ""
         self._resolve_due = False
-        if redirect and redirect != self.master and (self._discovery is None
-                                                     or not self._redirected):
-            self._redirected = True
-            previous = self.master or "?"
-            await self._switch(redirect, f"redirect from {previous}")
-            log.info("following leader at %s (redirected by %s)", redirect, previous)
-            return
+        record: LeaderRecord | None = None
+        etcd = NO_ETCD
         if self._discovery is not None:
             record = await self._lookup(stop)
-            if record is not None:
-                self.leader_id, self.leader_epoch = record.master_id, record.epoch
-                if record.address != self.master:
-                    await self._switch(record.address, self.configured_master)
-                    self.leader_id, self.leader_epoch = record.master_id, record.epoch
-                    log.info("following leader %s at %s (epoch %d)", record.master_id,
-                             record.address, record.epoch)
-                elif self.master_source != self.configured_master:
-                    self.master_source = self.configured_master  # etcd confirmed a redirect
-            elif redirect:
-                # etcd cannot say (unreachable, or election under way): take the peer's word.
-                previous = self.master or "?"
-                await self._switch(redirect, f"redirect from {previous}")
-                log.info("following leader at %s (redirected by %s; etcd named none)",
-                         redirect, previous)
-        elif not redirect and self.master != self.configured_master:
+            etcd = EtcdView(configured=True, asked=True,
+                            leader=record.address if record is not None else "")
+        now = asyncio.get_running_loop().time()
+        known = [self.configured_master] if self._discovery is None else []
+        if self.master and self.master not in known:
+            known.append(self.master)
+        failing_for_s = now - self._failing_since if self._failing_since else 0.0
+        # rotate_after_s=0: this loop is only entered after a failed RPC, and its retries are
+        # spaced by FAILOVER_POLL_S already; the new leader's rebuild waits for this node.
+        target = next_master(current=self.master, hint=redirect, etcd=etcd, known=known,
+                             failing_for_s=failing_for_s, lost=self._last_unreachable, now=now,
+                             rotate_after_s=0.0)
+        if record is not None:
+            self.leader_id, self.leader_epoch = record.master_id, record.epoch
+        previous = self.master or "?"
+        if not target:
+            if record is not None and record.address == self.master:
+                self.master_source = self.configured_master  # etcd confirmed where we are
+            return
+        if record is not None and target == record.address:
+            await self._switch(target, self.configured_master)
+            self.leader_id, self.leader_epoch = record.master_id, record.epoch
+            log.info("following leader %s at %s (epoch %d)", record.master_id, target,
+                     record.epoch)
+        elif target == redirect:
+            self._redirected = True
+            await self._switch(target, f"redirect from {previous}")
+            log.info("following leader at %s (redirected by %s)", target, previous)
+        else:
             # The leader a redirect named is gone: the configured master knows the next one.
-            log.info("master %s unreachable: asking the configured master %s again",
-                     self.master, self.configured_master)
-            await self._switch(self.configured_master, "config")
+            log.info("master %s unreachable: asking %s again", previous, target)
+            await self._switch(target, "config" if target == self.configured_master else target)
 
     async def _lookup(self, stop: asyncio.Event) -> LeaderRecord | None:
         """The leader etcd names, or None (no leader now, or etcd unreachable: logged once)."""
@@ -421,6 +431,7 @@ class ControlLoop:
             refused.append(f"{len(reply.results)} results for {len(self.segments)} segments")
         if refused:
             self.connected = True
+            self._failing_since = 0.0
             self.last_error = "mount refused: " + "; ".join(refused)
             self._log_state("refused", logging.ERROR, "master %s refused the mount: %s",
                             self.master, "; ".join(refused))
@@ -439,6 +450,7 @@ class ControlLoop:
         self._mounted_epoch = reply.header.epoch
         self.mounted = True
         self.connected = True
+        self._failing_since = 0.0
         self.mount_count += 1
         self.last_error = ""
         self._log_state(
@@ -515,6 +527,7 @@ class ControlLoop:
         self.lost_reported += len(lost)
         self.clock.observe(reply.header.master_time_ms, sent, wall_ms())
         self.connected = True
+        self._failing_since = 0.0
         if reply.remount:
             self.mounted = False
             # A master with another epoch starts empty: rebuild it. The same master forgot us
@@ -545,8 +558,9 @@ class ControlLoop:
         self._election = code == grpc.StatusCode.UNAVAILABLE and (
             exc.details() or "").endswith(NO_LEADER_DETAILS)
         now = asyncio.get_running_loop().time()
-        gone, gone_at = self._last_unreachable
-        if redirect and redirect == gone and now - gone_at < STALE_REDIRECT_S:
+        if not self._failing_since:
+            self._failing_since = now
+        if stale_redirect(redirect, self._last_unreachable, now):
             # A standby still names the leader we just lost (its lease has not lapsed yet):
             # an election is coming, so wait here instead of bouncing between the two.
             redirect = ""

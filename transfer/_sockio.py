@@ -98,6 +98,21 @@ def send_all(sock: socket.socket, parts: Sequence[Buffer]) -> int:
     return total
 
 
+def advance_views(views: list[memoryview], done: int) -> None:
+    """Drop the first `done` bytes from a list of views in place (fully used views leave the
+    list, a partly used one is trimmed): the bookkeeping of a partial sendmsg/recvmsg_into."""
+    k = 0
+    while done and k < len(views):
+        n = len(views[k])
+        if done >= n:
+            done -= n
+            k += 1
+        else:
+            views[k] = views[k][done:]
+            done = 0
+    del views[:k]
+
+
 class Outbox:
     """Corked replies: parts queue up and leave together in one `sendmsg` when flushed.
 
@@ -279,6 +294,41 @@ class Inbox:
             pos += self._recv_with_next(dst[pos:])
         while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
             pos += self._recv_into(dst[pos:], MSG_WAITALL, mid_payload=True)
+
+    def read_into_views(self, views: Sequence[memoryview], skip: int = 0) -> None:
+        """`read_into` for a payload spread over several destinations (scatter-gather), in
+        order, of which the first `skip` bytes already landed (`take_scatter`): buffered bytes
+        first, the rest with recvmsg_into straight into the views (one iovec each)."""
+        rest = self.drain_into(views, skip)
+        while rest:
+            got = self._sock.recvmsg_into(rest[:MAX_IOV], 0, MSG_WAITALL)[0]
+            if not got:
+                raise PeerClosed("peer closed the connection")
+            advance_views(rest, got)
+
+    def drain_into(self, views: Sequence[memoryview], skip: int = 0) -> list[memoryview]:
+        """Copy buffered bytes into `views` past their first `skip` bytes; returns the parts
+        of the views still to fill from the socket, in order."""
+        rest: list[memoryview] = []
+        for v in views:
+            if skip >= len(v):
+                skip -= len(v)
+                continue
+            rest.append(v[skip:] if skip else v)
+            skip = 0
+        while rest and self._end > self._start:
+            v = rest[0]
+            k = min(len(v), self._end - self._start)
+            v[:k] = self._view[self._start:self._start + k]
+            self._start += k
+            advance_views(rest, k)
+        return rest
+
+    def discard_buffered(self, n: int) -> int:
+        """Drop up to n buffered bytes; returns how many were dropped."""
+        k = min(n, self._end - self._start)
+        self._start += k
+        return k
 
     def _recv_with_next(self, rest: memoryview) -> int:
         """Without waiting: as much of `rest` as has arrived and, once all of it has, up to

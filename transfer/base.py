@@ -1,9 +1,16 @@
 """The transport interface every data-plane implementation (tcp, shm, rdma) provides.
 
 Client side: a `Transport` moves batches of `TransferOp`s, each one contiguous remote range
-(inside a segment, covered by a grant) paired with one local buffer of the same length, and
-returns one `TransferResult` per op in input order. Chunking, striping over connections and
-pipelining are the transport's business; a failed op never fails its neighbours.
+(inside a segment, covered by a grant) paired with one local buffer of the same length, or with
+several local buffers (`parts`, scatter-gather: the remote range is their concatenation in
+order), and returns one `TransferResult` per op in input order. Chunking, striping over
+connections and pipelining are the transport's business (chunks may cross part boundaries); a
+failed op never fails its neighbours. `AsyncTransport` is the same contract for an asyncio
+event loop (the AsyncClient's data plane), with `aclose()` instead of `close()`.
+
+Cancellation guarantee (both kinds): when `read(ops, timeout_s)` returns, whatever it returns
+and however late the node is, no byte of any op's buffer or parts is written afterwards. A
+connection caught mid-frame by the deadline is closed, never read again into a caller's memory.
 
 Server side: a storage node implements `SegmentAccess`; the transport's server calls it to
 turn a checked request into a memoryview over segment memory, so that payload bytes go
@@ -17,6 +24,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from xxhash import xxh3_64, xxh3_64_intdigest
 
 from cellar.proto.grant import Grant
 from cellar.transfer.frame import ST_OK, STATUS_NAMES, RequestHeader, WriteMeta
@@ -32,17 +41,25 @@ class SegmentRoute:
     endpoints: dict[str, str] = field(default_factory=dict)  # transport name -> address
 
 
+_NO_BUFFER = memoryview(b"")
+
+
 @dataclass(slots=True)
 class TransferOp:
     route: SegmentRoute
     grant: Grant
     offset: int           # absolute offset in the segment where this op starts
-    buffer: memoryview    # source (write) or destination (read); len(buffer) bytes move
+    # Source (write) or destination (read); len(buffer) bytes move. Unused when `parts` is set.
+    buffer: memoryview = _NO_BUFFER
     meta: WriteMeta | None = None  # writes: what the node records in its index
     # Reads: the caller will verify the bytes' xxh3_64. A transport may compute it as soon as
     # they land (while they are still in cache) and return it in TransferResult.checksum;
     # one that does not leaves that None and the caller hashes the buffer itself.
     want_checksum: bool = False
+    # Scatter-gather: when non-empty, the op moves the concatenation of these buffers, in
+    # order (sum of their lengths bytes, starting at `offset`), and `buffer` is not used. No
+    # transport stages them into one contiguous copy (tcp: one iovec each; shm: one memcpy each).
+    parts: tuple[memoryview, ...] = ()
 
 
 @dataclass(slots=True)
@@ -92,6 +109,40 @@ class Transport(ABC):
         """Release connections and mappings."""
 
 
+class AsyncTransport(ABC):
+    """`Transport` for an asyncio event loop: the same ops, results and guarantees, awaited.
+
+    An instance belongs to the loop it was first used on (its sockets are that loop's). The
+    payload never goes through a thread: tcp uses the loop's non-blocking sockets, shm copies
+    inline (in bounded pieces, checking the deadline) and sends its COMMITs on the loop.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    async def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
+        """Copy each op's buffer (or parts) into its remote range; one result per op, in order."""
+
+    @abstractmethod
+    async def read(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
+        """Copy each op's remote range into its buffer (or parts); one result per op, in order.
+        When it returns, no byte of any op's destination is written afterwards."""
+
+    def can_reach(self, route: SegmentRoute) -> bool:
+        """Whether this transport can serve the segment (shm: same host and file opens)."""
+        return self.name in route.endpoints
+
+    def forget(self, route: SegmentRoute) -> None:  # noqa: B027 - optional hook
+        """Drop cached connections or mappings for a segment (e.g. its node restarted)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and mappings."""
+
+
+class TransportUnavailable(Exception):
+    """A transport that cannot be opened here (no device, no asyncio form yet, ...)."""
+
+
 class SegmentAccess(Protocol):
     """Implemented by a storage node; called by transport servers from their own threads.
 
@@ -126,6 +177,50 @@ def byte_view(buf: Any, *, writable: bool) -> memoryview:
     if writable and mv.readonly:
         raise ValueError("read destination is read-only")
     return mv
+
+
+def op_views(op: TransferOp, *, writable: bool) -> tuple[memoryview, ...]:
+    """The flat byte views an op moves, in order: its parts, else its buffer (no copy).
+    ValueError/TypeError for a non-contiguous or (destination) read-only one."""
+    if op.parts:
+        return tuple(byte_view(p, writable=writable) for p in op.parts)
+    return (byte_view(op.buffer, writable=writable),)
+
+
+def op_nbytes(op: TransferOp) -> int:
+    """How many bytes an op moves."""
+    if op.parts:
+        return sum(memoryview(p).nbytes for p in op.parts)
+    return memoryview(op.buffer).nbytes
+
+
+def slice_views(views: Sequence[memoryview], start: int, length: int) -> tuple[memoryview, ...]:
+    """Bytes [start, start+length) of the concatenation of `views`, as views into them (no
+    copy), so a chunk of a scatter-gather op may begin and end inside any part."""
+    out: list[memoryview] = []
+    pos = 0
+    end = start + length
+    for v in views:
+        n = len(v)
+        if pos + n > start and pos < end:
+            lo = max(start - pos, 0)
+            hi = min(end - pos, n)
+            out.append(v if lo == 0 and hi == n else v[lo:hi])
+        pos += n
+        if pos >= end:
+            break
+    assert sum(len(v) for v in out) == length, "slice outside the views"
+    return tuple(out)
+
+
+def hash_views(views: Sequence[memoryview]) -> int:
+    """xxh3_64 of the concatenation of `views` (streaming: nothing is joined)."""
+    if len(views) == 1:
+        return xxh3_64_intdigest(views[0])
+    h = xxh3_64()
+    for v in views:
+        h.update(v)
+    return h.intdigest()
 
 
 def local_host_id() -> str:

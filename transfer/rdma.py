@@ -47,7 +47,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cellar.transfer import verbs
 from cellar.transfer.base import (
@@ -58,7 +57,8 @@ from cellar.transfer.base import (
     TransferOp,
     TransferResult,
     Transport,
-    byte_view,
+    op_nbytes,
+    op_views,
 )
 from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
@@ -296,7 +296,7 @@ class RdmaTransport(Transport):
             kind = "writes" if writing else "reads"
             self.stats[kind] += len(done)
             self.stats["bytes_written" if writing else "bytes_read"] += sum(
-                _nbytes(op.buffer) for op, _ in done)
+                op_nbytes(op) for op, _ in done)
         return results
 
     def _plan(self, op: TransferOp, writing: bool
@@ -308,10 +308,10 @@ class RdmaTransport(Transport):
             return TransferResult(ST_UNSUPPORTED, f"segment {route.segment_id} of node "
                                   f"{route.node_id} has no usable rdma and tcp endpoints")
         try:
-            view = byte_view(op.buffer, writable=not writing)
+            views = op_views(op, writable=not writing)
         except (ValueError, TypeError) as e:
             return TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
-        n, grant = len(view), op.grant
+        n, grant = sum(len(v) for v in views), op.grant
         if not grant.covers(route.segment_id, op.offset, n):
             return TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside the grant "
                                   f"[{grant.offset}, +{grant.length})")
@@ -320,16 +320,20 @@ class RdmaTransport(Transport):
                                   f"{route.segment_id} ({key.size} bytes)")
         if writing and op.meta is None:
             return TransferResult(ST_BAD_FRAME, "a write needs its WriteMeta")
-        if n == 0:
-            return tcp, key, []
-        try:
-            region, addr = self._mrs.lookup(view, writable=not writing)
-        except VerbsError as e:
-            return TransferResult(ST_INTERNAL, f"cannot register the buffer: {e}")
         chunks = []
-        for pos in range(0, n, self.chunk_bytes):
-            length = min(self.chunk_bytes, n - pos)
-            chunks.append((addr + pos, length, region.lkey, key.base + op.offset + pos, key.rkey))
+        remote = key.base + op.offset
+        for view in views:  # scatter-gather: each part is its own local range, one MR each
+            part_bytes = len(view)
+            if not part_bytes:
+                continue
+            try:
+                region, addr = self._mrs.lookup(view, writable=not writing)
+            except VerbsError as e:
+                return TransferResult(ST_INTERNAL, f"cannot register the buffer: {e}")
+            for pos in range(0, part_bytes, self.chunk_bytes):
+                length = min(self.chunk_bytes, part_bytes - pos)
+                chunks.append((addr + pos, length, region.lkey, remote + pos, key.rkey))
+            remote += part_bytes
         return tcp, key, chunks
 
     def _key(self, address: str) -> SegmentKey | None:
@@ -442,7 +446,7 @@ class RdmaTransport(Transport):
                 results[i] = TransferResult(e.status, e.message)
                 continue
             calls.setdefault(tcp, []).append(ControlCall(
-                OP_COMMIT, op.grant, op.route.segment_id, op.offset, _nbytes(op.buffer), meta))
+                OP_COMMIT, op.grant, op.route.segment_id, op.offset, op_nbytes(op), meta))
             which.setdefault(tcp, []).append(i)
         if not calls:
             return
@@ -455,12 +459,6 @@ class RdmaTransport(Transport):
                     refused += 1
         with self._lock:
             self.stats["commits_refused"] += refused
-
-
-def _nbytes(buf: Any) -> int:
-    return memoryview(buf).nbytes
-
-
 
 
 def _fail(results: list[TransferResult], chunks: list[_Chunk], result: TransferResult) -> None:

@@ -40,14 +40,16 @@ mapping; it is unmapped once no batch in flight still uses it (reference countin
 concurrent copy never touches unmapped memory. (`forget` keeps a mapping whose file is still
 the one mapped: the SDK calls it after every failed transfer, e.g. while a node is down.)
 
-Copy speed (measured on the 2-core machines here): Python's memcpy holds the GIL and one core
-reaches about 6-11 GB/s; copies of large batches are therefore split in two halves by bytes,
-one copied by a helper thread with `ctypes.memmove` (which releases the GIL), the other on the
-calling thread. Measured: 16 x 4-16 MiB went from 6.5 to 10.4-11 GB/s with the second core
-idle (as in a client beside an idle node), no gain (within +-10%) with it busy, and nothing at
-1 MiB objects; so only batches of PARALLEL_MIN_BYTES or more are split. Source and destination page
-offsets need no staging copy here: memcpy ran as fast 16 bytes off the page offset as aligned
-(bench/limits.py: memcpy_aligned vs memcpy_dst_plus16).
+Copies go through `memcopy.Copier`: pieces of at most 4 MiB with the batch deadline checked
+before each one (an op not fully copied in time fails with ST_TIMEOUT, and a write is then never
+committed), reads that want their checksum hashed as they land, large batches split over two
+threads; it returns only when every copy it started has ended, so no byte lands in a read's
+destination after `read` returned. Scatter-gather ops (`TransferOp.parts`) copy part by part
+into or out of consecutive ranges of the segment: no staging copy.
+
+`write` is `prepare_write` (checks, copies, the COMMIT calls to send) + the commits +
+`finish_write`; the asyncio face (`shm_async`) runs the same two halves around commits sent on
+its event loop.
 
 It never lets a copy run outside the mapping or outside the op's grant (both checked first),
 and never imports storage-node code (the host id function is duplicated and pinned by a test).
@@ -55,25 +57,23 @@ and never imports storage-node code (the host id function is duplicated and pinn
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import mmap
 import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-
-import xxhash
 
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
+    ST_TIMEOUT,
     SegmentRoute,
     TransferOp,
     TransferResult,
     Transport,
-    byte_view,
     local_host_id,
+    op_nbytes,
+    op_views,
 )
 from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
@@ -86,9 +86,8 @@ from cellar.transfer.frame import (
     FrameError,
     pack_commit_meta,
 )
+from cellar.transfer.memcopy import PARALLEL_MIN_BYTES, Copier, Copy, CopyJob, buffer_address
 
-PARALLEL_MIN_BYTES = 8 << 20      # batches copying less than this stay on the calling thread
-FUSED_CHUNK_BYTES = 256 << 10     # reads hashed as they land: copy and hash this much at a time
 NEGATIVE_CACHE_S = 1.0            # a path that failed to open is not retried for this long
 MAX_MAPPINGS = 4096               # bound of the mapping cache (one per segment file)
 # Mappings up to this size are prefaulted when made (MAP_POPULATE): measured here, a first
@@ -98,33 +97,6 @@ MAX_MAPPINGS = 4096               # bound of the mapping cache (one per segment 
 POPULATE_MAX_BYTES = 8 << 30
 
 
-
-
-class _PyBuffer(ctypes.Structure):
-    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
-                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
-                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
-                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
-
-
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-_get_buffer.restype = ctypes.c_int
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
-_release_buffer.restype = None
-
-
-def buffer_address(view: memoryview) -> int:
-    """Address of the first byte of a C-contiguous buffer (read-only ones too). Valid while
-    the caller holds `view`."""
-    pb = _PyBuffer()
-    _get_buffer(view, ctypes.byref(pb), 0)  # PyBUF_SIMPLE; raises on failure
-    try:
-        return int(pb.buf or 0)
-    finally:
-        _release_buffer(ctypes.byref(pb))
 
 
 class Mapping:
@@ -182,12 +154,8 @@ class Mapping:
 
 
 
-# Whether this TransferResult can carry a read's checksum (TransferOp.want_checksum).
-_RESULT_HAS_CHECKSUM = "checksum" in getattr(TransferResult, "__slots__", ()) or \
-    hasattr(TransferResult(), "checksum")
-
-# One copy: (destination view, source view); both flat bytes of the same length.
-_Copy = tuple[memoryview, memoryview]
+# A planned write's commit: (op index, node tcp address, the COMMIT frame).
+Commit = tuple[int, str, ControlCall]
 
 
 class ShmTransport(Transport):
@@ -206,11 +174,11 @@ class ShmTransport(Transport):
                  connect_timeout_s: float = 5.0) -> None:
         self.host_id = host_id if host_id is not None else local_host_id()
         self.parallel_min_bytes = parallel_min_bytes
+        self._copier = Copier(parallel_min_bytes)
         self._control = control or ControlChannel(connect_timeout_s=connect_timeout_s)
         self._lock = threading.Lock()
         self._maps: dict[str, Mapping] = {}
         self._unreachable: dict[str, float] = {}  # path -> monotonic time to retry opening
-        self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         self.stats: dict[str, int] = {"maps": 0, "remaps": 0, "reads": 0, "writes": 0,
                                       "bytes_read": 0, "bytes_written": 0, "commits_refused": 0}
@@ -250,42 +218,44 @@ class ShmTransport(Transport):
         with self._lock:
             self._closed = True
             self._maps.clear()
-            executor, self._executor = self._executor, None
         self._control.close()
-        if executor is not None:
-            executor.shutdown(wait=True)
+        self._copier.close()
 
     def read(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
-        results, copies, _ = self._plan(ops, writing=False)
-        owners = [i for i, r in enumerate(results) if r.ok]  # copies are in op order
-        hashed = [bool(getattr(ops[i], "want_checksum", False)) and _RESULT_HAS_CHECKSUM
-                  for i in owners]
-        if any(hashed):
-            for i, digest in zip(owners, self._copy_hashed(copies, hashed), strict=True):
-                if digest is not None:
-                    results[i].checksum = digest  # type: ignore[attr-defined,unused-ignore]
-        else:
-            self._copy(copies)
+        deadline = time.monotonic() + timeout_s
+        results, jobs, _ = self._plan(ops, writing=False)
+        self._copy(results, jobs, deadline)
         self._count("reads", "bytes_read", ops, results)
         return results
 
     def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
-        results, copies, commits = self._plan(ops, writing=True)
-        self._copy(copies)
-        calls: dict[str, list[ControlCall]] = {}
-        which: dict[str, list[int]] = {}
-        for i, address, call in commits:
-            calls.setdefault(address, []).append(call)
-            which.setdefault(address, []).append(i)
+        results, commits = self.prepare_write(ops, deadline)
+        calls, which = group_commits(commits)
         replies = self._control.call(calls, max(0.0, deadline - time.monotonic()))
+        return self.finish_write(ops, results, which,
+                                 {a: [(r.status, r.message) for r in rs]
+                                  for a, rs in replies.items()})
+
+    def prepare_write(self, ops: Sequence[TransferOp], deadline: float
+                      ) -> tuple[list[TransferResult], list[Commit]]:
+        """Check and copy every op; the COMMITs to send for the ops fully copied in time."""
+        results, jobs, commits = self._plan(ops, writing=True)
+        self._copy(results, jobs, deadline)
+        return results, [c for c in commits if results[c[0]].ok]
+
+    def finish_write(self, ops: Sequence[TransferOp], results: list[TransferResult],
+                     which: dict[str, list[int]],
+                     replies: dict[str, list[tuple[int, str]]]) -> list[TransferResult]:
+        """Apply the nodes' (status, message) replies to the commits of `which` (per address,
+        the op indexes in the order their commits were sent)."""
         refused = 0
         for address, indexes in which.items():
-            for i, reply in zip(indexes, replies[address], strict=True):
-                if reply.status != ST_OK:
-                    results[i] = TransferResult(reply.status, reply.message)
+            for i, (status, message) in zip(indexes, replies[address], strict=True):
+                if status != ST_OK:
+                    results[i] = TransferResult(status, message)
                     refused += 1
-                    if reply.status == ST_UNKNOWN_SEGMENT:  # the node's file changed under us
+                    if status == ST_UNKNOWN_SEGMENT:  # the node's file changed under us
                         path = ops[i].route.endpoints.get(self.name, "")
                         with self._lock:
                             self._maps.pop(path, None)
@@ -294,22 +264,31 @@ class ShmTransport(Transport):
         self._count("writes", "bytes_written", ops, results)
         return results
 
+    def _copy(self, results: list[TransferResult], jobs: list[tuple[int, CopyJob]],
+              deadline: float) -> None:
+        self._copier.run([job for _, job in jobs], deadline)
+        for i, job in jobs:
+            if not job.done:
+                results[i] = TransferResult(ST_TIMEOUT, "deadline passed before the copy ended")
+            elif job.digest is not None:
+                results[i].checksum = job.digest
+
     def _count(self, ops_key: str, bytes_key: str, ops: Sequence[TransferOp],
                results: list[TransferResult]) -> None:
-        done = [op for op, r in zip(ops, results, strict=True) if r.ok]
-        nbytes = sum(memoryview(op.buffer).nbytes for op in done)
+        nbytes = sum(op_nbytes(op) for op, r in zip(ops, results, strict=True) if r.ok)
+        done = sum(1 for r in results if r.ok)
         with self._lock:
-            self.stats[ops_key] += len(done)
+            self.stats[ops_key] += done
             self.stats[bytes_key] += nbytes
 
     # -- planning --------------------------------------------------------------------------
 
     def _plan(self, ops: Sequence[TransferOp], *, writing: bool
-              ) -> tuple[list[TransferResult], list[_Copy], list[tuple[int, str, ControlCall]]]:
+              ) -> tuple[list[TransferResult], list[tuple[int, CopyJob]], list[Commit]]:
         """Check every op; the copies to make and (writes) the commits to send after them."""
         results = [TransferResult() for _ in ops]
-        copies: list[_Copy] = []
-        commits: list[tuple[int, str, ControlCall]] = []
+        jobs: list[tuple[int, CopyJob]] = []
+        commits: list[Commit] = []
         checked: dict[str, Mapping | None] = {}  # one stat per path per batch
         served: dict[str, bool] = {}              # one flock probe per path per batch
         for i, op in enumerate(ops):
@@ -332,11 +311,11 @@ class ShmTransport(Transport):
                                             f"running (nobody holds {path})")
                 continue
             try:
-                view = byte_view(op.buffer, writable=not writing)
+                views = op_views(op, writable=not writing)
             except (ValueError, TypeError) as e:
                 results[i] = TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
                 continue
-            n, grant = len(view), op.grant
+            n, grant = sum(len(v) for v in views), op.grant
             if not grant.covers(route.segment_id, op.offset, n):
                 results[i] = TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside "
                                             f"the grant [{grant.offset}, +{grant.length})")
@@ -345,7 +324,12 @@ class ShmTransport(Transport):
                 results[i] = TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside "
                                             f"{path} ({m.size} bytes)")
                 continue
-            seg = m.memory[op.offset:op.offset + n]
+            copies: list[Copy] = []
+            pos = op.offset
+            for v in views:  # part by part into consecutive ranges of the segment
+                seg = m.memory[pos:pos + len(v)]
+                copies.append((seg, v) if writing else (v, seg))
+                pos += len(v)
             if writing:
                 address = route.endpoints.get("tcp")
                 if not address:
@@ -360,12 +344,12 @@ class ShmTransport(Transport):
                 except FrameError as e:
                     results[i] = TransferResult(e.status, e.message)
                     continue
-                copies.append((seg, view))
+                jobs.append((i, CopyJob(copies)))
                 commits.append((i, address, ControlCall(OP_COMMIT, grant, route.segment_id,
                                                         op.offset, n, meta)))
             else:
-                copies.append((view, seg))
-        return results, copies, commits
+                jobs.append((i, CopyJob(copies, hashed=op.want_checksum)))
+        return results, jobs, commits
 
     def _mapping(self, path: str, *, fresh: bool) -> Mapping | None:
         """The cached mapping of `path` (with `fresh`: checked against the file first), else
@@ -402,106 +386,13 @@ class ShmTransport(Transport):
             self.stats["maps"] += 1
         return new
 
-    # -- copying ---------------------------------------------------------------------------
 
-    def _copy(self, copies: list[_Copy]) -> None:
-        total = sum(len(src) for _, src in copies)
-        if total < self.parallel_min_bytes or total < 2:
-            for dst, src in copies:
-                dst[:] = src
-            return
-        # Split the bytes in two halves (cutting one copy if needed): the helper thread takes
-        # the first half, this thread the second; ctypes.memmove releases the GIL.
-        half = total // 2
-        first: list[_Copy] = []
-        second: list[_Copy] = []
-        acc = 0
-        for dst, src in copies:
-            n = len(src)
-            if acc >= half:
-                second.append((dst, src))
-            elif acc + n <= half:
-                first.append((dst, src))
-            else:
-                cut = half - acc
-                first.append((dst[:cut], src[:cut]))
-                second.append((dst[cut:], src[cut:]))
-            acc += n
-        fut = self._submit(first)
-        _memmove_all(second)
-        fut.result()
-
-    def _copy_hashed(self, copies: list[_Copy], hashed: list[bool]) -> list[int | None]:
-        """Reads whose caller will verify a checksum: copy each in FUSED_CHUNK_BYTES pieces and
-        hash every piece right after it landed, while it is still in cache, so the bytes are
-        read from memory once instead of twice. Big batches are dealt out by whole ops (a
-        hash runs in order) to this thread and a helper; memmove and xxh3 release the GIL."""
-        digests: list[int | None] = [None] * len(copies)
-        items = list(range(len(copies)))
-        total = sum(len(src) for _, src in copies)
-        if total < self.parallel_min_bytes or len(copies) < 2:
-            _copy_hash_all(copies, hashed, items, digests)
-            return digests
-        half, acc, cut = total // 2, 0, len(items)
-        for k in items:
-            if acc >= half:
-                cut = k
-                break
-            acc += len(copies[k][1])
-        with self._lock:
-            executor = None if self._closed else self._executor_locked()
-        if executor is None:
-            _copy_hash_all(copies, hashed, items, digests)
-            return digests
-        fut = executor.submit(_copy_hash_all, copies, hashed, items[:cut], digests)
-        _copy_hash_all(copies, hashed, items[cut:], digests)
-        fut.result()
-        return digests
-
-    def _executor_locked(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cellar-shm-copy")
-        return self._executor
-
-    def _submit(self, copies: list[_Copy]) -> Future[None]:
-        with self._lock:
-            if not self._closed:
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="cellar-shm-copy")
-                return self._executor.submit(_memmove_all, copies)
-        done: Future[None] = Future()
-        _memmove_all(copies)
-        done.set_result(None)
-        return done
-
-
-def _copy_hash_all(copies: list[_Copy], hashed: list[bool], items: list[int],
-                   digests: list[int | None]) -> None:
-    memmove = ctypes.memmove
-    for k in items:
-        dst, src = copies[k]
-        n = len(src)
-        assert len(dst) == n
-        if not n:
-            if hashed[k]:
-                digests[k] = xxhash.xxh3_64_intdigest(b"")
-            continue
-        d, s_ = buffer_address(dst), buffer_address(src)
-        if not hashed[k]:
-            memmove(d, s_, n)
-            continue
-        h = xxhash.xxh3_64()
-        for pos in range(0, n, FUSED_CHUNK_BYTES):
-            m = min(FUSED_CHUNK_BYTES, n - pos)
-            memmove(d + pos, s_ + pos, m)
-            h.update(dst[pos:pos + m])
-        digests[k] = h.intdigest()
-
-
-def _memmove_all(copies: list[_Copy]) -> None:
-    memmove = ctypes.memmove
-    for dst, src in copies:
-        n = len(src)
-        assert len(dst) == n
-        if n:
-            memmove(buffer_address(dst), buffer_address(src), n)
+def group_commits(commits: Sequence[Commit]
+                  ) -> tuple[dict[str, list[ControlCall]], dict[str, list[int]]]:
+    """Commits per node address, and the op index of each, in sending order."""
+    calls: dict[str, list[ControlCall]] = {}
+    which: dict[str, list[int]] = {}
+    for i, address, call in commits:
+        calls.setdefault(address, []).append(call)
+        which.setdefault(address, []).append(i)
+    return calls, which

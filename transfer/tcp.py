@@ -53,7 +53,6 @@ from typing import Any
 
 from xxhash import xxh3_64_intdigest
 
-from cellar.proto.grant import Grant
 from cellar.transfer._sockio import (
     MAX_IOV,
     MSG_DONTWAIT,
@@ -74,7 +73,7 @@ from cellar.transfer.base import (
     TransferOp,
     TransferResult,
     Transport,
-    byte_view,
+    hash_views,
 )
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
@@ -87,29 +86,19 @@ from cellar.transfer.frame import (
     RESP_FLAG_CLOSE,
     RESPONSE,
     RESPONSE_MAGIC,
-    ST_BAD_FRAME,
     ST_OK,
-    ST_OUT_OF_RANGE,
-    ST_UNSUPPORTED,
     VERSION,
     FrameError,
     decode_response,
 )
+from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lanes_for, plan_batch
 
 # Per-connection receive buffer for response headers and error messages.
 INBOX_BYTES = 64 << 10
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
-# Striping policy, measured on 2-core loopback (see the module docstring): frames much smaller
-# than chunk_bytes are bound by per-frame CPU, where extra lanes only add GIL and thread-hop
-# costs, so a node's share of a batch is striped only when its frames average at least
-# chunk_bytes / STRIPE_CHUNK_FRACTION, and over at most one lane per min_stripe_bytes.
-STRIPE_CHUNK_FRACTION = 8
 _ZERO_MAC = bytes(16)
 RESPONSE_SIZE = RESPONSE.size
 _PEEK_NOWAIT = MSG_PEEK | MSG_DONTWAIT
-
-# A chunk on its way: (op index, absolute segment offset, byte view of the op's buffer, grant).
-_Chunk = tuple[int, int, memoryview, Grant]
 
 
 class _Desync(Exception):
@@ -334,82 +323,39 @@ class TcpTransport(Transport):
     def _batch(self, ops: Sequence[TransferOp], timeout_s: float,
                op_code: int) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
-        fail: list[TransferResult | None] = [None] * len(ops)
-        metas: list[bytes] = [b""] * len(ops)
-        # Reads that asked for their checksum and move in one frame: the lane hashes them
-        # right after the last byte lands (still in cache; several lanes hash in parallel).
-        sums: list[int | None] = [None] * len(ops)
-        hashed = [False] * len(ops)
-        by_address: dict[str, list[_Chunk]] = {}
-        bytes_by_address: dict[str, int] = {}
-        chunk = self.chunk_bytes
-        for i, op in enumerate(ops):
-            address = op.route.endpoints.get(self.name)
-            if not address:
-                fail[i] = TransferResult(ST_UNSUPPORTED, f"segment {op.route.segment_id} on "
-                                         f"node {op.route.node_id} has no tcp endpoint")
-                continue
-            try:
-                view = byte_view(op.buffer, writable=op_code == OP_READ)
-                if op_code == OP_WRITE:
-                    if op.meta is None:
-                        raise FrameError(ST_BAD_FRAME, "a write needs its WriteMeta")
-                    metas[i] = op.meta.pack()
-            except (ValueError, TypeError) as e:
-                fail[i] = TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
-                continue
-            except FrameError as e:
-                fail[i] = TransferResult(e.status, e.message)
-                continue
-            n = len(view)
-            grant = op.grant
-            if not grant.covers(grant.segment_id, op.offset, n):
-                # Checked here too (the node checks every frame), so that an op cut into
-                # several frames never lands partly: it fails before its first byte moves.
-                fail[i] = TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside the "
-                                         f"grant [{grant.offset}, +{grant.length})")
-                continue
-            chunks = by_address.setdefault(address, [])
-            if n <= chunk:
-                hashed[i] = op.want_checksum and op_code == OP_READ
-                chunks.append((i, op.offset, view, grant))
-            else:
-                for pos in range(0, n, chunk):
-                    chunks.append((i, op.offset + pos, view[pos:pos + chunk], grant))
-            bytes_by_address[address] = bytes_by_address.get(address, 0) + n
-
+        plan = plan_batch(ops, self.name, op_code, self.chunk_bytes)
+        fail = plan.fail
         # Pools are taken in address order, and every lane but the newest is already running
         # on the executor while the batch waits for the next pool: a batch only ever waits
         # for a pool later in the order than any connection it holds, so no cycle can form.
         futures: list[Future[None]] = []
         inline: tuple[Any, ...] | None = None
-        for address in sorted(by_address):
-            chunks = by_address[address]
+        for address in sorted(plan.by_address):
+            chunks = plan.by_address[address]
             pool = self._pool(address)
-            want = self._lanes(len(chunks), bytes_by_address[address])
+            want = self._lanes(len(chunks), plan.bytes_by_address[address])
             got = pool.acquire(want, deadline) if pool is not None else None
             if not got:
                 status, why = ((ST_TIMEOUT, "no free connection before the deadline")
                                if got is not None else (ST_CONNECT_FAILED, "transport closed"))
-                _fail_chunks(fail, chunks, status, f"{address}: {why}")
+                fail_chunks(fail, chunks, status, f"{address}: {why}")
                 continue
-            for conn, lane_chunks in zip(got, _deal(chunks, len(got)), strict=True):
+            for conn, lane_chunks in zip(got, deal(chunks, len(got)), strict=True):
                 if inline is not None:
                     futures.append(self._submit(inline))
-                inline = (pool, conn, lane_chunks, op_code, deadline, metas, fail, hashed, sums)
+                inline = (pool, conn, lane_chunks, op_code, deadline, plan)
         if inline is not None:  # the last lane runs here: one connection, no thread hop
             self._run_lane(*inline)
+        # Every lane has ended (each is bounded by the deadline through kernel timeouts) before
+        # this returns: no lane is left that could still receive into a caller's buffer.
         for fut in futures:
             fut.result()
-        return [r if r is not None else TransferResult(checksum=sums[i])
-                for i, r in enumerate(fail)]
+        return finish(plan)
 
     def _lanes(self, n_chunks: int, nbytes: int) -> int:
-        """How many connections to stripe one node's share of a batch over."""
-        if n_chunks <= 1 or nbytes * STRIPE_CHUNK_FRACTION < self.chunk_bytes * n_chunks:
-            return 1
-        by_bytes = nbytes // self.min_stripe_bytes if self.min_stripe_bytes > 0 else n_chunks
-        return max(1, min(self.connections_per_node, n_chunks, by_bytes))
+        return lanes_for(n_chunks, nbytes, chunk_bytes=self.chunk_bytes,
+                         connections_per_node=self.connections_per_node,
+                         min_stripe_bytes=self.min_stripe_bytes)
 
     def _submit(self, lane: tuple[Any, ...]) -> Future[None]:
         with self._lock:
@@ -449,9 +395,8 @@ class TcpTransport(Transport):
             raise
         return _Conn(sock, pool.gen)
 
-    def _run_lane(self, pool: _Pool, conn: _Conn | None, chunks: list[_Chunk], op_code: int,
-                  deadline: float, metas: list[bytes], fail: list[TransferResult | None],
-                  hashed: list[bool], sums: list[int | None]) -> None:
+    def _run_lane(self, pool: _Pool, conn: _Conn | None, chunks: list[Chunk], op_code: int,
+                  deadline: float, plan: Plan) -> None:
         """Drive one connection through its chunks; never raises."""
         reusable = False
         try:
@@ -463,28 +408,27 @@ class TcpTransport(Transport):
                     conn = self._connect(pool, deadline)
                 except (OSError, ValueError) as e:
                     pool.release_slot()
-                    _fail_chunks(fail, chunks, ST_CONNECT_FAILED, f"{pool.address}: {e}")
+                    fail_chunks(plan.fail, chunks, ST_CONNECT_FAILED, f"{pool.address}: {e}")
                     return
-            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, metas, fail,
-                                  hashed, sums)
+            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, plan)
         except BaseException as e:  # a bug here must still fail only these ops
-            _fail_chunks(fail, chunks, ST_CONNECTION_LOST, f"{pool.address}: {e!r}")
+            fail_chunks(plan.fail, chunks, ST_CONNECTION_LOST, f"{pool.address}: {e!r}")
             reusable = False
         finally:
             if conn is not None:
                 pool.release(conn, reusable)
 
-    def _pump(self, conn: _Conn, address: str, chunks: list[_Chunk], op_code: int,
-              deadline: float, metas: list[bytes], fail: list[TransferResult | None],
-              hashed: list[bool], sums: list[int | None]) -> bool:
+    def _pump(self, conn: _Conn, address: str, chunks: list[Chunk], op_code: int,
+              deadline: float, plan: Plan) -> bool:
         """Pipelined requests and in-order responses; True if the connection is still in sync."""
         sock, inbox = conn.sock, conn.inbox
+        metas, fail, hashed, sums = plan.metas, plan.fail, plan.hashed, plan.sums
         pack = REQUEST.pack
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
         unpack_response = RESPONSE.unpack
-        pending: deque[tuple[int, int, memoryview]] = deque()
+        pending: deque[tuple[int, int, tuple[memoryview, ...], int]] = deque()
         n = len(chunks)
         i = 0
         try:
@@ -496,22 +440,23 @@ class TcpTransport(Transport):
                     conn.bound_io(remaining)
                     parts: list[bytes | memoryview] = []
                     while i < n and len(pending) < window and len(parts) < MAX_IOV - 2:
-                        op_i, offset, view, g = chunks[i]
+                        op_i, offset, views, size, g = chunks[i]
                         rid = conn.next_id
                         conn.next_id = rid + 1
                         meta = metas[op_i]
                         head = pack(REQUEST_MAGIC, VERSION, op_code, 0, len(meta), rid,
                                     g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
-                                    g.expiry_ms, g.key_tag, g.mac, offset, len(view))
+                                    g.expiry_ms, g.key_tag, g.mac, offset, size)
                         if is_write:
                             parts.append(head + meta)
-                            parts.append(view)
+                            parts.extend(views)  # scatter-gather: one iovec per part
                         else:
                             parts.append(head)
-                        pending.append((rid, op_i, view))
+                        pending.append((rid, op_i, views, size))
                         i += 1
                     send_all(sock, parts)
-                rid, op_i, view = pending[0]
+                rid, op_i, views, size = pending[0]
+                view = views[0]
                 if time.monotonic() > deadline:
                     raise TimeoutError("deadline passed")
                 # decode_response's checks, inlined: this runs once per chunk
@@ -525,12 +470,17 @@ class TcpTransport(Transport):
                 if got_rid != rid:
                     raise _Desync(f"response to request {got_rid}, expected {rid}")
                 if status == ST_OK:
-                    if length != (0 if is_write else len(view)):
-                        raise _Desync(f"response length {length} for {len(view)} bytes")
+                    if length != (0 if is_write else size):
+                        raise _Desync(f"response length {length} for {size} bytes")
                     if not is_write:
-                        inbox.read_into(view[early:])
-                        if hashed[op_i]:
-                            sums[op_i] = xxh3_64_intdigest(view)
+                        if len(views) == 1:
+                            inbox.read_into(view[early:])
+                            if hashed[op_i]:
+                                sums[op_i] = xxh3_64_intdigest(view)
+                        else:  # straight into every part, one recvmsg_into iovec each
+                            inbox.read_into_views(views, early)
+                            if hashed[op_i]:
+                                sums[op_i] = hash_views(views)
                     pending.popleft()
                     continue
                 if early:  # they were not payload: the message and what follows it
@@ -548,31 +498,9 @@ class TcpTransport(Transport):
             status, why = ST_TIMEOUT, f"{address}: timed out ({e or type(e).__name__})"
         except (OSError, FrameError, _Desync) as e:
             status, why = ST_CONNECTION_LOST, f"{address}: {e}"
-        for _, op_i, _ in pending:
+        for _, op_i, _, _ in pending:
             if fail[op_i] is None:
                 fail[op_i] = TransferResult(status, why)
-        _fail_chunks(fail, chunks[i:], status, why)
+        fail_chunks(fail, chunks[i:], status, why)
         return False
 
-
-
-
-def _deal(chunks: list[_Chunk], lanes: int) -> list[list[_Chunk]]:
-    """Chunks to `lanes` lists, each chunk to the lane with the fewest bytes so far, so a large
-    object spreads over every lane while input order holds within each lane."""
-    if lanes == 1:
-        return [chunks]
-    out: list[list[_Chunk]] = [[] for _ in range(lanes)]
-    load = [0] * lanes
-    for c in chunks:
-        k = load.index(min(load))
-        out[k].append(c)
-        load[k] += len(c[2]) + REQUEST.size
-    return out
-
-
-def _fail_chunks(fail: list[TransferResult | None], chunks: Sequence[_Chunk], status: int,
-                 message: str) -> None:
-    for c in chunks:
-        if fail[c[0]] is None:
-            fail[c[0]] = TransferResult(status, message)

@@ -15,7 +15,6 @@ from master_harness import running_master
 
 from cellar.client import rpc
 from cellar.errors import InvalidArgument, Timeout, Unavailable
-from cellar.master import fastrpc
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc
 
@@ -24,12 +23,6 @@ HEADER = pb.RequestHeader(tenant="default", client_id="fast-line-test")
 
 def deadline(seconds: float = 10.0) -> float:
     return time.monotonic() + seconds
-
-
-def test_constants_match_the_master() -> None:
-    assert rpc.FAST_PORT_METADATA == fastrpc.FAST_PORT_METADATA
-    assert rpc.FAST_FRAME.format == fastrpc.FRAME.format
-    assert {name: number for name, (number, _) in rpc.FAST_METHODS.items()} == fastrpc.METHOD_IDS
 
 
 def test_cluster_status_advertises_the_port_and_calls_use_it() -> None:

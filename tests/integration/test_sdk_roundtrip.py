@@ -18,6 +18,7 @@ import pytest
 
 import cellar
 from cellar.errors import Status
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_face
 
 NODES = 3
 SEGMENT_BYTES = 320 << 20
@@ -28,12 +29,18 @@ KIB, MIB = 1 << 10, 1 << 20
 @pytest.fixture(scope="module")
 def cluster(module_cluster):
     return module_cluster(nodes=NODES, segment_size=SEGMENT_BYTES,
-                          grpc_max_message_bytes=MASTER_MESSAGE_LIMIT)
+                          grpc_max_message_bytes=MASTER_MESSAGE_LIMIT, allow_unknown_tenants="true")
 
 
-@pytest.fixture
-def client(cluster, connect_to):
-    return connect_to(cluster)
+@pytest.fixture(params=FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
+def client(request, cluster):
+    """Each test runs over both faces (Client, AsyncClient) and both transports (tcp, shm),
+    each in its own tenant (its own key namespace) on the module's cluster."""
+    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant="-".join(request.param))
+    yield c
+    for prefix in ("rt/", "ord/", "big/", "pins/", "mt/"):  # room for the next face's run
+        c.remove_prefix(prefix)
+    c.close()
 
 
 def payload(seed: int, size: int) -> bytes:

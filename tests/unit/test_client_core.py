@@ -10,15 +10,11 @@ import pytest
 import xxhash
 
 import cellar
-from cellar.client import core
-from cellar.client.core import (
-    GetBatch,
-    Limits,
-    NodeHealth,
-    PutBatch,
-    TransportSet,
-    UnpinQueue,
-)
+from cellar.client import checks, core, gets, puts, statuses
+from cellar.client.checks import Limits
+from cellar.client.core import NodeHealth, TransportSet, UnpinQueue
+from cellar.client.gets import GetBatch
+from cellar.client.puts import PutBatch
 from cellar.errors import Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import (
@@ -56,56 +52,56 @@ REFUSED = TransferResult(ST_CONNECT_FAILED, "refused")
 ])
 def test_bad_keys(key, why):
     with pytest.raises(cellar.InvalidArgument, match=why):
-        core.validate_key(key, 1024)
+        checks.validate_key(key, 1024)
 
 
 def test_key_limit_counts_utf8_bytes():
-    assert core.validate_key("é" * 512, 1024) == "é" * 512
-    assert core.validate_key("k" * 1024, 1024)
+    assert checks.validate_key("é" * 512, 1024) == "é" * 512
+    assert checks.validate_key("k" * 1024, 1024)
 
 
 def test_validate_keys_refuses_a_lone_string_and_names_the_index():
     with pytest.raises(cellar.InvalidArgument, match="sequence of str"):
-        core.validate_keys("abc", 1024)
+        checks.validate_keys("abc", 1024)
     with pytest.raises(cellar.InvalidArgument, match=r"keys\[1\]"):
-        core.validate_keys(["a", ""], 1024)
-    assert core.validate_keys(iter(["a", "b"]), 1024) == ["a", "b"]
+        checks.validate_keys(["a", ""], 1024)
+    assert checks.validate_keys(iter(["a", "b"]), 1024) == ["a", "b"]
 
 
 def test_normalize_items():
-    assert [k for k, _ in core.normalize_items({"a": b"1", "b": b"22"}, 1024)] == ["a", "b"]
-    pairs = core.normalize_items([("a", b"1"), ("b", bytearray(b"22"))], 1024)
+    assert [k for k, _ in checks.normalize_items({"a": b"1", "b": b"22"}, 1024)] == ["a", "b"]
+    pairs = checks.normalize_items([("a", b"1"), ("b", bytearray(b"22"))], 1024)
     assert [(k, v.tobytes()) for k, v in pairs] == [("a", b"1"), ("b", b"22")]
     with pytest.raises(cellar.InvalidArgument, match="twice"):
-        core.normalize_items([("a", b"1"), ("a", b"2")], 1024)
+        checks.normalize_items([("a", b"1"), ("a", b"2")], 1024)
     with pytest.raises(cellar.InvalidArgument, match="pair"):
-        core.normalize_items([("a", b"1", 3)], 1024)
+        checks.normalize_items([("a", b"1", 3)], 1024)
     with pytest.raises(cellar.InvalidArgument, match="empty"):
-        core.normalize_items({"a": b""}, 1024)
+        checks.normalize_items({"a": b""}, 1024)
     with pytest.raises(cellar.InvalidArgument):
-        core.normalize_items(b"ab", 1024)
+        checks.normalize_items(b"ab", 1024)
 
 
 @pytest.mark.parametrize("replicas", [0, -1, 17, "2", 1.0, True, None])
 def test_bad_replicas(replicas):
     with pytest.raises(cellar.InvalidArgument):
-        core.validate_replicas(replicas)
+        checks.validate_replicas(replicas)
 
 
 def test_transport_names():
-    assert core.transport_names("auto") == ("shm", "rdma", "tcp")
-    assert core.transport_names("tcp") == ("tcp",)
+    assert checks.transport_names("auto") == ("shm", "rdma", "tcp")
+    assert checks.transport_names("tcp") == ("tcp",)
     for bad in ("udp", "", None, 3):
         with pytest.raises(cellar.InvalidArgument):
-            core.transport_names(bad)
+            checks.transport_names(bad)
 
 
 def test_batch_ranges_split_in_order():
-    assert [list(r) for r in core.batch_ranges(5, 2)] == [[0, 1], [2, 3], [4]]
-    assert list(core.batch_ranges(0, 3)) == []
-    assert [len(r) for r in core.batch_ranges(2048, 1024)] == [1024, 1024]
+    assert [list(r) for r in checks.batch_ranges(5, 2)] == [[0, 1], [2, 3], [4]]
+    assert list(checks.batch_ranges(0, 3)) == []
+    assert [len(r) for r in checks.batch_ranges(2048, 1024)] == [1024, 1024]
     with pytest.raises(ValueError):
-        list(core.batch_ranges(3, 0))
+        list(checks.batch_ranges(3, 0))
 
 
 def test_limits_fall_back_to_defaults():
@@ -125,13 +121,13 @@ def test_limits_fall_back_to_defaults():
     (999, cellar.CellarError),
 ])
 def test_status_to_exception(status, cls):
-    exc = core.status_error(status, "", "k1")
+    exc = statuses.status_error(status, "", "k1")
     assert type(exc) is cls
     assert "'k1'" in str(exc)
 
 
 def test_not_found_is_also_a_key_error():
-    exc = core.status_error(Status.NOT_FOUND, "no such key", "k")
+    exc = statuses.status_error(Status.NOT_FOUND, "no such key", "k")
     assert isinstance(exc, KeyError) and str(exc) == "'k': no such key"
 
 
@@ -140,20 +136,20 @@ def test_not_found_is_also_a_key_error():
     (grpc.StatusCode.UNAVAILABLE, cellar.Unavailable),
     (grpc.StatusCode.DEADLINE_EXCEEDED, cellar.Timeout),
     (grpc.StatusCode.PERMISSION_DENIED, cellar.PermissionDenied),
-    (grpc.StatusCode.UNAUTHENTICATED, cellar.PermissionDenied),
+    (grpc.StatusCode.UNAUTHENTICATED, cellar.Unauthenticated),
     (grpc.StatusCode.FAILED_PRECONDITION, cellar.NotReady),
     (grpc.StatusCode.INTERNAL, cellar.CellarError),
     (None, cellar.CellarError),
 ])
 def test_grpc_code_to_exception(code, cls):
-    exc = core.grpc_error("PutStart", "m:1", code, "batch of 2000 keys over the limit 1024")
+    exc = statuses.grpc_error("PutStart", "m:1", code, "batch of 2000 keys over the limit 1024")
     assert type(exc) is cls
     assert "over the limit" in str(exc)
     assert isinstance(cellar.Timeout("x"), TimeoutError)
 
 
 def test_invalid_argument_keeps_the_servers_message_verbatim():
-    exc = core.grpc_error("GetReplicas", "m:1", grpc.StatusCode.INVALID_ARGUMENT, "bad tenant")
+    exc = statuses.grpc_error("GetReplicas", "m:1", grpc.StatusCode.INVALID_ARGUMENT, "bad tenant")
     assert str(exc) == "bad tenant"
 
 
@@ -161,7 +157,7 @@ def test_invalid_argument_keeps_the_servers_message_verbatim():
 
 def make_put(keys, health=None, max_attempts=3):
     pairs = [(k, memoryview(k.encode() * 10)) for k in keys]
-    return PutBatch(core.put_entries(pairs), tenant="t", replicas=2, soft_pin=False,
+    return PutBatch(puts.put_entries(pairs), tenant="t", replicas=2, soft_pin=False,
                     upsert=False, health=health or NodeHealth(), max_attempts=max_attempts)
 
 
@@ -183,12 +179,12 @@ def test_put_values_hashed_late_carry_the_same_checksums():
     """Values left unhashed (the SDK hashes them while PutStart is in flight) get their
     checksum by hash_values, or at the latest when their writes are planned."""
     pairs = [(k, memoryview(k.encode() * 10)) for k in "ab"]
-    entries = core.put_entries(pairs)
+    entries = puts.put_entries(pairs)
     assert [e.checksum for e in entries] == [None, None]
-    assert core.unhashed_bytes(entries) == 20
-    core.hash_values(entries[:1])
+    assert puts.unhashed_bytes(entries) == 20
+    puts.hash_values(entries[:1])
     assert entries[0].checksum == xxhash.xxh3_64_intdigest(b"a" * 10)
-    assert core.unhashed_bytes(entries) == 10
+    assert puts.unhashed_bytes(entries) == 10
     batch = PutBatch(entries, tenant="t", replicas=1, soft_pin=False, upsert=False,
                      health=NodeHealth())
     req = batch.start_request(HEADER)
@@ -391,7 +387,7 @@ def test_all_replicas_corrupt_is_integrity_error():
     entry = batch.entries[0]
     assert not entry.is_miss
     with pytest.raises(cellar.IntegrityError, match="checksum"):
-        core.miss_or_raise(entry)
+        gets.miss_or_raise(entry)
 
 
 def test_no_reachable_replica_is_unavailable_or_a_batch_miss():
@@ -401,7 +397,7 @@ def test_no_reachable_replica_is_unavailable_or_a_batch_miss():
         batch.on_read_results(fill(ops, {}))
     entry = batch.entries[0]
     assert isinstance(entry.error(), cellar.Unavailable) and entry.is_miss
-    core.miss_or_raise(entry)  # a miss in get_many, no exception
+    gets.miss_or_raise(entry)  # a miss in get_many, no exception
 
 
 def test_unhealthy_nodes_are_tried_last():
@@ -523,10 +519,10 @@ def test_status_to_dict_aggregates_nodes():
 
 
 def test_attempt_budget_leaves_time_for_a_fallback():
-    assert core.attempt_budget_s(30.0, False) == 30.0
-    assert core.attempt_budget_s(30.0, True) == 15.0
-    assert core.attempt_budget_s(1.5, True) == 1.0   # at least MIN_ATTEMPT_S ...
-    assert core.attempt_budget_s(0.4, True) == 0.4   # ... but never past the deadline
+    assert checks.attempt_budget_s(30.0, False) == 30.0
+    assert checks.attempt_budget_s(30.0, True) == 15.0
+    assert checks.attempt_budget_s(1.5, True) == 1.0   # at least MIN_ATTEMPT_S ...
+    assert checks.attempt_budget_s(0.4, True) == 0.4   # ... but never past the deadline
 
 
 def test_can_fall_back_and_can_retry():

@@ -12,6 +12,7 @@ import pytest
 
 import cellar
 from cellar.client import rpc, sync
+from cellar.coord import follow
 from cellar.coord.redirect import LEADER_METADATA, redirect_details
 from cellar.proto import cellar_pb2 as pb
 
@@ -276,7 +277,7 @@ def test_with_etcd_a_fenced_reply_is_retried_at_the_leader_etcd_names(masters):
 
 
 def test_without_etcd_a_silent_master_rotates_to_the_others_it_knew(masters, monkeypatch):
-    monkeypatch.setattr(rpc, "ROTATE_AFTER_S", 0.1)
+    monkeypatch.setattr(follow, "ROTATE_AFTER_S", 0.1)
     masters["s:1"] = FakeMaster("s:1", "standby", leader="l:1")
     masters["l:1"] = FakeMaster("l:1", epoch=10)
     channel = rpc.MasterChannel("s:1", fast=False)
@@ -459,15 +460,12 @@ def test_status_against_an_unreachable_etcd_is_one_line(capsys):
 def test_a_put_the_new_leader_adopted_from_the_nodes_is_reported_as_ours():
     """After a failover, a re-placed put may find its own bytes already adopted from a node's
     index: same size and checksum means OK; anything else stays ALREADY_EXISTS."""
-    from cellar.client.core import PutEntry
-    from cellar.client.sync import Client
+    from cellar.client import flows
+    from cellar.client.puts import PutEntry
     from cellar.errors import Status
     from cellar.proto import cellar_pb2 as pb
 
-    client = Client.__new__(Client)
-    client._header = pb.RequestHeader(tenant="default", client_id="c")
     released: list[int] = []
-    client._release = released.extend  # type: ignore[method-assign]
     asked: list[list[str]] = []
 
     class Master:
@@ -479,10 +477,14 @@ def test_a_put_the_new_leader_adopted_from_the_nodes_is_reported_as_ours():
                 pb.GetResult(status=pb.NOT_FOUND),
             ])
 
-    client._master = Master()  # type: ignore[assignment]
+    session = flows.Session("default", pb.RequestHeader(tenant="default", client_id="c"), 5.0,
+                            None, None, released.extend)  # type: ignore[arg-type]
     entries = [PutEntry(k, memoryview(b"abc"), 7, status=Status.ALREADY_EXISTS) for k in "abc"]
     entries.append(PutEntry("d", memoryview(b"abc"), 7, status=Status.OK))
-    client._settle_own_writes(entries, soon())
+    flow = flows.settle_own_writes(session, entries, soon())
+    effect = next(flow)
+    with pytest.raises(StopIteration):
+        flow.send(Master().call(effect.method, effect.request, effect.deadline))
     assert asked == [["a", "b", "c"]]
     assert [e.status for e in entries] == [Status.OK, Status.ALREADY_EXISTS,
                                            Status.ALREADY_EXISTS, Status.OK]

@@ -279,6 +279,22 @@ def test_write_commit_read_round_trip_chunked(node: Node, rdma: RdmaTransport) -
     assert node.server.stats.snapshot()["requests"]["commit"] == 1
 
 
+def test_parts_write_commit_read_round_trip(node: Node, rdma: RdmaTransport) -> None:
+    parts = [os.urandom(n) for n in (3, 0, 100_000, 70_000)]
+    data = b"".join(parts)
+    g = grant(GRANT_OP_WRITE, 4096, len(data))
+    op = TransferOp(node.route, g, 4096, parts=tuple(memoryview(p) for p in parts),
+                    meta=WriteMeta(1, len(data), "t", "k"))
+    assert [r.ok for r in rdma.write([op], 5.0)] == [True]
+    assert bytes(node.segment.view(4096, len(data))) == data
+    entry = node.access.index.get(g.alloc_id)
+    assert entry is not None and entry.state.value == "sealed" and entry.length == len(data)
+    outs = [bytearray(10), bytearray(len(data) - 10)]
+    read = TransferOp(node.route, grant(GRANT_OP_READ, 4096, len(data)), 4096,
+                      parts=tuple(memoryview(o) for o in outs))
+    assert rdma.read([read], 5.0)[0].ok and b"".join(outs) == data
+
+
 def test_batch_in_order_with_per_op_failures(node: Node, rdma: RdmaTransport) -> None:
     blobs = [os.urandom(n) for n in (1, 70_000, 5000, 4096)]
     offsets = [0, 4096, 81920, 90112]

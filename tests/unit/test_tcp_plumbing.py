@@ -20,7 +20,8 @@ from cellar.transfer._sockio import (
     set_io_timeout,
 )
 from cellar.transfer.base import byte_view
-from cellar.transfer.tcp import TcpTransport, _deal, _Pool
+from cellar.transfer.tcp import TcpTransport, _Pool
+from cellar.transfer.tcp_plan import Chunk, deal
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -129,20 +130,20 @@ def test_parse_address_rejects(address: str) -> None:
         parse_address(address)
 
 
-def _chunks(sizes: list[int]) -> list[tuple[int, int, memoryview, Grant]]:
+def _chunks(sizes: list[int]) -> list[Chunk]:
     g = Grant(1, 1, 0, 1 << 30, 1, 1, 1, 1, b"m" * 16)
-    return [(i, 0, memoryview(bytearray(n)), g) for i, n in enumerate(sizes)]
+    return [(i, 0, (memoryview(bytearray(n)),), n, g) for i, n in enumerate(sizes)]
 
 
 def test_deal_balances_bytes_and_keeps_order() -> None:
     chunks = _chunks([100] * 10 + [1000] + [100] * 10)
-    lanes = _deal(chunks, 4)
+    lanes = deal(chunks, 4)
     assert sorted(c[0] for lane in lanes for c in lane) == list(range(21))
     for lane in lanes:
         assert [c[0] for c in lane] == sorted(c[0] for c in lane)
-    loads = [sum(len(c[2]) for c in lane) for lane in lanes]
+    loads = [sum(c[3] for c in lane) for lane in lanes]
     assert max(loads) - min(loads) <= 1000
-    assert _deal(chunks, 1) == [chunks]
+    assert deal(chunks, 1) == [chunks]
 
 
 def test_byte_view_flattens_and_checks() -> None:

@@ -1,0 +1,498 @@
+"""`AsyncClient`: the asyncio face of the SDK, method for method the same as `Client`.
+
+What it owns
+    The asyncio I/O the flows ask for (`cellar.client.flows`): `Rpc` through
+    `AsyncMasterChannel` (grpc.aio + the asyncio fast line), `Move` through the asyncio
+    transports of `cellar.transfer` (`AsyncTransport`: the loop's own sockets for tcp, inline
+    copies for shm; no thread carries payload), `Sleep` as `asyncio.sleep`; and a loop task that
+    releases pins no GetReplicas carried within `UNPIN_DELAY_S`. What is sent, retried and
+    returned is decided by the same flows as the sync face (`cellar.client.api`), so the
+    arguments, results and exceptions are the same; only `await` differs.
+
+One loop
+    An `AsyncClient` belongs to the event loop that opened it (its sockets and channel are that
+    loop's); a call from another loop raises `cellar.InvalidArgument`. Any number of calls may
+    run concurrently on its loop: per-call state lives in the call's own flow.
+
+Cancellation
+    A cancelled call stops where it is: the transports guarantee that no byte of a read they
+    gave up on lands in the caller's buffer afterwards, its pins are queued for release, and a
+    put in flight is revoked (best effort; the master's writer timeout does it otherwise).
+
+Coalesced gets
+    The `get` calls made in one turn of the loop (say `asyncio.gather` of 64 of them) are sent
+    as one batch: one GetReplicas and one transfer round instead of 64 of each, which is what
+    lets 64 concurrent gets reach the sync face's batched rate. Each caller still gets its own
+    bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
+    `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
+    only its own call).
+
+Deadlines and leader changes
+    As for `Client`: `timeout_s` bounds each call; the channel follows the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Generator, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from cellar.client import api, api_buffers, flows, metrics
+from cellar.client.aio_rpc import AsyncMasterChannel
+from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
+from cellar.client.core import TransportSet
+from cellar.client.flows import Move, Record, Rpc, Session, Sleep
+from cellar.client.metering import Meter
+from cellar.client.setup import ConnectArgs, opened
+from cellar.client.statuses import ClientClosed
+from cellar.errors import CellarError, InvalidArgument, Status
+from cellar.proto import cellar_pb2 as pb
+from cellar.transfer import open_async_transports
+from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
+
+T = TypeVar("T")
+
+UNPIN_FLUSH_TIMEOUT_S = 5.0
+CLOSE_FLUSH_TIMEOUT_S = 1.0
+CLOSE_FLUSH_MAX_CALLS = 8
+MAX_COALESCED_GETS = 1024          # keys of one coalesced get batch (the flows split further)
+
+__all__ = ["AsyncClient", "connect_async"]
+
+
+class AsyncClient:
+    """A connection to one Cellar cluster for one tenant, for asyncio code.
+
+    `client = await cellar.connect_async(address, ...)` or `async with
+    cellar.AsyncClient(address, ...) as client:`; every method of `cellar.Client` is here as a
+    coroutine with the same arguments, results and exceptions.
+    """
+
+    def __init__(self, address: str, *, tenant: str = "default", token: str | None = None,
+                 timeout_s: float = 30.0, transport: str = "auto") -> None:
+        self._args = ConnectArgs.check(address, tenant, token, timeout_s, transport)
+        self.address = self._args.address
+        self.tenant = self._args.tenant
+        self.timeout_s = self._args.timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._discovery: Any = None
+        self._master: AsyncMasterChannel | None = None
+        self._transports = TransportSet([])
+        self._s: Session | None = None
+        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._get_queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
+        self._tasks: set[asyncio.Task[None]] = set()  # coalesced get batches in flight
+
+    async def open(self) -> AsyncClient:
+        """Connect (ClusterStatus at the leader); called by `connect_async` and `async with`."""
+        if self._closed:
+            raise ClientClosed("this cellar.AsyncClient is closed")
+        if self._loop is not None:
+            self._check_loop()
+            return self
+        self._loop = asyncio.get_running_loop()
+        args = self._args
+        deadline = time.monotonic() + self.timeout_s
+        master_address = args.address
+        resolve = None
+        try:
+            if args.target is not None:
+                from cellar.coord.discovery import LeaderDiscovery
+
+                self._discovery = LeaderDiscovery(args.target)
+                record = await asyncio.to_thread(self._discovery.wait_for_leader, self.timeout_s)
+                master_address = record.address
+                resolve = self._leader_from_etcd
+            self._transports = TransportSet(opened(open_async_transports, args.transport))
+            self._master = AsyncMasterChannel(master_address, resolve=resolve)
+            self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
+                              self._transports, self._release)
+            reply = await self._master.call("ClusterStatus",
+                                            pb.ClusterStatusRequest(header=self._s.header),
+                                            deadline)
+        except BaseException:
+            await self.aclose()
+            raise
+        self._s.limits = Limits.from_status(reply)
+        return self
+
+    async def _leader_from_etcd(self, timeout_s: float) -> str:
+        record = await asyncio.to_thread(self._discovery.leader, timeout_s)
+        return record.address if record is not None else ""
+
+    @property
+    def master_address(self) -> str:
+        """HOST:PORT of the master this client talks to now (the leader it follows)."""
+        return self._master.address if self._master is not None else self.address
+
+    @property
+    def limits(self) -> Limits:
+        return self._s.limits if self._s is not None else Limits()
+
+    # ---- context manager and lifecycle -----------------------------------------------------
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.open()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self._s is not None else "not opened")
+        return f"<cellar.AsyncClient {self.address} tenant={self.tenant!r} {state}>"
+
+    async def aclose(self) -> None:
+        """Release queued pins (best effort), close connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        if self._s is not None and self._master is not None:
+            await self._flush(CLOSE_FLUSH_MAX_CALLS, CLOSE_FLUSH_TIMEOUT_S)
+        for transport in self._transports.transports:
+            await transport.aclose()
+        if self._master is not None:
+            await self._master.aclose()
+        if self._discovery is not None:
+            await asyncio.to_thread(self._discovery.close)
+
+    close = aclose  # `await client.close()` reads like the sync face's `client.close()`
+
+    # ---- put -------------------------------------------------------------------------------
+
+    async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
+        """As `Client.put`."""
+        await self._run(api.put(self._session(), key, value, replicas=replicas,
+                                soft_pin=soft_pin), "put")
+
+    async def upsert(self, key: str, value: Any, *, replicas: int = 1,
+                     soft_pin: bool = False) -> None:
+        """As `Client.upsert`."""
+        await self._run(api.put(self._session(), key, value, replicas=replicas,
+                                soft_pin=soft_pin, upsert=True), "put")
+
+    async def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
+                       upsert: bool = False) -> list[Status]:
+        """As `Client.put_many`."""
+        return await self._run(api.put_many(self._session(), items, replicas=replicas,
+                                            soft_pin=soft_pin, upsert=upsert), "put")
+
+    # ---- get -------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes:
+        """As `Client.get`. The `get` calls made in one turn of the loop travel together (one
+        GetReplicas, one transfer round; see "Coalesced gets" above); each still gets its own
+        result or exception."""
+        s = self._session()
+        key = validate_key(key, s.limits.max_key_bytes)
+        assert self._loop is not None
+        waiter: asyncio.Future[bytes] = self._loop.create_future()
+        self._get_queue.append((key, waiter))
+        if len(self._get_queue) == 1:
+            self._loop.call_soon(self._flush_gets)
+        return await waiter
+
+    def _flush_gets(self) -> None:
+        queued, self._get_queue = self._get_queue, []
+        if not queued or self._loop is None:
+            return
+        for first in range(0, len(queued), MAX_COALESCED_GETS):
+            task = self._loop.create_task(self._coalesced(queued[first:first + MAX_COALESCED_GETS]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _coalesced(self, queued: list[tuple[str, asyncio.Future[bytes]]]) -> None:
+        waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile
+        if not waiting:
+            return
+        try:
+            if self._closed or self._s is None:
+                raise ClientClosed("this cellar.AsyncClient is closed")
+            started = time.perf_counter()
+            entries = await self._run(api.get_each(self._s, [k for k, _ in waiting]))
+            wait_s = time.perf_counter() - started
+        except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
+            for _, waiter in waiting:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        for (_, waiter), entry in zip(waiting, entries, strict=True):
+            ok = entry.status == Status.OK  # each caller is a request of its own
+            metrics.record_request("get", keys=1, hits=int(ok), nbytes=entry.size if ok else 0,
+                                   wait_s=wait_s)
+            try:
+                value = api.value_or_raise(entry)
+            except CellarError as exc:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+                continue
+            if not waiter.done():
+                waiter.set_result(value)
+
+    async def get_into(self, key: str, buffer: Any) -> int:
+        """As `Client.get_into`."""
+        return await self._run(api.get_into(self._session(), key, buffer), "get")
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """As `Client.get_many`."""
+        return await self._run(api.get_many(self._session(), keys), "get")
+
+    async def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
+                            timeout_s: float | None = None, prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into` (sizes, `cellar.MISS`, `cellar.LATE`; `prefix`)."""
+        return await self._run(api.get_many_into(self._session(), keys, buffers,
+                                                 timeout_s=timeout_s, prefix=prefix), "get")
+
+    async def size(self, key: str) -> int:
+        """As `Client.size`."""
+        return await self._run(api.size(self._session(), key))
+
+    # ---- probes and removal ----------------------------------------------------------------
+
+    async def exists(self, key: str) -> bool:
+        """As `Client.exists`."""
+        return await self._run(api.exists(self._session(), key), "exists")
+
+    async def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        """As `Client.exists_many`."""
+        return await self._run(api.exists_many(self._session(), keys), "exists")
+
+    async def prefix_len(self, keys: Sequence[str]) -> int:
+        """As `Client.prefix_len`."""
+        return await self._run(api.prefix_len(self._session(), keys), "prefix_len")
+
+    async def remove(self, key: str) -> bool:
+        """As `Client.remove`."""
+        return await self._run(api.remove(self._session(), key))
+
+    async def remove_prefix(self, prefix: str) -> int:
+        """As `Client.remove_prefix`."""
+        return await self._run(api.remove_prefix(self._session(), prefix))
+
+    async def status(self) -> dict[str, Any]:
+        """As `Client.status`."""
+        return await self._run(api.status(self._session()))
+
+    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+
+    async def register_buffer(self, ptr: int, size: int) -> None:
+        """As `Client.register_buffer`."""
+        self._session().pointers.register(ptr, size)
+
+    async def unregister_buffer(self, ptr: int) -> None:
+        """As `Client.unregister_buffer`."""
+        self._session().pointers.unregister(ptr)
+
+    async def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1,
+                       soft_pin: bool = False, upsert: bool = False) -> None:
+        """As `Client.put_from`."""
+        await self._run(api_buffers.put_from(self._session(), key, ptr, size, replicas=replicas,
+                                             soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                            replicas: int = 1, soft_pin: bool = False,
+                            upsert: bool = False) -> list[Status]:
+        """As `Client.put_many_from`."""
+        return await self._run(api_buffers.put_many_from(self._session(), keys, ptrs, sizes,
+                                                         replicas=replicas, soft_pin=soft_pin,
+                                                         upsert=upsert), "put")
+
+    async def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
+        """As `Client.get_into_ptr`."""
+        return await self._run(api_buffers.get_into_ptr(self._session(), key, ptr, size), "get")
+
+    async def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int],
+                                 sizes: Sequence[int], *, timeout_s: float | None = None,
+                                 prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into_ptrs`."""
+        return await self._run(api_buffers.get_many_into_ptrs(self._session(), keys, ptrs, sizes,
+                                                              timeout_s=timeout_s, prefix=prefix),
+                                                              "get")
+
+    async def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
+                        soft_pin: bool = False, upsert: bool = False) -> None:
+        """As `Client.put_parts`."""
+        await self._run(api_buffers.put_parts(self._session(), key, parts, replicas=replicas,
+                                              soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
+                             soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """As `Client.put_many_parts`."""
+        return await self._run(api_buffers.put_many_parts(self._session(), items, replicas=replicas,
+                                                          soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
+        """As `Client.get_into_parts`."""
+        return await self._run(api_buffers.get_into_parts(self._session(), key, parts), "get")
+
+    async def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]],
+                                  *, timeout_s: float | None = None,
+                                  prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into_parts`."""
+        return await self._run(api_buffers.get_many_into_parts(self._session(), keys, parts_per_key,
+                                                               timeout_s=timeout_s, prefix=prefix),
+                                                               "get")
+
+    async def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
+                         upsert: bool = False) -> None:
+        """As `Client.put_tensor`."""
+        await self._run(api_buffers.put_tensor(self._session(), key, t, replicas=replicas,
+                                               soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
+                          soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """As `Client.put_tensors`."""
+        return await self._run(api_buffers.put_tensors(self._session(), keys, tensors,
+                                                       replicas=replicas, soft_pin=soft_pin,
+                                                       upsert=upsert), "put")
+
+    async def get_tensor(self, key: str) -> Any:
+        """As `Client.get_tensor`."""
+        return await self._run(api_buffers.get_tensor(self._session(), key), "get")
+
+    async def get_tensors(self, keys: Sequence[str]) -> list[Any]:
+        """As `Client.get_tensors`."""
+        return await self._run(api_buffers.get_tensors(self._session(), keys), "get")
+
+    async def get_tensor_into(self, key: str, t: Any) -> int:
+        """As `Client.get_tensor_into`."""
+        return await self._run(api_buffers.get_tensor_into(self._session(), key, t), "get")
+
+    # ---- the face: performing what the flows ask -------------------------------------------
+
+    def _session(self) -> Session:
+        if self._closed:
+            raise ClientClosed("this cellar.AsyncClient is closed")
+        if self._s is None:
+            raise ClientClosed("this cellar.AsyncClient is not open: use "
+                               "`await cellar.connect_async(...)` or `async with`")
+        self._check_loop()
+        return self._s
+
+    def _check_loop(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:
+            raise InvalidArgument("this cellar.AsyncClient belongs to another event loop; "
+                                  "open one client per loop")
+
+    async def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
+        """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
+        meter = Meter(op) if op is not None else None
+        send: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = flow.throw(error) if error is not None else flow.send(send)
+            except StopIteration as stop:
+                if meter is not None:
+                    meter.finish()
+                return stop.value  # type: ignore[no-any-return]
+            except BaseException as exc:
+                if meter is not None:
+                    meter.finish(exc)
+                raise
+            send, error = None, None
+            if isinstance(effect, Record):
+                if meter is not None:
+                    meter.record = effect
+                continue
+            started = time.perf_counter()
+            try:
+                send = await self._perform(effect)
+            except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
+                error = exc
+            if meter is not None:
+                meter.spent(effect, time.perf_counter() - started)
+
+    async def _perform(self, effect: flows.Effect) -> Any:
+        if isinstance(effect, Rpc):
+            assert self._master is not None
+            return await self._master.call(effect.method, effect.request, effect.deadline)
+        if isinstance(effect, Move):
+            return await self._move(effect)
+        if isinstance(effect, Sleep):
+            await asyncio.sleep(effect.seconds)
+            return None
+        raise AssertionError(f"unknown effect {effect!r}")
+
+    async def _move(self, effect: Move) -> list[TransferResult]:
+        """Every transport's share of the round at once, each by the round's deadline."""
+        rnd = effect.round
+
+        async def one(transport: Any, indexes: list[int]) -> list[TransferResult]:
+            budget_s = rnd.budget_s()
+            if budget_s <= 0:
+                return rnd.timed_out(indexes)
+            sub = [rnd.ops[i] for i in indexes]
+            try:
+                move = transport.write if rnd.kind == "write" else transport.read
+                return list(await move(sub, budget_s))
+            except OSError as exc:
+                return [TransferResult(ST_CONNECTION_LOST, str(exc))] * len(sub)
+
+        if len(rnd.groups) == 1:
+            transport, indexes = rnd.groups[0]
+            rnd.settle(transport, indexes, await one(transport, indexes))
+        elif rnd.groups:
+            outcomes = await asyncio.gather(*(one(t, ix) for t, ix in rnd.groups))
+            for (transport, indexes), results in zip(rnd.groups, outcomes, strict=True):
+                rnd.settle(transport, indexes, results)
+        return rnd.outcome()
+
+    # ---- pin release -----------------------------------------------------------------------
+
+    def _release(self, pin_ids: list[int]) -> None:
+        """Queue pins; they ride on the next GetReplicas, or a loop task sends them after
+        UNPIN_DELAY_S (at once when the queue is full)."""
+        if not pin_ids or self._s is None or self._loop is None:
+            return
+        full = self._s.unpins.add(pin_ids)
+        if full:
+            self._spawn_flush()
+        else:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if (self._flush_handle is None and self._flush_task is None and not self._closed
+                and self._loop is not None):
+            self._flush_handle = self._loop.call_later(UNPIN_DELAY_S, self._spawn_flush)
+
+    def _spawn_flush(self) -> None:
+        self._flush_handle = None
+        if self._flush_task is None and not self._closed and self._loop is not None:
+            self._flush_task = self._loop.create_task(self._flush(1, UNPIN_FLUSH_TIMEOUT_S))
+
+    async def _flush(self, max_calls: int, timeout_s: float) -> None:
+        assert self._s is not None and self._master is not None
+        try:
+            for _ in range(max_calls):
+                ids = self._s.unpins.drain(self._s.unpin_batch())
+                if not ids:
+                    return
+                effect = next(flows.unpin(self._s, ids, timeout_s))
+                assert isinstance(effect, Rpc)
+                try:
+                    await self._master.call(effect.method, effect.request, effect.deadline)
+                except (CellarError, ValueError, RuntimeError):
+                    return  # the master's pin TTL releases them; never fail a caller for this
+        finally:
+            if asyncio.current_task() is self._flush_task:
+                self._flush_task = None
+                if len(self._s.unpins):
+                    self._schedule_flush()  # more arrived meanwhile: the next round
+
+
+async def connect_async(address: str, *, tenant: str = "default", token: str | None = None,
+                        timeout_s: float = 30.0, transport: str = "auto") -> AsyncClient:
+    """`cellar.connect` for asyncio: an open `AsyncClient` bound to the running loop."""
+    return await AsyncClient(address, tenant=tenant, token=token, timeout_s=timeout_s,
+                             transport=transport).open()

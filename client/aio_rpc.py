@@ -1,0 +1,397 @@
+"""The asyncio face's line to the master: a `grpc.aio` channel and an asyncio fast line.
+
+What it owns
+    For one `AsyncClient` on one event loop: the gRPC channel (same options, message limit and
+    bounded UNAVAILABLE retries as the sync channel, `cellar.client.rpc`), a small pool of
+    persistent asyncio streams to the master's fast line (`cellar.proto.fastline`: PutStart,
+    PutEnd, PutRevoke, GetReplicas, Unpin, Exists, PrefixLen), the epoch fence, and following
+    the leader with the policy every Cellar caller shares (`cellar.coord.follow`).
+
+How it differs from the sync channel, and why
+    No threads: a call is a coroutine; concurrent calls share the gRPC channel and are
+    pipelined over one or two fast-line connections (the master answers each connection in
+    order), so 64 concurrent gets cost 64 frames on one socket, not 64 connections. The etcd client is blocking, so a leader
+    lookup (rare: only after a failure, rate-limited) runs in `asyncio.to_thread`. A frozen
+    leader with etcd is noticed when the call's attempt ends, not every LEADER_CHECK_AFTER_S
+    as in the sync channel (not built here).
+
+What it must never do
+    Be used from another event loop than the one that opened it (the face checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from cellar.client.core import EpochFence
+from cellar.client.rpc import (
+    BACKOFF_FIRST_S,
+    BACKOFF_MAX_S,
+    CHANNEL_OPTIONS,
+    FAST_METHODS,
+    FAST_RELEARN_S,
+    MAX_KNOWN_MASTERS,
+    MAX_MESSAGE_BYTES,
+    MAX_RPC_ATTEMPTS,
+    RESOLVE_TIMEOUT_S,
+    leader_hint,
+    valid_address,
+)
+from cellar.client.statuses import grpc_error, retryable_grpc
+from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
+from cellar.coord.redirect import leader_from_details
+from cellar.errors import CellarError, Timeout, Unavailable
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto import cellar_pb2_grpc, fastline
+from cellar.units import parse_host_port
+
+AsyncResolver = Callable[[float], Awaitable[str]]
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+FAST_ASYNC_CONNECTIONS = 2  # pipelined connections per client to the master's fast line
+
+log = logging.getLogger("cellar.client")
+
+
+class _FastLineDown(Exception):
+    """The fast line could not carry this call; gRPC will."""
+
+
+class _Pipe(asyncio.Protocol):
+    """One fast-line connection carrying many calls at once: requests are written as they come
+    and the master answers each connection's requests in order, so replies are matched to
+    callers first in, first out as they are parsed (`data_received`, no task hop). A caller that
+    gives up (timeout, cancellation) leaves its slot in the queue; the reply that fills it is
+    dropped."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.pending: collections.deque[asyncio.Future[tuple[int, bytes]]] = collections.deque()
+        self.down = False
+        self._inbox = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        inbox = self._inbox
+        inbox += data
+        head_bytes = fastline.FRAME.size
+        used = 0
+        while len(inbox) - used >= head_bytes:
+            length, code = fastline.FRAME.unpack_from(inbox, used)
+            if length > MAX_MESSAGE_BYTES:
+                self.close(_FastLineDown(f"fast line reply of {length} bytes"))
+                return
+            end = used + head_bytes + length
+            if len(inbox) < end:
+                break
+            if not self.pending:
+                self.close(_FastLineDown("fast line reply to no request"))
+                return
+            waiter = self.pending.popleft()
+            if not waiter.done():
+                waiter.set_result((code, bytes(inbox[used + head_bytes:end])))
+            used = end
+        if used:
+            del inbox[:used]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(_FastLineDown(str(exc) if exc else "fast line closed by the master"))
+
+    def send(self, frame: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(frame)
+
+    def close(self, error: BaseException | None = None) -> None:
+        if not self.down:
+            self.down = True
+            if self.transport is not None:
+                self.transport.close()
+        while self.pending:
+            waiter = self.pending.popleft()
+            if not waiter.done():
+                waiter.set_exception(error or _FastLineDown("fast line closed"))
+
+
+class AsyncFastLine:
+    """Pipelined asyncio connections to the master's fast line, shared by every coroutine of
+    one client: a call takes the connection with the fewest calls in flight (a new one while
+    under FAST_ASYNC_CONNECTIONS and all are busy), writes its frame and awaits its reply."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        self._pipes: list[_Pipe] = []
+        self._opening: asyncio.Lock | None = None
+        self._closed = False
+
+    async def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """(numeric gRPC code, reply bytes); _FastLineDown if nothing could be exchanged,
+        TimeoutError if the master did not answer in time."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                pipe = await self._pipe()
+                waiter: asyncio.Future[tuple[int, bytes]] = \
+                    asyncio.get_running_loop().create_future()
+                pipe.pending.append(waiter)
+                pipe.send(fastline.pack_head(len(body), method_id) + body)
+                return await waiter
+        except (OSError, ValueError) as exc:
+            raise _FastLineDown(str(exc)) from None
+
+    async def _pipe(self) -> _Pipe:
+        if self._closed:
+            raise _FastLineDown("fast line closed")
+        self._pipes = [p for p in self._pipes if not p.down]
+        best = min(self._pipes, key=lambda p: len(p.pending), default=None)
+        if best is not None and (not best.pending or len(self._pipes) >= FAST_ASYNC_CONNECTIONS):
+            return best
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        if best is not None and self._opening.locked():
+            return best  # another call is opening one: share what is open meanwhile
+        async with self._opening:  # one connect at a time
+            live = [p for p in self._pipes if not p.down]
+            if len(live) >= FAST_ASYNC_CONNECTIONS:
+                return min(live, key=lambda p: len(p.pending))
+            _, pipe = await asyncio.get_running_loop().create_connection(_Pipe, *self.address)
+            if self._closed:
+                pipe.close()
+                raise _FastLineDown("fast line closed")
+            self._pipes.append(pipe)
+            return pipe
+
+    def close(self) -> None:
+        self._closed = True
+        pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.close()
+
+
+class AsyncMasterChannel:
+    """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds)."""
+
+    def __init__(self, address: str, *, resolve: AsyncResolver | None = None) -> None:
+        self._address = address
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = cellar_pb2_grpc.MasterStub(self._channel)
+        self._retired: list[grpc.aio.Channel] = []
+        self._fence = EpochFence()
+        self._fast: AsyncFastLine | None = None
+        self._fast_relearn_at = 0.0
+        self._resolve = resolve
+        self._resolved_at = -math.inf
+        self._known = [address]
+        self._lost: tuple[str, float] = ("", -math.inf)
+        self._failing_since = 0.0
+        self._closed = False
+        self.generation = 0
+        self.switched_at = -math.inf
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def call(self, method: str, request: Any, deadline: float) -> Any:
+        fast = FAST_METHODS.get(method)
+        if fast is not None:
+            line = self._fast
+            if line is None and time.monotonic() >= self._fast_relearn_at:
+                line = await self._relearn(request, deadline)
+            if line is not None:
+                reply = await self._call_fast(line, method, fast, request, deadline)
+                if reply is not None:
+                    return reply
+        return await self._call_grpc(method, request, deadline, learn=method == "ClusterStatus")
+
+    async def _call_fast(self, line: AsyncFastLine, method: str, fast: tuple[int, Any],
+                         request: Any, deadline: float) -> Any | None:
+        address = self._address
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise Timeout(f"{method} to master {address}: timed out")
+        method_id, reply_cls = fast
+        try:
+            code, data = await line.call(method_id, request.SerializeToString(), remaining_s)
+        except TimeoutError:
+            raise Timeout(f"{method} to master {address}: timed out") from None
+        except _FastLineDown:
+            self._drop_fast(line)
+            return None
+        if code != fastline.OK_CODE:
+            status = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+            details = data.decode("utf-8", "replace")
+            if retryable_grpc(status):
+                hint = valid_address(leader_from_details(details))
+                if hint:
+                    self._drop_fast(line, relearn_s=0.0)
+                    await self._redirect(address, hint, deadline)
+                return None  # gRPC carries it, with gRPC's retry rules
+            raise grpc_error(method, address, status, details)
+        reply = reply_cls.FromString(data)
+        try:
+            self._fence.check(int(reply.header.epoch), address)
+        except Unavailable:
+            if self._resolve is None:
+                raise
+            self._drop_fast(line, relearn_s=0.0)
+            await self._redirect(address, "", deadline)
+            return None
+        return reply
+
+    def _drop_fast(self, line: AsyncFastLine, relearn_s: float = FAST_RELEARN_S) -> None:
+        if self._fast is line:
+            self._fast = None
+            self._fast_relearn_at = time.monotonic() + relearn_s
+        line.close()
+
+    async def _relearn(self, request: Any, deadline: float) -> AsyncFastLine | None:
+        self._fast_relearn_at = time.monotonic() + FAST_RELEARN_S
+        try:
+            await self._call_grpc("ClusterStatus", pb.ClusterStatusRequest(header=request.header),
+                                  min(deadline, time.monotonic() + 1.0), learn=True)
+        except CellarError:
+            return None
+        return self._fast
+
+    def _learn(self, metadata: Any, address: str) -> None:
+        port = 0
+        try:
+            for key, value in metadata or ():
+                if key == fastline.PORT_METADATA:
+                    port = int(value)
+        except (ValueError, TypeError):
+            port = 0
+        if not 0 < port < 65536 or self._closed or address != self._address:
+            return
+        host = parse_host_port(address)[0].strip("[]")
+        fast = self._fast
+        if fast is None or fast.address != (host, port):
+            self._fast = AsyncFastLine(host, port)
+            if fast is not None:
+                fast.close()
+
+    async def _call_grpc(self, method: str, request: Any, deadline: float,
+                         learn: bool = False) -> Any:
+        backoff_s = BACKOFF_FIRST_S
+        failure = ""
+        redirected = False
+        for _attempt in range(MAX_RPC_ATTEMPTS):
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                break
+            address = self._address
+            hint = ""
+            unreachable = False
+            try:
+                call = getattr(self._stub, method)(request, timeout=remaining_s)
+                reply = await call
+                metadata = await call.trailing_metadata() if learn else None
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+                if not retryable_grpc(code):
+                    raise grpc_error(method, address, code, details) from None
+                failure = f"{method} to master {address}: {details or 'unreachable'}"
+                hint = leader_hint(exc)
+                unreachable = not hint and "leader=" not in details
+            else:
+                if method == "ClusterStatus" and reply.role == "standby":
+                    failure = (f"master {address} is a standby "
+                               f"(leader {reply.leader_address or 'unknown'})")
+                    hint = valid_address(reply.leader_address)
+                else:
+                    try:
+                        self._fence.check(int(reply.header.epoch), address)
+                    except Unavailable as exc:
+                        if self._resolve is None:
+                            raise
+                        failure = str(exc)
+                    else:
+                        self._failing_since = 0.0
+                        if learn:
+                            self._learn(metadata, address)
+                        return reply
+            if await self._redirect(address, hint, deadline, unreachable) and not redirected:
+                redirected = True
+                continue
+            redirected = False
+            if deadline - time.monotonic() <= backoff_s:
+                break
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+        if not failure:
+            raise Timeout(f"{method} to master {self._address}: timed out")
+        raise Unavailable(failure)
+
+    async def _redirect(self, failed: str, hint: str, deadline: float,
+                        unreachable: bool = False) -> bool:
+        """Point the channel at the leader after `failed` did not serve a call (the policy of
+        `cellar.coord.follow`). True when the next attempt goes to another master."""
+        if self._closed:
+            return False
+        if failed != self._address:
+            return True  # another coroutine switched already
+        now = time.monotonic()
+        if not self._failing_since:
+            self._failing_since = now
+        etcd = NO_ETCD
+        if self._resolve is not None:
+            etcd = EtcdView(configured=True)
+            if may_ask_etcd(self._resolved_at, now):
+                self._resolved_at = now
+                try:
+                    leader = valid_address(await self._resolve(
+                        max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
+                except CellarError:
+                    leader = ""
+                etcd = EtcdView(configured=True, asked=True, leader=leader)
+        if failed != self._address:
+            return True
+        target = next_master(current=failed, hint=hint, etcd=etcd, known=self._known,
+                             failing_for_s=now - self._failing_since, lost=self._lost, now=now)
+        if unreachable:
+            self._lost = (failed, now)
+        if not target:
+            return False
+        self._switch(target)
+        return True
+
+    def _switch(self, address: str) -> None:
+        old = self._address
+        self._retired.append(self._channel)  # calls still in flight on it finish there
+        self._address = address
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = cellar_pb2_grpc.MasterStub(self._channel)
+        if address not in self._known:
+            self._known.append(address)
+            del self._known[1:-MAX_KNOWN_MASTERS + 1]
+        fast, self._fast = self._fast, None
+        self._fast_relearn_at = 0.0
+        if fast is not None:
+            fast.close()
+        self._failing_since = 0.0
+        self.generation += 1
+        self.switched_at = time.monotonic()
+        log.info("following the master leader: %s -> %s", old, address)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            fast.close()
+        channels, self._retired = [self._channel, *self._retired], []
+        for channel in channels:
+            await channel.close(grace=None)

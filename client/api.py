@@ -1,0 +1,228 @@
+"""The public SDK operations, each as one flow: argument checks, the protocol flow, the result.
+
+`Client.get_many_into(...)` is `self._run(api.get_many_into(self._session, ...))` and
+`AsyncClient.get_many_into(...)` is `await self._run(...)` of the same flow: the two faces
+cannot drift apart in what they accept, what they send or what they return. Argument errors
+surface at the flow's first step, before any request leaves.
+
+Per-key results of the batched `_into` gets: the size (>= 0), `MISS` (-1) or, for a
+deadline-bounded call (`timeout_s` given), `LATE` (-2: not read within the budget). With
+`prefix=True` the list is cut to the leading run of keys that were read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from cellar.client import flows
+from cellar.client.buffers import writable_view
+from cellar.client.checks import (
+    normalize_items,
+    validate_budget,
+    validate_key,
+    validate_keys,
+    validate_replicas,
+    validate_value,
+)
+from cellar.client.flows import Flow, Record, Session
+from cellar.client.gets import GetEntry, into_result, miss_or_raise, release_views, take_value
+from cellar.client.puts import PutEntry, put_entries
+from cellar.client.statuses import LATE
+from cellar.errors import InvalidArgument, Status
+
+
+def _statuses(entries: list[PutEntry]) -> list[Status]:
+    return [e.status if e.status is not None else Status.INTERNAL for e in entries]
+
+
+def _put_record(entries: list[PutEntry]) -> Record:
+    stored = [e for e in entries if e.status in (Status.OK, Status.ALREADY_EXISTS)]
+    return Record(len(entries), len(stored), sum(e.nbytes for e in entries
+                                                 if e.status == Status.OK))
+
+
+def get_record(entries: list[GetEntry]) -> Record:
+    hits = [e for e in entries if e.status == Status.OK]
+    return Record(len(entries), len(hits), sum(e.size for e in hits),
+                  sum(1 for e in entries if e.late))
+
+
+# ---- put ----------------------------------------------------------------------------------
+
+def put_views(s: Session, pairs: list[tuple[str, memoryview]], *, replicas: Any, soft_pin: Any,
+              upsert: Any) -> Flow[list[Status]]:
+    """Store checked (key, view) pairs; one status per pair (the batched put forms)."""
+    return (yield from put_entries_flow(s, put_entries(pairs), replicas=replicas,
+                                        soft_pin=soft_pin, upsert=upsert))
+
+
+def put_entries_flow(s: Session, entries: list[PutEntry], *, replicas: Any, soft_pin: Any,
+                     upsert: Any) -> Flow[list[Status]]:
+    replicas = validate_replicas(replicas)
+    entries = yield from flows.run_puts(s, entries, replicas=replicas, soft_pin=bool(soft_pin),
+                                        upsert=bool(upsert), deadline=s.deadline())
+    yield _put_record(entries)
+    return _statuses(entries)
+
+
+def put_one_view(s: Session, key: str, view: memoryview, *, replicas: Any, soft_pin: Any,
+                 upsert: Any) -> Flow[None]:
+    """Store one checked value; raises the key's error (the single put forms)."""
+    yield from put_one_entry(s, put_entries([(key, view)])[0], replicas=replicas,
+                             soft_pin=soft_pin, upsert=upsert)
+
+
+def put_one_entry(s: Session, entry: PutEntry, *, replicas: Any, soft_pin: Any,
+                  upsert: Any) -> Flow[None]:
+    replicas = validate_replicas(replicas)
+    yield from flows.run_puts(s, [entry], replicas=replicas, soft_pin=bool(soft_pin),
+                              upsert=bool(upsert), deadline=s.deadline())
+    yield _put_record([entry])
+    if entry.status != Status.OK:
+        raise entry.error()
+
+
+def put(s: Session, key: Any, value: Any, *, replicas: Any = 1, soft_pin: Any = False,
+        upsert: Any = False) -> Flow[None]:
+    key = validate_key(key, s.limits.max_key_bytes)
+    view = validate_value(value)
+    yield from put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+
+
+def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False,
+             upsert: Any = False) -> Flow[list[Status]]:
+    pairs = normalize_items(items, s.limits.max_key_bytes)
+    return (yield from put_views(s, pairs, replicas=replicas, soft_pin=soft_pin, upsert=upsert))
+
+
+# ---- get ----------------------------------------------------------------------------------
+
+def get(s: Session, key: Any) -> Flow[bytes]:
+    key = validate_key(key, s.limits.max_key_bytes)
+    (entry,) = yield from flows.run_gets(s, [key], None, s.deadline())
+    yield get_record([entry])
+    return value_or_raise(entry)
+
+
+def get_each(s: Session, names: list[str]) -> Flow[list[GetEntry]]:
+    """Entries for checked keys read into fresh bytes, one per key, for a face that turns
+    each into its own `get` result (`value_or_raise`): the asyncio face coalesces the `get`
+    calls made in one loop turn into one of these batches."""
+    entries = yield from flows.run_gets(s, names, None, s.deadline())
+    yield get_record(entries)
+    return entries
+
+
+def value_or_raise(entry: GetEntry) -> bytes:
+    """`get`'s result for one entry: its bytes, or its error (NotFound, IntegrityError...)."""
+    if entry.status != Status.OK:
+        release_views([entry])
+        raise entry.error()
+    return take_value(entry)
+
+
+def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...]) -> Flow[int]:
+    """One key into a checked view, or into parts (a tuple of views)."""
+    (entry,) = yield from flows.run_gets(s, [key], [dest], s.deadline())
+    yield get_record([entry])
+    if entry.status != Status.OK:
+        raise entry.error()
+    return entry.size
+
+
+def get_into(s: Session, key: Any, buffer: Any) -> Flow[int]:
+    key = validate_key(key, s.limits.max_key_bytes)
+    return (yield from get_into_view(s, key, writable_view(buffer, "buffer")))
+
+
+def get_many(s: Session, keys: Any) -> Flow[list[bytes | None]]:
+    names = validate_keys(keys, s.limits.max_key_bytes)
+    entries = yield from flows.run_gets(s, names, None, s.deadline())
+    yield get_record(entries)
+    try:
+        for entry in entries:
+            miss_or_raise(entry)
+        return [take_value(e) if e.status == Status.OK else None for e in entries]
+    finally:
+        release_views(entries)
+
+
+def check_buffer_count(buffers: Any, count: int, what: str = "buffers") -> None:
+    if isinstance(buffers, (bytes, bytearray, memoryview, str)) or not hasattr(buffers, "__len__"):
+        raise InvalidArgument(f"{what} must be a sequence with one {what.rstrip('s')} per key")
+    if len(buffers) != count:
+        raise InvalidArgument(f"{count} keys but {len(buffers)} {what}")
+
+
+def get_many_into_views(s: Session, names: list[str], dests: list[Any], *,
+                        timeout_s: Any = None, prefix: Any = False) -> Flow[list[int]]:
+    """The batched `_into` gets over checked views (buffers, pointers and parts alike)."""
+    budget_s = validate_budget(timeout_s)
+    prefix = bool(prefix)
+    if budget_s == 0:  # nothing is asked, nothing is read: every key is LATE at once
+        yield Record(len(names), 0)
+        return [] if prefix else [LATE] * len(names)
+    deadline = s.deadline()
+    budget_at = None if budget_s is None else time.monotonic() + budget_s
+    if budget_at is not None:
+        deadline = max(deadline, budget_at)  # the budget, not the client timeout, bounds it
+    entries = yield from flows.run_gets(s, names, dests, deadline, budget_at=budget_at,
+                                        prefix=prefix)
+    yield get_record(entries)
+    out = [into_result(e) for e in entries]
+    if prefix:
+        run = 0
+        while run < len(out) and out[run] >= 0:
+            run += 1
+        return out[:run]
+    return out + [LATE] * (len(names) - len(out))
+
+
+def get_many_into(s: Session, keys: Any, buffers: Any, *, timeout_s: Any = None,
+                  prefix: Any = False) -> Flow[list[int]]:
+    names = validate_keys(keys, s.limits.max_key_bytes)
+    check_buffer_count(buffers, len(names))
+    dests = [writable_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+    return (yield from get_many_into_views(s, names, dests, timeout_s=timeout_s, prefix=prefix))
+
+
+def size(s: Session, key: Any) -> Flow[int]:
+    key = validate_key(key, s.limits.max_key_bytes)
+    return (yield from flows.size(s, key))
+
+
+# ---- probes and removal -------------------------------------------------------------------
+
+def exists_many(s: Session, keys: Any) -> Flow[list[bool]]:
+    found = yield from flows.exists_many(s, validate_keys(keys, s.limits.max_key_bytes))
+    yield Record(len(found), sum(found))
+    return found
+
+
+def exists(s: Session, key: Any) -> Flow[bool]:
+    key = validate_key(key, s.limits.max_key_bytes)
+    (found,) = yield from flows.exists_many(s, [key])
+    yield Record(1, int(found))
+    return found
+
+
+def prefix_len(s: Session, keys: Sequence[Any]) -> Flow[int]:
+    names = validate_keys(keys, s.limits.max_key_bytes)
+    n = yield from flows.prefix_len(s, names)
+    yield Record(len(names), n)
+    return n
+
+
+def remove(s: Session, key: Any) -> Flow[bool]:
+    return (yield from flows.remove(s, validate_key(key, s.limits.max_key_bytes)))
+
+
+def remove_prefix(s: Session, prefix: Any) -> Flow[int]:
+    prefix = validate_key(prefix, s.limits.max_key_bytes, "prefix")
+    return (yield from flows.remove_prefix(s, prefix))
+
+
+def status(s: Session) -> Flow[dict[str, Any]]:
+    return (yield from flows.cluster_status(s))

@@ -1,0 +1,275 @@
+"""The get state machine: one batch of keys through GetReplicas -> one replica read per key.
+
+What it owns
+    `GetBatch` (records pins and sizes, orders replicas healthy-first, plans one read per
+    unsettled key, falls back to the next replica on a transfer error or checksum mismatch),
+    the per-key `GetEntry`, and turning finished entries into results: bytes, sizes, MISS or
+    LATE (a key not read within a deadline-bounded call's budget).
+
+The invariants
+    - A get hands back only bytes whose xxh3_64 matches the checksum recorded at PutEnd; it tries
+      each replica at most once; every pin it was given is handed to the face for release.
+    - A destination that cannot hold its object fails the batch (`BufferTooSmall`) before any
+      transfer starts, so nothing is written past a caller's buffer.
+
+What it must never do
+    Block, sleep or touch a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cellar.client.buffers import as_bytes, fresh_bytes, reserve_result_memory
+from cellar.client.checks import NODE_TROUBLE, checksum
+from cellar.client.core import NodeHealth, check_range, routes_from_segments
+from cellar.client.statuses import (
+    LATE,
+    MISS,
+    MISS_STATUSES,
+    check_result_count,
+    status_error,
+    to_status,
+)
+from cellar.errors import BufferTooSmall, CellarError, IntegrityError, InvalidArgument, Status
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto.grant import GRANT_OP_READ, Grant
+from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult, hash_views
+
+
+@dataclass(slots=True)
+class GetEntry:
+    key: str
+    dest: memoryview | None           # the caller's buffer, or None to allocate one
+    status: Status | None = None      # final outcome; None while in flight
+    message: str = ""
+    size: int = -1
+    checksum: int = 0
+    view: memoryview | None = None    # where this object's bytes land (size bytes)
+    result: Any = None                # the object `view` fills when the batch allocates
+    candidates: list[tuple[SegmentRoute, Grant, int]] = field(default_factory=list)
+    tried: int = 0
+    corrupt: int = 0                  # replicas that failed their checksum
+    failures: list[str] = field(default_factory=list)
+    timed_out: bool = False           # the last read attempt ran out of time
+    late: bool = False                # not read within a deadline-bounded call's budget
+    parts: tuple[memoryview, ...] = ()  # scatter-gather destination (dest is None then)
+
+    def error(self) -> CellarError:
+        assert self.status is not None and self.status != Status.OK
+        if self.corrupt:
+            return IntegrityError(f"{self.key!r}: no replica passed its checksum "
+                                  f"({'; '.join(self.failures)})")
+        return status_error(self.status, self.message, self.key)
+
+    @property
+    def is_miss(self) -> bool:
+        return self.status in MISS_STATUSES and not self.corrupt
+
+
+class GetBatch:
+    """One batch of keys through GetReplicas -> one replica read per key (falling back to the
+    next replica on a transfer error or checksum mismatch) -> pins queued for release."""
+
+    def __init__(self, keys: Sequence[str],
+                 dests: Sequence[memoryview | tuple[memoryview, ...]] | None, *,
+                 health: NodeHealth, allocate: Any = fresh_bytes, budgeted: bool = False) -> None:
+        if dests is not None and len(dests) != len(keys):
+            raise InvalidArgument(f"{len(keys)} keys but {len(dests)} buffers")
+        if dests is None:
+            self.entries = [GetEntry(k, None) for k in keys]
+        else:  # a tuple of views is one key's scatter-gather destination
+            self.entries = [GetEntry(k, None, parts=d) if isinstance(d, tuple) else GetEntry(k, d)
+                            for k, d in zip(keys, dests, strict=True)]
+        self.pin_ids: list[int] = []
+        self._health = health
+        self._allocate = allocate
+        self._budgeted = budgeted  # a key whose reads ran out of time is LATE, not a miss
+        self._op_owner: list[int] = []
+        self._planned: list[TransferOp] = []
+
+    def request(self, header: Any, unpin_ids: Sequence[int] = ()) -> Any:
+        return pb.GetReplicasRequest(header=header, keys=[e.key for e in self.entries],
+                                     unpin_ids=list(unpin_ids))
+
+    def on_reply(self, reply: Any) -> None:
+        """Record pins and sizes, order replicas; BufferTooSmall before any transfer starts."""
+        results = reply.results
+        check_result_count("GetReplicas", len(results), len(self.entries))
+        self.pin_ids = [r.pin_id for r in results if r.pin_id]
+        routes = routes_from_segments(reply.segments)
+        bad = self._health.unhealthy()  # once per batch, not per key
+        too_small: GetEntry | None = None
+        for e, res in zip(self.entries, results, strict=True):
+            if res.status:
+                e.status, e.message = to_status(res.status), res.message
+                continue
+            size = e.size = res.size_bytes
+            e.checksum = res.checksum
+            replicas = res.replicas
+            if bad and len(replicas) > 1:
+                replicas = ([r for r in replicas if r.node_id not in bad]
+                            + [r for r in replicas if r.node_id in bad])
+            candidates = e.candidates
+            for rep in replicas:
+                # _check_range and grant_from_replica, inlined: this runs once per key
+                entry = routes.get(rep.segment_id)
+                offset, length = rep.offset, rep.length
+                if entry is None or length != size or offset + size > entry[1]:
+                    route, why = check_range(rep, routes, size)
+                    e.failures.append(f"node {rep.node_id}: {why}")
+                    continue
+                g = rep.grant
+                candidates.append((entry[0], Grant(g.op or GRANT_OP_READ, rep.segment_id, offset,
+                                                   length, g.alloc_id, g.epoch, g.expiry_ms,
+                                                   g.key_tag, g.mac), offset))
+            if not candidates:
+                e.status = Status.UNAVAILABLE
+                e.message = "no usable replica" + (f" ({'; '.join(e.failures)})" if e.failures else "")
+                continue
+            if too_small is None and (e.dest.nbytes < e.size if e.dest is not None
+                                      else e.parts and sum(p.nbytes for p in e.parts) != e.size):
+                too_small = e
+        if too_small is not None:
+            _refuse_destination(too_small)
+        if self._allocate is fresh_bytes:  # results this batch allocates stay reusable
+            reserve_result_memory(sum(e.size for e in self.entries
+                                      if e.status is None and e.dest is None and not e.parts))
+        for e in self.entries:
+            if e.status is None:
+                if e.dest is not None:
+                    e.view = e.dest[:e.size]
+                elif not e.parts:
+                    e.result, e.view = self._allocate(e.size)
+                if e.size == 0:
+                    e.status = Status.OK
+
+    def next_ops(self) -> list[TransferOp]:
+        """One read per unsettled key from its next untried replica; [] when all are settled."""
+        ops: list[TransferOp] = []
+        owners: list[int] = []
+        for i, e in enumerate(self.entries):
+            if e.status is not None:
+                continue
+            if e.tried >= len(e.candidates):
+                if self._budgeted and e.timed_out:
+                    self._settle_late(e)
+                    continue
+                e.status = Status.INTERNAL if e.corrupt else Status.UNAVAILABLE
+                e.message = "no replica could be read: " + "; ".join(e.failures)
+                continue
+            route, grant, offset = e.candidates[e.tried]
+            if e.parts:
+                ops.append(TransferOp(route, grant, offset, want_checksum=True, parts=e.parts))
+            else:
+                assert e.view is not None
+                ops.append(TransferOp(route, grant, offset, e.view, None, True))
+            owners.append(i)
+        self._planned, self._op_owner = ops, owners
+        return ops
+
+    def can_fall_back(self) -> bool:
+        """Whether a key of the current round has another replica to try after this one."""
+        return any(self.entries[i].tried + 1 < len(self.entries[i].candidates)
+                   for i in self._op_owner)
+
+    def on_read_results(self, results: Sequence[TransferResult]) -> None:
+        check_result_count("read", len(results), len(self._op_owner))
+        for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
+            e = self.entries[i]
+            e.tried += 1
+            node = op.route.node_id
+            if not res.ok:
+                e.timed_out = res.status == ST_TIMEOUT
+                e.failures.append(f"node {node}: {res}")
+                if res.status in NODE_TROUBLE:
+                    self._health.mark_failed(node)
+                continue
+            if res.checksum is not None:
+                got = res.checksum
+            elif e.parts:
+                got = hash_views(e.parts)
+            else:
+                assert e.view is not None
+                got = checksum(e.view)
+            if got == e.checksum:
+                e.status = Status.OK
+            else:
+                e.corrupt += 1
+                e.failures.append(f"node {node}: checksum mismatch")
+        self._planned, self._op_owner = [], []
+
+    def settle_late(self) -> None:
+        """The budget ran out: every key still in flight is LATE (no more reads are planned)."""
+        for e in self.entries:
+            if e.status is None:
+                self._settle_late(e)
+
+    @staticmethod
+    def _settle_late(e: GetEntry) -> None:
+        e.status, e.late = Status.UNAVAILABLE, True
+        e.message = "not read within the budget"
+
+    def keep_prefix(self) -> None:
+        """Prefix mode: keys after the first one that cannot be read are not read at all."""
+        cut = False
+        for e in self.entries:
+            if cut and e.status is None:
+                e.status, e.message = Status.NOT_FOUND, "after a miss (prefix mode)"
+            elif e.status is not None and e.status != Status.OK:
+                cut = True
+
+
+def _refuse_destination(e: GetEntry) -> None:
+    """BufferTooSmall (or, for parts holding more than the object, InvalidArgument) before any
+    transfer, so nothing lands past the caller's memory and no part is left half-filled."""
+    if e.dest is not None:
+        raise BufferTooSmall(f"buffer for {e.key!r} holds {e.dest.nbytes} bytes; the object is "
+                             f"{e.size} bytes", needed_bytes=e.size)
+    total = sum(p.nbytes for p in e.parts)
+    if total < e.size:
+        raise BufferTooSmall(f"parts for {e.key!r} hold {total} bytes; the object is {e.size} "
+                             "bytes", needed_bytes=e.size)
+    raise InvalidArgument(f"parts for {e.key!r} total {total} bytes; the object is {e.size} "
+                          "bytes (parts must add up to the object exactly)")
+
+
+def take_value(entry: GetEntry) -> bytes:
+    """The bytes an allocating get read for `entry`; its view is released first, so nothing
+    can write into the returned object afterwards."""
+    assert entry.status == Status.OK and entry.view is not None
+    view, value = entry.view, entry.result
+    entry.view = entry.result = None
+    try:
+        view.release()
+    except BufferError:  # something still holds the storage: hand out a copy instead
+        return bytes(view)
+    return as_bytes(value)
+
+
+def release_views(entries: Iterable[GetEntry]) -> None:
+    """Drop every view an allocating get still holds (on errors and misses)."""
+    for e in entries:
+        if e.view is not None and e.dest is None:
+            e.view.release()
+        e.view = None
+        e.result = None
+
+
+def miss_or_raise(entry: GetEntry) -> None:
+    """For batched gets: return quietly for a miss, raise for anything worse."""
+    if entry.status != Status.OK and not entry.is_miss:
+        raise entry.error()
+
+
+
+def into_result(entry: GetEntry) -> int:
+    """A batched `_into` get's per-key result: the size, MISS, LATE, or raise for worse."""
+    if entry.status == Status.OK:
+        return entry.size
+    if entry.late:
+        return LATE
+    miss_or_raise(entry)
+    return MISS

@@ -1,0 +1,261 @@
+"""The put state machine: one batch of keys through PutStart -> replica writes -> PutEnd.
+
+What it owns
+    `PutBatch` (a face asks it for the next request, hands it the reply, gets the writes to
+    perform, hands back their results), the per-key `PutEntry`, and hashing of put values
+    (which a face may do behind PutStart, since the master needs only sizes).
+
+The invariants
+    - A put is visible only after PutEnd: a key whose replicas were not all written is revoked,
+      never ended. Retries of one key are bounded (`MAX_PUT_ATTEMPTS`).
+    - Results come back in input order, one per key; a batch never exceeds the master's batch
+      limit (the flows cut key lists with `batch_ranges`).
+
+What it must never do
+    Block, sleep or touch a socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cellar.client.checks import MAX_PUT_ATTEMPTS, NODE_TROUBLE, checksum
+from cellar.client.core import NodeHealth, check_range, routes_from_segments
+from cellar.client.statuses import check_result_count, status_error, to_status
+from cellar.errors import CellarError, Status
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto.grant import GRANT_OP_WRITE, Grant
+from cellar.transfer.base import TransferOp, TransferResult, hash_views
+from cellar.transfer.frame import WriteMeta
+
+
+@dataclass(slots=True)
+class PutEntry:
+    key: str
+    value: memoryview                # the source; empty when `parts` is set
+    checksum: int | None             # xxh3_64 of value; None until hashed (hash_values)
+    status: Status | None = None     # final outcome; None while in flight
+    message: str = ""
+    attempts: int = 0
+    put_id: int = 0
+    avoid_node_ids: set[str] = field(default_factory=set)  # nodes this put failed to reach
+    health_avoid: bool = True        # also avoid nodes other calls saw fail (dropped if it hurts)
+    health_avoided: bool = False     # the last PutStart avoided such nodes
+    parts: tuple[memoryview, ...] = ()  # scatter-gather source: the value is their concatenation
+    nbytes: int = -1                 # the value's size (set from value or parts at creation)
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = sum(p.nbytes for p in self.parts) if self.parts else self.value.nbytes
+
+    def error(self) -> CellarError:
+        assert self.status is not None and self.status != Status.OK
+        return status_error(self.status, self.message, self.key)
+
+
+class PutBatch:
+    """One batch of keys through PutStart -> replica writes -> PutEnd / PutRevoke, retrying a
+    key whose write failed on other nodes (PutStart with `avoid_node_ids`), at most
+    `max_attempts` times per key."""
+
+    def __init__(self, entries: list[PutEntry], *, tenant: str, replicas: int, soft_pin: bool,
+                 upsert: bool, health: NodeHealth, max_attempts: int = MAX_PUT_ATTEMPTS) -> None:
+        self.entries = entries
+        self._tenant = tenant
+        self._replicas = replicas
+        self._soft_pin = soft_pin
+        self._upsert = upsert
+        self._health = health
+        self._max_attempts = max_attempts
+        self._inflight: list[int] = []       # entry indexes of the last PutStart, in order
+        self._started: list[int] = []        # ... of those that got placements
+        self._bad_placement: dict[int, str] = {}
+        self._op_owner: list[int] = []       # entry index per planned op
+        self._ending: list[int] = []         # entry indexes of the last PutEnd, in order
+        self._planned: list[TransferOp] = []
+        self._start_epoch = 0                # master epoch that answered the last PutStart
+
+    @property
+    def done(self) -> bool:
+        return all(e.status is not None for e in self.entries)
+
+    def start_request(self, header: Any) -> Any | None:
+        """The next PutStart for every key still in flight, or None when all are settled."""
+        pending = [i for i, e in enumerate(self.entries) if e.status is None]
+        if not pending:
+            return None
+        unhealthy = self._health.unhealthy()
+        items = []
+        PutItem = pb.PutItem
+        # Flags that are set, once: a field at its default is not serialized anyway, and
+        # every keyword costs the protobuf constructor time (this runs once per key).
+        flags = {name: True for name, on in (("soft_pin", self._soft_pin),
+                                             ("upsert", self._upsert)) if on}
+        replicas = self._replicas
+        for i in pending:
+            e = self.entries[i]
+            e.attempts += 1
+            if not e.avoid_node_ids and not unhealthy:  # the common case, kept lean
+                e.health_avoided = False
+                items.append(PutItem(key=e.key, size_bytes=e.nbytes, replicas=replicas,
+                                     **flags))
+                continue
+            avoid = set(e.avoid_node_ids)
+            e.health_avoided = e.health_avoid and bool(unhealthy - avoid)
+            if e.health_avoid:
+                avoid |= unhealthy
+            items.append(PutItem(key=e.key, size_bytes=e.nbytes, replicas=replicas,
+                                 avoid_node_ids=sorted(avoid), **flags))
+        self._inflight = pending
+        return pb.PutStartRequest(header=header, items=items)
+
+    def on_start_reply(self, reply: Any) -> list[TransferOp]:
+        """Settle refused keys; plan one write per replica of every placed key."""
+        check_result_count("PutStart", len(reply.results), len(self._inflight))
+        self._start_epoch = int(reply.header.epoch)
+        routes = routes_from_segments(reply.segments)
+        ops: list[TransferOp] = []
+        self._op_owner = []
+        self._started = []
+        self._bad_placement = {}
+        tenant = self._tenant
+        entries = self.entries
+        started, owners = self._started, self._op_owner
+        # Once per key: each proto field is read once, the common OK case tested on the raw int.
+        for i, res in zip(self._inflight, reply.results, strict=True):
+            e = entries[i]
+            if res.status:  # not OK
+                status = to_status(res.status)
+                if (status in (Status.UNAVAILABLE, Status.NO_SPACE) and e.health_avoided
+                        and e.attempts < self._max_attempts):
+                    e.health_avoid = False  # the nodes we shunned may be fine: ask again
+                    continue
+                earlier = f" (earlier attempt: {e.message})" if e.message else ""
+                e.status, e.message = status, (res.message or status.name.lower()) + earlier
+                continue
+            e.put_id = int(res.put_id)
+            started.append(i)
+            replicas = res.replicas
+            if not replicas:
+                self._bad_placement[i] = "master placed no replica"
+                continue
+            value, parts = e.value, e.parts
+            size = e.nbytes
+            if e.checksum is None:  # not hashed while PutStart was in flight
+                e.checksum = hash_views(parts) if parts else checksum(value)
+            meta = WriteMeta(e.checksum, size, tenant, e.key)
+            planned: list[TransferOp] = []
+            for rep in replicas:
+                # _check_range and grant_from_replica, inlined: this runs once per key
+                segment_id = rep.segment_id
+                entry = routes.get(segment_id)
+                offset, length = rep.offset, rep.length
+                if entry is None or length != size or offset + size > entry[1]:
+                    _route, why = check_range(rep, routes, size)
+                    self._bad_placement[i] = why
+                    break
+                g = rep.grant
+                planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, segment_id,
+                                                          offset, length, g.alloc_id, g.epoch,
+                                                          g.expiry_ms, g.key_tag, g.mac),
+                                          offset, value, meta, False, parts))
+            else:
+                ops.extend(planned)
+                owners.extend([i] * len(planned))
+        self._planned = ops
+        return ops
+
+    def can_retry(self) -> bool:
+        """Whether a key of the current round could still be retried after a failed write."""
+        return any(self.entries[i].attempts < self._max_attempts for i in self._started)
+
+    def on_write_results(self, results: Sequence[TransferResult], *,
+                         may_retry: bool) -> tuple[Any | None, Any | None]:
+        """(PutEnd items, PutRevoke items) after the writes; failed keys stay in flight when
+        they may be retried on other nodes."""
+        check_result_count("write", len(results), len(self._op_owner))
+        failures: dict[int, list[str]] = {}
+        for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
+            if res.ok:
+                continue
+            node = op.route.node_id
+            failures.setdefault(i, []).append(f"node {node}: {res}")
+            if res.status in NODE_TROUBLE:
+                self.entries[i].avoid_node_ids.add(node)
+                self._health.mark_failed(node)
+        end_items, revoke_items = [], []
+        self._ending = []
+        for i in self._started:
+            e = self.entries[i]
+            if i in self._bad_placement:
+                revoke_items.append(pb.PutRef(key=e.key, put_id=e.put_id))
+                e.status, e.message = Status.INTERNAL, f"bad placement: {self._bad_placement[i]}"
+            elif i in failures:
+                revoke_items.append(pb.PutRef(key=e.key, put_id=e.put_id))
+                e.message = "write failed: " + "; ".join(failures[i])
+                if not (may_retry and e.attempts < self._max_attempts):
+                    e.status = Status.UNAVAILABLE
+            else:
+                end_items.append(pb.PutEndItem(key=e.key, put_id=e.put_id, checksum=e.checksum))
+                self._ending.append(i)
+        return end_items or None, revoke_items or None
+
+    def on_end_reply(self, reply: Any) -> None:
+        check_result_count("PutEnd", len(reply.results), len(self._ending))
+        # A master that restarted between PutStart and PutEnd never heard of the put: the key
+        # is written again from the start (new placement) rather than reported as NOT_FOUND.
+        master_changed = int(reply.header.epoch) != self._start_epoch
+        for i, res in zip(self._ending, reply.results, strict=True):
+            e = self.entries[i]
+            status = to_status(res.status)
+            if master_changed and status != Status.OK:
+                if e.attempts < self._max_attempts:
+                    continue  # still unsettled: the next start_request places it again
+                status = Status.UNAVAILABLE
+                e.message = "the master restarted during the put; retry"
+                e.status = status
+                continue
+            e.status, e.message = status, res.message
+        self._ending = []
+
+    def abandon(self, message: str) -> list[Any]:
+        """Settle every key in flight as UNAVAILABLE; the PutRefs to revoke."""
+        refs = []
+        for i in self._started:
+            e = self.entries[i]
+            if e.status is None or i in self._ending:
+                refs.append(pb.PutRef(key=e.key, put_id=e.put_id))
+        for e in self.entries:
+            if e.status is None:
+                e.status, e.message = Status.UNAVAILABLE, message
+        return refs
+
+
+def parts_entries(items: Sequence[tuple[str, tuple[memoryview, ...]]]) -> list[PutEntry]:
+    """Entries for scatter-gather puts: (key, parts), the value being their concatenation."""
+    return [PutEntry(key, _EMPTY, None, parts=parts) for key, parts in items]
+
+
+_EMPTY = memoryview(b"")
+
+
+def put_entries(pairs: Sequence[tuple[str, memoryview]]) -> list[PutEntry]:
+    """Entries for (key, value) pairs, checksums left for `hash_values` (or, at the latest,
+    `PutBatch.on_start_reply`) to compute."""
+    return [PutEntry(key, view, None) for key, view in pairs]
+
+
+def hash_values(entries: Sequence[PutEntry]) -> None:
+    """Compute the checksums still missing (xxh3 releases the GIL: a helper thread can hash
+    while the caller waits for PutStart, which needs only the sizes)."""
+    for e in entries:
+        if e.checksum is None:
+            e.checksum = hash_views(e.parts) if e.parts else checksum(e.value)
+
+
+def unhashed_bytes(entries: Sequence[PutEntry]) -> int:
+    return sum(e.nbytes for e in entries if e.checksum is None)
+
+

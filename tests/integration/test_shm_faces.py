@@ -1,0 +1,122 @@
+"""shm with scatter-gather, its deadline, and its asyncio face, against a storage node's real
+segment file, `NodeAccess` (grant checks, index) and `TcpDataServer` (COMMITs) in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from xxhash import xxh3_64_intdigest
+
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, sign
+from cellar.storage_node.access import NodeAccess
+from cellar.storage_node.clock import MasterClock, wall_ms
+from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.segment import Segment
+from cellar.transfer import make_async_transport, open_async_transports
+from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, local_host_id
+from cellar.transfer.frame import ST_BAD_GRANT, WriteMeta
+from cellar.transfer.shm import ShmTransport
+from cellar.transfer.tcp_server import TcpDataServer
+
+SECRET = bytes(range(32))
+SEGMENT_BYTES = 32 << 20
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[tuple[Segment, NodeAccess, SegmentRoute]]:
+    segment = Segment.create(tmp_path, "faces", 0, SEGMENT_BYTES)
+    access = NodeAccess({segment.segment_id: segment}, ObjectIndex(), SECRET, MasterClock())
+    server = TcpDataServer(access, "127.0.0.1", 0)
+    server.start()
+    route = SegmentRoute(segment.segment_id, "faces", local_host_id(),
+                         {"tcp": f"127.0.0.1:{server.port}", "shm": str(segment.path)})
+    try:
+        yield segment, access, route
+    finally:
+        server.stop()
+        segment.close(unlink=True)
+
+
+def _write(route: SegmentRoute, offset: int, parts: list[bytes], key: str, alloc: int,
+           secret: bytes = SECRET) -> TransferOp:
+    n = sum(len(p) for p in parts)
+    g = sign(secret, op=GRANT_OP_WRITE, segment_id=route.segment_id, offset=offset, length=n,
+             alloc_id=alloc, epoch=0, expiry_ms=wall_ms() + 60_000, tag=key_tag("t", key))
+    return TransferOp(route, g, offset, parts=tuple(memoryview(p) for p in parts),
+                      meta=WriteMeta(xxh3_64_intdigest(b"".join(parts)), n, "t", key))
+
+
+def _read(route: SegmentRoute, offset: int, parts: list[bytearray], key: str) -> TransferOp:
+    n = sum(len(p) for p in parts)
+    g = sign(SECRET, op=GRANT_OP_READ, segment_id=route.segment_id, offset=offset, length=n,
+             alloc_id=0, epoch=0, expiry_ms=wall_ms() + 60_000, tag=key_tag("t", key))
+    return TransferOp(route, g, offset, parts=tuple(memoryview(p) for p in parts),
+                      want_checksum=True)
+
+
+def test_sync_shm_parts_write_commit_and_read(node: tuple[Segment, NodeAccess,
+                                                          SegmentRoute]) -> None:
+    segment, access, route = node
+    parts = [os.urandom(n) for n in (10, 0, 70_000, 5 << 20, 3)]
+    data = b"".join(parts)
+    shm = ShmTransport()
+    try:
+        res = shm.write([_write(route, 4096, parts, "k", 21)], 10)
+        assert res[0].ok, res[0]
+        assert bytes(segment.view(4096, len(data))) == data
+        entry = access.index.get(21)
+        assert entry is not None and entry.state.value == "sealed"
+        dst = [bytearray(n) for n in (1, 4 << 20, len(data) - (4 << 20) - 1)]
+        got = shm.read([_read(route, 4096, dst, "k")], 10)
+        assert got[0].ok and b"".join(dst) == data
+        assert got[0].checksum == xxh3_64_intdigest(data)
+    finally:
+        shm.close()
+
+
+def test_shm_zero_budget_touches_nothing_and_commits_nothing(
+        node: tuple[Segment, NodeAccess, SegmentRoute]) -> None:
+    segment, access, route = node
+    shm = ShmTransport()
+    try:
+        res = shm.write([_write(route, 0, [b"x" * 1000], "z", 31)], 0)
+        assert res[0].status == ST_TIMEOUT
+        assert access.index.get(31) is None  # never committed
+        assert bytes(segment.view(0, 1000)) == bytes(1000)
+        dst = [bytearray(b"\xa5" * 100)]
+        assert shm.read([_read(route, 0, dst, "z")], 0)[0].status == ST_TIMEOUT
+        assert dst == [bytearray(b"\xa5" * 100)]
+    finally:
+        shm.close()
+
+
+def test_async_shm_parts_roundtrip_commit_on_the_loop_and_refusal(
+        node: tuple[Segment, NodeAccess, SegmentRoute]) -> None:
+    segment, access, route = node
+
+    async def main() -> None:
+        shm = make_async_transport("shm")
+        try:
+            assert shm.can_reach(route)
+            parts = [os.urandom(n) for n in (5, 65_536, 1)]
+            data = b"".join(parts)
+            forged = _write(route, 1 << 20, [b"f" * 64], "f", 42, secret=os.urandom(32))
+            res = await shm.write([_write(route, 0, parts, "a", 41), forged], 10)
+            assert res[0].ok and res[1].status == ST_BAD_GRANT
+            assert access.index.get(41) is not None and access.index.get(42) is None
+            dst = [bytearray(7), bytearray(len(data) - 7)]
+            got = await shm.read([_read(route, 0, dst, "a")], 10)
+            assert got[0].ok and b"".join(dst) == data
+            assert got[0].checksum == xxh3_64_intdigest(data)
+        finally:
+            await shm.aclose()
+
+    asyncio.run(main())
+
+
+def test_auto_opens_shm_then_tcp_for_the_loop() -> None:
+    assert [t.name for t in open_async_transports("auto")] == ["shm", "tcp"]

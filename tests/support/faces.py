@@ -1,0 +1,96 @@
+"""Both SDK faces behind one blocking interface, so one test body checks `Client` and
+`AsyncClient` alike: `AsyncFace` runs a real `AsyncClient` on its own event loop thread and
+turns each of its coroutine methods into a blocking call (the test's view only; the client
+itself does asyncio I/O on its loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import cellar
+
+FACES = ("sync", "async")
+
+
+class AsyncFace:
+    def __init__(self, address: str, **kwargs: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="async-face",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self.client: cellar.AsyncClient = self.run(cellar.connect_async(address, **kwargs))
+        except BaseException:
+            self._stop()
+            raise
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.run(attr(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.run(self.client.aclose())
+        self._stop()
+
+    def _stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+def connect_face(face: str, address: str, **kwargs: Any) -> Any:
+    """A sync `Client`, or an `AsyncClient` behind `AsyncFace`."""
+    if face == "sync":
+        return cellar.connect(address, **kwargs)
+    if face == "async":
+        return AsyncFace(address, **kwargs)
+    raise ValueError(face)
+
+
+def face_factory() -> tuple[Callable[..., Any], Callable[[], None]]:
+    """(connect(face, address, **kw), close_all) for a fixture."""
+    opened: list[Any] = []
+
+    def connect(face: str, address: str, **kwargs: Any) -> Any:
+        client = connect_face(face, address, **kwargs)
+        opened.append(client)
+        return client
+
+    def close_all() -> None:
+        for client in opened:
+            client.close()
+
+    return connect, close_all
+
+
+# Every face over every transport this machine has (rdma is exercised where a device exists,
+# by tests/integration/test_rdma_device.py).
+FACE_TRANSPORTS = [("sync", "tcp"), ("async", "tcp"), ("sync", "shm"), ("async", "shm")]
+FACE_TRANSPORT_IDS = [f"{face}-{transport}" for face, transport in FACE_TRANSPORTS]
+
+
+def open_face(face: str, transport: str, address: str, **kwargs: Any) -> Any:
+    """`connect_face`, skipping (with the reason) a transport this face cannot open here."""
+    import pytest
+
+    try:
+        return connect_face(face, address, transport=transport, **kwargs)
+    except cellar.InvalidArgument as exc:
+        if "not available" in str(exc):
+            pytest.skip(f"{face} face over {transport}: {exc}")
+        raise

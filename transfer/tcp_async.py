@@ -1,0 +1,595 @@
+"""The asyncio TCP transport: the event loop's own non-blocking sockets, multiplexed and pipelined.
+
+The AsyncClient's data plane. Same frames as `tcp.TcpTransport` (`frame.py`), same batch
+planning (`tcp_plan`: checks, chunking across part boundaries, striping policy), but no thread:
+every socket is non-blocking and driven by the loop (`add_reader`/`add_writer`, then the
+syscall), and payload bytes still go straight between the socket and the caller's memory
+(`sendmsg` of [header, meta, parts...] iovecs, `recvmsg_into` [inbox, destination parts]).
+
+Why multiplexed channels instead of one lane per batch (as the threaded transport does): an
+event loop runs many small concurrent calls (64 `get`s at once is the figure of issue 11), each
+a batch of one op. Checking a connection out per batch would give each a round trip of its own;
+instead every connection is a *channel* shared by all batches on the loop: a writer task sends
+queued frames in order (many callers' frames gathered into one `sendmsg`), a reader task reads
+replies in order and matches each to the request it answers (id, length), so concurrent calls
+pipeline on one connection as a sync batch does. A node's pool holds at most
+`connections_per_node` channels; a batch picks the least-loaded ones (more than one only when
+`tcp_plan.lanes_for` stripes a large share), opening new ones while under the limit.
+
+Cancellation guarantee: when `read` returns (deadline passed, the caller's task was cancelled,
+or done), every one of its frames still outstanding is marked cancelled before it returns.
+All bytes land from the reader task, synchronously on the loop thread, and the reader checks
+that mark before every receive into a caller's view: a cancelled frame's reply (or the rest of
+it, if it was mid-payload) is received into scratch memory and dropped. So no byte lands in a
+caller's buffer after `read` returned, and the connection stays in sync for the other callers.
+A channel one of whose frames timed out is retired (no new frames; closed once drained), so
+later batches do not queue behind a stalled node. A write frame already being sent when its
+batch ends is sent to its end (the stream must stay whole); the SDK revokes such a put.
+
+Invariants: a channel's `sent` queue holds exactly the frames sent and not yet answered, in
+stream order; any mismatch, EOF or socket error closes the channel and fails exactly the ops
+with frames on it (ST_CONNECTION_LOST); an op fails if any of its chunks fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections import deque
+from collections.abc import Sequence
+
+from xxhash import xxh3_64_intdigest
+
+from cellar.transfer._sockio import (
+    MAX_IOV,
+    MSG_DONTWAIT,
+    MSG_PEEK,
+    Inbox,
+    PeerClosed,
+    advance_views,
+    parse_address,
+    tune_socket,
+)
+from cellar.transfer.base import (
+    ST_CONNECT_FAILED,
+    ST_CONNECTION_LOST,
+    ST_TIMEOUT,
+    AsyncTransport,
+    SegmentRoute,
+    TransferOp,
+    TransferResult,
+    hash_views,
+)
+from cellar.transfer.control import ControlCall
+from cellar.transfer.frame import (
+    DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
+    MAX_MESSAGE_BYTES,
+    OP_COMMIT,
+    OP_READ,
+    OP_WRITE,
+    REQUEST,
+    REQUEST_MAGIC,
+    RESP_FLAG_CLOSE,
+    RESPONSE,
+    RESPONSE_MAGIC,
+    ST_OK,
+    VERSION,
+)
+from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+
+INBOX_BYTES = 64 << 10
+SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and dropped
+assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
+RESPONSE_SIZE = RESPONSE.size
+
+
+class _Desync(Exception):
+    """A reply that does not answer the request it should."""
+
+
+class _Wait:
+    """One batch's outstanding frames: a count and the future its caller awaits."""
+
+    __slots__ = ("left", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, left: int) -> None:
+        self.left = left
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def one_done(self) -> None:
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(None)
+
+
+class _Frame:
+    """One chunk in flight: its request and where its reply goes."""
+
+    __slots__ = ("chunk", "op_code", "plan", "wait", "rid", "cancelled", "done", "channel")
+
+    def __init__(self, chunk: Chunk, op_code: int, plan: Plan, wait: _Wait,
+                 channel: _Channel) -> None:
+        self.chunk = chunk
+        self.channel = channel
+        self.op_code = op_code
+        self.plan = plan
+        self.wait = wait
+        self.rid = 0
+        self.cancelled = False  # its batch returned: never touch its views again
+        self.done = False
+
+    def finish(self, status: int = ST_OK, message: str = "") -> None:
+        if self.done:
+            return
+        self.done = True
+        fail = self.plan.fail
+        op_i = self.chunk[0]
+        if status != ST_OK and fail[op_i] is None:
+            fail[op_i] = TransferResult(status, message)
+        self.wait.one_done()
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _Channel:
+    """One connection shared by every batch on the loop: a writer task and a reader task."""
+
+    def __init__(self, pool: _Pool, sock: socket.socket, window: int) -> None:
+        self.pool = pool
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.loop = asyncio.get_running_loop()
+        self.inbox = Inbox(sock, INBOX_BYTES)
+        self.window = window
+        self.next_id = 1
+        self.queue: deque[_Frame] = deque()   # waiting to be sent
+        self.sent: deque[_Frame] = deque()    # sent, reply not read yet (stream order)
+        self.load_bytes = 0                    # payload bytes queued or in flight
+        self.retired = False
+        self.closed = False
+        self._writer_wake: asyncio.Future[None] | None = None
+        self._reader_wake: asyncio.Future[None] | None = None
+        self._scratch: memoryview | None = None
+        pool.transport._channels.add(self)
+        self._writer = self.loop.create_task(self._write_loop())
+        self._reader = self.loop.create_task(self._read_loop())
+
+    # -- used by batches -------------------------------------------------------------------
+
+    def enqueue(self, frame: _Frame) -> None:
+        self.queue.append(frame)
+        self.load_bytes += frame.chunk[3]
+        if self._writer_wake is not None:
+            _wake(self._writer_wake)
+
+    def retire(self) -> None:
+        """No new frames; closed as soon as the outstanding ones are answered."""
+        if not self.retired:
+            self.retired = True
+            self.pool.drop(self)
+        if not self.queue and not self.sent:
+            self.close(ST_CONNECTION_LOST, "retired")
+
+    def close(self, status: int, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.pool.drop(self)
+        self.pool.transport._channels.discard(self)
+        current = asyncio.current_task()
+        for task in (self._writer, self._reader):
+            if task is not current:
+                task.cancel()
+        for fd_remove in (self.loop.remove_reader, self.loop.remove_writer):
+            try:
+                fd_remove(self.fd)
+            except (ValueError, OSError):
+                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        message = f"{self.pool.address}: {why}"
+        for frames in (self.sent, self.queue):
+            while frames:
+                frames.popleft().finish(status, message)
+
+    # -- readiness -------------------------------------------------------------------------
+
+    async def _readable(self) -> None:
+        fut = self.loop.create_future()
+        self._reader_wake = fut
+        self.loop.add_reader(self.fd, _wake, fut)
+        try:
+            await fut
+        finally:
+            self._reader_wake = None
+            if not self.closed:  # close() unregistered it (and the fd number may be reused)
+                self.loop.remove_reader(self.fd)
+
+    async def _writable(self) -> None:
+        fut = self.loop.create_future()
+        self.loop.add_writer(self.fd, _wake, fut)
+        try:
+            await fut
+        finally:
+            if not self.closed:
+                self.loop.remove_writer(self.fd)
+
+    # -- the writer ------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                while not self.queue or len(self.sent) >= self.window:
+                    fut = self.loop.create_future()
+                    self._writer_wake = fut
+                    try:
+                        await fut
+                    finally:
+                        self._writer_wake = None
+                parts: list[bytes | memoryview] = []
+                pack = REQUEST.pack
+                while self.queue and len(self.sent) < self.window and len(parts) < MAX_IOV - 2:
+                    frame = self.queue.popleft()
+                    if frame.cancelled:  # its batch ended before it left: never send it
+                        self.load_bytes -= frame.chunk[3]
+                        frame.finish(ST_TIMEOUT, "cancelled before it was sent")
+                        continue
+                    op_i, offset, views, size, g = frame.chunk
+                    rid = frame.rid = self.next_id
+                    self.next_id += 1
+                    meta = frame.plan.metas[op_i]
+                    head = pack(REQUEST_MAGIC, VERSION, frame.op_code, 0, len(meta), rid,
+                                g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
+                                g.expiry_ms, g.key_tag, g.mac, offset, size)
+                    parts.append(head + meta if meta else head)
+                    if frame.op_code == OP_WRITE:
+                        parts.extend(views)  # scatter-gather: one iovec per part
+                    self.sent.append(frame)
+                if self.sent and self._reader_wake is not None:
+                    _wake(self._reader_wake)  # an idle reader now has a reply to wait for
+                await self._send(parts)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure closes only this channel
+            self.close(ST_CONNECTION_LOST, f"send: {e or type(e).__name__}")
+
+    async def _send(self, parts: list[bytes | memoryview]) -> None:
+        views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts if len(p)]
+        while views:
+            try:
+                sent = self.sock.sendmsg(views[:MAX_IOV])
+            except (BlockingIOError, InterruptedError):
+                await self._writable()
+                continue
+            advance_views(views, sent)
+
+    # -- the reader ------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                if not self.sent:
+                    if self.retired and not self.queue:
+                        self.close(ST_CONNECTION_LOST, "retired")
+                        return
+                    await self._readable()  # a reply's first bytes, EOF, or the writer's kick
+                    if not self.sent and self._idle_readable():
+                        raise PeerClosed("node closed an idle connection")
+                    continue
+                await self._read_reply(self.sent[0])
+                self.sent.popleft()
+                if self._writer_wake is not None and self.queue:
+                    _wake(self._writer_wake)  # the window has room again
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure closes only this channel
+            self.close(ST_CONNECTION_LOST, f"{e or type(e).__name__}")
+
+    def _idle_readable(self) -> bool:
+        try:
+            self.sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return True  # EOF, or bytes nobody asked for
+
+    async def _read_reply(self, frame: _Frame) -> None:
+        inbox = self.inbox
+        op_i, _, views, size, _ = frame.chunk
+        is_read = frame.op_code == OP_READ
+        while True:  # the header; a read's first payload bytes straight into its first view
+            try:
+                if is_read and size and not frame.cancelled:
+                    head, early = inbox.take_scatter(RESPONSE_SIZE, views[0])
+                else:
+                    head, early = inbox.take(RESPONSE_SIZE), 0
+                break
+            except BlockingIOError:
+                await self._readable()
+        magic, version, status, flags, msg_len, rid, length = RESPONSE.unpack(head)
+        if magic != RESPONSE_MAGIC or version != VERSION or msg_len > MAX_MESSAGE_BYTES:
+            raise _Desync("bad response header")
+        if rid != frame.rid:
+            raise _Desync(f"response to request {rid}, expected {frame.rid}")
+        self.load_bytes -= size
+        if status == ST_OK:
+            if length != (size if is_read else 0):
+                raise _Desync(f"response length {length} for {size} bytes")
+            if is_read:
+                await self._payload(frame, views, size, early)
+                if not frame.cancelled and frame.plan.hashed[op_i]:
+                    frame.plan.sums[op_i] = (xxh3_64_intdigest(views[0]) if len(views) == 1
+                                             else hash_views(views))
+            frame.finish()
+            return
+        if early:  # not payload after all: the error message and whatever follows it
+            inbox.unread(views[0][:early])
+        if length:
+            raise _Desync("error response with a payload")
+        while True:
+            try:
+                msg = bytes(inbox.take(msg_len)).decode("utf-8", "replace")
+                break
+            except BlockingIOError:
+                await self._readable()
+        frame.finish(status, f"{self.pool.address}: {msg}")
+        if flags & RESP_FLAG_CLOSE:
+            raise PeerClosed(f"node closed the connection after: {msg}")
+
+    async def _payload(self, frame: _Frame, views: tuple[memoryview, ...], size: int,
+                       early: int) -> None:
+        """The rest of a read's payload into its views; into scratch once it is cancelled."""
+        left = size - early
+        rest: list[memoryview] = [] if frame.cancelled else self.inbox.drain_into(views, early)
+        if not frame.cancelled:
+            left = sum(len(v) for v in rest)
+        while left:
+            if frame.cancelled:  # checked before every receive: never into the caller's view
+                left -= self.inbox.discard_buffered(left)
+                if not left:
+                    break
+                if self._scratch is None:
+                    self._scratch = memoryview(bytearray(SCRATCH_BYTES))
+                targets = [self._scratch[:min(left, SCRATCH_BYTES)]]
+            else:
+                targets = rest[:MAX_IOV]
+            try:
+                got = self.sock.recvmsg_into(targets)[0]
+            except (BlockingIOError, InterruptedError):
+                await self._readable()
+                continue
+            if not got:
+                raise PeerClosed("peer closed the connection")
+            left -= got
+            if not frame.cancelled:
+                advance_views(rest, got)
+
+
+class _Pool:
+    """The channels to one node address (at most `limit`, retired ones not counted), on one
+    loop, and the connection attempts under way."""
+
+    def __init__(self, transport: AsyncTcpTransport, address: str) -> None:
+        self.transport = transport
+        self.address = address
+        self.channels: list[_Channel] = []
+        self.connects: set[asyncio.Task[None]] = set()
+        self.last_failure: TransferResult | None = None
+
+    def drop(self, channel: _Channel) -> None:
+        if channel in self.channels:
+            self.channels.remove(channel)
+
+    async def pick(self, lanes: int, deadline: float) -> list[_Channel] | TransferResult:
+        """Up to `lanes` channels, least loaded first (never none): an idle channel is used
+        as is; while under the limit, new ones are opened for lanes that would otherwise
+        share a busy one; at the limit, busy ones are shared (frames pipeline on them)."""
+        t = self.transport
+        loop = asyncio.get_running_loop()
+        while True:
+            live = sorted(self.channels, key=_load)
+            idle = sum(1 for c in live if c.load_bytes == 0)
+            room = t.connections_per_node - len(self.channels) - len(self.connects)
+            new = max(0, min(lanes - idle, room))
+            if new == 0 and live:
+                return live[:lanes]
+            started = [loop.create_task(self._open(deadline)) for _ in range(new)]
+            self.connects.update(started)
+            waiting = started or list(self.connects)
+            if not waiting:
+                return self.last_failure or TransferResult(
+                    ST_CONNECT_FAILED, f"{self.address}: no connection")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return TransferResult(ST_TIMEOUT, f"{self.address}: no connection before "
+                                      "the deadline")
+            await asyncio.wait(waiting, timeout=remaining,
+                               return_when=asyncio.ALL_COMPLETED if started
+                               else asyncio.FIRST_COMPLETED)
+            if started and not self.channels:
+                return self.last_failure or TransferResult(
+                    ST_CONNECT_FAILED, f"{self.address}: no connection")
+            if started:
+                return sorted(self.channels, key=_load)[:lanes]
+
+    async def _open(self, deadline: float) -> None:
+        try:
+            got = await self.transport._connect(self, deadline)
+            if isinstance(got, _Channel):
+                self.channels.append(got)
+            else:
+                self.last_failure = got
+        finally:
+            self.connects.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+
+def _load(channel: _Channel) -> int:
+    return channel.load_bytes
+
+
+class AsyncTcpTransport(AsyncTransport):
+    """`tcp.TcpTransport`'s contract on an asyncio loop (options mean the same)."""
+
+    name = "tcp"
+
+    def __init__(self, *, connections_per_node: int = 4, chunk_bytes: int = 4 << 20,
+                 max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
+                 connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
+                 max_inflight_per_connection: int = 64, min_stripe_bytes: int = 8 << 20,
+                 **_ignored: object) -> None:
+        if connections_per_node < 1 or max_inflight_per_connection < 1:
+            raise ValueError("connections_per_node and max_inflight_per_connection must be >= 1")
+        if not 0 < chunk_bytes <= max_frame_payload_bytes:
+            raise ValueError("chunk_bytes must be in (0, max_frame_payload_bytes]")
+        self.connections_per_node = connections_per_node
+        self.chunk_bytes = chunk_bytes
+        self.max_frame_payload_bytes = max_frame_payload_bytes
+        self.connect_timeout_s = connect_timeout_s
+        self.socket_buffer_bytes = socket_buffer_bytes
+        self.max_inflight_per_connection = max_inflight_per_connection
+        self.min_stripe_bytes = min_stripe_bytes
+        self._pools: dict[str, _Pool] = {}
+        self._channels: set[_Channel] = set()  # every open one, retired ones included
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
+        return await self._batch(ops, timeout_s, OP_WRITE)
+
+    async def read(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
+        return await self._batch(ops, timeout_s, OP_READ)
+
+    def forget(self, route: SegmentRoute) -> None:
+        address = route.endpoints.get(self.name)
+        pool = self._pools.get(address) if address else None
+        if pool is not None:
+            for channel in list(pool.channels):
+                channel.retire()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._pools = {}
+        channels = list(self._channels)
+        for channel in channels:
+            channel.close(ST_CONNECT_FAILED, "transport closed")
+        tasks = [t for c in channels for t in (c._writer, c._reader)]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stats(self) -> dict[str, int]:
+        """Open channels and frames in flight (for tests and metrics)."""
+        channels = [c for p in self._pools.values() for c in p.channels]
+        return {"channels": len(channels),
+                "in_flight": sum(len(c.sent) + len(c.queue) for c in channels)}
+
+    # -- a batch ---------------------------------------------------------------------------
+
+    async def commit(self, calls: dict[str, list[ControlCall]],
+                     timeout_s: float) -> dict[str, list[tuple[int, str]]]:
+        """Header-only control frames (shm/rdma COMMIT) to node tcp addresses, pipelined on the
+        same channels as payload frames; (status, message) per call, per address, in order."""
+        order = [(address, call) for address, batch in calls.items() for call in batch]
+        n = len(order)
+        plan = Plan([None] * n, [call.meta for _, call in order], [False] * n, [None] * n)
+        for k, (address, call) in enumerate(order):
+            plan.by_address.setdefault(address, []).append(
+                (k, call.offset, (), call.length, call.grant))  # type: ignore[arg-type]
+            plan.bytes_by_address[address] = 0
+        op_codes = {call.op for _, call in order}
+        assert len(op_codes) <= 1 and OP_READ not in op_codes and OP_WRITE not in op_codes
+        results = await self._run(plan, op_codes.pop() if op_codes else OP_COMMIT, timeout_s)
+        out: dict[str, list[tuple[int, str]]] = {address: [] for address in calls}
+        for (address, _), r in zip(order, results, strict=True):
+            out[address].append((r.status, r.message))
+        return out
+
+    async def _batch(self, ops: Sequence[TransferOp], timeout_s: float,
+                     op_code: int) -> list[TransferResult]:
+        return await self._run(plan_batch(ops, self.name, op_code, self.chunk_bytes), op_code,
+                               timeout_s)
+
+    async def _run(self, plan: Plan, op_code: int, timeout_s: float) -> list[TransferResult]:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("AsyncTcpTransport used from a second event loop")
+        deadline = loop.time() + timeout_s
+        if self._closed:
+            for chunks in plan.by_address.values():
+                fail_chunks(plan.fail, chunks, ST_CONNECT_FAILED, "transport closed")
+            return finish(plan)
+        n_frames = sum(len(c) for c in plan.by_address.values())
+        wait = _Wait(loop, n_frames)
+        frames: list[_Frame] = []
+        try:
+            for address, chunks in plan.by_address.items():
+                pool = self._pools.get(address)
+                if pool is None:
+                    pool = self._pools[address] = _Pool(self, address)
+                lanes = lanes_for(len(chunks), plan.bytes_by_address[address],
+                                  chunk_bytes=self.chunk_bytes,
+                                  connections_per_node=self.connections_per_node,
+                                  min_stripe_bytes=self.min_stripe_bytes)
+                picked = await pool.pick(lanes, deadline)
+                if isinstance(picked, TransferResult):
+                    fail_chunks(plan.fail, chunks, picked.status, picked.message)
+                    for _ in chunks:
+                        wait.one_done()
+                    continue
+                for channel, lane in zip(picked, deal(chunks, len(picked)), strict=False):
+                    for chunk in lane:
+                        frame = _Frame(chunk, op_code, plan, wait, channel)
+                        frames.append(frame)
+                        channel.enqueue(frame)
+            if n_frames and not wait.future.done():
+                await asyncio.wait([wait.future], timeout=max(0.0, deadline - loop.time()))
+        finally:
+            # The cancellation guarantee: from here on the reader never touches these views.
+            stuck: set[_Channel] = set()
+            for frame in frames:
+                if not frame.done:
+                    frame.cancelled = True
+                    stuck.add(frame.channel)
+                    if plan.fail[frame.chunk[0]] is None:
+                        plan.fail[frame.chunk[0]] = TransferResult(
+                            ST_TIMEOUT, "timed out before the node answered")
+            for channel in stuck:  # later batches must not queue behind a stalled node
+                channel.retire()
+        return finish(plan)
+
+    async def _connect(self, pool: _Pool, deadline: float) -> _Channel | TransferResult:
+        loop = asyncio.get_running_loop()
+        timeout = min(self.connect_timeout_s, deadline - loop.time())
+        if timeout <= 0:
+            return TransferResult(ST_TIMEOUT, f"{pool.address}: deadline passed before connecting")
+        sock: socket.socket | None = None
+        try:
+            host, port = parse_address(pool.address)
+            try:
+                family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 \
+                    else socket.AF_INET
+                addr: tuple[object, ...] = (host, port)
+            except ValueError:  # a name: resolve it off the loop
+                info = await asyncio.wait_for(
+                    loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+                family, _, _, _, addr = info[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            tune_socket(sock, self.socket_buffer_bytes)
+            await asyncio.wait_for(loop.sock_connect(sock, addr), timeout)
+        except (OSError, ValueError, TimeoutError) as e:
+            if sock is not None:
+                sock.close()
+            status = ST_TIMEOUT if isinstance(e, TimeoutError) else ST_CONNECT_FAILED
+            return TransferResult(status, f"{pool.address}: {e or type(e).__name__}")
+        if self._closed:
+            sock.close()
+            return TransferResult(ST_CONNECT_FAILED, "transport closed")
+        return _Channel(pool, sock, self.max_inflight_per_connection)

@@ -1,0 +1,139 @@
+"""How a batch of ops becomes frames on TCP lanes: shared by the threaded and the asyncio client.
+
+Both `tcp.TcpTransport` (blocking sockets, one thread per lane) and
+`tcp_async.AsyncTcpTransport` (the event loop's sockets, one task per lane) move a batch the same
+way, decided here once:
+1. `plan_batch` checks every op (a tcp endpoint, contiguous buffers, a writable destination, the
+   WriteMeta of a write, the range inside the grant: an op cut into several frames must never
+   land partly because of its own range) and cuts it into chunks of at most `chunk_bytes`, each
+   one frame. A chunk is a tuple of views: one for a plain op, one per part it touches for a
+   scatter-gather op (`TransferOp.parts`), so a chunk may start and end inside any part and the
+   frame's payload still goes straight between the socket and the caller's memory (iovecs).
+2. `lanes_for` chooses how many connections one node's share is striped over; `deal` hands the
+   chunks out to them, least-loaded first, keeping input order within each lane.
+3. `finish` turns the plan's failures and lane checksums into one `TransferResult` per op.
+
+A one-frame read whose op asked for its checksum is hashed by its lane right after its last byte
+lands (`Plan.hashed`/`Plan.sums`); multi-frame reads are hashed by the caller afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cellar.proto.grant import Grant
+from cellar.transfer.base import TransferOp, TransferResult, op_views, slice_views
+from cellar.transfer.frame import (
+    OP_READ,
+    OP_WRITE,
+    REQUEST,
+    ST_BAD_FRAME,
+    ST_OUT_OF_RANGE,
+    ST_UNSUPPORTED,
+    FrameError,
+)
+
+# Striping policy, measured on 2-core loopback (see tcp.py's docstring): frames much smaller
+# than chunk_bytes are bound by per-frame CPU, where extra lanes only add GIL and thread-hop
+# costs, so a node's share of a batch is striped only when its frames average at least
+# chunk_bytes / STRIPE_CHUNK_FRACTION, and over at most one lane per min_stripe_bytes.
+STRIPE_CHUNK_FRACTION = 8
+
+# A chunk on its way: (op index, absolute segment offset, the views its payload occupies
+# (in order), their total bytes, grant).
+Chunk = tuple[int, int, tuple[memoryview, ...], int, Grant]
+
+
+@dataclass(slots=True)
+class Plan:
+    fail: list[TransferResult | None]      # per op: why it failed (None: so far so good)
+    metas: list[bytes]                     # per op: packed WriteMeta (writes)
+    hashed: list[bool]                     # per op: the lane hashes it (one-frame reads)
+    sums: list[int | None]                 # per op: the lane's xxh3_64 of a hashed read
+    by_address: dict[str, list[Chunk]] = field(default_factory=dict)
+    bytes_by_address: dict[str, int] = field(default_factory=dict)
+
+
+def plan_batch(ops: Sequence[TransferOp], transport_name: str, op_code: int,
+               chunk_bytes: int) -> Plan:
+    """Check every op and cut it into chunks grouped by node address."""
+    n_ops = len(ops)
+    plan = Plan([None] * n_ops, [b""] * n_ops, [False] * n_ops, [None] * n_ops)
+    fail, by_address, bytes_by_address = plan.fail, plan.by_address, plan.bytes_by_address
+    is_read = op_code == OP_READ
+    for i, op in enumerate(ops):
+        address = op.route.endpoints.get(transport_name)
+        if not address:
+            fail[i] = TransferResult(ST_UNSUPPORTED, f"segment {op.route.segment_id} on "
+                                     f"node {op.route.node_id} has no {transport_name} endpoint")
+            continue
+        try:
+            views = op_views(op, writable=is_read)
+            if op_code == OP_WRITE:
+                if op.meta is None:
+                    raise FrameError(ST_BAD_FRAME, "a write needs its WriteMeta")
+                plan.metas[i] = op.meta.pack()
+        except (ValueError, TypeError) as e:
+            fail[i] = TransferResult(ST_UNSUPPORTED, f"buffer: {e}")
+            continue
+        except FrameError as e:
+            fail[i] = TransferResult(e.status, e.message)
+            continue
+        n = sum(len(v) for v in views) if len(views) > 1 else len(views[0])
+        grant = op.grant
+        if not grant.covers(grant.segment_id, op.offset, n):
+            fail[i] = TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside the "
+                                     f"grant [{grant.offset}, +{grant.length})")
+            continue
+        chunks = by_address.setdefault(address, [])
+        if n <= chunk_bytes:
+            plan.hashed[i] = op.want_checksum and is_read
+            chunks.append((i, op.offset, views, n, grant))
+        elif len(views) == 1:
+            view = views[0]
+            for pos in range(0, n, chunk_bytes):
+                piece = view[pos:pos + chunk_bytes]
+                chunks.append((i, op.offset + pos, (piece,), len(piece), grant))
+        else:
+            for pos in range(0, n, chunk_bytes):
+                size = min(chunk_bytes, n - pos)
+                chunks.append((i, op.offset + pos, slice_views(views, pos, size), size, grant))
+        bytes_by_address[address] = bytes_by_address.get(address, 0) + n
+    return plan
+
+
+def lanes_for(n_chunks: int, nbytes: int, *, chunk_bytes: int, connections_per_node: int,
+              min_stripe_bytes: int) -> int:
+    """How many connections to stripe one node's share of a batch over."""
+    if n_chunks <= 1 or nbytes * STRIPE_CHUNK_FRACTION < chunk_bytes * n_chunks:
+        return 1
+    by_bytes = nbytes // min_stripe_bytes if min_stripe_bytes > 0 else n_chunks
+    return max(1, min(connections_per_node, n_chunks, by_bytes))
+
+
+def deal(chunks: list[Chunk], lanes: int) -> list[list[Chunk]]:
+    """Chunks to `lanes` lists, each chunk to the lane with the fewest bytes so far, so a large
+    object spreads over every lane while input order holds within each lane."""
+    if lanes == 1:
+        return [chunks]
+    out: list[list[Chunk]] = [[] for _ in range(lanes)]
+    load = [0] * lanes
+    for c in chunks:
+        k = load.index(min(load))
+        out[k].append(c)
+        load[k] += c[3] + REQUEST.size
+    return out
+
+
+def fail_chunks(fail: list[TransferResult | None], chunks: Sequence[Chunk], status: int,
+                message: str) -> None:
+    for c in chunks:
+        if fail[c[0]] is None:
+            fail[c[0]] = TransferResult(status, message)
+
+
+def finish(plan: Plan) -> list[TransferResult]:
+    sums = plan.sums
+    return [r if r is not None else TransferResult(checksum=sums[i])
+            for i, r in enumerate(plan.fail)]
