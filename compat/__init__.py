@@ -15,12 +15,11 @@ What it owns
     - `mooncake_unsupported.py` the Mooncake methods Cellar cannot honour, as NOT_SUPPORTED.
     - `mooncake_shim.py`   writes the opt-in `mooncake.store` shim for code that cannot change.
 
-Import rule (checked by tests/compat/test_mooncake_imports.py)
-    This room depends only on the SDK (`cellar`, `cellar.client`, `cellar.errors`,
-    `cellar.proto` for the one RPC the SDK does not wrap yet) and the package root's shared
-    pieces (`cellar.lifecycle`, `cellar.local_cluster`'s ready-line pattern). It never imports
-    `cellar.master` or `cellar.storage_node`: the embedded storage node is a `cellar node`
-    child process started through the public `python -m cellar node` entry point. No module
-    named `mooncake` is shipped: it would shadow a real Mooncake install (the opt-in shim is
-    documented instead). Nothing else in Cellar imports this room.
+Import rule: may import only cellar, cellar.errors, cellar.client.*
+    (the SDK; checked by tests/compat/test_mooncake_imports.py). It never imports
+    `cellar.master` or `cellar.storage_node`: the embedded storage node is a `cellar node` child
+    process started through the public `python -m cellar node` entry point, and found ready
+    through the SDK (the master lists it). No module named `mooncake` is shipped: it would
+    shadow a real Mooncake install (the opt-in shim is written on request instead). Nothing
+    else in Cellar imports this room.
 """

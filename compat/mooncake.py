@@ -122,7 +122,7 @@ class MooncakeDistributedStore:
                 node = EmbeddedNode(config.master_address, config.global_segment_bytes,
                                     _listen_host(config.local_hostname))
                 try:
-                    node.start()
+                    node.start(lambda: [n["node_id"] for n in client.status()["nodes"]])
                 except SetupError as exc:
                     client.close()
                     return int(exc.code)
@@ -150,9 +150,7 @@ class MooncakeDistributedStore:
             return HC_NOT_INITIALIZED
         try:
             probe_master(client.master_address, tenant=client.tenant, timeout_s=HEALTH_TIMEOUT_S)
-        except (Unavailable, Timeout):
-            return HC_MASTER_UNREACHABLE
-        except CellarError:
+        except CellarError:  # unreachable, timed out, or not answering as a master
             return HC_MASTER_UNREACHABLE
         return HC_HEALTHY
 

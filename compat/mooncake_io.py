@@ -7,8 +7,8 @@ What it owns
     raises for a per-key failure: a raised SDK error becomes that code for every key it hit.
 
 The switch to the new SDK faces (issue 11)
-    The SDK grows `put_many(..., upsert=True)`, `put_many_parts`, `get_many_into_parts` and
-    `remove_all`. Where the connected client has them they are used; until then the fallbacks
+    The SDK grows `put_many(..., upsert=True)`, `put_many_parts` and `get_many_into_parts`
+    (and, once asked for, `remove_all`). Where the connected client has them they are used; until then the fallbacks
     below do the same with today's calls: upserts one by one, parts joined into one buffer
     (a copy) on put and received into a scratch buffer then scattered (a copy) on get. Each
     fallback is marked `# until sdk-faces`, so the switch is deleting those branches.
@@ -41,26 +41,24 @@ def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int
     """Store each (key, buffer); 0 per stored (or, without upsert, already present) key."""
     if not items:
         return []
-    if not upsert:
+    batched = not upsert or _accepts(client.put_many, "upsert")  # until sdk-faces: else one by one
+    if batched:
+        options = {"upsert": True} if upsert else {}
         try:
-            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin)
-        except CellarError as exc:
+            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin, **options)
+            return [put_code(st) for st in statuses]
+        except _WHOLE_CALL as exc:
             return _all(len(items), exc, put_code)
-        return [put_code(st) for st in statuses]
-    if _accepts(client.put_many, "upsert"):
-        try:
-            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin,
-                                       upsert=True)
-        except CellarError as exc:
-            return _all(len(items), exc, put_code)
-        return [put_code(st) for st in statuses]
-    out = []  # until sdk-faces: no batched upsert yet
+        except CellarError:
+            pass  # one item's problem (a bad key, a duplicate): find out which
+    write = client.upsert if upsert else client.put
+    out = []
     for key, value in items:
         try:
-            client.upsert(key, value, replicas=replicas, soft_pin=soft_pin)
+            write(key, value, replicas=replicas, soft_pin=soft_pin)
             out.append(0)
         except CellarError as exc:
-            out.append(code_for(exc))
+            out.append(put_code(exc))
     return out
 
 
@@ -130,25 +128,16 @@ def read_whole(client: Client, key: str) -> bytes | int:
 
 
 def remove_all(client: Client) -> int:
-    """Remove every key of the client's tenant; the count, or a negative code."""
+    """Remove every key of the client's tenant; the count, or a negative code. The master has
+    the RemoveAll RPC but the SDK does not wrap it yet: until `Client.remove_all` exists this
+    returns NOT_SUPPORTED (this room talks to the cluster only through the SDK)."""
     sdk_remove_all = getattr(client, "remove_all", None)
+    if sdk_remove_all is None:
+        return int(ErrorCode.NOT_SUPPORTED)
     try:
-        if sdk_remove_all is not None:
-            return int(sdk_remove_all())
-        return _remove_all_rpc(client)
+        return int(sdk_remove_all())
     except CellarError as exc:
         return code_for(exc)
-
-
-def _remove_all_rpc(client: Client) -> int:
-    """until sdk-faces: the master's RemoveAll RPC exists but the SDK has no method for it yet,
-    so this reaches through the client's channel (the one place this room does)."""
-    from cellar.proto import cellar_pb2 as pb
-
-    client._check_open()
-    reply = client._master.call("RemoveAll", pb.RemoveAllRequest(header=client._header),
-                                client._deadline())
-    return int(reply.removed)
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:

@@ -3,8 +3,9 @@
 What it owns
     `EmbeddedNode`: a real `cellar node` child process (`python -m cellar node`, the public
     entry point) that contributes `segment_bytes` of this host's DRAM to the cluster the store
-    is connected to, as a Mooncake client mounts its global segment. `start()` returns once the
-    node printed its ready line (it is then mounted on the master); `stop()` sends SIGTERM
+    is connected to, as a Mooncake client mounts its global segment. The node gets an id of
+    its own (`--node-id`), and `start()` returns once the master lists that node, asked
+    through the store's SDK client (so the node is mounted and placeable); `stop()` sends SIGTERM
     (the node unmounts, so the master drops the objects it held), waits, then SIGKILLs, and
     removes the node's segment files and log.
 
@@ -20,31 +21,37 @@ Lifetime (reference section 4.3)
     (`cellar.lifecycle`), so it is started from a keeper thread that lives until `stop()`.
 
 What it must never do
-    Import `cellar.storage_node`; wait without a timeout.
+    Import `cellar.storage_node` (nor any Cellar code but the SDK); wait without a timeout.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cellar.compat.mooncake_codes import ErrorCode
 from cellar.compat.mooncake_setup import SetupError
-from cellar.lifecycle import PARENT_PID_ENV
-from cellar.local_cluster import NODE_READY
+from cellar.errors import CellarError
 
 NODE_START_TIMEOUT_S = 60.0
 NODE_STOP_GRACE_S = 10.0
-POLL_INTERVAL_S = 0.05
+POLL_INTERVAL_S = 0.1
 CONFIG_ERROR_EXIT = 2   # `cellar node` exits 2 on a configuration it refuses
+# `cellar node`'s documented environment: the parent whose death ends the node (PDEATHSIG).
+PARENT_PID_ENV = "CELLAR_PARENT_PID"
+NODE_ID_PREFIX = "mooncake"
 
 
 class EmbeddedNode:
@@ -55,8 +62,8 @@ class EmbeddedNode:
         self.segment_bytes = segment_bytes - segment_bytes % mmap.PAGESIZE
         self.master = master
         self.host = host
-        self.address = ""
-        self.node_id = ""
+        hostname = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0])[:48]
+        self.node_id = f"{NODE_ID_PREFIX}-{hostname}-{os.getpid()}-{secrets.token_hex(3)}"
         self._dir = Path(tempfile.mkdtemp(prefix="cellar-mooncake-node-",
                                           dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
         self._log_path = self._dir / "node.log"
@@ -71,8 +78,9 @@ class EmbeddedNode:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self) -> None:
-        """Start the child and wait for its ready line; SetupError with the code otherwise."""
+    def start(self, node_ids: Callable[[], list[str]]) -> None:
+        """Start the child and wait until `node_ids()` (the master's node list) names it;
+        SetupError with the code otherwise."""
         started = threading.Event()
         failure: list[BaseException] = []
         self._keeper = threading.Thread(target=self._keep, args=(started, failure),
@@ -83,7 +91,7 @@ class EmbeddedNode:
             self.stop()
             raise SetupError(ErrorCode.INTERNAL_ERROR, f"cannot start cellar node: {failure}")
         deadline = time.monotonic() + NODE_START_TIMEOUT_S
-        while not self._read_ready():
+        while not self._mounted(node_ids):
             code = self._proc.poll()
             if code is not None or time.monotonic() > deadline:
                 tail = self.log_tail()
@@ -99,7 +107,7 @@ class EmbeddedNode:
         """Start the child and live until stop(): the child's PDEATHSIG follows this thread."""
         argv = [sys.executable, "-m", "cellar", "node", "--master", self.master,
                 "--listen", f"{self.host}:0", "--segment-size", str(self.segment_bytes),
-                "--shm-dir", str(self._dir)]
+                "--shm-dir", str(self._dir), "--node-id", self.node_id]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         try:
             with open(self._log_path, "wb") as log_file:
@@ -112,17 +120,11 @@ class EmbeddedNode:
             started.set()
         self._release.wait()
 
-    def _read_ready(self) -> bool:
+    def _mounted(self, node_ids: Callable[[], list[str]]) -> bool:
         try:
-            text = self._log_path.read_text(errors="replace")
-        except OSError:
-            return False
-        for line in text.splitlines():
-            match = NODE_READY.match(line)
-            if match:
-                self.address, self.node_id = match.group("address"), match.group("node_id")
-                return True
-        return False
+            return self.node_id in node_ids()
+        except CellarError:
+            return False  # the master is busy or restarting: ask again until the deadline
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -1,6 +1,7 @@
 """The compat room's import rule (compat/__init__.py), checked statically and at run time:
-compat imports neither the master nor the storage node (the embedded node is a child process),
-no `mooncake` module is shipped or imported, and nothing else in Cellar imports compat."""
+compat imports only the SDK (so neither the master nor the storage node: the embedded node is
+a child process), no `mooncake` module is shipped or imported, and nothing else in Cellar
+imports compat."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = ("cellar.master", "cellar.storage_node", "master", "storage_node", "mooncake")
+FORBIDDEN = ("master", "storage_node", "mooncake")
+SDK = ("cellar", "cellar.errors")  # plus cellar.client and below, and compat's own modules
 ROOMS = ("cellar", "master", "storage_node", "client", "transfer", "proto", "bench",
          "integrations")
 
@@ -35,6 +37,19 @@ def test_compat_imports_neither_master_nor_storage_node_nor_mooncake():
     bad = [(f.name, name) for f in files for name in _imports(f)
            if any(_is_under(name, p) for p in FORBIDDEN)]
     assert bad == []
+
+
+def _sdk_or_own(name: str) -> bool:
+    return name in SDK or _is_under(name, "cellar.client") or _is_under(name, "cellar.compat")
+
+
+def test_compat_imports_only_the_sdk():
+    files = sorted((ROOT / "compat").glob("*.py"))
+    bad = [(f.name, name) for f in files for name in _imports(f)
+           if _is_under(name, "cellar") and not _sdk_or_own(name)]
+    assert bad == []
+    doc = ast.get_docstring(ast.parse((ROOT / "compat" / "__init__.py").read_text())) or ""
+    assert "Import rule: may import only cellar, cellar.errors, cellar.client.*" in doc
 
 
 def test_nothing_else_imports_compat():

@@ -172,6 +172,10 @@ def test_zero_copy_through_registered_ctypes_buffers(new_store, buffers, protoco
     assert store.batch_upsert_from(keys[:2], [src_ptr, src_ptr], [10, 20]) == [OK, OK]
     assert store.get_size(keys[1]) == 20
     assert store.batch_put_from(keys[:2], [src_ptr], [1, 2]) == [INVALID, INVALID]
+    # one bad key in a batch fails alone
+    fine = k("fine")
+    assert store.batch_put_from([fine, ""], [src_ptr, src_ptr], [8, 8]) == [OK, INVALID]
+    assert store.get(fine) == data[:8]
     assert store.unregister_buffer(src_ptr) == OK and store.unregister_buffer(src_ptr) == INVALID
     assert store.put_from(k("after"), src_ptr, 16) == INVALID
 
@@ -261,14 +265,19 @@ def test_removal(new_store, mc_cluster):
     assert store.remove_by_regex("^(unclosed") == INVALID
     assert store.is_exist(keys[3]) == 1  # nothing removed by the refusals
 
-    other = MooncakeDistributedStore()  # another tenant: remove_all must not reach it
+    other = MooncakeDistributedStore()  # another tenant: removal must not reach it
     assert other.setup(*setup_args(mc_cluster), tenant_id=OTHER_TENANT) == OK
     kept = k("kept")
     assert other.put(kept, b"v") == OK
-    assert store.remove_all() >= 1
-    assert store.is_exist(keys[3]) == 0
-    assert other.get(kept) == b"v"
-    assert other.remove_all() == 1 and other.get(kept) == b""
+    if not hasattr(cellar.Client, "remove_all"):
+        # the SDK does not wrap the master's RemoveAll yet: said so, nothing removed
+        assert store.remove_all() == NOT_SUPPORTED and store.remove_by_regex(".*") == NOT_SUPPORTED
+        assert store.is_exist(keys[3]) == 1 and other.get(kept) == b"v"
+    else:
+        assert store.remove_all() >= 1
+        assert store.is_exist(keys[3]) == 0
+        assert other.get(kept) == b"v"
+        assert other.remove_all() == 1 and other.get(kept) == b""
     other.close()
 
 
