@@ -18,11 +18,13 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import strategies as st
 
+from cellar.master.auth import Authorizer
 from cellar.master.config import MasterConfig
 from cellar.master.leadership import Leadership
 from cellar.master.service import MasterService, PutEndItem, PutItem
 from cellar.master.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
+from cellar.tokens import TokenStore
 
 SECRET = bytes(range(32))
 MAX_DEPTH = 3
@@ -105,7 +107,9 @@ def seeded_servicer(**settings: Any) -> MasterServicer:
                                     "beta": {"quota_objects": 10}})
     config = MasterConfig(**settings)
     config.validate()
-    servicer = MasterServicer(Leadership(config, SECRET, ha=False))
+    servicer = MasterServicer(Leadership(config, SECRET, ha=False),
+                              Authorizer(TokenStore(None), SECRET))
+    _record, servicer.admin_token = servicer.authorizer.store.create("admin")  # type: ignore[attr-defined]
     service = servicer.service
     for i, node in enumerate(("node-a", "node-b")):
         assert service.mount_segment(node, 1, [_info(i + 1, node)]).results == [(0, "")]

@@ -23,7 +23,8 @@ from fuzzkit import message, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cellar.master.fastrpc import FRAME, METHODS, FastRpcServer
+from cellar.master.fastrpc import FastRpcServer
+from cellar.proto.fastline import FRAME, METHODS
 from cellar.proto import cellar_pb2 as pb
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
@@ -99,7 +100,8 @@ def test_random_streams_end_cleanly(fast: tuple[int, FastRpcServer], data: bytes
 
 def test_server_still_answers_and_holds_nothing(fast: tuple[int, FastRpcServer]) -> None:
     port, server = fast
-    body = pb.GetReplicasRequest(header=pb.RequestHeader(), keys=["k1"]).SerializeToString()
+    header = pb.RequestHeader(token=server.servicer.admin_token)
+    body = pb.GetReplicasRequest(header=header, keys=["k1"]).SerializeToString()
     reply = _exchange(port, FRAME.pack(len(body), 4) + body)
     assert _replies(reply) == [0]
     assert server.pending_bytes == 0

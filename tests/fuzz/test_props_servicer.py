@@ -18,15 +18,28 @@ from typing import Any
 
 import grpc
 import pytest
-from fuzzkit import fingerprint, message, seeded_servicer
+from fuzzkit import SECRET, fingerprint, message, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cellar.master.auth import METHOD_POLICY, NODE_RPC
 from cellar.master.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
+from cellar.proto.grant import node_credential
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 MESSAGES: dict[str, tuple[Any, Any]] = MasterServicer._messages()
+
+
+def _authorize(servicer: MasterServicer, name: str, request: Any, authorized: bool) -> None:
+    """Give most requests a credential the master accepts, so their fields reach the handler
+    (the rest keep their random token and exercise the refusal path)."""
+    if not authorized:
+        return
+    if METHOD_POLICY.get(name) == NODE_RPC:
+        request.header.token = node_credential(SECRET, getattr(request, "node_id", ""))
+    else:
+        request.header.token = servicer.admin_token  # type: ignore[attr-defined]
 
 
 def _check(servicer: MasterServicer, name: str, request: Any) -> None:
@@ -46,14 +59,16 @@ def _check(servicer: MasterServicer, name: str, request: Any) -> None:
 def test_random_requests_never_break_a_handler(name: str) -> None:
     servicer = seeded_servicer()
 
-    @given(message(MESSAGES[name][0]))
-    def run(request: Any) -> None:
+    @given(message(MESSAGES[name][0]), st.sampled_from([True, True, True, False]))
+    def run(request: Any, authorized: bool) -> None:
+        _authorize(servicer, name, request, authorized)
         _check(servicer, name, request)
 
     run()
     # the master still serves a plain request afterwards (UNAVAILABLE while a fuzzed mount
     # announced a report that never came: the rebuild grace, by design)
-    code, out = servicer.dispatch("Exists", pb.KeysRequest(header=pb.RequestHeader(),
+    header = pb.RequestHeader(token=servicer.admin_token)  # type: ignore[attr-defined]
+    code, out = servicer.dispatch("Exists", pb.KeysRequest(header=header,
                                                            keys=["k0"]).SerializeToString())
     expected = grpc.StatusCode.UNAVAILABLE.value[0] if servicer.service.recovering() else 0
     assert code == expected, out
