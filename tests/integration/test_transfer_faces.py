@@ -29,6 +29,15 @@ from tests.support.transfer_node import MemAccess, pop, rop, route_to, wop
 CHUNK = 64 << 10
 
 
+def _uvloop_run(coro):
+    uvloop = pytest.importorskip("uvloop")
+    return uvloop.run(coro)
+
+
+# The AsyncClient may run on the default loop or on uvloop: the transport must work on both.
+RUNNERS = pytest.mark.parametrize("run", [asyncio.run, _uvloop_run], ids=["asyncio", "uvloop"])
+
+
 @pytest.fixture
 def access() -> MemAccess:
     return MemAccess()
@@ -142,7 +151,9 @@ def test_async_plain_and_parts_roundtrip_exact_bytes(route: SegmentRoute,
     asyncio.run(main())
 
 
-def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemAccess) -> None:
+@RUNNERS
+def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemAccess,
+                                               run) -> None:
     blobs = [os.urandom(64 << 10) for _ in range(64)]
     for i, b in enumerate(blobs):
         access.view[i * (64 << 10):(i + 1) * (64 << 10)] = b
@@ -164,7 +175,7 @@ def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemA
         finally:
             await t.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_async_bad_op_fails_alone_and_unreachable_node_fails_alone(
@@ -228,8 +239,10 @@ def test_sync_read_that_times_out_never_writes_afterwards(route: SegmentRoute,
     assert sync_tcp.read([rop(route, 0, bufs[0])], 10)[0].ok  # the transport recovered
 
 
+@RUNNERS
 def test_async_read_cancelled_mid_payload_never_writes_afterwards(server: TcpDataServer,
-                                                                  access: MemAccess) -> None:
+                                                                  access: MemAccess,
+                                                                  run) -> None:
     proxy = SlowProxy(("127.0.0.1", server.port), piece_bytes=16 << 10, pause_s=0.01)
     route = route_to(proxy.address)
     size = 2 << 20  # ~128 pieces: ~1.3 s to trickle through
@@ -266,7 +279,7 @@ def test_async_read_cancelled_mid_payload_never_writes_afterwards(server: TcpDat
             await t.aclose()
 
     try:
-        asyncio.run(main())
+        run(main())
     finally:
         proxy.close()
 
