@@ -13,6 +13,9 @@ The room
     - `sync.py`   `Client`, the blocking face (threads); `connect`.
     - `rpc.py`    the sync face's gRPC channel to the master: deadlines, bounded retries.
     - `buffers.py` caller buffers as flat byte views (no copies), `alloc_buffer`.
+    - `pointers.py` registered raw (ptr, size) ranges and the views over them.
+    - `tensors.py` torch tensors: zero-copy views, the dtype/shape header stored in values.
+    - `metrics.py` the client's Prometheus metrics (`REGISTRY`, `serve_metrics`).
     - `cli.py`    `cellar status|put|get|rm`.
     An `AsyncClient` (asyncio face) reuses `core` with a `grpc.aio` channel, as httpx's
     `AsyncClient` reuses its core.

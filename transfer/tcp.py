@@ -4,7 +4,11 @@ How a batch moves:
 1. Every op is cut into chunks of at most `chunk_bytes`; each chunk is one frame whose range
    lies inside the op's grant (writes carry the op's WriteMeta on every chunk, so the node can
    account each frame on its own). An op whose range is not inside its grant fails before a
-   byte moves, so a multi-frame op never lands partly because of its own range.
+   byte moves, so a multi-frame op never lands partly because of its own range. A
+   scatter-gather op (`TransferOp.parts`) is cut the same way over the concatenation of its
+   parts: a chunk is the tuple of part slices it covers, sent as one iovec each and received
+   with `recvmsg_into` straight into them. (This step, the striping policy and the dealing
+   are `tcp_plan`'s, shared with the asyncio transport `tcp_async`.)
 2. Chunks are grouped by node address (route.endpoints["tcp"]). For each node the batch checks
    out connections from that node's pool (waiting only for the first one; extra ones only if
    idle or creatable right away) and deals the chunks out to them, least-loaded first, so a
@@ -39,6 +43,8 @@ Invariants:
   read's own destination holds unspecified bytes.
 - Timeouts: every syscall is bounded by the time left to the batch deadline (kernel socket
   timeouts), and the deadline is checked between frames.
+- Cancellation: `read` returns only after every lane of the batch has ended, and a lane that
+  timed out closed its connection, so no byte lands in a read's destination after it returned.
 """
 
 from __future__ import annotations
