@@ -82,19 +82,8 @@ def send_all(sock: socket.socket, parts: Sequence[Buffer]) -> int:
     kernel allows; returns the byte count. Partial sends resume where they stopped."""
     views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts if len(p)]
     total = sum(len(v) for v in views)
-    first = 0
-    while first < len(views):
-        batch = views[first:first + MAX_IOV]
-        sent = sock.sendmsg(batch)
-        # Skip fully sent views, trim the partially sent one.
-        while sent > 0:
-            n = len(views[first])
-            if sent >= n:
-                sent -= n
-                first += 1
-            else:
-                views[first] = views[first][sent:]
-                sent = 0
+    while views:
+        advance_views(views, sock.sendmsg(views[:MAX_IOV]))
     return total
 
 

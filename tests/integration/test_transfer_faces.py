@@ -24,7 +24,16 @@ from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_async import AsyncTcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
 from tests.support.slow_proxy import SlowProxy
-from tests.support.transfer_node import MemAccess, pop, rop, route_to, wop
+from tests.support.transfer_node import (  # noqa: F401 - the fixtures access, server, route
+    MemAccess,
+    access_fixture,
+    pop,
+    rop,
+    route_fixture,
+    route_to,
+    server_fixture,
+    wop,
+)
 
 CHUNK = 64 << 10
 
@@ -36,24 +45,6 @@ def _uvloop_run(coro):
 
 # The AsyncClient may run on the default loop or on uvloop: the transport must work on both.
 RUNNERS = pytest.mark.parametrize("run", [asyncio.run, _uvloop_run], ids=["asyncio", "uvloop"])
-
-
-@pytest.fixture
-def access() -> MemAccess:
-    return MemAccess()
-
-
-@pytest.fixture
-def server(access: MemAccess) -> Iterator[TcpDataServer]:
-    srv = TcpDataServer(access, "127.0.0.1", 0, socket_buffer_bytes=1 << 20)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def route(server: TcpDataServer) -> SegmentRoute:
-    return route_to(f"127.0.0.1:{server.port}")
 
 
 @pytest.fixture
