@@ -87,6 +87,19 @@ def send_all(sock: socket.socket, parts: Sequence[Buffer]) -> int:
     return total
 
 
+def idle_alive(sock: socket.socket) -> bool:
+    """Whether an idle connection is still usable: it must have nothing to read, so EOF or
+    stray bytes mean it is dead (e.g. the node restarted while it sat in a pool). One
+    non-blocking syscall."""
+    try:
+        sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def advance_views(views: list[memoryview], done: int) -> None:
     """Drop the first `done` bytes from a list of views in place (fully used views leave the
     list, a partly used one is trimmed): the bookkeeping of a partial sendmsg/recvmsg_into."""

@@ -61,11 +61,10 @@ from xxhash import xxh3_64_intdigest
 
 from cellar.transfer._sockio import (
     MAX_IOV,
-    MSG_DONTWAIT,
-    MSG_PEEK,
     TIMEOUT_ERRORS,
     Inbox,
     PeerClosed,
+    idle_alive,
     parse_address,
     send_all,
     set_io_timeout,
@@ -104,7 +103,6 @@ INBOX_BYTES = 64 << 10
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 _ZERO_MAC = bytes(16)
 RESPONSE_SIZE = RESPONSE.size
-_PEEK_NOWAIT = MSG_PEEK | MSG_DONTWAIT
 
 
 class _Desync(Exception):
@@ -129,15 +127,7 @@ class _Conn:
             self.io_timeout_s = remaining_s
 
     def alive(self) -> bool:
-        """An idle connection must have nothing to read: EOF or stray bytes mean it is dead
-        (e.g. the node restarted while it sat in the pool). One non-blocking syscall."""
-        try:
-            self.sock.recv(1, _PEEK_NOWAIT)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        return False  # EOF, or bytes nobody asked for
+        return idle_alive(self.sock)
 
     def close(self) -> None:
         try:

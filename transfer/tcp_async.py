@@ -43,11 +43,10 @@ from xxhash import xxh3_64_intdigest
 
 from cellar.transfer._sockio import (
     MAX_IOV,
-    MSG_DONTWAIT,
-    MSG_PEEK,
     Inbox,
     PeerClosed,
     advance_views,
+    idle_alive,
     parse_address,
     tune_socket,
 )
@@ -285,7 +284,7 @@ class _Channel:
                         self.close(ST_CONNECTION_LOST, "retired")
                         return
                     await self._readable()  # a reply's first bytes, EOF, or the writer's kick
-                    if not self.sent and self._idle_readable():
+                    if not self.sent and not idle_alive(self.sock):
                         raise PeerClosed("node closed an idle connection")
                     continue
                 await self._read_reply(self.sent[0])
@@ -296,15 +295,6 @@ class _Channel:
             raise
         except Exception as e:  # noqa: BLE001 - any failure closes only this channel
             self.close(ST_CONNECTION_LOST, f"{e or type(e).__name__}")
-
-    def _idle_readable(self) -> bool:
-        try:
-            self.sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-        return True  # EOF, or bytes nobody asked for
 
     async def _read_reply(self, frame: _Frame) -> None:
         inbox = self.inbox
