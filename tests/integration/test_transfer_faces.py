@@ -179,10 +179,14 @@ def test_async_bad_op_fails_alone_and_unreachable_node_fails_alone(
             access.view[0:10] = b"0123456789"
             bad = rop(route, 0, bytearray(10))
             bad.offset = 1 << 40  # outside its grant
-            res = await t.read([rop(route, 0, good), bad, rop(dead, 0, bytearray(4))], 10)
+            res = await t.read([rop(route, 0, good), bad, rop(dead, 0, bytearray(4)),
+                                rop(route, 64, bytearray(0))], 10)
             assert res[0].ok and good == b"0123456789"
             assert res[1].status == ST_OUT_OF_RANGE
             assert not res[2].ok
+            assert res[3].ok  # a zero-length read is a frame like any other
+            empty = await t.write([wop(route, 128, b"", key="empty")], 10)
+            assert empty[0].ok
         finally:
             await t.aclose()
 
