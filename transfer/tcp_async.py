@@ -22,8 +22,8 @@ All bytes land from the reader task, synchronously on the loop thread, and the r
 that mark before every receive into a caller's view: a cancelled frame's reply (or the rest of
 it, if it was mid-payload) is received into scratch memory and dropped. So no byte lands in a
 caller's buffer after `read` returned, and the connection stays in sync for the other callers.
-A channel one of whose frames timed out is retired (no new frames; closed once drained), so
-later batches do not queue behind a stalled node. A write frame already being sent when its
+A channel one of whose frames timed out is retired (no new frames; closed once drained, or
+after RETIRED_DRAIN_S at the latest), so later batches do not queue behind a stalled node. A write frame already being sent when its
 batch ends is sent to its end (the stream must stay whole); the SDK revokes such a put.
 
 Invariants: a channel's `sent` queue holds exactly the frames sent and not yet answered, in
@@ -79,6 +79,9 @@ from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lan
 
 INBOX_BYTES = 64 << 10
 SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and dropped
+# A retired channel still waiting for replies after this long is closed (its node stalled):
+# the bound on how long a timed-out batch's connection can linger.
+RETIRED_DRAIN_S = 10.0
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 RESPONSE_SIZE = RESPONSE.size
 
@@ -171,6 +174,8 @@ class _Channel:
         if not self.retired:
             self.retired = True
             self.pool.drop(self)
+            self.loop.call_later(RETIRED_DRAIN_S, self.close, ST_TIMEOUT,
+                                 f"no reply within {RETIRED_DRAIN_S} s of a timeout")
         if not self.queue and not self.sent:
             self.close(ST_CONNECTION_LOST, "retired")
 
