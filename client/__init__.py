@@ -20,7 +20,10 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
     - `aio.py`      `AsyncClient`, the asyncio face; `connect_async` (grpc.aio + asyncio fast line)
     - `buffers.py`  caller buffers as flat byte views (no copies), `alloc_buffer`
-    - `cli.py`      `cellar status|put|get|rm`
+    - `pointers.py` registered raw (ptr, size) ranges and the views over them
+    - `tensors.py`  torch tensors: zero-copy views, the dtype/shape header stored in values
+    - `metrics.py`  the client's Prometheus metrics (`REGISTRY`, `serve_metrics`)
+    - `cli.py`      `cellar status|put|get|rm`; `top.py` `cellar top`
 
 What it guarantees
     A put becomes visible only when every replica is written (PutStart, parallel writes,
