@@ -71,6 +71,7 @@ class Leadership:
         self._watched: object = object()  # the service watched (identity only)
         self._expired_seen = 0
         self._node_replicas: dict[str, int] = {}
+        self._single_rebuild_logged = False
         self.service = self._new_service(None)
         self._published_nodes: frozenset[str] | None = None
         self._publishing: asyncio.Task[bool] | None = None
@@ -163,6 +164,8 @@ class Leadership:
         self._watch_expiries()
         takeover = self.takeover
         service = self.service
+        if service.role == SINGLE:
+            self._log_single_rebuild()
         if service.role != LEADER or takeover.epoch != service.epoch:
             return
         if takeover.complete:
@@ -178,6 +181,18 @@ class Leadership:
                            f"{takeover.nodes} node(s) in {takeover.duration_s:.3f} s")
         log.info("takeover complete: epoch %d, recovered %d objects from %d nodes in %.3f s",
                  takeover.epoch, takeover.recovered_objects, takeover.nodes, takeover.duration_s)
+
+    def _log_single_rebuild(self) -> None:
+        """A single master that restarted rebuilds from the nodes' reports too: log it once,
+        when the rebuild window closes having adopted something (a fresh cluster adopts nothing)."""
+        service = self.service
+        if self._single_rebuild_logged or service.recovering():
+            return
+        self._single_rebuild_logged = True
+        if service.objects_adopted:
+            self.events.record(REBUILD_DONE, f"rebuild done: {service.objects_adopted} objects from "
+                               f"{len(service.membership.nodes)} node(s) in "
+                               f"{time.monotonic() - self.service_started_monotonic:.1f} s")
 
     def _watch_expiries(self) -> None:
         """Log each node the service expired since the last tick. The service's tick forgets an

@@ -20,6 +20,7 @@ import yaml
 from deploykit import DEPLOY, ROOT, print_config
 
 from cellar.cli import SUBCOMMANDS
+from cellar.units import parse_size_bytes
 
 COMPOSE_DIR = DEPLOY / "compose"
 SCHEMA = Path(__file__).parent / "schemas" / "compose-spec.json"
@@ -169,8 +170,19 @@ def test_secrets_volumes_and_ports_are_consistent(compose: dict[str, Any]) -> No
             assert f":{flag(svc['command'], '--http').rsplit(':', 1)[1]}/health" in health, name
     assert len(host_ports) == len(set(host_ports)), f"a host port is published twice: {host_ports}"
     assert len(node_volumes) == 3 == len(set(node_volumes)), "each node needs its own segment volume"
+    segment_bytes = parse_size_bytes(dotenv()["CELLAR_SEGMENT_SIZE"])
     for volume in node_volumes:
-        assert compose["volumes"][volume]["driver_opts"]["type"] == "tmpfs"
+        opts = compose["volumes"][volume]["driver_opts"]
+        assert opts["type"] == "tmpfs"
+        size = dict(o.split("=", 1) for o in opts["o"].split(",") if "=" in o)["size"]
+        assert docker_size_bytes(size) > segment_bytes, f"{volume}: {size} cannot hold the segment"
+
+
+def docker_size_bytes(text: str) -> int:
+    """A tmpfs `size=` option (bytes, or a k/m/g suffix, powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.strip().lower()
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def test_prometheus_scrapes_every_cellar_http_port(compose: dict[str, Any]) -> None:

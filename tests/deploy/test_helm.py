@@ -141,6 +141,7 @@ def test_nodes_shape_and_resources_match_the_segment(rendered: tuple[str, list[d
         assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
     else:
         assert segments["emptyDir"]["medium"] == "Memory"
+        assert int(segments["emptyDir"]["sizeLimit"].removesuffix("Mi")) > seg_mib
         assert resources["requests"]["memory"] == f"{seg_mib + overhead_mib}Mi"
     args = container["args"]
     assert args[args.index("--segment-size") + 1] == str(seg_mib << 20)

@@ -11,10 +11,12 @@ a screenshot into bench/results/status-page.png.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,3 +140,20 @@ def test_cellar_top_without_a_master_exits_1() -> None:
     proc = subprocess.run([sys.executable, "-m", "cellar", "top", "--once",
                            "--http", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no answer" in proc.stderr
+
+
+def test_a_restarted_single_master_logs_its_rebuild() -> None:
+    """kill -9 of a single master: the new process rebuilds from the nodes and its page says so."""
+    with LocalCluster(nodes=2, segment_size="64MiB", master_flags={"rebuild_grace_s": 2}) as c:
+        with cellar.connect(c.address) as client:
+            for i in range(20):
+                client.put(f"r-{i}", bytes([i]) * 4096)
+        c.restart_master()
+
+        def rebuilt() -> bool:
+            with urllib.request.urlopen(f"{c.http_url}/api/v1/events", timeout=5) as reply:
+                events = json.loads(reply.read())
+            return any(e["kind"] == "rebuild_done" and e["message"].startswith("rebuild done: 20 objects")
+                       for e in events)
+
+        _wait(rebuilt, "the restarted master's rebuild_done event")
