@@ -83,7 +83,7 @@ class MooncakeDistributedStore:
 
     def setup(self, *args: Any, **kwargs: Any) -> int:
         """setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
-        protocol, rdma_devices, master_server_addr, engine=None, *, enable_ssd_offload=False,
+        protocol, rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False,
         ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
         client_http_port=...) or setup(config_dict); 0 or a negative code."""
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
