@@ -71,6 +71,9 @@ def _teardown(client: Client, node: EmbeddedNode | None) -> None:
 class MooncakeDistributedStore:
     """Mooncake's store class, backed by a Cellar cluster (see the module doc)."""
 
+    client_timeout_s: float = CLIENT_TIMEOUT_S
+    """Deadline of each SDK call, setup's connect included (seconds); set before setup()."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._client: Client | None = None
@@ -115,7 +118,8 @@ class MooncakeDistributedStore:
                 return INVALID  # set up already (Mooncake: "already initialized")
             try:
                 client = cellar.connect(config.master_address, tenant=config.tenant,
-                                        timeout_s=CLIENT_TIMEOUT_S, transport=config.transport)
+                                        timeout_s=self.client_timeout_s,
+                                        transport=config.transport)
             except CellarError as exc:
                 return code_for(exc)
             node = None

@@ -55,6 +55,7 @@ def test_setup_forms_and_refusals(mc_cluster):
 
 def test_unreachable_master_is_rpc_fail():
     store = MooncakeDistributedStore()
+    store.client_timeout_s = 1.0
     # port 1 on loopback: nothing listens, the connect fails within the client's timeout
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", "127.0.0.1:1") in (
         int(ErrorCode.RPC_FAIL), int(ErrorCode.RPC_TIMEOUT))
