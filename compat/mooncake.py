@@ -181,10 +181,10 @@ class MooncakeDistributedStore:
         return _first_error(self._put_values(keys, values, config, upsert=True))
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
-        return self._put_joined(key, parts, config, upsert=False)
+        return self._put_byte_parts(key, parts, config, upsert=False)
 
     def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
-        return self._put_joined(key, parts, config, upsert=True)
+        return self._put_byte_parts(key, parts, config, upsert=True)
 
     def get(self, key: str) -> bytes:
         """The value, or b"" when it is missing or unreadable (Mooncake's convention)."""
@@ -453,7 +453,7 @@ class MooncakeDistributedStore:
             out[i] = code
         return out
 
-    def _put_joined(self, key: str, parts: Sequence[Any], config: ReplicateConfig | None, *,
+    def _put_byte_parts(self, key: str, parts: Sequence[Any], config: ReplicateConfig | None, *,
                     upsert: bool) -> int:
         """put_parts/upsert_parts: one object from byte-like parts, sent as they are (no join)."""
         if self._client is None or self._config is None:
