@@ -315,9 +315,14 @@ def test_tensors(new_store):
 def test_methods_when_master_is_gone(make_cluster):
     cluster = make_cluster(nodes=1, segment_size=64 << 20)
     store = MooncakeDistributedStore()
+    store.client_timeout_s = 2.0
     assert store.setup(*setup_args(cluster)) == OK
     key = k("gone")
     assert store.put(key, b"v") == OK
     cluster.kill_master()
     assert store.health_check() == 2
-    store.close()
+    rpc = {int(ErrorCode.RPC_FAIL), int(ErrorCode.RPC_TIMEOUT)}
+    assert store.put(k("after"), b"v") in rpc
+    assert store.is_exist(key) in rpc and store.get_size(key) in rpc
+    assert store.get(key) == b"" and store.get_batch([key]) == [b""]
+    assert store.close() == 0
