@@ -40,12 +40,13 @@ from typing import Any
 
 import cellar
 from cellar.client import Client
+from cellar.client.pointers import PointerRegistry
 from cellar.client.sync import probe_master
 from cellar.compat import mooncake_io as io
 from cellar.compat import mooncake_ranges
 from cellar.compat.mooncake_codes import ErrorCode, code_for, put_code
 from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_options
-from cellar.compat.mooncake_memory import BufferHandle, RegisteredMemory, RegistrationError
+from cellar.compat.mooncake_memory import BufferHandle, lease_parts
 from cellar.compat.mooncake_node import EmbeddedNode
 from cellar.compat.mooncake_setup import SetupConfig, SetupError, build, from_dict
 from cellar.compat.mooncake_unsupported import UNSUPPORTED, not_supported
@@ -70,19 +71,22 @@ def _teardown(client: Client, node: EmbeddedNode | None) -> None:
 class MooncakeDistributedStore:
     """Mooncake's store class, backed by a Cellar cluster (see the module doc)."""
 
+    client_timeout_s: float = CLIENT_TIMEOUT_S
+    """Deadline of each SDK call, setup's connect included (seconds); set before setup()."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._client: Client | None = None
         self._node: EmbeddedNode | None = None
         self._config: SetupConfig | None = None
-        self._memory = RegisteredMemory()
+        self._pointers = PointerRegistry()   # what register_buffer vouched for (the SDK's rules)
         self._finalizer: weakref.finalize | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     def setup(self, *args: Any, **kwargs: Any) -> int:
         """setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
-        protocol, rdma_devices, master_server_addr, engine=None, *, enable_ssd_offload=False,
+        protocol, rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False,
         ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
         client_http_port=...) or setup(config_dict); 0 or a negative code."""
         if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
@@ -114,7 +118,8 @@ class MooncakeDistributedStore:
                 return INVALID  # set up already (Mooncake: "already initialized")
             try:
                 client = cellar.connect(config.master_address, tenant=config.tenant,
-                                        timeout_s=CLIENT_TIMEOUT_S, transport=config.transport)
+                                        timeout_s=self.client_timeout_s,
+                                        transport=config.transport)
             except CellarError as exc:
                 return code_for(exc)
             node = None
@@ -135,7 +140,7 @@ class MooncakeDistributedStore:
         with self._lock:
             finalizer, self._finalizer = self._finalizer, None
             self._client = self._node = self._config = None
-            self._memory = RegisteredMemory()
+            self._pointers = PointerRegistry()
         if finalizer is not None:
             finalizer()
         return 0
@@ -176,10 +181,10 @@ class MooncakeDistributedStore:
         return _first_error(self._put_values(keys, values, config, upsert=True))
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
-        return self._put_joined(key, parts, config, upsert=False)
+        return self._put_byte_parts(key, parts, config, upsert=False)
 
     def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
-        return self._put_joined(key, parts, config, upsert=True)
+        return self._put_byte_parts(key, parts, config, upsert=True)
 
     def get(self, key: str) -> bytes:
         """The value, or b"" when it is missing or unreadable (Mooncake's convention)."""
@@ -269,21 +274,28 @@ class MooncakeDistributedStore:
     # ---- registered memory and pointers ---------------------------------------------------
 
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        """Vouch for [buffer_ptr, +size): the pointer methods use only registered memory.
+
+        The table is the SDK's `PointerRegistry` (its rules: overlapping registrations count as
+        their union, the same one twice is a no-op), held by this store: the store hands the SDK
+        views of it, because Mooncake reports a bad pointer per key where the SDK's pointer
+        batch calls refuse the whole batch."""
         if self._client is None:
             return INVALID
         try:
-            self._memory.register(buffer_ptr, size)
-        except RegistrationError:
-            return INVALID
+            self._pointers.register(buffer_ptr, size)
+        except CellarError as exc:
+            return code_for(exc)
         return 0
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
+        """INVALID_PARAMS if no registration starts there, or a call is using it."""
         if self._client is None:
             return INVALID
         try:
-            self._memory.unregister(buffer_ptr)
-        except RegistrationError:
-            return INVALID
+            self._pointers.unregister(buffer_ptr)
+        except CellarError as exc:
+            return code_for(exc)
         return 0
 
     def put_from(self, key: str, buffer_ptr: int, size: int,
@@ -319,33 +331,18 @@ class MooncakeDistributedStore:
 
     def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int],
                        sizes: Sequence[int]) -> list[int]:
-        names = list(keys)
-        if self._client is None or not len(names) == len(buffer_ptrs) == len(sizes):
-            return [INVALID] * len(names)
-        views: list[memoryview | int] = [self._view(p, s) for p, s in zip(buffer_ptrs, sizes, strict=True)]
-        good = [i for i, v in enumerate(views) if isinstance(v, memoryview)]
-        out = [v if isinstance(v, int) else 0 for v in views]
-        got = io.get_views(self._client, [names[i] for i in good], [views[i] for i in good])  # type: ignore[misc]
-        for i, n in zip(good, got, strict=True):
-            out[i] = n
-        return out
+        return self._get_pointers(keys, [[p] for p in buffer_ptrs], [[s] for s in sizes],
+                                  same_len=(buffer_ptrs, sizes))
 
     def batch_get_into_multi_buffers(self, keys: Sequence[str],
                                      all_buffer_ptrs: Sequence[Sequence[int]],
                                      all_sizes: Sequence[Sequence[int]],
                                      prefer_alloc_in_same_node: bool = False) -> list[int]:
-        """Each object scattered over its buffers in order; bytes read per key. (Reads come
-        from a same-host replica whenever one exists, so prefer_alloc_in_same_node is moot.)"""
-        names = list(keys)
-        if self._client is None or not len(names) == len(all_buffer_ptrs) == len(all_sizes):
-            return [INVALID] * len(names)
-        parts = [self._views(p, s) for p, s in zip(all_buffer_ptrs, all_sizes, strict=True)]
-        good = [i for i, v in enumerate(parts) if isinstance(v, list)]
-        out = [v if isinstance(v, int) else 0 for v in parts]
-        got = io.get_parts(self._client, [names[i] for i in good], [parts[i] for i in good])  # type: ignore[misc]
-        for i, n in zip(good, got, strict=True):
-            out[i] = n
-        return out
+        """Each object scattered over its buffers in order (their total may exceed it, as in
+        Mooncake); bytes read per key. prefer_alloc_in_same_node is accepted: with
+        protocol="auto" a same-host replica is always read through shared memory."""
+        return self._get_pointers(keys, all_buffer_ptrs, all_sizes,
+                                  same_len=(all_buffer_ptrs, all_sizes))
 
     def get_into_ranges(self, buffer_ptrs: Sequence[int], all_keys: Sequence[Sequence[str]],
                         all_dst_offsets: Sequence[Sequence[Sequence[int]]],
@@ -353,7 +350,7 @@ class MooncakeDistributedStore:
                         all_sizes: Sequence[Sequence[Sequence[int]]]) -> list[list[list[int]]]:
         """results[i][j][k]: bytes of fragment k of key j landed in buffer i, or negative."""
         return mooncake_ranges.get_into_ranges(
-            self._client, self._memory, buffer_ptrs, all_keys, all_dst_offsets,
+            self._client, self._pointers, buffer_ptrs, all_keys, all_dst_offsets,
             all_src_offsets, all_sizes)
 
     def get_buffer(self, key: str) -> BufferHandle | None:
@@ -399,23 +396,30 @@ class MooncakeDistributedStore:
         client, names = self._client, list(keys)
         if client is None or len(names) != len(tensors_list):
             return [INVALID] * len(names)
-        put_tensors = getattr(client, "put_tensors", None)
-        if put_tensors is None:
-            return [NOT_SUPPORTED] * len(names)  # until sdk-faces: no tensor face in the SDK
         try:
-            return [put_code(st) for st in put_tensors(names, list(tensors_list), upsert=upsert)]
+            statuses = client.put_tensors(names, list(tensors_list), upsert=upsert)
         except CellarError as exc:
             return [put_code(exc)] * len(names)
+        return [put_code(st) for st in statuses]
 
     def batch_get_tensor(self, keys: Sequence[str]) -> list[Any]:
+        """Tensors in key order; None for a missing or unreadable key."""
         client, names = self._client, list(keys)
-        get_tensors = getattr(client, "get_tensors", None)
-        if get_tensors is None:
-            return [None] * len(names)  # until sdk-faces (docs/mooncake.md)
-        try:
-            return list(get_tensors(names))
-        except CellarError:
+        if client is None:
             return [None] * len(names)
+        try:
+            return list(client.get_tensors(names))
+        except (Unavailable, Timeout):
+            return [None] * len(names)
+        except CellarError:  # one key's problem (not a tensor, say): read them one by one
+            return [self._get_tensor_one(client, k) for k in names]
+
+    @staticmethod
+    def _get_tensor_one(client: Client, key: str) -> Any:
+        try:
+            return client.get_tensor(key)
+        except CellarError:
+            return None
 
     # ---- plumbing -------------------------------------------------------------------------
 
@@ -449,55 +453,72 @@ class MooncakeDistributedStore:
             out[i] = code
         return out
 
-    def _put_joined(self, key: str, parts: Sequence[Any], config: ReplicateConfig | None, *,
+    def _put_byte_parts(self, key: str, parts: Sequence[Any], config: ReplicateConfig | None, *,
                     upsert: bool) -> int:
-        try:
-            value = b"".join(memoryview(p).cast("B") for p in parts)
-        except TypeError:
+        """put_parts/upsert_parts: one object from byte-like parts, sent as they are (no join)."""
+        if self._client is None or self._config is None:
             return INVALID
-        return self._put_values([key], [value], config, upsert=upsert)[0]
+        try:
+            replicas, soft_pin = write_options(config)
+            views = [memoryview(p).cast("B") for p in parts]
+        except OptionError as exc:
+            return int(exc.code)
+        except (TypeError, ValueError):
+            return INVALID
+        if not views or sum(v.nbytes for v in views) > self._config.local_buffer_bytes:
+            return INVALID  # Mooncake stages these in the local buffer (see _put_values)
+        return io.put_parts(self._client, [(key, views)], replicas=replicas, soft_pin=soft_pin,
+                            upsert=upsert)[0]
 
     def _put_pointers(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
                       sizes: Sequence[Sequence[int]], config: ReplicateConfig | None, *,
                       upsert: bool, same_len: tuple[Sequence[Any], Sequence[Any]]) -> list[int]:
         names = list(keys)
-        if self._client is None or not len(names) == len(same_len[0]) == len(same_len[1]):
+        client = self._client
+        if client is None or not len(names) == len(same_len[0]) == len(same_len[1]):
             return [INVALID] * len(names)
         try:
             replicas, soft_pin = write_options(config)
         except OptionError as exc:
             return [int(exc.code)] * len(names)
-        parts = [self._views(p, s) for p, s in zip(ptrs, sizes, strict=True)]
-        good = [i for i, v in enumerate(parts) if isinstance(v, list)]
-        out = [v if isinstance(v, int) else 0 for v in parts]
-        items = [(names[i], parts[i]) for i in good]
-        if all(len(p) == 1 for _, p in items):  # type: ignore[arg-type]
-            codes = io.put_views(self._client, [(k, p[0]) for k, p in items],  # type: ignore[index]
-                                 replicas=replicas, soft_pin=soft_pin, upsert=upsert)
-        else:
-            codes = io.put_parts(self._client, items, replicas=replicas,  # type: ignore[arg-type]
-                                 soft_pin=soft_pin, upsert=upsert)
-        for i, code in zip(good, codes, strict=True):
+        with lease_parts(self._pointers, ptrs, sizes, writable=False) as per_key:
+            out, items, where = _split(per_key)
+            names_views = [(names[i], v) for i, v in zip(where, items, strict=True)]
+            if all(len(v) == 1 for _, v in names_views):
+                codes = io.put_views(client, [(k, v[0]) for k, v in names_views],
+                                     replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+            else:
+                codes = io.put_parts(client, names_views, replicas=replicas, soft_pin=soft_pin,
+                                     upsert=upsert)
+        for i, code in zip(where, codes, strict=True):
             out[i] = code
         return out
 
-    def _view(self, ptr: int, size: int) -> memoryview | int:
-        try:
-            return self._memory.view(ptr, size)
-        except RegistrationError:
-            return INVALID
+    def _get_pointers(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
+                      sizes: Sequence[Sequence[int]], *,
+                      same_len: tuple[Sequence[Any], Sequence[Any]]) -> list[int]:
+        names = list(keys)
+        client = self._client
+        if client is None or not len(names) == len(same_len[0]) == len(same_len[1]):
+            return [INVALID] * len(names)
+        with lease_parts(self._pointers, ptrs, sizes, writable=True) as per_key:
+            out, items, where = _split(per_key)
+            chosen = [names[i] for i in where]
+            if all(len(v) == 1 for v in items):
+                got = io.get_views(client, chosen, [v[0] for v in items])
+            else:
+                got = io.get_parts(client, chosen, items)
+        for i, n in zip(where, got, strict=True):
+            out[i] = n
+        return out
 
-    def _views(self, ptrs: Sequence[int], sizes: Sequence[int]) -> list[memoryview] | int:
-        if isinstance(ptrs, (int, str, bytes)) or isinstance(sizes, (int, str, bytes)) \
-                or len(ptrs) != len(sizes) or not ptrs:
-            return INVALID
-        views = []
-        for p, s in zip(ptrs, sizes, strict=True):
-            view = self._view(p, s)
-            if isinstance(view, int):
-                return view
-            views.append(view)
-        return views
+
+def _split(per_key: list[list[memoryview] | int]) -> tuple[list[int], list[list[memoryview]], list[int]]:
+    """(results with each refused key's code, the usable keys' views, their indexes)."""
+    out = [v if isinstance(v, int) else 0 for v in per_key]
+    where = [i for i, v in enumerate(per_key) if not isinstance(v, int)]
+    items = [v for v in per_key if not isinstance(v, int)]
+    return out, items, where
 
 
 for _name in UNSUPPORTED:

@@ -1,17 +1,16 @@
 """The SDK calls behind `MooncakeDistributedStore`, with per-key Mooncake codes as results.
 
 What it owns
-    Every call this room makes on a `cellar.Client`: batched puts (plain, upsert, from parts),
-    batched gets into caller views (whole objects and scatter into parts), ranged reads, and
-    removal. Each returns one Mooncake code (or byte count) per key, in input order, and never
-    raises for a per-key failure: a raised SDK error becomes that code for every key it hit.
+    Every data call this room makes on a `cellar.Client`: batched puts (plain, upsert, from
+    parts), batched gets into caller views (whole objects, and scattered over parts), whole
+    reads, probes and removal. Each returns one Mooncake code (or byte count) per key, in input
+    order, and never raises for a per-key failure.
 
-The switch to the new SDK faces (issue 11)
-    The SDK grows `put_many(..., upsert=True)`, `put_many_parts` and `get_many_into_parts`
-    (and, once asked for, `remove_all`). Where the connected client has them they are used; until then the fallbacks
-    below do the same with today's calls: upserts one by one, parts joined into one buffer
-    (a copy) on put and received into a scratch buffer then scattered (a copy) on get. Each
-    fallback is marked `# until sdk-faces`, so the switch is deleting those branches.
+Batches and per-key outcomes
+    The SDK refuses a whole batch for a reason that may concern one key (a bad key, a buffer
+    too small, parts that do not add up). Mooncake reports such failures per key, so after a
+    refusal that is not about the whole call (the master unreachable, a deadline) the batch is
+    redone key by key, and only the keys at fault fail.
 
 What it must never do
     Let a cellar exception escape to the Mooncake caller, or report 0 for a key that failed.
@@ -24,11 +23,11 @@ from typing import Any
 
 from cellar.client import Client
 from cellar.compat.mooncake_codes import ErrorCode, code_for, put_code
-from cellar.errors import CellarError, Status, Timeout, Unavailable
+from cellar.errors import CellarError, Timeout, Unavailable
 
-View = memoryview
-# Raised errors that concern the whole call (the master is unreachable): retrying key by key
-# would only wait again. Anything else may concern one key, so the batch is redone per key.
+INVALID = int(ErrorCode.INVALID_PARAMS)
+NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+# Raised errors that concern the whole call: retrying key by key would only wait again.
 _WHOLE_CALL = (Unavailable, Timeout)
 
 
@@ -41,16 +40,14 @@ def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int
     """Store each (key, buffer); 0 per stored (or, without upsert, already present) key."""
     if not items:
         return []
-    batched = not upsert or _accepts(client.put_many, "upsert")  # until sdk-faces: else one by one
-    if batched:
-        options = {"upsert": True} if upsert else {}
-        try:
-            statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin, **options)
-            return [put_code(st) for st in statuses]
-        except _WHOLE_CALL as exc:
-            return _all(len(items), exc, put_code)
-        except CellarError:
-            pass  # one item's problem (a bad key, a duplicate): find out which
+    try:
+        statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin,
+                                   upsert=upsert)
+        return [put_code(st) for st in statuses]
+    except _WHOLE_CALL as exc:
+        return _all(len(items), exc, put_code)
+    except CellarError:
+        pass  # one item's problem (a bad key, a duplicate, an empty value): find out which
     write = client.upsert if upsert else client.put
     out = []
     for key, value in items:
@@ -62,27 +59,36 @@ def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int
     return out
 
 
-def put_parts(client: Client, items: Sequence[tuple[str, Sequence[View]]], *, replicas: int,
+def put_parts(client: Client, items: Sequence[tuple[str, Sequence[memoryview]]], *, replicas: int,
               soft_pin: bool, upsert: bool) -> list[int]:
-    """Store each key as its parts concatenated in order."""
-    many_parts = getattr(client, "put_many_parts", None)
-    if many_parts is not None:
-        try:
-            statuses = many_parts(list(items), replicas=replicas, soft_pin=soft_pin, upsert=upsert)
-        except CellarError as exc:
-            return _all(len(items), exc, put_code)
+    """Store each key as its parts concatenated in order (no staging copy)."""
+    if not items:
+        return []
+    try:
+        statuses = client.put_many_parts(list(items), replicas=replicas, soft_pin=soft_pin,
+                                         upsert=upsert)
         return [put_code(st) for st in statuses]
-    joined = [(key, b"".join(parts)) for key, parts in items]  # until sdk-faces: one copy
-    return put_views(client, joined, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+    except _WHOLE_CALL as exc:
+        return _all(len(items), exc, put_code)
+    except CellarError:
+        pass
+    out = []
+    for key, parts in items:
+        try:
+            client.put_parts(key, list(parts), replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+            out.append(0)
+        except CellarError as exc:
+            out.append(put_code(exc))
+    return out
 
 
-def get_views(client: Client, keys: Sequence[str], views: Sequence[View]) -> list[int]:
+def get_views(client: Client, keys: Sequence[str], views: Sequence[memoryview]) -> list[int]:
     """Read each key into its view; bytes read, or a negative code per key."""
     if not keys:
         return []
     try:
         sizes = client.get_many_into(list(keys), list(views))
-        return [n if n >= 0 else int(ErrorCode.OBJECT_NOT_FOUND) for n in sizes]
+        return [n if n >= 0 else NOT_FOUND for n in sizes]
     except _WHOLE_CALL as exc:
         return _all(len(keys), exc)
     except CellarError:
@@ -96,27 +102,43 @@ def get_views(client: Client, keys: Sequence[str], views: Sequence[View]) -> lis
     return out
 
 
-def get_parts(client: Client, keys: Sequence[str], parts_per_key: Sequence[Sequence[View]]) -> list[int]:
-    """Read each key across its parts in order (the object must fit in their total)."""
-    many_parts = getattr(client, "get_many_into_parts", None)
-    if many_parts is not None:
-        try:
-            sizes = many_parts(list(keys), [list(p) for p in parts_per_key])
-        except CellarError as exc:
-            return _all(len(keys), exc)
-        return [n if n >= 0 else code_for(Status.NOT_FOUND) for n in sizes]
-    # until sdk-faces: receive into one scratch buffer per key, then scatter (a copy)
-    scratch = [bytearray(sum(p.nbytes for p in parts)) for parts in parts_per_key]
-    results = get_views(client, keys, [memoryview(b) for b in scratch])
-    for n, buf, parts in zip(results, scratch, parts_per_key, strict=True):
-        offset = 0
-        for part in parts:
-            if offset >= n:
-                break
-            take = min(part.nbytes, n - offset)
-            part[:take] = buf[offset:offset + take]
-            offset += take
-    return results
+def get_parts(client: Client, keys: Sequence[str], parts_per_key: Sequence[Sequence[memoryview]]) -> list[int]:
+    """Read each key across its parts in order; bytes read, or a negative code per key.
+
+    The SDK asks the parts to add up to the object exactly; Mooncake only asks them to hold it
+    (the rest is left untouched). A key the batch refused is read again alone into the leading
+    parts, cut to its size."""
+    if not keys:
+        return []
+    try:
+        sizes = client.get_many_into_parts(list(keys), [list(p) for p in parts_per_key])
+        return [n if n >= 0 else NOT_FOUND for n in sizes]
+    except _WHOLE_CALL as exc:
+        return _all(len(keys), exc)
+    except CellarError:
+        pass
+    return [_get_parts_one(client, key, parts) for key, parts in zip(keys, parts_per_key, strict=True)]
+
+
+def _get_parts_one(client: Client, key: str, parts: Sequence[memoryview]) -> int:
+    try:
+        size = client.size(key)
+        if size > sum(p.nbytes for p in parts):
+            return INVALID  # the buffers cannot hold it (Mooncake: INVALID_PARAMS)
+        return client.get_into_parts(key, _leading(parts, size))
+    except CellarError as exc:
+        return code_for(exc)
+
+
+def _leading(parts: Sequence[memoryview], nbytes: int) -> list[memoryview]:
+    """The first parts, the last one cut, holding exactly `nbytes`."""
+    out = []
+    for part in parts:
+        if nbytes <= 0:
+            break
+        out.append(part[:nbytes])
+        nbytes -= min(part.nbytes, nbytes)
+    return out
 
 
 def read_whole(client: Client, key: str) -> bytes | int:
@@ -138,15 +160,6 @@ def remove_all(client: Client) -> int:
         return int(sdk_remove_all())
     except CellarError as exc:
         return code_for(exc)
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def exists_codes(client: Client, keys: Sequence[str]) -> list[int]:

@@ -1,108 +1,71 @@
-"""Caller memory as Mooncake's API hands it over: raw addresses inside registered buffers.
+"""Caller memory as Mooncake's API hands it over: raw addresses, and buffers the store returns.
 
 What it owns
-    `RegisteredMemory`, the table of buffers a store's caller registered with
-    `register_buffer(ptr, size)`, and `view(ptr, size)`, which turns an address range into a
-    writable `memoryview` (ctypes, no copy) only when the whole range lies inside one
-    registered buffer. `BufferHandle`, what `get_buffer` returns: bytes that own their memory,
-    export the buffer protocol and report a stable `ptr()`.
+    `lease_parts`: per key, the views of that key's (ptr, size) pieces inside the store's
+    registered buffers, or INVALID_PARAMS for a key whose pieces are malformed or leave every
+    registration; the registrations stay held (not unregisterable) until the block ends.
+    `BufferHandle`, what `get_buffer` returns: bytes that own their memory, export the buffer
+    protocol and report a stable `ptr()`.
 
-Why the check
+Why the check, and whose
     Mooncake documents an unregistered address as undefined behaviour ("memory corruption may
     occur"). Cellar refuses it instead (INVALID_PARAMS): a wrong pointer from Python must never
-    become a segfault or a write into someone else's memory (BRIEF: "never a segfault").
-
-Limits
-    At most `MAX_REGISTERED_BUFFERS` buffers per store, each 1 byte to `MAX_BUFFER_BYTES`.
-    Overlapping registrations are refused; registering the same (ptr, size) again is a no-op.
+    become a segfault or a write into someone else's memory. The bounds rules are the SDK's
+    (`cellar.client.pointers.PointerRegistry`); this module only groups its per-pair verdicts by
+    key, because one Mooncake key may span several buffers.
 
 What it must never do
-    Read or write memory through an address it has not bounds-checked against this table.
+    Make a view of memory the registry has not vouched for, or keep one past its block.
 """
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import ctypes
-import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-MAX_REGISTERED_BUFFERS = 65536
-MAX_BUFFER_BYTES = 1 << 44          # 16 TiB: larger than any host; refuses garbage sizes
-_ADDRESS_LIMIT = 1 << 64
+from cellar.client.pointers import PointerRegistry
+from cellar.compat.mooncake_codes import ErrorCode
+from cellar.errors import InvalidArgument
 
-
-class RegistrationError(ValueError):
-    """A register/unregister/view request the table refuses (mapped to INVALID_PARAMS)."""
-
-
-class RegisteredMemory:
-    """Registered (start, size) buffers, sorted by start; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._starts: list[int] = []
-        self._sizes: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    def register(self, ptr: int, size: int) -> bool:
-        """Add [ptr, ptr+size); False if exactly this buffer was registered already."""
-        ptr, size = _check_range(ptr, size)
-        with self._lock:
-            if self._sizes.get(ptr) == size:
-                return False
-            i = bisect.bisect_right(self._starts, ptr)
-            if i > 0:
-                prev = self._starts[i - 1]
-                if prev + self._sizes[prev] > ptr:
-                    raise RegistrationError(f"[{ptr:#x}, +{size}) overlaps a registered buffer")
-            if i < len(self._starts) and self._starts[i] < ptr + size:
-                raise RegistrationError(f"[{ptr:#x}, +{size}) overlaps a registered buffer")
-            if len(self._starts) >= MAX_REGISTERED_BUFFERS:
-                raise RegistrationError(
-                    f"at most {MAX_REGISTERED_BUFFERS} registered buffers per store")
-            self._starts.insert(i, ptr)
-            self._sizes[ptr] = size
-            return True
-
-    def unregister(self, ptr: int) -> int:
-        """Remove the buffer that starts at `ptr`; its size."""
-        with self._lock:
-            size = self._sizes.pop(ptr, None) if isinstance(ptr, int) else None
-            if size is None:
-                raise RegistrationError(f"no registered buffer starts at {ptr!r}")
-            self._starts.remove(ptr)
-            return size
-
-    def capacity_at(self, ptr: int) -> int:
-        """Bytes from `ptr` to the end of the registered buffer holding it (0: none does)."""
-        if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
-            return 0
-        with self._lock:
-            i = bisect.bisect_right(self._starts, ptr) - 1
-            if i < 0:
-                return 0
-            start = self._starts[i]
-            return max(0, start + self._sizes[start] - ptr)
-
-    def view(self, ptr: int, size: int) -> memoryview:
-        """A writable byte view of [ptr, ptr+size), which must lie in one registered buffer."""
-        ptr, size = _check_range(ptr, size)
-        if self.capacity_at(ptr) < size:
-            raise RegistrationError(
-                f"[{ptr:#x}, +{size}) is not inside one registered buffer (register_buffer first)")
-        return memoryview((ctypes.c_ubyte * size).from_address(ptr)).cast("B")
+INVALID = int(ErrorCode.INVALID_PARAMS)
 
 
-def _check_range(ptr: object, size: object) -> tuple[int, int]:
-    if not isinstance(ptr, int) or isinstance(ptr, bool) or not 0 < ptr < _ADDRESS_LIMIT:
-        raise RegistrationError(f"buffer_ptr must be a non-null address, got {ptr!r}")
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_BUFFER_BYTES:
-        raise RegistrationError(f"size must be 1..{MAX_BUFFER_BYTES} bytes, got {size!r}")
-    if ptr + size > _ADDRESS_LIMIT:
-        raise RegistrationError("address range wraps around")
-    return ptr, size
+def _pieces(ptrs: Any, sizes: Any) -> bool:
+    """A key's pointer and size lists: sequences of the same, non-zero length."""
+    return (isinstance(ptrs, Sequence) and isinstance(sizes, Sequence)
+            and not isinstance(ptrs, (str, bytes)) and not isinstance(sizes, (str, bytes))
+            and 0 < len(ptrs) == len(sizes))
+
+
+@contextlib.contextmanager
+def lease_parts(registry: PointerRegistry, ptr_lists: Sequence[Any], size_lists: Sequence[Any], *,
+                writable: bool) -> Iterator[list[list[memoryview] | int]]:
+    """Per key: its views in order, or INVALID_PARAMS; held until the block ends."""
+    flat_ptrs: list[Any] = []
+    flat_sizes: list[Any] = []
+    spans: list[range | None] = []
+    for ptrs, sizes in zip(ptr_lists, size_lists, strict=True):
+        if not _pieces(ptrs, sizes):
+            spans.append(None)
+            continue
+        spans.append(range(len(flat_ptrs), len(flat_ptrs) + len(ptrs)))
+        flat_ptrs += list(ptrs)
+        flat_sizes += list(sizes)
+    lease = registry.lease(flat_ptrs, flat_sizes, writable=writable)
+    try:
+        per_key: list[list[memoryview] | int] = []
+        for span in spans:
+            views = [] if span is None else [lease.views[i] for i in span]
+            # no InvalidArgument is left in `views` past this test
+            if span is None or any(isinstance(v, InvalidArgument) for v in views):
+                per_key.append(INVALID)
+            else:
+                per_key.append(views)  # type: ignore[arg-type]
+        yield per_key
+    finally:
+        lease.release()
 
 
 class BufferHandle(bytearray):

@@ -52,6 +52,11 @@ CONFIG_ERROR_EXIT = 2   # `cellar node` exits 2 on a configuration it refuses
 # `cellar node`'s documented environment: the parent whose death ends the node (PDEATHSIG).
 PARENT_PID_ENV = "CELLAR_PARENT_PID"
 NODE_ID_PREFIX = "mooncake"
+# Where `cellar node` takes the cluster secret from (its --help: "'' = CELLAR_CLUSTER_SECRET or
+# ~/.cellar/cluster-secret"). Without either it would invent a secret of its own, mount, and
+# then refuse every grant the master signs: a node that looks up and fails every write.
+SECRET_ENV = "CELLAR_CLUSTER_SECRET"
+SECRET_FILE = "~/.cellar/cluster-secret"
 
 
 class EmbeddedNode:
@@ -81,6 +86,11 @@ class EmbeddedNode:
     def start(self, node_ids: Callable[[], list[str]]) -> None:
         """Start the child and wait until `node_ids()` (the master's node list) names it;
         SetupError with the code otherwise."""
+        if not os.environ.get(SECRET_ENV) and not Path(SECRET_FILE).expanduser().is_file():
+            self.stop()
+            raise SetupError(ErrorCode.INVALID_PARAMS,
+                             f"the embedded node needs the cluster secret: set {SECRET_ENV} "
+                             f"or write {SECRET_FILE} (cellar up does)")
         started = threading.Event()
         failure: list[BaseException] = []
         self._keeper = threading.Thread(target=self._keep, args=(started, failure),

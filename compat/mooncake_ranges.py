@@ -8,8 +8,8 @@ What it owns
 Checks, before any byte lands
     - shapes: the five lists agree at the top level (else every fragment is INVALID_PARAMS),
       per buffer (its keys), and per key (its fragments);
-    - destination: the buffer is registered and `dst_offset + size` fits in what the
-      registration leaves from `buffer_ptr` on (destination overflow -> INVALID_PARAMS);
+    - destination: the buffer is registered and [buffer_ptr + dst_offset, +size) lies in the
+      registered memory (destination overflow -> INVALID_PARAMS);
     - source: `src_offset + size` fits in the object (source overflow -> INVALID_PARAMS);
     - a missing key gives OBJECT_NOT_FOUND for each of its fragments; other fragments of the
       same call still succeed, as in Mooncake.
@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from cellar.client import Client
+from cellar.client.pointers import PointerRegistry
 from cellar.compat import mooncake_io as io
 from cellar.compat.mooncake_codes import ErrorCode
-from cellar.compat.mooncake_memory import RegisteredMemory
+from cellar.errors import CellarError
 
 INVALID = int(ErrorCode.INVALID_PARAMS)
 
@@ -51,7 +52,7 @@ def _offset(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def get_into_ranges(client: Client | None, memory: RegisteredMemory, buffer_ptrs: Sequence[int],
+def get_into_ranges(client: Client | None, memory: PointerRegistry, buffer_ptrs: Sequence[int],
                     all_keys: Sequence[Sequence[str]],
                     all_dst_offsets: Sequence[Sequence[Sequence[int]]],
                     all_src_offsets: Sequence[Sequence[Sequence[int]]],
@@ -64,8 +65,8 @@ def get_into_ranges(client: Client | None, memory: RegisteredMemory, buffer_ptrs
     objects: dict[str, bytes | int] = {}
     for i, ptr in enumerate(buffer_ptrs):
         keys, dsts, srcs, sizes = all_keys[i], all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
-        capacity = memory.capacity_at(ptr)
-        if capacity == 0 or not all(_shape(v, len(keys)) for v in (dsts, srcs, sizes)):
+        registered = _offset(ptr) is not None and memory.covers(ptr, 1)
+        if not registered or not all(_shape(v, len(keys)) for v in (dsts, srcs, sizes)):
             continue
         for j, key in enumerate(keys):
             if not all(_shape(v, len(dsts[j])) for v in (srcs[j], sizes[j])):
@@ -74,12 +75,12 @@ def get_into_ranges(client: Client | None, memory: RegisteredMemory, buffer_ptrs
                 objects[key] = io.read_whole(client, key)
             value = objects[key]
             for k, (dst, src, size) in enumerate(zip(dsts[j], srcs[j], sizes[j], strict=True)):
-                results[i][j][k] = _copy(memory, ptr, capacity, value, dst, src, size)
+                results[i][j][k] = _copy(memory, ptr, value, dst, src, size)
     return results
 
 
-def _copy(memory: RegisteredMemory, ptr: int, capacity: int, value: bytes | int,
-          dst: Any, src: Any, size: Any) -> int:
+def _copy(memory: PointerRegistry, ptr: int, value: bytes | int, dst: Any, src: Any,
+          size: Any) -> int:
     if isinstance(value, int):
         return value  # the object's own code (missing, unreadable)
     dst, src, size = _offset(dst), _offset(src), _offset(size)
@@ -87,8 +88,11 @@ def _copy(memory: RegisteredMemory, ptr: int, capacity: int, value: bytes | int,
         return INVALID
     if src + size > len(value):
         return INVALID  # source overflow
-    if dst + size > capacity:
-        return INVALID  # destination overflow
-    if size:
-        memory.view(ptr + dst, size)[:] = value[src:src + size]
+    if size == 0:
+        return 0
+    try:
+        view = memory.view(ptr + dst, size, writable=True)
+    except CellarError:
+        return INVALID  # destination overflow: past the registered memory
+    view[:] = value[src:src + size]
     return size

@@ -51,6 +51,16 @@ def test_embedded_segment_setup_refusals(make_cluster, monkeypatch):
     store.close()
 
 
+def test_embedded_node_without_the_cluster_secret_is_refused(make_cluster, monkeypatch, tmp_path):
+    cluster = make_cluster(nodes=0)
+    monkeypatch.delenv("CELLAR_CLUSTER_SECRET", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.cellar/cluster-secret either
+    store = MooncakeDistributedStore()
+    assert store.setup(*setup_args(cluster, segment="8MB")) == -600
+    assert not (tmp_path / ".cellar").exists()  # no secret of its own was invented
+    assert store.health_check() == 1
+
+
 def _process_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)

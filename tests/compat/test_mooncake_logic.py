@@ -7,10 +7,11 @@ import ctypes
 
 import pytest
 
+from cellar.client.pointers import PointerRegistry
 from cellar.compat.mooncake import _listen_host, _literal_pattern
 from cellar.compat.mooncake_codes import TABLE_ROWS, ErrorCode, code_for, put_code
 from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_options
-from cellar.compat.mooncake_memory import BufferHandle, RegisteredMemory, RegistrationError
+from cellar.compat.mooncake_memory import INVALID, BufferHandle, lease_parts
 from cellar.compat.mooncake_setup import SetupError, build, from_dict, parse_size_bytes
 from cellar.errors import (
     AlreadyExists,
@@ -143,28 +144,25 @@ def test_replicate_config_options():
         ReplicateConfig().soft_pin_action = 1  # a newer Mooncake option is refused, not ignored
 
 
-def test_registered_memory_bounds():
-    mem = RegisteredMemory()
+def test_lease_parts_checks_every_piece_against_the_registrations():
+    reg = PointerRegistry()
     buf = (ctypes.c_ubyte * 4096)()
     base = ctypes.addressof(buf)
-    assert mem.register(base, 4096) is True
-    assert mem.register(base, 4096) is False  # same buffer again: no-op
-    for ptr, size in [(base + 1, 10), (base - 10, 20), (base + 4095, 1)]:
-        with pytest.raises(RegistrationError):
-            mem.register(ptr, size)  # overlaps
-    view = mem.view(base + 100, 50)
-    view[:] = b"x" * 50
-    assert bytes(buf[100:150]) == b"x" * 50 and bytes(buf[99:100]) == b"\0"
-    assert mem.capacity_at(base + 4000) == 96 and mem.capacity_at(base + 4096) == 0
-    for ptr, size in [(base + 4000, 97), (base - 1, 2), (0, 1), (base, 0), (base, -1),
-                      (base, 1 << 60), (-5, 1), (1.5, 1)]:
-        with pytest.raises(RegistrationError):
-            mem.view(ptr, size)  # type: ignore[arg-type]
-    assert mem.unregister(base) == 4096
-    with pytest.raises(RegistrationError):
-        mem.view(base, 1)
-    with pytest.raises(RegistrationError):
-        mem.unregister(base)
+    reg.register(base, 4096)
+    ptr_lists = [[base, base + 100], [base + 4000], [base - 1], [base, 0], [], "x", [base]]
+    size_lists = [[10, 50], [97], [2], [1, 1], [], "x", [1, 2]]
+    with lease_parts(reg, ptr_lists, size_lists, writable=True) as per_key:
+        first = per_key[0]
+        assert isinstance(first, list) and [v.nbytes for v in first] == [10, 50]
+        first[1][:] = b"y" * 50
+        # past the end, before the start, a null pointer, no pieces, not lists, lengths differ
+        assert per_key[1:] == [INVALID] * 6
+        with pytest.raises(InvalidArgument):
+            reg.unregister(base)  # held while the lease lives
+    assert bytes(buf[100:150]) == b"y" * 50 and bytes(buf[99:100]) == b"\0"
+    reg.unregister(base)
+    with lease_parts(reg, [[base]], [[1]], writable=False) as per_key:
+        assert per_key == [INVALID]
 
 
 def test_buffer_handle_exports_its_bytes_at_a_stable_address():

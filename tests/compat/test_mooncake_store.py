@@ -55,6 +55,7 @@ def test_setup_forms_and_refusals(mc_cluster):
 
 def test_unreachable_master_is_rpc_fail():
     store = MooncakeDistributedStore()
+    store.client_timeout_s = 1.0
     # port 1 on loopback: nothing listens, the connect fails within the client's timeout
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", "127.0.0.1:1") in (
         int(ErrorCode.RPC_FAIL), int(ErrorCode.RPC_TIMEOUT))
@@ -143,7 +144,9 @@ def test_zero_copy_through_registered_ctypes_buffers(new_store, buffers, protoco
     assert store.get_into(key, dst_ptr, len(data)) == INVALID
     assert store.register_buffer(src_ptr, len(data)) == OK
     assert store.register_buffer(dst_ptr, len(data)) == OK
-    assert store.register_buffer(src_ptr + 8, 16) == INVALID  # overlaps
+    assert store.register_buffer(src_ptr + 8, 16) == OK  # overlapping: the union counts
+    assert store.register_buffer(src_ptr, 16) == INVALID  # the same start, another size
+    assert store.unregister_buffer(src_ptr + 8) == OK
     assert store.put_from(key, src_ptr, len(data)) == OK
     assert store.get_into(key, dst_ptr, len(data)) == len(data)
     assert bytes(dst) == data
@@ -205,6 +208,12 @@ def test_multi_buffer_scatter_gather(new_store, buffers):
     for p, s in zip(ptrs, sizes, strict=True):
         for q, n in zip(p, s, strict=True):
             assert out_bytes[q - base:q - base + n] == pool_bytes[q - base:q - base + n]
+    # buffers larger in total than the object: it fills the leading ones (as Mooncake)
+    ctypes.memset(out, 0, 64 * KIB)
+    got = store.batch_get_into_multi_buffers(keys[:1], [[out_base, out_base + 8 * KIB]],
+                                             [[8 * KIB, 8 * KIB]])
+    assert got == [9 * KIB]
+    assert bytes(out)[:9 * KIB] == store.get(keys[0]) and bytes(out)[9 * KIB:] == bytes(55 * KIB)
     # buffers too small in total for the object: refused; mismatched lists: refused
     assert store.batch_get_into_multi_buffers(keys[:1], [[out_base]], [[KIB]]) == [INVALID]
     assert store.batch_put_from_multi_buffers(keys[:1], [[base, base]], [[1]]) == [INVALID]
@@ -284,11 +293,6 @@ def test_removal(new_store, mc_cluster):
 def test_tensors(new_store):
     torch = pytest.importorskip("torch")
     store = new_store()
-    if not hasattr(cellar.Client, "put_tensors"):
-        # until the SDK's tensor face is merged the methods say so, never pretend
-        assert store.put_tensor(k("t"), torch.zeros(2)) == NOT_SUPPORTED
-        assert store.get_tensor(k("t")) is None
-        return
     t = torch.arange(12, dtype=torch.float16).reshape(3, 4)
     key = k("t")
     assert store.put_tensor(key, t) == OK
@@ -298,14 +302,27 @@ def test_tensors(new_store):
     assert store.batch_put_tensor(keys, [t, t * 2]) == [OK, OK]
     got = store.batch_get_tensor(keys + [k("none")])
     assert torch.equal(got[1], t * 2) and got[2] is None
+    assert store.put_tensor(key, t * 3) == OK and torch.equal(store.get_tensor(key), t)  # kept
+    assert store.upsert_tensor(key, t * 3) == OK and torch.equal(store.get_tensor(key), t * 3)
+    assert store.batch_upsert_tensor(keys, [t, t]) == [OK, OK]
+    assert torch.equal(store.batch_get_tensor(keys)[1], t)
+    raw = k("raw")
+    assert store.put(raw, b"not a tensor") == OK
+    assert store.get_tensor(raw) is None and store.batch_get_tensor([raw, key])[1] is not None
+    assert store.put_tensor(k("nc"), t.t()) == INVALID  # not contiguous
 
 
 def test_methods_when_master_is_gone(make_cluster):
     cluster = make_cluster(nodes=1, segment_size=64 << 20)
     store = MooncakeDistributedStore()
+    store.client_timeout_s = 2.0
     assert store.setup(*setup_args(cluster)) == OK
     key = k("gone")
     assert store.put(key, b"v") == OK
     cluster.kill_master()
     assert store.health_check() == 2
-    store.close()
+    rpc = {int(ErrorCode.RPC_FAIL), int(ErrorCode.RPC_TIMEOUT)}
+    assert store.put(k("after"), b"v") in rpc
+    assert store.is_exist(key) in rpc and store.get_size(key) in rpc
+    assert store.get(key) == b"" and store.get_batch([key]) == [b""]
+    assert store.close() == 0
