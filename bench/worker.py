@@ -20,6 +20,7 @@ from typing import Any
 
 import cellar
 from cellar.client.rpc import MasterChannel
+from cellar.credentials import default_token
 from cellar.proto import cellar_pb2 as pb
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -180,7 +181,8 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
     Each timed phase follows `warmup_s` of the same work, untimed (connections opened, the
     master past its first batches), so the figure is the steady state."""
     master = MasterChannel(address, fast=fast)
-    header = pb.RequestHeader(tenant="default", client_id=f"bench-{os.getpid()}")
+    header = pb.RequestHeader(tenant="default", client_id=f"bench-{os.getpid()}",
+                              token=default_token(address) or "")  # what `cellar up` wrote
     master.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
                 time.monotonic() + RPC_TIMEOUT_S)  # learns the fast line's port
     in_table = preloaded = 0  # objects in the table; how many of them are meta/pre/<i>

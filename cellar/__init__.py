@@ -25,6 +25,7 @@ from cellar.errors import (
     QuotaExceeded,
     Status,
     Timeout,
+    Unauthenticated,
     Unavailable,
 )
 
@@ -33,7 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExists", "BufferTooSmall", "CellarError", "Client", "ConfigError", "IntegrityError",
     "InvalidArgument", "NoSpace", "NotFound", "NotReady", "PermissionDenied", "QuotaExceeded",
-    "Status", "Timeout", "Unavailable", "alloc_buffer", "connect",
+    "Status", "Timeout", "Unauthenticated", "Unavailable", "alloc_buffer", "connect",
 ]
 
 _LAZY = {"connect": "cellar.client", "Client": "cellar.client", "alloc_buffer": "cellar.client"}

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "put": ("cellar.client.cli", "put_main", "store a file's bytes under a key"),
     "get": ("cellar.client.cli", "get_main", "fetch a key's bytes to a file or stdout"),
     "rm": ("cellar.client.cli", "rm_main", "remove a key"),
+    "token": ("cellar.token_cli", "main", "create, list or revoke the cluster's bearer tokens"),
     "bench": ("cellar.bench", "main", "run the data-plane and metadata benchmarks"),
     "soak": ("cellar.soak", "main", "random traffic under chaos (kills, stops, restarts); verify every read"),
 }

@@ -67,7 +67,14 @@ class InvalidArgument(CellarError, ValueError):
 
 
 class PermissionDenied(CellarError):
+    """The master knows the caller but refuses this (another tenant, a node RPC, not admin)."""
+
     status = Status.PERMISSION_DENIED
+
+
+class Unauthenticated(PermissionDenied):
+    """No credential, or one the master does not know (revoked, mistyped). A subclass of
+    PermissionDenied, so `except cellar.PermissionDenied` catches both."""
 
 
 class BufferTooSmall(InvalidArgument):

@@ -65,6 +65,10 @@ class Request:
     path: str
     query: dict[str, list[str]]
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
 
     def json(self) -> Any:
         """The body as JSON (None if empty); BadRequest if malformed or too deeply nested."""
@@ -84,7 +88,7 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -147,8 +151,10 @@ class HttpServer:
             raise BadRequest("malformed request line")
         method, target, _version = parts
         length = 0
+        headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
             if name.strip().lower() == "content-length":
                 value = value.strip()
                 if not value.isdigit() or len(value) > 12:  # digits only: no "+5", "1_0", "-1"
@@ -162,7 +168,7 @@ class HttpServer:
         if handler is None:
             allowed = any(path == url.path for (_m, path) in self._routes)
             return Response(405 if allowed else 404, b"no such endpoint\n")
-        request = Request(method.upper(), url.path, parse_qs(url.query), body)
+        request = Request(method.upper(), url.path, parse_qs(url.query), body, headers)
         try:
             return await handler(request)
         except (CellarError, ValueError, KeyError, TypeError) as exc:

@@ -35,6 +35,17 @@ Invariants
       channels would run gRPC's at-fork handlers in the child, which can abort it.
     - Ports may be 0: the real addresses are read back from the ready lines.
 
+Credentials (docs/security.md)
+    Before the master starts, the cluster creates its token store `<run_dir>/tokens.json`
+    (hashed) with an admin token and a token of the `default` tenant (trusted on this host:
+    shm allowed), passes it as the master's `--tokens-file`, and once the master is up writes
+    both tokens, 0600, to `<run_dir>/credentials/<address>.json` and to the per-user
+    credentials directory (`cellar.credentials`, ~/.cellar/credentials/), so that
+    `cellar.connect(cluster.address)` and every CLI command need no flag. `token_for(tenant)`
+    adds a tenant token (the master reads the store file again on an unknown token). `stop()`
+    removes the per-user credentials file it wrote. Nodes need nothing: their credential derives
+    from the cluster secret.
+
 What it must never do
     Import the master, node or client code (children are separate processes); wait without a
     timeout.
@@ -56,14 +67,25 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from cellar.credentials import (
+    ENV_TLS_CA,
+    credentials_path,
+    file_name,
+    read_credentials,
+    remove_credentials,
+    write_credentials,
+    write_private_json,
+)
 from cellar.etcd_server import EtcdError, EtcdServer, free_port
 from cellar.lifecycle import PARENT_PID_ENV
+from cellar.tls import TlsFiles, make_dev_pki
+from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import format_size, parse_size_bytes
 
 MASTER_READY = re.compile(
@@ -155,7 +177,8 @@ class LocalCluster:
                  env: Mapping[str, str] | None = None,
                  ha: bool = False, masters: int | None = None,
                  cluster_name: str = DEFAULT_CLUSTER_NAME, etcd_port: int = 0,
-                 lease_ttl_s: int = DEFAULT_LEASE_TTL_S) -> None:
+                 lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
+                 admin_tokens: Sequence[str] = (), tls: bool = False) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         master_count = masters if masters is not None else (2 if ha else 1)
@@ -187,6 +210,20 @@ class LocalCluster:
             self.shm_dir = Path(tempfile.mkdtemp(prefix="cellar-segments-", dir=self.run_dir))
         self._env = dict(os.environ if env is None else env)
         self._env.update({"CELLAR_CLUSTER_SECRET": self.secret, "PYTHONUNBUFFERED": "1"})
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tokens_path = self.run_dir / "tokens.json"
+        self.tokens_path.unlink(missing_ok=True)  # a reused run dir (cellar up): fresh tokens
+        self._tokens = TokenStore(self.tokens_path)
+        self.admin_token = self._tokens.create(KIND_ADMIN, label="cellar up admin")[1]
+        self.token = self._tokens.create(KIND_TENANT, "default", shm=True,
+                                         label="cellar up default tenant")[1]
+        self.tls: TlsFiles | None = None
+        if tls:  # a throwaway CA and a master certificate for `host` (cellar.tls)
+            self.tls = make_dev_pki(self.run_dir / "tls", [host])
+            self._env[ENV_TLS_CA] = str(self.tls.ca_file)  # nodes verify the master with it
+        for token in admin_tokens:  # tokens the caller holds already (a test session's)
+            self._tokens.add(KIND_ADMIN, token, shm=True, label="given to LocalCluster")
+        self._credentials_written: list[str] = []  # addresses whose per-user file we wrote
         self.masters: list[Child] = []
         self.nodes: list[Child] = []
         self.etcd: EtcdServer | None = None
@@ -292,7 +329,54 @@ class LocalCluster:
             # pin the bound ports: a restarted master must be found at the same address
             self.port = int(self.masters[0].address.rsplit(":", 1)[1])
             self.http_port = int(self.masters[0].http.rsplit(":", 1)[1])
+        self._write_credentials()
         return self
+
+    def token_for(self, tenant: str, *, shm: bool = False, admin: bool = False) -> str:
+        """A new token of `tenant` (or an admin token), valid at once on the running master;
+        a tenant the master does not know is created (unlimited) through the admin API."""
+        self._tokens.refresh()
+        if admin:
+            return self._tokens.create(KIND_ADMIN, label="LocalCluster.token_for")[1]
+        token = self._tokens.create(KIND_TENANT, tenant, shm=shm, label="LocalCluster.token_for")[1]
+        known = self.admin_request("GET", "/api/v1/tenants")
+        if not any(t.get("name") == tenant for t in known):
+            self.admin_request("POST", "/api/v1/tenants", {"name": tenant})
+        return token
+
+    def admin_request(self, method: str, path: str, body: Any = None, *,
+                      token: str | None = None) -> Any:
+        """One call of the (leader) master's JSON admin API with the admin token; the decoded
+        reply. urllib.error.HTTPError on a refusal."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.http_url + path, data=data, method=method,
+            headers={"Authorization": f"Bearer {self.admin_token if token is None else token}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=STATUS_PROBE_TIMEOUT_S * 10) as reply:
+            return json.loads(reply.read())
+
+    def _write_credentials(self) -> None:
+        """The tokens, 0600, under the run dir and in the per-user credentials directory, for
+        the cluster's address and (ha) each master's own address (`cellar status` probes them)."""
+        value: dict[str, Any] = {
+            "tenant": "default", "token": self.token, "admin_token": self.admin_token,
+            "http": [m.http for m in self.masters], "run_dir": str(self.run_dir)}
+        if self.tls is not None:
+            value["tls_ca"] = str(self.tls.ca_file)
+        addresses = [self.address] + ([m.address for m in self.masters] if self.ha else [])
+        for address in addresses:
+            write_private_json(self.run_dir / "credentials" / file_name(address),
+                               {"address": address, **value})
+            write_credentials(address, value)
+            self._credentials_written.append(address)
+
+    def _remove_credentials(self) -> None:
+        for address in self._credentials_written:
+            current = read_credentials(address)
+            if current is not None and current.get("token") == self.token:  # not a newer cluster's
+                remove_credentials(address)
+        self._credentials_written.clear()
 
     def _start_ha_masters(self) -> None:
         """etcd, then the masters on fixed ports (each advertises its own address, so the
@@ -443,6 +527,7 @@ class LocalCluster:
         self._terminate(self.masters)
         if self.etcd is not None:
             self.etcd.close()
+        self._remove_credentials()
         if self._own_shm_dir:
             shutil.rmtree(self.shm_dir, ignore_errors=True)
         if self._own_run_dir and not self.keep_run_dir:
@@ -458,7 +543,7 @@ class LocalCluster:
 
     def _master_argv(self) -> list[str]:
         argv = ["master", "--listen", f"{self.host}:{self.port}",
-                "--http", f"{self.host}:{self.http_port}"]
+                "--http", f"{self.host}:{self.http_port}", *self._tokens_flag()]
         for name, value in self.master_flags.items():
             argv += [_flag(name), str(value)]
         return argv
@@ -477,10 +562,19 @@ class LocalCluster:
         argv = ["master", "--listen", address, "--http", f"{self.host}:{http_port}",
                 "--etcd", self.etcd.client_address, "--cluster", self.cluster_name,
                 "--advertise", address, "--master-id", f"master-{index}",
-                "--lease-ttl-s", str(self.lease_ttl_s)]
+                "--lease-ttl-s", str(self.lease_ttl_s), *self._tokens_flag()]
         for name, value in self.master_flags.items():
             argv += [_flag(name), str(value)]
         return argv
+
+    def _tokens_flag(self) -> list[str]:
+        """--tokens-file (unless the caller brings its own store) and, with tls, the
+        certificate flags: what every master of this cluster shares."""
+        flags = [] if "tokens_file" in self.master_flags else ["--tokens-file", str(self.tokens_path)]
+        if self.tls is not None:
+            flags += ["--tls-cert-file", str(self.tls.cert_file),
+                      "--tls-key-file", str(self.tls.key_file)]
+        return flags
 
     def _spawn_node(self, extra_flags: Mapping[str, Any] | None = None) -> Child:
         assert self.masters
@@ -588,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=".cellar/up", help="where the logs go (default .cellar/up)")
     parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S,
                         help=f"seconds to wait for every process to be ready (default {DEFAULT_START_TIMEOUT_S:g})")
+    parser.add_argument("--tls", action="store_true",
+                        help="gRPC and the metadata fast line over TLS with a throwaway CA "
+                             "(needs the cryptography package: pip install 'cellar-kv[tls]')")
     ha = parser.add_argument_group("high availability")
     ha.add_argument("--ha", action="store_true",
                     help="start etcd and several masters (one leads, the others stand by)")
@@ -613,12 +710,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
+    if args.tls:
+        try:
+            import cryptography  # noqa: F401  (only to say what is missing before starting)
+        except ImportError:
+            parser.error("--tls needs the cryptography package: pip install 'cellar-kv[tls]'")
     cluster = LocalCluster(args.nodes, segment_bytes, host=args.host, port=args.port,
                            http_port=args.http_port, run_dir=Path(args.run_dir).resolve(),
                            start_timeout_s=args.start_timeout, ha=args.ha,
                            masters=args.masters if args.ha else None,
                            cluster_name=args.cluster, etcd_port=args.etcd_port,
-                           lease_ttl_s=args.lease_ttl_s)
+                           lease_ttl_s=args.lease_ttl_s, tls=args.tls)
     code = 0
     try:
         what = (f"etcd, {args.masters} masters" if args.ha else "a master")
@@ -671,6 +773,7 @@ def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
                 f"metrics {cluster.http_url}/metrics)\n"
                 f"           cellar status --master {address}\n"
                 f"{try_line}"
+                f"{_credentials_line(cluster)}"
                 f"  logs:    {cluster.run_dir}\n"
                 f"Ctrl-C stops the cluster.")
     leader = cluster.leader()
@@ -684,5 +787,12 @@ def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
             f"  masters:\n{masters}\n"
             f"  status:  cellar status --master {address}\n"
             f"{try_line}"
+            f"{_credentials_line(cluster)}"
             f"  logs:    {cluster.run_dir}\n"
             f"Ctrl-C stops the cluster.")
+
+
+def _credentials_line(cluster: LocalCluster) -> str:
+    tls = f"; TLS, CA {cluster.tls.ca_file}" if cluster.tls is not None else ""
+    return (f"  tokens:  {credentials_path(cluster.address)} (admin + default tenant, 0600; "
+            f"`cellar token --help`{tls})\n")

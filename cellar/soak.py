@@ -369,7 +369,10 @@ class Worker:
             self._channel = grpc.insecure_channel(address)
             self._stub = pb_grpc.MasterStub(self._channel)
             self._stub_address = address
-        header = pb.RequestHeader(tenant="default", client_id=f"soak-locate-{self.args.id}")
+        from cellar.credentials import default_token
+
+        header = pb.RequestHeader(tenant="default", client_id=f"soak-locate-{self.args.id}",
+                                  token=default_token(address) or "")
         unpin = [self._pending_pin] if self._pending_pin else []
         try:
             reply = self._stub.GetReplicas(

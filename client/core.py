@@ -52,6 +52,7 @@ from cellar.errors import (
     QuotaExceeded,
     Status,
     Timeout,
+    Unauthenticated,
     Unavailable,
     error_for_status,
 )
@@ -262,7 +263,7 @@ _GRPC_ERRORS: dict[grpc.StatusCode, type[CellarError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: Timeout,
     grpc.StatusCode.CANCELLED: Unavailable,

@@ -43,6 +43,7 @@ import logging
 import math
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -53,9 +54,11 @@ import grpc
 
 from cellar.client.core import EpochFence, grpc_error, retryable_grpc
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
+from cellar.credentials import default_tls_ca
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc
+from cellar.tls import client_context, read_pem
 from cellar.units import parse_host_port
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -89,8 +92,10 @@ class _FastLine:
     """A pool of persistent connections to the master's fast line; one call per connection at
     a time, so any number of threads may call."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
         self.address = (host, port)
+        # over TLS when the master's gRPC port is (cellar.tls: same certificate)
+        self._tls = client_context(tls_ca) if tls_ca else None
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._head = bytearray(FAST_FRAME.size)
@@ -107,6 +112,8 @@ class _FastLine:
             if sock is None:
                 sock = socket.create_connection(self.address, timeout=min(timeout_s, 1.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._tls is not None:
+                    sock = self._tls.wrap_socket(sock, server_hostname=self.address[0])
             sock.settimeout(timeout_s)
             sock.sendall(FAST_FRAME.pack(len(body), method_id) + body)
             if abandon is not None:
@@ -155,7 +162,8 @@ def _await_reply(sock: socket.socket, deadline: float, abandon: Callable[[], boo
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = sock.recv(n, socket.MSG_WAITALL)
+    # TLS sockets take no recv flags; they get the loop below
+    data = sock.recv(n) if isinstance(sock, ssl.SSLSocket) else sock.recv(n, socket.MSG_WAITALL)
     if len(data) == n:
         return data
     parts = [data]
@@ -195,11 +203,16 @@ class _Line:
     """One master address and its gRPC channel; replaced whole when the leader changes, so a
     caller that read `MasterChannel._line` once has a consistent (address, stub) pair."""
 
-    __slots__ = ("address", "channel", "failing_since", "generation", "stub")
+    __slots__ = ("address", "channel", "failing_since", "generation", "stub", "tls_ca")
 
     def __init__(self, address: str, generation: int) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.tls_ca = default_tls_ca(address)  # cellar.tls: TLS when a CA is known for it
+        if self.tls_ca:
+            credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(self.tls_ca))
+            self.channel = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = cellar_pb2_grpc.MasterStub(self.channel)
         self.generation = generation
         self.failing_since = 0.0  # monotonic time of the first failure since the last success
@@ -347,7 +360,7 @@ class MasterChannel:
         host, _ = parse_host_port(line.address)
         fast = self._fast
         if fast is None or fast.address != (host.strip("[]"), port):
-            self._fast = _FastLine(host.strip("[]"), port)
+            self._fast = _FastLine(host.strip("[]"), port, line.tls_ca)
             if fast is not None:
                 fast.close()
 

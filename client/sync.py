@@ -58,6 +58,7 @@ from cellar.client.core import (
 )
 from cellar.client.rpc import MasterChannel
 from cellar.coord.target import EtcdTarget, is_etcd_url, parse_etcd_url
+from cellar.credentials import default_token
 from cellar.errors import CellarError, InvalidArgument, Status, Timeout
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import (
@@ -184,6 +185,8 @@ class Client:
         self.tenant = core.validate_tenant(tenant)
         self.timeout_s = core.validate_timeout(timeout_s)
         core.transport_names(transport)  # refuse unknown names before opening anything
+        if token is None:  # $CELLAR_TOKEN, else the file `cellar up` wrote (cellar.credentials)
+            token = default_token(address)
         self._header = pb.RequestHeader(tenant=self.tenant, client_id=_client_id(),
                                         token=token or "")
         self._closed = False
@@ -691,7 +694,7 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
         raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
     timeout_s = core.validate_timeout(timeout_s)
     header = pb.RequestHeader(tenant=core.validate_tenant(tenant), client_id=_client_id(),
-                              token=token or "")
+                              token=token if token is not None else default_token(address) or "")
     channel = MasterChannel(address, fast=False, follow=False)
     try:
         reply = channel.call("ClusterStatus", pb.ClusterStatusRequest(header=header),

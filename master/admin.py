@@ -7,25 +7,43 @@ Routes:
   GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:
-  PUT  /api/v1/tenants     create a tenant or change its quotas (0 = unlimited)
+  PUT  /api/v1/tenants     create a tenant or change its quotas (0 = unlimited)        [admin]
+  GET  /api/v1/tokens      the token records (ids, kinds, tenants; never a hash)        [admin]
+  POST /api/v1/tokens      JSON {"kind": "tenant"|"admin", "tenant": ..., "shm": bool,
+                           "label": ...}: a new token, returned once                    [admin]
+  POST /api/v1/tokens/revoke  JSON {"id": ...}                                          [admin]
+
+[admin] routes need `Authorization: Bearer <admin token>` (401 without a valid token, 403 with a
+non-admin one): the one HTTP check is `_guard` around those handlers, through the same
+`Authorizer` as gRPC. The read-only pages are public on the HTTP port and list no shm
+endpoints unless the caller sends an admin token (the segment file is what a same-host reader
+would map). /api/v1/status reports `cellar.master.status.summarize`, as ClusterStatus does.
 
 Handlers run on the master's event loop between RPCs, so they read a consistent snapshot.
-This module only reads state, except for tenant quotas through MasterService.
+This module only reads state, except for tenant quotas through MasterService and tokens
+through the TokenStore.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from cellar.errors import ConfigError
 from cellar.http import HttpServer, Request, Response
-from cellar.master.config import parse_tenant_quota
+from cellar.master.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
+from cellar.master.config import TENANT_NAME, parse_tenant_quota
 from cellar.master.leadership import Leadership
 from cellar.master.membership import STATE_NAMES
+from cellar.master.status import summarize
 from cellar.master.tenants import Tenant
+from cellar.tokens import KINDS
 from cellar.units import format_size
+
+log = logging.getLogger("cellar.master")
 
 
 def _tenant_json(tenant: Tenant) -> dict[str, Any]:
@@ -66,32 +84,28 @@ def _leadership_json(leadership: Leadership) -> dict[str, Any]:
     }
 
 
-def status_json(leadership: Leadership) -> dict[str, Any]:
+def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, Any]:
     service = leadership.service
-    capacity, used = service.capacity()
     config = service.config
-    segments = []
-    for segment in service.membership.segments.values():
-        segments.append({
-            "id": segment.segment_id,
-            "node": segment.node.node_id,
-            "host": segment.host_id,
-            "state": STATE_NAMES.get(segment.node.state, "UNKNOWN"),
-            "capacity": segment.allocator.capacity_bytes,
-            "used": segment.allocator.used_bytes,
-            "quarantined": segment.quarantined_bytes,
-            "objects": len(segment.objects),
-            "endpoints": [
-                {"transport": e.transport, "address": e.address} for e in segment.info.endpoints
-            ],
-        })
+    summary = summarize(leadership, trusted=show_shm)  # what ClusterStatus reports too
+    segments = [{
+        "id": s.segment.segment_id,
+        "node": s.segment.node.node_id,
+        "host": s.segment.host_id,
+        "state": STATE_NAMES.get(s.state, "UNKNOWN"),
+        "capacity": s.segment.allocator.capacity_bytes,
+        "used": s.used_bytes,
+        "quarantined": s.segment.quarantined_bytes,
+        "objects": s.object_count,
+        "endpoints": [{"transport": e.transport, "address": e.address} for e in s.info.endpoints],
+    } for s in summary.segments]
     return {
         **_leadership_json(leadership),
         "segments": segments,
-        "capacity": capacity,
-        "used": used,
+        "capacity": summary.capacity_bytes,
+        "used": summary.used_bytes,
         "quarantined": service.quarantine.held_bytes,
-        "objects": service.objects.complete_count,
+        "objects": summary.object_count,
         "writing": len(service.objects.puts),
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
@@ -99,7 +113,7 @@ def status_json(leadership: Leadership) -> dict[str, Any]:
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
             "max_replicas": config.max_replicas,
-            "max_object_bytes": service.largest_placeable_bytes(),
+            "max_object_bytes": summary.max_object_bytes,
             "pin_ttl_s": config.pin_ttl_s,
             "max_pins_per_client": config.max_pins_per_client,
             "write_grant_ttl_s": config.write_grant_ttl_s,
@@ -111,7 +125,7 @@ def status_json(leadership: Leadership) -> dict[str, Any]:
 
 
 def _status_text(leadership: Leadership) -> str:
-    status = status_json(leadership)
+    status = status_json(leadership, show_shm=False)
     leader = status["leader"]
     lines = [
         f"cellar master ({status['role']}, epoch {status['epoch']})"
@@ -133,8 +147,30 @@ def _status_text(leadership: Leadership) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServer:
+def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: Authorizer) -> HttpServer:
     server = HttpServer()
+
+    def _guard(handler: Callable[[Request, Identity], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """The one HTTP check: an admin token, or 401/403 before the handler runs."""
+        async def guarded(request: Request) -> Response:
+            try:
+                identity = authorizer.check_http(request.header("authorization"), admin=True)
+            except AuthRefused as exc:
+                if exc.code == UNAUTHENTICATED:
+                    response = Response.json({"error": exc.message}, 401)
+                    response.headers["WWW-Authenticate"] = 'Bearer realm="cellar"'
+                    return response
+                return Response.json({"error": exc.message}, 403)
+            return await handler(request, identity)
+        return guarded
+
+    def _is_admin(request: Request) -> bool:
+        if not request.header("authorization"):  # an anonymous reader, not a refusal
+            return False
+        try:
+            return authorizer.check_http(request.header("authorization"), admin=True).admin
+        except AuthRefused:
+            return False
 
     async def metrics(_: Request) -> Response:
         return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
@@ -145,13 +181,13 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
     async def index(_: Request) -> Response:
         return Response(200, _status_text(leadership).encode())
 
-    async def status(_: Request) -> Response:
-        return Response.json(status_json(leadership))
+    async def status(request: Request) -> Response:
+        return Response.json(status_json(leadership, show_shm=_is_admin(request)))
 
     async def list_tenants(_: Request) -> Response:
         return Response.json([_tenant_json(t) for t in leadership.service.tenants.all()])
 
-    async def set_tenant(request: Request) -> Response:
+    async def set_tenant(request: Request, _admin: Identity) -> Response:
         if not leadership.serving():
             return Response.json({"error": leadership.redirect(), "leader": leadership.redirect_address()},
                                  503)
@@ -171,6 +207,55 @@ def build_http(leadership: Leadership, registry: CollectorRegistry) -> HttpServe
     server.route("GET", "/", index)
     server.route("GET", "/api/v1/status", status)
     server.route("GET", "/api/v1/tenants", list_tenants)
-    server.route("POST", "/api/v1/tenants", set_tenant)
-    server.route("PUT", "/api/v1/tenants", set_tenant)
+    server.route("POST", "/api/v1/tenants", _guard(set_tenant))
+    server.route("PUT", "/api/v1/tenants", _guard(set_tenant))
+    add_token_routes(server, authorizer, _guard)
     return server
+
+
+def add_token_routes(
+    server: HttpServer, authorizer: Authorizer,
+    guard: Callable[[Callable[[Request, Identity], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]],
+) -> None:
+    """GET/POST /api/v1/tokens and POST /api/v1/tokens/revoke (admin only, see the docstring)."""
+    store = authorizer.store
+
+    async def list_tokens(_: Request, _admin: Identity) -> Response:
+        store.refresh()
+        return Response.json([r.public() for r in store.records()])
+
+    async def create_token(request: Request, admin: Identity) -> Response:
+        body = request.json()
+        if not isinstance(body, dict):
+            return Response.json({"error": 'expected {"kind": "tenant", "tenant": ..., "shm": false}'}, 400)
+        kind = body.get("kind", "tenant")
+        tenant = body.get("tenant", "")
+        if kind not in KINDS or not isinstance(tenant, str) or not isinstance(body.get("shm", False), bool):
+            return Response.json({"error": f"kind must be one of {list(KINDS)}, tenant a string, shm a bool"}, 400)
+        if kind == "tenant" and not TENANT_NAME.match(tenant):
+            return Response.json({"error": f"bad tenant name {tenant!r}"}, 400)
+        label = body.get("label", "")
+        store.refresh()
+        try:
+            record, token = store.create(kind, tenant, shm=bool(body.get("shm", False)),
+                                         label=str(label))
+        except ValueError as exc:
+            return Response.json({"error": str(exc)}, 400)
+        log.info("token %s (%s %s) created by admin token %s", record.id, record.kind,
+                 record.tenant or "-", admin.token_id)
+        return Response.json({**record.public(), "token": token})
+
+    async def revoke_token(request: Request, admin: Identity) -> Response:
+        body = request.json()
+        token_id = body.get("id") if isinstance(body, dict) else None
+        if not isinstance(token_id, str):
+            return Response.json({"error": 'expected {"id": ...}'}, 400)
+        store.refresh()
+        if not store.revoke(token_id):
+            return Response.json({"error": f"no token {token_id!r}"}, 404)
+        log.info("token %s revoked by admin token %s", token_id, admin.token_id)
+        return Response.json({"id": token_id, "revoked": True})
+
+    server.route("GET", "/api/v1/tokens", guard(list_tokens))
+    server.route("POST", "/api/v1/tokens", guard(create_token))
+    server.route("POST", "/api/v1/tokens/revoke", guard(revoke_token))

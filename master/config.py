@@ -83,6 +83,16 @@ class MasterConfig:
         "", "file holding the hex cluster secret for grant MACs (empty: ~/.cellar/cluster-secret; "
         "env CELLAR_CLUSTER_SECRET wins)"
     )
+    tokens_file: str = setting(
+        "", "JSON file of the tenant and admin tokens, hashed (cellar token create|list|revoke; "
+        "empty: ~/.cellar/tokens.json). Every RPC and admin call needs a token from it (or a "
+        "node credential)"
+    )
+    tls_cert_file: str = setting(
+        "", "PEM certificate (chain) of this master: with tls_key_file, gRPC and the fast line "
+        "speak TLS (empty: plaintext)"
+    )
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
     default_replicas: int = setting(1, "replicas per object when a put asks for 0", unit="replicas")
     max_replicas: int = setting(8, "most replicas one object may ask for", unit="replicas")
     max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)
@@ -199,6 +209,8 @@ class MasterConfig:
                 parse_host_port(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(name, str(exc)) from None
+        require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
+                "tls_cert_file and tls_key_file go together")
         require(self.default_replicas >= 1, "default_replicas", "must be >= 1")
         require(1 <= self.max_replicas <= 64, "max_replicas", "must be in [1, 64]")
         require(self.default_replicas <= self.max_replicas, "default_replicas", "must be <= max_replicas")

@@ -43,9 +43,9 @@ Limits (a closed connection costs a client one fallback to gRPC, never an error)
       drained past DRAIN_ABOVE_BYTES before the next request is read.
 
 Security
-    Plaintext like the master's gRPC listener today; credentials travel in the request header
-    as they do over gRPC and are checked, where checked, by the shared servicer bodies. A master
-    serving gRPC over TLS must not open this line.
+    Credentials travel in the request header as they do over gRPC and are checked by the same
+    `Authorizer` (cellar.master.auth) in `MasterServicer.dispatch`. A master serving gRPC over
+    TLS serves this line over TLS too (same certificate, cellar.tls).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -111,8 +112,9 @@ class FastRpcServer:
         self._per_peer: dict[str, int] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, host: str) -> int:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on `host`, port 0; over TLS when `ssl_context` is given (as gRPC is)."""
+        self._server = await asyncio.start_server(self._serve, host, 0, ssl=ssl_context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.port

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -28,12 +29,15 @@ from cellar.errors import ConfigError
 from cellar.heap import freeze_survivors
 from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.admin import build_http
+from cellar.master.auth import Authorizer
 from cellar.master.config import ENV_PREFIX, MasterConfig
 from cellar.master.fastrpc import FastRpcServer
 from cellar.master.leadership import Leadership
 from cellar.master.metrics import make_registry
-from cellar.master.servicer import MasterServicer
+from cellar.master.servicer import AuthInterceptor, MasterServicer
 from cellar.secret import load_cluster_secret
+from cellar.tls import read_pem, server_context
+from cellar.tokens import DEFAULT_TOKENS_PATH, TokenStore, ensure_private
 from cellar.units import parse_host_port
 
 if TYPE_CHECKING:
@@ -55,7 +59,7 @@ def _freeze_heap() -> None:
     freeze_survivors()
 
 
-async def _ticker(leadership: Leadership, interval_s: float) -> None:
+async def _ticker(leadership: Leadership, authorizer: Authorizer, interval_s: float) -> None:
     """Run the background sweeps every `interval_s`; the lateness of each wake-up is loop lag."""
     loop = asyncio.get_running_loop()
     expected = loop.time() + interval_s
@@ -67,18 +71,22 @@ async def _ticker(leadership: Leadership, interval_s: float) -> None:
         try:
             leadership.service.tick(lag)  # the live service: a new one after each election
             leadership.tick()
+            authorizer.refresh()  # a token created or revoked through another master or the file
         except Exception:  # a bug in a sweep must not stop liveness tracking
             log.exception("background tick failed")
         _freeze_heap()
 
 
-async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | None = None) -> int:
+async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
+                ready: asyncio.Event | None = None) -> int:
     leadership = Leadership(config, secret, ha=bool(config.etcd))
-    servicer = MasterServicer(leadership)
+    authorizer = Authorizer(store, secret)
+    servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
+    registry.register(authorizer.collector())
 
     limit = config.grpc_max_message_bytes
-    server = grpc.aio.server(options=[
+    server = grpc.aio.server(interceptors=[AuthInterceptor(servicer)], options=[
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
@@ -90,14 +98,21 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     servicer.add_to_server(server)
     host, port = parse_host_port(config.listen)
     try:
-        bound = server.add_insecure_port(config.listen)
+        if config.tls_cert_file:  # cellar.tls: the fast line below uses the same certificate
+            bound = server.add_secure_port(config.listen, grpc.ssl_server_credentials(
+                [(read_pem(config.tls_key_file), read_pem(config.tls_cert_file))]))
+        else:
+            bound = server.add_insecure_port(config.listen)
+    except OSError as exc:
+        print(f"cellar master: cannot read the TLS files: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"cellar master: cannot listen on {config.listen}: {exc}", file=sys.stderr)
         return 1
     if not bound:
         print(f"cellar master: cannot listen on {config.listen}", file=sys.stderr)
         return 1
-    http = build_http(leadership, registry)
+    http = build_http(leadership, registry, authorizer)
     http_host, http_port = parse_host_port(config.http)
     try:
         http_bound = await http.start(http_host, http_port)
@@ -110,7 +125,8 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
                          frame_timeout_s=config.frame_timeout_s,
                          max_pending_bytes=config.max_pending_bytes)
     try:
-        servicer.fast_port = await fast.start(host)
+        servicer.fast_port = await fast.start(host, server_context(
+            config.tls_cert_file, config.tls_key_file) if config.tls_cert_file else None)
     except OSError as exc:  # gRPC alone still serves everything
         log.warning("metadata fast line not started on %s: %s", host, exc.strerror)
 
@@ -118,7 +134,7 @@ async def serve(config: MasterConfig, secret: bytes, *, ready: asyncio.Event | N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    ticker = asyncio.create_task(_ticker(leadership, config.tick_interval_s))
+    ticker = asyncio.create_task(_ticker(leadership, authorizer, config.tick_interval_s))
     campaign = None
     if leadership.ha:
         election = _election(config, leadership, f"{host}:{bound}", f"{http_host}:{http_bound}")
@@ -187,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     config = from_cli(MasterConfig, args, env_prefix=ENV_PREFIX)  # exits on --print-config/errors
     try:
         secret = load_cluster_secret(config.cluster_secret_file or None)
+        tokens_path = Path(config.tokens_file or DEFAULT_TOKENS_PATH).expanduser()
+        ensure_private(tokens_path)
+        store = TokenStore(tokens_path)
     except ConfigError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -196,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         _install_uvloop()
     started = time.monotonic()
     try:
-        code = asyncio.run(serve(config, secret))
+        code = asyncio.run(serve(config, secret, store))
     except KeyboardInterrupt:
         code = 0
     log.debug("master ran %.1f s", time.monotonic() - started)

@@ -50,7 +50,7 @@ class Segment:
 
     __slots__ = (
         "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
-        "quarantined_bytes", "gone", "rebuilding",
+        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info",
     )
 
     def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
@@ -64,6 +64,21 @@ class Segment:
         self.quarantined_bytes = 0
         self.gone = False
         self.rebuilding = False  # the node's report has not ended yet: no new placements
+        self._untrusted_info: Any = None
+
+    def untrusted_info(self) -> Any:
+        """`info` without its shm endpoints: what a client not trusted on the node's host sees
+        (mapping the segment file would expose every tenant's bytes; docs/security.md)."""
+        if self._untrusted_info is None:
+            info = self.info
+            if any(e.transport == "shm" for e in info.endpoints):
+                info = type(info)()
+                info.CopyFrom(self.info)
+                kept = [e for e in info.endpoints if e.transport != "shm"]
+                del info.endpoints[:]
+                info.endpoints.extend(kept)
+            self._untrusted_info = info
+        return self._untrusted_info
 
     def free_fraction(self) -> float:
         return self.allocator.free_bytes / self.allocator.capacity_bytes

@@ -74,7 +74,8 @@ class NodeRpcs:
         results = self.membership.mount(node_id, incarnation, list(segments), now,
                                         rebuilding=report_follows)
         return MountOutcome(results, int(self.config.heartbeat_interval_s * 1000),
-                            int(self.config.write_grant_ttl_s * 1000))
+                            int(self.config.write_grant_ttl_s * 1000),
+                            int(self.config.pin_ttl_s * 1000))  # read grants live as long as pins
 
     def report_objects(
         self, node_id: str, incarnation: int, segment_id: int, entries: Sequence[Any], last: bool

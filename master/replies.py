@@ -104,6 +104,7 @@ class MountOutcome:
     results: list[tuple[int, str]]
     heartbeat_interval_ms: int
     write_grant_ttl_ms: int = 0
+    read_grant_ttl_ms: int = 0
 
 
 @dataclass

@@ -36,6 +36,7 @@ from cellar.master.allocator import SegmentAllocator
 from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.eviction import Evictor
 from cellar.master.grace import RebuildGrace
+from cellar.master.ids import SecretIds
 from cellar.master.membership import ACTIVE, Membership, Segment
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, ObjectTable, Replica
@@ -100,7 +101,7 @@ class MasterService(NodeRpcs):
         self.role = "single"
         rng = rng or random.Random()
         base = self.epoch << ID_EPOCH_SHIFT
-        self._next_put_id = itertools.count(base + 1).__next__
+        self._next_put_id = SecretIds().next  # unguessable (cellar.master.ids)
         self._next_alloc_id = itertools.count(base + 1).__next__
         self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
                               max_tenants=config.max_tenants)
@@ -123,7 +124,6 @@ class MasterService(NodeRpcs):
         self.pins = PinTable(
             ttl_s=config.pin_ttl_s,
             max_per_client=config.max_pins_per_client,
-            id_base=base,
             on_first_pin=self.evictor.on_first_pin,
             on_last_unpin=self.objects.on_last_unpin,
         )

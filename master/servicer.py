@@ -5,10 +5,17 @@ failures -> gRPC status codes with a message (INVALID_ARGUMENT for a batch over 
 unknown tenant, a malformed message such as a non-UTF-8 string). It also counts requests, keys,
 failures and handling time per RPC for /metrics.
 
+Who may call what is decided before any body runs, in one place (`cellar.master.auth`): the
+gRPC `AuthInterceptor` here and the same `Authorizer.check` in `dispatch` for the fast line.
+Domain errors (`RequestRejected`, `AuthRefused`) become status codes through one table
+(`rejection`) for both lines.
+
 Requests are parsed by our own deserializer so that undecodable bytes become INVALID_ARGUMENT
 rather than grpc's generic INTERNAL. Handlers are coroutines that never await in the middle
 of a service call, so each request mutates metadata atomically on the one event loop. This
 module holds no state of its own besides the counters and never touches payload bytes.
+
+ClusterStatus only translates `cellar.master.status.summarize`, which /api/v1/status reports too.
 
 `dispatch` runs the same bodies for the master's metadata fast line (`cellar.master.fastrpc`),
 whose port ClusterStatus advertises in its trailing metadata.
@@ -26,14 +33,28 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cellar.coord.redirect import LEADER_METADATA
+from cellar.master.auth import CURRENT_IDENTITY, Authorizer, AuthRefused
 from cellar.master.fastrpc import FAST_PORT_METADATA
 from cellar.master.leadership import Leadership
 from cellar.master.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
+from cellar.master.status import summarize
 from cellar.proto import cellar_pb2 as pb
 
 SERVICE_NAME = "cellar.v1.Master"
 log = logging.getLogger("cellar.master")
+
+
+# The one table of domain errors -> gRPC status codes, for gRPC and the fast line alike. Both
+# domain errors name their code (`code`, a grpc.StatusCode name) and a `message`.
+DOMAIN_ERRORS: tuple[type[Exception], ...] = (RequestRejected, AuthRefused)
+_CODES = {code.name: code for code in grpc.StatusCode}
+
+
+def rejection(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a domain error is answered with."""
+    code = _CODES.get(getattr(exc, "code", ""), grpc.StatusCode.INTERNAL)
+    return code, str(getattr(exc, "message", exc))
 
 
 class _Malformed:
@@ -68,11 +89,26 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
         g.mac = r.mac
 
 
+def _trusted_on_host() -> bool:
+    """Whether the caller may see shm endpoints: its token says shm (or it is an admin)."""
+    identity = CURRENT_IDENTITY.get()
+    return identity is not None and (identity.shm or identity.admin)
+
+
+def _segment_infos(segments: list[Any]) -> list[Any]:
+    """The segments table of a reply: with shm endpoints only for an identity trusted on the
+    nodes' hosts; everyone else is shown tcp (and rdma) only."""
+    if _trusted_on_host():
+        return [s.info for s in segments]
+    return [s.untrusted_info() for s in segments]
+
+
 class MasterServicer:
     """Builds the method handlers for `cellar.v1.Master` over one MasterService."""
 
-    def __init__(self, leadership: Leadership) -> None:
+    def __init__(self, leadership: Leadership, authorizer: Authorizer) -> None:
         self.leadership = leadership
+        self.authorizer = authorizer
         self.stats: dict[str, RpcStats] = {name: RpcStats() for name in RPC_METRIC_NAMES}
         self.fast_port = 0  # the fast line's port once it listens (cellar.master.fastrpc)
 
@@ -90,7 +126,7 @@ class MasterServicer:
     def PutStart(self, req: pb.PutStartRequest, stats: RpcStats) -> pb.PutStartReply:
         h = req.header
         outcome = self.service.put_start(h.tenant, h.client_id, req.items)
-        reply = pb.PutStartReply(header=self._header(), segments=[s.info for s in outcome.segments])
+        reply = pb.PutStartReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0
         for r in outcome.results:
@@ -106,7 +142,7 @@ class MasterServicer:
     def GetReplicas(self, req: pb.GetReplicasRequest, stats: RpcStats) -> pb.GetReplicasReply:
         h = req.header
         outcome = self.service.get_replicas(h.tenant, h.client_id, req.keys, req.unpin_ids)
-        reply = pb.GetReplicasReply(header=self._header(), segments=[s.info for s in outcome.segments])
+        reply = pb.GetReplicasReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0
         for r in outcome.results:
@@ -183,6 +219,7 @@ class MasterServicer:
             pb.MountSegmentReply, outcome.results, stats,
             heartbeat_interval_ms=outcome.heartbeat_interval_ms,
             write_grant_ttl_ms=outcome.write_grant_ttl_ms,
+            read_grant_ttl_ms=outcome.read_grant_ttl_ms,
         )
 
     def ReportObjects(self, req: pb.ReportObjectsRequest, stats: RpcStats) -> pb.ReportObjectsReply:
@@ -212,37 +249,20 @@ class MasterServicer:
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:
-        leadership = self.leadership
-        service = self.service
-        if not leadership.serving():  # a standby: who leads, nothing else (it holds no metadata)
-            return pb.ClusterStatusReply(
-                header=pb.ReplyHeader(epoch=leadership.epoch, master_time_ms=service.clock.wall_ms()),
-                # a leader past its lease answers as what it is about to be: a standby
-                role="standby", leader_address=leadership.leader_address,
-                max_key_bytes=service.config.max_key_bytes,
-                max_batch_keys=service.config.max_batch_keys,
-            )
-        capacity, used = service.capacity()
-        segments = [
-            pb.SegmentStatus(
-                info=segment.info, state=segment.node.state,  # type: ignore[arg-type]
-                used_bytes=segment.allocator.used_bytes, object_count=len(segment.objects),
-            )
-            for segment in service.membership.segments.values()
-        ]
-        tenants = [
-            pb.TenantStatus(
-                name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
-                object_count=t.object_count, quota_objects=t.quota_objects,
-            )
-            for t in service.status_tenants(req.header.tenant)  # bounded: max_status_tenants
-        ]
-        config = service.config
+        summary = summarize(self.leadership, caller_tenant=req.header.tenant,
+                            trusted=_trusted_on_host())
+        header = pb.ReplyHeader(epoch=summary.epoch, master_time_ms=summary.master_time_ms)
         return pb.ClusterStatusReply(
-            header=self._header(), segments=segments, tenants=tenants,
-            object_count=service.objects.complete_count, capacity_bytes=capacity, used_bytes=used,
-            role=service.role, leader_address=leadership.leader_address, max_key_bytes=config.max_key_bytes,
-            max_object_bytes=service.largest_placeable_bytes(), max_batch_keys=config.max_batch_keys,
+            header=header, role=summary.role, leader_address=summary.leader_address,
+            max_key_bytes=summary.max_key_bytes, max_batch_keys=summary.max_batch_keys,
+            segments=[pb.SegmentStatus(info=s.info, state=s.state,  # type: ignore[arg-type]
+                                       used_bytes=s.used_bytes, object_count=s.object_count)
+                      for s in summary.segments],
+            tenants=[pb.TenantStatus(name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
+                                     object_count=t.object_count, quota_objects=t.quota_objects)
+                     for t in summary.tenants],
+            object_count=summary.object_count, capacity_bytes=summary.capacity_bytes,
+            used_bytes=summary.used_bytes, max_object_bytes=summary.max_object_bytes,
         )
 
     # ---------------------------------------------------------------- wiring
@@ -272,9 +292,9 @@ class MasterServicer:
                 )
             try:
                 reply = body(request, stats)
-            except RequestRejected as exc:
+            except DOMAIN_ERRORS as exc:
                 stats.failures += 1
-                await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+                await context.abort(*rejection(exc))
             except Exception as exc:  # a bug: keep serving, say so loudly
                 stats.failures += 1
                 log.exception("%s failed", name)
@@ -303,16 +323,22 @@ class MasterServicer:
             return (grpc.StatusCode.INVALID_ARGUMENT.value[0],
                     f"malformed {name} request (strings must be valid UTF-8): "
                     f"{request.reason}".encode())
+        token = None
         try:
+            token = CURRENT_IDENTITY.set(self.authorizer.check(name, request))
             reply = getattr(self, name)(request, stats)
-        except RequestRejected as exc:
+        except DOMAIN_ERRORS as exc:
             stats.failures += 1
-            return getattr(grpc.StatusCode, exc.code).value[0], exc.message.encode()
+            code, message = rejection(exc)
+            return code.value[0], message.encode()
         except Exception as exc:  # a bug: keep serving, say so loudly
             stats.failures += 1
             log.exception("%s failed", name)
             return (grpc.StatusCode.INTERNAL.value[0],
                     f"{name}: internal error: {exc!r}".encode())
+        finally:
+            if token is not None:
+                CURRENT_IDENTITY.reset(token)
         stats.observe(time.perf_counter() - started)
         return 0, serialize(reply)
 
@@ -356,3 +382,55 @@ class MasterServicer:
         handlers = self.method_handlers()
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """The one gRPC check in front of every handler: `Authorizer.check` on the parsed request
+    (the token is `RequestHeader.token`), then the handler with `CURRENT_IDENTITY` set. A
+    refusal is answered through `rejection` and counted in the RPC's failures."""
+
+    def __init__(self, servicer: MasterServicer) -> None:
+        self._servicer = servicer
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        wrapped = self._wrap(method.rpartition("/")[2], handler)
+        self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, name: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+        inner: Any = handler.unary_unary  # an async handler on grpc.aio (the stubs say sync)
+        assert inner is not None
+        check = self._servicer.authorizer.check
+        stats = self._servicer.stats.get(name)
+
+        async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if type(request) is _Malformed:  # no header to read: the handler says INVALID_ARGUMENT
+                return await inner(request, context)
+            try:
+                identity = check(name, request)
+            except AuthRefused as exc:
+                if stats is not None:
+                    stats.requests += 1
+                    stats.failures += 1
+                await context.abort(*rejection(exc))
+            token = CURRENT_IDENTITY.set(identity)
+            try:
+                return await inner(request, context)
+            finally:
+                CURRENT_IDENTITY.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            checked, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

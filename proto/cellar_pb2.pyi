@@ -348,18 +348,20 @@ class MountSegmentRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., report_follows: _Optional[bool] = ..., previous_epoch: _Optional[int] = ...) -> None: ...
 
 class MountSegmentReply(_message.Message):
-    __slots__ = ("header", "results", "heartbeat_interval_ms", "cluster_secret_check", "write_grant_ttl_ms")
+    __slots__ = ("header", "results", "heartbeat_interval_ms", "cluster_secret_check", "write_grant_ttl_ms", "read_grant_ttl_ms")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_SECRET_CHECK_FIELD_NUMBER: _ClassVar[int]
     WRITE_GRANT_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    READ_GRANT_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
     heartbeat_interval_ms: int
     cluster_secret_check: bytes
     write_grant_ttl_ms: int
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ..., write_grant_ttl_ms: _Optional[int] = ...) -> None: ...
+    read_grant_ttl_ms: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ..., write_grant_ttl_ms: _Optional[int] = ..., read_grant_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReportedObject(_message.Message):
     __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch")

@@ -176,3 +176,33 @@ def _check(expected_mac: bytes, grant: Grant, op: int, segment_id: int, offset: 
             f"[{offset}, +{length}) of segment {segment_id} not inside "
             f"[{grant.offset}, +{grant.length}) of segment {grant.segment_id}",
         )
+
+
+# ---- node credentials ---------------------------------------------------------------------
+# A storage node proves it is node N by sending `cellarnode_<mac>_<N>` as its request token,
+# where mac is keyed BLAKE2b-128 (hex) of N under the cluster secret. Whoever holds the secret
+# can already sign any grant, so deriving the credential from it gives nodes nothing new to
+# provision, and clients (which never hold the secret) cannot make one.
+
+NODE_CREDENTIAL_PREFIX = "cellarnode_"
+_NODE_DOMAIN = b"cellar node credential\0"
+
+
+def _node_mac(secret: bytes, node_id: str) -> str:
+    return hashlib.blake2b(_NODE_DOMAIN + node_id.encode(), key=secret,
+                           digest_size=GRANT_MAC_BYTES).hexdigest()
+
+
+def node_credential(secret: bytes, node_id: str) -> str:
+    """The bearer token node `node_id` sends on every master RPC."""
+    return f"{NODE_CREDENTIAL_PREFIX}{_node_mac(secret, node_id)}_{node_id}"
+
+
+def verify_node_credential(secret: bytes, token: str) -> str | None:
+    """The node id a node credential proves, or None if it is not a valid one."""
+    if not token.startswith(NODE_CREDENTIAL_PREFIX):
+        return None
+    mac, sep, node_id = token[len(NODE_CREDENTIAL_PREFIX):].partition("_")
+    if not sep or not node_id or len(mac) != 2 * GRANT_MAC_BYTES:
+        return None
+    return node_id if hmac.compare_digest(mac, _node_mac(secret, node_id)) else None

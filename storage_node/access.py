@@ -13,12 +13,19 @@ view, every request passes, in this order:
    (ST_OUT_OF_RANGE), and the index accepts the allocation: not sealed, not freed, same
    metadata as its first write (ST_SEALED, ST_BAD_GRANT).
 
+5. reads only: the index still holds the grant's allocation SEALED at exactly the granted
+   offset and size, under the tenant and key of the grant's key tag, and the grant was issued
+   after this node's current mount (ST_BAD_GRANT, ST_EXPIRED). A read grant therefore proves
+   the bytes are the reader's object, not merely that the range was once granted.
+
 shm and rdma clients copy payloads into segment memory themselves and then send a COMMIT
 (`commit`): it runs checks 1-4 exactly as for a WRITE, plus one: the segment file the client
 copied into is this node's current one (same st_dev/st_ino), and only then records the range.
 
 Invariant: no byte of segment memory is handed out for a request that failed any check, and
 `written` is the only way an allocation's received ranges (and so its sealing) advance.
+shm and rdma READS never reach this gate (the client maps or reads the memory itself): that
+is why shm is offered only to identities trusted on the host (docs/security.md).
 It never copies payload bytes itself and never blocks on the network; it is safe to call from
 any number of threads (the index has its own lock, the clock is read-only here).
 """
@@ -30,7 +37,7 @@ from collections.abc import Callable, Mapping
 
 from cellar.proto.grant import Grant, GrantRejected, GrantVerifier, key_tag
 from cellar.storage_node.clock import MasterClock
-from cellar.storage_node.index import ObjectIndex, WriteRefused
+from cellar.storage_node.index import ObjectIndex, ReadRefused, WriteRefused
 from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import (
     OP_COMMIT,
@@ -151,7 +158,17 @@ class NodeAccess:
         self.index.flush_journal()
 
     def readable(self, request: RequestHeader) -> memoryview:
-        segment, _grant = self._check(request, OP_READ)
+        segment, grant = self._check(request, OP_READ)
+        try:
+            tenant, key = self.index.admit_read(
+                alloc_id=grant.alloc_id, segment_id=segment.segment_id, object_offset=grant.offset,
+                length=grant.length, grant_expiry_ms=grant.expiry_ms)
+        except ReadRefused as exc:
+            raise FrameError(ST_EXPIRED if exc.reason == ReadRefused.STALE else ST_BAD_GRANT,
+                             str(exc)) from None
+        if key_tag(tenant, key) != grant.key_tag:
+            raise FrameError(ST_BAD_GRANT, f"allocation {grant.alloc_id} holds another object "
+                             "than the grant names")
         offset = request.offset  # inside the segment: _check made sure
         return segment.memory[offset:offset + request.length]
 

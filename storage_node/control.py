@@ -48,8 +48,8 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
   back off, bounded at MAX_BACKOFF_S) and logs each state change once, never per attempt.
 - On clean shutdown it unmounts (bounded by a short deadline).
 
-Every RPC carries RequestHeader(tenant="", client_id=node_id) and a deadline of
-master_timeout_s. It never touches segment memory and never blocks the event loop.
+Every RPC carries RequestHeader(tenant="", client_id=node_id, token=<node credential>) and a
+deadline of master_timeout_s. It never touches segment memory and never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ import grpc.aio
 
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
 from cellar.coord.target import LeaderRecord, is_etcd_url, parse_etcd_url
+from cellar.credentials import default_tls_ca
 from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
@@ -72,6 +73,7 @@ from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
+from cellar.tls import read_pem
 from cellar.units import parse_host_port
 
 log = logging.getLogger("cellar.node.control")
@@ -151,8 +153,11 @@ class ControlLoop:
         incarnation: int | None = None,
         verifier: Verifier | None = None,
         discovery: LeaderSource | None = None,
+        credential: str = "",
     ) -> None:
         self.node_id = node_id
+        # the node credential (cellar.proto.grant.node_credential): every RPC's header token
+        self._credential = credential
         self.host_id = host_id
         # `configured_master`: what the node was told (HOST:PORT or etcd://...); `master`: the
         # address it talks to now ("" until etcd named a leader).
@@ -202,11 +207,16 @@ class ControlLoop:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def _header(self) -> pb.RequestHeader:
-        return pb.RequestHeader(tenant="", client_id=self.node_id)
+        return pb.RequestHeader(tenant="", client_id=self.node_id, token=self._credential)
 
     def _ensure_channel(self) -> Any:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.master, options=CHANNEL_OPTIONS)
+            ca = default_tls_ca(self.master)  # cellar.tls: $CELLAR_TLS_CA when the master speaks TLS
+            if ca:
+                credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(ca))
+                self._channel = grpc.aio.secure_channel(self.master, credentials, options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.master, options=CHANNEL_OPTIONS)
             self._stub = pb_grpc.MasterStub(self._channel)
         return self._stub
 
@@ -429,7 +439,8 @@ class ControlLoop:
         if reply.header.epoch < old_epoch:
             log.warning("master epoch went back from %d to %d", old_epoch, reply.header.epoch)
         self.clock.epoch = reply.header.epoch
-        self.index.set_mount(reply.header.master_time_ms, reply.write_grant_ttl_ms)
+        self.index.set_mount(reply.header.master_time_ms, reply.write_grant_ttl_ms,
+                             reply.read_grant_ttl_ms)
         if reply.heartbeat_interval_ms > 0:
             self.heartbeat_interval_s = reply.heartbeat_interval_ms / 1000.0
         if entries and not await self._report(entries):

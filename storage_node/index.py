@@ -47,6 +47,14 @@ The write floor (grants issued before the current mount)
     is refused (FREED: that allocation takes no more writes, ever). Until the first mount a
     node started with `refuse_writes_until_mount()` accepts no write at all.
 
+The read check (grants that prove the bytes are the reader's)
+    A read grant names an allocation; `admit_read` answers only while that allocation is
+    SEALED here at the granted offset and size, and gives back its tenant and key so the
+    caller can compare them with the grant's key tag. Once the master frees the range (the
+    reader unpinned, the object was removed) the entry is dropped, so an old grant reads
+    nothing even if the range already holds the next tenant's object. `set_mount` also sets a
+    read floor: read grants issued before the current mount are refused.
+
 It never touches segment memory and never decides whether a grant is authentic (access.py
 does); alloc ids are unique per master epoch, which is all this issue relies on.
 """
@@ -109,6 +117,17 @@ class WriteRefused(Exception):
         self.reason = reason
 
 
+class ReadRefused(Exception):
+    """A read the index does not allow; `reason` is one of the class constants."""
+
+    GONE = "gone"     # the allocation is not (or no longer, or not yet completely) here
+    STALE = "stale"   # the grant predates this node's current mount
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
 class FreedLike(Protocol):
     """What apply_freed needs of a proto FreedRange."""
 
@@ -155,6 +174,8 @@ class ObjectIndex:
         self._defer_journal = defer_journal
         self._write_floor_ms = 0      # grants issued before this master time are refused
         self._write_grant_ttl_ms = 0
+        self._read_floor_ms = 0       # read grants issued before this master time are refused
+        self._read_grant_ttl_ms = 0
         self._entries: dict[int, IndexEntry] = {}
         # per segment: (offset, alloc_id) of entries holding bytes, sorted
         self._order: dict[int, SortedSpans] = {}
@@ -280,11 +301,35 @@ class ObjectIndex:
         with self._lock:
             self._write_floor_ms = _NO_WRITES_MS
 
-    def set_mount(self, mount_ms: int, write_grant_ttl_ms: int) -> None:
-        """Refuse from now on every write grant issued before master time `mount_ms`."""
+    def set_mount(self, mount_ms: int, write_grant_ttl_ms: int, read_grant_ttl_ms: int = 0) -> None:
+        """Refuse from now on every write grant, and every read grant, issued before master
+        time `mount_ms` (a master that sends no read TTL gets no read floor)."""
         with self._lock:
             self._write_floor_ms = mount_ms
             self._write_grant_ttl_ms = max(write_grant_ttl_ms, 0)
+            self._read_floor_ms = mount_ms if read_grant_ttl_ms > 0 else 0
+            self._read_grant_ttl_ms = max(read_grant_ttl_ms, 0)
+
+    def admit_read(self, *, alloc_id: int, segment_id: int, object_offset: int, length: int,
+                   grant_expiry_ms: int) -> tuple[str, str]:
+        """(tenant, key) of the SEALED allocation a read grant names, if this node still holds
+        it exactly there; else ReadRefused. The caller checks that (tenant, key) is the
+        object the grant was signed for: a reused range holds another allocation (or none)."""
+        with self._lock:
+            if self._read_floor_ms and grant_expiry_ms - self._read_grant_ttl_ms < self._read_floor_ms:
+                raise ReadRefused(ReadRefused.STALE,
+                                  f"allocation {alloc_id}: the read grant was issued before this "
+                                  "node's current mount")
+            entry = self._entries.get(alloc_id)
+            if entry is None:
+                raise ReadRefused(ReadRefused.GONE, f"allocation {alloc_id} is not held here")
+            if entry.state is not AllocState.SEALED:
+                raise ReadRefused(ReadRefused.GONE, f"allocation {alloc_id} is not sealed")
+            if (entry.segment_id, entry.offset, entry.length) != (segment_id, object_offset, length):
+                raise ReadRefused(ReadRefused.GONE,
+                                  f"allocation {alloc_id} is {entry.length} bytes at "
+                                  f"{entry.segment_id}/{entry.offset}, not where the grant says")
+            return entry.tenant, entry.key
 
     def restore(self, entries: Iterable[JournalEntry], segment_sizes: dict[int, int]) -> list[int]:
         """Re-create SEALED entries replayed from the journal; returns their alloc ids.

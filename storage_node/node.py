@@ -24,6 +24,7 @@ from typing import Any
 
 from cellar.heap import freeze_survivors
 from cellar.http import HttpServer
+from cellar.proto.grant import node_credential
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
@@ -103,7 +104,7 @@ class StorageNode:
             node_id=cfg.node_id, host_id=cfg.host_id, master=cfg.master, segments=self.segments,
             tcp_address=self.tcp_address, index=self.index, clock=self.clock,
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
-            verifier=self.verifier,
+            verifier=self.verifier, credential=node_credential(self.secret, cfg.node_id),
         )
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)

@@ -15,6 +15,7 @@ must hold on a loaded 2-core machine.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
 from cellar.storage_node.segment import segment_path
+from cellar.tokens import new_token
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult
 from cellar.transfer.frame import WriteMeta
 from cellar.transfer.tcp import TcpTransport
@@ -40,9 +42,18 @@ FAST = {
 }
 
 
+# One admin token for the whole test session (and the scripts it spawns, which inherit the
+# environment): every fault cluster accepts it, so raw-stub requests (`header()`) need no cluster.
+TEST_ADMIN_TOKEN = os.environ.setdefault("CELLAR_TEST_ADMIN_TOKEN", new_token()[1])
+
+
 class FaultCluster(LocalCluster):
     """A `LocalCluster` (restart_master, restart_node, signal_node, signal_master live there,
-    shared with `cellar soak`) plus a few test conveniences."""
+    shared with `cellar soak`) plus a few test conveniences; it accepts `TEST_ADMIN_TOKEN`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("admin_tokens", [TEST_ADMIN_TOKEN])
+        super().__init__(*args, **kwargs)
 
     def node_log(self, index: int) -> str:
         return self.nodes[index].log_path.read_text(errors="replace")
@@ -77,7 +88,7 @@ def raw_stub(cluster: LocalCluster) -> tuple[grpc.Channel, pb_grpc.MasterStub]:
 
 
 def header(tenant: str = "default") -> pb.RequestHeader:
-    return pb.RequestHeader(tenant=tenant, client_id="fault-test")
+    return pb.RequestHeader(tenant=tenant, client_id="fault-test", token=TEST_ADMIN_TOKEN)
 
 
 def locations(stub: pb_grpc.MasterStub, keys: list[str]) -> dict[str, list[Any]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+from faultkit import TEST_ADMIN_TOKEN
 
 from cellar.local_cluster import LocalCluster
 
@@ -41,7 +42,7 @@ def ha_cluster(nodes: int = 3, *, lease_ttl_s: int = 3,
     if the body raised (a failed assertion included)."""
     cluster = LocalCluster(nodes, segment_size, ha=True, masters=2, lease_ttl_s=lease_ttl_s,
                            cluster_name=f"t{time.monotonic_ns() % 10**9}",
-                           master_flags=master_flags)
+                           master_flags=master_flags, admin_tokens=[TEST_ADMIN_TOKEN])
     try:
         cluster.start()
         yield cluster

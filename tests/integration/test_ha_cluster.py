@@ -75,7 +75,7 @@ def test_one_leader_one_standby_redirects_and_discovery(ha_cluster):
     # The standby: ClusterStatus names the leader; anything else is a redirect to it.
     with grpc.insecure_channel(stand.address) as channel:
         stub = pb_grpc.MasterStub(channel)
-        header = pb.RequestHeader(tenant="default", client_id="ha-test")
+        header = pb.RequestHeader(tenant="default", client_id="ha-test", token=cluster.token)
         reply = stub.ClusterStatus(pb.ClusterStatusRequest(header=header), timeout=5)
         assert reply.role == "standby" and reply.leader_address == lead.address
         assert len(reply.segments) == 0

@@ -11,7 +11,7 @@ import time
 
 import grpc
 import pytest
-from master_harness import running_master
+from master_harness import admin_header, running_master
 
 from cellar.client import rpc
 from cellar.errors import InvalidArgument, Timeout, Unavailable
@@ -19,7 +19,7 @@ from cellar.master import fastrpc
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc
 
-HEADER = pb.RequestHeader(tenant="default", client_id="fast-line-test")
+HEADER = admin_header("default", "fast-line-test")
 
 
 def deadline(seconds: float = 10.0) -> float:

@@ -4,6 +4,7 @@ segments and heartbeats): put/get flows, bad input, eviction under pressure, HTT
 from __future__ import annotations
 
 import json
+import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -11,11 +12,11 @@ from typing import Any
 
 import grpc
 import pytest
-from master_harness import MasterProcess, running_master
+from master_harness import TEST_ADMIN_TOKEN, MasterProcess, admin_header, running_master
 
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, verify
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, node_credential, verify
 
 MiB = 1 << 20
 # long liveness timeouts: the simulated nodes of this module never heartbeat
@@ -24,7 +25,7 @@ FLAGS = ("--node-suspect-after-s", "600", "--node-expire-after-s", "1200")
 
 @pytest.fixture(scope="module")
 def master() -> Iterator[MasterProcess]:
-    with running_master(*FLAGS) as process:
+    with running_master(*FLAGS, secret=SECRET) as process:
         yield process
     assert process.proc.returncode == 0, process.stderr()
 
@@ -44,7 +45,7 @@ def stub(channel: grpc.Channel) -> pb_grpc.MasterStub:
 def nodes(stub: pb_grpc.MasterStub) -> list[str]:
     for n in (1, 2):
         reply = stub.MountSegment(pb.MountSegmentRequest(
-            node_id=f"node-{n}", incarnation=1,
+            header=NODE_HEADERS[f"node-{n}"], node_id=f"node-{n}", incarnation=1,
             segments=[pb.SegmentInfo(segment_id=100 + n, size_bytes=256 * MiB, host_id=f"host-{n}",
                                      endpoints=[pb.Endpoint(transport="tcp", address=f"127.0.0.1:{9000 + n}")])],
         ))
@@ -53,8 +54,21 @@ def nodes(stub: pb_grpc.MasterStub) -> list[str]:
     return ["node-1", "node-2"]
 
 
+SECRET = secrets.token_bytes(32)  # every master of this module: node credentials derive from it
+
+
+class _NodeHeaders:
+    """NODE_HEADERS[node_id]: a header with that node's credential."""
+
+    def __getitem__(self, node_id: str) -> pb.RequestHeader:
+        return pb.RequestHeader(client_id=node_id, token=node_credential(SECRET, node_id))
+
+
+NODE_HEADERS = _NodeHeaders()
+
+
 def header(tenant: str = "") -> pb.RequestHeader:
-    return pb.RequestHeader(tenant=tenant, client_id="test-client")
+    return admin_header(tenant)  # the session's admin token acts as any tenant
 
 
 def put(stub: pb_grpc.MasterStub, keys: list[str], size: int = 4096, tenant: str = "", **kw: Any) -> list[int]:
@@ -175,9 +189,9 @@ def test_bad_keys_and_sizes_are_per_key_invalid(stub: pb_grpc.MasterStub, nodes:
 def test_non_utf8_key_is_invalid_argument(channel: grpc.Channel, stub: pb_grpc.MasterStub, nodes: list[str]) -> None:
     before = snapshot(stub)
     for method, request, reply_cls in [
-        ("PutStart", pb.PutStartRequest(items=[pb.PutItem(key="@@", size_bytes=10)]), pb.PutStartReply),
-        ("GetReplicas", pb.GetReplicasRequest(keys=["@@"]), pb.GetReplicasReply),
-        ("Exists", pb.KeysRequest(keys=["@@"]), pb.ExistsReply),
+        ("PutStart", pb.PutStartRequest(header=header(), items=[pb.PutItem(key="@@", size_bytes=10)]), pb.PutStartReply),
+        ("GetReplicas", pb.GetReplicasRequest(header=header(), keys=["@@"]), pb.GetReplicasReply),
+        ("Exists", pb.KeysRequest(header=header(), keys=["@@"]), pb.ExistsReply),
     ]:
         payload = request.SerializeToString().replace(b"@@", b"\xff\xfe")
         with pytest.raises(grpc.RpcError) as info:
@@ -240,10 +254,10 @@ def test_reply_stays_under_the_message_limit(stub: pb_grpc.MasterStub, nodes: li
 
 
 def test_unmount_and_heartbeat_contract(stub: pb_grpc.MasterStub, nodes: list[str]) -> None:
-    mounted = stub.MountSegment(pb.MountSegmentRequest(node_id="temp-node", incarnation=5, segments=[
+    mounted = stub.MountSegment(pb.MountSegmentRequest(header=NODE_HEADERS["temp-node"], node_id="temp-node", incarnation=5, segments=[
         pb.SegmentInfo(segment_id=999, size_bytes=MiB, host_id="tmp")]))
     assert mounted.results[0].status == pb.OK
-    dup = stub.MountSegment(pb.MountSegmentRequest(node_id="thief", incarnation=1, segments=[
+    dup = stub.MountSegment(pb.MountSegmentRequest(header=NODE_HEADERS["thief"], node_id="thief", incarnation=1, segments=[
         pb.SegmentInfo(segment_id=999, size_bytes=MiB)]))
     assert dup.results[0].status == pb.INVALID
     started = stub.PutStart(pb.PutStartRequest(header=header(), items=[
@@ -251,16 +265,16 @@ def test_unmount_and_heartbeat_contract(stub: pb_grpc.MasterStub, nodes: list[st
     assert started.results[0].replicas[0].node_id == "temp-node"
     stub.PutRevoke(pb.PutRevokeRequest(header=header(), items=[
         pb.PutRef(key="tmp/k", put_id=started.results[0].put_id)]))
-    beat = stub.Heartbeat(pb.HeartbeatRequest(node_id="temp-node", incarnation=5, freed_ack_seq=0))
+    beat = stub.Heartbeat(pb.HeartbeatRequest(header=NODE_HEADERS["temp-node"], node_id="temp-node", incarnation=5, freed_ack_seq=0))
     assert not beat.remount and len(beat.freed) == 1
     assert beat.freed[0].alloc_id == started.results[0].replicas[0].grant.alloc_id
     assert beat.freed_seq > 0
-    acked = stub.Heartbeat(pb.HeartbeatRequest(node_id="temp-node", incarnation=5, freed_ack_seq=beat.freed_seq))
+    acked = stub.Heartbeat(pb.HeartbeatRequest(header=NODE_HEADERS["temp-node"], node_id="temp-node", incarnation=5, freed_ack_seq=beat.freed_seq))
     assert list(acked.freed) == []
-    assert stub.Heartbeat(pb.HeartbeatRequest(node_id="temp-node", incarnation=6)).remount
-    gone = stub.UnmountSegment(pb.UnmountSegmentRequest(node_id="temp-node", segment_ids=[999, 999]))
+    assert stub.Heartbeat(pb.HeartbeatRequest(header=NODE_HEADERS["temp-node"], node_id="temp-node", incarnation=6)).remount
+    gone = stub.UnmountSegment(pb.UnmountSegmentRequest(header=NODE_HEADERS["temp-node"], node_id="temp-node", segment_ids=[999, 999]))
     assert [r.status for r in gone.results] == [pb.OK, pb.NOT_FOUND]
-    assert stub.Heartbeat(pb.HeartbeatRequest(node_id="temp-node", incarnation=5)).remount
+    assert stub.Heartbeat(pb.HeartbeatRequest(header=NODE_HEADERS["temp-node"], node_id="temp-node", incarnation=5)).remount
 
 
 # ---- HTTP ----
@@ -306,7 +320,8 @@ def test_tenant_admin_api(master: MasterProcess, stub: pb_grpc.MasterStub, nodes
     def send(method: str, body: Any) -> tuple[int, Any]:
         request = urllib.request.Request(master.http_url + "/api/v1/tenants", method=method,
                                          data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, json.loads(response.read())
@@ -331,19 +346,19 @@ def test_tenant_admin_api(master: MasterProcess, stub: pb_grpc.MasterStub, nodes
 
 def test_eviction_under_pressure() -> None:
     # A dedicated small node: puts keep succeeding by evicting the least recently used objects.
-    with running_master(*FLAGS) as small, grpc.insecure_channel(small.grpc_address) as ch:
+    with running_master(*FLAGS, secret=SECRET) as small, grpc.insecure_channel(small.grpc_address) as ch:
         s = pb_grpc.MasterStub(ch)
-        s.MountSegment(pb.MountSegmentRequest(node_id="tiny", incarnation=1, segments=[
+        s.MountSegment(pb.MountSegmentRequest(header=NODE_HEADERS["tiny"], node_id="tiny", incarnation=1, segments=[
             pb.SegmentInfo(segment_id=7, size_bytes=8 * MiB)]))
         for i in range(24):
             put(s, [f"evict/{i}"], size=MiB)
-        status = s.ClusterStatus(pb.ClusterStatusRequest())
+        status = s.ClusterStatus(pb.ClusterStatusRequest(header=header()))
         assert status.object_count <= 8 and status.used_bytes <= 8 * MiB
-        exists = s.Exists(pb.KeysRequest(keys=[f"evict/{i}" for i in range(24)])).statuses
+        exists = s.Exists(pb.KeysRequest(header=header(), keys=[f"evict/{i}" for i in range(24)])).statuses
         assert list(exists[-status.object_count:]) == [pb.OK] * status.object_count  # newest kept
-        pins = s.GetReplicas(pb.GetReplicasRequest(keys=[f"evict/{i}" for i in range(24)]))
+        pins = s.GetReplicas(pb.GetReplicasRequest(header=header(), keys=[f"evict/{i}" for i in range(24)]))
         assert sum(1 for r in pins.results if r.status == pb.OK) == status.object_count
-        refused = s.PutStart(pb.PutStartRequest(items=[pb.PutItem(key="evict/x", size_bytes=MiB)]))
+        refused = s.PutStart(pb.PutStartRequest(header=header(), items=[pb.PutItem(key="evict/x", size_bytes=MiB)]))
         assert refused.results[0].status == pb.NO_SPACE  # everything is pinned now
         _, _, metrics = http_get(small, "/metrics")
         evicted = next(line for line in metrics.splitlines() if line.startswith("master_evicted_key_count "))

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -19,7 +20,6 @@ from master_harness import running_master
 
 from cellar.master.config import MasterConfig
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto import cellar_pb2_grpc as pb_grpc
 
 MiB = 1 << 20
 FAST_LIVENESS = (
@@ -106,7 +106,7 @@ def test_sigint_and_sigterm_stop_cleanly() -> None:
 class Heartbeater:
     """A simulated node: mounts a segment, then heartbeats until told to stop."""
 
-    def __init__(self, stub: pb_grpc.MasterStub, node_id: str, segment_id: int, size: int = 64 * MiB) -> None:
+    def __init__(self, stub: Any, node_id: str, segment_id: int, size: int = 64 * MiB) -> None:
         self.stub = stub
         self.node_id = node_id
         reply = stub.MountSegment(pb.MountSegmentRequest(node_id=node_id, incarnation=1, segments=[
@@ -134,7 +134,7 @@ class Heartbeater:
         self._thread.join(5)
 
 
-def segment_states(stub: pb_grpc.MasterStub) -> dict[str, int]:
+def segment_states(stub: Any) -> dict[str, int]:
     status = stub.ClusterStatus(pb.ClusterStatusRequest())
     return {s.info.node_id: s.state for s in status.segments}
 
@@ -149,7 +149,7 @@ def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-unt
 
 def test_silent_node_goes_suspect_then_expires() -> None:
     with running_master(*FAST_LIVENESS) as master, grpc.insecure_channel(master.grpc_address) as ch:
-        stub = pb_grpc.MasterStub(ch)
+        stub = master.stub(ch)
         alive = Heartbeater(stub, "alive", 1)
         quiet = Heartbeater(stub, "quiet", 2)
         started = stub.PutStart(pb.PutStartRequest(items=[
@@ -180,7 +180,7 @@ def test_silent_node_goes_suspect_then_expires() -> None:
 
 def test_stopped_master_does_not_expire_nodes_for_its_own_stall() -> None:
     with running_master(*FAST_LIVENESS) as master, grpc.insecure_channel(master.grpc_address) as ch:
-        stub = pb_grpc.MasterStub(ch)
+        stub = master.stub(ch)
         node = Heartbeater(stub, "steady", 1)
         time.sleep(0.3)
         master.proc.send_signal(signal.SIGSTOP)
@@ -199,7 +199,7 @@ def test_quota_from_config_file(tmp_path: Path) -> None:
         '[tenants.small]\nquota_bytes = "2MiB"\n'
     )
     with running_master("--config", str(config)) as master, grpc.insecure_channel(master.grpc_address) as ch:
-        stub = pb_grpc.MasterStub(ch)
+        stub = master.stub(ch)
         stub.MountSegment(pb.MountSegmentRequest(node_id="n", incarnation=1, segments=[
             pb.SegmentInfo(segment_id=1, size_bytes=64 * MiB)]))
         small = pb.RequestHeader(tenant="small", client_id="c")

@@ -35,7 +35,7 @@ from cellar.transfer.frame import (
     decode_response,
 )
 from cellar.transfer.tcp import TcpTransport
-from tests.integration.master_harness import MasterProcess, start_master
+from tests.integration.master_harness import MasterProcess, admin_header, start_master
 from tests.integration.node_harness import NodeProcess, kill_node, start_node
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,7 +85,7 @@ class Cluster:
         self.channel.close()
 
     def header(self) -> pb.RequestHeader:
-        return pb.RequestHeader(tenant=TENANT, client_id="node-test")
+        return admin_header(TENANT, "node-test")
 
     def status(self) -> pb.ClusterStatusReply:
         return self.stub.ClusterStatus(pb.ClusterStatusRequest(header=self.header()), timeout=5)

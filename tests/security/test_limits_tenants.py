@@ -12,11 +12,13 @@ from __future__ import annotations
 import pytest
 
 from cellar.errors import ConfigError, QuotaExceeded
+from cellar.master.auth import Authorizer
 from cellar.master.config import MasterConfig, TenantQuota
 from cellar.master.leadership import Leadership
 from cellar.master.metrics import RpcStats
 from cellar.master.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
+from cellar.tokens import TokenStore
 
 SECRET = bytes(range(32))
 LONG_NAME = "t" * 100  # long names made the old reply grow fastest
@@ -25,7 +27,8 @@ LONG_NAME = "t" * 100  # long names made the old reply grow fastest
 def _servicer(**settings: object) -> MasterServicer:
     config = MasterConfig(**settings)  # type: ignore[arg-type]
     config.validate()
-    return MasterServicer(Leadership(config, SECRET, ha=False))
+    # the bodies are called directly, behind no Authorizer check (cellar.master.auth)
+    return MasterServicer(Leadership(config, SECRET, ha=False), Authorizer(TokenStore(None), SECRET))
 
 
 def _status(servicer: MasterServicer, tenant: str = "") -> pb.ClusterStatusReply:

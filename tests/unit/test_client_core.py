@@ -140,7 +140,7 @@ def test_not_found_is_also_a_key_error():
     (grpc.StatusCode.UNAVAILABLE, cellar.Unavailable),
     (grpc.StatusCode.DEADLINE_EXCEEDED, cellar.Timeout),
     (grpc.StatusCode.PERMISSION_DENIED, cellar.PermissionDenied),
-    (grpc.StatusCode.UNAUTHENTICATED, cellar.PermissionDenied),
+    (grpc.StatusCode.UNAUTHENTICATED, cellar.Unauthenticated),  # a PermissionDenied subclass
     (grpc.StatusCode.FAILED_PRECONDITION, cellar.NotReady),
     (grpc.StatusCode.INTERNAL, cellar.CellarError),
     (None, cellar.CellarError),

@@ -13,10 +13,12 @@ from cellar.coord.election import LeaderElection, fence_margin_s
 from cellar.coord.redirect import leader_from_details
 from cellar.coord.target import EtcdTarget, LeaderRecord, parse_etcd_url
 from cellar.errors import ConfigError, InvalidArgument
+from cellar.master.auth import Authorizer
 from cellar.master.config import MasterConfig
 from cellar.master.leadership import Leadership
 from cellar.master.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
+from cellar.tokens import KIND_TENANT, TokenStore
 
 UNAVAILABLE = 14
 LEADER = LeaderRecord("m1", "127.0.0.1:7001", "127.0.0.1:8001", 1_800_000_000_000)
@@ -45,8 +47,16 @@ def ha_leadership() -> tuple[Leadership, StubElection]:
     return leadership, election
 
 
+STORE = TokenStore(None)  # in memory
+TOKEN = STORE.create(KIND_TENANT, "default")[1]
+
+
+def make_servicer(leadership: Leadership) -> MasterServicer:
+    return MasterServicer(leadership, Authorizer(STORE, SECRET))
+
+
 def put_request(key: str = "k") -> bytes:
-    return pb.PutStartRequest(header=pb.RequestHeader(tenant="default", client_id="c"),
+    return pb.PutStartRequest(header=pb.RequestHeader(tenant="default", client_id="c", token=TOKEN),
                               items=[pb.PutItem(key=key, size_bytes=4096)]).SerializeToString()
 
 
@@ -59,7 +69,7 @@ def test_single_master_always_serves() -> None:
 def test_standby_redirects_every_rpc_but_cluster_status() -> None:
     leadership, _ = ha_leadership()
     leadership.on_leader(LEADER)
-    servicer = MasterServicer(leadership)
+    servicer = make_servicer(leadership)
     code, details = servicer.dispatch("PutStart", put_request())
     assert code == UNAVAILABLE
     assert leader_from_details(details.decode()) == LEADER.address
@@ -73,7 +83,7 @@ def test_elected_master_serves_until_its_lease_lapses_then_refuses_writes() -> N
     leadership, election = ha_leadership()
     leadership.on_elected(LEADER.epoch + 1)
     election.lease_valid = True
-    servicer = MasterServicer(leadership)
+    servicer = make_servicer(leadership)
     mount(leadership.service, "n1", 1)
     code, body = servicer.dispatch("PutStart", put_request())
     assert code == 0
@@ -82,7 +92,7 @@ def test_elected_master_serves_until_its_lease_lapses_then_refuses_writes() -> N
     assert reply.results[0].replicas[0].grant.epoch == LEADER.epoch + 1
     # Frozen past its lease: the very next request is refused, before any etcd callback ran.
     election.lease_valid = False
-    end = pb.PutEndRequest(header=pb.RequestHeader(tenant="default", client_id="c"),
+    end = pb.PutEndRequest(header=pb.RequestHeader(tenant="default", client_id="c", token=TOKEN),
                            items=[pb.PutEndItem(key="k", put_id=reply.results[0].put_id)])
     code, details = servicer.dispatch("PutEnd", end.SerializeToString())
     assert code == UNAVAILABLE and "not the leader" in details.decode()

@@ -38,7 +38,7 @@ def slow_put_start(svc: MasterService, items: list[PutItem]) -> PutStartOutcome:
 def summary(outcome: PutStartOutcome) -> list[tuple]:  # type: ignore[type-arg]
     rows: list[tuple] = [tuple(s.segment_id for s in outcome.segments)]  # type: ignore[type-arg]
     for r in outcome.results:
-        rows.append((r.status, r.message, r.put_id,
+        rows.append((r.status, r.message, bool(r.put_id),  # put ids are random: present or not
                      [(g.node_id, g.segment_id, g.offset, g.length, g.op, g.alloc_id, g.epoch,
                        g.expiry_ms, g.key_tag, g.mac) for g in r.replicas]))
     return rows
@@ -47,7 +47,7 @@ def summary(outcome: PutStartOutcome) -> list[tuple]:  # type: ignore[type-arg]
 def state(svc: MasterService) -> tuple:  # type: ignore[type-arg]
     tenant = svc.tenant("default")
     return (sorted(tenant.writing), tenant.used_bytes, tenant.object_count, svc.no_space_count,
-            sorted(svc.objects.puts),
+            sorted((o.tenant.name, o.key) for o in svc.objects.puts.values()),
             [(s.segment_id, s.allocator.used_bytes, len(s.objects))
              for s in svc.membership.segments.values()])
 

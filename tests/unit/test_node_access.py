@@ -189,4 +189,6 @@ def test_late_writer_cannot_touch_reused_range(node: NodeAccess) -> None:
     new = make_grant(alloc=11, key="new")
     write(node, new, b"n" * 1000, wmeta=meta(key="new"))
     assert status_of(node.writable, request(old, old.offset, 10), meta(key="old")) == ST_SEALED
-    assert bytes(node.readable(request(make_grant(GRANT_OP_READ)))) == b"n" * 1000
+    assert bytes(node.readable(request(make_grant(GRANT_OP_READ, alloc=11, key="new")))) == b"n" * 1000
+    # a read grant of the old allocation reads nothing: the range holds another object now
+    assert status_of(node.readable, request(make_grant(GRANT_OP_READ, alloc=10, key="old"))) == ST_BAD_GRANT

@@ -1,0 +1,99 @@
+"""TLS for the master's gRPC port and its metadata fast line: certificates and contexts.
+
+What TLS covers here (docs/security.md): clients and nodes reach the master over gRPC and
+the fast line with the master's certificate verified against a CA file; the bearer tokens and
+node credentials then never cross the network in clear. Not covered: the HTTP admin API and
+the TCP data plane stay plaintext (payload bytes and grants are readable on the wire), and
+mutual TLS for nodes is not built (nodes prove themselves with their credential).
+
+Who uses what:
+- the master: `tls_cert_file` + `tls_key_file` (cellar.master.config) -> gRPC
+  `ssl_server_credentials` and `server_context()` for the fast line;
+- clients and nodes: the CA file from `cellar.credentials.default_tls_ca(address)`
+  (`$CELLAR_TLS_CA`, else the "tls_ca" of the address's credentials file) -> a secure gRPC
+  channel and `client_context()` for the fast line. No CA: plaintext, as before.
+- `cellar up --tls` (LocalCluster): `make_dev_pki` writes a throwaway CA and a server
+  certificate for the cluster's host into the run directory, with the `cryptography` package
+  (extra `cellar-kv[tls]`); it is imported only there.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from cellar.credentials import write_private_bytes
+
+DEV_CERT_DAYS = 30
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+
+def make_dev_pki(directory: Path, hosts: list[str]) -> TlsFiles:
+    """A new CA and a server certificate for `hosts` (IPs or names), PEM files under
+    `directory` (keys 0600). For local and test clusters: the CA key is thrown away."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    not_after = now + datetime.timedelta(days=DEV_CERT_DAYS)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cellar dev CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys([*hosts, "127.0.0.1", "localhost"]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else "cellar")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    files = TlsFiles(directory / "ca.pem", directory / "master.pem", directory / "master.key")
+    write_private_bytes(files.ca_file, ca.public_bytes(serialization.Encoding.PEM))
+    write_private_bytes(files.cert_file, cert.public_bytes(serialization.Encoding.PEM))
+    write_private_bytes(files.key_file, key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return files
+
+
+def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The fast line's server side (TLS 1.2+)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def client_context(ca_file: str) -> ssl.SSLContext:
+    """The fast line's client side: the master's certificate must chain to `ca_file` and name
+    the host connected to."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def read_pem(path: str) -> bytes:
+    return Path(path).expanduser().read_bytes()

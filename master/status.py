@@ -1,0 +1,68 @@
+"""The cluster summary that ClusterStatus (gRPC) and /api/v1/status (HTTP) both report.
+
+One place reads the tables for a status answer, so the two faces cannot disagree: totals,
+each segment with its node's state and use, the tenants a caller may be shown (bounded by
+`max_status_tenants`, the caller's own first), and the limits a client needs. Segment infos
+carry shm endpoints only for a caller trusted on the nodes' hosts (docs/security.md).
+It only reads state and never builds protobuf or JSON itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cellar.master.leadership import Leadership
+    from cellar.master.membership import Segment
+    from cellar.master.tenants import Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSummary:
+    segment: Segment
+    info: Any            # SegmentInfo as the caller may see it (shm endpoints or not)
+    state: int           # the node's NodeState
+    used_bytes: int
+    object_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSummary:
+    serving: bool
+    role: str
+    epoch: int
+    master_time_ms: int
+    leader_address: str
+    max_key_bytes: int
+    max_batch_keys: int
+    # the rest is empty on a standby (it holds no metadata)
+    capacity_bytes: int = 0
+    used_bytes: int = 0
+    object_count: int = 0
+    max_object_bytes: int = 0
+    segments: tuple[SegmentSummary, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+
+
+def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool = False) -> ClusterSummary:
+    """The summary as `caller_tenant` sees it; `trusted`: show shm endpoints."""
+    service = leadership.service
+    config = service.config
+    if not leadership.serving():  # a leader past its lease answers as what it is about to be
+        return ClusterSummary(False, "standby", leadership.epoch, service.clock.wall_ms(),
+                              leadership.leader_address, config.max_key_bytes,
+                              config.max_batch_keys)
+    epoch, wall_ms = service.header()
+    capacity, used = service.capacity()
+    segments = tuple(
+        SegmentSummary(s, s.info if trusted else s.untrusted_info(), s.node.state,
+                       s.allocator.used_bytes, len(s.objects))
+        for s in service.membership.segments.values()
+    )
+    return ClusterSummary(
+        True, service.role, epoch, wall_ms, leadership.leader_address, config.max_key_bytes,
+        config.max_batch_keys, capacity, used, service.objects.complete_count,
+        service.largest_placeable_bytes(), segments,
+        tuple(service.status_tenants(caller_tenant)),  # bounded: max_status_tenants
+    )

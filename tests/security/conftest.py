@@ -1,0 +1,41 @@
+"""Fixtures of the security tests: real clusters on loopback (cellar.local_cluster), attacked
+through the public SDK and through bare gRPC stubs that send exactly what an attacker would.
+
+`cluster` is one `SecurityCluster` per module (2 nodes of 64 MiB) with tenants `alice` and
+`bob` and a token for each (`cluster.alice`, `cluster.bob`); `stub` is a bare MasterStub on it.
+Helpers live in identity_kit.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from identity_kit import SecurityCluster
+
+from cellar.proto import cellar_pb2_grpc as pb_grpc
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SecurityCluster]:
+    c = SecurityCluster(2, "64MiB")
+    try:
+        c.start()
+        c.alice = c.token_for("alice")
+        c.bob = c.token_for("bob")
+        yield c
+    except BaseException:
+        for path in sorted(Path(c.run_dir).glob("*.log")):
+            print(f"---- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-20:]))
+        raise
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(cluster: SecurityCluster) -> Iterator[Any]:
+    with grpc.insecure_channel(cluster.address) as channel:
+        yield pb_grpc.MasterStub(channel)
