@@ -6,7 +6,8 @@ Targets (each input is raw bytes; a crash is any exception the code under test d
 on purpose, or a broken invariant):
 - frame: a request header, write meta and commit meta (cellar.transfer.frame): FrameError or
   values within the limits;
-- servicer: the first byte picks an RPC, the rest is its request message, through
+- servicer: the first byte picks an RPC, the second a credential, the rest is its request
+  message (the credential's header appended), through
   MasterServicer.dispatch over a seeded MasterService: never INTERNAL; a refused request changes
   nothing stored;
 - http: an HTTP request to the master's admin API (cellar.http + cellar.master.admin): a
@@ -24,12 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import atheris  # noqa: E402
 
 with atheris.instrument_imports():
-    from fuzzkit import fingerprint, seeded_servicer  # noqa: E402
+    from fuzzkit import CREDENTIALS, fingerprint, seeded_servicer  # noqa: E402
 
     from cellar.http import Response  # noqa: E402
     from cellar.master.admin import build_http  # noqa: E402
     from cellar.master.metrics import make_registry  # noqa: E402
     from cellar.master.servicer import MasterServicer  # noqa: E402
+    from cellar.proto import cellar_pb2 as pb  # noqa: E402
     from cellar.transfer.frame import (  # noqa: E402
         MAX_META_BYTES,
         OP_COMMIT,
@@ -68,11 +70,15 @@ def servicer(data: bytes) -> None:
     global _SERVICER
     if _SERVICER is None:
         _SERVICER = seeded_servicer()
-    if not data:
+    if len(data) < 2:
         return
     name = NAMES[data[0] % len(NAMES)]
+    # protobuf merges concatenated messages: a header carrying a credential, appended, gets
+    # most inputs past authentication to the handler itself
+    token = CREDENTIALS[data[1] % len(CREDENTIALS)]
+    suffix = pb.KeysRequest(header=pb.RequestHeader(token=token)).SerializeToString()
     before = fingerprint(_SERVICER.service)
-    code, out = _SERVICER.dispatch(name, bytes(data[1:]))
+    code, out = _SERVICER.dispatch(name, bytes(data[2:]) + suffix)
     assert code != INTERNAL, (name, out)
     if code:
         assert fingerprint(_SERVICER.service) == before, (name, code, out)
@@ -85,7 +91,9 @@ def http(data: bytes) -> None:
     global _HTTP, _SERVICER
     if _HTTP is None:
         _SERVICER = seeded_servicer(max_tenants=50)
-        _HTTP = build_http(_SERVICER.leadership, make_registry(_SERVICER.leadership, _SERVICER.stats))
+        _HTTP = build_http(_SERVICER.leadership,
+                           make_registry(_SERVICER.leadership, _SERVICER.stats),
+                           _SERVICER.authorizer)
     assert _SERVICER is not None
 
     async def run() -> Response:

@@ -3,9 +3,11 @@
 - `message(cls)`: a hypothesis strategy of random protobuf messages of `cls`, every field drawn
   from its whole range with the edges weighted in (0, 1, 2^63-1, 2^64-1, huge and empty
   strings, unknown enum values), nested messages to a bounded depth;
-- `seeded_servicer()`: a real MasterServicer over a real MasterService with two mounted
-  segments, two tenants and a few objects (complete, being written, pinned), so fuzzed
-  requests reach real code paths;
+- `seeded_servicer()`: a real MasterServicer (behind its real Authorizer) over a real
+  MasterService with two mounted segments, two tenants and a few objects (complete, being
+  written, pinned), so fuzzed requests reach real code paths; `TOKENS` holds valid
+  credentials of every kind (admin, tenant, node) for it, and `authed(cls)` draws messages
+  carrying one of them (or none, or junk), so most requests get past authentication;
 - `fingerprint(service)`: everything a request could change that is stored, to assert that a
   refused request changed nothing.
 """
@@ -24,7 +26,8 @@ from cellar.master.leadership import Leadership
 from cellar.master.service import MasterService, PutEndItem, PutItem
 from cellar.master.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
-from cellar.tokens import TokenStore
+from cellar.proto.grant import node_credential
+from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 
 SECRET = bytes(range(32))
 MAX_DEPTH = 3
@@ -94,6 +97,25 @@ def _build(cls: Any, values: dict[str, Any]) -> Any:
     return msg
 
 
+_STORE = TokenStore(None)
+TOKENS: dict[str, str] = {"admin": _STORE.create(KIND_ADMIN)[1]}
+for _tenant in ("default", "alpha", "beta"):
+    TOKENS[_tenant] = _STORE.create(KIND_TENANT, _tenant)[1]
+for _node in ("node-a", "node-b"):
+    TOKENS[_node] = node_credential(SECRET, _node)
+CREDENTIALS = [*TOKENS.values(), "", "cellar_junk", "cellarnode_00_node-a"]
+
+
+def authed(cls: Any) -> st.SearchStrategy[Any]:
+    """Random `cls` messages whose header carries a valid credential (mostly), or none/junk."""
+    def sign(pair: tuple[Any, str]) -> Any:
+        msg, token = pair
+        if "header" in cls.DESCRIPTOR.fields_by_name:
+            msg.header.token = token
+        return msg
+    return st.tuples(message(cls), st.sampled_from(CREDENTIALS)).map(sign)
+
+
 def _info(segment_id: int, node_id: str) -> pb.SegmentInfo:
     return pb.SegmentInfo(segment_id=segment_id, size_bytes=64 << 20, host_id="h-" + node_id,
                           node_id=node_id,
@@ -107,9 +129,7 @@ def seeded_servicer(**settings: Any) -> MasterServicer:
                                     "beta": {"quota_objects": 10}})
     config = MasterConfig(**settings)
     config.validate()
-    servicer = MasterServicer(Leadership(config, SECRET, ha=False),
-                              Authorizer(TokenStore(None), SECRET))
-    _record, servicer.admin_token = servicer.authorizer.store.create("admin")  # type: ignore[attr-defined]
+    servicer = MasterServicer(Leadership(config, SECRET, ha=False), Authorizer(_STORE, SECRET))
     service = servicer.service
     for i, node in enumerate(("node-a", "node-b")):
         assert service.mount_segment(node, 1, [_info(i + 1, node)]).results == [(0, "")]

@@ -19,12 +19,11 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from fuzzkit import message, seeded_servicer
+from fuzzkit import TOKENS, authed, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cellar.master.fastrpc import FastRpcServer
-from cellar.proto.fastline import FRAME, METHODS
+from cellar.master.fastrpc import FRAME, METHODS, FastRpcServer
 from cellar.proto import cellar_pb2 as pb
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
@@ -53,8 +52,8 @@ def fast() -> Iterator[tuple[int, FastRpcServer]]:
 def _frames() -> st.SearchStrategy[bytes]:
     method = st.one_of(st.sampled_from(sorted(METHODS)), st.integers(0, 255))
     body = st.one_of(st.binary(max_size=512),
-                     message(pb.GetReplicasRequest).map(lambda m: m.SerializeToString()),
-                     message(pb.PutStartRequest).map(lambda m: m.SerializeToString()))
+                     authed(pb.GetReplicasRequest).map(lambda m: m.SerializeToString()),
+                     authed(pb.PutStartRequest).map(lambda m: m.SerializeToString()))
     declared = st.one_of(st.none(), st.integers(0, (1 << 32) - 1))
     frame = st.builds(
         lambda m, b, n: FRAME.pack(len(b) if n is None else n, m) + b, method, body, declared)
@@ -100,7 +99,7 @@ def test_random_streams_end_cleanly(fast: tuple[int, FastRpcServer], data: bytes
 
 def test_server_still_answers_and_holds_nothing(fast: tuple[int, FastRpcServer]) -> None:
     port, server = fast
-    header = pb.RequestHeader(token=server.servicer.admin_token)
+    header = pb.RequestHeader(token=TOKENS["default"])
     body = pb.GetReplicasRequest(header=header, keys=["k1"]).SerializeToString()
     reply = _exchange(port, FRAME.pack(len(body), 4) + body)
     assert _replies(reply) == [0]

@@ -1,8 +1,10 @@
 """Every servicer handler's request message, with random field values, through the servicer.
 
 Random protobuf messages of each request type (every field over its whole range, edges
-weighted in: see fuzzkit.message) go through `MasterServicer.dispatch`, the body both the gRPC
-handlers and the fast line run, against a real MasterService holding objects. Properties:
+weighted in, the header carrying a valid admin, tenant or node credential, or none: see
+fuzzkit.authed) go through `MasterServicer.dispatch`, the authorization check and body both
+the gRPC handlers and the fast line run, against a real MasterService holding objects.
+Properties:
 - nothing raises and nothing is INTERNAL (a handler that trips over a value is a bug: the
   alloc id of 2^64-1 in ReportObjects was one);
 - a request refused whole (a non-OK code) changes nothing stored;
@@ -18,28 +20,15 @@ from typing import Any
 
 import grpc
 import pytest
-from fuzzkit import SECRET, fingerprint, message, seeded_servicer
+from fuzzkit import CREDENTIALS, TOKENS, authed, fingerprint, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cellar.master.auth import METHOD_POLICY, NODE_RPC
 from cellar.master.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto.grant import node_credential
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 MESSAGES: dict[str, tuple[Any, Any]] = MasterServicer._messages()
-
-
-def _authorize(servicer: MasterServicer, name: str, request: Any, authorized: bool) -> None:
-    """Give most requests a credential the master accepts, so their fields reach the handler
-    (the rest keep their random token and exercise the refusal path)."""
-    if not authorized:
-        return
-    if METHOD_POLICY.get(name) == NODE_RPC:
-        request.header.token = node_credential(SECRET, getattr(request, "node_id", ""))
-    else:
-        request.header.token = servicer.admin_token  # type: ignore[attr-defined]
 
 
 def _check(servicer: MasterServicer, name: str, request: Any) -> None:
@@ -59,28 +48,29 @@ def _check(servicer: MasterServicer, name: str, request: Any) -> None:
 def test_random_requests_never_break_a_handler(name: str) -> None:
     servicer = seeded_servicer()
 
-    @given(message(MESSAGES[name][0]), st.sampled_from([True, True, True, False]))
-    def run(request: Any, authorized: bool) -> None:
-        _authorize(servicer, name, request, authorized)
+    @given(authed(MESSAGES[name][0]))
+    def run(request: Any) -> None:
         _check(servicer, name, request)
 
     run()
     # the master still serves a plain request afterwards (UNAVAILABLE while a fuzzed mount
     # announced a report that never came: the rebuild grace, by design)
-    header = pb.RequestHeader(token=servicer.admin_token)  # type: ignore[attr-defined]
-    code, out = servicer.dispatch("Exists", pb.KeysRequest(header=header,
-                                                           keys=["k0"]).SerializeToString())
+    request = pb.KeysRequest(header=pb.RequestHeader(token=TOKENS["default"]), keys=["k0"])
+    code, out = servicer.dispatch("Exists", request.SerializeToString())
     expected = grpc.StatusCode.UNAVAILABLE.value[0] if servicer.service.recovering() else 0
     assert code == expected, out
 
 
-@given(st.lists(st.tuples(st.sampled_from(sorted(MESSAGES)), st.binary(max_size=256)),
-                max_size=8))
-def test_random_bytes_as_any_request(calls: list[tuple[str, bytes]]) -> None:
+@given(st.lists(st.tuples(st.sampled_from(sorted(MESSAGES)), st.binary(max_size=256),
+                          st.sampled_from(CREDENTIALS)), max_size=8))
+def test_random_bytes_as_any_request(calls: list[tuple[str, bytes, str]]) -> None:
     servicer = _shared()
-    for name, data in calls:
+    for name, data, token in calls:
+        # protobuf merges concatenated messages: the appended header (field 1 of every
+        # request) carries the credential, so random bodies get past authentication
+        suffix = pb.KeysRequest(header=pb.RequestHeader(token=token)).SerializeToString()
         before = fingerprint(servicer.service)
-        code, out = servicer.dispatch(name, data)
+        code, out = servicer.dispatch(name, data + suffix)
         assert code != INTERNAL, f"{name} raised: {out!r}"
         if code:
             assert fingerprint(servicer.service) == before

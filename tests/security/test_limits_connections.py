@@ -125,7 +125,8 @@ def _fast_port(cluster: LocalCluster) -> int:
         call = channel.unary_unary("/cellar.v1.Master/ClusterStatus",
                                    request_serializer=pb.ClusterStatusRequest.SerializeToString,
                                    response_deserializer=pb.ClusterStatusReply.FromString)
-        _, info = call.with_call(pb.ClusterStatusRequest(header=pb.RequestHeader()), timeout=10)
+        header = pb.RequestHeader(token=cluster.token)
+        _, info = call.with_call(pb.ClusterStatusRequest(header=header), timeout=10)
         for key, value in info.trailing_metadata() or ():
             if key == FAST_PORT_METADATA:
                 return int(value)
