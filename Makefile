@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast lint proto bench bench-quick bench-metadata profile soak soak-ha failover clean
+.PHONY: venv run run-ha test test-fast fuzz lint proto bench bench-quick bench-metadata profile soak soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,19 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest tests/unit -q
+
+# Longer fuzzing of the decoders: the hypothesis properties of tests/fuzz with
+# FUZZ_EXAMPLES fresh random examples each, then (if atheris installs) coverage-guided runs of
+# the frame codec, every servicer request and the admin HTTP API (tests/fuzz/atheris_targets.py).
+FUZZ_EXAMPLES ?= 5000
+FUZZ_RUNS ?= 200000
+fuzz: venv
+	CELLAR_FUZZ=1 CELLAR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/fuzz -q -p no:cacheprovider
+	if $(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install --quiet atheris; then \
+	  for target in frame servicer http; do \
+	    $(PY) tests/fuzz/atheris_targets.py $$target -atheris_runs=$(FUZZ_RUNS) -max_len=4096 -len_control=0 || exit 1; \
+	  done; \
+	else echo "atheris did not install: hypothesis only"; fi
 
 lint: venv
 	$(VENV)/bin/ruff check .

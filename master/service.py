@@ -360,12 +360,14 @@ class MasterService(NodeRpcs):
         tenant = self.tenant(tenant_name)
         self.check_batch(len(keys))
         self.check_batch(len(unpin_ids), "pin ids")
-        for pin_id in unpin_ids:
-            self.pins.unpin(pin_id, tenant)
         if self.recovering():
             # A miss may be an object not reported yet, and a hit may be an older value that a
-            # report still to come replaces (newest wins): answer nothing until the table is whole.
+            # report still to come replaces (newest wins): answer nothing until the table is
+            # whole. Refused before the unpins too: a refused request changes nothing (the
+            # client retries it whole, unpin ids included).
             raise self.grace.error()
+        for pin_id in unpin_ids:
+            self.pins.unpin(pin_id, tenant)
         now = self.clock.monotonic()
         expiry_ms = self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
         objects = tenant.objects
