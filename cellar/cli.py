@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "master": ("cellar.master.main", "main", "run the metadata master"),
     "node": ("cellar.storage_node.main", "main", "run a storage node contributing a DRAM segment"),
-    "up": ("cellar.local_cluster", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
+    "up": ("cellar.up", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
     "status": ("cellar.client.cli", "status_main", "print the cluster's capacity, nodes and tenants"),
     "top": ("cellar.client.top", "main", "live view of the cluster (the status page in the terminal)"),
     "put": ("cellar.client.cli", "put_main", "store a file's bytes under a key"),

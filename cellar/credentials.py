@@ -91,11 +91,11 @@ def read_credentials(address: str, environ: Mapping[str, str] | None = None) -> 
 def _lookup(address: str, variable: str, entry: str, environ: Mapping[str, str] | None) -> str | None:
     """$`variable` if set, else the string `entry` of the address's credentials file, else None."""
     env = os.environ if environ is None else environ
-    if env.get(variable):
-        return env[variable]
+    if env.get(variable, "").strip():  # a value pasted with its newline still works
+        return env[variable].strip()
     creds = read_credentials(address, env)
     value = creds.get(entry) if creds else None
-    return value if isinstance(value, str) and value else None
+    return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 def default_token(address: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -847,10 +847,10 @@ def run_soak(args: argparse.Namespace) -> int:
         cluster = LocalCluster(args.nodes, segment_bytes, master_flags=master_flags,
                                node_flags={"heartbeat_interval_s": 0.3}, ha=True,
                                masters=args.masters, lease_ttl_s=args.lease_ttl_s,
-                               cluster_name=f"soak{os.getpid()}")
+                               cluster_name=f"soak{os.getpid()}", tls=args.tls)
     else:
         cluster = LocalCluster(args.nodes, segment_bytes, master_flags=master_flags,
-                               node_flags={"heartbeat_interval_s": 0.3})
+                               node_flags={"heartbeat_interval_s": 0.3}, tls=args.tls)
     workers: list[subprocess.Popen[bytes]] = []
     watcher = Watcher(cluster)
     chaos = Chaos(cluster, watcher, rng, expire_after_s, log,
@@ -1140,6 +1140,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="etcd + --masters masters; the master faults become leader faults "
                              "(kill -9, SIGSTOP past the lease) and a brief etcd outage")
     parser.add_argument("--masters", type=int, default=2, help="masters with --ha (default 2)")
+    parser.add_argument("--tls", action="store_true",
+                        help="gRPC and the fast line over TLS (cellar up --tls; needs cryptography)")
     parser.add_argument("--lease-ttl-s", type=int, default=DEFAULT_LEASE_TTL_S,
                         help=f"leader lease with --ha, whole seconds (default {DEFAULT_LEASE_TTL_S})")
     # worker mode (internal)

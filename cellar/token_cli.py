@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"created {made['kind']} token {made['id']}"
                   + (f" for tenant {made['tenant']!r}" if made["tenant"] else "")
                   + (" (shm allowed)" if made["shm"] else ""), file=sys.stderr)
+            if made.get("tenant_known") is False:
+                print(f"note: the master knows no tenant {made['tenant']!r} yet; create it "
+                      "(PUT /api/v1/tenants) before the token can store anything", file=sys.stderr)
         elif args.action == "list":
             rows = _list(args)
             print(f"{'id':<12}  {'kind':<6}  {'tenant':<20}  shm  label")

@@ -127,8 +127,8 @@ class TokenStore:
             mtime_ns = 0
         if mtime_ns == self._mtime_ns:
             return False
+        self._mtime_ns = mtime_ns  # a bad file is read again only once it changes again
         self._records = self._load() if mtime_ns else {}
-        self._mtime_ns = mtime_ns
         self.generation += 1
         return True
 

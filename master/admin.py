@@ -219,12 +219,12 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     server.route("GET", "/api/v1/tenants", list_tenants)
     server.route("POST", "/api/v1/tenants", _guard(set_tenant))
     server.route("PUT", "/api/v1/tenants", _guard(set_tenant))
-    add_token_routes(server, authorizer, _guard)
+    add_token_routes(server, leadership, authorizer, _guard)
     return server
 
 
 def add_token_routes(
-    server: HttpServer, authorizer: Authorizer,
+    server: HttpServer, leadership: Leadership, authorizer: Authorizer,
     guard: Callable[[Callable[[Request, Identity], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]],
 ) -> None:
     """GET/POST /api/v1/tokens and POST /api/v1/tokens/revoke (admin only, see the docstring)."""
@@ -253,7 +253,9 @@ def add_token_routes(
             return Response.json({"error": str(exc)}, 400)
         log.info("token %s (%s %s) created by admin token %s", record.id, record.kind,
                  record.tenant or "-", admin.token_id)
-        return Response.json({**record.public(), "token": token})
+        # a tenant token is of use once the tenant exists (PUT /api/v1/tenants creates it)
+        known = not record.tenant or record.tenant in leadership.service.tenants.by_name
+        return Response.json({**record.public(), "token": token, "tenant_known": known})
 
     async def revoke_token(request: Request, admin: Identity) -> Response:
         body = request.json()

@@ -25,6 +25,7 @@ a token; refusal messages name the token id at most.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -33,9 +34,11 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cellar.errors import ConfigError
 from cellar.proto.grant import verify_node_credential
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore, token_id_of
 
+log = logging.getLogger("cellar.master")
 KIND_NODE = "node"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 PERMISSION_DENIED = "PERMISSION_DENIED"
@@ -108,7 +111,7 @@ class Authorizer:
             identity = Identity(KIND_NODE, node_id=node_id)
         else:
             record = self.store.lookup(token)
-            if record is None and self.store.refresh():  # created in the file since the last tick
+            if record is None and self.refresh():  # created in the file since the last tick
                 record = self.store.lookup(token)
             if record is None:
                 token_id = token_id_of(token)
@@ -121,9 +124,14 @@ class Authorizer:
         self._cache[token] = identity
         return identity
 
-    def refresh(self) -> None:
-        """Pick up a changed store file (called from the master's tick)."""
-        self.store.refresh()
+    def refresh(self) -> bool:
+        """Pick up a changed store file (the master's tick, an unknown token); True if it
+        changed. A file that no longer parses keeps the tokens read before (and says so)."""
+        try:
+            return self.store.refresh()
+        except ConfigError as exc:
+            log.warning("token store not reloaded, keeping the previous tokens: %s", exc)
+            return False
 
     # ---- the one check of every RPC (gRPC interceptor and fast line)
 

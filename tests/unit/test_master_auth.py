@@ -96,3 +96,17 @@ def test_the_store_keeps_hashes_only_in_a_private_file(tmp_path: Path) -> None:
         store.create(KIND_TENANT, "")
     with pytest.raises(ValueError):
         store.add(KIND_ADMIN, "not-a-token")
+
+
+def test_a_broken_store_file_keeps_the_tokens_read_before(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    store = TokenStore(path)
+    token = store.create(KIND_TENANT, "alice")[1]
+    auth = Authorizer(store, SECRET)
+    path.write_text("{not json")  # a hand edit gone wrong, while the master runs
+    os.utime(path, ns=(1, 1))  # a new mtime, surely
+    assert not auth.refresh()
+    request = pb.KeysRequest(header=pb.RequestHeader(token=token))
+    assert auth.check("Exists", request).tenant == "alice"
+    unknown = pb.KeysRequest(header=pb.RequestHeader(token="cellar_" + "1" * 12 + "_" + "B" * 43))
+    assert refused(auth, "Exists", unknown) == (UNAUTHENTICATED, "bad_token")
