@@ -48,6 +48,7 @@ from cellar.client.rpc import (
     leader_hint,
     valid_address,
 )
+from cellar.client.setup import master_channel, tls_context
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
 from cellar.coord.redirect import leader_from_details
@@ -132,8 +133,9 @@ class AsyncFastLine:
     one client: a call takes the connection with the fewest calls in flight (a new one while
     under FAST_ASYNC_CONNECTIONS and all are busy), writes its frame and awaits its reply."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
         self.address = (host, port)
+        self._tls = tls_context(tls_ca)  # over TLS when the master's gRPC port is
         self._pipes: list[_Pipe] = []
         self._opening: asyncio.Lock | None = None
         self._closed = False
@@ -167,7 +169,9 @@ class AsyncFastLine:
             live = [p for p in self._pipes if not p.down]
             if len(live) >= FAST_ASYNC_CONNECTIONS:
                 return min(live, key=lambda p: len(p.pending))
-            _, pipe = await asyncio.get_running_loop().create_connection(_Pipe, *self.address)
+            host, port = self.address
+            _, pipe = await asyncio.get_running_loop().create_connection(
+                _Pipe, host, port, ssl=self._tls, server_hostname=host if self._tls else None)
             if self._closed:
                 pipe.close()
                 raise _FastLineDown("fast line closed")
@@ -186,7 +190,7 @@ class AsyncMasterChannel:
 
     def __init__(self, address: str, *, resolve: AsyncResolver | None = None) -> None:
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         self._retired: list[grpc.aio.Channel] = []
         self._fence = EpochFence()
@@ -273,7 +277,7 @@ class AsyncMasterChannel:
             return
         fast = self._fast
         if fast is None or fast.address != where:
-            self._fast = AsyncFastLine(*where)
+            self._fast = AsyncFastLine(where[0], where[1], self._tls_ca)
             if fast is not None:
                 fast.close()
 
@@ -366,7 +370,7 @@ class AsyncMasterChannel:
         old = self._address
         self._retired.append(self._channel)  # calls still in flight on it finish there
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         if address not in self._known:
             self._known.append(address)
