@@ -6,6 +6,7 @@ change voided. Objects stored before the kill read back exact; puts after it suc
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 from hakit import ha_cluster
@@ -34,6 +35,30 @@ def test_async_client_follows_the_new_leader_after_kill_9():
                 assert await client.get("ha-async/after") == b"new leader"
                 assert await client.prefix_len(list(before)) == OBJECTS
                 assert client.master_address != first_master
+
+        asyncio.run(body())
+        assert cluster.leader(not_index=old) != old
+
+
+@pytest.mark.timeout(180)
+def test_async_client_leaves_a_frozen_leader_for_the_one_etcd_names():
+    """SIGSTOP the leader: it answers nothing and refuses nothing. The client's calls ask etcd
+    while they wait and move to the new leader once its lease has passed, well inside their
+    own timeout (without that, a call would sit on the frozen master until it timed out)."""
+    with ha_cluster(nodes=2, lease_ttl_s=3) as cluster:
+        old = cluster.leader()
+
+        async def body() -> None:
+            async with cellar.AsyncClient(cluster.etcd_url, timeout_s=25.0) as client:
+                await client.put("ha-frozen/before", b"v1")
+                cluster.signal_master(signal.SIGSTOP, old)
+                try:
+                    assert await client.get("ha-frozen/before") == b"v1"
+                    await client.put("ha-frozen/after", b"v2")
+                    assert await client.exists_many(["ha-frozen/before", "ha-frozen/after"]) \
+                        == [True, True]
+                finally:
+                    cluster.signal_master(signal.SIGCONT, old)
 
         asyncio.run(body())
         assert cluster.leader(not_index=old) != old
