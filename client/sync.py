@@ -41,7 +41,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from cellar.client import api, api_buffers, flows
-from cellar.client.checks import Limits, validate_tenant, validate_timeout
+from cellar.client.checks import Limits, resolve_token, validate_tenant, validate_timeout
 from cellar.client.core import TransportSet, UnpinQueue
 from cellar.client.flows import Move, Rpc, Session, Sleep
 from cellar.client.metering import FlowRun
@@ -477,7 +477,7 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
         raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
     timeout_s = validate_timeout(timeout_s)
     header = pb.RequestHeader(tenant=validate_tenant(tenant), client_id=client_id(),
-                              token=token or "")
+                              token=resolve_token(address, token))
     channel = MasterChannel(address, fast=False, follow=False)
     try:
         reply = channel.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
