@@ -35,8 +35,7 @@ What it guarantees
 What it must never do
     Import `cellar.master` or `cellar.storage_node`, or send payload through the master. Only
     the faces (`sync`, `aio`, `rpc`, `aio_rpc`) block or await; the rest never does.
-May import only: cellar.client, cellar.transfer, cellar.proto, cellar.coord, cellar.errors,
-cellar.units, cellar.credentials
+Import rule: must not import cellar.master.*, cellar.storage_node.*, cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """
 
 from cellar.client.aio import AsyncClient, connect_async
