@@ -43,8 +43,8 @@ from cellar.client import api, api_buffers, flows, metrics
 from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
-from cellar.client.flows import Move, Record, Rpc, Session, Sleep
-from cellar.client.metering import Meter
+from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.metering import FlowRun
 from cellar.client.setup import ConnectArgs, opened
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
@@ -386,32 +386,14 @@ class AsyncClient:
 
     async def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
         """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
-        meter = Meter(op) if op is not None else None
-        send: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = flow.throw(error) if error is not None else flow.send(send)
-            except StopIteration as stop:
-                if meter is not None:
-                    meter.finish()
-                return stop.value  # type: ignore[no-any-return]
-            except BaseException as exc:
-                if meter is not None:
-                    meter.finish(exc)
-                raise
-            send, error = None, None
-            if isinstance(effect, Record):
-                if meter is not None:
-                    meter.record = effect
-                continue
+        run = FlowRun(flow, op)
+        while (effect := run.next()) is not None:
             started = time.perf_counter()
             try:
-                send = await self._perform(effect)
+                run.answer(await self._perform(effect), started)
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
-                error = exc
-            if meter is not None:
-                meter.spent(effect, time.perf_counter() - started)
+                run.fail(exc, started)
+        return run.result
 
     async def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):

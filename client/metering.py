@@ -1,45 +1,97 @@
-"""One public call's figures for the client metrics, gathered the same way by both faces.
+"""Stepping one flow for a face, and the call's figures for the client metrics.
 
-A face wraps each metered call (op = get | put | exists | prefix_len) in a `Meter`: it adds the
-time every `Rpc` took (lookup), every `Move` (load), and the whole call (wait), and the flow
-reports what it did with a `Record` effect (keys, hits, bytes, late keys). The figures go to
-`cellar.client.metrics` (sdk-buffers' recorder) once per call: a call that finished, or that
-raised after its keys were settled (a `get` miss is NotFound, and still a request that missed),
-is a request; one that raised before is an error of its exception's class.
+`FlowRun` is everything a face's loop does except the waiting: hand the flow the last answer
+(or exception), take its next effect, keep `Record` effects and the time each effect took. A
+face is then
+
+    run = FlowRun(flow, op)
+    while (effect := run.next()) is not None:
+        started = time.perf_counter()
+        try:
+            run.answer(self._perform(effect), started)    # `await self._perform(...)` in asyncio
+        except BaseException as exc:
+            run.fail(exc, started)
+    return run.result
+
+Metrics (op = get | put | exists | prefix_len, `cellar.client.metrics`, sdk-buffers' recorder):
+lookup = the time of every `Rpc`, load = of every `Move`, wait = the whole call; keys, hits,
+bytes and late keys come from the flow's `Record`. A call that finished, or that raised after
+its keys were settled (a `get` miss is NotFound, and still a request that missed), counts as a
+request; one that raised before counts as an error of its exception's class.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
+from typing import Any, Generic, TypeVar
 
 from cellar.client import metrics
-from cellar.client.flows import Move, Record, Rpc
+from cellar.client.flows import Effect, Move, Record, Rpc
+
+T = TypeVar("T")
 
 
-class Meter:
-    __slots__ = ("op", "record", "_lookup_s", "_load_s", "_started")
+class FlowRun(Generic[T]):
+    __slots__ = ("result", "_error", "_flow", "_last", "_load_s", "_lookup_s", "_op", "_record",
+                 "_send", "_started")
 
-    def __init__(self, op: str) -> None:
-        assert op in metrics.OPS, op
-        self.op = op
-        self.record: Record | None = None
+    def __init__(self, flow: Generator[Effect, Any, T], op: str | None) -> None:
+        assert op is None or op in metrics.OPS, op
+        self._flow = flow
+        self._op = op
+        self._record: Record | None = None
+        self._send: Any = None
+        self._error: BaseException | None = None
         self._lookup_s = 0.0
         self._load_s = 0.0
         self._started = time.perf_counter()
+        self._last: Effect | None = None
+        self.result: T
 
-    def spent(self, effect: object, seconds: float) -> None:
-        if isinstance(effect, Rpc):
-            self._lookup_s += seconds
-        elif isinstance(effect, Move):
-            self._load_s += seconds
+    def next(self) -> Effect | None:
+        """The next effect to perform, or None once the flow returned (`result`); raises what
+        the flow raised."""
+        while True:
+            error, self._error = self._error, None
+            send, self._send = self._send, None
+            try:
+                effect = self._flow.throw(error) if error is not None else self._flow.send(send)
+            except StopIteration as stop:
+                self.result = stop.value
+                self._finish(None)
+                return None
+            except BaseException as exc:
+                self._finish(exc)
+                raise
+            if not isinstance(effect, Record):
+                self._last = effect
+                return effect
+            self._record = effect
 
-    def finish(self, error: BaseException | None = None) -> None:
-        rec = self.record
+    def answer(self, value: Any, started: float) -> None:
+        self._send = value
+        self._spent(started)
+
+    def fail(self, error: BaseException, started: float) -> None:
+        self._error = error  # handed to the flow, which re-raises what it does not handle
+        self._spent(started)
+
+    def _spent(self, started: float) -> None:
+        if isinstance(self._last, Rpc):
+            self._lookup_s += time.perf_counter() - started
+        elif isinstance(self._last, Move):
+            self._load_s += time.perf_counter() - started
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._op is None:
+            return
+        rec = self._record
         if rec is None:
             if error is not None:
-                metrics.record_error(self.op, error)
+                metrics.record_error(self._op, error)
             return
         metrics.record_request(
-            self.op, keys=rec.keys, hits=rec.hits, nbytes=rec.nbytes,
+            self._op, keys=rec.keys, hits=rec.hits, nbytes=rec.nbytes,
             lookup_s=self._lookup_s, load_s=self._load_s if self._load_s else None,
             wait_s=time.perf_counter() - self._started, late_deadline=rec.late)

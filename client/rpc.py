@@ -53,6 +53,7 @@ from typing import Any
 import grpc
 
 from cellar.client.core import EpochFence
+from cellar.client.setup import master_channel, tls_context
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import (
     MIN_LOOKUP_INTERVAL_S,
@@ -62,11 +63,9 @@ from cellar.coord.follow import (
     next_master,
 )
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
-from cellar.credentials import default_tls_ca
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
-from cellar.tls import client_context, read_pem
 from cellar.units import parse_host_port
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -100,8 +99,7 @@ class _FastLine:
 
     def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
         self.address = (host, port)
-        # over TLS when the master's gRPC port is (cellar.tls: same certificate)
-        self._tls = client_context(tls_ca) if tls_ca else None
+        self._tls = tls_context(tls_ca)  # over TLS when the master's gRPC port is
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._head = bytearray(FAST_FRAME.size)
@@ -212,15 +210,25 @@ class _Line:
 
     def __init__(self, address: str, generation: int) -> None:
         self.address = address
-        self.tls_ca = default_tls_ca(address)  # cellar.tls: TLS when a CA is known for it
-        if self.tls_ca:
-            credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(self.tls_ca))
-            self.channel = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
-        else:
-            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel, self.tls_ca = master_channel(address, CHANNEL_OPTIONS)
         self.stub = cellar_pb2_grpc.MasterStub(self.channel)
         self.generation = generation
         self.failing_since = 0.0  # monotonic time of the first failure since the last success
+
+
+def fast_line_address(metadata: Any, master_address: str) -> tuple[str, int] | None:
+    """(host, port) of the fast line a ClusterStatus reply's trailing metadata names (on the
+    master's own host), or None when it names none or garbage."""
+    port = 0
+    try:
+        for key, value in metadata or ():
+            if key == FAST_PORT_METADATA:
+                port = int(value)
+    except (ValueError, TypeError):
+        return None
+    if not 0 < port < 65536:
+        return None
+    return parse_host_port(master_address)[0].strip("[]"), port
 
 
 def valid_address(address: str) -> str:
@@ -354,19 +362,16 @@ class MasterChannel:
         return self._fast
 
     def _learn(self, call: Any, line: _Line) -> None:
-        port = 0
         try:
-            for key, value in call.trailing_metadata() or ():
-                if key == FAST_PORT_METADATA:
-                    port = int(value)
-        except (ValueError, TypeError, AttributeError):
-            port = 0
-        if not 0 < port < 65536 or self._closed or self._line is not line:
+            metadata = call.trailing_metadata()
+        except AttributeError:
             return
-        host, _ = parse_host_port(line.address)
+        where = fast_line_address(metadata, line.address)
+        if where is None or self._closed or self._line is not line:
+            return
         fast = self._fast
-        if fast is None or fast.address != (host.strip("[]"), port):
-            self._fast = _FastLine(host.strip("[]"), port, line.tls_ca)
+        if fast is None or fast.address != where:
+            self._fast = _FastLine(where[0], where[1], line.tls_ca)
             if fast is not None:
                 fast.close()
 

@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 from cellar.client import api, api_buffers, flows
 from cellar.client.checks import Limits, resolve_token, validate_tenant, validate_timeout
 from cellar.client.core import TransportSet, UnpinQueue
-from cellar.client.flows import Move, Record, Rpc, Session, Sleep
-from cellar.client.metering import Meter
+from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.metering import FlowRun
 from cellar.client.puts import hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
 from cellar.client.setup import ConnectArgs, client_id, opened, parse_master_address
@@ -376,32 +376,14 @@ class Client:
         if self._closed:
             flow.close()
             raise ClientClosed("this cellar.Client is closed")
-        meter = Meter(op) if op is not None else None
-        send: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = flow.throw(error) if error is not None else flow.send(send)
-            except StopIteration as stop:
-                if meter is not None:
-                    meter.finish()
-                return stop.value  # type: ignore[no-any-return]
-            except BaseException as exc:
-                if meter is not None:
-                    meter.finish(exc)
-                raise
-            send, error = None, None
-            if isinstance(effect, Record):
-                if meter is not None:
-                    meter.record = effect
-                continue
+        run = FlowRun(flow, op)
+        while (effect := run.next()) is not None:
             started = time.perf_counter()
             try:
-                send = self._perform(effect)
+                run.answer(self._perform(effect), started)
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
-                error = exc
-            if meter is not None:
-                meter.spent(effect, time.perf_counter() - started)
+                run.fail(exc, started)
+        return run.result
 
     def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):

@@ -133,7 +133,7 @@ def masters(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeMaster]:
             self.stub = FakeStub(table.setdefault(address, FakeMaster(address, "dead")))
             self.generation = generation
             self.failing_since = 0.0
-            self.tls_ca = None
+            self.tls_ca = None  # as rpc._Line: plaintext unless a CA is known for the address
 
     monkeypatch.setattr(rpc, "_Line", FakeLine)
     return table
