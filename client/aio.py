@@ -39,11 +39,12 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import api, flows
+from cellar.client import api, api_buffers, flows, metrics
 from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.metering import FlowRun
 from cellar.client.setup import ConnectArgs, opened
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
@@ -168,19 +169,19 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """As `Client.put`."""
         await self._run(api.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin))
+                                soft_pin=soft_pin), "put")
 
     async def upsert(self, key: str, value: Any, *, replicas: int = 1,
                      soft_pin: bool = False) -> None:
         """As `Client.upsert`."""
         await self._run(api.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin, upsert=True))
+                                soft_pin=soft_pin, upsert=True), "put")
 
     async def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
                        upsert: bool = False) -> list[Status]:
         """As `Client.put_many`."""
         return await self._run(api.put_many(self._session(), items, replicas=replicas,
-                                            soft_pin=soft_pin, upsert=upsert))
+                                            soft_pin=soft_pin, upsert=upsert), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
@@ -213,13 +214,18 @@ class AsyncClient:
         try:
             if self._closed or self._s is None:
                 raise ClientClosed("this cellar.AsyncClient is closed")
+            started = time.perf_counter()
             entries = await self._run(api.get_each(self._s, [k for k, _ in waiting]))
+            wait_s = time.perf_counter() - started
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
             for _, waiter in waiting:
                 if not waiter.done():
                     waiter.set_exception(exc)
             return
         for (_, waiter), entry in zip(waiting, entries, strict=True):
+            ok = entry.status == Status.OK  # each caller is a request of its own
+            metrics.record_request("get", keys=1, hits=int(ok), nbytes=entry.size if ok else 0,
+                                   wait_s=wait_s)
             try:
                 value = api.value_or_raise(entry)
             except CellarError as exc:
@@ -231,17 +237,17 @@ class AsyncClient:
 
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""
-        return await self._run(api.get_into(self._session(), key, buffer))
+        return await self._run(api.get_into(self._session(), key, buffer), "get")
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """As `Client.get_many`."""
-        return await self._run(api.get_many(self._session(), keys))
+        return await self._run(api.get_many(self._session(), keys), "get")
 
     async def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
                             timeout_s: float | None = None, prefix: bool = False) -> list[int]:
         """As `Client.get_many_into` (sizes, `cellar.MISS`, `cellar.LATE`; `prefix`)."""
         return await self._run(api.get_many_into(self._session(), keys, buffers,
-                                                 timeout_s=timeout_s, prefix=prefix))
+                                                 timeout_s=timeout_s, prefix=prefix), "get")
 
     async def size(self, key: str) -> int:
         """As `Client.size`."""
@@ -251,15 +257,15 @@ class AsyncClient:
 
     async def exists(self, key: str) -> bool:
         """As `Client.exists`."""
-        return await self._run(api.exists(self._session(), key))
+        return await self._run(api.exists(self._session(), key), "exists")
 
     async def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """As `Client.exists_many`."""
-        return await self._run(api.exists_many(self._session(), keys))
+        return await self._run(api.exists_many(self._session(), keys), "exists")
 
     async def prefix_len(self, keys: Sequence[str]) -> int:
         """As `Client.prefix_len`."""
-        return await self._run(api.prefix_len(self._session(), keys))
+        return await self._run(api.prefix_len(self._session(), keys), "prefix_len")
 
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""
@@ -272,6 +278,91 @@ class AsyncClient:
     async def status(self) -> dict[str, Any]:
         """As `Client.status`."""
         return await self._run(api.status(self._session()))
+
+    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+
+    async def register_buffer(self, ptr: int, size: int) -> None:
+        """As `Client.register_buffer`."""
+        self._session().pointers.register(ptr, size)
+
+    async def unregister_buffer(self, ptr: int) -> None:
+        """As `Client.unregister_buffer`."""
+        self._session().pointers.unregister(ptr)
+
+    async def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1,
+                       soft_pin: bool = False, upsert: bool = False) -> None:
+        """As `Client.put_from`."""
+        await self._run(api_buffers.put_from(self._session(), key, ptr, size, replicas=replicas,
+                                             soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                            replicas: int = 1, soft_pin: bool = False,
+                            upsert: bool = False) -> list[Status]:
+        """As `Client.put_many_from`."""
+        return await self._run(api_buffers.put_many_from(self._session(), keys, ptrs, sizes,
+                                                         replicas=replicas, soft_pin=soft_pin,
+                                                         upsert=upsert), "put")
+
+    async def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
+        """As `Client.get_into_ptr`."""
+        return await self._run(api_buffers.get_into_ptr(self._session(), key, ptr, size), "get")
+
+    async def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int],
+                                 sizes: Sequence[int], *, timeout_s: float | None = None,
+                                 prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into_ptrs`."""
+        return await self._run(api_buffers.get_many_into_ptrs(self._session(), keys, ptrs, sizes,
+                                                              timeout_s=timeout_s, prefix=prefix),
+                                                              "get")
+
+    async def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
+                        soft_pin: bool = False, upsert: bool = False) -> None:
+        """As `Client.put_parts`."""
+        await self._run(api_buffers.put_parts(self._session(), key, parts, replicas=replicas,
+                                              soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
+                             soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """As `Client.put_many_parts`."""
+        return await self._run(api_buffers.put_many_parts(self._session(), items, replicas=replicas,
+                                                          soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
+        """As `Client.get_into_parts`."""
+        return await self._run(api_buffers.get_into_parts(self._session(), key, parts), "get")
+
+    async def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]],
+                                  *, timeout_s: float | None = None,
+                                  prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into_parts`."""
+        return await self._run(api_buffers.get_many_into_parts(self._session(), keys, parts_per_key,
+                                                               timeout_s=timeout_s, prefix=prefix),
+                                                               "get")
+
+    async def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
+                         upsert: bool = False) -> None:
+        """As `Client.put_tensor`."""
+        await self._run(api_buffers.put_tensor(self._session(), key, t, replicas=replicas,
+                                               soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
+                          soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """As `Client.put_tensors`."""
+        return await self._run(api_buffers.put_tensors(self._session(), keys, tensors,
+                                                       replicas=replicas, soft_pin=soft_pin,
+                                                       upsert=upsert), "put")
+
+    async def get_tensor(self, key: str) -> Any:
+        """As `Client.get_tensor`."""
+        return await self._run(api_buffers.get_tensor(self._session(), key), "get")
+
+    async def get_tensors(self, keys: Sequence[str]) -> list[Any]:
+        """As `Client.get_tensors`."""
+        return await self._run(api_buffers.get_tensors(self._session(), keys), "get")
+
+    async def get_tensor_into(self, key: str, t: Any) -> int:
+        """As `Client.get_tensor_into`."""
+        return await self._run(api_buffers.get_tensor_into(self._session(), key, t), "get")
 
     # ---- the face: performing what the flows ask -------------------------------------------
 
@@ -293,19 +384,16 @@ class AsyncClient:
             raise InvalidArgument("this cellar.AsyncClient belongs to another event loop; "
                                   "open one client per loop")
 
-    async def _run(self, flow: Generator[flows.Effect, Any, T]) -> T:
-        send: Any = None
-        error: BaseException | None = None
-        while True:
+    async def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
+        """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
+        run = FlowRun(flow, op)
+        while (effect := run.next()) is not None:
+            started = time.perf_counter()
             try:
-                effect = flow.throw(error) if error is not None else flow.send(send)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            send, error = None, None
-            try:
-                send = await self._perform(effect)
+                run.answer(await self._perform(effect), started)
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
-                error = exc
+                run.fail(exc, started)
+        return run.result
 
     async def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):

@@ -44,6 +44,7 @@ from cellar.client.rpc import (
     MAX_MESSAGE_BYTES,
     MAX_RPC_ATTEMPTS,
     RESOLVE_TIMEOUT_S,
+    fast_line_address,
     leader_hint,
     valid_address,
 )
@@ -53,7 +54,6 @@ from cellar.coord.redirect import leader_from_details
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
-from cellar.units import parse_host_port
 
 AsyncResolver = Callable[[float], Awaitable[str]]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -268,19 +268,12 @@ class AsyncMasterChannel:
         return self._fast
 
     def _learn(self, metadata: Any, address: str) -> None:
-        port = 0
-        try:
-            for key, value in metadata or ():
-                if key == fastline.PORT_METADATA:
-                    port = int(value)
-        except (ValueError, TypeError):
-            port = 0
-        if not 0 < port < 65536 or self._closed or address != self._address:
+        where = fast_line_address(metadata, address)
+        if where is None or self._closed or address != self._address:
             return
-        host = parse_host_port(address)[0].strip("[]")
         fast = self._fast
-        if fast is None or fast.address != (host, port):
-            self._fast = AsyncFastLine(host, port)
+        if fast is None or fast.address != where:
+            self._fast = AsyncFastLine(*where)
             if fast is not None:
                 fast.close()
 

@@ -210,6 +210,21 @@ class _Line:
         self.failing_since = 0.0  # monotonic time of the first failure since the last success
 
 
+def fast_line_address(metadata: Any, master_address: str) -> tuple[str, int] | None:
+    """(host, port) of the fast line a ClusterStatus reply's trailing metadata names (on the
+    master's own host), or None when it names none or garbage."""
+    port = 0
+    try:
+        for key, value in metadata or ():
+            if key == FAST_PORT_METADATA:
+                port = int(value)
+    except (ValueError, TypeError):
+        return None
+    if not 0 < port < 65536:
+        return None
+    return parse_host_port(master_address)[0].strip("[]"), port
+
+
 def valid_address(address: str) -> str:
     """`address` when it is a usable HOST:PORT, else "" (never trust a reply's text)."""
     if not address or len(address) > 300:
@@ -341,19 +356,16 @@ class MasterChannel:
         return self._fast
 
     def _learn(self, call: Any, line: _Line) -> None:
-        port = 0
         try:
-            for key, value in call.trailing_metadata() or ():
-                if key == FAST_PORT_METADATA:
-                    port = int(value)
-        except (ValueError, TypeError, AttributeError):
-            port = 0
-        if not 0 < port < 65536 or self._closed or self._line is not line:
+            metadata = call.trailing_metadata()
+        except AttributeError:
             return
-        host, _ = parse_host_port(line.address)
+        where = fast_line_address(metadata, line.address)
+        if where is None or self._closed or self._line is not line:
+            return
         fast = self._fast
-        if fast is None or fast.address != (host.strip("[]"), port):
-            self._fast = _FastLine(host.strip("[]"), port)
+        if fast is None or fast.address != where:
+            self._fast = _FastLine(*where)
             if fast is not None:
                 fast.close()
 
