@@ -46,7 +46,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
+from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
 from cellar.integrations.sglang_link import Capabilities, Link, connect_from, log
 from cellar.integrations.sglang_pages import PoolPages
@@ -337,15 +337,16 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         SDK can (prefix=True)."""
         try:
             return self._read(client, caps, names, objects, expected, budget_s)
-        except BufferTooSmall as e:
-            # An object under one of our keys is larger than the format: refuse it (the SDK
-            # checks sizes before any transfer) and serve the pages before it, one by one.
-            self.link.warn("format", f"refused an oversized object: {e}")
+        except InvalidArgument as e:
+            # An object under one of our keys is not of the format's size: the SDK refuses the
+            # batch before any byte moves (BufferTooSmall: larger; InvalidArgument: parts that
+            # would not be filled exactly). Serve the pages before it, one by one.
+            self.link.warn("format", f"refused an object of another size: {e}")
         out: list[int] = []
         for name, parts in zip(names, objects, strict=True):
             try:
                 (size,) = self._read(client, caps, [name], [parts], expected, None) or (-1,)
-            except BufferTooSmall:
+            except InvalidArgument:
                 size = -1
             out.append(size)
             if size != expected:

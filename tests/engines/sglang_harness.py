@@ -165,9 +165,9 @@ class Engine:
                 return i
         return pages
 
-    def wipe(self) -> None:
-        """Forget the host pool: zero its memory and free every page."""
-        self.host.kv_buffer.zero_()
+    def wipe(self, fill: int = 0) -> None:
+        """Forget the host pool: set every byte of it to `fill` and free every page."""
+        self.host.kv_buffer.view(torch.uint8).fill_(fill)
         self.host.clear()
 
     # ---- the controller's storage path ----------------------------------------------------
