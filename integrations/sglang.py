@@ -126,6 +126,11 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                                   "format: SGLang's served model name, or \"model\" in its config")
         is_mla = bool(getattr(cfg, "is_mla_model", False))
         self.pages = PoolPages(mem_pool_host, is_mla=is_mla)
+        # The pool is the memory every transfer uses: vouch for it with each client, so the
+        # SDK's pointer and RDMA paths may use it (older SDKs have no registration).
+        ptr, nbytes = self.pages.base_ptr, self.pages.raw.nbytes
+        self.link.on_connect(lambda c: c.register_buffer(ptr, nbytes)
+                             if hasattr(c, "register_buffer") else None)
         self.format = page_format(mem_pool_host, self.pages, model=str(model),
                                   tp_size=int(getattr(cfg, "tp_size", 1)))
         rank = int(getattr(cfg, "tp_rank", 0))
