@@ -46,7 +46,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
+from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
 from cellar.integrations.sglang_link import Capabilities, Link, connect_from, log
 from cellar.integrations.sglang_pages import PoolPages
@@ -126,6 +126,11 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                                   "format: SGLang's served model name, or \"model\" in its config")
         is_mla = bool(getattr(cfg, "is_mla_model", False))
         self.pages = PoolPages(mem_pool_host, is_mla=is_mla)
+        # The pool is the memory every transfer uses: vouch for it with each client, so the
+        # SDK's pointer and RDMA paths may use it (older SDKs have no registration).
+        ptr, nbytes = self.pages.base_ptr, self.pages.raw.nbytes
+        self.link.on_connect(lambda c: c.register_buffer(ptr, nbytes)
+                             if hasattr(c, "register_buffer") else None)
         self.format = page_format(mem_pool_host, self.pages, model=str(model),
                                   tp_size=int(getattr(cfg, "tp_size", 1)))
         rank = int(getattr(cfg, "tp_rank", 0))
@@ -337,15 +342,16 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         SDK can (prefix=True)."""
         try:
             return self._read(client, caps, names, objects, expected, budget_s)
-        except BufferTooSmall as e:
-            # An object under one of our keys is larger than the format: refuse it (the SDK
-            # checks sizes before any transfer) and serve the pages before it, one by one.
-            self.link.warn("format", f"refused an oversized object: {e}")
+        except InvalidArgument as e:
+            # An object under one of our keys is not of the format's size: the SDK refuses the
+            # batch before any byte moves (BufferTooSmall: larger; InvalidArgument: parts that
+            # would not be filled exactly). Serve the pages before it, one by one.
+            self.link.warn("format", f"refused an object of another size: {e}")
         out: list[int] = []
         for name, parts in zip(names, objects, strict=True):
             try:
                 (size,) = self._read(client, caps, [name], [parts], expected, None) or (-1,)
-            except BufferTooSmall:
+            except InvalidArgument:
                 size = -1
             out.append(size)
             if size != expected:

@@ -128,6 +128,7 @@ class Engine:
             write_policy="write_through", storage_backend="dynamic", model_name=self.model,
             storage_backend_extra_config=config)
         self.backend = self.controller.storage_backend
+        self.last_backup_s = 0.0
 
     # ---- data ---------------------------------------------------------------------------
 
@@ -164,9 +165,9 @@ class Engine:
                 return i
         return pages
 
-    def wipe(self) -> None:
-        """Forget the host pool: zero its memory and free every page."""
-        self.host.kv_buffer.zero_()
+    def wipe(self, fill: int = 0) -> None:
+        """Forget the host pool: set every byte of it to `fill` and free every page."""
+        self.host.kv_buffer.view(torch.uint8).fill_(fill)
         self.host.clear()
 
     # ---- the controller's storage path ----------------------------------------------------
@@ -179,8 +180,9 @@ class Engine:
         host_indices = self.host.alloc(len(tokens))
         assert host_indices is not None, "host pool too small for the test"
         self.fill(host_indices, seed, pages)
-        op_id = self.controller.write_storage(host_indices, tokens,
-                                              hash_value=self.page_hashes(tokens))
+        hashes = self.page_hashes(tokens)
+        started = time.monotonic()
+        op_id = self.controller.write_storage(host_indices, tokens, hash_value=hashes)
         deadline = time.monotonic() + ACK_WAIT_S
         while time.monotonic() < deadline:
             try:
@@ -188,6 +190,7 @@ class Engine:
             except Empty:
                 continue
             if op.id == op_id:
+                self.last_backup_s = time.monotonic() - started  # queue -> ack (bench/engines)
                 self.host.free(host_indices)
                 return int(op.completed_tokens)
         raise TimeoutError("no backup ack")

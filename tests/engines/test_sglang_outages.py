@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
 import pytest
 from sglang_harness import Engine, PrefetchResult, Shape
@@ -81,33 +82,36 @@ def _wait_for(cond, worker: Prefetcher, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def test_node_killed_mid_prefetch(fresh_cluster, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def outage(fresh_cluster, caplog: pytest.LogCaptureFixture):
+    """(cluster, engine) for one outage test; the engine is closed after it."""
     caplog.set_level(logging.WARNING)
     cluster = fresh_cluster(nodes=2)
-    engine = Engine(cluster.address, model="outage-node", shape=Shape(layout="page_first"),
-                    extra=EXTRA)
-    try:
-        def kill() -> None:
-            # Held mid-read first, so the kill lands while a batch_get_v1 waits on this node.
-            cluster.signal_node(0, signal.SIGSTOP)
-            cluster.kill_node(0)
+    engines: list[Engine] = []
 
-        def recover() -> None:
-            # Same identity and segment file: it re-attaches the objects it held.
-            cluster.restart_node(0)
+    def make(model: str, layout: str) -> tuple[Any, Engine]:
+        engines.append(Engine(cluster.address, model=model, shape=Shape(layout=layout),
+                              extra=EXTRA))
+        return cluster, engines[-1]
 
-        run_outage(caplog, engine, kill, recover)
-    finally:
+    yield make
+    for engine in engines:
         engine.close()
 
 
-def test_master_killed_mid_prefetch(fresh_cluster, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING)
-    cluster = fresh_cluster(nodes=2)
-    engine = Engine(cluster.address, model="outage-master", shape=Shape(layout="layer_first"),
-                    extra=EXTRA)
-    try:
-        # A restarted master rebuilds its table from the nodes' indexes (same port).
-        run_outage(caplog, engine, lambda: cluster.kill_master(), lambda: cluster.restart_master())
-    finally:
-        engine.close()
+def test_node_killed_mid_prefetch(outage, caplog: pytest.LogCaptureFixture) -> None:
+    cluster, engine = outage("outage-node", "page_first")
+
+    def kill() -> None:
+        # Held mid-read first, so the kill lands while a batch_get_v1 waits on this node.
+        cluster.signal_node(0, signal.SIGSTOP)
+        cluster.kill_node(0)
+
+    # Same identity and segment file on restart: it re-attaches the objects it held.
+    run_outage(caplog, engine, kill, lambda: cluster.restart_node(0))
+
+
+def test_master_killed_mid_prefetch(outage, caplog: pytest.LogCaptureFixture) -> None:
+    cluster, engine = outage("outage-master", "layer_first")
+    # A restarted master rebuilds its table from the nodes' indexes (same port).
+    run_outage(caplog, engine, lambda: cluster.kill_master(), lambda: cluster.restart_master())
