@@ -115,9 +115,12 @@ venv-lmcache:
 	$(ENGINE_VENV) build lmcache
 
 # LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
+# (In that venv SGLang is missing, so tests/engines/conftest.py skips the SGLang tests.)
 test-engines-lmcache:
 	$(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache
 
-# LMCache's retrieve against Cellar's own batched get (bench/results/engines-lmcache-<date>.*).
+# LMCache's retrieve against Cellar's own batched get, same-host (shm) and over tcp
+# (bench/results/engines-lmcache-<transport>-<date>.{json,md}; about 30 s each).
 bench-engines-lmcache:
-	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache
+	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --transport auto
+	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --transport tcp
