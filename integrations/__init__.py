@@ -20,4 +20,5 @@ Import rule
     engine each module adapts; the engine is imported only by that module (SGLang only in
     `sglang.py`), so `kvformat` stays importable without any engine installed. Nothing else in
     Cellar imports this room.
+Import rule: may import only cellar, cellar.errors, cellar.client.*
 """

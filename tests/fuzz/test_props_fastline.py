@@ -23,7 +23,8 @@ from fuzzkit import TOKENS, authed, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cellar.master.fastrpc import FRAME, METHODS, FastRpcServer
+from cellar.master.fastrpc import FastRpcServer
+from cellar.proto.fastline import FRAME, METHODS
 from cellar.proto import cellar_pb2 as pb
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
