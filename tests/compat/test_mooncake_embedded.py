@@ -54,6 +54,7 @@ def test_embedded_segment_setup_refusals(make_cluster, monkeypatch):
 def test_embedded_node_without_the_cluster_secret_is_refused(make_cluster, monkeypatch, tmp_path):
     cluster = make_cluster(nodes=0)
     monkeypatch.delenv("CELLAR_CLUSTER_SECRET", raising=False)
+    monkeypatch.setenv("CELLAR_TOKEN", cluster.token)  # the client itself may connect
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.cellar/cluster-secret either
     store = MooncakeDistributedStore()
     assert store.setup(*setup_args(cluster, segment="8MB")) == -600
