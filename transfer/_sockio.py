@@ -15,6 +15,7 @@ against the frame limits before asking.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from collections.abc import Callable, Sequence
 
@@ -44,7 +45,12 @@ TIMEOUT_ERRORS = (TimeoutError, BlockingIOError)
 
 
 def set_io_timeout(sock: socket.socket, seconds: float) -> None:
-    """Bound every later recv/send on `sock` by `seconds` (>= 1 ms; 0 would mean forever)."""
+    """Bound every later recv/send on `sock` by `seconds` (>= 1 ms; 0 would mean forever).
+    A TLS socket (`tls_sock`) gets a Python timeout instead: OpenSSL would report the kernel's
+    as a want-read error, and it only polls once a record is incomplete."""
+    if isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(max(seconds, 1e-3))
+        return
     us = max(int(seconds * 1e6), 1000)
     tv = struct.pack("ll", us // 1_000_000, us % 1_000_000)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)

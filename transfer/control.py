@@ -13,12 +13,14 @@ replies are read in order, so one write call costs one round trip per node howev
 it holds. Replies are checked against their requests (id, length); a mismatch, timeout or
 socket error closes that connection and fails only the calls still waiting on it.
 
-It never carries payload bytes (replies at most MAX_META_BYTES) and never retries on its own.
+A node whose endpoint is `tls://HOST:PORT` gets its frames over TLS (`tls_sock`), with the
+same context as the tcp transport's. It never carries payload bytes (replies at most MAX_META_BYTES) and never retries on its own.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,10 +32,8 @@ from cellar.transfer._sockio import (
     TIMEOUT_ERRORS,
     Inbox,
     idle_alive,
-    parse_address,
     send_all,
     set_io_timeout,
-    tune_socket,
 )
 from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST, ST_TIMEOUT
 from cellar.transfer.frame import (
@@ -46,6 +46,7 @@ from cellar.transfer.frame import (
     ST_OK,
     VERSION,
 )
+from cellar.transfer.tls_sock import dial
 
 INBOX_BYTES = 64 << 10
 assert RESPONSE.size + MAX_MESSAGE_BYTES + MAX_META_BYTES <= INBOX_BYTES
@@ -105,12 +106,14 @@ class ControlChannel:
     """Pipelined header-only frames to node TCP addresses; thread-safe."""
 
     def __init__(self, *, connect_timeout_s: float = 5.0, window: int = DEFAULT_WINDOW,
-                 idle_per_node: int = DEFAULT_IDLE_PER_NODE) -> None:
+                 idle_per_node: int = DEFAULT_IDLE_PER_NODE,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         if window < 1 or idle_per_node < 0:
             raise ValueError("window must be >= 1 and idle_per_node >= 0")
         self.connect_timeout_s = connect_timeout_s
         self.window = min(window, MAX_IOV)
         self.idle_per_node = idle_per_node
+        self.tls_context = tls_context  # for `tls://` node endpoints (tls_sock)
         self._lock = threading.Lock()
         self._idle: dict[str, list[_Conn]] = {}
         self._closed = False
@@ -180,21 +183,10 @@ class ControlChannel:
             if conn.alive():
                 return conn
             conn.close()
-        host, port = parse_address(address)
         timeout = min(self.connect_timeout_s, deadline - time.monotonic())
         if timeout <= 0:
             raise TimeoutError("deadline passed before connecting")
-        family, stype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, stype, proto)
-        try:
-            tune_socket(sock, 0)
-            sock.settimeout(timeout)
-            sock.connect(addr)
-            sock.settimeout(None)
-        except BaseException:
-            sock.close()
-            raise
-        return _Conn(sock)
+        return _Conn(dial(address, timeout, 0, self.tls_context))
 
     def _checkin(self, address: str, conn: _Conn) -> None:
         with self._lock:

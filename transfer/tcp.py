@@ -50,6 +50,7 @@ Invariants:
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -65,10 +66,8 @@ from cellar.transfer._sockio import (
     Inbox,
     PeerClosed,
     idle_alive,
-    parse_address,
     send_all,
     set_io_timeout,
-    tune_socket,
 )
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
@@ -97,6 +96,7 @@ from cellar.transfer.frame import (
     decode_response,
 )
 from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+from cellar.transfer.tls_sock import dial
 
 # Per-connection receive buffer for response headers and error messages.
 INBOX_BYTES = 64 << 10
@@ -213,6 +213,8 @@ class TcpTransport(Transport):
     max_threads: the lane thread pool shared by all batches.
     min_stripe_bytes: a node's share of a batch uses at most one lane per this many bytes
         (0: no byte floor).
+    tls_context: verifies nodes whose endpoint is `tls://HOST:PORT` (`tls_sock`; None: the
+        system's trust store). Plain endpoints never use it.
     `ping(address, timeout_s)` measures one round trip for latency probes.
     """
 
@@ -222,7 +224,8 @@ class TcpTransport(Transport):
                  max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
                  connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
                  max_inflight_per_connection: int = 64, max_threads: int = 16,
-                 min_stripe_bytes: int = 8 << 20) -> None:
+                 min_stripe_bytes: int = 8 << 20,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         if connections_per_node < 1 or max_inflight_per_connection < 1 or max_threads < 1:
             raise ValueError("connections_per_node, max_inflight_per_connection and "
                              "max_threads must be >= 1")
@@ -236,6 +239,7 @@ class TcpTransport(Transport):
         self.max_inflight_per_connection = max_inflight_per_connection
         self.max_threads = max_threads
         self.min_stripe_bytes = min_stripe_bytes
+        self.tls_context = tls_context
         self._lock = threading.Lock()
         self._pools: dict[str, _Pool] = {}
         self._executor: ThreadPoolExecutor | None = None
@@ -375,21 +379,11 @@ class TcpTransport(Transport):
             return pool
 
     def _connect(self, pool: _Pool, deadline: float) -> _Conn:
-        host, port = parse_address(pool.address)
         timeout = min(self.connect_timeout_s, deadline - time.monotonic())
         if timeout <= 0:
             raise TimeoutError("deadline passed before connecting")
-        family, stype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, stype, proto)
-        try:
-            tune_socket(sock, self.socket_buffer_bytes)
-            sock.settimeout(timeout)
-            sock.connect(addr)
-            sock.settimeout(None)  # blocking from here on; set_io_timeout bounds each call
-        except BaseException:
-            sock.close()
-            raise
-        return _Conn(sock, pool.gen)
+        return _Conn(dial(pool.address, timeout, self.socket_buffer_bytes, self.tls_context),
+                     pool.gen)
 
     def _run_lane(self, pool: _Pool, conn: _Conn | None, chunks: list[Chunk], op_code: int,
                   deadline: float, plan: Plan) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 from collections import deque
 from collections.abc import Sequence
 
@@ -47,7 +48,6 @@ from cellar.transfer._sockio import (
     PeerClosed,
     advance_views,
     idle_alive,
-    parse_address,
     tune_socket,
 )
 from cellar.transfer.base import (
@@ -76,6 +76,8 @@ from cellar.transfer.frame import (
     VERSION,
 )
 from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+from cellar.transfer.tls_async import start_tls
+from cellar.transfer.tls_sock import split_endpoint
 
 INBOX_BYTES = 64 << 10
 SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and dropped
@@ -444,7 +446,7 @@ class AsyncTcpTransport(AsyncTransport):
                  max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
                  connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
                  max_inflight_per_connection: int = 64, min_stripe_bytes: int = 8 << 20,
-                 **_ignored: object) -> None:
+                 tls_context: ssl.SSLContext | None = None, **_ignored: object) -> None:
         if connections_per_node < 1 or max_inflight_per_connection < 1:
             raise ValueError("connections_per_node and max_inflight_per_connection must be >= 1")
         if not 0 < chunk_bytes <= max_frame_payload_bytes:
@@ -456,6 +458,7 @@ class AsyncTcpTransport(AsyncTransport):
         self.socket_buffer_bytes = socket_buffer_bytes
         self.max_inflight_per_connection = max_inflight_per_connection
         self.min_stripe_bytes = min_stripe_bytes
+        self.tls_context = tls_context
         self._pools: dict[str, _Pool] = {}
         self._channels: set[_Channel] = set()  # every open one, retired ones included
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -576,7 +579,7 @@ class AsyncTcpTransport(AsyncTransport):
             return TransferResult(ST_TIMEOUT, f"{pool.address}: deadline passed before connecting")
         sock: socket.socket | None = None
         try:
-            host, port = parse_address(pool.address)
+            host, port, tls = split_endpoint(pool.address)
             try:
                 family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 \
                     else socket.AF_INET
@@ -589,11 +592,14 @@ class AsyncTcpTransport(AsyncTransport):
             sock.setblocking(False)
             tune_socket(sock, self.socket_buffer_bytes)
             await asyncio.wait_for(loop.sock_connect(sock, addr), timeout)
+            if tls:  # a `tls://` endpoint: the same channel over a TlsSocket (tls_async)
+                sock = await asyncio.wait_for(start_tls(sock, self.tls_context, host), timeout)
         except (OSError, ValueError, TimeoutError) as e:
             if sock is not None:
                 sock.close()
             status = ST_TIMEOUT if isinstance(e, TimeoutError) else ST_CONNECT_FAILED
             return TransferResult(status, f"{pool.address}: {e or type(e).__name__}")
+        assert sock is not None
         if self._closed:
             sock.close()
             return TransferResult(ST_CONNECT_FAILED, "transport closed")

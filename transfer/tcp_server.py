@@ -45,6 +45,12 @@ within a second of its deadline. A WRITE payload must arrive within frame_timeou
 header (checked as its bytes arrive; a payload that stalls outright meets the kernel timeout,
 idle_timeout_s). Every send is bounded by idle_timeout_s (readers that never read).
 
+TLS (optional, `ssl_context` from `tls_sock.server_context`): each connection's thread does
+the handshake first (each of its reads bounded by frame_timeout_s; a peer that does not speak
+TLS fails it and is closed, never served), then the same loop runs over `tls_sock.TlsSocket`,
+whose sendmsg/recvmsg_into/recv_into flags carry the same meaning over TLS records. COMMIT and
+RDMA_CONNECT frames thus go over TLS too.
+
 It never interprets grants itself (the `SegmentAccess` the node provides does) and never lets an
 exception from one connection reach another or the listener.
 """
@@ -53,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -83,6 +90,7 @@ from cellar.transfer.frame import (
     decode_write_meta,
     pack_response,
 )
+from cellar.transfer.tls_sock import wrap_server
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +231,8 @@ class TcpDataServer:
                  max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
                  max_connections: int = 256, socket_buffer_bytes: int = 4 << 20,
                  idle_timeout_s: float = 300.0, frame_timeout_s: float = 30.0,
-                 max_connections_per_peer: int = 64) -> None:
+                 max_connections_per_peer: int = 64,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         if (max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0
                 or frame_timeout_s <= 0 or max_connections_per_peer <= 0):
             raise ValueError("limits must be positive")
@@ -236,6 +245,7 @@ class TcpDataServer:
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
         self.max_connections_per_peer = max_connections_per_peer
+        self.ssl_context = ssl_context  # every connection speaks TLS (tls_sock.server_context)
         self.stats = DataServerStats()
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}
@@ -338,9 +348,15 @@ class TcpDataServer:
 
     def _serve(self, sock: socket.socket, host: str) -> None:
         counters = self.stats.opened()
+        key = sock
         try:
             sock.settimeout(None)  # blocking; the kernel enforces the idle timeout
             tune_socket(sock, 0)  # buffers were inherited from the listener
+            if self.ssl_context is not None:  # the handshake here, never in the accept loop
+                sock = wrap_server(sock, self.ssl_context, self.frame_timeout_s)
+                with self._lock:  # stop() must shut the TLS socket down (the plain one is spent)
+                    self._conns[sock] = self._conns.pop(key)
+                key = sock
             set_io_timeout(sock, self.idle_timeout_s)
             # access.flush (optional): e.g. journal what was written, before any reply says so
             outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
@@ -357,7 +373,7 @@ class TcpDataServer:
             log.exception("data connection failed")
         finally:
             with self._lock:
-                self._conns.pop(sock, None)
+                self._conns.pop(key, None)
                 left = self._per_peer.get(host, 1) - 1
                 if left > 0:
                     self._per_peer[host] = left
