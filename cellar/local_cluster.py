@@ -581,6 +581,9 @@ class LocalCluster:
         argv = ["node", "--master", self.address, "--listen", f"{self.host}:0",
                 "--segment-size", str(self.segment_size_bytes), "--node-id", f"node-{i}",
                 "--shm-dir", str(self.shm_dir)]
+        if self.tls is not None:  # the data port over TLS too, from the same throwaway CA
+            argv += ["--tls-cert-file", str(self.tls.node_cert_file),
+                     "--tls-key-file", str(self.tls.node_key_file)]
         for name, value in {**self.node_flags, **(extra_flags or {})}.items():
             argv += [_flag(name), str(value)]
         return self._spawn(f"node-{i}", argv)

@@ -2,9 +2,10 @@
 
 What TLS covers here (docs/security.md): clients and nodes reach the master over gRPC and
 the fast line with the master's certificate verified against a CA file; the bearer tokens and
-node credentials then never cross the network in clear. Not covered: the HTTP admin API and
-the TCP data plane stay plaintext (payload bytes and grants are readable on the wire), and
-mutual TLS for nodes is not built (nodes prove themselves with their credential).
+node credentials then never cross the network in clear. The TCP data plane's TLS (nodes with
+`tls_cert_file`, endpoints `tls://HOST:PORT`) lives in `cellar.transfer.tls_sock`; this module
+only makes its dev certificates. Not covered: the HTTP admin API stays plaintext, and mutual
+TLS for nodes is not built (nodes prove themselves with their credential).
 
 Who uses what:
 - the master: `tls_cert_file` + `tls_key_file` (cellar.master.config) -> gRPC
@@ -12,7 +13,7 @@ Who uses what:
 - clients and nodes: the CA file from `cellar.credentials.default_tls_ca(address)`
   (`$CELLAR_TLS_CA`, else the "tls_ca" of the address's credentials file) -> a secure gRPC
   channel and `client_context()` for the fast line. No CA: plaintext, as before.
-- `cellar up --tls` (LocalCluster): `make_dev_pki` writes a throwaway CA and a server
+- `cellar up --tls` (LocalCluster): `make_dev_pki` writes a throwaway CA, a master and a node
   certificate for the cluster's host into the run directory, with the `cryptography` package
   (extra `cellar-kv[tls]`); it is imported only there.
 """
@@ -35,10 +36,14 @@ class TlsFiles:
     ca_file: Path
     cert_file: Path
     key_file: Path
+    # The storage nodes' data ports (one certificate for every node of a dev cluster: the CA
+    # key is thrown away, so nodes added later must find theirs already made).
+    node_cert_file: Path
+    node_key_file: Path
 
 
 def make_dev_pki(directory: Path, hosts: list[str]) -> TlsFiles:
-    """A new CA and a server certificate for `hosts` (IPs or names), PEM files under
+    """A new CA, a master and a node certificate for `hosts` (IPs or names), PEM files under
     `directory` (keys 0600). For local and test clusters: the CA key is thrown away."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -54,29 +59,31 @@ def make_dev_pki(directory: Path, hosts: list[str]) -> TlsFiles:
           .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = []
     for host in dict.fromkeys([*hosts, "127.0.0.1", "localhost"]):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else "cellar")]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256()))
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = TlsFiles(directory / "ca.pem", directory / "master.pem", directory / "master.key")
-    write_private_bytes(files.ca_file, ca.public_bytes(serialization.Encoding.PEM))
-    write_private_bytes(files.cert_file, cert.public_bytes(serialization.Encoding.PEM))
-    write_private_bytes(files.key_file, key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    return files
+    write_private_bytes(directory / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))
+    for role in ("master", "node"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        common = f"{hosts[0] if hosts else 'cellar'} {role}"
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)]))
+                .issuer_name(ca_name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
+                .add_extension(x509.SubjectAlternativeName(names), critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .sign(ca_key, hashes.SHA256()))
+        write_private_bytes(directory / f"{role}.pem", cert.public_bytes(serialization.Encoding.PEM))
+        write_private_bytes(directory / f"{role}.key", key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+    return TlsFiles(directory / "ca.pem", directory / "master.pem", directory / "master.key",
+                    directory / "node.pem", directory / "node.key")
 
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:

@@ -107,7 +107,7 @@ class AsyncClient:
                 record = await asyncio.to_thread(self._discovery.wait_for_leader, self.timeout_s)
                 master_address = record.address
                 resolve = self._leader_from_etcd
-            self._transports = TransportSet(opened(open_async_transports, args.transport))
+            self._transports = TransportSet(opened(open_async_transports, args.transport, args.address))
             self._master = AsyncMasterChannel(master_address, resolve=resolve)
             self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                               self._transports, self._release)

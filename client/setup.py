@@ -83,13 +83,21 @@ class ConnectArgs:
         return pb.RequestHeader(tenant=self.tenant, client_id=client_id(), token=self.token)
 
 
-def opened(open_all: Callable[[str], list[T]], choice: str) -> list[T]:
+def opened(open_all: Callable[..., list[T]], choice: str, address: str) -> list[T]:
     """`cellar.transfer.open_transports` (or its asyncio form) for `transport=choice`, with
-    a transport this machine lacks reported as `cellar.InvalidArgument`."""
+    a transport this machine lacks reported as `cellar.InvalidArgument`. Nodes that serve
+    their data port over TLS (endpoint `tls://HOST:PORT`) are verified against the CA of the
+    master at `address` (`tls_ca_for`), else the system's trust store: never plaintext."""
     from cellar.transfer import TransportUnavailable
 
+    tls_ca = tls_ca_for(address)
+    options: dict[str, Any] = {}
+    if tls_ca:
+        from cellar.transfer.tls_sock import client_context
+
+        options["tls_context"] = client_context(tls_ca)
     try:
-        return open_all(choice)
+        return open_all(choice, **options)
     except (TransportUnavailable, ValueError) as exc:
         raise InvalidArgument(str(exc)) from None
 

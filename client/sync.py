@@ -132,7 +132,7 @@ class Client:
             except BaseException:
                 self._discovery.close()
                 raise
-        self._transports = TransportSet(opened(open_transports, args.transport))
+        self._transports = TransportSet(opened(open_transports, args.transport, args.address))
         self._master = MasterChannel(
             master_address, resolve=None if args.target is None else self._leader_from_etcd)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,

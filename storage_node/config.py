@@ -99,6 +99,12 @@ class NodeConfig:
     frame_timeout_s: float = setting(
         30.0, "a WRITE's payload must arrive within this of its header", unit=UNIT_SECONDS
     )
+    tls_cert_file: str = setting(
+        "", "PEM certificate (chain) of this node: with tls_key_file, the data port (tcp, and "
+        "the shm/rdma COMMIT line) speaks TLS and is advertised as tls://HOST:PORT (empty: "
+        "plaintext)"
+    )
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file")
     grant_skew_s: float = setting(
         1.0, "tolerated error of this node's estimate of the master clock", unit=UNIT_SECONDS
     )
@@ -155,6 +161,11 @@ class NodeConfig:
                 "max_connections_per_peer", "must be 1..max_connections")
         require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be 0.1s..1 day")
         require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be 0.1s..1 hour")
+        require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
+                "tls_cert_file and tls_key_file go together")
+        for name in ("tls_cert_file", "tls_key_file"):
+            path = getattr(self, name)
+            require(not path or os.path.isfile(path), name, f"{path} is not a file")
         require(0.0 <= self.grant_skew_s <= 60.0, "grant_skew_s", "must be 0..60s")
         require(0.05 <= self.master_timeout_s <= 300.0, "master_timeout_s", "must be 50ms..300s")
 

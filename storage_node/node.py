@@ -2,7 +2,7 @@
 
 Start: segments (mapped memory; an earlier process's files of the same size are re-attached)
 -> index journal replayed into the index (entries of re-attached segments only) -> verifier
-thread (re-checks restored checksums at a bounded rate) -> NodeAccess -> TCP data server ->
+thread (re-checks restored checksums at a bounded rate) -> NodeAccess -> TCP data server (over TLS with a certificate, advertised as tls://) ->
 optional HTTP -> control loop (mount, report the index, then heartbeats). Until its first
 mount the node admits no write (grants from before a restart must not land). The node is "ready" once its first
 mount succeeded: only then can clients be handed grants for it.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from cellar.storage_node.rdma import attach as attach_rdma
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
 from cellar.transfer.tcp_server import TcpDataServer
+from cellar.transfer.tls_sock import server_context, tls_endpoint
 from cellar.units import format_size
 
 log = logging.getLogger("cellar.node")
@@ -93,13 +95,16 @@ class StorageNode:
                                         max_connections=cfg.max_connections,
                                         max_connections_per_peer=cfg.max_connections_per_peer,
                                         idle_timeout_s=cfg.idle_timeout_s,
-                                        frame_timeout_s=cfg.frame_timeout_s)
+                                        frame_timeout_s=cfg.frame_timeout_s,
+                                        ssl_context=self._tls_context())
             port = self.server.start()
         except BaseException:
             self.close()
             raise
         advertised = cfg.advertised_host(host)
         self.tcp_address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
+        if cfg.tls_cert_file:  # clients must know to speak TLS, and never fall back (tls_sock)
+            self.tcp_address = tls_endpoint(self.tcp_address)
         self.control = ControlLoop(
             node_id=cfg.node_id, host_id=cfg.host_id, master=cfg.master, segments=self.segments,
             tcp_address=self.tcp_address, index=self.index, clock=self.clock,
@@ -108,6 +113,13 @@ class StorageNode:
         )
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The data port's TLS context when the node has a certificate (tls_sock)."""
+        cfg = self.cfg
+        if not cfg.tls_cert_file:
+            return None
+        return server_context(cfg.tls_cert_file, cfg.tls_key_file)
 
     def _restore_index(self, by_id: dict[int, Segment]) -> None:
         cfg = self.cfg

@@ -42,6 +42,7 @@ It never posts a work request for a range its grant does not cover or past the s
 from __future__ import annotations
 
 import collections
+import ssl
 import struct
 import threading
 import time
@@ -208,13 +209,16 @@ class RdmaTransport(Transport):
                  max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
                  mr_cache_regions: int = DEFAULT_MR_CACHE_REGIONS,
                  mr_cache_bytes: int = DEFAULT_MR_CACHE_BYTES,
-                 connect_timeout_s: float = 5.0) -> None:
+                 connect_timeout_s: float = 5.0,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         if chunk_bytes < 1 or max_outstanding < 1:
             raise ValueError("chunk_bytes and max_outstanding must be >= 1")
         self._device = device if device is not None else verbs.open_device(device_name)
         self.chunk_bytes = chunk_bytes
         self.max_outstanding = max_outstanding
-        self._control = control or ControlChannel(connect_timeout_s=connect_timeout_s)
+        # the setup and COMMIT line: over TLS to a node whose tcp endpoint is `tls://`
+        self._control = control or ControlChannel(connect_timeout_s=connect_timeout_s,
+                                                  tls_context=tls_context)
         self._mrs = MrCache(self._device, max_regions=mr_cache_regions, max_bytes=mr_cache_bytes)
         self._lock = threading.Lock()
         self._peers: dict[str, _Peer] = {}

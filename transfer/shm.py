@@ -60,6 +60,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -162,7 +163,8 @@ class ShmTransport(Transport):
     """Same-host transfers through mapped segment files; thread-safe.
 
     host_id: this machine's id (default `local_host_id()`); routes of other hosts are not ours.
-    control: the channel COMMIT frames go through (default: a new `ControlChannel`).
+    control: the channel COMMIT frames go through (default: a new `ControlChannel`, over TLS
+        with `tls_context` to a node whose tcp endpoint is `tls://`).
     parallel_min_bytes: a batch copying at least this much is split over two threads.
     `stats`: maps, remaps, ops and bytes moved, commits refused (for tests and metrics).
     """
@@ -171,11 +173,13 @@ class ShmTransport(Transport):
 
     def __init__(self, *, host_id: str | None = None, control: ControlChannel | None = None,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
-                 connect_timeout_s: float = 5.0) -> None:
+                 connect_timeout_s: float = 5.0,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         self.host_id = host_id if host_id is not None else local_host_id()
         self.parallel_min_bytes = parallel_min_bytes
         self._copier = Copier(parallel_min_bytes)
-        self._control = control or ControlChannel(connect_timeout_s=connect_timeout_s)
+        self._control = control or ControlChannel(connect_timeout_s=connect_timeout_s,
+                                                  tls_context=tls_context)
         self._lock = threading.Lock()
         self._maps: dict[str, Mapping] = {}
         self._unreachable: dict[str, float] = {}  # path -> monotonic time to retry opening

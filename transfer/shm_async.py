@@ -14,6 +14,7 @@ is left behind); a write whose copy did not finish in time is never committed.
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Sequence
 
@@ -35,12 +36,14 @@ class AsyncShmTransport(AsyncTransport):
 
     def __init__(self, *, host_id: str | None = None, control: AsyncTcpTransport | None = None,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
-                 connect_timeout_s: float = 5.0) -> None:
+                 connect_timeout_s: float = 5.0,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         # The sync control channel is never used (it opens no socket until called).
         self._shm = ShmTransport(host_id=host_id, parallel_min_bytes=parallel_min_bytes,
                                  control=ControlChannel(connect_timeout_s=connect_timeout_s))
         self._own_control = control is None
-        self._control = control or AsyncTcpTransport(connect_timeout_s=connect_timeout_s)
+        self._control = control or AsyncTcpTransport(connect_timeout_s=connect_timeout_s,
+                                                     tls_context=tls_context)
 
     @property
     def stats(self) -> dict[str, int]:
