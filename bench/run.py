@@ -6,7 +6,8 @@
 Steps (a progress line for each): measure the ceilings (loopback TCP, aligned memcpy); start
 a master and the nodes as child processes; run bench/worker.py in a third process for each
 transport, then bench/sdk.py (issue 11: prefix_len p50 over the fast line and gRPC, 64
-concurrent AsyncClient gets against the sync batched get_many); stop the cluster; measure the ceilings again (each ratio uses the better of the two
+concurrent AsyncClient gets against the sync batched get_many), then bench/tls.py (16 x 4 MiB
+and 128 x 64 KiB put/get over tcp, plaintext beside a TLS cluster of its own); stop the cluster; measure the ceilings again (each ratio uses the better of the two
 measurements, so a neighbour's burst during one of them cannot flatter the ratios); write `<out>/<date>-<host>.json` and `.md` and print the table,
 with each row's ratio to its ceiling and a summary of the issue's targets, met or not.
 
@@ -137,6 +138,9 @@ def markdown(report: dict[str, Any]) -> str:
     from cellar.bench import sdk  # here, so `python -m cellar.bench.sdk` runs it fresh
 
     lines += sdk.markdown_rows(report["results"])
+    from cellar.bench import tls
+
+    lines += tls.markdown_rows(report["results"])
     lines += ["", "| target (issues 4, 11) | measured | met |", "|---|---|---|"]
     for name, measured, met in targets(report):
         lines.append(f"| {name} | {measured} | {'yes' if met else '**no**'} |")
@@ -243,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         results += run_worker(cluster.address, ["--transports", ",".join(sdk_transports),
                                                 *(["--quick"] if args.quick else [])],
                               module="cellar.bench.sdk")
+        if "tcp" in transport_list(args.transports):
+            say("TLS data plane beside plaintext (tcp, a TLS cluster of its own)")
+            results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
+                                  module="cellar.bench.tls")
         say("metadata")
         assert cluster.master is not None
         rss_before = master_rss_bytes(cluster.master.pid)
