@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=DEFAULT_START_TIMEOUT_S,
                         help=f"seconds to wait for every process to be ready (default {DEFAULT_START_TIMEOUT_S:g})")
     parser.add_argument("--tls", action="store_true",
-                        help="gRPC and the metadata fast line over TLS with a throwaway CA "
+                        help="gRPC, the metadata fast line and the nodes' data ports over TLS "
+                             "with a throwaway CA "
                              "(needs the cryptography package: pip install 'cellar-kv[tls]')")
     ha = parser.add_argument_group("high availability")
     ha.add_argument("--ha", action="store_true",

@@ -4,6 +4,7 @@ Prints exactly one ready line to stdout once the node's segments are mounted (te
 `cellar up` wait for it):
     cellar node <node_id> serving tcp HOST:PORT (http HOST:PORT|off, segments N x SIZE) mounted on MASTER
 where MASTER is the HOST:PORT of the master it mounted on (with etcd://..., the leader it found).
+With --tls-cert-file the tcp address reads tls://HOST:PORT (what the node advertises).
 Exit status: 0 after a clean stop, 1 if the node could not start, 2 for a bad configuration.
 A master that is unreachable at start is waited for (a log line says so), never a reason to exit.
 """
