@@ -16,6 +16,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +25,16 @@ import cellar
 from cellar.local_cluster import LocalCluster
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST
-from cellar.transfer.frame import OP_PING, REQUEST, REQUEST_MAGIC, VERSION
+from cellar.transfer.frame import (
+    OP_PING,
+    REQUEST,
+    REQUEST_MAGIC,
+    RESP_FLAG_CLOSE,
+    RESPONSE,
+    ST_OK,
+    VERSION,
+    decode_response,
+)
 from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_async import AsyncTcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
@@ -191,3 +201,46 @@ def test_no_payload_byte_crosses_the_wire_in_clear(pki: TlsFiles, tls: bool) -> 
         seen = bytes(proxy.seen)
     assert len(seen) > 2 * len(value)  # both directions were recorded
     assert (marker in seen) is not tls
+
+
+def test_a_malformed_frame_over_tls_gets_its_error_then_the_close(pki: TlsFiles) -> None:
+    access = MemAccess(1 * MiB)
+    context = server_context(str(pki.cert_file), str(pki.key_file))
+    with TcpDataServer(access, "127.0.0.1", 0, ssl_context=context) as server:
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        with client_context(str(pki.ca_file)).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"XXXX" + bytes(REQUEST.size - 4))  # bad magic: fatal for the stream
+            reply = bytearray()
+            while len(reply) < RESPONSE.size:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+            head = decode_response(bytes(reply[:RESPONSE.size]), max_payload_bytes=1 << 20)
+            assert head.status != ST_OK and head.flags & RESP_FLAG_CLOSE
+            rest = reply[RESPONSE.size:]
+            while chunk := tls.recv(65536):  # the message, then EOF (a timeout fails the test)
+                rest += chunk
+            assert len(rest) == head.msg_len > 0
+        assert server.stats.snapshot()["requests"]["invalid"] == 1
+
+
+def test_a_dripped_header_over_tls_meets_the_frame_deadline(pki: TlsFiles) -> None:
+    """One byte a record, each well within the kernel timeout: only the per-frame deadline
+    (`_DeadlineInbox`, over a TLS socket's own timeout) can end it, long before the header."""
+    context = server_context(str(pki.cert_file), str(pki.key_file))
+    header = REQUEST.pack(REQUEST_MAGIC, VERSION, OP_PING, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                          bytes(16), 0, 0)
+    with TcpDataServer(MemAccess(1 * MiB), "127.0.0.1", 0, ssl_context=context,
+                       idle_timeout_s=1.0) as server:
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        with client_context(str(pki.ca_file)).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            sent = 0
+            with pytest.raises(OSError):  # reset, or broken pipe, once the node closed
+                for byte in header:
+                    tls.sendall(bytes([byte]))
+                    sent += 1
+                    time.sleep(0.1)
+                if not tls.recv(1):  # the whole header went through: the node must have closed
+                    raise ConnectionResetError("closed")
+            assert sent < len(header)
