@@ -15,6 +15,10 @@ Transports:
   then a COMMIT control frame per write over the node's TCP port (`control.ControlChannel`).
 - `rdma` (`rdma.RdmaTransport` over the small verbs interface in `verbs`): one-sided RDMA
   READ/WRITE on RC queue pairs, COMMIT like shm; only where pyverbs and a device exist.
+TLS (optional, per node): a node with a certificate advertises its tcp endpoint as
+`tls://HOST:PORT`; tcp, tcp_async and the COMMIT line (`control`) then speak TLS to it,
+verified with the `tls_context` option (the master's CA), never falling back to plaintext
+(`tls_sock`: contexts and `TlsSocket`; `tls_async`: the asyncio handshake).
 Each registers in `_FACTORIES` below, so `make_transport` and the SDK never special-case one.
 The asyncio forms (`base.AsyncTransport`, for the AsyncClient) register in `_ASYNC_FACTORIES`:
 `tcp_async.AsyncTcpTransport` (the loop's own non-blocking sockets, same frames, pipelined,
