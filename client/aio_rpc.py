@@ -11,9 +11,8 @@ How it differs from the sync channel, and why
     No threads: a call is a coroutine; concurrent calls share the gRPC channel and are
     pipelined over one or two fast-line connections (the master answers each connection in
     order), so 64 concurrent gets cost 64 frames on one socket, not 64 connections. The etcd client is blocking, so a leader
-    lookup (rare: only after a failure, rate-limited) runs in `asyncio.to_thread`. A frozen
-    leader with etcd is noticed when the call's attempt ends, not every LEADER_CHECK_AFTER_S
-    as in the sync channel (not built here).
+    lookup (rare: after a failure, or while a call has waited LEADER_CHECK_AFTER_S for a
+    frozen master; rate-limited) runs in `asyncio.to_thread`.
 
 What it must never do
     Be used from another event loop than the one that opened it (the face checks).
@@ -40,6 +39,7 @@ from cellar.client.rpc import (
     CHANNEL_OPTIONS,
     FAST_METHODS,
     FAST_RELEARN_S,
+    LEADER_CHECK_AFTER_S,
     MAX_KNOWN_MASTERS,
     MAX_MESSAGE_BYTES,
     MAX_RPC_ATTEMPTS,
@@ -48,6 +48,7 @@ from cellar.client.rpc import (
     leader_hint,
     valid_address,
 )
+from cellar.client.setup import master_channel, tls_context
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
 from cellar.coord.redirect import leader_from_details
@@ -64,6 +65,10 @@ log = logging.getLogger("cellar.client")
 
 class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
+
+
+class _LeaderMoved(Exception):
+    """An unanswered call was abandoned: etcd names another master as the leader."""
 
 
 class _Pipe(asyncio.Protocol):
@@ -132,8 +137,9 @@ class AsyncFastLine:
     one client: a call takes the connection with the fewest calls in flight (a new one while
     under FAST_ASYNC_CONNECTIONS and all are busy), writes its frame and awaits its reply."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
         self.address = (host, port)
+        self._tls = tls_context(tls_ca)  # over TLS when the master's gRPC port is
         self._pipes: list[_Pipe] = []
         self._opening: asyncio.Lock | None = None
         self._closed = False
@@ -167,7 +173,9 @@ class AsyncFastLine:
             live = [p for p in self._pipes if not p.down]
             if len(live) >= FAST_ASYNC_CONNECTIONS:
                 return min(live, key=lambda p: len(p.pending))
-            _, pipe = await asyncio.get_running_loop().create_connection(_Pipe, *self.address)
+            host, port = self.address
+            _, pipe = await asyncio.get_running_loop().create_connection(
+                _Pipe, host, port, ssl=self._tls, server_hostname=host if self._tls else None)
             if self._closed:
                 pipe.close()
                 raise _FastLineDown("fast line closed")
@@ -186,7 +194,7 @@ class AsyncMasterChannel:
 
     def __init__(self, address: str, *, resolve: AsyncResolver | None = None) -> None:
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         self._retired: list[grpc.aio.Channel] = []
         self._fence = EpochFence()
@@ -224,8 +232,12 @@ class AsyncMasterChannel:
         if remaining_s <= 0:
             raise Timeout(f"{method} to master {address}: timed out")
         method_id, reply_cls = fast
+        exchange = line.call(method_id, request.SerializeToString(), remaining_s)
         try:
-            code, data = await line.call(method_id, request.SerializeToString(), remaining_s)
+            code, data = await (self._watched(exchange, address, deadline)
+                                if self._resolve is not None else exchange)
+        except _LeaderMoved:
+            return None  # the channel points at the new leader: gRPC carries the call there
         except TimeoutError:
             raise Timeout(f"{method} to master {address}: timed out") from None
         except _FastLineDown:
@@ -273,7 +285,7 @@ class AsyncMasterChannel:
             return
         fast = self._fast
         if fast is None or fast.address != where:
-            self._fast = AsyncFastLine(*where)
+            self._fast = AsyncFastLine(where[0], where[1], self._tls_ca)
             if fast is not None:
                 fast.close()
 
@@ -291,8 +303,13 @@ class AsyncMasterChannel:
             unreachable = False
             try:
                 call = getattr(self._stub, method)(request, timeout=remaining_s)
-                reply = await call
+                reply = await (self._watched(call, address, deadline) if self._resolve is not None
+                               else call)
                 metadata = await call.trailing_metadata() if learn else None
+            except _LeaderMoved as moved:
+                failure = f"{method} to master {address}: {moved}"
+                redirected = False
+                continue  # the channel already points at the new leader
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
                 if not retryable_grpc(code):
@@ -329,6 +346,50 @@ class AsyncMasterChannel:
             raise Timeout(f"{method} to master {self._address}: timed out")
         raise Unavailable(failure)
 
+    async def _watched(self, call: Any, address: str, deadline: float) -> Any:
+        """The result of `call` (a gRPC call or a fast-line exchange), asking etcd every LEADER_CHECK_AFTER_S while it has none: a
+        master that froze or was cut off answers nothing, and once etcd names another leader
+        the call is cancelled (a deposed master cannot complete it later) and sent there."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LEADER_CHECK_AFTER_S)
+                if done:
+                    return task.result()
+                if await self._moved_on(address, deadline):
+                    raise _LeaderMoved(f"no answer in {LEADER_CHECK_AFTER_S:g} s and etcd names "
+                                       f"{self._address} as the leader")
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _moved_on(self, address: str, deadline: float) -> bool:
+        """Whether etcd names another leader than `address` now (and if so, switch to it)."""
+        if address != self._address:
+            return True
+        now = time.monotonic()
+        if self._resolve is None or not may_ask_etcd(self._resolved_at, now):
+            return False
+        etcd = await self._ask_etcd(deadline, now)
+        target = next_master(current=address, hint="", etcd=etcd, known=self._known,
+                             failing_for_s=0.0, now=now)
+        if address != self._address:
+            return True
+        if not target:
+            return False
+        self._switch(target)
+        return True
+
+    async def _ask_etcd(self, deadline: float, now: float) -> EtcdView:
+        assert self._resolve is not None
+        self._resolved_at = now
+        try:
+            leader = valid_address(await self._resolve(
+                max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
+        except CellarError:
+            leader = ""  # etcd unreachable: a master's redirect is the best guess left
+        return EtcdView(configured=True, asked=True, leader=leader)
+
     async def _redirect(self, failed: str, hint: str, deadline: float,
                         unreachable: bool = False) -> bool:
         """Point the channel at the leader after `failed` did not serve a call (the policy of
@@ -342,15 +403,8 @@ class AsyncMasterChannel:
             self._failing_since = now
         etcd = NO_ETCD
         if self._resolve is not None:
-            etcd = EtcdView(configured=True)
-            if may_ask_etcd(self._resolved_at, now):
-                self._resolved_at = now
-                try:
-                    leader = valid_address(await self._resolve(
-                        max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
-                except CellarError:
-                    leader = ""
-                etcd = EtcdView(configured=True, asked=True, leader=leader)
+            etcd = (await self._ask_etcd(deadline, now) if may_ask_etcd(self._resolved_at, now)
+                    else EtcdView(configured=True))
         if failed != self._address:
             return True
         target = next_master(current=failed, hint=hint, etcd=etcd, known=self._known,
@@ -366,7 +420,7 @@ class AsyncMasterChannel:
         old = self._address
         self._retired.append(self._channel)  # calls still in flight on it finish there
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         if address not in self._known:
             self._known.append(address)

@@ -41,7 +41,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from cellar.client import api, api_buffers, flows
-from cellar.client.checks import Limits, validate_tenant, validate_timeout
+from cellar.client.checks import Limits, resolve_token, validate_tenant, validate_timeout
 from cellar.client.core import TransportSet, UnpinQueue
 from cellar.client.flows import Move, Rpc, Session, Sleep
 from cellar.client.metering import FlowRun
@@ -121,6 +121,7 @@ class Client:
         self._hasher_lock = threading.Lock()
         deadline = time.monotonic() + self.timeout_s
         self._discovery: Any = None
+        self._transports = TransportSet(opened(open_transports, args.transport))
         master_address = args.address
         if args.target is not None:
             # etcd names the leader; it is also asked again whenever the leader stops serving.
@@ -131,8 +132,8 @@ class Client:
                 master_address = self._discovery.wait_for_leader(self.timeout_s).address
             except BaseException:
                 self._discovery.close()
+                self._transports.close()
                 raise
-        self._transports = TransportSet(opened(open_transports, args.transport))
         self._master = MasterChannel(
             master_address, resolve=None if args.target is None else self._leader_from_etcd)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
@@ -477,7 +478,7 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
         raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
     timeout_s = validate_timeout(timeout_s)
     header = pb.RequestHeader(tenant=validate_tenant(tenant), client_id=client_id(),
-                              token=token or "")
+                              token=resolve_token(address, token))
     channel = MasterChannel(address, fast=False, follow=False)
     try:
         reply = channel.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
