@@ -69,8 +69,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from lmcache.utils import CacheEngineKey
@@ -91,6 +91,7 @@ from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
 from cellar.integrations.lmcache_session import FAILURES, CellarSession
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PLUGIN_TYPE = "cellar"
 ADAPTER_NAME = "lmcache"
@@ -315,47 +316,50 @@ class CellarConnector(RemoteConnector):
 
     # ---- probes --------------------------------------------------------------------------
 
+    async def _ask(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]], what: str,
+                   default: T) -> T:
+        """A probe from LMCache's loop; `default` (a miss) when Cellar fails."""
+        try:
+            return await self.session.run(fn)
+        except FAILURES as e:
+            log.warning("Cellar: %s failed, reported %r: %s", what, default, e)
+            return default
+
+    def _ask_sync(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]], what: str,
+                  default: T) -> T:
+        """A probe from an engine thread; `default` (a miss) when Cellar fails."""
+        try:
+            return self.session.run_sync(fn)
+        except FAILURES as e:
+            log.warning("Cellar: %s failed, reported %r: %s", what, default, e)
+            return default
+
     async def exists(self, key: CacheEngineKey) -> bool:
         name = self._name(key)
-        try:
-            return await self.session.run(lambda c: c.exists(name))
-        except FAILURES as e:
-            log.warning("Cellar: exists failed, reported missing: %s", e)
-            return False
+        return await self._ask(lambda c: c.exists(name), "exists", False)
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        try:
-            return self.session.run_sync(lambda c: c.exists(self._name(key)))
-        except FAILURES as e:
-            log.warning("Cellar: exists failed, reported missing: %s", e)
-            return False
+        name = self._name(key)
+        return self._ask_sync(lambda c: c.exists(name), "exists", False)
 
     async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
                                      pin: bool = False) -> int:
         """How many leading chunks exist (one PrefixLen on the master's fast line; never pins:
         a probe must not make objects unevictable)."""
-        if not keys:
-            return 0
         names = [self._name(k) for k in keys]
-        try:
-            return await self.session.run(lambda c: c.prefix_len(names))
-        except FAILURES as e:
-            log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
+        if not names:
             return 0
+        return await self._ask(lambda c: c.prefix_len(names), "prefix lookup", 0)
 
     def support_batched_async_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey]) -> int:
         """`batched_async_contains` for LMCache's synchronous lookup (an engine thread)."""
-        if not keys:
-            return 0
         names = [self._name(k) for k in keys]
-        try:
-            return self.session.run_sync(lambda c: c.prefix_len(names))
-        except FAILURES as e:
-            log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
+        if not names:
             return 0
+        return self._ask_sync(lambda c: c.prefix_len(names), "prefix lookup", 0)
 
     def support_batched_contains(self) -> bool:
         return True
@@ -397,11 +401,8 @@ class CellarConnector(RemoteConnector):
     # ---- the rest of RemoteConnector ------------------------------------------------------
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
-        try:
-            return self.session.run_sync(lambda c: c.remove(self._name(key)))
-        except FAILURES as e:
-            log.warning("Cellar: remove failed: %s", e)
-            return False
+        name = self._name(key)
+        return self._ask_sync(lambda c: c.remove(name), "remove", False)
 
     async def list(self) -> list[str]:
         """Cellar has no key listing: this returns no keys (LMCache only uses it in a
@@ -413,12 +414,12 @@ class CellarConnector(RemoteConnector):
 
     async def ping(self) -> int:
         """0 when the master answers, 1 otherwise."""
-        try:
-            await self.session.run(lambda c: c.status())
-        except FAILURES as e:
-            log.warning("Cellar: ping failed: %s", e)
-            return 1
-        return 0
+
+        async def status(client: cellar.AsyncClient) -> int:
+            await client.status()
+            return 0
+
+        return await self._ask(status, "ping", 1)
 
     async def close(self) -> None:
         await self.session.aclose()

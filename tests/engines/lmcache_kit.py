@@ -158,6 +158,17 @@ def tokens_for(count: int, *, seed: int) -> torch.Tensor:
     return torch.randint(0, 32000, (count,), generator=gen)
 
 
+def wait_until(cond: Any, what: str, timeout_s: float = 60.0) -> None:
+    """Poll `cond` (bounded, never a fixed sleep) until it holds; AssertionError after."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
 def wait_stored(engine: LMCacheEngine, tokens: torch.Tensor, timeout_s: float = 30.0) -> int:
     """Wait (bounded) until Cellar holds every chunk of `tokens` the engine stored (remote puts
     are asynchronous in LMCache); returns the prefix Cellar reports, in tokens."""
@@ -203,7 +214,7 @@ def _main(argv: list[str]) -> int:
 
 
 __all__ = ["CONFIG_YAML", "CPUKVConnector", "cellar_connector", "destroy", "drop_local",
-           "make_engine", "prompt", "random_kv", "remote_backend", "tokens_for", "wait_stored", "write_config"]
+           "make_engine", "prompt", "random_kv", "remote_backend", "tokens_for", "wait_stored", "wait_until", "write_config"]
 
 
 if __name__ == "__main__":

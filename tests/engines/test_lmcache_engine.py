@@ -50,14 +50,6 @@ def _engine(tmp_path: Path, cluster: LocalCluster, *, meta: bool = False,
     return kit.make_engine(config, **kw)  # type: ignore[arg-type]
 
 
-def _wait_until(cond, what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("meta", [False, True], ids=["raw", "chunk-meta"])
 def test_store_lookup_retrieve_bytes_exact(tmp_path: Path, cluster: LocalCluster,
                                            meta: bool) -> None:
@@ -212,9 +204,9 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
         result: list[torch.Tensor] = []
         worker = threading.Thread(target=lambda: result.append(engine.retrieve(tokens, kv=out)))
         worker.start()
-        _wait_until(lambda: conn.session.in_flight > 0, "the retrieve to reach Cellar")
+        kit.wait_until(lambda: conn.session.in_flight > 0, "the retrieve to reach Cellar")
         during = len(ticks)
-        _wait_until(lambda: len(ticks) >= during + 50, "50 ticks of the loop")
+        kit.wait_until(lambda: len(ticks) >= during + 50, "50 ticks of the loop")
         assert conn.session.in_flight > 0 and worker.is_alive()  # the call is still waiting
         cluster.signal_master(signal.SIGCONT)
         stopped = False
