@@ -5,6 +5,7 @@ third process, measures this machine's own ceilings (loopback TCP, page-aligned 
 same run, and reports every figure as a ratio to its ceiling, since these machines are noisy.
 Results go to bench/results/<date>-<host>.json and a Markdown table on stdout. It asserts
 nothing: figures live here, never as timed assertions in tests.
+Import rule: any (benchmarks drive every part)
 """
 
 from cellar.bench.run import main

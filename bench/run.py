@@ -5,7 +5,8 @@
 
 Steps (a progress line for each): measure the ceilings (loopback TCP, aligned memcpy); start
 a master and the nodes as child processes; run bench/worker.py in a third process for each
-transport; stop the cluster; measure the ceilings again (each ratio uses the better of the two
+transport, then bench/sdk.py (issue 11: prefix_len p50 over the fast line and gRPC, 64
+concurrent AsyncClient gets against the sync batched get_many); stop the cluster; measure the ceilings again (each ratio uses the better of the two
 measurements, so a neighbour's burst during one of them cannot flatter the ratios); write `<out>/<date>-<host>.json` and `.md` and print the table,
 with each row's ratio to its ceiling and a summary of the issue's targets, met or not.
 
@@ -52,10 +53,11 @@ def master_rss_bytes(pid: int) -> int:
     return 0
 
 
-def run_worker(address: str, extra: list[str]) -> list[dict[str, Any]]:
+def run_worker(address: str, extra: list[str],
+               module: str = "cellar.bench.worker") -> list[dict[str, Any]]:
     """The worker's results; on a failure the ones it printed before failing, and a warning
     (one broken transport must not cost the figures of the others)."""
-    command = [sys.executable, "-m", "cellar.bench.worker", "--address", address, *extra]
+    command = [sys.executable, "-m", module, "--address", address, *extra]
     proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         say(f"WARNING: bench worker failed (exit {proc.returncode}): {' '.join(command)}; "
@@ -132,7 +134,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"Master RSS: {report['master_rss_bytes_per_million_objects'] / MiB:.0f} MiB "
                      "per million objects.")
-    lines += ["", "| target (issue 4) | measured | met |", "|---|---|---|"]
+    from cellar.bench import sdk  # here, so `python -m cellar.bench.sdk` runs it fresh
+
+    lines += sdk.markdown_rows(report["results"])
+    lines += ["", "| target (issues 4, 11) | measured | met |", "|---|---|---|"]
     for name, measured, met in targets(report):
         lines.append(f"| {name} | {measured} | {'yes' if met else '**no**'} |")
     return "\n".join(lines) + "\n"
@@ -186,7 +191,9 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
             out.append((f"metadata {pair} >= 50k keys/s at batch 128 (objects: {levels})",
                         f"lowest {low['keys_per_s']:,} keys/s at {low['objects']:,}",
                         low["keys_per_s"] >= 50_000))
-    return out
+    from cellar.bench import sdk
+
+    return out + sdk.targets(results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             say(f"data plane and latency over {transport}")
             results += run_worker(cluster.address, [*worker_args, "--transport", transport,
                                                     "--skip", "metadata"])
+        say("SDK: prefix_len (fast line vs gRPC), 64 concurrent async gets vs sync batched")
+        sdk_transports = [t for t in transport_list(args.transports) if t in ("tcp", "shm")]
+        results += run_worker(cluster.address, ["--transports", ",".join(sdk_transports),
+                                                *(["--quick"] if args.quick else [])],
+                              module="cellar.bench.sdk")
         say("metadata")
         assert cluster.master is not None
         rss_before = master_rss_bytes(cluster.master.pid)

@@ -5,6 +5,7 @@ configuration (`cellar.config`), size/duration units, the small HTTP server, the
 command and the local cluster behind `cellar up`. The SDK is exported here lazily
 (`cellar.connect`, `cellar.Client`, `cellar.connect_async`, `cellar.AsyncClient`) so that importing `cellar.master` or
 `cellar.storage_node` never loads client code.
+Import rule: must not import cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """
 
 from __future__ import annotations

@@ -15,11 +15,16 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
                     retries, pin release, deadline-bounded gets, probes)
     - `api.py`      the public operations: checks + flow + result, shared by both faces
+    - `api_buffers.py` the same for raw pointers, scatter-gather parts and torch tensors
+    - `metering.py` stepping one flow for a face (`FlowRun`) and the call's metrics
     - `setup.py`    connect arguments, client id, master address parsing
     - `sync.py`     `Client`, the blocking face (threads); `connect`
     - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
-    - `aio.py`      `AsyncClient`, the asyncio face; `connect_async` (grpc.aio + asyncio fast line)
+    - `aio.py`      `AsyncClient`, the asyncio face; `connect_async`
+    - `aio_rpc.py`  the asyncio face's line to the master: grpc.aio + a pipelined fast line
     - `buffers.py`  caller buffers as flat byte views (no copies), `alloc_buffer`
+    - `pointers.py`, `tensors.py`, `metrics.py` registered raw memory, the torch value format,
+                    the client's Prometheus metrics (sdk-buffers' pieces under the faces)
     - `cli.py`      `cellar status|put|get|rm`
 
 What it guarantees
@@ -29,7 +34,8 @@ What it guarantees
 
 What it must never do
     Import `cellar.master` or `cellar.storage_node`, or send payload through the master. Only
-    the faces (`sync`, `aio`, `rpc`) block or await; the rest never does.
+    the faces (`sync`, `aio`, `rpc`, `aio_rpc`) block or await; the rest never does.
+Import rule: must not import cellar.master.*, cellar.storage_node.*, cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """
 
 from cellar.client.aio import AsyncClient, connect_async

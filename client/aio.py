@@ -19,6 +19,14 @@ Cancellation
     gave up on lands in the caller's buffer afterwards, its pins are queued for release, and a
     put in flight is revoked (best effort; the master's writer timeout does it otherwise).
 
+Coalesced gets
+    The `get` calls made in one turn of the loop (say `asyncio.gather` of 64 of them) are sent
+    as one batch: one GetReplicas and one transfer round instead of 64 of each, which is what
+    lets 64 concurrent gets reach the sync face's batched rate. Each caller still gets its own
+    bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
+    `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
+    only its own call).
+
 Deadlines and leader changes
     As for `Client`: `timeout_s` bounds each call; the channel follows the leader.
 """
@@ -31,11 +39,12 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import api, flows
+from cellar.client import api, api_buffers, flows, metrics
 from cellar.client.aio_rpc import AsyncMasterChannel
-from cellar.client.checks import UNPIN_DELAY_S, Limits
+from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.metering import FlowRun
 from cellar.client.setup import ConnectArgs, opened
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
@@ -48,6 +57,7 @@ T = TypeVar("T")
 UNPIN_FLUSH_TIMEOUT_S = 5.0
 CLOSE_FLUSH_TIMEOUT_S = 1.0
 CLOSE_FLUSH_MAX_CALLS = 8
+MAX_COALESCED_GETS = 1024          # keys of one coalesced get batch (the flows split further)
 
 __all__ = ["AsyncClient", "connect_async"]
 
@@ -74,6 +84,8 @@ class AsyncClient:
         self._s: Session | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._get_queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
+        self._tasks: set[asyncio.Task[None]] = set()  # coalesced get batches in flight
 
     async def open(self) -> AsyncClient:
         """Connect (ClusterStatus at the leader); called by `connect_async` and `async with`."""
@@ -157,39 +169,85 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """As `Client.put`."""
         await self._run(api.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin))
+                                soft_pin=soft_pin), "put")
 
     async def upsert(self, key: str, value: Any, *, replicas: int = 1,
                      soft_pin: bool = False) -> None:
         """As `Client.upsert`."""
         await self._run(api.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin, upsert=True))
+                                soft_pin=soft_pin, upsert=True), "put")
 
     async def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
                        upsert: bool = False) -> list[Status]:
         """As `Client.put_many`."""
         return await self._run(api.put_many(self._session(), items, replicas=replicas,
-                                            soft_pin=soft_pin, upsert=upsert))
+                                            soft_pin=soft_pin, upsert=upsert), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes:
-        """As `Client.get`."""
-        return await self._run(api.get(self._session(), key))
+        """As `Client.get`. The `get` calls made in one turn of the loop travel together (one
+        GetReplicas, one transfer round; see "Coalesced gets" above); each still gets its own
+        result or exception."""
+        s = self._session()
+        key = validate_key(key, s.limits.max_key_bytes)
+        assert self._loop is not None
+        waiter: asyncio.Future[bytes] = self._loop.create_future()
+        self._get_queue.append((key, waiter))
+        if len(self._get_queue) == 1:
+            self._loop.call_soon(self._flush_gets)
+        return await waiter
+
+    def _flush_gets(self) -> None:
+        queued, self._get_queue = self._get_queue, []
+        if not queued or self._loop is None:
+            return
+        for first in range(0, len(queued), MAX_COALESCED_GETS):
+            task = self._loop.create_task(self._coalesced(queued[first:first + MAX_COALESCED_GETS]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _coalesced(self, queued: list[tuple[str, asyncio.Future[bytes]]]) -> None:
+        waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile
+        if not waiting:
+            return
+        try:
+            if self._closed or self._s is None:
+                raise ClientClosed("this cellar.AsyncClient is closed")
+            started = time.perf_counter()
+            entries = await self._run(api.get_each(self._s, [k for k, _ in waiting]))
+            wait_s = time.perf_counter() - started
+        except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
+            for _, waiter in waiting:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        for (_, waiter), entry in zip(waiting, entries, strict=True):
+            ok = entry.status == Status.OK  # each caller is a request of its own
+            metrics.record_request("get", keys=1, hits=int(ok), nbytes=entry.size if ok else 0,
+                                   wait_s=wait_s)
+            try:
+                value = api.value_or_raise(entry)
+            except CellarError as exc:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+                continue
+            if not waiter.done():
+                waiter.set_result(value)
 
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""
-        return await self._run(api.get_into(self._session(), key, buffer))
+        return await self._run(api.get_into(self._session(), key, buffer), "get")
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """As `Client.get_many`."""
-        return await self._run(api.get_many(self._session(), keys))
+        return await self._run(api.get_many(self._session(), keys), "get")
 
     async def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
                             timeout_s: float | None = None, prefix: bool = False) -> list[int]:
         """As `Client.get_many_into` (sizes, `cellar.MISS`, `cellar.LATE`; `prefix`)."""
         return await self._run(api.get_many_into(self._session(), keys, buffers,
-                                                 timeout_s=timeout_s, prefix=prefix))
+                                                 timeout_s=timeout_s, prefix=prefix), "get")
 
     async def size(self, key: str) -> int:
         """As `Client.size`."""
@@ -199,15 +257,15 @@ class AsyncClient:
 
     async def exists(self, key: str) -> bool:
         """As `Client.exists`."""
-        return await self._run(api.exists(self._session(), key))
+        return await self._run(api.exists(self._session(), key), "exists")
 
     async def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """As `Client.exists_many`."""
-        return await self._run(api.exists_many(self._session(), keys))
+        return await self._run(api.exists_many(self._session(), keys), "exists")
 
     async def prefix_len(self, keys: Sequence[str]) -> int:
         """As `Client.prefix_len`."""
-        return await self._run(api.prefix_len(self._session(), keys))
+        return await self._run(api.prefix_len(self._session(), keys), "prefix_len")
 
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""
@@ -220,6 +278,91 @@ class AsyncClient:
     async def status(self) -> dict[str, Any]:
         """As `Client.status`."""
         return await self._run(api.status(self._session()))
+
+    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+
+    async def register_buffer(self, ptr: int, size: int) -> None:
+        """As `Client.register_buffer`."""
+        self._session().pointers.register(ptr, size)
+
+    async def unregister_buffer(self, ptr: int) -> None:
+        """As `Client.unregister_buffer`."""
+        self._session().pointers.unregister(ptr)
+
+    async def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1,
+                       soft_pin: bool = False, upsert: bool = False) -> None:
+        """As `Client.put_from`."""
+        await self._run(api_buffers.put_from(self._session(), key, ptr, size, replicas=replicas,
+                                             soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                            replicas: int = 1, soft_pin: bool = False,
+                            upsert: bool = False) -> list[Status]:
+        """As `Client.put_many_from`."""
+        return await self._run(api_buffers.put_many_from(self._session(), keys, ptrs, sizes,
+                                                         replicas=replicas, soft_pin=soft_pin,
+                                                         upsert=upsert), "put")
+
+    async def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
+        """As `Client.get_into_ptr`."""
+        return await self._run(api_buffers.get_into_ptr(self._session(), key, ptr, size), "get")
+
+    async def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int],
+                                 sizes: Sequence[int], *, timeout_s: float | None = None,
+                                 prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into_ptrs`."""
+        return await self._run(api_buffers.get_many_into_ptrs(self._session(), keys, ptrs, sizes,
+                                                              timeout_s=timeout_s, prefix=prefix),
+                                                              "get")
+
+    async def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
+                        soft_pin: bool = False, upsert: bool = False) -> None:
+        """As `Client.put_parts`."""
+        await self._run(api_buffers.put_parts(self._session(), key, parts, replicas=replicas,
+                                              soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
+                             soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """As `Client.put_many_parts`."""
+        return await self._run(api_buffers.put_many_parts(self._session(), items, replicas=replicas,
+                                                          soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
+        """As `Client.get_into_parts`."""
+        return await self._run(api_buffers.get_into_parts(self._session(), key, parts), "get")
+
+    async def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]],
+                                  *, timeout_s: float | None = None,
+                                  prefix: bool = False) -> list[int]:
+        """As `Client.get_many_into_parts`."""
+        return await self._run(api_buffers.get_many_into_parts(self._session(), keys, parts_per_key,
+                                                               timeout_s=timeout_s, prefix=prefix),
+                                                               "get")
+
+    async def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
+                         upsert: bool = False) -> None:
+        """As `Client.put_tensor`."""
+        await self._run(api_buffers.put_tensor(self._session(), key, t, replicas=replicas,
+                                               soft_pin=soft_pin, upsert=upsert), "put")
+
+    async def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
+                          soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """As `Client.put_tensors`."""
+        return await self._run(api_buffers.put_tensors(self._session(), keys, tensors,
+                                                       replicas=replicas, soft_pin=soft_pin,
+                                                       upsert=upsert), "put")
+
+    async def get_tensor(self, key: str) -> Any:
+        """As `Client.get_tensor`."""
+        return await self._run(api_buffers.get_tensor(self._session(), key), "get")
+
+    async def get_tensors(self, keys: Sequence[str]) -> list[Any]:
+        """As `Client.get_tensors`."""
+        return await self._run(api_buffers.get_tensors(self._session(), keys), "get")
+
+    async def get_tensor_into(self, key: str, t: Any) -> int:
+        """As `Client.get_tensor_into`."""
+        return await self._run(api_buffers.get_tensor_into(self._session(), key, t), "get")
 
     # ---- the face: performing what the flows ask -------------------------------------------
 
@@ -241,19 +384,16 @@ class AsyncClient:
             raise InvalidArgument("this cellar.AsyncClient belongs to another event loop; "
                                   "open one client per loop")
 
-    async def _run(self, flow: Generator[flows.Effect, Any, T]) -> T:
-        send: Any = None
-        error: BaseException | None = None
-        while True:
+    async def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
+        """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
+        run = FlowRun(flow, op)
+        while (effect := run.next()) is not None:
+            started = time.perf_counter()
             try:
-                effect = flow.throw(error) if error is not None else flow.send(send)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            send, error = None, None
-            try:
-                send = await self._perform(effect)
+                run.answer(await self._perform(effect), started)
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
-                error = exc
+                run.fail(exc, started)
+        return run.result
 
     async def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):

@@ -8,11 +8,11 @@ What it owns
     the leader with the policy every Cellar caller shares (`cellar.coord.follow`).
 
 How it differs from the sync channel, and why
-    No threads: a call is a coroutine, concurrent calls share the channel and take one fast
-    connection each (an idle one, or a new one). The etcd client is blocking, so a leader
-    lookup (rare: only after a failure, rate-limited) runs in `asyncio.to_thread`. A frozen
-    leader with etcd is noticed when the call's attempt ends, not every LEADER_CHECK_AFTER_S
-    as in the sync channel (not built here).
+    No threads: a call is a coroutine; concurrent calls share the gRPC channel and are
+    pipelined over one or two fast-line connections (the master answers each connection in
+    order), so 64 concurrent gets cost 64 frames on one socket, not 64 connections. The etcd client is blocking, so a leader
+    lookup (rare: after a failure, or while a call has waited LEADER_CHECK_AFTER_S for a
+    frozen master; rate-limited) runs in `asyncio.to_thread`.
 
 What it must never do
     Be used from another event loop than the one that opened it (the face checks).
@@ -21,6 +21,7 @@ What it must never do
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import socket
@@ -36,26 +37,28 @@ from cellar.client.rpc import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
     CHANNEL_OPTIONS,
-    FAST_MAX_IDLE_CONNECTIONS,
     FAST_METHODS,
     FAST_RELEARN_S,
+    LEADER_CHECK_AFTER_S,
     MAX_KNOWN_MASTERS,
     MAX_MESSAGE_BYTES,
     MAX_RPC_ATTEMPTS,
     RESOLVE_TIMEOUT_S,
+    fast_line_address,
     leader_hint,
     valid_address,
 )
+from cellar.client.setup import master_channel, tls_context
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
 from cellar.coord.redirect import leader_from_details
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
-from cellar.units import parse_host_port
 
 AsyncResolver = Callable[[float], Awaitable[str]]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+FAST_ASYNC_CONNECTIONS = 2  # pipelined connections per client to the master's fast line
 
 log = logging.getLogger("cellar.client")
 
@@ -64,61 +67,126 @@ class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
 
 
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+class _LeaderMoved(Exception):
+    """An unanswered call was abandoned: etcd names another master as the leader."""
+
+
+class _Pipe(asyncio.Protocol):
+    """One fast-line connection carrying many calls at once: requests are written as they come
+    and the master answers each connection's requests in order, so replies are matched to
+    callers first in, first out as they are parsed (`data_received`, no task hop). A caller that
+    gives up (timeout, cancellation) leaves its slot in the queue; the reply that fills it is
+    dropped."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.pending: collections.deque[asyncio.Future[tuple[int, bytes]]] = collections.deque()
+        self.down = False
+        self._inbox = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        inbox = self._inbox
+        inbox += data
+        head_bytes = fastline.FRAME.size
+        used = 0
+        while len(inbox) - used >= head_bytes:
+            length, code = fastline.FRAME.unpack_from(inbox, used)
+            if length > MAX_MESSAGE_BYTES:
+                self.close(_FastLineDown(f"fast line reply of {length} bytes"))
+                return
+            end = used + head_bytes + length
+            if len(inbox) < end:
+                break
+            if not self.pending:
+                self.close(_FastLineDown("fast line reply to no request"))
+                return
+            waiter = self.pending.popleft()
+            if not waiter.done():
+                waiter.set_result((code, bytes(inbox[used + head_bytes:end])))
+            used = end
+        if used:
+            del inbox[:used]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(_FastLineDown(str(exc) if exc else "fast line closed by the master"))
+
+    def send(self, frame: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(frame)
+
+    def close(self, error: BaseException | None = None) -> None:
+        if not self.down:
+            self.down = True
+            if self.transport is not None:
+                self.transport.close()
+        while self.pending:
+            waiter = self.pending.popleft()
+            if not waiter.done():
+                waiter.set_exception(error or _FastLineDown("fast line closed"))
 
 
 class AsyncFastLine:
-    """Persistent asyncio connections to the master's fast line; one call per connection at
-    a time (any number of coroutines may call: each takes an idle connection or opens one)."""
+    """Pipelined asyncio connections to the master's fast line, shared by every coroutine of
+    one client: a call takes the connection with the fewest calls in flight (a new one while
+    under FAST_ASYNC_CONNECTIONS and all are busy), writes its frame and awaits its reply."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
         self.address = (host, port)
-        self._idle: list[Conn] = []
+        self._tls = tls_context(tls_ca)  # over TLS when the master's gRPC port is
+        self._pipes: list[_Pipe] = []
+        self._opening: asyncio.Lock | None = None
         self._closed = False
 
     async def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         """(numeric gRPC code, reply bytes); _FastLineDown if nothing could be exchanged,
         TimeoutError if the master did not answer in time."""
-        conn = self._idle.pop() if self._idle else None
         try:
             async with asyncio.timeout(timeout_s):
-                if conn is None:
-                    conn = await asyncio.open_connection(*self.address)
-                    sock = conn[1].get_extra_info("socket")
-                    if sock is not None:
-                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader, writer = conn
-                writer.write(fastline.pack_head(len(body), method_id) + body)
-                head = await reader.readexactly(fastline.FRAME.size)
-                length, code = fastline.FRAME.unpack(head)
-                if length > MAX_MESSAGE_BYTES:
-                    raise ConnectionError(f"fast line reply of {length} bytes")
-                data = await reader.readexactly(length) if length else b""
-        except TimeoutError:
-            _close(conn)
-            raise
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            _close(conn)
+                pipe = await self._pipe()
+                waiter: asyncio.Future[tuple[int, bytes]] = \
+                    asyncio.get_running_loop().create_future()
+                pipe.pending.append(waiter)
+                pipe.send(fastline.pack_head(len(body), method_id) + body)
+                return await waiter
+        except (OSError, ValueError) as exc:
             raise _FastLineDown(str(exc)) from None
-        except BaseException:  # cancelled mid-exchange: the stream can no longer be trusted
-            _close(conn)
-            raise
-        if not self._closed and len(self._idle) < FAST_MAX_IDLE_CONNECTIONS:
-            self._idle.append(conn)
-        else:
-            _close(conn)
-        return code, data
+
+    async def _pipe(self) -> _Pipe:
+        if self._closed:
+            raise _FastLineDown("fast line closed")
+        self._pipes = [p for p in self._pipes if not p.down]
+        best = min(self._pipes, key=lambda p: len(p.pending), default=None)
+        if best is not None and (not best.pending or len(self._pipes) >= FAST_ASYNC_CONNECTIONS):
+            return best
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        if best is not None and self._opening.locked():
+            return best  # another call is opening one: share what is open meanwhile
+        async with self._opening:  # one connect at a time
+            live = [p for p in self._pipes if not p.down]
+            if len(live) >= FAST_ASYNC_CONNECTIONS:
+                return min(live, key=lambda p: len(p.pending))
+            host, port = self.address
+            _, pipe = await asyncio.get_running_loop().create_connection(
+                _Pipe, host, port, ssl=self._tls, server_hostname=host if self._tls else None)
+            if self._closed:
+                pipe.close()
+                raise _FastLineDown("fast line closed")
+            self._pipes.append(pipe)
+            return pipe
 
     def close(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            _close(conn)
-
-
-def _close(conn: Conn | None) -> None:
-    if conn is not None:
-        conn[1].close()
+        pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.close()
 
 
 class AsyncMasterChannel:
@@ -126,7 +194,7 @@ class AsyncMasterChannel:
 
     def __init__(self, address: str, *, resolve: AsyncResolver | None = None) -> None:
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         self._retired: list[grpc.aio.Channel] = []
         self._fence = EpochFence()
@@ -164,8 +232,12 @@ class AsyncMasterChannel:
         if remaining_s <= 0:
             raise Timeout(f"{method} to master {address}: timed out")
         method_id, reply_cls = fast
+        exchange = line.call(method_id, request.SerializeToString(), remaining_s)
         try:
-            code, data = await line.call(method_id, request.SerializeToString(), remaining_s)
+            code, data = await (self._watched(exchange, address, deadline)
+                                if self._resolve is not None else exchange)
+        except _LeaderMoved:
+            return None  # the channel points at the new leader: gRPC carries the call there
         except TimeoutError:
             raise Timeout(f"{method} to master {address}: timed out") from None
         except _FastLineDown:
@@ -208,19 +280,12 @@ class AsyncMasterChannel:
         return self._fast
 
     def _learn(self, metadata: Any, address: str) -> None:
-        port = 0
-        try:
-            for key, value in metadata or ():
-                if key == fastline.PORT_METADATA:
-                    port = int(value)
-        except (ValueError, TypeError):
-            port = 0
-        if not 0 < port < 65536 or self._closed or address != self._address:
+        where = fast_line_address(metadata, address)
+        if where is None or self._closed or address != self._address:
             return
-        host = parse_host_port(address)[0].strip("[]")
         fast = self._fast
-        if fast is None or fast.address != (host, port):
-            self._fast = AsyncFastLine(host, port)
+        if fast is None or fast.address != where:
+            self._fast = AsyncFastLine(where[0], where[1], self._tls_ca)
             if fast is not None:
                 fast.close()
 
@@ -238,8 +303,13 @@ class AsyncMasterChannel:
             unreachable = False
             try:
                 call = getattr(self._stub, method)(request, timeout=remaining_s)
-                reply = await call
+                reply = await (self._watched(call, address, deadline) if self._resolve is not None
+                               else call)
                 metadata = await call.trailing_metadata() if learn else None
+            except _LeaderMoved as moved:
+                failure = f"{method} to master {address}: {moved}"
+                redirected = False
+                continue  # the channel already points at the new leader
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
                 if not retryable_grpc(code):
@@ -276,6 +346,50 @@ class AsyncMasterChannel:
             raise Timeout(f"{method} to master {self._address}: timed out")
         raise Unavailable(failure)
 
+    async def _watched(self, call: Any, address: str, deadline: float) -> Any:
+        """The result of `call` (a gRPC call or a fast-line exchange), asking etcd every LEADER_CHECK_AFTER_S while it has none: a
+        master that froze or was cut off answers nothing, and once etcd names another leader
+        the call is cancelled (a deposed master cannot complete it later) and sent there."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LEADER_CHECK_AFTER_S)
+                if done:
+                    return task.result()
+                if await self._moved_on(address, deadline):
+                    raise _LeaderMoved(f"no answer in {LEADER_CHECK_AFTER_S:g} s and etcd names "
+                                       f"{self._address} as the leader")
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _moved_on(self, address: str, deadline: float) -> bool:
+        """Whether etcd names another leader than `address` now (and if so, switch to it)."""
+        if address != self._address:
+            return True
+        now = time.monotonic()
+        if self._resolve is None or not may_ask_etcd(self._resolved_at, now):
+            return False
+        etcd = await self._ask_etcd(deadline, now)
+        target = next_master(current=address, hint="", etcd=etcd, known=self._known,
+                             failing_for_s=0.0, now=now)
+        if address != self._address:
+            return True
+        if not target:
+            return False
+        self._switch(target)
+        return True
+
+    async def _ask_etcd(self, deadline: float, now: float) -> EtcdView:
+        assert self._resolve is not None
+        self._resolved_at = now
+        try:
+            leader = valid_address(await self._resolve(
+                max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
+        except CellarError:
+            leader = ""  # etcd unreachable: a master's redirect is the best guess left
+        return EtcdView(configured=True, asked=True, leader=leader)
+
     async def _redirect(self, failed: str, hint: str, deadline: float,
                         unreachable: bool = False) -> bool:
         """Point the channel at the leader after `failed` did not serve a call (the policy of
@@ -289,15 +403,8 @@ class AsyncMasterChannel:
             self._failing_since = now
         etcd = NO_ETCD
         if self._resolve is not None:
-            etcd = EtcdView(configured=True)
-            if may_ask_etcd(self._resolved_at, now):
-                self._resolved_at = now
-                try:
-                    leader = valid_address(await self._resolve(
-                        max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
-                except CellarError:
-                    leader = ""
-                etcd = EtcdView(configured=True, asked=True, leader=leader)
+            etcd = (await self._ask_etcd(deadline, now) if may_ask_etcd(self._resolved_at, now)
+                    else EtcdView(configured=True))
         if failed != self._address:
             return True
         target = next_master(current=failed, hint=hint, etcd=etcd, known=self._known,
@@ -313,7 +420,7 @@ class AsyncMasterChannel:
         old = self._address
         self._retired.append(self._channel)  # calls still in flight on it finish there
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         if address not in self._known:
             self._known.append(address)

@@ -26,8 +26,8 @@ from cellar.client.checks import (
     validate_replicas,
     validate_value,
 )
-from cellar.client.flows import Flow, Session
-from cellar.client.gets import into_result, miss_or_raise, release_views, take_value
+from cellar.client.flows import Flow, Record, Session
+from cellar.client.gets import GetEntry, into_result, miss_or_raise, release_views, take_value
 from cellar.client.puts import PutEntry, put_entries
 from cellar.client.statuses import LATE
 from cellar.errors import InvalidArgument, Status
@@ -37,25 +37,49 @@ def _statuses(entries: list[PutEntry]) -> list[Status]:
     return [e.status if e.status is not None else Status.INTERNAL for e in entries]
 
 
+def _put_record(entries: list[PutEntry]) -> Record:
+    stored = [e for e in entries if e.status in (Status.OK, Status.ALREADY_EXISTS)]
+    return Record(len(entries), len(stored), sum(e.nbytes for e in entries
+                                                 if e.status == Status.OK))
+
+
+def get_record(entries: list[GetEntry]) -> Record:
+    hits = [e for e in entries if e.status == Status.OK]
+    return Record(len(entries), len(hits), sum(e.size for e in hits),
+                  sum(1 for e in entries if e.late))
+
+
 # ---- put ----------------------------------------------------------------------------------
 
 def put_views(s: Session, pairs: list[tuple[str, memoryview]], *, replicas: Any, soft_pin: Any,
               upsert: Any) -> Flow[list[Status]]:
     """Store checked (key, view) pairs; one status per pair (the batched put forms)."""
+    return (yield from put_entries_flow(s, put_entries(pairs), replicas=replicas,
+                                        soft_pin=soft_pin, upsert=upsert))
+
+
+def put_entries_flow(s: Session, entries: list[PutEntry], *, replicas: Any, soft_pin: Any,
+                     upsert: Any) -> Flow[list[Status]]:
     replicas = validate_replicas(replicas)
-    entries = yield from flows.run_puts(s, put_entries(pairs), replicas=replicas,
-                                        soft_pin=bool(soft_pin), upsert=bool(upsert),
-                                        deadline=s.deadline())
+    entries = yield from flows.run_puts(s, entries, replicas=replicas, soft_pin=bool(soft_pin),
+                                        upsert=bool(upsert), deadline=s.deadline())
+    yield _put_record(entries)
     return _statuses(entries)
 
 
 def put_one_view(s: Session, key: str, view: memoryview, *, replicas: Any, soft_pin: Any,
                  upsert: Any) -> Flow[None]:
     """Store one checked value; raises the key's error (the single put forms)."""
+    yield from put_one_entry(s, put_entries([(key, view)])[0], replicas=replicas,
+                             soft_pin=soft_pin, upsert=upsert)
+
+
+def put_one_entry(s: Session, entry: PutEntry, *, replicas: Any, soft_pin: Any,
+                  upsert: Any) -> Flow[None]:
     replicas = validate_replicas(replicas)
-    (entry,) = yield from flows.run_puts(s, put_entries([(key, view)]), replicas=replicas,
-                                         soft_pin=bool(soft_pin), upsert=bool(upsert),
-                                         deadline=s.deadline())
+    yield from flows.run_puts(s, [entry], replicas=replicas, soft_pin=bool(soft_pin),
+                              upsert=bool(upsert), deadline=s.deadline())
+    yield _put_record([entry])
     if entry.status != Status.OK:
         raise entry.error()
 
@@ -78,14 +102,31 @@ def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False
 def get(s: Session, key: Any) -> Flow[bytes]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = yield from flows.run_gets(s, [key], None, s.deadline())
+    yield get_record([entry])
+    return value_or_raise(entry)
+
+
+def get_each(s: Session, names: list[str]) -> Flow[list[GetEntry]]:
+    """Entries for checked keys read into fresh bytes, one per key, for a face that turns
+    each into its own `get` result (`value_or_raise`): the asyncio face coalesces the `get`
+    calls made in one loop turn into one of these batches."""
+    entries = yield from flows.run_gets(s, names, None, s.deadline())
+    yield get_record(entries)
+    return entries
+
+
+def value_or_raise(entry: GetEntry) -> bytes:
+    """`get`'s result for one entry: its bytes, or its error (NotFound, IntegrityError...)."""
     if entry.status != Status.OK:
         release_views([entry])
         raise entry.error()
     return take_value(entry)
 
 
-def get_into_view(s: Session, key: str, dest: memoryview) -> Flow[int]:
+def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...]) -> Flow[int]:
+    """One key into a checked view, or into parts (a tuple of views)."""
     (entry,) = yield from flows.run_gets(s, [key], [dest], s.deadline())
+    yield get_record([entry])
     if entry.status != Status.OK:
         raise entry.error()
     return entry.size
@@ -99,6 +140,7 @@ def get_into(s: Session, key: Any, buffer: Any) -> Flow[int]:
 def get_many(s: Session, keys: Any) -> Flow[list[bytes | None]]:
     names = validate_keys(keys, s.limits.max_key_bytes)
     entries = yield from flows.run_gets(s, names, None, s.deadline())
+    yield get_record(entries)
     try:
         for entry in entries:
             miss_or_raise(entry)
@@ -114,12 +156,13 @@ def check_buffer_count(buffers: Any, count: int, what: str = "buffers") -> None:
         raise InvalidArgument(f"{count} keys but {len(buffers)} {what}")
 
 
-def get_many_into_views(s: Session, names: list[str], dests: list[memoryview], *,
+def get_many_into_views(s: Session, names: list[str], dests: list[Any], *,
                         timeout_s: Any = None, prefix: Any = False) -> Flow[list[int]]:
     """The batched `_into` gets over checked views (buffers, pointers and parts alike)."""
     budget_s = validate_budget(timeout_s)
     prefix = bool(prefix)
     if budget_s == 0:  # nothing is asked, nothing is read: every key is LATE at once
+        yield Record(len(names), 0)
         return [] if prefix else [LATE] * len(names)
     deadline = s.deadline()
     budget_at = None if budget_s is None else time.monotonic() + budget_s
@@ -127,6 +170,7 @@ def get_many_into_views(s: Session, names: list[str], dests: list[memoryview], *
         deadline = max(deadline, budget_at)  # the budget, not the client timeout, bounds it
     entries = yield from flows.run_gets(s, names, dests, deadline, budget_at=budget_at,
                                         prefix=prefix)
+    yield get_record(entries)
     out = [into_result(e) for e in entries]
     if prefix:
         run = 0
@@ -152,16 +196,23 @@ def size(s: Session, key: Any) -> Flow[int]:
 # ---- probes and removal -------------------------------------------------------------------
 
 def exists_many(s: Session, keys: Any) -> Flow[list[bool]]:
-    return (yield from flows.exists_many(s, validate_keys(keys, s.limits.max_key_bytes)))
+    found = yield from flows.exists_many(s, validate_keys(keys, s.limits.max_key_bytes))
+    yield Record(len(found), sum(found))
+    return found
 
 
 def exists(s: Session, key: Any) -> Flow[bool]:
     key = validate_key(key, s.limits.max_key_bytes)
-    return (yield from flows.exists_many(s, [key]))[0]
+    (found,) = yield from flows.exists_many(s, [key])
+    yield Record(1, int(found))
+    return found
 
 
 def prefix_len(s: Session, keys: Sequence[Any]) -> Flow[int]:
-    return (yield from flows.prefix_len(s, validate_keys(keys, s.limits.max_key_bytes)))
+    names = validate_keys(keys, s.limits.max_key_bytes)
+    n = yield from flows.prefix_len(s, names)
+    yield Record(len(names), n)
+    return n
 
 
 def remove(s: Session, key: Any) -> Flow[bool]:

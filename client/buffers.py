@@ -2,8 +2,9 @@
 
 What it owns
     Turning whatever the caller hands the SDK (bytes, bytearray, memoryview, numpy arrays, mmap,
-    any object with the buffer protocol) into a 1-D unsigned-byte `memoryview` over the same
-    memory, without copying; and allocating page-aligned buffers the data plane can copy into
+    any object with the buffer protocol, contiguous CPU torch tensors through
+    `tensors.tensor_view`) into a 1-D unsigned-byte `memoryview` over the same memory, without
+    copying; and allocating page-aligned buffers the data plane can copy into
     at full speed.
 
 The invariant
@@ -32,13 +33,16 @@ import os
 import sys
 from typing import Any
 
+from cellar.client.tensors import is_tensor, tensor_view
 from cellar.errors import InvalidArgument
 
 PAGE_BYTES = mmap.PAGESIZE
 MAX_ALLOC_BUFFER_BYTES = 1 << 40  # a sanity bound: 1 TiB
 
 
-def _view(obj: Any, what: str) -> memoryview:
+def _view(obj: Any, what: str, writable: bool = False) -> memoryview:
+    if is_tensor(obj):  # torch tensors have no buffer protocol: their storage, no copy
+        return tensor_view(obj, writable=writable, what=what)
     if isinstance(obj, str):
         raise InvalidArgument(f"{what} must be a bytes-like object, not str (encode it first)")
     try:
@@ -69,7 +73,7 @@ def readable_view(obj: Any, what: str = "value") -> memoryview:
 
 def writable_view(obj: Any, what: str = "buffer") -> memoryview:
     """A flat, writable byte view of a destination buffer (no copy); InvalidArgument otherwise."""
-    mv = _view(obj, what)
+    mv = _view(obj, what, writable=True)
     if mv.readonly:
         raise InvalidArgument(
             f"{what} is read-only ({type(obj).__name__}); pass a bytearray, a writable numpy "

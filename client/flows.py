@@ -34,6 +34,7 @@ from cellar.client.core import (
     status_to_dict,
 )
 from cellar.client.gets import GetBatch, GetEntry, release_views
+from cellar.client.pointers import PointerRegistry
 from cellar.client.puts import PutBatch, PutEntry, hash_values
 from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, Status, Timeout
@@ -75,7 +76,19 @@ class Sleep:
     seconds: float
 
 
-Effect = Rpc | Move | Sleep
+@dataclass(slots=True)
+class Record:
+    """What one public call did, for the client metrics (`cellar.client.metrics`): keys asked,
+    keys that hit, payload bytes moved, keys found but not read within the budget. The face
+    adds the times it measured (lookup = its Rpc waits, load = its Move waits, wait = all)."""
+
+    keys: int
+    hits: int
+    nbytes: int = 0
+    late: int = 0
+
+
+Effect = Rpc | Move | Sleep | Record
 Flow: TypeAlias = Generator[Effect, Any, T]
 
 
@@ -99,6 +112,7 @@ class Session:
     master: MasterView
     transports: TransportSet
     release: Callable[[list[int]], None]   # queue pin ids for release (never blocks for long)
+    pointers: PointerRegistry = field(default_factory=PointerRegistry)
     unpins: UnpinQueue = field(default_factory=UnpinQueue)
     health: NodeHealth = field(default_factory=NodeHealth)
     limits: Limits = field(default_factory=Limits)
@@ -143,7 +157,8 @@ def run_puts(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bo
                 break
             yield Sleep(backoff_s)
             backoff_s = min(backoff_s * 2, FAILOVER_BACKOFF_MAX_S)
-            fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum) for i in again]
+            fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum, parts=chunk[i].parts)
+                     for i in again]
             yield from put_batch(s, fresh, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
                                  deadline=deadline)
             for i, entry in zip(again, fresh, strict=True):
@@ -211,32 +226,34 @@ def settle_own_writes(s: Session, chunk: list[PutEntry], deadline: float) -> Flo
     s.release([int(r.pin_id) for r in reply.results if r.pin_id])
     for entry, result in zip(taken, reply.results, strict=True):
         if (to_status(result.status) == Status.OK
-                and int(result.size_bytes) == len(entry.value)
+                and int(result.size_bytes) == entry.nbytes
                 and int(result.checksum) == entry.checksum):
             entry.status, entry.message = Status.OK, ""
 
 
 # ---- get ----------------------------------------------------------------------------------
 
-def run_gets(s: Session, keys: list[str], dests: list[memoryview] | None, deadline: float, *,
-             budget_at: float | None = None, prefix: bool = False) -> Flow[list[GetEntry]]:
+def run_gets(s: Session, keys: list[str], dests: list[Any] | None, deadline: float, *,
+             budget_at: float | None = None, prefix: bool = False,
+             allocate: Any = None) -> Flow[list[GetEntry]]:
     """Entries for `keys` in order. `budget_at` (monotonic s): a deadline-bounded get, whose
     unread keys turn LATE at that time instead of raising; `prefix`: stop at the first key that
-    cannot be read (later batches are not asked for)."""
+    cannot be read (later batches are not asked for); `allocate` (nbytes -> (result, view)):
+    where keys without a destination land (default: fresh `bytes`)."""
     entries: list[GetEntry] = []
     for span in batch_ranges(len(keys), s.limits.max_batch_keys):
         chunk = yield from get_batch(s, keys[span.start:span.stop],
                                      None if dests is None else dests[span.start:span.stop],
-                                     entries, deadline, budget_at, prefix)
+                                     entries, deadline, budget_at, prefix, allocate)
         entries.extend(chunk)
         if prefix and any(e.status != Status.OK for e in chunk):
             break
     return entries
 
 
-def get_batch(s: Session, keys: list[str], dests: list[memoryview] | None,
+def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
               done: list[GetEntry], deadline: float, budget_at: float | None,
-              prefix: bool) -> Flow[list[GetEntry]]:
+              prefix: bool, allocate: Any = None) -> Flow[list[GetEntry]]:
     """One batch's entries; keys whose grants a leader change voided (the nodes mounted at
     the new leader and refuse the old epoch) are asked for again at the new leader."""
     out: list[GetEntry] = []
@@ -246,14 +263,16 @@ def get_batch(s: Session, keys: list[str], dests: list[memoryview] | None,
         generation = s.master.generation
         batch = GetBatch([keys[i] for i in index],
                          None if dests is None else [dests[i] for i in index],
-                         health=s.health, budgeted=budget_at is not None)
+                         health=s.health, budgeted=budget_at is not None,
+                         **({} if allocate is None else {"allocate": allocate}))
         try:
             try:
                 yield from get_replicas(s, batch, until)
             except Timeout:
-                if budget_at is None or time.monotonic() < budget_at:
-                    raise
-                batch.settle_late()  # the budget ran out while the master answered
+                if budget_at is None or budget_at > deadline:
+                    raise  # the call's own timeout, not the budget, ran out
+                batch.settle_late()  # the budget ran out while the master answered; the pins
+                # of a lookup abandoned in flight are released by the master's pin TTL
             if prefix:
                 batch.keep_prefix()
             while ops := batch.next_ops():

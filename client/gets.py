@@ -36,7 +36,7 @@ from cellar.client.statuses import (
 from cellar.errors import BufferTooSmall, CellarError, IntegrityError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, Grant
-from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult
+from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult, hash_views
 
 
 @dataclass(slots=True)
@@ -55,6 +55,7 @@ class GetEntry:
     failures: list[str] = field(default_factory=list)
     timed_out: bool = False           # the last read attempt ran out of time
     late: bool = False                # not read within a deadline-bounded call's budget
+    parts: tuple[memoryview, ...] = ()  # scatter-gather destination (dest is None then)
 
     def error(self) -> CellarError:
         assert self.status is not None and self.status != Status.OK
@@ -72,11 +73,16 @@ class GetBatch:
     """One batch of keys through GetReplicas -> one replica read per key (falling back to the
     next replica on a transfer error or checksum mismatch) -> pins queued for release."""
 
-    def __init__(self, keys: Sequence[str], dests: Sequence[memoryview] | None, *,
+    def __init__(self, keys: Sequence[str],
+                 dests: Sequence[memoryview | tuple[memoryview, ...]] | None, *,
                  health: NodeHealth, allocate: Any = fresh_bytes, budgeted: bool = False) -> None:
         if dests is not None and len(dests) != len(keys):
             raise InvalidArgument(f"{len(keys)} keys but {len(dests)} buffers")
-        self.entries = [GetEntry(k, None if dests is None else dests[i]) for i, k in enumerate(keys)]
+        if dests is None:
+            self.entries = [GetEntry(k, None) for k in keys]
+        else:  # a tuple of views is one key's scatter-gather destination
+            self.entries = [GetEntry(k, None, parts=d) if isinstance(d, tuple) else GetEntry(k, d)
+                            for k, d in zip(keys, dests, strict=True)]
         self.pin_ids: list[int] = []
         self._health = health
         self._allocate = allocate
@@ -123,21 +129,19 @@ class GetBatch:
                 e.status = Status.UNAVAILABLE
                 e.message = "no usable replica" + (f" ({'; '.join(e.failures)})" if e.failures else "")
                 continue
-            if e.dest is not None and e.dest.nbytes < e.size and too_small is None:
+            if too_small is None and (e.dest.nbytes < e.size if e.dest is not None
+                                      else e.parts and sum(p.nbytes for p in e.parts) != e.size):
                 too_small = e
         if too_small is not None:
-            assert too_small.dest is not None
-            raise BufferTooSmall(
-                f"buffer for {too_small.key!r} holds {too_small.dest.nbytes} bytes; the object "
-                f"is {too_small.size} bytes", needed_bytes=too_small.size)
+            _refuse_destination(too_small)
         if self._allocate is fresh_bytes:  # results this batch allocates stay reusable
             reserve_result_memory(sum(e.size for e in self.entries
-                                      if e.status is None and e.dest is None))
+                                      if e.status is None and e.dest is None and not e.parts))
         for e in self.entries:
             if e.status is None:
                 if e.dest is not None:
                     e.view = e.dest[:e.size]
-                else:
+                elif not e.parts:
                     e.result, e.view = self._allocate(e.size)
                 if e.size == 0:
                     e.status = Status.OK
@@ -157,8 +161,11 @@ class GetBatch:
                 e.message = "no replica could be read: " + "; ".join(e.failures)
                 continue
             route, grant, offset = e.candidates[e.tried]
-            assert e.view is not None
-            ops.append(TransferOp(route, grant, offset, e.view, None, True))
+            if e.parts:
+                ops.append(TransferOp(route, grant, offset, want_checksum=True, parts=e.parts))
+            else:
+                assert e.view is not None
+                ops.append(TransferOp(route, grant, offset, e.view, None, True))
             owners.append(i)
         self._planned, self._op_owner = ops, owners
         return ops
@@ -180,8 +187,13 @@ class GetBatch:
                 if res.status in NODE_TROUBLE:
                     self._health.mark_failed(node)
                 continue
-            assert e.view is not None
-            got = res.checksum if res.checksum is not None else checksum(e.view)
+            if res.checksum is not None:
+                got = res.checksum
+            elif e.parts:
+                got = hash_views(e.parts)
+            else:
+                assert e.view is not None
+                got = checksum(e.view)
             if got == e.checksum:
                 e.status = Status.OK
             else:
@@ -208,6 +220,20 @@ class GetBatch:
                 e.status, e.message = Status.NOT_FOUND, "after a miss (prefix mode)"
             elif e.status is not None and e.status != Status.OK:
                 cut = True
+
+
+def _refuse_destination(e: GetEntry) -> None:
+    """BufferTooSmall (or, for parts holding more than the object, InvalidArgument) before any
+    transfer, so nothing lands past the caller's memory and no part is left half-filled."""
+    if e.dest is not None:
+        raise BufferTooSmall(f"buffer for {e.key!r} holds {e.dest.nbytes} bytes; the object is "
+                             f"{e.size} bytes", needed_bytes=e.size)
+    total = sum(p.nbytes for p in e.parts)
+    if total < e.size:
+        raise BufferTooSmall(f"parts for {e.key!r} hold {total} bytes; the object is {e.size} "
+                             "bytes", needed_bytes=e.size)
+    raise InvalidArgument(f"parts for {e.key!r} total {total} bytes; the object is {e.size} "
+                          "bytes (parts must add up to the object exactly)")
 
 
 def take_value(entry: GetEntry) -> bytes:

@@ -27,14 +27,14 @@ from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
-from cellar.transfer.base import TransferOp, TransferResult
+from cellar.transfer.base import TransferOp, TransferResult, hash_views
 from cellar.transfer.frame import WriteMeta
 
 
 @dataclass(slots=True)
 class PutEntry:
     key: str
-    value: memoryview
+    value: memoryview                # the source; empty when `parts` is set
     checksum: int | None             # xxh3_64 of value; None until hashed (hash_values)
     status: Status | None = None     # final outcome; None while in flight
     message: str = ""
@@ -43,6 +43,12 @@ class PutEntry:
     avoid_node_ids: set[str] = field(default_factory=set)  # nodes this put failed to reach
     health_avoid: bool = True        # also avoid nodes other calls saw fail (dropped if it hurts)
     health_avoided: bool = False     # the last PutStart avoided such nodes
+    parts: tuple[memoryview, ...] = ()  # scatter-gather source: the value is their concatenation
+    nbytes: int = -1                 # the value's size (set from value or parts at creation)
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            self.nbytes = sum(p.nbytes for p in self.parts) if self.parts else self.value.nbytes
 
     def error(self) -> CellarError:
         assert self.status is not None and self.status != Status.OK
@@ -93,14 +99,14 @@ class PutBatch:
             e.attempts += 1
             if not e.avoid_node_ids and not unhealthy:  # the common case, kept lean
                 e.health_avoided = False
-                items.append(PutItem(key=e.key, size_bytes=e.value.nbytes, replicas=replicas,
+                items.append(PutItem(key=e.key, size_bytes=e.nbytes, replicas=replicas,
                                      **flags))
                 continue
             avoid = set(e.avoid_node_ids)
             e.health_avoided = e.health_avoid and bool(unhealthy - avoid)
             if e.health_avoid:
                 avoid |= unhealthy
-            items.append(PutItem(key=e.key, size_bytes=e.value.nbytes, replicas=replicas,
+            items.append(PutItem(key=e.key, size_bytes=e.nbytes, replicas=replicas,
                                  avoid_node_ids=sorted(avoid), **flags))
         self._inflight = pending
         return pb.PutStartRequest(header=header, items=items)
@@ -135,10 +141,10 @@ class PutBatch:
             if not replicas:
                 self._bad_placement[i] = "master placed no replica"
                 continue
-            value = e.value
-            size = value.nbytes
+            value, parts = e.value, e.parts
+            size = e.nbytes
             if e.checksum is None:  # not hashed while PutStart was in flight
-                e.checksum = checksum(value)
+                e.checksum = hash_views(parts) if parts else checksum(value)
             meta = WriteMeta(e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
             for rep in replicas:
@@ -154,7 +160,7 @@ class PutBatch:
                 planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, segment_id,
                                                           offset, length, g.alloc_id, g.epoch,
                                                           g.expiry_ms, g.key_tag, g.mac),
-                                          offset, value, meta))
+                                          offset, value, meta, False, parts))
             else:
                 ops.extend(planned)
                 owners.extend([i] * len(planned))
@@ -227,6 +233,14 @@ class PutBatch:
         return refs
 
 
+def parts_entries(items: Sequence[tuple[str, tuple[memoryview, ...]]]) -> list[PutEntry]:
+    """Entries for scatter-gather puts: (key, parts), the value being their concatenation."""
+    return [PutEntry(key, _EMPTY, None, parts=parts) for key, parts in items]
+
+
+_EMPTY = memoryview(b"")
+
+
 def put_entries(pairs: Sequence[tuple[str, memoryview]]) -> list[PutEntry]:
     """Entries for (key, value) pairs, checksums left for `hash_values` (or, at the latest,
     `PutBatch.on_start_reply`) to compute."""
@@ -238,10 +252,10 @@ def hash_values(entries: Sequence[PutEntry]) -> None:
     while the caller waits for PutStart, which needs only the sizes)."""
     for e in entries:
         if e.checksum is None:
-            e.checksum = checksum(e.value)
+            e.checksum = hash_views(e.parts) if e.parts else checksum(e.value)
 
 
 def unhashed_bytes(entries: Sequence[PutEntry]) -> int:
-    return sum(e.value.nbytes for e in entries if e.checksum is None)
+    return sum(e.nbytes for e in entries if e.checksum is None)
 
 

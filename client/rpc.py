@@ -44,6 +44,7 @@ import logging
 import math
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from typing import Any
 import grpc
 
 from cellar.client.core import EpochFence
+from cellar.client.setup import master_channel, tls_context
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import (
     MIN_LOOKUP_INTERVAL_S,
@@ -95,8 +97,9 @@ class _FastLine:
     """A pool of persistent connections to the master's fast line; one call per connection at
     a time, so any number of threads may call."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
         self.address = (host, port)
+        self._tls = tls_context(tls_ca)  # over TLS when the master's gRPC port is
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._head = bytearray(FAST_FRAME.size)
@@ -113,6 +116,8 @@ class _FastLine:
             if sock is None:
                 sock = socket.create_connection(self.address, timeout=min(timeout_s, 1.0))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._tls is not None:
+                    sock = self._tls.wrap_socket(sock, server_hostname=self.address[0])
             sock.settimeout(timeout_s)
             sock.sendall(FAST_FRAME.pack(len(body), method_id) + body)
             if abandon is not None:
@@ -161,7 +166,8 @@ def _await_reply(sock: socket.socket, deadline: float, abandon: Callable[[], boo
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = sock.recv(n, socket.MSG_WAITALL)
+    # TLS sockets take no recv flags; they get the loop below
+    data = sock.recv(n) if isinstance(sock, ssl.SSLSocket) else sock.recv(n, socket.MSG_WAITALL)
     if len(data) == n:
         return data
     parts = [data]
@@ -200,14 +206,29 @@ class _Line:
     """One master address and its gRPC channel; replaced whole when the leader changes, so a
     caller that read `MasterChannel._line` once has a consistent (address, stub) pair."""
 
-    __slots__ = ("address", "channel", "failing_since", "generation", "stub")
+    __slots__ = ("address", "channel", "failing_since", "generation", "stub", "tls_ca")
 
     def __init__(self, address: str, generation: int) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel, self.tls_ca = master_channel(address, CHANNEL_OPTIONS)
         self.stub = cellar_pb2_grpc.MasterStub(self.channel)
         self.generation = generation
         self.failing_since = 0.0  # monotonic time of the first failure since the last success
+
+
+def fast_line_address(metadata: Any, master_address: str) -> tuple[str, int] | None:
+    """(host, port) of the fast line a ClusterStatus reply's trailing metadata names (on the
+    master's own host), or None when it names none or garbage."""
+    port = 0
+    try:
+        for key, value in metadata or ():
+            if key == FAST_PORT_METADATA:
+                port = int(value)
+    except (ValueError, TypeError):
+        return None
+    if not 0 < port < 65536:
+        return None
+    return parse_host_port(master_address)[0].strip("[]"), port
 
 
 def valid_address(address: str) -> str:
@@ -341,19 +362,16 @@ class MasterChannel:
         return self._fast
 
     def _learn(self, call: Any, line: _Line) -> None:
-        port = 0
         try:
-            for key, value in call.trailing_metadata() or ():
-                if key == FAST_PORT_METADATA:
-                    port = int(value)
-        except (ValueError, TypeError, AttributeError):
-            port = 0
-        if not 0 < port < 65536 or self._closed or self._line is not line:
+            metadata = call.trailing_metadata()
+        except AttributeError:
             return
-        host, _ = parse_host_port(line.address)
+        where = fast_line_address(metadata, line.address)
+        if where is None or self._closed or self._line is not line:
+            return
         fast = self._fast
-        if fast is None or fast.address != (host.strip("[]"), port):
-            self._fast = _FastLine(host.strip("[]"), port)
+        if fast is None or fast.address != where:
+            self._fast = _FastLine(where[0], where[1], line.tls_ca)
             if fast is not None:
                 fast.close()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -91,3 +92,42 @@ def opened(open_all: Callable[[str], list[T]], choice: str) -> list[T]:
         return open_all(choice)
     except (TransportUnavailable, ValueError) as exc:
         raise InvalidArgument(str(exc)) from None
+
+
+def tls_ca_for(address: str) -> str | None:
+    """The CA file to verify the master at `address` with ($CELLAR_TLS_CA, else the token
+    file's "tls_ca": `cellar.credentials`, sec-identity's), or None for plaintext."""
+    try:
+        from cellar.credentials import default_tls_ca  # type: ignore[import-not-found]
+    except ImportError:  # sec-identity's module not installed: plaintext, as before it
+        return None
+    found = default_tls_ca(address)
+    return found if isinstance(found, str) and found else None
+
+
+def tls_context(tls_ca: str | None) -> ssl.SSLContext | None:
+    """The client TLS context for the fast line (same certificate as the gRPC port)."""
+    if not tls_ca:
+        return None
+    from cellar.tls import client_context  # type: ignore[import-not-found]
+
+    context: ssl.SSLContext = client_context(tls_ca)
+    return context
+
+
+def master_channel(address: str, options: list[tuple[str, Any]], *,
+                   aio: bool = False) -> tuple[Any, str | None]:
+    """(gRPC channel to the master at `address`, its CA file or None): over TLS when a CA is
+    known for it, for the sync face (`grpc`) or the asyncio one (`grpc.aio`)."""
+    import grpc
+    import grpc.aio
+
+    tls_ca = tls_ca_for(address)
+    if tls_ca:
+        from cellar.tls import read_pem  # type: ignore[import-not-found]
+
+        credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(tls_ca))
+        make_secure = grpc.aio.secure_channel if aio else grpc.secure_channel
+        return make_secure(address, credentials, options=options), tls_ca
+    make = grpc.aio.insecure_channel if aio else grpc.insecure_channel
+    return make(address, options=options), None

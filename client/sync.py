@@ -40,10 +40,11 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import api, flows
-from cellar.client.checks import Limits, validate_tenant, validate_timeout
+from cellar.client import api, api_buffers, flows
+from cellar.client.checks import Limits, resolve_token, validate_tenant, validate_timeout
 from cellar.client.core import TransportSet, UnpinQueue
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.metering import FlowRun
 from cellar.client.puts import hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
 from cellar.client.setup import ConnectArgs, client_id, opened, parse_master_address
@@ -198,11 +199,12 @@ class Client:
         torch tensor, ...) of at least one byte. Every replica is written (in parallel) before
         the object becomes visible; on failure the put is revoked and the error raised.
         """
-        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin))
+        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin), "put")
 
     def upsert(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """Store `value` under `key`, replacing any existing value."""
-        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin, upsert=True))
+        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin, upsert=True),
+                  "put")
 
     def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
                  upsert: bool = False) -> list[Status]:
@@ -214,13 +216,13 @@ class Client:
         of raising. Bad arguments raise `cellar.InvalidArgument` before anything is sent.
         """
         return self._run(api.put_many(self._s, items, replicas=replicas, soft_pin=soft_pin,
-                                      upsert=upsert))
+                                      upsert=upsert), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes:
         """The value under `key`; raises `cellar.NotFound` if there is none."""
-        return self._run(api.get(self._s, key))
+        return self._run(api.get(self._s, key), "get")
 
     def get_into(self, key: str, buffer: Any) -> int:
         """Read the value under `key` into `buffer`; returns its size in bytes.
@@ -228,13 +230,13 @@ class Client:
         Raises `cellar.NotFound`, or `cellar.BufferTooSmall` (before any transfer) when the
         value does not fit. Bytes past the value's size are left untouched.
         """
-        return self._run(api.get_into(self._s, key, buffer))
+        return self._run(api.get_into(self._s, key, buffer), "get")
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Values for `keys` in input order; None for a key that is missing or unreadable
         (not found, still being written, or every replica unreachable). Raises
         `cellar.IntegrityError` if a value is found but no replica passes its checksum."""
-        return self._run(api.get_many(self._s, keys))
+        return self._run(api.get_many(self._s, keys), "get")
 
     def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
                       timeout_s: float | None = None, prefix: bool = False) -> list[int]:
@@ -248,7 +250,7 @@ class Client:
         LATE; a negative budget is `cellar.InvalidArgument`.
         """
         return self._run(api.get_many_into(self._s, keys, buffers, timeout_s=timeout_s,
-                                           prefix=prefix))
+                                           prefix=prefix), "get")
 
     def size(self, key: str) -> int:
         """The size in bytes of the value under `key`; raises `cellar.NotFound`."""
@@ -258,15 +260,15 @@ class Client:
 
     def exists(self, key: str) -> bool:
         """Whether a complete value is stored under `key` (never pins it)."""
-        return self._run(api.exists(self._s, key))
+        return self._run(api.exists(self._s, key), "exists")
 
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key has a complete value, in input order (never pins)."""
-        return self._run(api.exists_many(self._s, keys))
+        return self._run(api.exists_many(self._s, keys), "exists")
 
     def prefix_len(self, keys: Sequence[str]) -> int:
         """How many leading keys of `keys` have complete values (never pins)."""
-        return self._run(api.prefix_len(self._s, keys))
+        return self._run(api.prefix_len(self._s, keys), "prefix_len")
 
     def remove(self, key: str) -> bool:
         """Remove `key`; True if it was there, False if not."""
@@ -280,24 +282,108 @@ class Client:
         """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""
         return self._run(api.status(self._s))
 
+    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+
+    def register_buffer(self, ptr: int, size: int) -> None:
+        """Vouch for host memory [ptr, ptr + size) the `_ptr`/`_from` calls may use. Overlapping
+        registrations count as their union; the same one twice is a no-op."""
+        self._check_open()
+        self._s.pointers.register(ptr, size)
+
+    def unregister_buffer(self, ptr: int) -> None:
+        """Forget the registration starting at `ptr`; `cellar.InvalidArgument` if there is none
+        (or a call is using it)."""
+        self._check_open()
+        self._s.pointers.unregister(ptr)
+
+    def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1, soft_pin: bool = False,
+                 upsert: bool = False) -> None:
+        """Store the `size` bytes at `ptr` (inside a registered buffer) under `key`."""
+        self._run(api_buffers.put_from(self._s, key, ptr, size, replicas=replicas,
+                                       soft_pin=soft_pin, upsert=upsert), "put")
+
+    def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                      replicas: int = 1, soft_pin: bool = False,
+                      upsert: bool = False) -> list[Status]:
+        """`put_many` from registered memory; one `cellar.Status` per key."""
+        return self._run(api_buffers.put_many_from(self._s, keys, ptrs, sizes, replicas=replicas,
+                                                   soft_pin=soft_pin, upsert=upsert), "put")
+
+    def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
+        """`get_into` the registered memory [ptr, ptr + size); returns the object's size."""
+        return self._run(api_buffers.get_into_ptr(self._s, key, ptr, size), "get")
+
+    def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
+                           timeout_s: float | None = None, prefix: bool = False) -> list[int]:
+        """`get_many_into` registered memory (sizes, MISS, LATE; `timeout_s`, `prefix`)."""
+        return self._run(api_buffers.get_many_into_ptrs(self._s, keys, ptrs, sizes,
+                                                        timeout_s=timeout_s, prefix=prefix), "get")
+
+    def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
+                  soft_pin: bool = False, upsert: bool = False) -> None:
+        """Store the concatenation of `parts` (in order, no staging copy) under `key`."""
+        self._run(api_buffers.put_parts(self._s, key, parts, replicas=replicas, soft_pin=soft_pin,
+                                        upsert=upsert), "put")
+
+    def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
+                       soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """`put_parts` for many (key, parts) pairs; one `cellar.Status` per key."""
+        return self._run(api_buffers.put_many_parts(self._s, items, replicas=replicas,
+                                                    soft_pin=soft_pin, upsert=upsert), "put")
+
+    def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
+        """Read `key` into `parts` in order; their total must equal the object's size."""
+        return self._run(api_buffers.get_into_parts(self._s, key, parts), "get")
+
+    def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]], *,
+                            timeout_s: float | None = None, prefix: bool = False) -> list[int]:
+        """`get_many_into` with parts per key (sizes, MISS, LATE; `timeout_s`, `prefix`)."""
+        return self._run(api_buffers.get_many_into_parts(self._s, keys, parts_per_key,
+                                                         timeout_s=timeout_s, prefix=prefix), "get")
+
+    def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
+                   upsert: bool = False) -> None:
+        """Store a contiguous tensor with its dtype and shape (torch optional)."""
+        self._run(api_buffers.put_tensor(self._s, key, t, replicas=replicas, soft_pin=soft_pin,
+                                         upsert=upsert), "put")
+
+    def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
+                    soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+        """`put_tensor` for many; one `cellar.Status` per key."""
+        return self._run(api_buffers.put_tensors(self._s, keys, tensors, replicas=replicas,
+                                                 soft_pin=soft_pin, upsert=upsert), "put")
+
+    def get_tensor(self, key: str) -> Any:
+        """The tensor stored under `key` (dtype and shape as put); `cellar.NotFound` if none."""
+        return self._run(api_buffers.get_tensor(self._s, key), "get")
+
+    def get_tensors(self, keys: Sequence[str]) -> list[Any]:
+        """Tensors for `keys` in order; None for a miss."""
+        return self._run(api_buffers.get_tensors(self._s, keys), "get")
+
+    def get_tensor_into(self, key: str, t: Any) -> int:
+        """Read the tensor under `key` into `t` (same dtype and shape, CPU, contiguous)."""
+        return self._run(api_buffers.get_tensor_into(self._s, key, t), "get")
+
     # ---- the face: performing what the flows ask -------------------------------------------
 
-    def _run(self, flow: Generator[flows.Effect, Any, T]) -> T:
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("this cellar.Client is closed")
+
+    def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
+        """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
         if self._closed:
             flow.close()
             raise ClientClosed("this cellar.Client is closed")
-        send: Any = None
-        error: BaseException | None = None
-        while True:
+        run = FlowRun(flow, op)
+        while (effect := run.next()) is not None:
+            started = time.perf_counter()
             try:
-                effect = flow.throw(error) if error is not None else flow.send(send)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            send, error = None, None
-            try:
-                send = self._perform(effect)
+                run.answer(self._perform(effect), started)
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
-                error = exc
+                run.fail(exc, started)
+        return run.result
 
     def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):
@@ -391,7 +477,7 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
         raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
     timeout_s = validate_timeout(timeout_s)
     header = pb.RequestHeader(tenant=validate_tenant(tenant), client_id=client_id(),
-                              token=token or "")
+                              token=resolve_token(address, token))
     channel = MasterChannel(address, fast=False, follow=False)
     try:
         reply = channel.call("ClusterStatus", pb.ClusterStatusRequest(header=header),

@@ -17,4 +17,5 @@ and fall back to gRPC whenever it is unreachable; see `fastrpc` for the frame an
 
 It never touches payload bytes (its gRPC messages stay under a few MiB to prove it) and never
 imports cellar.client, cellar.transfer or cellar.storage_node.
+Import rule: must not import cellar.client.*, cellar.transfer.*, cellar.storage_node.*, cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """

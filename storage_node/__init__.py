@@ -15,4 +15,5 @@ HTTP), `node` (wiring, start/stop order), `main` (`cellar node`).
 
 It never imports `cellar.client` or `cellar.master`: the only contract with the master is
 `cellar.proto`.
+Import rule: must not import cellar.client.*, cellar.master.*, cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """

@@ -33,7 +33,7 @@ node's `SegmentAccess.written` is called once per frame that fully arrived.
 Dependencies: this package may import `cellar.proto` (grants) and nothing else of Cellar; it
 never imports `cellar.client`, `cellar.master` or `cellar.storage_node`, so a prefill worker can
 use it on its own to write a KV block straight into another process's registered buffer.
-May import only: cellar.transfer, cellar.proto
+Import rule: may import only cellar.proto.*
 """
 
 from __future__ import annotations

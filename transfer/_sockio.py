@@ -82,20 +82,22 @@ def send_all(sock: socket.socket, parts: Sequence[Buffer]) -> int:
     kernel allows; returns the byte count. Partial sends resume where they stopped."""
     views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts if len(p)]
     total = sum(len(v) for v in views)
-    first = 0
-    while first < len(views):
-        batch = views[first:first + MAX_IOV]
-        sent = sock.sendmsg(batch)
-        # Skip fully sent views, trim the partially sent one.
-        while sent > 0:
-            n = len(views[first])
-            if sent >= n:
-                sent -= n
-                first += 1
-            else:
-                views[first] = views[first][sent:]
-                sent = 0
+    while views:
+        advance_views(views, sock.sendmsg(views[:MAX_IOV]))
     return total
+
+
+def idle_alive(sock: socket.socket) -> bool:
+    """Whether an idle connection is still usable: it must have nothing to read, so EOF or
+    stray bytes mean it is dead (e.g. the node restarted while it sat in a pool). One
+    non-blocking syscall."""
+    try:
+        sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def advance_views(views: list[memoryview], done: int) -> None:

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from cellar.proto.grant import Grant
 from cellar.transfer._sockio import (
     MAX_IOV,
-    MSG_DONTWAIT,
-    MSG_PEEK,
     TIMEOUT_ERRORS,
     Inbox,
+    idle_alive,
     parse_address,
     send_all,
     set_io_timeout,
@@ -81,13 +80,7 @@ class _Conn:
         self.next_id = 1
 
     def alive(self) -> bool:
-        try:
-            self.sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        return False
+        return idle_alive(self.sock)
 
     def close(self) -> None:
         try:

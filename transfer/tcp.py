@@ -4,7 +4,11 @@ How a batch moves:
 1. Every op is cut into chunks of at most `chunk_bytes`; each chunk is one frame whose range
    lies inside the op's grant (writes carry the op's WriteMeta on every chunk, so the node can
    account each frame on its own). An op whose range is not inside its grant fails before a
-   byte moves, so a multi-frame op never lands partly because of its own range.
+   byte moves, so a multi-frame op never lands partly because of its own range. A
+   scatter-gather op (`TransferOp.parts`) is cut the same way over the concatenation of its
+   parts: a chunk is the tuple of part slices it covers, sent as one iovec each and received
+   with `recvmsg_into` straight into them. (This step, the striping policy and the dealing
+   are `tcp_plan`'s, shared with the asyncio transport `tcp_async`.)
 2. Chunks are grouped by node address (route.endpoints["tcp"]). For each node the batch checks
    out connections from that node's pool (waiting only for the first one; extra ones only if
    idle or creatable right away) and deals the chunks out to them, least-loaded first, so a
@@ -39,6 +43,8 @@ Invariants:
   read's own destination holds unspecified bytes.
 - Timeouts: every syscall is bounded by the time left to the batch deadline (kernel socket
   timeouts), and the deadline is checked between frames.
+- Cancellation: `read` returns only after every lane of the batch has ended, and a lane that
+  timed out closed its connection, so no byte lands in a read's destination after it returned.
 """
 
 from __future__ import annotations
@@ -55,11 +61,10 @@ from xxhash import xxh3_64_intdigest
 
 from cellar.transfer._sockio import (
     MAX_IOV,
-    MSG_DONTWAIT,
-    MSG_PEEK,
     TIMEOUT_ERRORS,
     Inbox,
     PeerClosed,
+    idle_alive,
     parse_address,
     send_all,
     set_io_timeout,
@@ -98,7 +103,6 @@ INBOX_BYTES = 64 << 10
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 _ZERO_MAC = bytes(16)
 RESPONSE_SIZE = RESPONSE.size
-_PEEK_NOWAIT = MSG_PEEK | MSG_DONTWAIT
 
 
 class _Desync(Exception):
@@ -123,15 +127,7 @@ class _Conn:
             self.io_timeout_s = remaining_s
 
     def alive(self) -> bool:
-        """An idle connection must have nothing to read: EOF or stray bytes mean it is dead
-        (e.g. the node restarted while it sat in the pool). One non-blocking syscall."""
-        try:
-            self.sock.recv(1, _PEEK_NOWAIT)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        return False  # EOF, or bytes nobody asked for
+        return idle_alive(self.sock)
 
     def close(self) -> None:
         try:

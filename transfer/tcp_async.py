@@ -22,8 +22,8 @@ All bytes land from the reader task, synchronously on the loop thread, and the r
 that mark before every receive into a caller's view: a cancelled frame's reply (or the rest of
 it, if it was mid-payload) is received into scratch memory and dropped. So no byte lands in a
 caller's buffer after `read` returned, and the connection stays in sync for the other callers.
-A channel one of whose frames timed out is retired (no new frames; closed once drained), so
-later batches do not queue behind a stalled node. A write frame already being sent when its
+A channel one of whose frames timed out is retired (no new frames; closed once drained, or
+after RETIRED_DRAIN_S at the latest), so later batches do not queue behind a stalled node. A write frame already being sent when its
 batch ends is sent to its end (the stream must stay whole); the SDK revokes such a put.
 
 Invariants: a channel's `sent` queue holds exactly the frames sent and not yet answered, in
@@ -43,11 +43,10 @@ from xxhash import xxh3_64_intdigest
 
 from cellar.transfer._sockio import (
     MAX_IOV,
-    MSG_DONTWAIT,
-    MSG_PEEK,
     Inbox,
     PeerClosed,
     advance_views,
+    idle_alive,
     parse_address,
     tune_socket,
 )
@@ -80,6 +79,9 @@ from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lan
 
 INBOX_BYTES = 64 << 10
 SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and dropped
+# A retired channel still waiting for replies after this long is closed (its node stalled):
+# the bound on how long a timed-out batch's connection can linger.
+RETIRED_DRAIN_S = 10.0
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 RESPONSE_SIZE = RESPONSE.size
 
@@ -99,7 +101,7 @@ class _Wait:
 
     def one_done(self) -> None:
         self.left -= 1
-        if self.left == 0 and not self.future.done():
+        if self.left == 0 and not self.future.done():  # done: expired, or its caller cancelled
             self.future.set_result(None)
 
 
@@ -155,6 +157,7 @@ class _Channel:
         self._reader_wake: asyncio.Future[None] | None = None
         self._scratch: memoryview | None = None
         pool.transport._channels.add(self)
+        self.loop.add_reader(self.fd, self._on_readable)
         self._writer = self.loop.create_task(self._write_loop())
         self._reader = self.loop.create_task(self._read_loop())
 
@@ -171,6 +174,8 @@ class _Channel:
         if not self.retired:
             self.retired = True
             self.pool.drop(self)
+            self.loop.call_later(RETIRED_DRAIN_S, self.close, ST_TIMEOUT,
+                                 f"no reply within {RETIRED_DRAIN_S} s of a timeout")
         if not self.queue and not self.sent:
             self.close(ST_CONNECTION_LOST, "retired")
 
@@ -201,15 +206,20 @@ class _Channel:
     # -- readiness -------------------------------------------------------------------------
 
     async def _readable(self) -> None:
+        # The fd stays registered for the channel's life (`_on_readable`): one epoll_ctl per
+        # connection instead of two per wait. No spin: the reader only waits right after a
+        # receive found nothing, so the callback fires again only when new bytes arrive.
         fut = self.loop.create_future()
         self._reader_wake = fut
-        self.loop.add_reader(self.fd, _wake, fut)
         try:
             await fut
         finally:
             self._reader_wake = None
-            if not self.closed:  # close() unregistered it (and the fd number may be reused)
-                self.loop.remove_reader(self.fd)
+
+    def _on_readable(self) -> None:
+        fut = self._reader_wake
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     async def _writable(self) -> None:
         fut = self.loop.create_future()
@@ -279,7 +289,7 @@ class _Channel:
                         self.close(ST_CONNECTION_LOST, "retired")
                         return
                     await self._readable()  # a reply's first bytes, EOF, or the writer's kick
-                    if not self.sent and self._idle_readable():
+                    if not self.sent and not idle_alive(self.sock):
                         raise PeerClosed("node closed an idle connection")
                     continue
                 await self._read_reply(self.sent[0])
@@ -290,15 +300,6 @@ class _Channel:
             raise
         except Exception as e:  # noqa: BLE001 - any failure closes only this channel
             self.close(ST_CONNECTION_LOST, f"{e or type(e).__name__}")
-
-    def _idle_readable(self) -> bool:
-        try:
-            self.sock.recv(1, MSG_PEEK | MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-        return True  # EOF, or bytes nobody asked for
 
     async def _read_reply(self, frame: _Frame) -> None:
         inbox = self.inbox
@@ -549,7 +550,11 @@ class AsyncTcpTransport(AsyncTransport):
                         frames.append(frame)
                         channel.enqueue(frame)
             if n_frames and not wait.future.done():
-                await asyncio.wait([wait.future], timeout=max(0.0, deadline - loop.time()))
+                timer = loop.call_at(deadline, _wake, wait.future)  # the budget ends the wait
+                try:
+                    await wait.future
+                finally:
+                    timer.cancel()
         finally:
             # The cancellation guarantee: from here on the reader never touches these views.
             stuck: set[_Channel] = set()

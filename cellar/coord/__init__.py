@@ -7,4 +7,5 @@ the CLI find the current leader with `discovery.LeaderDiscovery`. `target` parse
 
 Must not: know master internals (object tables, grants), hold payload bytes, or import the
 client, master or storage_node packages. The embedded default (`cellar up`) never loads it.
+Import rule: must not import cellar.client.*, cellar.master.*, cellar.storage_node.*, cellar.transfer.*, cellar.bench.*
 """

@@ -57,7 +57,12 @@ class CutProxy:
                 moved += len(data)
         except OSError:
             pass
-        for s in (a, b):  # either direction ending ends the whole connection
+        self.end_connection(a, b)
+
+    @staticmethod
+    def end_connection(*socks: socket.socket) -> None:
+        """Either direction ending ends the whole connection."""
+        for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:

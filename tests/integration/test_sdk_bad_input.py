@@ -6,6 +6,7 @@ BufferTooSmall is raised after the size is known but before any byte is transfer
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 import cellar
 from cellar.errors import Status
-from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_face
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, AsyncFace, open_face
 
 LONG_KEY = "é" * 513  # 1026 bytes in UTF-8, over the master's 1024
 
@@ -164,6 +165,7 @@ def test_connect_arguments(cluster):
     with pytest.raises(cellar.InvalidArgument, match="tenant"):
         cellar.connect(cluster.address, tenant="")
     with cellar.connect(cluster.address, transport="tcp") as c:
+        c.upsert("bad/present", b"0123456789")
         assert c.get("bad/present") == b"0123456789"
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))
@@ -176,5 +178,54 @@ def test_closed_client(cluster):
     c = cellar.connect(cluster.address)
     c.close()
     c.close()  # idempotent
-    with pytest.raises(cellar.CellarError, match="closed"):
-        c.get("bad/present")
+    for call in (lambda: c.get("bad/present"), lambda: c.exists_many(["a"]),
+                 lambda: c.get_many_into(["a"], [bytearray(1)], timeout_s=0)):
+        with pytest.raises(cellar.ClientClosed, match="closed"):
+            call()
+
+
+def test_async_connect_arguments_match_the_sync_ones(cluster):
+    for kwargs, match in [({"transport": "carrier-pigeon"}, "transport"),
+                          ({"timeout_s": 0}, "timeout_s"), ({"tenant": ""}, "tenant"),
+                          ({"token": 5}, "token")]:
+        with pytest.raises(cellar.InvalidArgument, match=match):
+            cellar.AsyncClient(cluster.address, **kwargs)
+    with pytest.raises(cellar.InvalidArgument, match="host:port"):
+        asyncio.run(cellar.connect_async("no-port-here"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(cellar.Unavailable):
+        asyncio.run(cellar.connect_async(f"127.0.0.1:{port}", timeout_s=0.5))
+
+
+def test_closed_async_client(cluster):
+    async def body() -> None:
+        c = await cellar.connect_async(cluster.address, transport="tcp")
+        await c.upsert("bad/async-closed", b"x")
+        await c.aclose()
+        await c.aclose()  # idempotent
+        for call in (c.get("bad/async-closed"), c.exists_many(["a"]), c.put("k", b"v"),
+                     c.get_many_into(["a"], [bytearray(1)], timeout_s=0)):
+            with pytest.raises(cellar.ClientClosed, match="closed"):
+                await call
+        never_opened = cellar.AsyncClient(cluster.address)
+        with pytest.raises(cellar.ClientClosed, match="not open"):
+            await never_opened.get("k")
+
+    asyncio.run(body())
+
+
+def test_an_async_client_used_from_another_loop(cluster):
+    face = AsyncFace(cluster.address, transport="tcp")
+    try:
+        face.upsert("bad/loop", b"v")
+
+        async def from_here() -> None:
+            with pytest.raises(cellar.InvalidArgument, match="another event loop"):
+                await face.client.get("bad/loop")
+
+        asyncio.run(from_here())
+        assert face.get("bad/loop") == b"v"  # still fine on its own loop
+    finally:
+        face.close()

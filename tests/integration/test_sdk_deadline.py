@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
 
 import pytest
 
@@ -20,6 +19,7 @@ import cellar
 from cellar.client.rpc import MasterChannel
 from cellar.proto import cellar_pb2 as pb
 from tests.support.faces import FACES, open_face
+from tests.support.pins import pins_after_release
 
 OBJECT_BYTES = 4 << 20   # large enough that a resumed node has megabytes in flight
 SENTINEL = 0xA5
@@ -58,21 +58,6 @@ def node_of_keys(cluster, tenant: str, keys: list[str]) -> list[str]:
     return [r.replicas[0].node_id for r in reply.results]
 
 
-def master_pin_count(cluster) -> float:
-    with urllib.request.urlopen(f"{cluster.http_url}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("master_pin_count "):
-                return float(line.split()[1])
-    raise AssertionError("master_pin_count not exported")
-
-
-def wait_pins_released(cluster) -> float:
-    deadline = time.monotonic() + 5
-    while (pins := master_pin_count(cluster)) > 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return pins
-
-
 def test_a_frozen_node_makes_its_keys_late_and_nothing_lands_afterwards(cluster, client):
     keys = [f"dl/{i:02d}" for i in range(KEYS)]
     assert client.put_many([(k, value(i)) for i, k in enumerate(keys)]) == [cellar.Status.OK] * KEYS
@@ -99,7 +84,7 @@ def test_a_frozen_node_makes_its_keys_late_and_nothing_lands_afterwards(cluster,
     time.sleep(1.0)
     for i in late:
         assert buffers[i].count(SENTINEL) == OBJECT_BYTES, keys[i]
-    assert wait_pins_released(cluster) == 0
+    assert pins_after_release(cluster) == 0
     # The store is intact: the same keys read fine once the node answers again.
     again = client.get_many_into(keys, buffers, timeout_s=20.0)
     assert again == [OBJECT_BYTES] * KEYS
@@ -128,7 +113,7 @@ def test_prefix_mode_stops_at_the_first_late_or_missing_key(cluster, client):
     finally:
         cluster.signal_node(frozen, signal.SIGCONT)
     assert got == [1024] * cut
-    assert wait_pins_released(cluster) == 0
+    assert pins_after_release(cluster) == 0
     client.remove_prefix("px/")
 
 

@@ -7,17 +7,27 @@ still there; every object that reads back has exactly the bytes that were writte
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from cellar.errors import Status
+from tests.support.faces import FACES, connect_face
 
 KIB, MIB = 1 << 10, 1 << 20
 SEGMENT_BYTES = 32 * MIB
 NODES = 2
 
 
-def test_fill_to_three_times_capacity(make_cluster, connect_to):
+@pytest.mark.parametrize("face", FACES)
+def test_fill_to_three_times_capacity(make_cluster, face):
     cluster = make_cluster(nodes=NODES, segment_size=SEGMENT_BYTES)
-    client = connect_to(cluster)
+    client = connect_face(face, cluster.address)
+    try:
+        _fill(client)
+    finally:
+        client.close()
+
+
+def _fill(client):
     capacity = client.status()["capacity_bytes"]
     assert capacity == NODES * SEGMENT_BYTES
 

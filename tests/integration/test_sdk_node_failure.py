@@ -15,6 +15,7 @@ import pytest
 
 import cellar
 from cellar.errors import Status
+from tests.support.faces import FACES, connect_face
 
 KIB = 1 << 10
 
@@ -62,11 +63,23 @@ def put_and_check(client: cellar.Client, prefix: str, seed: int) -> None:
     check_readable(client, fresh)
 
 
+@pytest.fixture(params=FACES)
+def face(request):
+    return request.param
+
+
 @pytest.mark.timeout(120)
-def test_kill_9_one_node(make_cluster, connect_to):
+def test_kill_9_one_node(make_cluster, face):
     cluster = make_cluster(nodes=3, segment_size="64MiB", node_suspect_after_s=1.5,
                            node_expire_after_s=3)
-    client = connect_to(cluster, timeout_s=20)
+    client = connect_face(face, cluster.address, timeout_s=20)
+    try:
+        _kill_9_one_node(cluster, client)
+    finally:
+        client.close()
+
+
+def _kill_9_one_node(cluster, client):
     doubles = make_values("two", 150, 1)
     singles = make_values("one", 90, 2)
     assert client.put_many(doubles, replicas=2) == [Status.OK] * len(doubles)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 import cellar
 from cellar.errors import Status
 from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_face
+from tests.support.pins import master_pin_count
 
 NODES = 3
 SEGMENT_BYTES = 320 << 20
@@ -177,14 +177,6 @@ def test_64mib_object_never_passes_through_the_master(client):
     client.put("big/numpy", arr)
     assert client.get_many(["big/numpy"])[0] == big
     assert client.remove("big/64MiB") and client.remove("big/numpy")
-
-
-def master_pin_count(cluster) -> float:
-    with urllib.request.urlopen(f"{cluster.http_url}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("master_pin_count "):
-                return float(line.split()[1])
-    raise AssertionError("master_pin_count not exported")
 
 
 def test_pins_are_released_soon_after_reads(cluster, client):

@@ -41,34 +41,19 @@ from cellar.transfer.frame import (
 from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
 from tests.integration.cut_proxy import CutProxy
-from tests.support.transfer_node import (
+from tests.support.transfer_node import (  # noqa: F401 - the fixtures access, server, route
     SECRET,
     SEGMENT_ID,
     TENANT,
     MemAccess,
+    access_fixture,
     grant,
     rop,
+    route_fixture,
     route_to,
+    server_fixture,
     wop,
 )
-
-
-@pytest.fixture
-def access() -> MemAccess:
-    return MemAccess()
-
-
-@pytest.fixture
-def server(access: MemAccess) -> Iterator[TcpDataServer]:
-    srv = TcpDataServer(access, "127.0.0.1", 0, socket_buffer_bytes=1 << 20)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def route(server: TcpDataServer) -> SegmentRoute:
-    return route_to(f"127.0.0.1:{server.port}")
 
 
 @pytest.fixture

@@ -24,27 +24,27 @@ from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_async import AsyncTcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
 from tests.support.slow_proxy import SlowProxy
-from tests.support.transfer_node import MemAccess, pop, rop, route_to, wop
+from tests.support.transfer_node import (  # noqa: F401 - the fixtures access, server, route
+    MemAccess,
+    access_fixture,
+    pop,
+    rop,
+    route_fixture,
+    route_to,
+    server_fixture,
+    wop,
+)
 
 CHUNK = 64 << 10
 
 
-@pytest.fixture
-def access() -> MemAccess:
-    return MemAccess()
+def _uvloop_run(coro):
+    uvloop = pytest.importorskip("uvloop")
+    return uvloop.run(coro)
 
 
-@pytest.fixture
-def server(access: MemAccess) -> Iterator[TcpDataServer]:
-    srv = TcpDataServer(access, "127.0.0.1", 0, socket_buffer_bytes=1 << 20)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def route(server: TcpDataServer) -> SegmentRoute:
-    return route_to(f"127.0.0.1:{server.port}")
+# The AsyncClient may run on the default loop or on uvloop: the transport must work on both.
+RUNNERS = pytest.mark.parametrize("run", [asyncio.run, _uvloop_run], ids=["asyncio", "uvloop"])
 
 
 @pytest.fixture
@@ -142,7 +142,9 @@ def test_async_plain_and_parts_roundtrip_exact_bytes(route: SegmentRoute,
     asyncio.run(main())
 
 
-def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemAccess) -> None:
+@RUNNERS
+def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemAccess,
+                                               run) -> None:
     blobs = [os.urandom(64 << 10) for _ in range(64)]
     for i, b in enumerate(blobs):
         access.view[i * (64 << 10):(i + 1) * (64 << 10)] = b
@@ -164,7 +166,7 @@ def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemA
         finally:
             await t.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
 def test_async_bad_op_fails_alone_and_unreachable_node_fails_alone(
@@ -177,10 +179,14 @@ def test_async_bad_op_fails_alone_and_unreachable_node_fails_alone(
             access.view[0:10] = b"0123456789"
             bad = rop(route, 0, bytearray(10))
             bad.offset = 1 << 40  # outside its grant
-            res = await t.read([rop(route, 0, good), bad, rop(dead, 0, bytearray(4))], 10)
+            res = await t.read([rop(route, 0, good), bad, rop(dead, 0, bytearray(4)),
+                                rop(route, 64, bytearray(0))], 10)
             assert res[0].ok and good == b"0123456789"
             assert res[1].status == ST_OUT_OF_RANGE
             assert not res[2].ok
+            assert res[3].ok  # a zero-length read is a frame like any other
+            empty = await t.write([wop(route, 128, b"", key="empty")], 10)
+            assert empty[0].ok
         finally:
             await t.aclose()
 
@@ -228,8 +234,10 @@ def test_sync_read_that_times_out_never_writes_afterwards(route: SegmentRoute,
     assert sync_tcp.read([rop(route, 0, bufs[0])], 10)[0].ok  # the transport recovered
 
 
+@RUNNERS
 def test_async_read_cancelled_mid_payload_never_writes_afterwards(server: TcpDataServer,
-                                                                  access: MemAccess) -> None:
+                                                                  access: MemAccess,
+                                                                  run) -> None:
     proxy = SlowProxy(("127.0.0.1", server.port), piece_bytes=16 << 10, pause_s=0.01)
     route = route_to(proxy.address)
     size = 2 << 20  # ~128 pieces: ~1.3 s to trickle through
@@ -266,7 +274,7 @@ def test_async_read_cancelled_mid_payload_never_writes_afterwards(server: TcpDat
             await t.aclose()
 
     try:
-        asyncio.run(main())
+        run(main())
     finally:
         proxy.close()
 

@@ -4,41 +4,28 @@ the cancellation tests use it to catch a read's payload half delivered when the 
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
+from tests.integration.cut_proxy import CutProxy
 
-class SlowProxy:
+
+class SlowProxy(CutProxy):
     """Forwards TCP to `target`; replies leave in `piece_bytes` pieces, one per `pause_s`."""
 
     def __init__(self, target: tuple[str, int], *, piece_bytes: int = 32 << 10,
                  pause_s: float = 0.01) -> None:
-        self.target = target
         self.piece_bytes = piece_bytes
         self.pause_s = pause_s
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.socks: list[socket.socket] = []
         self.down_bytes = 0  # forwarded to clients so far
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.listener.accept()
-            except OSError:
-                return
-            s = socket.create_connection(self.target)
-            self.socks += [c, s]
-            threading.Thread(target=self._pump, args=(c, s, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(s, c, True), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, a: socket.socket,
+              b: socket.socket, direction: str) -> None:
+        slow = direction == "down"
         try:
             while True:
                 data = src.recv(self.piece_bytes if slow else 1 << 16)
@@ -46,18 +33,9 @@ class SlowProxy:
                     break
                 dst.sendall(data)
                 if slow:
-                    with self._lock:
+                    with self.lock:
                         self.down_bytes += len(data)
                     time.sleep(self.pause_s)
         except OSError:
             pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.socks:
-            s.close()
+        self.end_connection(a, b)

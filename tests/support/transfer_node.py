@@ -1,7 +1,8 @@
 """A storage node's data plane in this process, for transport tests: `MemAccess` (a segment
 backed by an anonymous mmap that checks every request's grant with `cellar.proto.grant.verify`
 under a fixed secret, exactly as a storage node does) behind a real `TcpDataServer`, plus
-helpers that build signed ops. `delay_s` slows every read on purpose, after the reply header
+helpers that build signed ops. Fixtures `access`, `server` (the TcpDataServer in front of it) and `route` (to it) are imported
+by the transport test modules. `delay_s` slows every read on purpose, after the reply header
 would be due, so the cancellation tests can catch a transfer in flight.
 """
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 import mmap
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from cellar.proto.grant import GrantRejected, key_tag, sign, verify
 from cellar.transfer.base import SegmentRoute, TransferOp
@@ -25,6 +29,7 @@ from cellar.transfer.frame import (
     RequestHeader,
     WriteMeta,
 )
+from cellar.transfer.tcp_server import TcpDataServer
 
 SECRET = b"cellar-test-secret-0123456789abc"
 SEGMENT_ID = 7
@@ -109,3 +114,21 @@ def pop(route: SegmentRoute, offset: int, parts, key: str = "k", *, write: bool,
     op = OP_WRITE if write else OP_READ
     return TransferOp(route, grant(op, offset, n, key, **kw), offset, parts=views,
                       meta=WriteMeta(0, n, TENANT, key) if write else None)
+
+
+@pytest.fixture(name="access")
+def access_fixture() -> MemAccess:
+    return MemAccess()
+
+
+@pytest.fixture(name="server")
+def server_fixture(access: MemAccess) -> Iterator[TcpDataServer]:
+    srv = TcpDataServer(access, "127.0.0.1", 0, socket_buffer_bytes=1 << 20)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(name="route")
+def route_fixture(server: TcpDataServer) -> SegmentRoute:
+    return route_to(f"127.0.0.1:{server.port}")

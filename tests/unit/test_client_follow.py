@@ -133,6 +133,7 @@ def masters(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeMaster]:
             self.stub = FakeStub(table.setdefault(address, FakeMaster(address, "dead")))
             self.generation = generation
             self.failing_since = 0.0
+            self.tls_ca = None  # as rpc._Line: plaintext unless a CA is known for the address
 
     monkeypatch.setattr(rpc, "_Line", FakeLine)
     return table
@@ -340,7 +341,7 @@ def test_a_redirect_over_the_fast_line_moves_the_call_to_the_leader(masters, mon
     learned: list[tuple[str, int]] = []
 
     class LearnedFast(FakeFastLine):
-        def __init__(self, host: str, port: int) -> None:
+        def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
             super().__init__(0, pb.PutStartReply(header=pb.ReplyHeader(epoch=10)).SerializeToString())
             learned.append((host, port))
 

@@ -1,0 +1,173 @@
+"""The SDK's two figures of issue 11, side by side with what they are compared to.
+
+1. `prefix_len` of 256 present keys, p50 per call, through the public API: over the master's
+   fast line (the default) and over gRPC (the same Client with its fast line turned off).
+   Target: fast line <= 0.3 ms p50.
+2. 64 x 64 KiB gets: `AsyncClient`, 64 concurrent `get` calls on one event loop
+   (`asyncio.gather`), against the sync `Client`'s batched `get_many` of the same keys, in
+   keys/s. Target: async >= sync batched.
+
+Run alone: `python -m cellar.bench.sdk` (starts a 1-node cluster, prints the table and writes
+bench/results/sdk-<date>-<host>.md); `cellar bench` runs it as one more worker
+(`--address`), printing JSON lines of kind "sdk".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cellar
+
+KiB = 1 << 10
+PREFIX_KEYS = 256
+PREFIX_SAMPLES = 2000
+GET_KEYS = 64
+GET_BYTES = 64 * KiB
+GET_ROUNDS = 200
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+def _p50_us(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def prefix_len_rows(address: str, samples: int) -> list[dict[str, Any]]:
+    rows = []
+    with cellar.connect(address, transport="tcp") as client:
+        keys = [f"sdkbench/prefix/{i:03d}" for i in range(PREFIX_KEYS)]
+        client.put_many([(k, b"p") for k in keys], upsert=True)
+        for line in ("fast", "grpc"):
+            client._master._use_fast = line == "fast"  # the same API call, minus the fast line
+            assert client.prefix_len(keys) == PREFIX_KEYS
+            times = []
+            for _ in range(samples):
+                start = time.perf_counter()
+                client.prefix_len(keys)
+                times.append(time.perf_counter() - start)
+            times.sort()
+            rows.append({"kind": "sdk", "figure": "prefix_len", "line": line,
+                         "keys": PREFIX_KEYS, "p50_us": _p50_us(times),
+                         "p99_us": times[int(len(times) * 0.99)] * 1e6})
+        client.remove_prefix("sdkbench/prefix/")
+    return rows
+
+
+def concurrency_rows(address: str, transport: str, rounds: int) -> list[dict[str, Any]]:
+    keys = [f"sdkbench/get/{i:02d}" for i in range(GET_KEYS)]
+    with cellar.connect(address, transport=transport) as client:
+        client.put_many([(k, bytes([i]) * GET_BYTES) for i, k in enumerate(keys)], upsert=True)
+        for _ in range(5):
+            client.get_many(keys)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            got = client.get_many(keys)
+        sync_s = time.perf_counter() - start
+        assert all(g is not None and len(g) == GET_BYTES for g in got)
+
+    async def gathered() -> float:
+        async with cellar.AsyncClient(address, transport=transport) as ac:
+            for _ in range(5):
+                await asyncio.gather(*(ac.get(k) for k in keys))
+            begin = time.perf_counter()
+            for _ in range(rounds):
+                values = await asyncio.gather(*(ac.get(k) for k in keys))
+            elapsed = time.perf_counter() - begin
+            assert all(len(v) == GET_BYTES for v in values)
+            await ac.remove_prefix("sdkbench/get/")
+            return elapsed
+
+    async_s = asyncio.run(gathered())
+    total = rounds * GET_KEYS
+    return [{"kind": "sdk", "figure": "concurrency", "transport": transport, "face": face,
+             "keys": GET_KEYS, "size_bytes": GET_BYTES, "keys_per_s": total / seconds,
+             "GBps": total * GET_BYTES / seconds / 1e9}
+            for face, seconds in (("sync get_many (batched)", sync_s),
+                                  ("async gather of 64 get", async_s))]
+
+
+def run(address: str, transports: list[str], quick: bool = False) -> list[dict[str, Any]]:
+    rows = prefix_len_rows(address, 200 if quick else PREFIX_SAMPLES)
+    for transport in transports:
+        try:
+            rows += concurrency_rows(address, transport, 20 if quick else GET_ROUNDS)
+        except cellar.InvalidArgument as exc:  # a transport this machine lacks
+            print(f"  sdk bench: {transport} skipped: {exc}", file=sys.stderr)
+    return rows
+
+
+def markdown_rows(results: list[dict[str, Any]]) -> list[str]:
+    rows = [r for r in results if r.get("kind") == "sdk"]
+    if not rows:
+        return []
+    lines = ["", f"| prefix_len of {PREFIX_KEYS} keys | p50 µs | p99 µs |", "|---|---|---|"]
+    lines += [f"| {r['line']} | {r['p50_us']:.0f} | {r['p99_us']:.0f} |"
+              for r in rows if r["figure"] == "prefix_len"]
+    lines += ["", f"| {GET_KEYS} x 64 KiB get | transport | keys/s | GB/s |", "|---|---|---|---|"]
+    lines += [f"| {r['face']} | {r['transport']} | {r['keys_per_s']:,.0f} | {r['GBps']:.2f} |"
+              for r in rows if r["figure"] == "concurrency"]
+    return lines
+
+
+def targets(results: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    out = []
+    for r in results:
+        if r.get("kind") == "sdk" and r["figure"] == "prefix_len" and r["line"] == "fast":
+            out.append((f"prefix_len of {PREFIX_KEYS} keys p50 <= 0.3 ms (fast line)",
+                        f"{r['p50_us'] / 1000:.3f} ms", r["p50_us"] <= 300))
+    by_transport: dict[str, dict[str, float]] = {}
+    for r in results:
+        if r.get("kind") == "sdk" and r["figure"] == "concurrency":
+            by_transport.setdefault(r["transport"], {})[r["face"][:4]] = r["keys_per_s"]
+    for transport, faces in sorted(by_transport.items()):
+        if "sync" in faces and "asyn" in faces:
+            ratio = faces["asyn"] / faces["sync"]
+            out.append((f"64 concurrent async 64 KiB gets >= sync batched rate ({transport})",
+                        f"{ratio:.2f} x ({faces['asyn']:,.0f} vs {faces['sync']:,.0f} keys/s)",
+                        ratio >= 1.0))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cellar.bench.sdk", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", help="a running cluster (else one is started)")
+    parser.add_argument("--transports", default="tcp,shm")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    transports = [t for t in args.transports.split(",") if t]
+    if args.address:
+        for row in run(args.address, transports, args.quick):
+            print(json.dumps(row), flush=True)
+        return 0
+    from cellar.local_cluster import LocalCluster
+
+    with LocalCluster(nodes=1, segment_size="256MiB", port=0, http_port=0) as cluster:
+        cluster.wait_prefaulted()
+        results = run(cluster.address, transports, args.quick)
+    lines = [f"Cellar SDK bench, {dt.datetime.now():%Y-%m-%d %H:%M} on {socket.gethostname()}",
+             *markdown_rows(results), "", "| target (issue 11) | measured | met |",
+             "|---|---|---|"]
+    lines += [f"| {name} | {measured} | {'yes' if met else '**no**'} |"
+              for name, measured, met in targets(results)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"sdk-{dt.datetime.now():%Y-%m-%d}-{socket.gethostname()}.md"
+        path.write_text(text)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

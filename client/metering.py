@@ -1,0 +1,97 @@
+"""Stepping one flow for a face, and the call's figures for the client metrics.
+
+`FlowRun` is everything a face's loop does except the waiting: hand the flow the last answer
+(or exception), take its next effect, keep `Record` effects and the time each effect took. A
+face is then
+
+    run = FlowRun(flow, op)
+    while (effect := run.next()) is not None:
+        started = time.perf_counter()
+        try:
+            run.answer(self._perform(effect), started)    # `await self._perform(...)` in asyncio
+        except BaseException as exc:
+            run.fail(exc, started)
+    return run.result
+
+Metrics (op = get | put | exists | prefix_len, `cellar.client.metrics`, sdk-buffers' recorder):
+lookup = the time of every `Rpc`, load = of every `Move`, wait = the whole call; keys, hits,
+bytes and late keys come from the flow's `Record`. A call that finished, or that raised after
+its keys were settled (a `get` miss is NotFound, and still a request that missed), counts as a
+request; one that raised before counts as an error of its exception's class.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any, Generic, TypeVar
+
+from cellar.client import metrics
+from cellar.client.flows import Effect, Move, Record, Rpc
+
+T = TypeVar("T")
+
+
+class FlowRun(Generic[T]):
+    __slots__ = ("result", "_error", "_flow", "_last", "_load_s", "_lookup_s", "_op", "_record",
+                 "_send", "_started")
+
+    def __init__(self, flow: Generator[Effect, Any, T], op: str | None) -> None:
+        assert op is None or op in metrics.OPS, op
+        self._flow = flow
+        self._op = op
+        self._record: Record | None = None
+        self._send: Any = None
+        self._error: BaseException | None = None
+        self._lookup_s = 0.0
+        self._load_s = 0.0
+        self._started = time.perf_counter()
+        self._last: Effect | None = None
+        self.result: T
+
+    def next(self) -> Effect | None:
+        """The next effect to perform, or None once the flow returned (`result`); raises what
+        the flow raised."""
+        while True:
+            error, self._error = self._error, None
+            send, self._send = self._send, None
+            try:
+                effect = self._flow.throw(error) if error is not None else self._flow.send(send)
+            except StopIteration as stop:
+                self.result = stop.value
+                self._finish(None)
+                return None
+            except BaseException as exc:
+                self._finish(exc)
+                raise
+            if not isinstance(effect, Record):
+                self._last = effect
+                return effect
+            self._record = effect
+
+    def answer(self, value: Any, started: float) -> None:
+        self._send = value
+        self._spent(started)
+
+    def fail(self, error: BaseException, started: float) -> None:
+        self._error = error  # handed to the flow, which re-raises what it does not handle
+        self._spent(started)
+
+    def _spent(self, started: float) -> None:
+        if isinstance(self._last, Rpc):
+            self._lookup_s += time.perf_counter() - started
+        elif isinstance(self._last, Move):
+            self._load_s += time.perf_counter() - started
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._op is None:
+            return
+        rec = self._record
+        if rec is None:
+            if error is not None:
+                metrics.record_error(self._op, error)
+            return
+        metrics.record_request(
+            self._op, keys=rec.keys, hits=rec.hits, nbytes=rec.nbytes,
+            lookup_s=self._lookup_s, load_s=self._load_s if self._load_s else None,
+            wait_s=time.perf_counter() - self._started, late_deadline=rec.late)

@@ -1,0 +1,173 @@
+"""The flows (cellar.client.flows / api) driven by hand: each effect answered by the test, no
+sockets. Pins the deadline-bounded get (LATE, prefix cut, budget 0), the put revoke on a failed
+write, and the metric Record each public call yields."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import cellar
+from cellar.client import api, flows
+from cellar.client.core import TransportSet
+from cellar.client.flows import Move, Record, Rpc, Session, Sleep
+from cellar.errors import Status
+from cellar.proto import cellar_pb2 as pb
+from cellar.transfer.base import ST_CONNECT_FAILED, ST_TIMEOUT, TransferResult, Transport
+
+SEGMENT_BYTES = 1 << 20
+
+
+class Reach(Transport):
+    name = "tcp"
+
+    def read(self, ops, timeout_s):  # never called: the test answers Move itself
+        raise AssertionError
+
+    def write(self, ops, timeout_s):
+        raise AssertionError
+
+
+class View:
+    generation = 0
+    switched_at = -1e9
+
+
+def session() -> tuple[Session, list[int]]:
+    released: list[int] = []
+    s = Session("t", pb.RequestHeader(tenant="t", client_id="c"), 5.0, View(),
+                TransportSet([Reach()]), released.extend)
+    return s, released
+
+
+def segments() -> list[pb.SegmentInfo]:
+    return [pb.SegmentInfo(segment_id=1, node_id="n1", size_bytes=SEGMENT_BYTES, host_id="h",
+                           endpoints=[pb.Endpoint(transport="tcp", address="n1:1")])]
+
+
+def found(size: int, pin: int) -> pb.GetResult:
+    return pb.GetResult(size_bytes=size, checksum=0, pin_id=pin, replicas=[pb.Replica(
+        node_id="n1", segment_id=1, offset=0, length=size,
+        grant=pb.Grant(op=1, alloc_id=1, epoch=1, expiry_ms=1, key_tag=1, mac=b"m" * 16))])
+
+
+def drive(flow, answer):
+    """Run `flow`, answering each effect with answer(effect); (result, effects seen)."""
+    seen = []
+    send = None
+    error = None
+    while True:
+        try:
+            effect = flow.throw(error) if error is not None else flow.send(send)
+        except StopIteration as stop:
+            return stop.value, seen
+        seen.append(effect)
+        send, error = None, None
+        if not isinstance(effect, (Record, Sleep)):
+            try:
+                send = answer(effect)
+            except Exception as exc:  # handed to the flow, as a face does
+                error = exc
+
+
+def test_budgeted_get_turns_timed_out_reads_late_and_releases_pins():
+    s, released = session()
+    bufs = [bytearray(4), bytearray(4), bytearray(4)]
+
+    def answer(effect):
+        if isinstance(effect, Rpc):
+            assert effect.method == "GetReplicas"
+            return pb.GetReplicasReply(segments=segments(), results=[
+                found(4, 11), pb.GetResult(status=pb.NOT_FOUND), found(4, 12)])
+        assert isinstance(effect, Move)
+        return [TransferResult(checksum=0), TransferResult(ST_TIMEOUT, "slow node")]
+
+    out, seen = drive(api.get_many_into(s, ["a", "b", "c"], bufs, timeout_s=5.0), answer)
+    assert out == [4, cellar.MISS, cellar.LATE]
+    assert released == [11, 12]
+    (rec,) = [e for e in seen if isinstance(e, Record)]
+    assert (rec.keys, rec.hits, rec.late) == (3, 1, 1)
+
+
+def test_prefix_mode_reads_nothing_after_a_miss():
+    s, _ = session()
+    moved = []
+
+    def answer(effect):
+        if isinstance(effect, Rpc):
+            return pb.GetReplicasReply(segments=segments(), results=[
+                found(4, 1), pb.GetResult(status=pb.NOT_FOUND), found(4, 2)])
+        moved.append(len(effect.round.ops))
+        return [TransferResult(checksum=0)] * len(effect.round.ops)
+
+    out, _ = drive(api.get_many_into(s, ["a", "b", "c"], [bytearray(4)] * 3, prefix=True,
+                                     timeout_s=5.0), answer)
+    assert out == [4] and moved == [1]
+
+
+def test_budget_zero_sends_nothing_and_a_negative_one_is_refused():
+    s, _ = session()
+    out, seen = drive(api.get_many_into(s, ["a"], [bytearray(1)], timeout_s=0),
+                      lambda e: pytest.fail(f"nothing may be sent: {e}"))
+    assert out == [cellar.LATE] and all(isinstance(e, Record) for e in seen)
+    with pytest.raises(cellar.InvalidArgument, match="timeout_s"):
+        drive(api.get_many_into(s, ["a"], [bytearray(1)], timeout_s=-1), lambda e: None)
+
+
+def test_a_budget_that_ends_while_the_master_answers_makes_every_key_late():
+    s, released = session()
+
+    def answer(effect):
+        time.sleep(0.06)  # the budget ends during the lookup
+        raise cellar.Timeout("GetReplicas: timed out")
+
+    out, _ = drive(api.get_many_into(s, ["a", "b"], [bytearray(1)] * 2, timeout_s=0.05), answer)
+    assert out == [cellar.LATE, cellar.LATE] and released == []
+
+
+def test_a_failed_write_is_revoked_and_reported_per_key():
+    s, _ = session()
+    calls = []
+
+    def answer(effect):
+        if isinstance(effect, Rpc):
+            calls.append(effect.method)
+            if effect.method == "PutStart":
+                return pb.PutStartReply(segments=segments(), results=[pb.PutStartResult(
+                    put_id=5, replicas=[pb.Replica(node_id="n1", segment_id=1, offset=0, length=3,
+                                                   grant=pb.Grant(op=2, mac=b"m" * 16))])])
+            return pb.PutRevokeReply()
+        return [TransferResult(ST_CONNECT_FAILED, "refused")]
+
+    s.health.mark_failed("other")  # unrelated node: the one retry still goes to n1
+    out, _ = drive(api.put_many(s, {"k": b"abc"}), answer)
+    assert out == [Status.UNAVAILABLE]
+    assert calls.count("PutRevoke") == calls.count("PutStart") >= 1
+    assert "PutEnd" not in calls
+
+
+def test_each_public_call_records_what_it_did():
+    s, _ = session()
+    out, seen = drive(api.prefix_len(s, ["a", "b", "c"]),
+                      lambda e: pb.PrefixLenReply(prefix_len=2))
+    assert out == 2 and [(r.keys, r.hits) for r in seen if isinstance(r, Record)] == [(3, 2)]
+    out, seen = drive(api.exists_many(s, ["a", "b"]),
+                      lambda e: pb.ExistsReply(statuses=[pb.OK, pb.NOT_FOUND]))
+    assert out == [True, False] and [(r.keys, r.hits) for r in seen if isinstance(r, Record)] \
+        == [(2, 1)]
+
+
+def test_flows_never_block_on_their_own():
+    """A put flow that must back off yields Sleep instead of sleeping (the face waits)."""
+    assert flows.FAILOVER_BACKOFF_FIRST_S > 0
+    s, _ = session()
+    s.master.switched_at = time.monotonic()  # a leader change just happened
+
+    def answer(effect):
+        if effect.method == "PutStart":
+            return pb.PutStartReply(results=[pb.PutStartResult(status=pb.UNAVAILABLE)])
+        raise AssertionError(effect.method)
+
+    out, seen = drive(api.put_many(s, {"k": b"v"}), answer)
+    assert any(isinstance(e, Sleep) for e in seen) and out == [Status.UNAVAILABLE]
