@@ -86,8 +86,9 @@ venv-lmcache:
 test-engines-lmcache:
 	$(ENGINE_VENV) run lmcache -- -m pytest tests/engines -q -p no:cacheprovider
 
-# LMCache's retrieve against Cellar's own batched get, same-host (shm) and over tcp
-# (bench/results/engines-lmcache-<transport>-<date>.{json,md}; about 30 s each).
+# LMCache's retrieve against Cellar's own batched get: same-host (shm), over tcp, and with
+# LMCache's save_chunk_meta (bench/results/engines-lmcache-*-<date>.{json,md}; ~30 s each).
 bench-engines-lmcache:
 	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --transport auto
 	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --transport tcp
+	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --chunk-meta
