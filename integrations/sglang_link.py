@@ -61,6 +61,7 @@ class Link:
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
+        self._on_connect: list[Callable[[Any], None]] = []
         self._lock = threading.Lock()
         self._client: Any = None
         self._caps = Capabilities(parts=False, deadline=False)
@@ -75,12 +76,26 @@ class Link:
             if self._client is None and time.monotonic() >= self._next_attempt:
                 self._next_attempt = time.monotonic() + RECONNECT_INTERVAL_S
                 try:
-                    self._client = self._connect()
-                    self._caps = Capabilities.of(self._client)
+                    client = self._connect()
+                    for hook in self._on_connect:
+                        hook(client)
+                    self._client, self._caps = client, Capabilities.of(client)
                 except Exception as e:  # noqa: BLE001 - any failure to connect is an outage
                     self.warn("connect", f"cannot reach Cellar: {e}")
                     self._client = None
             return None if self._client is None else (self._client, self._caps)
+
+    def on_connect(self, hook: Callable[[Any], None]) -> None:
+        """Run `hook(client)` on the current client and on every new one (e.g. to register
+        memory with it); a hook that raises makes that connection attempt fail."""
+        with self._lock:
+            self._on_connect.append(hook)
+            client = self._client
+        if client is not None:
+            try:
+                hook(client)
+            except Exception as e:  # noqa: BLE001
+                self.warn("connect", f"setting up the Cellar client failed: {e}")
 
     def call(self, what: str, fn: Callable[[Any, Capabilities], T], fallback: T) -> T:
         got = self._get()

@@ -6,7 +6,8 @@ and this folder is skipped at collection, so `pytest tests` stays engine-free.
 
 Fixtures
     `cluster`       a `LocalCluster` (master + 2 nodes, 128 MiB segments) for one module
-    `fresh_cluster` a factory of clusters owned by one test (for tests that kill processes)
+    `fresh_cluster` a factory of clusters owned by one test (for tests that kill processes):
+                    `fresh_cluster(nodes=2, **master_flags)`
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from cellar.local_cluster import LocalCluster  # noqa: E402
 SEGMENT = "128MiB"
 
 
-def _start(nodes: int, **node_flags: Any) -> LocalCluster:
-    cluster = LocalCluster(nodes, SEGMENT, node_flags=node_flags or None)
+def _start(nodes: int, master_flags: dict[str, Any] | None = None) -> LocalCluster:
+    cluster = LocalCluster(nodes, SEGMENT, master_flags=master_flags)
     cluster.start()
     return cluster
 
@@ -47,8 +48,8 @@ def cluster() -> Iterator[LocalCluster]:
 def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
     made: list[LocalCluster] = []
 
-    def make(nodes: int = 2, **node_flags: Any) -> LocalCluster:
-        c = _start(nodes, **node_flags)
+    def make(nodes: int = 2, **master_flags: Any) -> LocalCluster:
+        c = _start(nodes, master_flags)
         made.append(c)
         return c
 

@@ -7,7 +7,7 @@ Why it exists
     (`tests/engines/recipes/<engine>/`: `steps.txt`, one `pip install` per line, all run with
     `constraints.txt`; `stubs/`, small modules copied into site-packages) and the venv lives in
     `$CELLAR_ENGINE_CACHE` (default `~/.cache/cellar/engines`) as `<engine>-<sha>`, where the
-    sha covers the recipe, this script, Cellar's runtime dependencies and the Python version.
+    sha covers the recipe, the build procedure's version, Cellar's runtime dependencies and the Python version.
     A changed recipe builds a new folder; an unchanged one is reused as is.
 
     Cellar itself is not installed into the shared venv (several clones use one venv): `path`
@@ -34,14 +34,19 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = Path(__file__).resolve().parent / "recipes"
 # Bounded: one pip step that hangs (a dead index) must not eat the 15-minute test budget.
 PIP_STEP_TIMEOUT_S = 900
 COMPLETE_MARK = ".cellar-complete"
+BUILD_LOG = "cellar-build.log"
+# Part of every venv's key: bump it when `build` changes what it produces (edits that do not
+# change the venv, like these comments, must not rebuild 2.5 GB).
+BUILD_PROCEDURE = 1
 
 
 def cache_root() -> Path:
@@ -67,7 +72,7 @@ def recipe_sha(engine: str) -> str:
     h = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(Path(__file__).read_bytes())
+    h.update(f"procedure {BUILD_PROCEDURE}".encode())
     h.update("\n".join(runtime_deps()).encode())
     h.update(f"{sys.version_info.major}.{sys.version_info.minor}".encode())
     return h.hexdigest()[:12]
@@ -109,9 +114,15 @@ def build(engine: str) -> Path:
         py = str(tmp / "bin" / "python")
         constraints = str(RECIPES / engine / "constraints.txt")
         pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", constraints]
-        for step in _steps(engine) + [runtime_deps()]:
-            _log("pip install " + " ".join(step))
-            subprocess.run(pip + step, check=True, timeout=PIP_STEP_TIMEOUT_S)
+        with open(tmp / BUILD_LOG, "w") as out:
+            for step in _steps(engine) + [runtime_deps()]:
+                _log("pip install " + " ".join(step))
+                out.write("$ pip install " + " ".join(step) + "\n")
+                out.flush()
+                done = subprocess.run(pip + step, stdout=out, stderr=subprocess.STDOUT,
+                                      timeout=PIP_STEP_TIMEOUT_S)
+                if done.returncode != 0:
+                    raise SystemExit(f"pip failed (exit {done.returncode}); see {tmp / BUILD_LOG}")
         stubs = RECIPES / engine / "stubs"
         if stubs.is_dir():
             shutil.copytree(stubs, _site_packages(tmp), dirs_exist_ok=True)

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from sglang.srt.runtime_context import get_parallel
 
 BACKEND_CONFIG = {"backend_name": "cellar", "module_path": "cellar.integrations.sglang",
@@ -129,6 +128,7 @@ class Engine:
             write_policy="write_through", storage_backend="dynamic", model_name=self.model,
             storage_backend_extra_config=config)
         self.backend = self.controller.storage_backend
+        self.last_backup_s = 0.0
 
     # ---- data ---------------------------------------------------------------------------
 
@@ -165,21 +165,24 @@ class Engine:
                 return i
         return pages
 
-    def wipe(self) -> None:
-        """Forget the host pool: zero its memory and free every page."""
-        self.host.kv_buffer.zero_()
+    def wipe(self, fill: int = 0) -> None:
+        """Forget the host pool: set every byte of it to `fill` and free every page."""
+        self.host.kv_buffer.view(torch.uint8).fill_(fill)
         self.host.clear()
 
     # ---- the controller's storage path ----------------------------------------------------
 
-    def backup(self, pages: int, seed: int) -> int:
-        """Fill `pages` host pages, back them up through the controller; tokens it stored."""
-        tokens = self.tokens(pages, seed)
+    def backup(self, pages: int, seed: int, *, first: int | None = None) -> int:
+        """Fill host pages with sequence `seed` (its first `first` pages of `pages`, default
+        all), back them up through the controller; the tokens it stored."""
+        tokens = self.tokens(pages, seed)[:(pages if first is None else first) * self.shape.page_size]
+        pages = len(tokens) // self.shape.page_size
         host_indices = self.host.alloc(len(tokens))
         assert host_indices is not None, "host pool too small for the test"
         self.fill(host_indices, seed, pages)
-        op_id = self.controller.write_storage(host_indices, tokens,
-                                              hash_value=self.page_hashes(tokens))
+        hashes = self.page_hashes(tokens)
+        started = time.monotonic()
+        op_id = self.controller.write_storage(host_indices, tokens, hash_value=hashes)
         deadline = time.monotonic() + ACK_WAIT_S
         while time.monotonic() < deadline:
             try:
@@ -187,6 +190,7 @@ class Engine:
             except Empty:
                 continue
             if op.id == op_id:
+                self.last_backup_s = time.monotonic() - started  # queue -> ack (bench/engines)
                 self.host.free(host_indices)
                 return int(op.completed_tokens)
         raise TimeoutError("no backup ack")
@@ -207,10 +211,12 @@ class Engine:
         assert op.host_indices is not None, "host pool too small for the test"
         c.prefetch_buffer.put(op)
         completed, terminated = 0, False
+        assert policy in ("wait_complete", "timeout"), policy
         deadline = time.monotonic() + ACK_WAIT_S
         while time.monotonic() < deadline:
-            if policy == "timeout" and not terminated and timeout_s is not None and \
+            if policy == "timeout" and timeout_s is not None and \
                     time.monotonic() - started > timeout_s:
+                # _can_terminate_prefetch said yes: the scheduler takes what has been acked.
                 completed, _ = c.terminate_prefetch(op)
                 terminated = True
                 break
