@@ -43,7 +43,7 @@ remote_serde: naive
 remote_storage_plugins: ["cellar"]
 extra_config:
   remote_storage_plugin.cellar.module_path: cellar.integrations.lmcache
-  remote_storage_plugin.cellar.class_name: CellarConnectorAdapter
+  remote_storage_plugin.cellar.class_name: {class_name}
   remote_storage_plugin.cellar.master: "{master}"
   remote_storage_plugin.cellar.timeout_s: {timeout_s}
   remote_storage_plugin.cellar.transport: {transport}
@@ -86,9 +86,11 @@ class CPUKVConnector(GPUConnectorInterface):
 
 def write_config(path: Path, master: str, *, save_chunk_meta: bool = False,
                  chunk: int = CHUNK_TOKENS, cpu_gib: float = 0.25, timeout_s: float = 5.0,
-                 blocking_s: int = 10, transport: str = "auto") -> Path:
+                 blocking_s: int = 10, transport: str = "auto",
+                 class_name: str = "CellarConnectorAdapter") -> Path:
     path.write_text(CONFIG_YAML.format(master=master, chunk=chunk, cpu_gib=cpu_gib,
                                        timeout_s=timeout_s, blocking_s=blocking_s, transport=transport,
+                                       class_name=class_name,
                                        save_chunk_meta=str(save_chunk_meta).lower()))
     return path
 

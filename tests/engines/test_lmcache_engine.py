@@ -93,6 +93,43 @@ def _run_kit(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _on_loop(conn: CellarConnector, coro):  # type: ignore[no-untyped-def]
+    """Run a connector coroutine where LMCache runs it: on LMCache's own loop."""
+    return asyncio.run_coroutine_threadsafe(coro, conn.loop).result(WAIT_S)
+
+
+def test_connector_surface(tmp_path: Path, cluster: LocalCluster) -> None:
+    """The RemoteConnector methods LMCache calls besides store/retrieve, loaded this time as
+    `class_name: CellarConnector` (LMCache wraps it in its DynamicConnectorAdapter)."""
+    config = kit.write_config(tmp_path / "surface.yaml", cluster.address,
+                              class_name="CellarConnector")
+    engine = kit.make_engine(config, model="test/surface")
+    try:
+        conn = kit.cellar_connector(engine)
+        assert isinstance(conn, CellarConnector)
+        tokens = kit.tokens_for(4 * CHUNK, seed=71)
+        keys = [k for _s, _e, k in engine.token_database.process_tokens(tokens)]
+        engine.store(tokens, kv=kit.random_kv(len(tokens), seed=72))
+        assert kit.wait_stored(engine, tokens) == 4
+        other = kit.tokens_for(2 * CHUNK, seed=73)
+        absent = [k for _s, _e, k in engine.token_database.process_tokens(other)]
+        assert _on_loop(conn, conn.ping()) == 0
+        assert _on_loop(conn, conn.exists(keys[0])) and conn.exists_sync(keys[3])
+        assert not _on_loop(conn, conn.exists(absent[0])) and not conn.exists_sync(absent[0])
+        assert _on_loop(conn, conn.batched_async_contains("l1", keys + absent)) == 4
+        assert conn.batched_contains(keys[:3] + absent + keys[3:]) == 3
+        assert _on_loop(conn, conn.batched_async_contains("l2", [])) == 0
+        assert conn.remove_sync(keys[2]) and not conn.remove_sync(keys[2])
+        assert _on_loop(conn, conn.batched_async_contains("l3", keys)) == 2
+        objs = _on_loop(conn, conn.batched_get(keys))  # a prefix, then None for the rest
+        assert [o is not None for o in objs] == [True, True, False, False]
+        for obj in objs[:2]:
+            obj.ref_count_down()
+        assert _on_loop(conn, conn.list()) == []
+    finally:
+        kit.destroy(engine)
+
+
 def test_two_engine_processes_share_a_prefix(tmp_path: Path, cluster: LocalCluster) -> None:
     """Instance A (one process) stores prefix + its suffix; instance B (another process) asks
     for prefix + another suffix and gets exactly A's prefix KV, nothing more."""
