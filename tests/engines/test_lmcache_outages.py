@@ -143,3 +143,36 @@ def test_master_killed_mid_retrieve(tmp_path: Path, cluster: LocalCluster) -> No
         _recovers(engine, tokens, kv)
     finally:
         kit.destroy(engine)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_engine_starts_while_cellar_is_down(tmp_path: Path) -> None:
+    """No master at the configured address: the engine starts, lookups are 0 and stores are
+    dropped without an exception; once a cluster serves that address the same engine stores
+    and retrieves through it (the connector opens its client again after its backoff)."""
+    port = _free_port()
+    config = kit.write_config(tmp_path / "down.yaml", f"127.0.0.1:{port}", timeout_s=2.0)
+    engine = kit.make_engine(config, model="test/down-at-start")
+    try:
+        tokens = kit.tokens_for(3 * CHUNK, seed=81)
+        kv = kit.random_kv(len(tokens), seed=82)
+        assert engine.lookup(tokens) == 0
+        engine.store(tokens, kv=kv)  # local only: the remote put is dropped
+        kit.drop_local(engine)
+        assert _retrieve(engine, tokens, kv) == 0
+        with LocalCluster(2, "64MiB", port=port):
+            def stored() -> bool:
+                engine.store(tokens, kv=kv)
+                return kit.wait_stored(engine, tokens, timeout_s=5.0) == 3
+
+            kit.wait_until(stored, "a store to reach the cluster once it is up", WAIT_S)
+            assert _retrieve(engine, tokens, kv) == len(tokens)
+    finally:
+        kit.destroy(engine)
