@@ -211,13 +211,17 @@ def test_object_of_wrong_size_is_refused(tmp_path: Path, cluster: LocalCluster,
         kit.destroy(engine)
 
 
-def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
-                                                      cluster: LocalCluster) -> None:
-    """With the master stopped (SIGSTOP) a retrieve waits on Cellar; meanwhile a ticker task
-    on LMCache's event loop (the loop every connector coroutine runs on) keeps ticking. After
+@pytest.mark.parametrize("stalled", ["master", "nodes"])
+def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path, cluster: LocalCluster,
+                                                      stalled: str) -> None:
+    """With the master (a wait on the metadata line) or every node (over tcp: a wait on the
+    data plane) stopped by SIGSTOP, a retrieve waits on Cellar; meanwhile a ticker task on
+    LMCache's event loop (the loop every connector coroutine runs on) keeps ticking. After
     SIGCONT the same retrieve completes with exact bytes."""
     # Generous Cellar and LMCache timeouts: the call must still be waiting after 50 ticks.
-    engine = _engine(tmp_path, cluster, model="test/loop", timeout_s=60.0)
+    config = kit.write_config(tmp_path / "loop.yaml", cluster.address, timeout_s=60.0,
+                              blocking_s=120, transport="tcp")
+    engine = kit.make_engine(config, model=f"test/loop-{stalled}")
     conn = kit.cellar_connector(engine)
     ticks: list[float] = []
     stop = threading.Event()
@@ -227,6 +231,13 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
             ticks.append(time.monotonic())
             await asyncio.sleep(0.002)
 
+    def signal_stalled(sig: int) -> None:
+        if stalled == "master":
+            cluster.signal_master(sig)
+        else:
+            for i in range(len(cluster.nodes)):
+                cluster.signal_node(i, sig)
+
     tick_future = asyncio.run_coroutine_threadsafe(ticker(), conn.loop)
     stopped = False
     try:
@@ -235,7 +246,7 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
         engine.store(tokens, kv=kv)
         assert kit.wait_stored(engine, tokens) == 8
         kit.drop_local(engine)
-        cluster.signal_master(signal.SIGSTOP)
+        signal_stalled(signal.SIGSTOP)
         stopped = True
         out = torch.zeros_like(kv)
         result: list[torch.Tensor] = []
@@ -245,14 +256,14 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
         during = len(ticks)
         kit.wait_until(lambda: len(ticks) >= during + 50, "50 ticks of the loop")
         assert conn.session.in_flight > 0 and worker.is_alive()  # the call is still waiting
-        cluster.signal_master(signal.SIGCONT)
+        signal_stalled(signal.SIGCONT)
         stopped = False
         worker.join(WAIT_S)
         assert not worker.is_alive()
         assert bool(result[0].all()) and torch.equal(out, kv)
     finally:
         if stopped:
-            cluster.signal_master(signal.SIGCONT)
+            signal_stalled(signal.SIGCONT)
         stop.set()
         tick_future.result(WAIT_S)
         kit.destroy(engine)
