@@ -165,10 +165,14 @@ class CellarConnector(RemoteConnector):
         if not isinstance(master, str) or not master:
             raise InvalidArgument(f"extra_config {prefix}master must name the Cellar master "
                                   "(host:port or etcd://host:port/cluster)")
-        timeout_s = float(extra.get(prefix + "timeout_s", DEFAULT_TIMEOUT_S))
+        raw_timeout = extra.get(prefix + "timeout_s", DEFAULT_TIMEOUT_S)
+        try:
+            timeout_s = float(raw_timeout)
+        except (TypeError, ValueError):
+            timeout_s = -1.0  # refused just below, with the setting's name
         if not 0 < timeout_s <= MAX_TIMEOUT_S:
-            raise InvalidArgument(f"{prefix}timeout_s must be in (0, {MAX_TIMEOUT_S}] s, "
-                                  f"got {timeout_s}")
+            raise InvalidArgument(f"{prefix}timeout_s must be a number of seconds in "
+                                  f"(0, {MAX_TIMEOUT_S}], got {raw_timeout!r}")
         metadata = local_cpu_backend.metadata
         self.format = chunk_format(self, metadata.model_name, metadata.world_size,
                                    metadata.use_mla)
@@ -233,6 +237,8 @@ class CellarConnector(RemoteConnector):
         """The leading run of chunks, read straight into MemoryObjs of the LocalCPUBackend,
         checked against this format and cut to the tokens they hold."""
         objs = self._allocate(len(names))
+        if not objs:
+            return []  # the LocalCPUBackend is full: a miss, nothing asked of Cellar
         names = names[:len(objs)]
         heads = [bytearray(self.head_bytes) for _ in objs] if self.save_chunk_meta else []
         loaded: list[MemoryObj] = []

@@ -267,3 +267,22 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path, cluster: L
         stop.set()
         tick_future.result(WAIT_S)
         kit.destroy(engine)
+
+
+def test_bad_plugin_settings_are_refused(tmp_path: Path) -> None:
+    """A timeout that is not a number of seconds in range is refused when LMCache builds the
+    connector (cellar.InvalidArgument, which LMCache logs): the engine runs without the remote
+    tier instead of with a nonsense bound."""
+    for timeout_s, refused in (("5", False), ("soon", True), ("0", True), ("-3", True),
+                               ("601", True)):
+        config = kit.write_config(tmp_path / "bad.yaml", "127.0.0.1:1",
+                                  timeout_s=timeout_s)  # type: ignore[arg-type]
+        engine = kit.make_engine(config, model="test/bad-settings")
+        try:
+            # (A good setting builds the connector even with no master there: it opens lazily.)
+            connection = kit.remote_backend(engine).connection
+            assert (connection is None) == refused, timeout_s
+            tokens = kit.tokens_for(CHUNK, seed=91)
+            assert engine.lookup(tokens) == 0
+        finally:
+            kit.destroy(engine)
