@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -272,7 +273,10 @@ class CellarConnector(RemoteConnector):
         says, or metadata that does not describe exactly that payload in this format."""
         body = self.format.verify_header(head[:HEADER_BYTES], size)
         payload = body - self.remote_metadata_bytes
-        meta = RemoteMetadata.deserialize(bytes(head[HEADER_BYTES:]))
+        try:
+            meta = RemoteMetadata.deserialize(bytes(head[HEADER_BYTES:]))
+        except (ValueError, KeyError, struct.error) as e:  # an unknown format or dtype code
+            raise FormatMismatch(f"unreadable chunk metadata: {e}") from None
         stated = sum(torch.Size(s).numel() * d.itemsize
                      for s, d in zip(meta.shapes, meta.dtypes, strict=True))
         if (meta.length != payload or stated != payload or not self._payload_ok(payload)
