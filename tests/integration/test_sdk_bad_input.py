@@ -229,3 +229,17 @@ def test_an_async_client_used_from_another_loop(cluster):
         assert face.get("bad/loop") == b"v"  # still fine on its own loop
     finally:
         face.close()
+
+
+def test_closing_an_async_client_ends_its_calls_in_flight(cluster):
+    async def body() -> None:
+        c = await cellar.connect_async(cluster.address, transport="tcp")
+        await c.upsert("bad/inflight", b"v" * 1000)
+        gets = [asyncio.ensure_future(c.get("bad/inflight")) for _ in range(8)]
+        await asyncio.sleep(0)  # queued, not yet answered
+        await c.aclose()
+        results = await asyncio.gather(*gets, return_exceptions=True)
+        assert all(r == b"v" * 1000 or isinstance(r, cellar.ClientClosed) for r in results), \
+            results
+
+    asyncio.run(body())
