@@ -6,9 +6,7 @@ from __future__ import annotations
 import time
 
 import grpc
-from master_harness import running_master
-
-from master_harness import admin_header
+from master_harness import admin_header, running_master
 
 from cellar.client import rpc
 from cellar.proto import cellar_pb2 as pb
