@@ -262,7 +262,7 @@ def test_get_buffer(new_store):
     assert bytes(got[0]) == value and got[1] is None
 
 
-def test_removal(new_store, mc_cluster):
+def test_removal(new_store, mc_cluster, monkeypatch):
     store = new_store()
     tag = uuid.uuid4().hex[:6]
     keys = [f"rx{tag}/a/{i}" for i in range(3)] + [f"rx{tag}/b/{i}" for i in range(2)]
@@ -275,7 +275,9 @@ def test_removal(new_store, mc_cluster):
     assert store.is_exist(keys[3]) == 1  # nothing removed by the refusals
 
     other = MooncakeDistributedStore()  # another tenant: removal must not reach it
+    monkeypatch.setenv("CELLAR_TOKEN", mc_cluster.token_for(OTHER_TENANT))  # its credential
     assert other.setup(*setup_args(mc_cluster), tenant_id=OTHER_TENANT) == OK
+    monkeypatch.delenv("CELLAR_TOKEN")
     kept = k("kept")
     assert other.put(kept, b"v") == OK
     if not hasattr(cellar.Client, "remove_all"):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 
 import grpc
-from master_harness import running_master
+from master_harness import admin_header, running_master
 
 from cellar.client import rpc
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 
-HEADER = pb.RequestHeader(tenant="default", client_id="fast-probe-test")
+HEADER = admin_header("default", "fast-probe-test")
 
 
 def soon(seconds: float = 10.0) -> float:
@@ -27,7 +27,7 @@ def test_the_contract_numbers_exists_and_prefix_len():
 def test_exists_and_prefix_len_take_the_fast_line_and_match_grpc(monkeypatch):
     with running_master("--max-batch-keys", "4") as master:
         channel = rpc.MasterChannel(master.grpc_address)
-        stub = cellar_pb2_grpc.MasterStub(grpc.insecure_channel(master.grpc_address))
+        stub = cellar_pb2_grpc.MasterStub(grpc.insecure_channel(master.grpc_address))  # HEADER carries the token
         try:
             channel.call("ClusterStatus", pb.ClusterStatusRequest(header=HEADER), soon())
             assert channel._fast is not None
