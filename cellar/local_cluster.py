@@ -35,7 +35,7 @@ Invariants
       channels would run gRPC's at-fork handlers in the child, which can abort it.
     - Ports may be 0: the real addresses are read back from the ready lines.
 
-Credentials (docs/security.md)
+Credentials (the README's Security model)
     Before the master starts, the cluster creates its token store `<run_dir>/tokens.json`
     (hashed) with an admin token and a token of the `default` tenant (trusted on this host:
     shm allowed), passes it as the master's `--tokens-file`, and once the master is up writes

@@ -1,6 +1,6 @@
 """TLS for the master's gRPC port and its metadata fast line: certificates and contexts.
 
-What TLS covers here (docs/security.md): clients and nodes reach the master over gRPC and
+What TLS covers here (the README's Security model): clients and nodes reach the master over gRPC and
 the fast line with the master's certificate verified against a CA file; the bearer tokens and
 node credentials then never cross the network in clear. The TCP data plane's TLS (nodes with
 `tls_cert_file`, endpoints `tls://HOST:PORT`) lives in `cellar.transfer.tls_sock`; this module

@@ -91,7 +91,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
         # gRPC has no per-peer connection limit (the fast line and the nodes do): it closes
-        # idle connections and bounds streams per connection (docs/limits.md).
+        # idle connections and bounds streams per connection (the README's Limits table).
         ("grpc.max_connection_idle_ms", int(config.idle_timeout_s * 1000)),
         ("grpc.max_concurrent_streams", GRPC_MAX_CONCURRENT_STREAMS),
     ])
