@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast fuzz lint proto bench bench-quick bench-metadata profile soak soak-ha failover clean
+.PHONY: venv run run-ha test test-fast fuzz lint proto bench bench-quick bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,10 @@ bench-metadata: venv
 # and restarted; exits non-zero on a corrupt read or an unexplained loss.
 soak: venv
 	$(VENV)/bin/cellar soak --duration 600s --report .cellar/soak-report.json
+
+# The same with authentication (always on) and TLS on gRPC, the fast line and the data plane.
+soak-tls: venv
+	$(VENV)/bin/cellar soak --tls --duration 600s --report .cellar/soak-tls-report.json
 
 # The same against etcd + 2 masters + 3 nodes: the master faults become kill -9 of the leader,
 # SIGSTOP of the leader past its lease and brief etcd outages; same verdict.
