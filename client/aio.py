@@ -275,6 +275,10 @@ class AsyncClient:
         """As `Client.remove_prefix`."""
         return await self._run(api.remove_prefix(self._session(), prefix))
 
+    async def remove_all(self, *, tenant: str | None = None) -> int:
+        """As `Client.remove_all`."""
+        return await self._run(api.remove_all(self._session(), tenant))
+
     async def status(self) -> dict[str, Any]:
         """As `Client.status`."""
         return await self._run(api.status(self._session()))
