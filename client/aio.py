@@ -222,10 +222,10 @@ class AsyncClient:
                 if not waiter.done():
                     waiter.set_exception(exc)
             return
+        # each caller is a request of its own; one recorder call counts them all
+        metrics.record_requests("get", [e.size if e.status == Status.OK else None
+                                        for e in entries], wait_s=wait_s)
         for (_, waiter), entry in zip(waiting, entries, strict=True):
-            ok = entry.status == Status.OK  # each caller is a request of its own
-            metrics.record_request("get", keys=1, hits=int(ok), nbytes=entry.size if ok else 0,
-                                   wait_s=wait_s)
             try:
                 value = api.value_or_raise(entry)
             except CellarError as exc:

@@ -28,7 +28,9 @@ def cluster(module_cluster):
 def client(request, cluster):
     """Each test runs over both faces (Client, AsyncClient) and both transports (tcp, shm),
     each in its own tenant (its own key namespace) on the module's cluster."""
-    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant="-".join(request.param))
+    tenant = "-".join(request.param)
+    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant=tenant,
+                  token=cluster.token_for(tenant, shm=True))
     c.upsert("bad/present", b"0123456789")
     yield c
     c.close()

@@ -33,8 +33,9 @@ def cluster(module_cluster):
 
 @pytest.fixture(params=FACES)
 def client(request, cluster):
-    c = open_face(request.param, "tcp", cluster.address, timeout_s=30.0,
-                  tenant=f"deadline-{request.param}")
+    tenant = f"deadline-{request.param}"
+    c = open_face(request.param, "tcp", cluster.address, timeout_s=30.0, tenant=tenant,
+                  token=cluster.token_for(tenant))
     yield c
     c.close()
 
@@ -45,7 +46,7 @@ def value(i: int) -> bytes:
 
 def node_of_keys(cluster, tenant: str, keys: list[str]) -> list[str]:
     """Which node holds each key (replicas=1), asked straight from the master."""
-    header = pb.RequestHeader(tenant=tenant, client_id="deadline-test")
+    header = pb.RequestHeader(tenant=tenant, client_id="deadline-test", token=cluster.admin_token)
     channel = MasterChannel(cluster.address, fast=False)
     try:
         reply = channel.call("GetReplicas", pb.GetReplicasRequest(header=header, keys=keys),

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 
 import grpc
-from master_harness import running_master
+from master_harness import admin_header, running_master
 
 from cellar.client import rpc
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 
-HEADER = pb.RequestHeader(tenant="default", client_id="fast-probe-test")
+HEADER = admin_header("default", "fast-probe-test")  # the master authenticates every call
 
 
 def soon(seconds: float = 10.0) -> float:
