@@ -44,7 +44,7 @@ fuzz: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy cellar master storage_node client transfer proto bench
+	$(VENV)/bin/mypy cellar master storage_node client transfer proto bench integrations compat
 
 proto: venv
 	$(PY) proto/_generate.py
@@ -86,41 +86,38 @@ clean:
 # ---- engine venvs and engine tests (SGLang, LMCache) ------------------------------------------
 # Each engine's venv is built from tests/engines/recipes/<engine>/ into
 # $${CELLAR_ENGINE_CACHE:-~/.cache/cellar/engines}/<engine>-<sha of the recipe>, outside the
-# clone, and reused while the recipe is unchanged (SGLang: ~1-2 min, 2.5 GB on a fresh machine).
-# `make engine-venv-sglang` prints the venv's folder; its python is <folder>/bin/python. The
-# engine tests run from that venv with this clone's code on PYTHONPATH (build/engine-site).
+# clone, and reused while the recipe is unchanged (SGLang: ~1-2 min, 2.5 GB on a fresh machine;
+# LMCache: ~1.5 min, 1.6 GB). `make engine-venv-sglang` / `make engine-venv-lmcache` print the
+# venv's folder; its python is <folder>/bin/python. The engine tests run from that venv with
+# this clone's code on PYTHONPATH (build/engine-site).
 ENGINE_VENV := $(PYTHON) tests/engines/engine_venv.py
 ENGINE_PYTEST := -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning
 
-.PHONY: engine-venv-sglang test-engines test-engines-sglang bench-engines
+.PHONY: engine-venv-sglang engine-venv-lmcache test-engines test-engines-sglang \
+	test-engines-lmcache bench-engines bench-engines-lmcache
 
 engine-venv-sglang:
 	@$(ENGINE_VENV) build sglang
 
+engine-venv-lmcache:
+	@$(ENGINE_VENV) build lmcache
+
 test-engines: test-engines-sglang test-engines-lmcache
 
 test-engines-sglang:
-	nice -n 10 $(ENGINE_VENV) run sglang -- $(ENGINE_PYTEST) tests/engines -k sglang
+	nice -n 10 $(ENGINE_VENV) run sglang -- $(ENGINE_PYTEST) tests/engines tests/compat/test_mooncake_sglang.py -k sglang
+
+# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
+test-engines-lmcache:
+	nice -n 10 $(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache
 
 bench-engines: bench-engines-lmcache
 	nice -n 10 $(ENGINE_VENV) run sglang -- -m cellar.bench.engines_sglang
 
-# ---- LMCache engine (issue 12, LMCache half) ----------------------------------------------
-# The LMCache venv (recipe tests/engines/recipes/lmcache: torch 2.13 CPU, lmcache 0.5.6 without
-# its GPU stack, the modules it imports) is built by tests/engines/engine_venv.py into
-# $(CELLAR_ENGINE_CACHE) (default ~/.cache/cellar/engines/lmcache-<recipe sha>) and reused.
-.PHONY: venv-lmcache test-engines-lmcache bench-engines-lmcache
-
-venv-lmcache:
-	$(ENGINE_VENV) build lmcache
-
-# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
-# (In that venv SGLang is missing, so tests/engines/conftest.py skips the SGLang tests.)
-test-engines-lmcache:
-	$(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache
-
-# LMCache's retrieve against Cellar's own batched get, same-host (shm) and over tcp
-# (bench/results/engines-lmcache-<transport>-<date>.{json,md}; about 30 s each).
+# LMCache's retrieve against Cellar's own batched get: same-host (shm), over tcp, and with
+# LMCache's save_chunk_meta (bench/results/engines-lmcache-*-<date>.{json,md}; ~30 s each).
+LMCACHE_BENCH := LMCACHE_LOG_LEVEL=WARNING nice -n 10 $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache
 bench-engines-lmcache:
-	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --transport auto
-	LMCACHE_LOG_LEVEL=WARNING $(ENGINE_VENV) run lmcache -- -m cellar.bench.engines_lmcache --transport tcp
+	$(LMCACHE_BENCH) --transport auto
+	$(LMCACHE_BENCH) --transport tcp
+	$(LMCACHE_BENCH) --chunk-meta

@@ -2,7 +2,7 @@
 Cellar's own batched get of the same bytes, in the same run, on the same cluster.
 
     python -m cellar.bench.engines_lmcache [--chunks 48] [--reps 15] [--transport auto]
-                                           [--out bench/results]
+                                           [--chunk-meta] [--out bench/results]
 
 Runs from the LMCache engine venv (tests/engines/engine_venv.py run lmcache -- -m ...), from a
 clone: it builds its LMCacheEngine with the engine tests' kit (tests/engines/lmcache_kit.py).
@@ -21,7 +21,7 @@ What it measures (a 32-layer model, 4 KV heads of 128, bfloat16, LMCache chunks 
 Each rep empties the LocalCPUBackend first so every byte comes from Cellar; the three are
 interleaved rep by rep; rates are medians, and each path's time against the AsyncClient's is
 the median of its per-rep ratios (a rep slowed by other jobs on the machine slows both sides). The results go to
-bench/results/engines-lmcache-<transport>-<date>.{json,md}.
+bench/results/engines-lmcache-<transport>[-chunk-meta]-<date>.{json,md}.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class LoopLag:
         self._future.result(10)
 
 
-def measure(chunks: int, reps: int, transport: str, work: Path) -> dict[str, Any]:
+def measure(chunks: int, reps: int, transport: str, chunk_meta: bool,
+            work: Path) -> dict[str, Any]:
     import torch
 
     import cellar
@@ -106,6 +107,7 @@ def measure(chunks: int, reps: int, transport: str, work: Path) -> dict[str, Any
     with LocalCluster(2, segment_bytes) as cluster:
         config = kit.write_config(work / "bench-lmcache.yaml", cluster.address,
                                   chunk=CHUNK_TOKENS, transport=transport, timeout_s=60.0,
+                                  save_chunk_meta=chunk_meta,
                                   blocking_s=120,
                                   cpu_gib=round(2.2 * chunks * chunk_bytes / (1 << 30), 2))
         engine = kit.make_engine(config, layers=LAYERS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
@@ -122,7 +124,8 @@ def measure(chunks: int, reps: int, transport: str, work: Path) -> dict[str, Any
             keys = [k for _s, _e, k in engine.token_database.process_tokens(tokens)]
             names = [conn._name(k) for k in keys]
             client = cellar.connect(cluster.address, transport=transport, timeout_s=60.0)
-            bufs = [cellar.alloc_buffer(chunk_bytes) for _ in names]
+            object_bytes = client.size(names[0])  # the chunk, and its head with chunk_meta
+            bufs = [cellar.alloc_buffer(object_bytes) for _ in names]
             out = torch.zeros_like(kv)
             timings: dict[str, list[float]] = {"cellar": [], "async": [], "remote": [],
                                                "retrieve": []}
@@ -133,12 +136,12 @@ def measure(chunks: int, reps: int, transport: str, work: Path) -> dict[str, Any
                 # to do meanwhile, so its pauses then are the machine's (the control).
                 sizes, cellar_s, idle_pause_s = lag.window(
                     lambda: client.get_many_into(names, bufs))
-                assert sizes == [chunk_bytes] * chunks
+                assert sizes == [object_bytes] * chunks
 
                 started = time.perf_counter()
                 sizes = conn.session.run_sync(lambda c: c.get_many_into(names, bufs))
                 async_s = time.perf_counter() - started
-                assert sizes == [chunk_bytes] * chunks
+                assert sizes == [object_bytes] * chunks
 
                 kit.drop_local(engine)
                 objs, remote_s, remote_pause_s = lag.window(
@@ -179,7 +182,7 @@ def measure(chunks: int, reps: int, transport: str, work: Path) -> dict[str, Any
     return {"shape": {"layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                       "chunk_tokens": CHUNK_TOKENS, "dtype": "bfloat16",
                       "chunk_bytes": chunk_bytes},
-            "transport": transport, "figures": figures,
+            "transport": transport, "save_chunk_meta": chunk_meta, "figures": figures,
             "adapter_overhead": figures[2]["overhead_vs_cellar"],
             "loop_pause_s": {"during_remote_get_median": statistics.median(pauses["remote"]),
                              "during_remote_get_max": max(pauses["remote"]),
@@ -195,7 +198,8 @@ def markdown(report: dict[str, Any], command: str) -> str:
              f"Shape: {shape['layers']} layers, {shape['kv_heads']} KV heads x "
              f"{shape['head_dim']}, {shape['dtype']}, chunks of {shape['chunk_tokens']} tokens "
              f"= {shape['chunk_bytes'] / MiB:.0f} MiB per chunk; transport "
-             f"{report['transport']}; medians of {report['figures'][0]['reps']} reps.", "",
+             f"{report['transport']}; save_chunk_meta {str(report['save_chunk_meta']).lower()}; "
+             f"medians of {report['figures'][0]['reps']} reps.", "",
              "| path | chunks | pages/s | GB/s | time vs AsyncClient.get_many_into (median ratio) |",
              "|---|---|---|---|---|"]
     for f in report["figures"]:
@@ -221,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=48, help="4 MiB chunks in the prompt")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--transport", default="auto", choices=["auto", "tcp", "shm"])
+    parser.add_argument("--chunk-meta", action="store_true",
+                        help="LMCache's save_chunk_meta: true (objects carry header + metadata)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.chunks < 1 or args.reps < 1:
@@ -228,13 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="cellar-bench-lmcache-") as work:
-        report = measure(args.chunks, args.reps, args.transport, Path(work))
+        report = measure(args.chunks, args.reps, args.transport, args.chunk_meta, Path(work))
     report["date"] = time.strftime("%Y-%m-%d")
     report["host"] = socket.gethostname()
     command = ("python3 tests/engines/engine_venv.py run lmcache -- -m cellar.bench.engines_lmcache"
-               f" --chunks {args.chunks} --reps {args.reps} --transport {args.transport}")
+               f" --chunks {args.chunks} --reps {args.reps} --transport {args.transport}"
+               + (" --chunk-meta" if args.chunk_meta else ""))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"engines-lmcache-{args.transport}-{report['date']}"
+    mode = "-chunk-meta" if args.chunk_meta else ""
+    stem = args.out / f"engines-lmcache-{args.transport}{mode}-{report['date']}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report, command)
     stem.with_suffix(".md").write_text(text)

@@ -5,7 +5,8 @@
    Target: fast line <= 0.3 ms p50.
 2. 64 x 64 KiB gets: `AsyncClient`, 64 concurrent `get` calls on one event loop
    (`asyncio.gather`), against the sync `Client`'s batched `get_many` of the same keys, in
-   keys/s. Target: async >= sync batched.
+   keys/s, the faces alternating in blocks of rounds (medians over the blocks), the
+   AsyncClient on asyncio's loop and on uvloop. Target: async >= sync batched.
 
 Run alone: `python -m cellar.bench.sdk` (starts a 1-node cluster, prints the table and writes
 bench/results/sdk-<date>-<host>.md); `cellar bench` runs it as one more worker
@@ -32,8 +33,8 @@ PREFIX_KEYS = 256
 PREFIX_SAMPLES = 2000
 GET_KEYS = 64
 GET_BYTES = 64 * KiB
-GET_ROUNDS = 200
-INTERLEAVE_BLOCKS = 10  # sync and async take turns, GET_ROUNDS / 10 rounds each
+GET_ROUNDS = 400
+BLOCK_ROUNDS = 20   # rounds per block; the faces alternate block by block
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -75,14 +76,14 @@ def _new_loops() -> dict[str, asyncio.AbstractEventLoop]:
 
 
 def concurrency_rows(address: str, transport: str, rounds: int) -> list[dict[str, Any]]:
-    """Every face in the same run, interleaved in blocks of rounds (the machine is shared: a
-    burst of other load hits every face alike, and the ratio is what the target is about)."""
+    """Sync batched and async concurrent gets of the same 64 keys, the faces alternating in
+    blocks of BLOCK_ROUNDS rounds (this machine's load moves by the second: side by side in
+    time is the only fair comparison); each face's rate is the median over its blocks."""
     keys = [f"sdkbench/get/{i:02d}" for i in range(GET_KEYS)]
-    blocks = max(1, min(INTERLEAVE_BLOCKS, rounds))
-    per_block = max(1, rounds // blocks)
+    blocks = max(1, rounds // BLOCK_ROUNDS)
     loops = _new_loops()
-    seconds = {"sync get_many (batched)": 0.0}
-    seconds.update({f"async gather of 64 get ({name})": 0.0 for name in loops})
+    rates: dict[str, list[float]] = {"sync get_many (batched)": []}
+    rates.update({f"async gather of 64 get ({name})": [] for name in loops})
     try:
         with cellar.connect(address, transport=transport) as client:
             client.put_many([(k, bytes([i]) * GET_BYTES) for i, k in enumerate(keys)],
@@ -96,34 +97,33 @@ def concurrency_rows(address: str, transport: str, rounds: int) -> list[dict[str
                 for _ in range(n):
                     got = client.get_many(keys)
                 assert all(g is not None and len(g) == GET_BYTES for g in got)
-                return time.perf_counter() - start
+                return n * GET_KEYS / (time.perf_counter() - start)
 
             async def async_block(ac: cellar.AsyncClient, n: int) -> float:
                 start = time.perf_counter()
                 for _ in range(n):
                     values = await asyncio.gather(*(ac.get(k) for k in keys))
                 assert all(len(v) == GET_BYTES for v in values)
-                return time.perf_counter() - start
+                return n * GET_KEYS / (time.perf_counter() - start)
 
-            sync_block(5)  # warm every face: connections, pools, the first pins
+            sync_block(2)  # warm every face: connections, mappings, the fast line
             for name, loop in loops.items():
-                loop.run_until_complete(async_block(clients[name], 5))
+                loop.run_until_complete(async_block(clients[name], 2))
             for _ in range(blocks):
-                seconds["sync get_many (batched)"] += sync_block(per_block)
+                rates["sync get_many (batched)"].append(sync_block(BLOCK_ROUNDS))
                 for name, loop in loops.items():
-                    seconds[f"async gather of 64 get ({name})"] += loop.run_until_complete(
-                        async_block(clients[name], per_block))
+                    rates[f"async gather of 64 get ({name})"].append(loop.run_until_complete(
+                        async_block(clients[name], BLOCK_ROUNDS)))
             for name, loop in loops.items():
                 loop.run_until_complete(clients[name].aclose())
             client.remove_prefix("sdkbench/get/")
     finally:
         for loop in loops.values():
             loop.close()
-    total = blocks * per_block * GET_KEYS
     return [{"kind": "sdk", "figure": "concurrency", "transport": transport, "face": face,
-             "keys": GET_KEYS, "size_bytes": GET_BYTES, "keys_per_s": total / spent,
-             "GBps": total * GET_BYTES / spent / 1e9}
-            for face, spent in seconds.items()]
+             "keys": GET_KEYS, "size_bytes": GET_BYTES, "keys_per_s": statistics.median(r),
+             "GBps": statistics.median(r) * GET_BYTES / 1e9, "blocks": blocks}
+            for face, r in rates.items()]
 
 
 def run(address: str, transports: list[str], quick: bool = False) -> list[dict[str, Any]]:

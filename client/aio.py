@@ -153,6 +153,16 @@ class AsyncClient:
         self._closed = True
         if self._flush_handle is not None:
             self._flush_handle.cancel()
+        # Coalesced gets still queued or in flight end now: their callers get ClientClosed.
+        queued, self._get_queue = self._get_queue, []
+        for _, waiter in queued:
+            if not waiter.done():
+                waiter.set_exception(ClientClosed("this cellar.AsyncClient was closed"))
+        pending = [t for t in (*self._tasks, self._flush_task) if t is not None and not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._s is not None and self._master is not None:
             await self._flush(CLOSE_FLUSH_MAX_CALLS, CLOSE_FLUSH_TIMEOUT_S)
         for transport in self._transports.transports:
@@ -218,6 +228,8 @@ class AsyncClient:
             entries = await self._run(api.get_each(self._s, [k for k, _ in waiting]))
             wait_s = time.perf_counter() - started
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
+            if isinstance(exc, asyncio.CancelledError) and self._closed:
+                exc = ClientClosed("this cellar.AsyncClient was closed during the call")
             for _, waiter in waiting:
                 if not waiter.done():
                     waiter.set_exception(exc)

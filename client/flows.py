@@ -269,9 +269,10 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
             try:
                 yield from get_replicas(s, batch, until)
             except Timeout:
-                if budget_at is None or time.monotonic() < budget_at:
-                    raise
-                batch.settle_late()  # the budget ran out while the master answered
+                if budget_at is None or budget_at > deadline:
+                    raise  # the call's own timeout, not the budget, ran out
+                batch.settle_late()  # the budget ran out while the master answered; the pins
+                # of a lookup abandoned in flight are released by the master's pin TTL
             if prefix:
                 batch.keep_prefix()
             while ops := batch.next_ops():

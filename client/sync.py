@@ -121,6 +121,7 @@ class Client:
         self._hasher_lock = threading.Lock()
         deadline = time.monotonic() + self.timeout_s
         self._discovery: Any = None
+        self._transports = TransportSet(opened(open_transports, args.transport))
         master_address = args.address
         if args.target is not None:
             # etcd names the leader; it is also asked again whenever the leader stops serving.
@@ -131,8 +132,8 @@ class Client:
                 master_address = self._discovery.wait_for_leader(self.timeout_s).address
             except BaseException:
                 self._discovery.close()
+                self._transports.close()
                 raise
-        self._transports = TransportSet(opened(open_transports, args.transport))
         self._master = MasterChannel(
             master_address, resolve=None if args.target is None else self._leader_from_etcd)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,

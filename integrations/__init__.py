@@ -15,7 +15,7 @@ What it guarantees
     (reference section 9: upgrades must isolate incompatible KV). A failure of the cluster
     reaches the engine as a miss or a shorter prefix, never as an exception in its threads.
 
-Import rule
+Import rule: may import only cellar, cellar.errors, cellar.client.*
     This room depends only on the SDK (`cellar`, `cellar.client`, `cellar.errors`) and on the
     engine each module adapts; the engine is imported only by that module (SGLang only in
     `sglang.py`), so `kvformat` stays importable without any engine installed. Nothing else in

@@ -34,11 +34,12 @@ What one object holds (one LMCache chunk of one rank)
       engine).
     - `save_chunk_meta: true` (LMCache's default): the value is the kvformat header (32 bytes:
       fingerprint and payload size), LMCache's `RemoteMetadata` (shapes, dtypes, format,
-      length) and the KV bytes. The header must match the reader's format and the object's
-      exact size, the metadata's length must match its shapes and the payload, or the object is
-      refused before its bytes are copied into a `MemoryObj`. The SDK's faces offer no
-      scatter-gather get yet, so this mode stages the object in one buffer and copies it (one
-      copy each way).
+      length) and the KV bytes, written and read as scatter-gather parts: the head in a small
+      buffer, the KV bytes straight from and into the MemoryObj (zero-copy too). The header
+      must match the reader's format and the object's exact size and the metadata must
+      describe exactly that payload, or the chunk is refused and its MemoryObj goes back to
+      the allocator. An object of any other size than a full chunk's is refused by the SDK
+      before any transfer; the partial last chunk is then read alone at its own size.
 
 Async without blocking the loop
     LMCache runs every connector coroutine on its own event loop thread. The connector's one
@@ -69,8 +70,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from lmcache.utils import CacheEngineKey
@@ -91,6 +93,7 @@ from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
 from cellar.integrations.lmcache_session import FAILURES, CellarSession
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PLUGIN_TYPE = "cellar"
 ADAPTER_NAME = "lmcache"
@@ -163,14 +166,20 @@ class CellarConnector(RemoteConnector):
         if not isinstance(master, str) or not master:
             raise InvalidArgument(f"extra_config {prefix}master must name the Cellar master "
                                   "(host:port or etcd://host:port/cluster)")
-        timeout_s = float(extra.get(prefix + "timeout_s", DEFAULT_TIMEOUT_S))
+        raw_timeout = extra.get(prefix + "timeout_s", DEFAULT_TIMEOUT_S)
+        try:
+            timeout_s = float(raw_timeout)
+        except (TypeError, ValueError):
+            timeout_s = -1.0  # refused just below, with the setting's name
         if not 0 < timeout_s <= MAX_TIMEOUT_S:
-            raise InvalidArgument(f"{prefix}timeout_s must be in (0, {MAX_TIMEOUT_S}] s, "
-                                  f"got {timeout_s}")
+            raise InvalidArgument(f"{prefix}timeout_s must be a number of seconds in "
+                                  f"(0, {MAX_TIMEOUT_S}], got {raw_timeout!r}")
         metadata = local_cpu_backend.metadata
         self.format = chunk_format(self, metadata.model_name, metadata.world_size,
                                    metadata.use_mla)
         self.read_budget_s = timeout_s
+        # What precedes the KV bytes in an object (`save_chunk_meta: true` only).
+        self.head_bytes = HEADER_BYTES + self.remote_metadata_bytes
         self.session = CellarSession(
             master, tenant=str(extra.get(prefix + "tenant", "default")),
             timeout_s=timeout_s, transport=str(extra.get(prefix + "transport", "auto")),
@@ -197,17 +206,19 @@ class CellarConnector(RemoteConnector):
         return (0 < size_bytes <= self.full_chunk_size_bytes
                 and size_bytes % self.single_token_size == 0)
 
-    def _meta_value(self, memory_obj: MemoryObj) -> bytes:
-        """Header + LMCache metadata + KV bytes (the `save_chunk_meta` layout)."""
-        payload = memory_obj.byte_array
-        meta = RemoteMetadata(len(payload), memory_obj.get_shapes(), memory_obj.get_dtypes(),
+    def _meta_head(self, memory_obj: MemoryObj) -> bytes:
+        """The kvformat header and LMCache's metadata: the first part of a chunk stored with
+        `save_chunk_meta: true` (the KV bytes follow, sent from the MemoryObj itself)."""
+        payload_bytes = memory_obj.get_size()
+        meta = RemoteMetadata(payload_bytes, memory_obj.get_shapes(), memory_obj.get_dtypes(),
                               memory_obj.get_memory_format()).serialize()
-        return b"".join((self.format.header(len(meta) + len(payload)), meta, payload))
+        return self.format.header(len(meta) + payload_bytes) + meta
 
-    def _put_value(self, memory_obj: MemoryObj) -> Any:
+    def _value_parts(self, memory_obj: MemoryObj) -> list[Any]:
+        """The parts of a chunk's object; the KV part is the allocator's memory itself."""
         if self.save_chunk_meta:
-            return self._meta_value(memory_obj)
-        return memory_obj.byte_array  # the allocator's memory itself: the SDK sends from it
+            return [self._meta_head(memory_obj), memory_obj.byte_array]
+        return [memory_obj.byte_array]
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -222,76 +233,101 @@ class CellarConnector(RemoteConnector):
             objs.append(obj)
         return objs
 
-    async def _read_raw(self, client: cellar.AsyncClient,
-                        names: list[str]) -> list[MemoryObj]:
-        """The `save_chunk_meta: false` layout: the leading run of chunks, read straight into
-        MemoryObjs of the LocalCPUBackend and cut to the tokens they hold."""
+    async def _read_chunks(self, client: cellar.AsyncClient,
+                           names: list[str]) -> list[MemoryObj]:
+        """The leading run of chunks, read straight into MemoryObjs of the LocalCPUBackend,
+        checked against this format and cut to the tokens they hold."""
         objs = self._allocate(len(names))
+        if not objs:
+            return []  # the LocalCPUBackend is full: a miss, nothing asked of Cellar
+        names = names[:len(objs)]
+        heads = [bytearray(self.head_bytes) for _ in objs] if self.save_chunk_meta else []
         loaded: list[MemoryObj] = []
         try:
-            sizes = await _get_prefix_into(client, names[:len(objs)],
-                                           [obj.byte_array for obj in objs], self.read_budget_s)
-            for name, obj, size in zip(names, objs, sizes, strict=False):
-                if not self._payload_ok(size):
-                    log.warning("Cellar: %s refused: %d bytes is not whole tokens of %d bytes "
-                                "up to %d", name, size, self.single_token_size,
-                                self.full_chunk_size_bytes)
+            if heads:
+                sizes = await self._get_meta_parts(client, names, objs, heads)
+            else:
+                sizes = await _get_prefix_into(client, names, [o.byte_array for o in objs],
+                                               self.read_budget_s)
+            for i, (name, obj, size) in enumerate(zip(names, objs, sizes, strict=False)):
+                try:
+                    payload = self._check_meta(heads[i], size) if heads else self._check_raw(size)
+                except FormatMismatch as e:
+                    log.warning("Cellar: %s refused: %s", name, e)
                     break
-                loaded.append(self.reshape_partial_chunk(obj, size))
+                loaded.append(self.reshape_partial_chunk(obj, payload))
         finally:
             for obj in objs[len(loaded):]:
                 obj.ref_count_down()  # not read, or refused: back to the allocator
         return loaded
 
-    async def _read_meta(self, client: cellar.AsyncClient,
-                         names: list[str]) -> list[MemoryObj]:
-        """The `save_chunk_meta: true` layout: the leading run of chunks, each staged, checked
-        (header, metadata, sizes), then copied into a MemoryObj of the shapes it states."""
-        stage_bytes = HEADER_BYTES + self.remote_metadata_bytes + self.full_chunk_size_bytes
-        stages = [bytearray(stage_bytes) for _ in names]
-        sizes = await _get_prefix_into(client, names, stages, self.read_budget_s)
-        loaded: list[MemoryObj] = []
-        for name, stage, size in zip(names, stages, sizes, strict=False):
-            try:
-                obj = self._unpack_meta(memoryview(stage)[:size])
-            except FormatMismatch as e:
-                log.warning("Cellar: %s refused: %s", name, e)
-                break
-            if obj is None:  # the LocalCPUBackend is full
-                break
-            loaded.append(obj)
-        return loaded
+    def _check_raw(self, size: int) -> int:
+        if not self._payload_ok(size):
+            raise FormatMismatch(f"{size} bytes is not whole tokens of {self.single_token_size} "
+                                 f"bytes up to {self.full_chunk_size_bytes}")
+        return size
 
-    def _unpack_meta(self, value: memoryview) -> MemoryObj | None:
-        body = self.format.verify_header(value[:HEADER_BYTES], len(value))
-        meta_end = HEADER_BYTES + self.remote_metadata_bytes
-        if body < self.remote_metadata_bytes:
-            raise FormatMismatch(f"object body of {body} bytes holds no chunk metadata")
-        meta = RemoteMetadata.deserialize(bytes(value[HEADER_BYTES:meta_end]))
-        payload = value[meta_end:]
+    def _check_meta(self, head: bytearray, size: int) -> int:
+        """The payload size of a `save_chunk_meta` object of `size` bytes whose head was read
+        into `head`, or FormatMismatch: another format's header, a size other than the header
+        says, or metadata that does not describe exactly that payload in this format."""
+        body = self.format.verify_header(head[:HEADER_BYTES], size)
+        payload = body - self.remote_metadata_bytes
+        try:
+            meta = RemoteMetadata.deserialize(bytes(head[HEADER_BYTES:]))
+        except (ValueError, KeyError, struct.error) as e:  # an unknown format or dtype code
+            raise FormatMismatch(f"unreadable chunk metadata: {e}") from None
         stated = sum(torch.Size(s).numel() * d.itemsize
                      for s, d in zip(meta.shapes, meta.dtypes, strict=True))
-        if (meta.length != len(payload) or stated != len(payload)
-                or not self._payload_ok(len(payload))
+        if (meta.length != payload or stated != payload or not self._payload_ok(payload)
                 or list(meta.dtypes) != list(self.meta_dtypes) or meta.fmt != self.meta_fmt):
             raise FormatMismatch(f"chunk metadata (length {meta.length}, {stated} bytes by its "
-                                 f"shapes) does not fit a payload of {len(payload)} bytes")
-        obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
-        if obj is None:
-            return None
+                                 f"shapes) does not describe a payload of {payload} bytes")
+        return payload
+
+    async def _get_meta_parts(self, client: cellar.AsyncClient, names: list[str],
+                              objs: list[MemoryObj], heads: list[bytearray]) -> list[int]:
+        """Object sizes of the leading run, each object scattered into its head buffer and
+        its MemoryObj. The SDK takes parts that add up to the object exactly, so the batch
+        goes as full chunks; if an object is not one (LMCache's partial last chunk, or an
+        object that is not ours) the SDK refuses the whole batch before any transfer, and the
+        batch is asked again one key shorter each time (in practice once: only a prompt's last
+        chunk is partial), the odd object then read alone at its own size."""
+        parts = [[head, obj.byte_array] for head, obj in zip(heads, objs, strict=True)]
+        count = len(names)
+        sizes: list[int] = []
+        while count > 0:
+            try:
+                sizes = await client.get_many_into_parts(names[:count], parts[:count],
+                                                         timeout_s=self.read_budget_s,
+                                                         prefix=True)
+                break
+            except InvalidArgument:
+                count -= 1
+        sizes = [n for n in sizes if n >= 0]
+        if len(sizes) == count < len(names):
+            sizes += await self._get_odd_meta(client, names[count], objs[count], heads[count])
+        return sizes
+
+    async def _get_odd_meta(self, client: cellar.AsyncClient, name: str, obj: MemoryObj,
+                            head: bytearray) -> list[int]:
+        """One `save_chunk_meta` object that is not a full chunk, read at its own size: [its
+        size], or [] if it is missing or cannot be a chunk of this format (never read then)."""
         try:
-            obj.byte_array.cast("B")[:] = payload  # ctypes exports "<B"; cast to plain bytes
-        except BaseException:
-            obj.ref_count_down()
-            raise
-        return obj
+            size = await client.size(name)
+            payload = size - len(head)
+            if not self._payload_ok(payload):
+                log.warning("Cellar: %s refused: %d bytes is no chunk of this format", name, size)
+                return []
+            return [await client.get_into_parts(name, [head, obj.byte_array[:payload]])]
+        except _KEY_MISSES:
+            return []
 
     async def _read_prefix(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:
         """The leading run of `keys` loaded from Cellar; empty on any Cellar failure."""
         names = [self._name(k) for k in keys]
-        read = self._read_meta if self.save_chunk_meta else self._read_raw
         try:
-            return await self.session.run(lambda c: read(c, names))
+            return await self.session.run(lambda c: self._read_chunks(c, names))
         except FAILURES as e:
             log.warning("Cellar: read of %d chunks failed, all missed: %s", len(keys), e)
             return []
@@ -315,47 +351,50 @@ class CellarConnector(RemoteConnector):
 
     # ---- probes --------------------------------------------------------------------------
 
+    async def _ask(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]], what: str,
+                   default: T) -> T:
+        """A probe from LMCache's loop; `default` (a miss) when Cellar fails."""
+        try:
+            return await self.session.run(fn)
+        except FAILURES as e:
+            log.warning("Cellar: %s failed, reported %r: %s", what, default, e)
+            return default
+
+    def _ask_sync(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]], what: str,
+                  default: T) -> T:
+        """A probe from an engine thread; `default` (a miss) when Cellar fails."""
+        try:
+            return self.session.run_sync(fn)
+        except FAILURES as e:
+            log.warning("Cellar: %s failed, reported %r: %s", what, default, e)
+            return default
+
     async def exists(self, key: CacheEngineKey) -> bool:
         name = self._name(key)
-        try:
-            return await self.session.run(lambda c: c.exists(name))
-        except FAILURES as e:
-            log.warning("Cellar: exists failed, reported missing: %s", e)
-            return False
+        return await self._ask(lambda c: c.exists(name), "exists", False)
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        try:
-            return self.session.run_sync(lambda c: c.exists(self._name(key)))
-        except FAILURES as e:
-            log.warning("Cellar: exists failed, reported missing: %s", e)
-            return False
+        name = self._name(key)
+        return self._ask_sync(lambda c: c.exists(name), "exists", False)
 
     async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
                                      pin: bool = False) -> int:
         """How many leading chunks exist (one PrefixLen on the master's fast line; never pins:
         a probe must not make objects unevictable)."""
-        if not keys:
-            return 0
         names = [self._name(k) for k in keys]
-        try:
-            return await self.session.run(lambda c: c.prefix_len(names))
-        except FAILURES as e:
-            log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
+        if not names:
             return 0
+        return await self._ask(lambda c: c.prefix_len(names), "prefix lookup", 0)
 
     def support_batched_async_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey]) -> int:
         """`batched_async_contains` for LMCache's synchronous lookup (an engine thread)."""
-        if not keys:
-            return 0
         names = [self._name(k) for k in keys]
-        try:
-            return self.session.run_sync(lambda c: c.prefix_len(names))
-        except FAILURES as e:
-            log.warning("Cellar: prefix lookup failed, reported 0: %s", e)
+        if not names:
             return 0
+        return self._ask_sync(lambda c: c.prefix_len(names), "prefix lookup", 0)
 
     def support_batched_contains(self) -> bool:
         return True
@@ -370,10 +409,10 @@ class CellarConnector(RemoteConnector):
                 log.warning("Cellar: chunk %s of %d bytes is not whole tokens of this format; "
                             "not stored", key.to_string(), obj.get_size())
                 continue
-            items.append((self._name(key), self._put_value(obj)))
+            items.append((self._name(key), self._value_parts(obj)))
         if not items:
             return
-        statuses = await client.put_many(items)
+        statuses = await client.put_many_parts(items)
         failed = [s for s in statuses if s not in (Status.OK, Status.ALREADY_EXISTS)]
         if failed:
             log.warning("Cellar: %d of %d chunks not stored (%s)", len(failed), len(items),
@@ -397,11 +436,8 @@ class CellarConnector(RemoteConnector):
     # ---- the rest of RemoteConnector ------------------------------------------------------
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
-        try:
-            return self.session.run_sync(lambda c: c.remove(self._name(key)))
-        except FAILURES as e:
-            log.warning("Cellar: remove failed: %s", e)
-            return False
+        name = self._name(key)
+        return self._ask_sync(lambda c: c.remove(name), "remove", False)
 
     async def list(self) -> list[str]:
         """Cellar has no key listing: this returns no keys (LMCache only uses it in a
@@ -413,12 +449,12 @@ class CellarConnector(RemoteConnector):
 
     async def ping(self) -> int:
         """0 when the master answers, 1 otherwise."""
-        try:
-            await self.session.run(lambda c: c.status())
-        except FAILURES as e:
-            log.warning("Cellar: ping failed: %s", e)
-            return 1
-        return 0
+
+        async def status(client: cellar.AsyncClient) -> int:
+            await client.status()
+            return 0
+
+        return await self._ask(status, "ping", 1)
 
     async def close(self) -> None:
         await self.session.aclose()

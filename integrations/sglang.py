@@ -28,14 +28,16 @@ Guarantees to the engine
       miss, a shorter prefix or a failed backup, and the backend recovers with the cluster.
     - `batch_exists` is the leading run of pages whose every object exists (one `prefix_len`).
     - `batch_get_v1` returns True exactly for the pages whose every object landed whole with
-      the format's size. With `get_timeout_base_s` set (use SGLang's `timeout` policy values:
-      base + per 1024 tokens), a call returns within that budget and reports only what landed.
+      the format's size. Under a deadline it returns within its budget and reports only what
+      landed: `get_timeout_base_s` + `get_timeout_per_ki_token_s` per 1024 tokens, or, when
+      those are unset and the server runs SGLang's `timeout` prefetch policy (its default),
+      `POLICY_BUDGET_FRACTION` of that policy's own budget.
 
 Settings (keys of `--hicache-storage-backend-extra-config`, beside SGLang's own)
     master (required), tenant ("default"), token (None: $CELLAR_TOKEN or the token file),
     transport ("auto"), timeout_s (30: per SDK call), replicas (1), soft_pin (false),
-    model (override of SGLang's model name in the format), get_timeout_base_s (none: no
-    deadline) and get_timeout_per_ki_token_s (0).
+    model (override of SGLang's model name in the format), get_timeout_base_s (none: follow
+    SGLang's timeout policy, else no deadline) and get_timeout_per_ki_token_s (0).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ TARGET_SGLANG = "0.5.23"
 # Pages per get when the SDK has no deadline-bounded get: the deadline is checked between
 # chunks, so a call overruns its budget by at most one chunk's read.
 FALLBACK_CHUNK_PAGES = 8
+# Under SGLang's `timeout` prefetch policy (its default) the backend's own read deadline, when
+# not configured, is this fraction of the scheduler's budget: the read returns (with what
+# landed) before the scheduler gives up on the prefetch and takes nothing.
+POLICY_BUDGET_FRACTION = 0.9
 # get_stats() samples kept between two reads (SGLang reads them every few seconds).
 MAX_STATS_SAMPLES = 4096
 _STORED = (Status.OK, Status.ALREADY_EXISTS)
@@ -85,6 +91,27 @@ def settings_from(extra: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def sglang_timeout_policy() -> tuple[float, float] | None:
+    """(base s, s per 1024 tokens) of the launched server's `timeout` prefetch policy, read
+    with SGLang's own parser of its extra config; None under another policy or outside a
+    launched server (no published configuration)."""
+    try:
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (
+            HybridCacheController,
+        )
+        from sglang.srt.runtime_context import get_memory
+
+        memory = get_memory()
+        if memory.hicache_storage_prefetch_policy != "timeout":
+            return None
+        parsed = HybridCacheController.parse_storage_backend_extra_config(
+            memory.hicache_storage_backend_extra_config)
+        base, per_ki_token = float(parsed[2]), float(parsed[3])
+    except Exception:  # noqa: BLE001 - no server configuration here: no policy to follow
+        return None
+    return base * POLICY_BUDGET_FRACTION, per_ki_token * POLICY_BUDGET_FRACTION
+
+
 def page_format(pool: Any, pages: PoolPages, *, model: str, tp_size: int) -> KVFormat:
     """The KV format of a registered host pool's pages."""
     g = pages.geometry
@@ -107,6 +134,9 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def __init__(self, storage_config: Any, kwargs: dict[str, Any] | None = None) -> None:
         self.storage_config = storage_config
         self.settings = settings_from(getattr(storage_config, "extra_config", None))
+        policy = sglang_timeout_policy() if self.settings["get_timeout_base_s"] is None else None
+        if policy is not None:
+            self.settings["get_timeout_base_s"], self.settings["get_timeout_per_ki_token_s"] = policy
         self.link = Link(connect_from(self.settings))
         self.is_writer = bool(getattr(storage_config, "is_storage_writer", True))
         self.pages: PoolPages | None = None

@@ -274,8 +274,7 @@ def test_removal(new_store, mc_cluster, monkeypatch):
     assert store.is_exist(keys[3]) == 1  # nothing removed by the refusals
 
     other = MooncakeDistributedStore()  # another tenant: removal must not reach it
-    # the store reaches the cluster through the SDK, which takes $CELLAR_TOKEN at setup
-    monkeypatch.setenv("CELLAR_TOKEN", mc_cluster.token_for(OTHER_TENANT))
+    monkeypatch.setenv("CELLAR_TOKEN", mc_cluster.token_for(OTHER_TENANT))  # its credential
     assert other.setup(*setup_args(mc_cluster), tenant_id=OTHER_TENANT) == OK
     monkeypatch.delenv("CELLAR_TOKEN")
     kept = k("kept")

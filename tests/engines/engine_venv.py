@@ -21,6 +21,9 @@ Commands (python3 tests/engines/engine_venv.py ...)
     site                         (re)build build/engine-site; print its folder
     run <engine> -- <args...>    run the venv's python with build/engine-site on PYTHONPATH
 
+torch's CPU wheel is found through pip's configuration (here: the find-links folder holding
+it); on a machine without it, set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
+
 Concurrency: builds take an exclusive lock on `<cache>/.lock`, write into `<name>.tmp` and
 rename it when complete, so two clones building at once end with one complete venv.
 """

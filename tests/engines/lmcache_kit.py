@@ -43,7 +43,7 @@ remote_serde: naive
 remote_storage_plugins: ["cellar"]
 extra_config:
   remote_storage_plugin.cellar.module_path: cellar.integrations.lmcache
-  remote_storage_plugin.cellar.class_name: CellarConnectorAdapter
+  remote_storage_plugin.cellar.class_name: {class_name}
   remote_storage_plugin.cellar.master: "{master}"
   remote_storage_plugin.cellar.timeout_s: {timeout_s}
   remote_storage_plugin.cellar.transport: {transport}
@@ -86,9 +86,11 @@ class CPUKVConnector(GPUConnectorInterface):
 
 def write_config(path: Path, master: str, *, save_chunk_meta: bool = False,
                  chunk: int = CHUNK_TOKENS, cpu_gib: float = 0.25, timeout_s: float = 5.0,
-                 blocking_s: int = 10, transport: str = "auto") -> Path:
+                 blocking_s: int = 10, transport: str = "auto",
+                 class_name: str = "CellarConnectorAdapter") -> Path:
     path.write_text(CONFIG_YAML.format(master=master, chunk=chunk, cpu_gib=cpu_gib,
                                        timeout_s=timeout_s, blocking_s=blocking_s, transport=transport,
+                                       class_name=class_name,
                                        save_chunk_meta=str(save_chunk_meta).lower()))
     return path
 
@@ -158,6 +160,17 @@ def tokens_for(count: int, *, seed: int) -> torch.Tensor:
     return torch.randint(0, 32000, (count,), generator=gen)
 
 
+def wait_until(cond: Any, what: str, timeout_s: float = 60.0) -> None:
+    """Poll `cond` (bounded, never a fixed sleep) until it holds; AssertionError after."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
 def wait_stored(engine: LMCacheEngine, tokens: torch.Tensor, timeout_s: float = 30.0) -> int:
     """Wait (bounded) until Cellar holds every chunk of `tokens` the engine stored (remote puts
     are asynchronous in LMCache); returns the prefix Cellar reports, in tokens."""
@@ -203,7 +216,7 @@ def _main(argv: list[str]) -> int:
 
 
 __all__ = ["CONFIG_YAML", "CPUKVConnector", "cellar_connector", "destroy", "drop_local",
-           "make_engine", "prompt", "random_kv", "remote_backend", "tokens_for", "wait_stored", "write_config"]
+           "make_engine", "prompt", "random_kv", "remote_backend", "tokens_for", "wait_stored", "wait_until", "write_config"]
 
 
 if __name__ == "__main__":

@@ -50,14 +50,6 @@ def _engine(tmp_path: Path, cluster: LocalCluster, *, meta: bool = False,
     return kit.make_engine(config, **kw)  # type: ignore[arg-type]
 
 
-def _wait_until(cond, what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("meta", [False, True], ids=["raw", "chunk-meta"])
 def test_store_lookup_retrieve_bytes_exact(tmp_path: Path, cluster: LocalCluster,
                                            meta: bool) -> None:
@@ -99,6 +91,43 @@ def _run_kit(*args: str) -> dict:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _on_loop(conn: CellarConnector, coro):  # type: ignore[no-untyped-def]
+    """Run a connector coroutine where LMCache runs it: on LMCache's own loop."""
+    return asyncio.run_coroutine_threadsafe(coro, conn.loop).result(WAIT_S)
+
+
+def test_connector_surface(tmp_path: Path, cluster: LocalCluster) -> None:
+    """The RemoteConnector methods LMCache calls besides store/retrieve, loaded this time as
+    `class_name: CellarConnector` (LMCache wraps it in its DynamicConnectorAdapter)."""
+    config = kit.write_config(tmp_path / "surface.yaml", cluster.address,
+                              class_name="CellarConnector")
+    engine = kit.make_engine(config, model="test/surface")
+    try:
+        conn = kit.cellar_connector(engine)
+        assert isinstance(conn, CellarConnector)
+        tokens = kit.tokens_for(4 * CHUNK, seed=71)
+        keys = [k for _s, _e, k in engine.token_database.process_tokens(tokens)]
+        engine.store(tokens, kv=kit.random_kv(len(tokens), seed=72))
+        assert kit.wait_stored(engine, tokens) == 4
+        other = kit.tokens_for(2 * CHUNK, seed=73)
+        absent = [k for _s, _e, k in engine.token_database.process_tokens(other)]
+        assert _on_loop(conn, conn.ping()) == 0
+        assert _on_loop(conn, conn.exists(keys[0])) and conn.exists_sync(keys[3])
+        assert not _on_loop(conn, conn.exists(absent[0])) and not conn.exists_sync(absent[0])
+        assert _on_loop(conn, conn.batched_async_contains("l1", keys + absent)) == 4
+        assert conn.batched_contains(keys[:3] + absent + keys[3:]) == 3
+        assert _on_loop(conn, conn.batched_async_contains("l2", [])) == 0
+        assert conn.remove_sync(keys[2]) and not conn.remove_sync(keys[2])
+        assert _on_loop(conn, conn.batched_async_contains("l3", keys)) == 2
+        objs = _on_loop(conn, conn.batched_get(keys))  # a prefix, then None for the rest
+        assert [o is not None for o in objs] == [True, True, False, False]
+        for obj in objs[:2]:
+            obj.ref_count_down()
+        assert _on_loop(conn, conn.list()) == []
+    finally:
+        kit.destroy(engine)
 
 
 def test_two_engine_processes_share_a_prefix(tmp_path: Path, cluster: LocalCluster) -> None:
@@ -182,13 +211,17 @@ def test_object_of_wrong_size_is_refused(tmp_path: Path, cluster: LocalCluster,
         kit.destroy(engine)
 
 
-def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
-                                                      cluster: LocalCluster) -> None:
-    """With the master stopped (SIGSTOP) a retrieve waits on Cellar; meanwhile a ticker task
-    on LMCache's event loop (the loop every connector coroutine runs on) keeps ticking. After
+@pytest.mark.parametrize("stalled", ["master", "nodes"])
+def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path, cluster: LocalCluster,
+                                                      stalled: str) -> None:
+    """With the master (a wait on the metadata line) or every node (over tcp: a wait on the
+    data plane) stopped by SIGSTOP, a retrieve waits on Cellar; meanwhile a ticker task on
+    LMCache's event loop (the loop every connector coroutine runs on) keeps ticking. After
     SIGCONT the same retrieve completes with exact bytes."""
     # Generous Cellar and LMCache timeouts: the call must still be waiting after 50 ticks.
-    engine = _engine(tmp_path, cluster, model="test/loop", timeout_s=60.0)
+    config = kit.write_config(tmp_path / "loop.yaml", cluster.address, timeout_s=60.0,
+                              blocking_s=120, transport="tcp")
+    engine = kit.make_engine(config, model=f"test/loop-{stalled}")
     conn = kit.cellar_connector(engine)
     ticks: list[float] = []
     stop = threading.Event()
@@ -198,6 +231,13 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
             ticks.append(time.monotonic())
             await asyncio.sleep(0.002)
 
+    def signal_stalled(sig: int) -> None:
+        if stalled == "master":
+            cluster.signal_master(sig)
+        else:
+            for i in range(len(cluster.nodes)):
+                cluster.signal_node(i, sig)
+
     tick_future = asyncio.run_coroutine_threadsafe(ticker(), conn.loop)
     stopped = False
     try:
@@ -206,24 +246,43 @@ def test_loop_keeps_running_while_a_cellar_call_waits(tmp_path: Path,
         engine.store(tokens, kv=kv)
         assert kit.wait_stored(engine, tokens) == 8
         kit.drop_local(engine)
-        cluster.signal_master(signal.SIGSTOP)
+        signal_stalled(signal.SIGSTOP)
         stopped = True
         out = torch.zeros_like(kv)
         result: list[torch.Tensor] = []
         worker = threading.Thread(target=lambda: result.append(engine.retrieve(tokens, kv=out)))
         worker.start()
-        _wait_until(lambda: conn.session.in_flight > 0, "the retrieve to reach Cellar")
+        kit.wait_until(lambda: conn.session.in_flight > 0, "the retrieve to reach Cellar")
         during = len(ticks)
-        _wait_until(lambda: len(ticks) >= during + 50, "50 ticks of the loop")
+        kit.wait_until(lambda: len(ticks) >= during + 50, "50 ticks of the loop")
         assert conn.session.in_flight > 0 and worker.is_alive()  # the call is still waiting
-        cluster.signal_master(signal.SIGCONT)
+        signal_stalled(signal.SIGCONT)
         stopped = False
         worker.join(WAIT_S)
         assert not worker.is_alive()
         assert bool(result[0].all()) and torch.equal(out, kv)
     finally:
         if stopped:
-            cluster.signal_master(signal.SIGCONT)
+            signal_stalled(signal.SIGCONT)
         stop.set()
         tick_future.result(WAIT_S)
         kit.destroy(engine)
+
+
+def test_bad_plugin_settings_are_refused(tmp_path: Path) -> None:
+    """A timeout that is not a number of seconds in range is refused when LMCache builds the
+    connector (cellar.InvalidArgument, which LMCache logs): the engine runs without the remote
+    tier instead of with a nonsense bound."""
+    for timeout_s, refused in (("5", False), ("soon", True), ("0", True), ("-3", True),
+                               ("601", True)):
+        config = kit.write_config(tmp_path / "bad.yaml", "127.0.0.1:1",
+                                  timeout_s=timeout_s)  # type: ignore[arg-type]
+        engine = kit.make_engine(config, model="test/bad-settings")
+        try:
+            # (A good setting builds the connector even with no master there: it opens lazily.)
+            connection = kit.remote_backend(engine).connection
+            assert (connection is None) == refused, timeout_s
+            tokens = kit.tokens_for(CHUNK, seed=91)
+            assert engine.lookup(tokens) == 0
+        finally:
+            kit.destroy(engine)

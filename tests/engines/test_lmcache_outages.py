@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ pytest.importorskip("lmcache")
 import lmcache_kit as kit  # noqa: E402
 import torch  # noqa: E402
 
+import cellar  # noqa: E402
 from cellar.local_cluster import LocalCluster  # noqa: E402
 
 CHUNK = kit.CHUNK_TOKENS
@@ -45,14 +45,6 @@ def cluster() -> Iterator[LocalCluster]:
         c.stop()
 
 
-def _wait_until(cond: Any, what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _retrieve(engine: Any, tokens: torch.Tensor, kv: torch.Tensor) -> int:
     """One retrieve from Cellar alone; asserts it returned a prefix of exact bytes and left
     the rest of the KV untouched; returns the prefix in tokens."""
@@ -67,13 +59,16 @@ def _retrieve(engine: Any, tokens: torch.Tensor, kv: torch.Tensor) -> int:
 
 
 def _stored_engine(tmp_path: Path, cluster: LocalCluster, model: str) -> tuple[Any, Any, Any]:
-    config = kit.write_config(tmp_path / "outage.yaml", cluster.address, timeout_s=3.0,
-                              blocking_s=20, transport="tcp")
+    # timeout_s bounds how long a call waits on a dead master; generous enough that the puts
+    # before the outage succeed on a loaded machine.
+    config = kit.write_config(tmp_path / "outage.yaml", cluster.address, timeout_s=8.0,
+                              blocking_s=30, transport="tcp")
     engine = kit.make_engine(config, model=model)
     tokens = kit.tokens_for(CHUNKS * CHUNK, seed=61)
     kv = kit.random_kv(len(tokens), seed=62)
     engine.store(tokens, kv=kv)
-    assert kit.wait_stored(engine, tokens) == CHUNKS
+    stored = kit.wait_stored(engine, tokens, timeout_s=WAIT_S)
+    assert stored == CHUNKS, f"only {stored} of {CHUNKS} chunks reached Cellar before the outage"
     return engine, tokens, kv
 
 
@@ -94,7 +89,7 @@ def _retrieve_while(engine: Any, tokens: torch.Tensor, kv: torch.Tensor,
 
     worker = threading.Thread(target=run)
     worker.start()
-    _wait_until(lambda: conn.session.in_flight > 0, "the retrieve to wait on Cellar")
+    kit.wait_until(lambda: conn.session.in_flight > 0, "the retrieve to wait on Cellar")
     kill()
     worker.join(WAIT_S)
     assert not worker.is_alive()
@@ -103,23 +98,32 @@ def _retrieve_while(engine: Any, tokens: torch.Tensor, kv: torch.Tensor,
 
 
 def _recovers(engine: Any, tokens: torch.Tensor, kv: torch.Tensor) -> None:
-    _wait_until(lambda: _retrieve(engine, tokens, kv) == len(tokens),
-                "the full prefix back after the restart")
+    kit.wait_until(lambda: _retrieve(engine, tokens, kv) == len(tokens),
+                "the full prefix back after the restart", WAIT_S)
     assert engine.lookup(tokens) == len(tokens)
+
+
+def _busiest_node(cluster: LocalCluster) -> int:
+    """The index of the node holding the most objects (so killing it loses some chunks)."""
+    with cellar.connect(cluster.address) as client:
+        counts = {n["node_id"]: int(n["object_count"]) for n in client.status()["nodes"]}
+    names = [child.name for child in cluster.nodes]
+    return names.index(max(counts, key=lambda node_id: counts[node_id]))
 
 
 def test_node_killed_mid_retrieve(tmp_path: Path, cluster: LocalCluster) -> None:
     engine, tokens, kv = _stored_engine(tmp_path, cluster, "test/outage-node")
     try:
+        victim = _busiest_node(cluster)
         got = _retrieve_while(engine, tokens, kv,
-                              stall=lambda: cluster.signal_node(0, signal.SIGSTOP),
-                              kill=lambda: cluster.kill_node(0))
-        assert got < len(tokens)  # node 0 held some chunks: they are missing now
+                              stall=lambda: cluster.signal_node(victim, signal.SIGSTOP),
+                              kill=lambda: cluster.kill_node(victim))
+        assert got < len(tokens)  # the victim held some chunks: they are missing now
         # While the node is down: lookups and retrieves answer (shorter), stores are dropped
         # or land on the other node, and nothing raises.
         assert engine.lookup(tokens) <= len(tokens)
         assert _retrieve(engine, tokens, kv) < len(tokens)
-        cluster.restart_node(0)  # same identity and segment file: it re-attaches its chunks
+        cluster.restart_node(victim)  # same identity and segment file: it re-attaches its chunks
         _recovers(engine, tokens, kv)
     finally:
         kit.destroy(engine)
@@ -137,5 +141,38 @@ def test_master_killed_mid_retrieve(tmp_path: Path, cluster: LocalCluster) -> No
         engine.store(more, kv=kit.random_kv(len(more), seed=64))  # dropped, not raised
         cluster.start_master()  # rebuilds its table from the nodes' own indexes
         _recovers(engine, tokens, kv)
+    finally:
+        kit.destroy(engine)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_engine_starts_while_cellar_is_down(tmp_path: Path) -> None:
+    """No master at the configured address: the engine starts, lookups are 0 and stores are
+    dropped without an exception; once a cluster serves that address the same engine stores
+    and retrieves through it (the connector opens its client again after its backoff)."""
+    port = _free_port()
+    config = kit.write_config(tmp_path / "down.yaml", f"127.0.0.1:{port}", timeout_s=2.0)
+    engine = kit.make_engine(config, model="test/down-at-start")
+    try:
+        tokens = kit.tokens_for(3 * CHUNK, seed=81)
+        kv = kit.random_kv(len(tokens), seed=82)
+        assert engine.lookup(tokens) == 0
+        engine.store(tokens, kv=kv)  # local only: the remote put is dropped
+        kit.drop_local(engine)
+        assert _retrieve(engine, tokens, kv) == 0
+        with LocalCluster(2, "64MiB", port=port):
+            def stored() -> bool:
+                engine.store(tokens, kv=kv)
+                return kit.wait_stored(engine, tokens, timeout_s=5.0) == 3
+
+            kit.wait_until(stored, "a store to reach the cluster once it is up", WAIT_S)
+            assert _retrieve(engine, tokens, kv) == len(tokens)
     finally:
         kit.destroy(engine)

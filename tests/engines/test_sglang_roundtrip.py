@@ -87,3 +87,31 @@ def test_missing_master_is_a_configuration_error() -> None:
                                       "class_name": "CellarHiCacheStorage"})
     with pytest.raises(cellar.InvalidArgument, match="master"):
         StorageBackendFactory.create_backend("dynamic", config, None)
+
+
+def test_deadline_follows_sglangs_timeout_policy(monkeypatch: pytest.MonkeyPatch, cluster) -> None:
+    """In a launched server the backend reads SGLang's own timeout-policy budget (its published
+    memory config, parsed by SGLang's parser); here that config is stood in for."""
+    import types
+
+    import sglang.srt.runtime_context as runtime
+
+    from cellar.integrations import sglang as adapter
+
+    memory = types.SimpleNamespace(
+        hicache_storage_prefetch_policy="timeout",
+        hicache_storage_backend_extra_config='{"prefetch_timeout_base": 2, '
+                                             '"prefetch_timeout_per_ki_token": 0.5}')
+    monkeypatch.setattr(runtime, "get_memory", lambda: memory)
+    assert adapter.sglang_timeout_policy() == (2 * 0.9, 0.5 * 0.9)
+    engine = Engine(cluster.address, model="policy-follow", shape=Shape())
+    try:
+        assert engine.backend.settings["get_timeout_base_s"] == pytest.approx(1.8)
+        explicit = Engine(cluster.address, model="policy-follow", shape=Shape(),
+                          extra={"get_timeout_base_s": 0.5})
+        assert explicit.backend.settings["get_timeout_base_s"] == 0.5
+        explicit.close()
+    finally:
+        engine.close()
+    memory.hicache_storage_prefetch_policy = "wait_complete"
+    assert adapter.sglang_timeout_policy() is None

@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cellar.master.fastrpc import FastRpcServer
-from cellar.proto.fastline import FRAME, METHODS
 from cellar.proto import cellar_pb2 as pb
+from cellar.proto.fastline import FRAME, METHODS
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 REPLY = struct.Struct("<IB")

@@ -28,9 +28,8 @@ def cluster(module_cluster):
 def client(request, cluster):
     """Each test runs over both faces (Client, AsyncClient) and both transports (tcp, shm),
     each in its own tenant (its own key namespace) on the module's cluster."""
-    tenant = "-".join(request.param)
-    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant=tenant,
-                  token=cluster.token_for(tenant, shm=True))
+    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant="-".join(request.param),
+                  token=cluster.token_for("-".join(request.param), shm=True))
     c.upsert("bad/present", b"0123456789")
     yield c
     c.close()
@@ -231,3 +230,17 @@ def test_an_async_client_used_from_another_loop(cluster):
         assert face.get("bad/loop") == b"v"  # still fine on its own loop
     finally:
         face.close()
+
+
+def test_closing_an_async_client_ends_its_calls_in_flight(cluster):
+    async def body() -> None:
+        c = await cellar.connect_async(cluster.address, transport="tcp")
+        await c.upsert("bad/inflight", b"v" * 1000)
+        gets = [asyncio.ensure_future(c.get("bad/inflight")) for _ in range(8)]
+        await asyncio.sleep(0)  # queued, not yet answered
+        await c.aclose()
+        results = await asyncio.gather(*gets, return_exceptions=True)
+        assert all(r == b"v" * 1000 or isinstance(r, cellar.ClientClosed) for r in results), \
+            results
+
+    asyncio.run(body())

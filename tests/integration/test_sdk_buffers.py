@@ -25,9 +25,9 @@ def cluster(module_cluster):
 
 @pytest.fixture(params=FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
 def client(request, cluster):
-    tenant = "buf-" + "-".join(request.param)
-    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant=tenant,
-                  token=cluster.token_for(tenant, shm=True))
+    c = open_face(*request.param, cluster.address, timeout_s=30.0,
+                  tenant="buf-" + "-".join(request.param),
+                  token=cluster.token_for("buf-" + "-".join(request.param), shm=True))
     yield c
     for prefix in ("ptr/", "sg/", "tn/", "up/", "m/"):
         c.remove_prefix(prefix)

@@ -33,9 +33,9 @@ def cluster(module_cluster):
 
 @pytest.fixture(params=FACES)
 def client(request, cluster):
-    tenant = f"deadline-{request.param}"
-    c = open_face(request.param, "tcp", cluster.address, timeout_s=30.0, tenant=tenant,
-                  token=cluster.token_for(tenant))
+    c = open_face(request.param, "tcp", cluster.address, timeout_s=30.0,
+                  tenant=f"deadline-{request.param}",
+                  token=cluster.token_for(f"deadline-{request.param}", shm=True))
     yield c
     c.close()
 

@@ -12,7 +12,7 @@ from cellar.client import rpc
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 
-HEADER = admin_header("default", "fast-probe-test")  # the master authenticates every call
+HEADER = admin_header("default", "fast-probe-test")
 
 
 def soon(seconds: float = 10.0) -> float:
@@ -27,7 +27,7 @@ def test_the_contract_numbers_exists_and_prefix_len():
 def test_exists_and_prefix_len_take_the_fast_line_and_match_grpc(monkeypatch):
     with running_master("--max-batch-keys", "4") as master:
         channel = rpc.MasterChannel(master.grpc_address)
-        stub = cellar_pb2_grpc.MasterStub(grpc.insecure_channel(master.grpc_address))
+        stub = cellar_pb2_grpc.MasterStub(grpc.insecure_channel(master.grpc_address))  # HEADER carries the token
         try:
             channel.call("ClusterStatus", pb.ClusterStatusRequest(header=HEADER), soon())
             assert channel._fast is not None

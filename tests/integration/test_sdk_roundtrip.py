@@ -36,9 +36,8 @@ def cluster(module_cluster):
 def client(request, cluster):
     """Each test runs over both faces (Client, AsyncClient) and both transports (tcp, shm),
     each in its own tenant (its own key namespace) on the module's cluster."""
-    tenant = "-".join(request.param)
-    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant=tenant,
-                  token=cluster.token_for(tenant, shm=True))
+    c = open_face(*request.param, cluster.address, timeout_s=30.0, tenant="-".join(request.param),
+                  token=cluster.token_for("-".join(request.param), shm=True))
     yield c
     for prefix in ("rt/", "ord/", "big/", "pins/", "mt/"):  # room for the next face's run
         c.remove_prefix(prefix)
