@@ -234,10 +234,10 @@ class AsyncClient:
                 if not waiter.done():
                     waiter.set_exception(exc)
             return
+        # each caller is a request of its own; one recorder call counts them all
+        metrics.record_requests("get", [e.size if e.status == Status.OK else None
+                                        for e in entries], wait_s=wait_s)
         for (_, waiter), entry in zip(waiting, entries, strict=True):
-            ok = entry.status == Status.OK  # each caller is a request of its own
-            metrics.record_request("get", keys=1, hits=int(ok), nbytes=entry.size if ok else 0,
-                                   wait_s=wait_s)
             try:
                 value = api.value_or_raise(entry)
             except CellarError as exc:
@@ -286,6 +286,10 @@ class AsyncClient:
     async def remove_prefix(self, prefix: str) -> int:
         """As `Client.remove_prefix`."""
         return await self._run(api.remove_prefix(self._session(), prefix))
+
+    async def remove_all(self, *, tenant: str | None = None) -> int:
+        """As `Client.remove_all`."""
+        return await self._run(api.remove_all(self._session(), tenant))
 
     async def status(self) -> dict[str, Any]:
         """As `Client.status`."""

@@ -85,8 +85,9 @@ class _Pipe(asyncio.Protocol):
         self._inbox = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Duck-typed: uvloop's TCPTransport has every method used here but does not subclass
+        # asyncio.Transport (an isinstance check here failed every fast-line call on uvloop).
+        self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

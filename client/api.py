@@ -24,6 +24,7 @@ from cellar.client.checks import (
     validate_key,
     validate_keys,
     validate_replicas,
+    validate_tenant,
     validate_value,
 )
 from cellar.client.flows import Flow, Record, Session
@@ -222,6 +223,10 @@ def remove(s: Session, key: Any) -> Flow[bool]:
 def remove_prefix(s: Session, prefix: Any) -> Flow[int]:
     prefix = validate_key(prefix, s.limits.max_key_bytes, "prefix")
     return (yield from flows.remove_prefix(s, prefix))
+
+
+def remove_all(s: Session, tenant: Any = None) -> Flow[int]:
+    return (yield from flows.remove_all(s, None if tenant is None else validate_tenant(tenant)))
 
 
 def status(s: Session) -> Flow[dict[str, Any]]:

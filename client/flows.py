@@ -386,6 +386,18 @@ def remove_prefix(s: Session, prefix: str) -> Flow[int]:
     return int(reply.removed)
 
 
+def remove_all(s: Session, tenant: str | None) -> Flow[int]:
+    """RemoveAll for this session's tenant, or for `tenant` (the master lets only an admin
+    token name a tenant other than its own: PermissionDenied otherwise)."""
+    header = s.header
+    if tenant is not None and tenant != header.tenant:
+        header = pb.RequestHeader()
+        header.CopyFrom(s.header)
+        header.tenant = tenant
+    reply = yield Rpc("RemoveAll", pb.RemoveAllRequest(header=header), s.deadline())
+    return int(reply.removed)
+
+
 def cluster_status(s: Session) -> Flow[dict[str, Any]]:
     reply = yield Rpc("ClusterStatus", pb.ClusterStatusRequest(header=s.header), s.deadline())
     s.limits = Limits.from_status(reply)

@@ -4,7 +4,8 @@ What it owns
     `REGISTRY`, a `prometheus_client.CollectorRegistry` of its own (mount it in the
     application's exporter, e.g. `make_wsgi_app(REGISTRY)`, or expose it with
     `serve_metrics(port)`), the metric families below, and the small recorder API the SDK's
-    faces call once per operation (`record_request`, `record_error`). Nothing else writes them.
+    faces call once per operation (`record_request`, `record_error`; `record_requests` for a
+    batch of one-key calls answered together). Nothing else writes them.
 
 Names (label `op` = get | put | exists | prefix_len)
     cellar_client_requests_total{op}            requests
@@ -23,19 +24,24 @@ Names (label `op` = get | put | exists | prefix_len)
     Hit ratios: key_hits_total / keys_total (by key), request_hits_total / requests_total (by
     request); by byte: bytes_total{op="get"} over what was asked (the caller knows its sizes).
 
-Cost on the hot path: one dict lookup for the op's pre-bound children, then a handful of
-counter increments and up to three histogram observations (each a short lock in
-prometheus_client): a few microseconds per call, not per key.
+Cost on the hot path: the series are plain numbers (one small lock per op), turned into
+Prometheus families only when scraped (`_Collector`): one call is a lock and a handful of
+additions, about a microsecond. The asyncio face's coalesced gets (64 callers answered by one
+batch) record all their callers in one `record_requests` call: the same series as 64
+`record_request` calls, for the price of one.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 OPS = ("get", "put", "exists", "prefix_len")
 LATE_REASONS = ("deadline", "vanished")
@@ -46,56 +52,120 @@ _SECONDS_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 
                     0.5, 1.0, 2.5, 5.0, 10.0)
 _BYTES_BUCKETS = tuple(float(1 << k) for k in range(10, 34, 2))  # 1 KiB .. 8 GiB, x4
 
-REQUESTS = Counter("cellar_client_requests_total", "Client requests", ["op"], registry=REGISTRY)
-REQUEST_HITS = Counter("cellar_client_request_hits_total", "Requests whose every key hit",
-                       ["op"], registry=REGISTRY)
-KEYS = Counter("cellar_client_keys_total", "Keys asked for", ["op"], registry=REGISTRY)
-KEY_HITS = Counter("cellar_client_key_hits_total", "Keys found", ["op"], registry=REGISTRY)
-BYTES = Counter("cellar_client_bytes_total", "Payload bytes moved", ["op"], registry=REGISTRY)
-REQUEST_BYTES = Histogram("cellar_client_request_bytes", "Payload bytes per request", ["op"],
-                          buckets=_BYTES_BUCKETS, registry=REGISTRY)
-LATE_KEYS = Counter("cellar_client_late_keys_total",
-                    "Keys found but not read in time (deadline) or gone before the read "
-                    "(vanished)", ["op", "reason"], registry=REGISTRY)
-LOOKUP_SECONDS = Histogram("cellar_client_lookup_seconds", "Metadata time per request",
-                           ["op"], buckets=_SECONDS_BUCKETS, registry=REGISTRY)
-LOAD_SECONDS = Histogram("cellar_client_load_seconds", "Data-plane time per request", ["op"],
-                         buckets=_SECONDS_BUCKETS, registry=REGISTRY)
-WAIT_SECONDS = Histogram("cellar_client_wait_seconds", "Time the caller waited per request",
-                         ["op"], buckets=_SECONDS_BUCKETS, registry=REGISTRY)
-ERRORS = Counter("cellar_client_errors_total", "Calls that raised, by exception class",
-                 ["op", "kind"], registry=REGISTRY)
+# (name, help) of the families; the counters' names carry `_total` on the wire.
+_COUNTERS = (
+    ("cellar_client_requests", "Client requests", "requests"),
+    ("cellar_client_request_hits", "Requests whose every key hit", "request_hits"),
+    ("cellar_client_keys", "Keys asked for", "keys"),
+    ("cellar_client_key_hits", "Keys found", "key_hits"),
+    ("cellar_client_bytes", "Payload bytes moved", "nbytes"),
+)
+_HISTOGRAMS = (
+    ("cellar_client_request_bytes", "Payload bytes per request", "request_bytes"),
+    ("cellar_client_lookup_seconds", "Metadata time per request", "lookup"),
+    ("cellar_client_load_seconds", "Data-plane time per request", "load"),
+    ("cellar_client_wait_seconds", "Time the caller waited per request", "wait"),
+)
 
 
-@dataclass(slots=True, frozen=True)
-class _Children:
-    requests: Counter
-    request_hits: Counter
-    keys: Counter
-    key_hits: Counter
-    nbytes: Counter
-    request_bytes: Histogram
-    lookup: Histogram
-    load: Histogram
-    wait: Histogram
-    late: Mapping[str, Counter]
+class _Histogram:
+    """Per-bucket counts (not cumulative) and the sum; the last bound is +Inf."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = (*bounds, float("inf"))
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+
+    def add(self, value: float, n: int = 1) -> None:
+        # Prometheus's rule: an observation lands in the first bucket whose bound is >= it.
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.total += value * n
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            running += count
+            out.append((floatToGoString(bound), running))
+        return out
 
 
-def _bind(op: str) -> _Children:
-    return _Children(REQUESTS.labels(op), REQUEST_HITS.labels(op), KEYS.labels(op),
-                     KEY_HITS.labels(op), BYTES.labels(op), REQUEST_BYTES.labels(op),
-                     LOOKUP_SECONDS.labels(op), LOAD_SECONDS.labels(op), WAIT_SECONDS.labels(op),
-                     {r: LATE_KEYS.labels(op, r) for r in LATE_REASONS})
+class _Series:
+    """Every number of one op; `lock` guards them all (the sync face records from threads)."""
+
+    __slots__ = ("lock", "requests", "request_hits", "keys", "key_hits", "nbytes", "late",
+                 "request_bytes", "lookup", "load", "wait")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = self.request_hits = self.keys = self.key_hits = self.nbytes = 0
+        self.late = dict.fromkeys(LATE_REASONS, 0)
+        self.request_bytes = _Histogram(_BYTES_BUCKETS)
+        self.lookup = _Histogram(_SECONDS_BUCKETS)
+        self.load = _Histogram(_SECONDS_BUCKETS)
+        self.wait = _Histogram(_SECONDS_BUCKETS)
 
 
-_CHILDREN = {op: _bind(op) for op in OPS}  # every series exists (at 0) from the start
+_SERIES = {op: _Series() for op in OPS}  # every series exists (at 0) from the start
+_errors: dict[tuple[str, str], int] = {}
+_errors_lock = threading.Lock()
 _enabled = True
+
+
+class _Collector(Collector):
+    """The families above, read from `_SERIES` at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot: dict[str, dict[str, Any]] = {}
+        for op, series in _SERIES.items():
+            with series.lock:
+                snapshot[op] = {name: getattr(series, name) for _, _, name in _COUNTERS}
+                snapshot[op]["late"] = dict(series.late)
+                for _, _, name in _HISTOGRAMS:
+                    hist = getattr(series, name)
+                    snapshot[op][name] = (hist.buckets(), hist.total)
+        for family_name, doc, name in _COUNTERS:
+            counter = CounterMetricFamily(family_name, doc, labels=["op"])
+            for op in OPS:
+                counter.add_metric([op], snapshot[op][name])
+            yield counter
+        late = CounterMetricFamily("cellar_client_late_keys",
+                                   "Keys found but not read in time (deadline) or gone before "
+                                   "the read (vanished)", labels=["op", "reason"])
+        for op in OPS:
+            for reason in LATE_REASONS:
+                late.add_metric([op, reason], snapshot[op]["late"][reason])
+        yield late
+        for family_name, doc, name in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(family_name, doc, labels=["op"])
+            for op in OPS:
+                buckets, total = snapshot[op][name]
+                histogram.add_metric([op], buckets, total)
+            yield histogram
+        errors = CounterMetricFamily("cellar_client_errors", "Calls that raised, by exception "
+                                     "class", labels=["op", "kind"])
+        with _errors_lock:
+            for (op, kind), count in sorted(_errors.items()):
+                errors.add_metric([op, kind], count)
+        yield errors
+
+
+REGISTRY.register(_Collector())
 
 
 def set_enabled(enabled: bool) -> None:
     """Turn recording on or off for this process (on by default)."""
     global _enabled
     _enabled = bool(enabled)
+
+
+def _series(op: str) -> _Series:
+    series = _SERIES.get(op)
+    if series is None:
+        raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")
+    return series
 
 
 def record_request(op: str, *, keys: int, hits: int, nbytes: int = 0,
@@ -106,40 +176,60 @@ def record_request(op: str, *, keys: int, hits: int, nbytes: int = 0,
     bytes; the phase times that apply; keys found but not read in time, by reason."""
     if not _enabled:
         return
-    c = _CHILDREN.get(op)
-    if c is None:
-        raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")
+    c = _series(op)
     assert 0 <= hits <= keys, "hits must lie in [0, keys]"
-    c.requests.inc()
-    if hits == keys:
-        c.request_hits.inc()
-    if keys:
-        c.keys.inc(keys)
-    if hits:
-        c.key_hits.inc(hits)
-    if nbytes:
-        c.nbytes.inc(nbytes)
-    c.request_bytes.observe(nbytes)
-    if lookup_s is not None:
-        c.lookup.observe(lookup_s)
-    if load_s is not None:
-        c.load.observe(load_s)
-    if wait_s is not None:
-        c.wait.observe(wait_s)
-    if late_deadline:
-        c.late["deadline"].inc(late_deadline)
-    if late_vanished:
-        c.late["vanished"].inc(late_vanished)
+    with c.lock:
+        c.requests += 1
+        c.request_hits += hits == keys
+        c.keys += keys
+        c.key_hits += hits
+        c.nbytes += nbytes
+        c.request_bytes.add(nbytes)
+        if lookup_s is not None:
+            c.lookup.add(lookup_s)
+        if load_s is not None:
+            c.load.add(load_s)
+        if wait_s is not None:
+            c.wait.add(wait_s)
+        c.late["deadline"] += late_deadline
+        c.late["vanished"] += late_vanished
+
+
+def record_requests(op: str, nbytes: Sequence[int | None], *,
+                    wait_s: float | None = None) -> None:
+    """len(nbytes) finished one-key calls of `op` answered together: each hit moving its
+    `nbytes[i]` payload bytes, or missed (None); each caller waited `wait_s`. The same series
+    as one `record_request(op, keys=1, ...)` per caller."""
+    if not _enabled or not nbytes:
+        return
+    c = _series(op)
+    hit_sizes = [n for n in nbytes if n is not None]
+    misses = len(nbytes) - len(hit_sizes)
+    with c.lock:
+        c.requests += len(nbytes)
+        c.request_hits += len(hit_sizes)
+        c.keys += len(nbytes)
+        c.key_hits += len(hit_sizes)
+        c.nbytes += sum(hit_sizes)
+        if misses:
+            c.request_bytes.add(0, misses)
+        if len(set(hit_sizes)) == 1:  # the common case: pages of one size
+            c.request_bytes.add(hit_sizes[0], len(hit_sizes))
+        else:
+            for n in hit_sizes:
+                c.request_bytes.add(n)
+        if wait_s is not None:
+            c.wait.add(wait_s, len(nbytes))
 
 
 def record_error(op: str, error: BaseException | str) -> None:
     """A call of `op` that raised; `kind` is the exception's class name (e.g. Unavailable)."""
     if not _enabled:
         return
-    if op not in _CHILDREN:
-        raise ValueError(f"unknown op {op!r}; one of {', '.join(OPS)}")
+    _series(op)
     kind = error if isinstance(error, str) else type(error).__name__
-    ERRORS.labels(op, kind).inc()
+    with _errors_lock:
+        _errors[op, kind] = _errors.get((op, kind), 0) + 1
 
 
 _server_lock = threading.Lock()

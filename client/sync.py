@@ -279,6 +279,11 @@ class Client:
         """Remove every key of this tenant that starts with `prefix` (non-empty); the count."""
         return self._run(api.remove_prefix(self._s, prefix))
 
+    def remove_all(self, *, tenant: str | None = None) -> int:
+        """Remove every key of this client's tenant (or of `tenant`: an admin token only,
+        else PermissionDenied); the count removed."""
+        return self._run(api.remove_all(self._s, tenant))
+
     def status(self) -> dict[str, Any]:
         """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""
         return self._run(api.status(self._s))

@@ -150,14 +150,10 @@ def read_whole(client: Client, key: str) -> bytes | int:
 
 
 def remove_all(client: Client) -> int:
-    """Remove every key of the client's tenant; the count, or a negative code. The master has
-    the RemoveAll RPC but the SDK does not wrap it yet: until `Client.remove_all` exists this
-    returns NOT_SUPPORTED (this room talks to the cluster only through the SDK)."""
-    sdk_remove_all = getattr(client, "remove_all", None)
-    if sdk_remove_all is None:
-        return int(ErrorCode.NOT_SUPPORTED)
+    """Remove every key of the client's tenant (the master's RemoveAll, through
+    `Client.remove_all`); the count, or a negative code."""
     try:
-        return int(sdk_remove_all())
+        return client.remove_all()
     except CellarError as exc:
         return code_for(exc)
 

@@ -75,7 +75,8 @@ from cellar.transfer.frame import (
     ST_OK,
     VERSION,
 )
-from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+from cellar.transfer.tcp_async_frames import Desync, Frame, Wait, wake
+from cellar.transfer.tcp_plan import Plan, deal, fail_chunks, finish, lanes_for, plan_batch
 from cellar.transfer.tls_async import start_tls
 from cellar.transfer.tls_sock import split_endpoint
 
@@ -86,57 +87,7 @@ SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and d
 RETIRED_DRAIN_S = 10.0
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 RESPONSE_SIZE = RESPONSE.size
-
-
-class _Desync(Exception):
-    """A reply that does not answer the request it should."""
-
-
-class _Wait:
-    """One batch's outstanding frames: a count and the future its caller awaits."""
-
-    __slots__ = ("left", "future")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, left: int) -> None:
-        self.left = left
-        self.future: asyncio.Future[None] = loop.create_future()
-
-    def one_done(self) -> None:
-        self.left -= 1
-        if self.left == 0 and not self.future.done():  # done: expired, or its caller cancelled
-            self.future.set_result(None)
-
-
-class _Frame:
-    """One chunk in flight: its request and where its reply goes."""
-
-    __slots__ = ("chunk", "op_code", "plan", "wait", "rid", "cancelled", "done", "channel")
-
-    def __init__(self, chunk: Chunk, op_code: int, plan: Plan, wait: _Wait,
-                 channel: _Channel) -> None:
-        self.chunk = chunk
-        self.channel = channel
-        self.op_code = op_code
-        self.plan = plan
-        self.wait = wait
-        self.rid = 0
-        self.cancelled = False  # its batch returned: never touch its views again
-        self.done = False
-
-    def finish(self, status: int = ST_OK, message: str = "") -> None:
-        if self.done:
-            return
-        self.done = True
-        fail = self.plan.fail
-        op_i = self.chunk[0]
-        if status != ST_OK and fail[op_i] is None:
-            fail[op_i] = TransferResult(status, message)
-        self.wait.one_done()
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+_HEADER, _PAYLOAD, _MESSAGE = 0, 1, 2  # the stages of reading one reply (`_Channel._advance`)
 
 
 class _Channel:
@@ -150,14 +101,18 @@ class _Channel:
         self.inbox = Inbox(sock, INBOX_BYTES)
         self.window = window
         self.next_id = 1
-        self.queue: deque[_Frame] = deque()   # waiting to be sent
-        self.sent: deque[_Frame] = deque()    # sent, reply not read yet (stream order)
+        self.queue: deque[Frame] = deque()   # waiting to be sent
+        self.sent: deque[Frame] = deque()    # sent, reply not read yet (stream order)
         self.load_bytes = 0                    # payload bytes queued or in flight
         self.retired = False
         self.closed = False
         self._writer_wake: asyncio.Future[None] | None = None
         self._reader_wake: asyncio.Future[None] | None = None
         self._scratch: memoryview | None = None
+        self._stage = _HEADER                  # where the oldest reply stands (`_advance`)
+        self._rest: list[memoryview] = []
+        self._left = 0
+        self._error: tuple[int, int, int] = (ST_OK, 0, 0)
         pool.transport._channels.add(self)
         self.loop.add_reader(self.fd, self._on_readable)
         self._writer = self.loop.create_task(self._write_loop())
@@ -165,11 +120,11 @@ class _Channel:
 
     # -- used by batches -------------------------------------------------------------------
 
-    def enqueue(self, frame: _Frame) -> None:
+    def enqueue(self, frame: Frame) -> None:
         self.queue.append(frame)
         self.load_bytes += frame.chunk[3]
         if self._writer_wake is not None:
-            _wake(self._writer_wake)
+            wake(self._writer_wake)
 
     def retire(self) -> None:
         """No new frames; closed as soon as the outstanding ones are answered."""
@@ -225,7 +180,7 @@ class _Channel:
 
     async def _writable(self) -> None:
         fut = self.loop.create_future()
-        self.loop.add_writer(self.fd, _wake, fut)
+        self.loop.add_writer(self.fd, wake, fut)
         try:
             await fut
         finally:
@@ -264,7 +219,7 @@ class _Channel:
                         parts.extend(views)  # scatter-gather: one iovec per part
                     self.sent.append(frame)
                 if self.sent and self._reader_wake is not None:
-                    _wake(self._reader_wake)  # an idle reader now has a reply to wait for
+                    wake(self._reader_wake)  # an idle reader now has a reply to wait for
                 await self._send(parts)
         except asyncio.CancelledError:
             raise
@@ -294,85 +249,113 @@ class _Channel:
                     if not self.sent and not idle_alive(self.sock):
                         raise PeerClosed("node closed an idle connection")
                     continue
-                await self._read_reply(self.sent[0])
+                if not self._advance(self.sent[0]):
+                    await self._readable()  # the socket has nothing more for now
+                    continue
                 self.sent.popleft()
                 if self._writer_wake is not None and self.queue:
-                    _wake(self._writer_wake)  # the window has room again
+                    wake(self._writer_wake)  # the window has room again
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure closes only this channel
             self.close(ST_CONNECTION_LOST, f"{e or type(e).__name__}")
 
-    async def _read_reply(self, frame: _Frame) -> None:
-        inbox = self.inbox
-        op_i, _, views, size, _ = frame.chunk
-        is_read = frame.op_code == OP_READ
-        while True:  # the header; a read's first payload bytes straight into its first view
+    # The reply to the oldest frame is read by a synchronous stepper, not a coroutine per
+    # frame: `_advance` moves it on as far as the socket allows without waiting and says
+    # whether it is complete; the reader task awaits readability only when it is not. 64
+    # replies that are already in the socket buffer then cost no coroutine and no loop turn.
+    # Where the reply stands between two calls: _stage 0 = its header, 1 = its payload
+    # (`_rest` still to fill, `_left` bytes to go), 2 = its error message (`_error`).
+
+    def _advance(self, frame: Frame) -> bool:
+        if self._stage == _HEADER and not self._read_header(frame):
+            return False
+        if self._stage == _PAYLOAD:
+            if not self._read_payload(frame):
+                return False
+            op_i, _, views, _, _ = frame.chunk
+            if not frame.cancelled and frame.plan.hashed[op_i]:
+                frame.plan.sums[op_i] = (xxh3_64_intdigest(views[0]) if len(views) == 1
+                                         else hash_views(views))
+            self._stage = _HEADER
+            frame.finish()
+            return True
+        if self._stage == _MESSAGE:
+            status, msg_len, flags = self._error
             try:
-                if is_read and size and not frame.cancelled:
-                    head, early = inbox.take_scatter(RESPONSE_SIZE, views[0])
-                else:
-                    head, early = inbox.take(RESPONSE_SIZE), 0
-                break
+                msg = bytes(self.inbox.take(msg_len)).decode("utf-8", "replace")
             except BlockingIOError:
-                await self._readable()
+                return False
+            self._stage = _HEADER
+            frame.finish(status, f"{self.pool.address}: {msg}")
+            if flags & RESP_FLAG_CLOSE:
+                raise PeerClosed(f"node closed the connection after: {msg}")
+            return True
+        return True  # a write's reply: the header was all of it
+
+    def _read_header(self, frame: Frame) -> bool:
+        """The header and, for a read, its first payload bytes straight into its first view;
+        False if the header is not all there yet (nothing consumed then)."""
+        inbox = self.inbox
+        _, _, views, size, _ = frame.chunk
+        is_read = frame.op_code == OP_READ
+        try:
+            if is_read and size and not frame.cancelled:
+                head, early = inbox.take_scatter(RESPONSE_SIZE, views[0])
+            else:
+                head, early = inbox.take(RESPONSE_SIZE), 0
+        except BlockingIOError:
+            return False
         magic, version, status, flags, msg_len, rid, length = RESPONSE.unpack(head)
         if magic != RESPONSE_MAGIC or version != VERSION or msg_len > MAX_MESSAGE_BYTES:
-            raise _Desync("bad response header")
+            raise Desync("bad response header")
         if rid != frame.rid:
-            raise _Desync(f"response to request {rid}, expected {frame.rid}")
+            raise Desync(f"response to request {rid}, expected {frame.rid}")
         self.load_bytes -= size
         if status == ST_OK:
             if length != (size if is_read else 0):
-                raise _Desync(f"response length {length} for {size} bytes")
+                raise Desync(f"response length {length} for {size} bytes")
             if is_read:
-                await self._payload(frame, views, size, early)
-                if not frame.cancelled and frame.plan.hashed[op_i]:
-                    frame.plan.sums[op_i] = (xxh3_64_intdigest(views[0]) if len(views) == 1
-                                             else hash_views(views))
-            frame.finish()
-            return
+                self._rest = [] if frame.cancelled else inbox.drain_into(views, early)
+                self._left = size - early if frame.cancelled else sum(len(v) for v in self._rest)
+                self._stage = _PAYLOAD
+            else:
+                frame.finish()
+            return True
         if early:  # not payload after all: the error message and whatever follows it
             inbox.unread(views[0][:early])
         if length:
-            raise _Desync("error response with a payload")
-        while True:
-            try:
-                msg = bytes(inbox.take(msg_len)).decode("utf-8", "replace")
-                break
-            except BlockingIOError:
-                await self._readable()
-        frame.finish(status, f"{self.pool.address}: {msg}")
-        if flags & RESP_FLAG_CLOSE:
-            raise PeerClosed(f"node closed the connection after: {msg}")
+            raise Desync("error response with a payload")
+        self._error = (status, msg_len, flags)
+        self._stage = _MESSAGE
+        return True
 
-    async def _payload(self, frame: _Frame, views: tuple[memoryview, ...], size: int,
-                       early: int) -> None:
-        """The rest of a read's payload into its views; into scratch once it is cancelled."""
-        left = size - early
-        rest: list[memoryview] = [] if frame.cancelled else self.inbox.drain_into(views, early)
-        if not frame.cancelled:
-            left = sum(len(v) for v in rest)
-        while left:
-            if frame.cancelled:  # checked before every receive: never into the caller's view
-                left -= self.inbox.discard_buffered(left)
-                if not left:
+    def _read_payload(self, frame: Frame) -> bool:
+        """The rest of a read's payload into its views, into scratch once it is cancelled
+        (checked before every receive: never into the caller's view); False when the socket
+        has nothing more for now."""
+        rest = self._rest
+        while self._left:
+            if frame.cancelled:
+                self._left -= self.inbox.discard_buffered(self._left)
+                if not self._left:
                     break
                 if self._scratch is None:
                     self._scratch = memoryview(bytearray(SCRATCH_BYTES))
-                targets = [self._scratch[:min(left, SCRATCH_BYTES)]]
+                targets = [self._scratch[:min(self._left, SCRATCH_BYTES)]]
             else:
                 targets = rest[:MAX_IOV]
             try:
                 got = self.sock.recvmsg_into(targets)[0]
             except (BlockingIOError, InterruptedError):
-                await self._readable()
-                continue
+                return False
             if not got:
                 raise PeerClosed("peer closed the connection")
-            left -= got
+            self._left -= got
             if not frame.cancelled:
                 advance_views(rest, got)
+        self._rest = []
+        return True
 
 
 class _Pool:
@@ -530,8 +513,8 @@ class AsyncTcpTransport(AsyncTransport):
                 fail_chunks(plan.fail, chunks, ST_CONNECT_FAILED, "transport closed")
             return finish(plan)
         n_frames = sum(len(c) for c in plan.by_address.values())
-        wait = _Wait(loop, n_frames)
-        frames: list[_Frame] = []
+        wait = Wait(loop, n_frames)
+        frames: list[Frame] = []
         try:
             for address, chunks in plan.by_address.items():
                 pool = self._pools.get(address)
@@ -549,11 +532,11 @@ class AsyncTcpTransport(AsyncTransport):
                     continue
                 for channel, lane in zip(picked, deal(chunks, len(picked)), strict=False):
                     for chunk in lane:
-                        frame = _Frame(chunk, op_code, plan, wait, channel)
+                        frame = Frame(chunk, op_code, plan, wait, channel)
                         frames.append(frame)
                         channel.enqueue(frame)
             if n_frames and not wait.future.done():
-                timer = loop.call_at(deadline, _wake, wait.future)  # the budget ends the wait
+                timer = loop.call_at(deadline, wake, wait.future)  # the budget ends the wait
                 try:
                     await wait.future
                 finally:

@@ -11,7 +11,6 @@ import uuid
 import pytest
 from mooncake_helpers import OTHER_TENANT, setup_args
 
-import cellar
 from cellar.compat.mooncake import MooncakeDistributedStore, ReplicateConfig
 from cellar.compat.mooncake_codes import ErrorCode
 
@@ -280,15 +279,11 @@ def test_removal(new_store, mc_cluster, monkeypatch):
     monkeypatch.delenv("CELLAR_TOKEN")
     kept = k("kept")
     assert other.put(kept, b"v") == OK
-    if not hasattr(cellar.Client, "remove_all"):
-        # the SDK does not wrap the master's RemoveAll yet: said so, nothing removed
-        assert store.remove_all() == NOT_SUPPORTED and store.remove_by_regex(".*") == NOT_SUPPORTED
-        assert store.is_exist(keys[3]) == 1 and other.get(kept) == b"v"
-    else:
-        assert store.remove_all() >= 1
-        assert store.is_exist(keys[3]) == 0
-        assert other.get(kept) == b"v"
-        assert other.remove_all() == 1 and other.get(kept) == b""
+    assert store.remove_all() >= 2  # keys[3] and keys[4] at least (other tests share the tenant)
+    assert store.batch_is_exist(keys) == [0] * len(keys)
+    assert store.remove_all() == 0
+    assert other.get(kept) == b"v"  # the other tenant's key survives
+    assert other.remove_by_regex(".*") == 1 and other.get(kept) == b""
     other.close()
 
 

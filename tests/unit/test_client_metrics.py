@@ -89,3 +89,50 @@ def test_serve_metrics_exposes_the_registry_on_loopback() -> None:
     finally:
         metrics.stop_metrics_servers()
     assert 'cellar_client_keys_total{op="prefix_len"}' in text
+
+
+def _series_values(op: str) -> dict[str, float]:
+    names = ("cellar_client_requests_total", "cellar_client_request_hits_total",
+             "cellar_client_keys_total", "cellar_client_key_hits_total",
+             "cellar_client_bytes_total", "cellar_client_request_bytes_count",
+             "cellar_client_request_bytes_sum", "cellar_client_wait_seconds_count",
+             "cellar_client_wait_seconds_sum")
+    out = {n: _value(n, op=op) for n in names}
+    for le in ("1024.0", "65536.0", "262144.0", "+Inf"):
+        out[f"bytes_le_{le}"] = _value("cellar_client_request_bytes_bucket", op=op, le=le)
+    for le in ("0.001", "0.0025", "+Inf"):
+        out[f"wait_le_{le}"] = _value("cellar_client_wait_seconds_bucket", op=op, le=le)
+    return out
+
+
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def test_a_batch_record_equals_one_record_per_caller() -> None:
+    """record_requests (the asyncio face's coalesced gets) moves every series exactly as one
+    record_request(keys=1) per caller would: sizes mixed, misses, one shared wait."""
+    sizes = [65536, None, 65536, 200_000, 1, None, 65536]
+    wait_s = 0.002
+    start = _series_values("get")
+    for n in sizes:
+        metrics.record_request("get", keys=1, hits=int(n is not None), nbytes=n or 0,
+                               wait_s=wait_s)
+    one_by_one = _delta(start, _series_values("get"))
+    start = _series_values("get")
+    metrics.record_requests("get", sizes, wait_s=wait_s)
+    batched = _delta(start, _series_values("get"))
+    assert batched == pytest.approx(one_by_one)
+    assert batched["cellar_client_requests_total"] == 7
+    assert batched["cellar_client_request_hits_total"] == 5
+    assert batched["bytes_le_65536.0"] == 6  # two misses (0 B), 1 B and three 64 KiB
+    assert batched["wait_le_0.0025"] == 7 and batched["wait_le_0.001"] == 0
+    with pytest.raises(ValueError):
+        metrics.record_requests("scan", [1])
+
+
+def test_bucket_bounds_follow_prometheus_le_rule() -> None:
+    """An observation equal to a bound lands in that bound's bucket (le = less or equal)."""
+    before = _value("cellar_client_request_bytes_bucket", op="put", le="1024.0")
+    metrics.record_request("put", keys=1, hits=1, nbytes=1024)
+    assert _value("cellar_client_request_bytes_bucket", op="put", le="1024.0") == before + 1
