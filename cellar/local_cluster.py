@@ -44,7 +44,10 @@ Credentials (the README's Security model)
     `cellar.connect(cluster.address)` and every CLI command need no flag. `token_for(tenant)`
     adds a tenant token (the master reads the store file again on an unknown token). `stop()`
     removes the per-user credentials file it wrote. Nodes need nothing: their credential derives
-    from the cluster secret.
+    from the cluster secret. With `tls=True` (one master) each node instead gets a client
+    certificate `node:<node id>` from the throwaway CA and reaches the master's mutual-TLS port
+    (`node_port`, `--node-listen`) with it and no credential; nodes past `nodes` +
+    MTLS_SPARE_NODES, node ids of its own, and `ha=True` clusters use the credential.
 
 What it must never do
     Import the master, node or client code (children are separate processes); wait without a
@@ -104,6 +107,7 @@ DEFAULT_LEASE_TTL_S = 3        # HA masters' etcd lease: a dead leader is replac
 DEFAULT_CLUSTER_NAME = "local"
 STATUS_PROBE_TIMEOUT_S = 1.0
 DEFAULT_LEADER_WAIT_S = 30.0
+MTLS_SPARE_NODES = 4  # tls: client certificates made beyond `nodes`, for add_node (CA key dropped)
 
 
 def _flag(name: str) -> str:
@@ -216,8 +220,11 @@ class LocalCluster:
         self.token = self._tokens.create(KIND_TENANT, "default", shm=True,
                                          label="cellar up default tenant")[1]
         self.tls: TlsFiles | None = None
-        if tls:  # a throwaway CA and a master certificate for `host` (cellar.tls)
-            self.tls = make_dev_pki(self.run_dir / "tls", [host])
+        # Mutual TLS for nodes (one master only: a node follows no redirect to another port).
+        self.node_port = free_port(host) if tls and not ha else 0
+        if tls:  # a throwaway CA, a master certificate for `host`, node client certificates
+            node_ids = [f"node-{i}" for i in range(nodes + MTLS_SPARE_NODES)] if self.node_port else []
+            self.tls = make_dev_pki(self.run_dir / "tls", [host], node_ids)
             self._env[ENV_TLS_CA] = str(self.tls.ca_file)  # nodes verify the master with it
         for token in admin_tokens:  # tokens the caller holds already (a test session's)
             self._tokens.add(KIND_ADMIN, token, shm=True, label="given to LocalCluster")
@@ -542,6 +549,9 @@ class LocalCluster:
     def _master_argv(self) -> list[str]:
         argv = ["master", "--listen", f"{self.host}:{self.port}",
                 "--http", f"{self.host}:{self.http_port}", *self._tokens_flag()]
+        if self.tls is not None and self.node_port:
+            argv += ["--tls-client-ca-file", str(self.tls.ca_file),
+                     "--node-listen", f"{self.host}:{self.node_port}"]
         for name, value in self.master_flags.items():
             argv += [_flag(name), str(value)]
         return argv
@@ -578,13 +588,21 @@ class LocalCluster:
         assert self.masters
         i = self._next_node
         self._next_node += 1
-        argv = ["node", "--master", self.address, "--listen", f"{self.host}:0",
-                "--segment-size", str(self.segment_size_bytes), "--node-id", f"node-{i}",
+        flags = {**self.node_flags, **(extra_flags or {})}
+        node_id = str(flags.pop("node_id", f"node-{i}"))
+        master = self.address
+        argv = ["--segment-size", str(self.segment_size_bytes), "--node-id", node_id,
                 "--shm-dir", str(self.shm_dir)]
         if self.tls is not None:  # the data port over TLS too, from the same throwaway CA
             argv += ["--tls-cert-file", str(self.tls.node_cert_file),
                      "--tls-key-file", str(self.tls.node_key_file)]
-        for name, value in {**self.node_flags, **(extra_flags or {})}.items():
+            client = self.tls.node_client_files(node_id)
+            if client is not None and self.node_port:  # mutual TLS: no node credential sent
+                master = f"{self.host}:{self.node_port}"
+                argv += ["--master-tls-cert-file", str(client[0]),
+                         "--master-tls-key-file", str(client[1])]
+        argv = ["node", "--master", master, "--listen", f"{self.host}:0", *argv]
+        for name, value in flags.items():
             argv += [_flag(name), str(value)]
         return self._spawn(f"node-{i}", argv)
 

@@ -7,7 +7,10 @@ Three identities (the README's Security model):
 - admin: a token of kind admin. Tenant and quota changes, token management, node drain; may
   act as any tenant (RemoveAll across tenants = RemoveAll with each tenant's name).
 - node: `cellarnode_<mac>_<node id>` (cellar.proto.grant.node_credential, derived from the
-  cluster secret). Only the node RPCs, and only with its own node id in the request; the
+  cluster secret), or, with no token at all, a client certificate verified against the
+  master's `tls_client_ca_file` whose subject CN is `node:<node id>` (mutual TLS, the
+  master's `node_listen` port; the interceptor passes the verified id as `peer_node_id`).
+  Only the node RPCs, and only with its own node id in the request; the
   service then keeps a node to its own segments (membership refuses a segment of another node).
 ClusterStatus is open to every authenticated identity. Any RPC not in `METHOD_POLICY` is
 refused (default deny), so a new RPC has to be placed here before anyone can call it.
@@ -36,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from cellar.errors import ConfigError
 from cellar.proto.grant import verify_node_credential
+from cellar.tls import NODE_CN_PREFIX
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore, token_id_of
 
 log = logging.getLogger("cellar.master")
@@ -135,11 +139,16 @@ class Authorizer:
 
     # ---- the one check of every RPC (gRPC interceptor and fast line)
 
-    def check(self, method: str, request: Any) -> Identity:
+    def check(self, method: str, request: Any, peer_node_id: str = "") -> Identity:
         """Authenticate and authorize one RPC request; for a tenant token, the request's
-        header names that tenant afterwards. Raises AuthRefused."""
+        header names that tenant afterwards. `peer_node_id`: the node a verified client
+        certificate names (mutual TLS), the identity of a request without a token; a token,
+        when sent, decides as before. Raises AuthRefused."""
         header = request.header
-        identity = self.authenticate(header.token)
+        if peer_node_id and not header.token:
+            identity = Identity(KIND_NODE, node_id=peer_node_id)
+        else:
+            identity = self.authenticate(header.token)
         policy = METHOD_POLICY.get(method)
         if policy == TENANT_RPC:
             kind = identity.kind
@@ -195,6 +204,15 @@ class _RefusalCollector(Collector):
         for reason, count in sorted(self._authorizer.refusals.items()):
             family.add_metric([reason], count)
         yield family
+
+
+def node_id_of_peer(common_names: list[bytes]) -> str:
+    """The node a verified peer certificate names (its subject CN `node:<id>`), else ""."""
+    for name in common_names:
+        text = name.decode("utf-8", "replace")
+        if text.startswith(NODE_CN_PREFIX) and len(text) > len(NODE_CN_PREFIX):
+            return text[len(NODE_CN_PREFIX):]
+    return ""
 
 
 # The identity of the request being served, for the few bodies that shape a reply by it (shm

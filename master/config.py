@@ -97,6 +97,16 @@ class MasterConfig:
         "speak TLS (empty: plaintext)"
     )
     tls_key_file: str = setting("", "PEM private key of tls_cert_file")
+    tls_client_ca_file: str = setting(
+        "", "PEM CA of the nodes' client certificates: with node_listen, a node presenting a "
+        "certificate from it whose subject CN is node:<node id> is that node without a node "
+        "credential (mutual TLS; needs tls_cert_file)"
+    )
+    node_listen: str = setting(
+        "", "HOST:PORT of a second gRPC port for mutual-TLS nodes: it requires a client "
+        "certificate chaining to tls_client_ca_file (empty: none). gRPC's Python server cannot "
+        "ask for an optional certificate, so certificate-less clients keep `listen`"
+    )
     default_replicas: int = setting(1, "replicas per object when a put asks for 0", unit="replicas")
     max_replicas: int = setting(8, "most replicas one object may ask for", unit="replicas")
     max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)
@@ -215,6 +225,15 @@ class MasterConfig:
                 raise ConfigError(name, str(exc)) from None
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")
+        require(bool(self.tls_client_ca_file) == bool(self.node_listen), "node_listen",
+                "node_listen and tls_client_ca_file go together")
+        require(not self.node_listen or bool(self.tls_cert_file), "node_listen",
+                "mutual TLS needs the master's own certificate (tls_cert_file)")
+        if self.node_listen:
+            try:
+                parse_host_port(self.node_listen)
+            except ValueError as exc:
+                raise ConfigError("node_listen", str(exc)) from None
         require(self.default_replicas >= 1, "default_replicas", "must be >= 1")
         require(1 <= self.max_replicas <= 64, "max_replicas", "must be in [1, 64]")
         require(self.default_replicas <= self.max_replicas, "default_replicas", "must be <= max_replicas")

@@ -86,7 +86,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     registry.register(authorizer.collector())
 
     limit = config.grpc_max_message_bytes
-    server = grpc.aio.server(interceptors=[AuthInterceptor(servicer)], options=[
+    server = grpc.aio.server(interceptors=[AuthInterceptor(servicer, mtls=bool(config.node_listen))], options=[
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
@@ -97,12 +97,20 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     ])
     servicer.add_to_server(server)
     host, port = parse_host_port(config.listen)
+    node_bound = 0
     try:
         if config.tls_cert_file:  # cellar.tls: the fast line below uses the same certificate
             bound = server.add_secure_port(config.listen, grpc.ssl_server_credentials(
                 [(read_pem(config.tls_key_file), read_pem(config.tls_cert_file))]))
         else:
             bound = server.add_insecure_port(config.listen)
+        if config.node_listen:  # mutual TLS for nodes: the interceptor reads the verified CN
+            node_bound = server.add_secure_port(config.node_listen, grpc.ssl_server_credentials(
+                [(read_pem(config.tls_key_file), read_pem(config.tls_cert_file))],
+                root_certificates=read_pem(config.tls_client_ca_file), require_client_auth=True))
+            if not node_bound:
+                print(f"cellar master: cannot listen on {config.node_listen}", file=sys.stderr)
+                return 1
     except OSError as exc:
         print(f"cellar master: cannot read the TLS files: {exc}", file=sys.stderr)
         return 2
@@ -140,7 +148,8 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         election = _election(config, leadership, f"{host}:{bound}", f"{http_host}:{http_bound}")
         campaign = asyncio.create_task(election.run(stop))
     print(
-        f"cellar master listening on {host}:{bound} (http {http_host}:{http_bound}, epoch {leadership.epoch})",
+        f"cellar master listening on {host}:{bound} (http {http_host}:{http_bound}, epoch {leadership.epoch})"
+        + (f" mtls nodes on {parse_host_port(config.node_listen)[0]}:{node_bound}" if config.node_listen else ""),
         flush=True,
     )
     if ready is not None:

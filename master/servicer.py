@@ -33,7 +33,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cellar.coord.redirect import LEADER_METADATA
-from cellar.master.auth import CURRENT_IDENTITY, Authorizer, AuthRefused
+from cellar.master.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
 from cellar.master.fastrpc import FAST_PORT_METADATA
 from cellar.master.leadership import Leadership
 from cellar.master.metrics import RPC_METRIC_NAMES, RpcStats
@@ -389,8 +389,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     (the token is `RequestHeader.token`), then the handler with `CURRENT_IDENTITY` set. A
     refusal is answered through `rejection` and counted in the RPC's failures."""
 
-    def __init__(self, servicer: MasterServicer) -> None:
+    def __init__(self, servicer: MasterServicer, *, mtls: bool = False) -> None:
         self._servicer = servicer
+        self._mtls = mtls  # a node_listen port exists: read verified peer certificates
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     async def intercept_service(
@@ -413,12 +414,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         assert inner is not None
         check = self._servicer.authorizer.check
         stats = self._servicer.stats.get(name)
+        mtls = self._mtls
 
         async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             if type(request) is _Malformed:  # no header to read: the handler says INVALID_ARGUMENT
                 return await inner(request, context)
+            # Only the node_listen port asks for a certificate, and gRPC verified it against
+            # tls_client_ca_file before this runs; other ports carry no x509 fields.
+            peer = node_id_of_peer(context.auth_context().get("x509_common_name", [])) if mtls else ""
             try:
-                identity = check(name, request)
+                identity = check(name, request, peer)
             except AuthRefused as exc:
                 if stats is not None:
                     stats.requests += 1

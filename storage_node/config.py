@@ -105,6 +105,13 @@ class NodeConfig:
         "plaintext)"
     )
     tls_key_file: str = setting("", "PEM private key of tls_cert_file")
+    master_tls_cert_file: str = setting(
+        "", "PEM client certificate (subject CN node:<node id>) this node presents to the "
+        "master (mutual TLS: --master is then the master's node_listen port, and the node "
+        "sends no node credential). Separate from tls_cert_file, which is the data port's "
+        "server certificate (empty: the node credential)"
+    )
+    master_tls_key_file: str = setting("", "PEM private key of master_tls_cert_file")
     grant_skew_s: float = setting(
         1.0, "tolerated error of this node's estimate of the master clock", unit=UNIT_SECONDS
     )
@@ -163,7 +170,9 @@ class NodeConfig:
         require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be 0.1s..1 hour")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")
-        for name in ("tls_cert_file", "tls_key_file"):
+        require(bool(self.master_tls_cert_file) == bool(self.master_tls_key_file),
+                "master_tls_cert_file", "master_tls_cert_file and master_tls_key_file go together")
+        for name in ("tls_cert_file", "tls_key_file", "master_tls_cert_file", "master_tls_key_file"):
             path = getattr(self, name)
             require(not path or os.path.isfile(path), name, f"{path} is not a file")
         require(0.0 <= self.grant_skew_s <= 60.0, "grant_skew_s", "must be 0..60s")

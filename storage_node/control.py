@@ -49,7 +49,9 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
 - On clean shutdown it unmounts (bounded by a short deadline).
 
 Every RPC carries RequestHeader(tenant="", client_id=node_id, token=<node credential>) and a
-deadline of master_timeout_s. It never touches segment memory and never blocks the event loop.
+deadline of master_timeout_s. With `master_tls_cert_file` the node presents that client
+certificate (CN node:<node id>) to the master's `node_listen` port instead, and the token is
+empty (mutual TLS; the master's Authorizer takes the node id from the verified certificate). It never touches segment memory and never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -155,10 +157,16 @@ class ControlLoop:
         verifier: Verifier | None = None,
         discovery: LeaderSource | None = None,
         credential: str = "",
+        client_cert_file: str = "",
+        client_key_file: str = "",
     ) -> None:
         self.node_id = node_id
-        # the node credential (cellar.proto.grant.node_credential): every RPC's header token
-        self._credential = credential
+        # The node credential (cellar.proto.grant.node_credential): every RPC's header token,
+        # unless the node proves itself with a client certificate (mutual TLS): then it sends
+        # none, so the credential never leaves the host.
+        self._client_cert_file = client_cert_file
+        self._client_key_file = client_key_file
+        self._credential = "" if client_cert_file else credential
         self.host_id = host_id
         # `configured_master`: what the node was told (HOST:PORT or etcd://...); `master`: the
         # address it talks to now ("" until etcd named a leader).
@@ -214,8 +222,12 @@ class ControlLoop:
     def _ensure_channel(self) -> Any:
         if self._stub is None:
             ca = default_tls_ca(self.master)  # cellar.tls: $CELLAR_TLS_CA when the master speaks TLS
-            if ca:
-                credentials = grpc.ssl_channel_credentials(root_certificates=read_pem(ca))
+            mine = self._client_cert_file
+            if ca or mine:  # a client certificate is TLS even without a CA (system roots then)
+                credentials = grpc.ssl_channel_credentials(
+                    root_certificates=read_pem(ca) if ca else None,
+                    private_key=read_pem(self._client_key_file) if mine else None,
+                    certificate_chain=read_pem(mine) if mine else None)
                 self._channel = grpc.aio.secure_channel(self.master, credentials, options=CHANNEL_OPTIONS)
             else:
                 self._channel = grpc.aio.insecure_channel(self.master, options=CHANNEL_OPTIONS)

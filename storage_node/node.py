@@ -110,6 +110,7 @@ class StorageNode:
             tcp_address=self.tcp_address, index=self.index, clock=self.clock,
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
             verifier=self.verifier, credential=node_credential(self.secret, cfg.node_id),
+            client_cert_file=cfg.master_tls_cert_file, client_key_file=cfg.master_tls_key_file,
         )
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)
