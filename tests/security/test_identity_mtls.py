@@ -151,3 +151,49 @@ def test_another_ca_or_no_certificate_gives_no_node_rights(mtls_cluster: LocalCl
             tenant = pb.RequestHeader(client_id="t", token=mtls_cluster.token)
             assert stub.ClusterStatus(pb.ClusterStatusRequest(header=tenant), timeout=10).segments
     assert set(_segments(mtls_cluster)) == {"node-0", "node-1"}
+
+
+# ---- the rules without processes (the same Authorizer.check the interceptor calls)
+
+def test_the_authorizer_takes_a_verified_peer_node_id_only_for_its_node_rpcs() -> None:
+    from cellar.master.auth import Authorizer, AuthRefused, node_id_of_peer
+    from cellar.tokens import KIND_TENANT, TokenStore
+
+    assert node_id_of_peer([b"node:node-3"]) == "node-3"
+    assert node_id_of_peer([b"node:"]) == node_id_of_peer([b"cellar dev CA"]) == node_id_of_peer([]) == ""
+    store = TokenStore(None)
+    alice = store.create(KIND_TENANT, "alice")[1]
+    auth = Authorizer(store, bytes(32))
+    own = pb.HeartbeatRequest(header=pb.RequestHeader(), node_id="node-3")
+    assert auth.check("Heartbeat", own, "node-3").node_id == "node-3"
+    refusals = {
+        "foreign_node": ("Heartbeat", pb.HeartbeatRequest(header=pb.RequestHeader(), node_id="node-4")),
+        "not_a_client": ("Exists", pb.KeysRequest(header=pb.RequestHeader(tenant="alice"))),
+        # a token, when sent, decides: a tenant's token over a node's certificate is a tenant
+        "not_a_node": ("Heartbeat", pb.HeartbeatRequest(header=pb.RequestHeader(token=alice),
+                                                        node_id="node-3")),
+    }
+    for reason, (method, request) in refusals.items():
+        with pytest.raises(AuthRefused) as info:
+            auth.check(method, request, "node-3")
+        assert (info.value.code, info.value.reason) == ("PERMISSION_DENIED", reason)
+    with pytest.raises(AuthRefused) as info:  # no certificate, no token: nobody
+        auth.check("Heartbeat", own)
+    assert info.value.reason == "no_token"
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"node_listen": "127.0.0.1:0"}, "node_listen"),  # no client CA
+    ({"tls_client_ca_file": "ca.pem"}, "node_listen"),  # no port for it
+    ({"tls_client_ca_file": "ca.pem", "node_listen": "127.0.0.1:0"}, "node_listen"),  # no server cert
+    ({"tls_client_ca_file": "ca.pem", "node_listen": "nowhere", "tls_cert_file": "c",
+      "tls_key_file": "k"}, "node_listen"),
+])
+def test_master_mtls_settings_go_together(overrides: dict[str, str], field: str) -> None:
+    from cellar.config import load
+    from cellar.errors import ConfigError
+    from cellar.master.config import ENV_PREFIX, MasterConfig
+
+    with pytest.raises(ConfigError) as info:
+        load(MasterConfig, env_prefix=ENV_PREFIX, environ={}, overrides=overrides)
+    assert info.value.field == field
