@@ -109,20 +109,22 @@ class PoolPages:
         if len(ptrs) != pages * per_page or len(sizes) != len(ptrs):
             raise InvalidArgument(f"page meta gave {len(ptrs)} parts for {pages} pages, "
                                   f"expected {pages * per_page}")
-        limit = self.raw.nbytes
-        out: list[list[list[memoryview]]] = []
-        for page in range(pages):
-            objects: list[list[memoryview]] = [[] for _ in range(g.objects_per_page)]
-            # SGLang lists a page's parts part-major: (part 0 of each object), (part 1 ...), ...
-            for i in range(per_page):
-                j = page * per_page + i
-                offset, size = int(ptrs[j]) - self.base_ptr, int(sizes[j])
-                if size != g.part_bytes or offset < 0 or offset + size > limit:
-                    raise InvalidArgument(f"page part {i} of page {page} ({size} bytes at "
-                                          f"offset {offset}) lies outside the host pool")
-                objects[i % g.objects_per_page].append(self.raw[offset:offset + size])
-            out.append(objects)
-        return out
+        # Checked and cut for the whole batch at once: a layer_first batch is thousands of
+        # parts, and this runs for every backup and prefetch.
+        n, base, raw = g.part_bytes, self.base_ptr, self.raw
+        offsets = [int(p) - base for p in ptrs]
+        if set(map(int, sizes)) != {n} or min(offsets) < 0 \
+                or max(offsets) + n > raw.nbytes:
+            bad = next(i for i, (o, s) in enumerate(zip(offsets, sizes, strict=True))
+                       if int(s) != n or o < 0 or o + n > raw.nbytes)
+            raise InvalidArgument(f"page part {bad % per_page} of page {bad // per_page} "
+                                  f"({int(sizes[bad])} bytes at offset {offsets[bad]}) lies "
+                                  "outside the host pool")
+        parts = [raw[o:o + n] for o in offsets]
+        k = g.objects_per_page
+        # SGLang lists a page's parts part-major: (part 0 of each object), (part 1 ...), ...
+        return [[parts[page * per_page + obj:(page + 1) * per_page:k] for obj in range(k)]
+                for page in range(pages)]
 
     def flat_views(self, flat_page: Any) -> list[memoryview]:
         """A flat data page tensor (generic path) cut into its objects' byte views."""

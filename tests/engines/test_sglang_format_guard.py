@@ -33,3 +33,30 @@ def test_object_of_another_size_never_reaches_the_pool(cluster, delta: int) -> N
         assert bool((page.view(torch.uint8) == SENTINEL).all())  # untouched
     finally:
         engine.close()
+
+
+def test_page_part_outside_the_host_pool_is_refused(cluster, monkeypatch) -> None:
+    """A page pointer outside the registered pool (a broken SGLang invariant) is never turned
+    into a view: the backup and the prefetch of that batch are refused, nothing is stored."""
+    engine = Engine(cluster.address, model="guard-ptr", shape=Shape(layout="layer_first"))
+    try:
+        pool, backend = engine.host, engine.backend
+        real_meta = pool.get_page_buffer_meta
+
+        def meta_past_the_end(indices):
+            ptrs, sizes = real_meta(indices)
+            ptrs = list(ptrs)
+            ptrs[-1] = backend.pages.base_ptr + backend.pages.raw.nbytes  # one part too far
+            return ptrs, sizes
+
+        hashes = engine.page_hashes(engine.tokens(2, SEED))
+        indices = torch.arange(0, 2 * 16, dtype=torch.int64)
+        monkeypatch.setattr(pool, "get_page_buffer_meta", meta_past_the_end)
+        assert backend.batch_set_v1(hashes, indices) == [False, False]
+        assert backend.batch_get_v1(hashes, indices) == [False, False]
+        monkeypatch.setattr(pool, "get_page_buffer_meta", real_meta)
+        assert backend.batch_exists(hashes) == 0  # nothing was stored
+        assert backend.batch_set_v1(hashes, indices) == [True, True]  # the real meta works
+        assert backend.batch_exists(hashes) == 2
+    finally:
+        engine.close()
