@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 
+import torch.distributed as dist
 from sglang_harness import Engine, Shape, init_distributed
 
 
@@ -46,6 +47,11 @@ def main() -> int:
                 out.append({"keys": engine.backend.object_keys(hashes)})
             else:
                 raise ValueError(f"unknown step {op!r}")
+            if spec.get("world_size", 1) > 1:
+                # The ranks of one instance move step by step, as the scheduler keeps them: a
+                # rank that writes nothing (MLA's non-writers) must not prefetch before the
+                # writing rank's backup is acked.
+                dist.barrier()
     finally:
         engine.close()
     print(json.dumps(out), flush=True)
