@@ -35,51 +35,48 @@ def _all(n: int, exc: BaseException, code_of: Callable[[BaseException], int] = c
     return [code_of(exc)] * n
 
 
-def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int,
-              soft_pin: bool, upsert: bool) -> list[int]:
-    """Store each (key, buffer); 0 per stored (or, without upsert, already present) key."""
+def _put_each(items: Sequence[tuple[str, Any]], batch: Callable[[], list[Any]],
+              one: Callable[[str, Any], None]) -> list[int]:
+    """0 per stored (or, without upsert, already present) key: the whole batch in one call,
+    and only when one item's problem (a bad key, a duplicate, an empty value) refuses the
+    batch, item by item to find out which."""
     if not items:
         return []
     try:
-        statuses = client.put_many(list(items), replicas=replicas, soft_pin=soft_pin,
-                                   upsert=upsert)
-        return [put_code(st) for st in statuses]
-    except _WHOLE_CALL as exc:
-        return _all(len(items), exc, put_code)
-    except CellarError:
-        pass  # one item's problem (a bad key, a duplicate, an empty value): find out which
-    write = client.upsert if upsert else client.put
-    out = []
-    for key, value in items:
-        try:
-            write(key, value, replicas=replicas, soft_pin=soft_pin)
-            out.append(0)
-        except CellarError as exc:
-            out.append(put_code(exc))
-    return out
-
-
-def put_parts(client: Client, items: Sequence[tuple[str, Sequence[memoryview]]], *, replicas: int,
-              soft_pin: bool, upsert: bool) -> list[int]:
-    """Store each key as its parts concatenated in order (no staging copy)."""
-    if not items:
-        return []
-    try:
-        statuses = client.put_many_parts(list(items), replicas=replicas, soft_pin=soft_pin,
-                                         upsert=upsert)
-        return [put_code(st) for st in statuses]
+        return [put_code(st) for st in batch()]
     except _WHOLE_CALL as exc:
         return _all(len(items), exc, put_code)
     except CellarError:
         pass
     out = []
-    for key, parts in items:
+    for key, value in items:
         try:
-            client.put_parts(key, list(parts), replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+            one(key, value)
             out.append(0)
         except CellarError as exc:
             out.append(put_code(exc))
     return out
+
+
+def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int,
+              soft_pin: bool, upsert: bool) -> list[int]:
+    """Store each (key, buffer); 0 per stored (or, without upsert, already present) key."""
+    write = client.upsert if upsert else client.put
+    return _put_each(
+        items,
+        lambda: client.put_many(list(items), replicas=replicas, soft_pin=soft_pin, upsert=upsert),
+        lambda key, value: write(key, value, replicas=replicas, soft_pin=soft_pin))
+
+
+def put_parts(client: Client, items: Sequence[tuple[str, Sequence[memoryview]]], *, replicas: int,
+              soft_pin: bool, upsert: bool) -> list[int]:
+    """Store each key as its parts concatenated in order (no staging copy)."""
+    return _put_each(
+        items,
+        lambda: client.put_many_parts(list(items), replicas=replicas, soft_pin=soft_pin,
+                                      upsert=upsert),
+        lambda key, parts: client.put_parts(key, list(parts), replicas=replicas,
+                                            soft_pin=soft_pin, upsert=upsert))
 
 
 def get_views(client: Client, keys: Sequence[str], views: Sequence[memoryview]) -> list[int]:
