@@ -70,11 +70,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cellar.children import (  # Child, ClusterError, fetch_status: re-exported for callers
+    STATUS_PROBE_TIMEOUT_S,
+    Child,
+    ClusterError,
+    fetch_status,
+    tail_of,
+)
 from cellar.credentials import (
     ENV_TLS_CA,
     file_name,
@@ -99,70 +105,17 @@ DEFAULT_PREFAULT_WAIT_S = 120.0
 
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_STOP_GRACE_S = 5.0
-LOG_TAIL_LINES = 20
 POLL_INTERVAL_S = 0.02
 RESTART_PORT_WAIT_S = 20.0     # how long a restarted master may wait for its old port
 RESTART_RETRY_INTERVAL_S = 0.3
 DEFAULT_LEASE_TTL_S = 3        # HA masters' etcd lease: a dead leader is replaced after ~this
 DEFAULT_CLUSTER_NAME = "local"
-STATUS_PROBE_TIMEOUT_S = 1.0
 DEFAULT_LEADER_WAIT_S = 30.0
 MTLS_SPARE_NODES = 4  # tls: client certificates made beyond `nodes`, for add_node (CA key dropped)
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-class ClusterError(RuntimeError):
-    """A child failed to start or died; the message carries the tail of its log."""
-
-
-@dataclass
-class Child:
-    """One child process and what its ready line told us."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    address: str = ""            # gRPC (master) or data-plane tcp (node) address
-    http: str = ""               # master only
-    node_id: str = ""            # node only
-    ready: bool = False
-    stopping: bool = False       # stop() or kill_node() asked for its exit
-    extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else -1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def describe_exit(self) -> str:
-        code = self.proc.returncode if self.proc is not None else None
-        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exited with code {code}")
-        return f"{self.name} (pid {self.pid}) {how}; last lines of {self.log_path}:\n{_tail(self.log_path)}"
-
-
-def fetch_status(http: str, timeout_s: float = STATUS_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
-    """A master's `/api/v1/status` JSON (HTTP address HOST:PORT), or None if it did not answer."""
-    try:
-        with urllib.request.urlopen(f"http://{http}/api/v1/status", timeout=timeout_s) as reply:
-            body = json.loads(reply.read())
-    except (OSError, ValueError, urllib.error.URLError):
-        return None
-    return body if isinstance(body, dict) else None
 
 
 class LocalCluster:
@@ -637,7 +590,7 @@ class LocalCluster:
                 child = next(c for c in children if not c.ready)
                 raise ClusterError(
                     f"{child.name} did not report ready within {self.start_timeout_s:g}s; last "
-                    f"lines of {child.log_path}:\n{_tail(child.log_path)}")
+                    f"lines of {child.log_path}:\n{tail_of(child.log_path)}")
             time.sleep(POLL_INTERVAL_S)
 
     def _read_ready_line(self, child: Child) -> None:
