@@ -205,19 +205,25 @@ class AsyncClient:
         waiter: asyncio.Future[bytes] = self._loop.create_future()
         self._get_queue.append((key, waiter))
         if len(self._get_queue) == 1:
-            self._loop.call_soon(self._flush_gets)
+            self._spawn_batch()
         return await waiter
 
-    def _flush_gets(self) -> None:
-        queued, self._get_queue = self._get_queue, []
-        if not queued or self._loop is None:
-            return
-        for first in range(0, len(queued), MAX_COALESCED_GETS):
-            task = self._loop.create_task(self._coalesced(queued[first:first + MAX_COALESCED_GETS]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def _spawn_batch(self) -> None:
+        """The batch task is made at the turn's first get and takes the queue on its first
+        step: every get of the turn is in it by then, and its GetReplicas leaves in that same
+        step. (A flush callback that made the task would cost one more turn, in which the batch
+        in flight could run its transfer first: the next batch's metadata round trip would
+        then not overlap it.)"""
+        assert self._loop is not None
+        task = self._loop.create_task(self._coalesced())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _coalesced(self, queued: list[tuple[str, asyncio.Future[bytes]]]) -> None:
+    async def _coalesced(self) -> None:
+        queued = self._get_queue[:MAX_COALESCED_GETS]
+        del self._get_queue[:MAX_COALESCED_GETS]
+        if self._get_queue:  # more than one batch's worth: the rest is the next task's
+            self._spawn_batch()
         waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile
         if not waiting:
             return
