@@ -25,7 +25,8 @@ Coalesced gets
     lets 64 concurrent gets reach the sync face's batched rate. Each caller still gets its own
     bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
     `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
-    only its own call).
+    only its own call). Without shm a batch holds at most PIPELINED_GETS keys, so that callers
+    looping on their gets keep two batches going: one's GetReplicas beside the other's reads.
 
 Deadlines and leader changes
     As for `Client`: `timeout_s` bounds each call; the channel follows the leader.
@@ -58,6 +59,11 @@ UNPIN_FLUSH_TIMEOUT_S = 5.0
 CLOSE_FLUSH_TIMEOUT_S = 1.0
 CLOSE_FLUSH_MAX_CALLS = 8
 MAX_COALESCED_GETS = 1024          # keys of one coalesced get batch (the flows split further)
+# Keys of one coalesced get batch when no transport copies on the loop (no shm): 64 looping
+# callers then run as two batches, one's GetReplicas round trip beside the other's socket
+# reads. With shm the copy is the loop's own CPU, nothing waits, and a split only costs a
+# round trip more (measured in bench/sdk.py: see docs/sdk.md "Figures").
+PIPELINED_GETS = 32
 
 __all__ = ["AsyncClient", "connect_async"]
 
@@ -205,19 +211,27 @@ class AsyncClient:
         waiter: asyncio.Future[bytes] = self._loop.create_future()
         self._get_queue.append((key, waiter))
         if len(self._get_queue) == 1:
-            self._loop.call_soon(self._flush_gets)
+            self._spawn_batch()
         return await waiter
 
-    def _flush_gets(self) -> None:
-        queued, self._get_queue = self._get_queue, []
-        if not queued or self._loop is None:
-            return
-        for first in range(0, len(queued), MAX_COALESCED_GETS):
-            task = self._loop.create_task(self._coalesced(queued[first:first + MAX_COALESCED_GETS]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def _spawn_batch(self) -> None:
+        """The batch task is made at the turn's first get and takes the queue on its first
+        step: every get of the turn is in it by then, and its GetReplicas leaves in that same
+        step. (A flush callback that made the task would cost one more turn, in which the batch
+        in flight could run its transfer first: the next batch's metadata round trip would
+        then not overlap it.)"""
+        assert self._loop is not None
+        task = self._loop.create_task(self._coalesced())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _coalesced(self, queued: list[tuple[str, asyncio.Future[bytes]]]) -> None:
+    async def _coalesced(self) -> None:
+        inline = any(t.name == "shm" for t in self._transports.transports)
+        cap = MAX_COALESCED_GETS if inline else PIPELINED_GETS
+        queued = self._get_queue[:cap]
+        del self._get_queue[:cap]
+        if self._get_queue:  # more than one batch's worth: the rest is the next task's
+            self._spawn_batch()
         waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile
         if not waiting:
             return
