@@ -8,8 +8,9 @@ What it owns
 Checks, before any byte lands
     - shapes: the five lists agree at the top level (else every fragment is INVALID_PARAMS),
       per buffer (its keys), and per key (its fragments);
-    - destination: the buffer is registered and [buffer_ptr + dst_offset, +size) lies in the
-      registered memory (destination overflow -> INVALID_PARAMS);
+    - destination: the buffer is registered and [buffer_ptr + dst_offset, +size) lies inside
+      the one registration that holds `buffer_ptr` (destination overflow -> INVALID_PARAMS;
+      an adjacent registration does not extend the buffer, though the SDK counts their union);
     - source: `src_offset + size` fits in the object (source overflow -> INVALID_PARAMS);
     - a missing key gives OBJECT_NOT_FOUND for each of its fragments; other fragments of the
       same call still succeed, as in Mooncake.
@@ -65,8 +66,8 @@ def get_into_ranges(client: Client | None, memory: PointerRegistry, buffer_ptrs:
     objects: dict[str, bytes | int] = {}
     for i, ptr in enumerate(buffer_ptrs):
         keys, dsts, srcs, sizes = all_keys[i], all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
-        registered = _offset(ptr) is not None and memory.covers(ptr, 1)
-        if not registered or not all(_shape(v, len(keys)) for v in (dsts, srcs, sizes)):
+        end = _buffer_end(memory, ptr)
+        if end is None or not all(_shape(v, len(keys)) for v in (dsts, srcs, sizes)):
             continue
         for j, key in enumerate(keys):
             if not all(_shape(v, len(dsts[j])) for v in (srcs[j], sizes[j])):
@@ -75,11 +76,22 @@ def get_into_ranges(client: Client | None, memory: PointerRegistry, buffer_ptrs:
                 objects[key] = io.read_whole(client, key)
             value = objects[key]
             for k, (dst, src, size) in enumerate(zip(dsts[j], srcs[j], sizes[j], strict=True)):
-                results[i][j][k] = _copy(memory, ptr, value, dst, src, size)
+                results[i][j][k] = _copy(memory, ptr, end, value, dst, src, size)
     return results
 
 
-def _copy(memory: PointerRegistry, ptr: int, value: bytes | int, dst: Any, src: Any,
+def _buffer_end(memory: PointerRegistry, ptr: Any) -> int | None:
+    """The end address of the registration holding `ptr` (Mooncake's buffer), or None."""
+    p = _offset(ptr)
+    if p is None:
+        return None
+    for start, size in memory.registrations():
+        if start <= p < start + size:
+            return start + size
+    return None
+
+
+def _copy(memory: PointerRegistry, ptr: int, end: int, value: bytes | int, dst: Any, src: Any,
           size: Any) -> int:
     if isinstance(value, int):
         return value  # the object's own code (missing, unreadable)
@@ -88,6 +100,8 @@ def _copy(memory: PointerRegistry, ptr: int, value: bytes | int, dst: Any, src: 
         return INVALID
     if src + size > len(value):
         return INVALID  # source overflow
+    if ptr + dst + size > end:
+        return INVALID  # destination overflow: past the buffer's registration
     if size == 0:
         return 0
     try:

@@ -248,6 +248,23 @@ def test_get_into_ranges(new_store, buffers):
     assert store.get_into_ranges([p0], [[key1], [key2]], [[[0]]], [[[0]]], [[[1]]]) == [[[INVALID]]]
 
 
+def test_get_into_ranges_destination_is_one_registration_even_beside_another(new_store, buffers):
+    """Two registrations side by side: a fragment that runs past the first buffer's end is a
+    destination overflow, although the SDK counts the adjacent registration's memory too."""
+    store = new_store()
+    key = k("adj")
+    value = bytes(range(64))
+    assert store.put(key, value) == OK
+    both = buffers.make(64)
+    p0 = buffers.ptr(both)
+    assert store.register_buffer(p0, 32) == OK and store.register_buffer(p0 + 32, 32) == OK
+    results = store.get_into_ranges([p0, p0 + 32], [[key], [key]], [[[30, 0]], [[28]]],
+                                    [[[0, 0]], [[0]]], [[[4, 2]], [[4]]])
+    assert results == [[[INVALID, 2]], [[4]]]
+    assert bytes(both)[:2] == value[:2] and bytes(both)[30:32] == bytes(2)
+    assert bytes(both)[60:64] == value[:4]
+
+
 def test_get_buffer(new_store):
     store = new_store()
     key = k("buf")
