@@ -13,8 +13,8 @@ deadline-bounded call (`timeout_s` given), `LATE` (-2: not read within the budge
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from cellar.client import flows
 from cellar.client.buffers import writable_view
@@ -32,6 +32,8 @@ from cellar.client.gets import GetEntry, into_result, miss_or_raise, release_vie
 from cellar.client.puts import PutEntry, put_entries
 from cellar.client.statuses import LATE
 from cellar.errors import InvalidArgument, Status
+
+T = TypeVar("T")
 
 
 def _statuses(entries: list[PutEntry]) -> list[Status]:
@@ -139,13 +141,20 @@ def get_into(s: Session, key: Any, buffer: Any) -> Flow[int]:
 
 
 def get_many(s: Session, keys: Any) -> Flow[list[bytes | None]]:
+    return (yield from get_many_as(s, keys, take_value))
+
+
+def get_many_as(s: Session, keys: Any, take: Callable[[GetEntry], T],
+                allocate: Any = None) -> Flow[list[T | None]]:
+    """Values for `keys` in input order, each made by `take` from its read entry (bytes,
+    a tensor, ...); None for a miss; the entries' buffers are released either way."""
     names = validate_keys(keys, s.limits.max_key_bytes)
-    entries = yield from flows.run_gets(s, names, None, s.deadline())
+    entries = yield from flows.run_gets(s, names, None, s.deadline(), allocate=allocate)
     yield get_record(entries)
     try:
         for entry in entries:
             miss_or_raise(entry)
-        return [take_value(e) if e.status == Status.OK else None for e in entries]
+        return [take(e) if e.status == Status.OK else None for e in entries]
     finally:
         release_views(entries)
 

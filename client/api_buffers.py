@@ -21,7 +21,7 @@ from cellar.client import api, flows, tensors
 from cellar.client.buffers import alloc_buffer, readable_view, writable_view
 from cellar.client.checks import validate_key, validate_keys
 from cellar.client.flows import Flow, Session
-from cellar.client.gets import GetEntry, miss_or_raise, release_views
+from cellar.client.gets import GetEntry, release_views
 from cellar.client.pointers import Lease
 from cellar.client.puts import parts_entries
 from cellar.errors import InvalidArgument, Status
@@ -201,15 +201,7 @@ def get_tensor(s: Session, key: Any) -> Flow[Any]:
 
 
 def get_tensors(s: Session, keys: Any) -> Flow[list[Any]]:
-    names = validate_keys(keys, s.limits.max_key_bytes)
-    entries = yield from flows.run_gets(s, names, None, s.deadline(), allocate=_aligned)
-    yield api.get_record(entries)
-    try:
-        for entry in entries:
-            miss_or_raise(entry)
-        return [_tensor_of(e) if e.status == Status.OK else None for e in entries]
-    finally:
-        release_views(entries)
+    return (yield from api.get_many_as(s, keys, _tensor_of, allocate=_aligned))
 
 
 def get_tensor_into(s: Session, key: Any, t: Any) -> Flow[int]:
