@@ -108,6 +108,8 @@ DEFAULT_STOP_GRACE_S = 5.0
 POLL_INTERVAL_S = 0.02
 RESTART_PORT_WAIT_S = 20.0     # how long a restarted master may wait for its old port
 RESTART_RETRY_INTERVAL_S = 0.3
+PORT_CLASH_RETRIES = 3         # ha masters started again on new free ports when one was taken
+PORT_CLASH = re.compile(r"cannot (?:listen on|serve HTTP on) .*(?:in use|Failed to bind)")
 DEFAULT_LEASE_TTL_S = 3        # HA masters' etcd lease: a dead leader is replaced after ~this
 DEFAULT_CLUSTER_NAME = "local"
 DEFAULT_LEADER_WAIT_S = 30.0
@@ -351,8 +353,31 @@ class LocalCluster:
         self.etcd.start()
         for i in range(self._master_count):
             self.masters.append(self._spawn(f"master-{i}", self._ha_master_argv(i)))
-        self._wait_ready(self.masters)
+        for i in range(self._master_count):
+            self._await_ha_master(i)
         self.leader(self.start_timeout_s)
+
+    def _await_ha_master(self, index: int) -> None:
+        """Wait for master `index`'s ready line. Its ports were picked free before it started
+        and another process may take one in between (seen in CI): then it starts again on new
+        free ports, at most PORT_CLASH_RETRIES times. Ports the caller fixed are never moved."""
+        for attempt in range(PORT_CLASH_RETRIES + 1):
+            child = self.masters[index]
+            try:
+                self._wait_ready([child])
+                return
+            except ClusterError:
+                clash = PORT_CLASH.search(tail_of(child.log_path))
+                if self.port or self.http_port or clash is None or attempt == PORT_CLASH_RETRIES:
+                    raise
+            if child.alive():
+                assert child.proc is not None
+                child.stopping = True
+                child.proc.kill()
+                child.proc.wait(self.stop_grace_s)
+            self._keep_log(child)
+            self._ha_ports[index] = (free_port(self.host), free_port(self.host))
+            self.masters[index] = self._spawn(child.name, self._ha_master_argv(index))
 
     def add_node(self, **node_flags: Any) -> Child:
         """Start one more node and wait for it; returns its `Child`."""
