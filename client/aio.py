@@ -25,8 +25,8 @@ Coalesced gets
     lets 64 concurrent gets reach the sync face's batched rate. Each caller still gets its own
     bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
     `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
-    only its own call). Without shm a batch holds at most PIPELINED_GETS keys, so that callers
-    looping on their gets keep two batches going: one's GetReplicas beside the other's reads.
+    only its own call). A batch holds at most PIPELINED_GETS keys, so that callers looping on
+    their gets keep two batches going: one's GetReplicas beside the other's transfer.
 
 Deadlines and leader changes
     As for `Client`: `timeout_s` bounds each call; the channel follows the leader.
@@ -58,11 +58,10 @@ T = TypeVar("T")
 UNPIN_FLUSH_TIMEOUT_S = 5.0
 CLOSE_FLUSH_TIMEOUT_S = 1.0
 CLOSE_FLUSH_MAX_CALLS = 8
-MAX_COALESCED_GETS = 1024          # keys of one coalesced get batch (the flows split further)
-# Keys of one coalesced get batch when no transport copies on the loop (no shm): 64 looping
-# callers then run as two batches, one's GetReplicas round trip beside the other's socket
-# reads. With shm the copy is the loop's own CPU, nothing waits, and a split only costs a
-# round trip more (measured in bench/sdk.py: see docs/sdk.md "Figures").
+# Keys of one coalesced get batch: 64 looping callers then run as two batches, one's
+# GetReplicas round trip (the master's CPU, not this loop's) beside the other's socket reads
+# or shm copies. Whole batches of 64 left the loop idle through every round trip (measured in
+# bench/sdk.py: see docs/sdk.md "Figures").
 PIPELINED_GETS = 32
 
 __all__ = ["AsyncClient", "connect_async"]
@@ -226,10 +225,8 @@ class AsyncClient:
         task.add_done_callback(self._tasks.discard)
 
     async def _coalesced(self) -> None:
-        inline = any(t.name == "shm" for t in self._transports.transports)
-        cap = MAX_COALESCED_GETS if inline else PIPELINED_GETS
-        queued = self._get_queue[:cap]
-        del self._get_queue[:cap]
+        queued = self._get_queue[:PIPELINED_GETS]
+        del self._get_queue[:PIPELINED_GETS]
         if self._get_queue:  # more than one batch's worth: the rest is the next task's
             self._spawn_batch()
         waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile

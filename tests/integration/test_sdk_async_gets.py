@@ -1,6 +1,5 @@
 """The AsyncClient's coalesced gets against a real cluster: the `get` calls of one loop turn
-travel as batches of at most MAX_COALESCED_GETS (PIPELINED_GETS when no transport is shm),
-and gets made while a batch is in flight form the next one; whatever the batching, each
+travel as batches of at most PIPELINED_GETS, and gets made while a batch is in flight form the next one; whatever the batching, each
 caller gets its own key's bytes or its own exception.
 """
 
@@ -26,8 +25,7 @@ def value(i: int) -> bytes:
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_one_turn_of_gets_larger_than_a_batch(cluster, monkeypatch, transport: str) -> None:
-    monkeypatch.setattr(aio, "MAX_COALESCED_GETS", 8 if transport == "shm" else 1024)
-    monkeypatch.setattr(aio, "PIPELINED_GETS", 8 if transport == "tcp" else 1024)
+    monkeypatch.setattr(aio, "PIPELINED_GETS", 8)
     keys = [f"coal-{transport}/{i:02d}" for i in range(21)]
 
     async def body() -> None:
