@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import tomllib
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 
@@ -34,6 +34,10 @@ def mapped_packages(root: Path = ROOT) -> tuple[list[str], dict[str, str]]:
     return sorted(packages), present
 
 
+# Native helpers, each optional: without a C compiler the install still succeeds and the code
+# that uses them falls back to pure Python (slower, same results).
+EXTENSIONS = [Extension("cellar.transfer._copyv", ["transfer/_copyv.c"], optional=True)]
+
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
     _packages, _package_dir = mapped_packages()
-    setup(packages=_packages, package_dir=_package_dir)
+    setup(packages=_packages, package_dir=_package_dir, ext_modules=EXTENSIONS)

@@ -106,8 +106,17 @@ def _parts(parts: Any, writable: bool, what: str) -> tuple[memoryview, ...]:
         raise InvalidArgument(f"{what} must be a sequence of buffers, not {type(parts).__name__}")
     if not parts or len(parts) > MAX_PARTS:
         raise InvalidArgument(f"{what} must hold 1 to {MAX_PARTS} buffers, got {len(parts)}")
-    view = writable_view if writable else readable_view
-    return tuple(view(p, f"{what}[{i}]") for i, p in enumerate(parts))
+    out: list[memoryview] = []
+    for i, p in enumerate(parts):
+        # The common case, kept lean (a layer_first batch is thousands of parts): a flat byte
+        # view, checked as the generic path would, its error text built only when needed.
+        if (type(p) is memoryview and p.ndim == 1 and p.format == "B" and p.c_contiguous
+                and not (writable and p.readonly)):
+            out.append(p)
+        else:
+            out.append(writable_view(p, f"{what}[{i}]") if writable
+                       else readable_view(p, f"{what}[{i}]"))
+    return tuple(out)
 
 
 def _source_parts(parts: Any, what: str) -> tuple[memoryview, ...]:

@@ -169,6 +169,9 @@ class SegmentAccess(Protocol):
 
 def byte_view(buf: Any, *, writable: bool) -> memoryview:
     """A flat byte view of a caller's buffer (numpy, bytearray, mmap, ...); no copy."""
+    if type(buf) is memoryview and buf.ndim == 1 and buf.format == "B" and buf.c_contiguous \
+            and not (writable and buf.readonly):
+        return buf  # the SDK hands over flat byte views: nothing to make
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     if not mv.c_contiguous:
         raise ValueError("buffer is not contiguous")

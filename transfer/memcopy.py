@@ -2,7 +2,8 @@
 
 What it owns
     Running one batch's copies (`CopyJob`: one op, one (destination, source) pair per part) with
-    `ctypes.memmove`, which releases the GIL, in pieces of at most PIECE_BYTES, checking the
+    `ctypes.memmove`, which releases the GIL, between the caller's views and one contiguous span
+    of a mapped segment, in pieces of at most PIECE_BYTES, checking the
     batch deadline before every piece. An op whose pieces did not all run before the deadline is
     not `done` (the transport fails it with ST_TIMEOUT; a write is then never committed).
 
@@ -13,10 +14,18 @@ Why pieces and a deadline
     ended, so nothing runs on after the transport returned. PIECE_BYTES of 4 MiB is ~0.5 ms of
     memcpy here: the most a deadline can be overrun by.
 
-Why fused hashing
+Why fused hashing, and why of the segment's side
     A read whose caller will verify its xxh3_64 (`want_checksum`) is copied FUSED_CHUNK_BYTES at
-    a time and each piece hashed right after it landed, while it is still in cache: the value's
-    bytes cross the memory bus once, not twice. Such an op is copied in order on one thread.
+    a time and each FUSED_CHUNK_BYTES of it hashed right after it was copied, while it is still
+    in cache: the value's bytes cross the memory bus once, not twice. Such an op is copied in
+    order on one thread. What is hashed is the segment's side of the copy, one contiguous span
+    per op, so a scatter-gather read of 64 KiB parts (SGLang's layer_first pages) still hashes
+    in 256 KiB calls: xxhash releases the GIL only for long inputs (about 100 KiB and more,
+    measured here), and per-part calls made the two copy threads take turns on it (4096 x
+    64 KiB: 48 ms on the main thread alone vs 28 ms for 128 x 2 MiB). It checks the same thing:
+    the bytes just copied out of the span are the span's bytes after the copy, and an object
+    under a pin is never rewritten, so a stale or reused range still fails the caller's check
+    (it would have to change and change back during the copy to pass).
 
 Why two threads for large batches (measured on the 2-core machines here)
     One core's memcpy reaches about 6-11 GB/s. Batches of `parallel_min_bytes` or more are split
@@ -34,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,88 +82,120 @@ def buffer_address(view: memoryview) -> int:
         _release_buffer(ctypes.byref(pb))
 
 
-# One copy: (destination view, source view); both flat bytes of the same length.
-Copy = tuple[memoryview, memoryview]
-
-
 @dataclass(slots=True)
 class CopyJob:
-    """One op's copies, in order; `done` once every byte of them was copied."""
+    """One op's copies between the caller's views and one contiguous span of a segment: a
+    read copies the span out into `views` in order, a write (`to_span`) the views into it.
+    `done` once every byte was copied."""
 
-    copies: list[Copy]
-    hashed: bool = False            # fuse an xxh3_64 of the destination bytes, in order
+    views: Sequence[memoryview]     # the caller's side, in order (flat bytes)
+    span: memoryview                # the segment's side: contiguous, as long as all views
+    span_address: int               # address of span[0] (the mapping's base + offset)
+    to_span: bool = False
+    hashed: bool = False            # fuse an xxh3_64 of the span's bytes, in order
     done: bool = False
     digest: int | None = None
     _pieces: list[bool] = field(default_factory=list)  # per work item of this job: ran
 
     @property
     def nbytes(self) -> int:
-        return sum(len(src) for _, src in self.copies)
+        return len(self.span)
 
 
-# A unit of work: (job, [(dst address, src address, bytes, dst view for hashing)], index in
-# job._pieces). A hashed job is one item (its pieces must run in order, on one thread).
-_Item = tuple[CopyJob, list[tuple[int, int, int, memoryview]], int]
+# A run: (int64 triples (dst address, src address, bytes), span offset to hash up to after
+# it or -1, bytes). At most one step long: the deadline is checked before every run.
+_Run = tuple[array, int, int]
+# A unit of work: (job, its runs, index in job._pieces). A hashed job is one item (its runs
+# must go in order, on one thread).
+_Item = tuple[CopyJob, list[_Run], int]
 
 
 def _address(view: memoryview) -> int:
     """`buffer_address`, four times cheaper for a writable view (a scatter-gather batch asks
-    for thousands: one per part and side)."""
+    for thousands: one per part)."""
     if view.readonly:
         return buffer_address(view)
     return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def _runs(job: CopyJob) -> list[_Run]:
+    """The job's memmoves cut into runs of exactly one step (the last one shorter): PIECE_BYTES,
+    or FUSED_CHUNK_BYTES for a hashed job, whose span is hashed after each run whatever the
+    parts' sizes (the span is contiguous, so 64 KiB scatter-gather parts still hash in 256 KiB
+    calls, which release the GIL: per part they would not, and two copy threads would
+    serialise on it)."""
+    step = FUSED_CHUNK_BYTES if job.hashed else PIECE_BYTES
+    runs: list[_Run] = []
+    table = array("q")
+    pos = run_bytes = 0
+    seg, to_span, hashed = job.span_address, job.to_span, job.hashed
+    for view in job.views:
+        n = len(view)
+        if not n:
+            continue
+        a = _address(view)
+        if run_bytes + n < step:  # the common case of scatter-gather parts: whole, mid-run
+            table.extend((seg + pos, a, n) if to_span else (a, seg + pos, n))
+            pos += n
+            run_bytes += n
+            continue
+        off = 0
+        while off < n:
+            m = min(step - run_bytes, n - off)
+            table.extend((seg + pos, a + off, m) if to_span else (a + off, seg + pos, m))
+            pos, off, run_bytes = pos + m, off + m, run_bytes + m
+            if run_bytes == step:
+                runs.append((table, pos if hashed else -1, run_bytes))
+                table, run_bytes = array("q"), 0
+    if pos != len(job.span):  # callers size the span from the views: a broken invariant
+        raise ValueError(f"a copy job's views hold {pos} bytes, its span {len(job.span)}")
+    if run_bytes:
+        runs.append((table, pos if hashed else -1, run_bytes))
+    return runs
 
 
 def _items(jobs: Sequence[CopyJob]) -> list[_Item]:
     items: list[_Item] = []
     for job in jobs:
         job.done, job.digest, job._pieces = False, None, []
-        step = FUSED_CHUNK_BYTES if job.hashed else PIECE_BYTES
-        pieces: list[tuple[int, int, int, memoryview]] = []
-        for dst, src in job.copies:
-            n = len(src)
-            assert len(dst) == n, "a copy's two views differ in length"
-            if not n:
-                continue
-            d, s = _address(dst), _address(src)
-            if n <= step:  # the common case of scatter-gather parts: no slicing
-                pieces.append((d, s, n, dst))
-                continue
-            for pos in range(0, n, step):
-                m = min(step, n - pos)
-                pieces.append((d + pos, s + pos, m, dst[pos:pos + m] if job.hashed else dst))
+        runs = _runs(job)
         if job.hashed:
             job._pieces.append(False)
-            items.append((job, pieces, 0))
+            items.append((job, runs, 0))
             continue
-        # One item per PIECE_BYTES of consecutive pieces: the deadline is still checked before
-        # every piece, but a batch of many small parts is not thousands of items to split.
-        run: list[tuple[int, int, int, memoryview]] = []
-        run_bytes = 0
-        for piece in pieces:
-            if run and run_bytes + piece[2] > PIECE_BYTES:
-                job._pieces.append(False)
-                items.append((job, run, len(job._pieces) - 1))
-                run, run_bytes = [], 0
-            run.append(piece)
-            run_bytes += piece[2]
-        if run:
+        for run in runs:  # one item per run: a large batch splits over two threads by runs
             job._pieces.append(False)
-            items.append((job, run, len(job._pieces) - 1))
+            items.append((job, [run], len(job._pieces) - 1))
     return items
 
 
-def _run_items(items: Sequence[_Item], deadline: float) -> None:
+def _memmove_each(table: array) -> None:
+    """`copy_pieces` without the native helper: one ctypes.memmove per piece."""
     memmove = ctypes.memmove
+    for i in range(0, len(table), 3):
+        memmove(table[i], table[i + 1], table[i + 2])
+
+
+try:  # the native helper (setup.py builds it when a C compiler is there)
+    from cellar.transfer._copyv import copy_pieces as _copy_pieces
+except ImportError:  # pragma: no cover - depends on the install
+    _copy_pieces = _memmove_each
+NATIVE = _copy_pieces is not _memmove_each
+
+
+def _run_items(items: Sequence[_Item], deadline: float) -> None:
+    copy_pieces = _copy_pieces
     clock = time.monotonic
-    for job, pieces, k in items:
+    for job, runs, k in items:
         h = xxhash.xxh3_64() if job.hashed else None
-        for d, s, n, dst in pieces:
+        hashed_to = 0
+        for table, mark, _ in runs:
             if clock() > deadline:
                 return  # the rest of the batch is not copied: those ops time out
-            memmove(d, s, n)
+            copy_pieces(table)
             if h is not None:
-                h.update(dst)
+                h.update(job.span[hashed_to:mark])  # just copied: still in cache
+                hashed_to = mark
         if h is not None:
             job.digest = h.intdigest()
         job._pieces[k] = True
@@ -178,11 +220,11 @@ class Copier:
             _run_items(items, deadline)
         else:
             half, acc, cut = total // 2, 0, len(items)
-            for k, (_, pieces, _) in enumerate(items):
+            for k, (_, runs, _) in enumerate(items):
                 if acc >= half:
                     cut = k
                     break
-                acc += sum(p[2] for p in pieces)
+                acc += sum(r[2] for r in runs)
             fut = executor.submit(_run_items, items[:cut], deadline)
             try:
                 _run_items(items[cut:], deadline)

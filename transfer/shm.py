@@ -21,8 +21,9 @@ writes outside a range its grant covers (checked before the copy).
 
 Reads: memcpy out of the mapping. No round trip: the SDK verifies the xxh3 checksum of every
 value it returns, so a torn or stale range is an IntegrityError, never silent bad data. When
-the op asks for it (`want_checksum`), the transport hashes each piece of the destination right
-after copying it (FUSED_CHUNK_BYTES at a time, still in cache) and returns the digest in
+the op asks for it (`want_checksum`), the transport hashes the range it read, FUSED_CHUNK_BYTES
+at a time right after copying them (still in cache; `memcopy` says why the segment's side
+is the one hashed), and returns the digest in
 `TransferResult.checksum`, so the value's bytes cross the memory bus once, not twice.
 
 A node that died leaves its file (and its bytes) behind, but its objects are no longer its to
@@ -87,7 +88,7 @@ from cellar.transfer.frame import (
     FrameError,
     pack_commit_meta,
 )
-from cellar.transfer.memcopy import PARALLEL_MIN_BYTES, Copier, Copy, CopyJob, buffer_address
+from cellar.transfer.memcopy import PARALLEL_MIN_BYTES, Copier, CopyJob, buffer_address
 
 NEGATIVE_CACHE_S = 1.0            # a path that failed to open is not retried for this long
 MAX_MAPPINGS = 4096               # bound of the mapping cache (one per segment file)
@@ -328,12 +329,9 @@ class ShmTransport(Transport):
                 results[i] = TransferResult(ST_OUT_OF_RANGE, f"[{op.offset}, +{n}) is outside "
                                             f"{path} ({m.size} bytes)")
                 continue
-            copies: list[Copy] = []
-            pos = op.offset
-            for v in views:  # part by part into consecutive ranges of the segment
-                seg = m.memory[pos:pos + len(v)]
-                copies.append((seg, v) if writing else (v, seg))
-                pos += len(v)
+            # part by part into (or out of) consecutive ranges of one span of the segment
+            span = m.memory[op.offset:op.offset + n]
+            span_address = m.address + op.offset
             if writing:
                 address = route.endpoints.get("tcp")
                 if not address:
@@ -348,11 +346,11 @@ class ShmTransport(Transport):
                 except FrameError as e:
                     results[i] = TransferResult(e.status, e.message)
                     continue
-                jobs.append((i, CopyJob(copies)))
+                jobs.append((i, CopyJob(views, span, span_address, to_span=True)))
                 commits.append((i, address, ControlCall(OP_COMMIT, grant, route.segment_id,
                                                         op.offset, n, meta)))
             else:
-                jobs.append((i, CopyJob(copies, hashed=op.want_checksum)))
+                jobs.append((i, CopyJob(views, span, span_address, hashed=op.want_checksum)))
         return results, jobs, commits
 
     def _mapping(self, path: str, *, fresh: bool) -> Mapping | None:

@@ -8,22 +8,56 @@ import pytest
 from xxhash import xxh3_64_intdigest
 
 from cellar.transfer import memcopy
-from cellar.transfer.memcopy import PIECE_BYTES, Copier, CopyJob
+from cellar.transfer.memcopy import FUSED_CHUNK_BYTES, PIECE_BYTES, Copier, CopyJob
 
 
 def _job(sizes: list[int], hashed: bool = False) -> tuple[CopyJob, list[bytes], list[bytearray]]:
+    """A read: one span (the segment's side) copied out into parts of `sizes`."""
     srcs = [os.urandom(n) for n in sizes]
+    span = bytearray(b"".join(srcs))
     dsts = [bytearray(n) for n in sizes]
-    return CopyJob([(memoryview(d), memoryview(s)) for d, s in zip(dsts, srcs, strict=True)],
+    view = memoryview(span)
+    return CopyJob([memoryview(d) for d in dsts], view, memcopy.buffer_address(view),
                    hashed=hashed), srcs, dsts
 
 
+@pytest.fixture(params=["native", "ctypes"])
+def copies_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the native helper (when this install built it) and without."""
+    if request.param == "native" and not memcopy.NATIVE:
+        pytest.skip("the native copy helper was not built in this install")
+    if request.param == "ctypes":
+        monkeypatch.setattr(memcopy, "_copy_pieces", memcopy._memmove_each)
+    return str(request.param)
+
+
+def test_the_native_helper_is_built_where_a_compiler_is() -> None:
+    """CI and `make venv` have gcc: the fast path must not silently fall back there."""
+    import shutil
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine")
+    assert memcopy.NATIVE
+
+
+def test_the_native_helper_refuses_a_malformed_table() -> None:
+    if not memcopy.NATIVE:
+        pytest.skip("the native copy helper was not built in this install")
+    from array import array
+
+    with pytest.raises(ValueError, match="int64 triples"):
+        memcopy._copy_pieces(array("q", [1, 2]))
+    with pytest.raises(ValueError, match="negative"):
+        memcopy._copy_pieces(array("q", [1, 2, -5]))
+
+
 @pytest.mark.parametrize("parallel_min_bytes", [1 << 40, 1])  # one thread / split over two
-def test_exact_bytes_and_digests(parallel_min_bytes: int) -> None:
+def test_exact_bytes_and_digests(parallel_min_bytes: int, copies_by: str) -> None:
     copier = Copier(parallel_min_bytes)
     try:
         jobs = [_job([0, 5, PIECE_BYTES + 3, 70_000]), _job([300_000, 1, 0], hashed=True),
-                _job([], hashed=True), _job([2 * PIECE_BYTES])]
+                _job([], hashed=True), _job([2 * PIECE_BYTES]),
+                _job([64 << 10] * 9 + [7, FUSED_CHUNK_BYTES + 1], hashed=True)]
         copier.run([j for j, _, _ in jobs], deadline=float("inf"))
         for job, srcs, dsts in jobs:
             assert job.done
@@ -37,7 +71,7 @@ def test_exact_bytes_and_digests(parallel_min_bytes: int) -> None:
 
 
 def test_deadline_stops_between_pieces_and_later_ops_are_not_done(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, copies_by: str) -> None:
     ticks = iter(range(1000))
     monkeypatch.setattr(memcopy.time, "monotonic", lambda: float(next(ticks)))
     copier = Copier(1 << 40)
@@ -55,6 +89,27 @@ def test_deadline_stops_between_pieces_and_later_ops_are_not_done(
     assert bytes(dsts[0][:2 * PIECE_BYTES]) == srcs[0][:2 * PIECE_BYTES]
     assert bytes(dsts[0][2 * PIECE_BYTES:]) == bytes(2 * PIECE_BYTES)
     copier.close()
+
+
+def test_a_write_fills_the_span_from_its_parts_in_order(copies_by: str) -> None:
+    parts = [os.urandom(n) for n in (3, 64 << 10, 0, 1000)]
+    span = bytearray(sum(map(len, parts)))
+    view = memoryview(span)
+    job = CopyJob([memoryview(p) for p in parts], view, memcopy.buffer_address(view),
+                  to_span=True, hashed=True)
+    copier = Copier()
+    copier.run([job], deadline=float("inf"))
+    assert job.done and bytes(span) == b"".join(parts)
+    assert job.digest == xxh3_64_intdigest(b"".join(parts))
+    copier.close()
+
+
+def test_views_longer_than_the_span_are_refused_before_any_copy() -> None:
+    view = memoryview(bytearray(10))
+    job = CopyJob([memoryview(b"x" * 11)], view, memcopy.buffer_address(view))
+    with pytest.raises(ValueError, match="views hold 11 bytes"):
+        Copier().run([job], deadline=float("inf"))
+    assert bytes(view) == bytes(10)
 
 
 def test_a_deadline_already_passed_copies_nothing() -> None:
