@@ -28,7 +28,7 @@ import collections
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cellar.client.checks import (
@@ -50,6 +50,7 @@ from cellar.transfer.base import (
     SegmentRoute,
     TransferOp,
     TransferResult,
+    hash_views,
 )
 
 
@@ -319,7 +320,23 @@ def plan_round(transports: TransportSet, kind: str, ops: list[TransferOp], deadl
     round_deadline = now + attempt_budget_s(deadline - now, can_fall_back)
     results: list[TransferResult | None] = [None] * len(ops)
     groups, unreachable = transports.assign(ops)
+    if kind == "write":
+        for transport, indexes in groups:
+            if not getattr(transport, "hashes_writes", False):
+                hash_for(transport, ops, indexes)
     for i in unreachable:
         results[i] = TransferResult(ST_CONNECT_FAILED,
                                     f"no transport reaches node {ops[i].route.node_id}")
     return TransferRound(kind, ops, round_deadline, groups, results)
+
+
+def hash_for(transport: Any, ops: Sequence[TransferOp], indexes: Sequence[int]) -> None:
+    """Writes that left their checksum to a transport that hashes writes, but go to one that
+    does not (the one picked when they were planned could not reach the node any more): hash
+    them here, so the node is always told the value's true checksum."""
+    for i in indexes:
+        op = ops[i]
+        if op.want_checksum and op.meta is not None:
+            views = op.parts if op.parts else (op.buffer,)
+            op.meta = replace(op.meta, checksum=hash_views(views))
+            op.want_checksum = False  # the checksum is in the meta now: PutBatch reads it there

@@ -39,7 +39,7 @@ from cellar.client.puts import PutBatch, PutEntry, hash_values
 from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, Status, Timeout
 from cellar.proto import cellar_pb2 as pb
-from cellar.transfer.base import TransferOp, TransferResult
+from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult
 
 T = TypeVar("T")
 
@@ -176,11 +176,17 @@ def near_failover(s: Session, generation: int) -> bool:
 
 def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bool,
               upsert: bool, deadline: float) -> Flow[None]:
+    fusing = any(getattr(t, "hashes_writes", False) for t in s.transports.transports)
     batch = PutBatch(entries, tenant=s.tenant, replicas=replicas, soft_pin=soft_pin,
-                     upsert=upsert, health=s.health)
+                     upsert=upsert, health=s.health,
+                     hashes_writes=_hashes_writes(s) if fusing else None)
+    # Scatter-gather values are left to a transport that hashes as it copies: hashing their
+    # many small parts beforehand holds the GIL per part (xxhash releases it only for long
+    # inputs), which stalled the copy threads; whole values still hash during PutStart.
+    behind = [e for e in batch.entries if not e.parts] if fusing else batch.entries
     try:
         while (request := batch.start_request(s.header)) is not None:
-            reply = yield Rpc("PutStart", request, deadline, hash_behind=batch.entries)
+            reply = yield Rpc("PutStart", request, deadline, hash_behind=behind)
             ops = batch.on_start_reply(reply)
             results = yield from transfer(s, "write", ops, deadline, batch.can_retry())
             may_retry = deadline - time.monotonic() > MIN_RETRY_BUDGET_S
@@ -198,6 +204,13 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
         if refs:
             yield from revoke(s, refs, deadline)
         raise
+
+
+def _hashes_writes(s: Session) -> Callable[[SegmentRoute], bool]:
+    def hashes(route: SegmentRoute) -> bool:
+        return bool(getattr(s.transports.pick(route), "hashes_writes", False))
+
+    return hashes
 
 
 def revoke(s: Session, refs: list[Any], deadline: float) -> Flow[None]:

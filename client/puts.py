@@ -17,7 +17,7 @@ What it must never do
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
-from cellar.transfer.base import TransferOp, TransferResult, hash_views
+from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult, hash_views
 from cellar.transfer.frame import WriteMeta
 
 
@@ -61,8 +61,12 @@ class PutBatch:
     `max_attempts` times per key."""
 
     def __init__(self, entries: list[PutEntry], *, tenant: str, replicas: int, soft_pin: bool,
-                 upsert: bool, health: NodeHealth, max_attempts: int = MAX_PUT_ATTEMPTS) -> None:
+                 upsert: bool, health: NodeHealth, max_attempts: int = MAX_PUT_ATTEMPTS,
+                 hashes_writes: Callable[[SegmentRoute], bool] | None = None) -> None:
         self.entries = entries
+        # Whether the transport that will write to a route hashes as it copies: then a
+        # scatter-gather value is not hashed beforehand (`TransferOp.want_checksum`).
+        self._hashes_writes = hashes_writes
         self._tenant = tenant
         self._replicas = replicas
         self._soft_pin = soft_pin
@@ -143,9 +147,15 @@ class PutBatch:
                 continue
             value, parts = e.value, e.parts
             size = e.nbytes
+            deferred = False
             if e.checksum is None:  # not hashed while PutStart was in flight
-                e.checksum = hash_views(parts) if parts else checksum(value)
-            meta = WriteMeta(e.checksum, size, tenant, e.key)
+                hashes = self._hashes_writes
+                deferred = bool(parts) and hashes is not None and all(
+                    (r := routes.get(rep.segment_id)) is not None and hashes(r[0])
+                    for rep in replicas)
+                if not deferred:
+                    e.checksum = hash_views(parts) if parts else checksum(value)
+            meta = WriteMeta(0 if e.checksum is None else e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
             for rep in replicas:
                 # _check_range and grant_from_replica, inlined: this runs once per key
@@ -160,7 +170,7 @@ class PutBatch:
                 planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, segment_id,
                                                           offset, length, g.alloc_id, g.epoch,
                                                           g.expiry_ms, g.key_tag, g.mac),
-                                          offset, value, meta, False, parts))
+                                          offset, value, meta, deferred, parts))
             else:
                 ops.extend(planned)
                 owners.extend([i] * len(planned))
@@ -179,6 +189,10 @@ class PutBatch:
         failures: dict[int, list[str]] = {}
         for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
             if res.ok:
+                if op.meta is not None and (op.want_checksum or self.entries[i].checksum is None):
+                    why = self._take_checksum(self.entries[i], op, res)
+                    if why:
+                        failures.setdefault(i, []).append(f"node {op.route.node_id}: {why}")
                 continue
             node = op.route.node_id
             failures.setdefault(i, []).append(f"node {node}: {res}")
@@ -201,6 +215,20 @@ class PutBatch:
                 end_items.append(pb.PutEndItem(key=e.key, put_id=e.put_id, checksum=e.checksum))
                 self._ending.append(i)
         return end_items or None, revoke_items or None
+
+    @staticmethod
+    def _take_checksum(e: PutEntry, op: TransferOp, res: TransferResult) -> str:
+        """A value hashed as it was written (by the transport, or by `core.hash_for`): its
+        digest becomes the entry's checksum; every replica must agree (else the caller's
+        buffer changed during the put). Returns why the write cannot stand, or ""."""
+        digest = res.checksum if op.want_checksum else op.meta.checksum if op.meta else None
+        if digest is None:
+            return "the transport returned no checksum for a write that asked for one"
+        if e.checksum is None:
+            e.checksum = digest
+        elif e.checksum != digest:
+            return "the value changed while it was being written (replicas differ)"
+        return ""
 
     def on_end_reply(self, reply: Any) -> None:
         check_result_count("PutEnd", len(reply.results), len(self._ending))

@@ -55,6 +55,9 @@ class TransferOp:
     # Reads: the caller will verify the bytes' xxh3_64. A transport may compute it as soon as
     # they land (while they are still in cache) and return it in TransferResult.checksum;
     # one that does not leaves that None and the caller hashes the buffer itself.
+    # Writes (only to a transport whose `hashes_writes` is set): `meta.checksum` is a
+    # placeholder; the transport hashes the bytes as it copies them, records that digest as
+    # the checksum the node is told, and returns it in TransferResult.checksum.
     want_checksum: bool = False
     # Scatter-gather: when non-empty, the op moves the concatenation of these buffers, in
     # order (sum of their lengths bytes, starting at `offset`), and `buffer` is not used. No
@@ -89,6 +92,8 @@ class Transport(ABC):
     """Moves bytes between local buffers and remote segment ranges."""
 
     name: str = ""
+    # Whether write ops may leave their checksum to the transport (`TransferOp.want_checksum`).
+    hashes_writes: bool = False
 
     @abstractmethod
     def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
@@ -118,6 +123,7 @@ class AsyncTransport(ABC):
     """
 
     name: str = ""
+    hashes_writes: bool = False  # as `Transport.hashes_writes`
 
     @abstractmethod
     async def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:

@@ -65,6 +65,7 @@ import ssl
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
@@ -86,6 +87,7 @@ from cellar.transfer.frame import (
     ST_UNKNOWN_SEGMENT,
     ST_UNSUPPORTED,
     FrameError,
+    decode_commit_meta,
     pack_commit_meta,
 )
 from cellar.transfer.memcopy import PARALLEL_MIN_BYTES, Copier, CopyJob, buffer_address
@@ -171,6 +173,10 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
+    # A write that wants its checksum is hashed as it is copied (the segment's span, right after
+    # the copy, in 256 KiB calls that release the GIL), and its COMMIT carries that digest:
+    # scatter-gather puts of many small parts then cost no separate pass over their bytes.
+    hashes_writes = True
 
     def __init__(self, *, host_id: str | None = None, control: ControlChannel | None = None,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
@@ -247,7 +253,14 @@ class ShmTransport(Transport):
         """Check and copy every op; the COMMITs to send for the ops fully copied in time."""
         results, jobs, commits = self._plan(ops, writing=True)
         self._copy(results, jobs, deadline)
-        return results, [c for c in commits if results[c[0]].ok]
+        done = [c for c in commits if results[c[0]].ok]
+        for i, _, call in done:
+            op = ops[i]
+            if op.want_checksum and op.meta is not None:  # the digest of what was copied
+                _, dev, ino = decode_commit_meta(call.meta)
+                call.meta = pack_commit_meta(replace(op.meta, checksum=results[i].checksum),
+                                             dev, ino)
+        return results, done
 
     def finish_write(self, ops: Sequence[TransferOp], results: list[TransferResult],
                      which: dict[str, list[int]],
@@ -346,7 +359,8 @@ class ShmTransport(Transport):
                 except FrameError as e:
                     results[i] = TransferResult(e.status, e.message)
                     continue
-                jobs.append((i, CopyJob(views, span, span_address, to_span=True)))
+                jobs.append((i, CopyJob(views, span, span_address, to_span=True,
+                                        hashed=op.want_checksum)))
                 commits.append((i, address, ControlCall(OP_COMMIT, grant, route.segment_id,
                                                         op.offset, n, meta)))
             else:

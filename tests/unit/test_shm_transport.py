@@ -293,3 +293,27 @@ def test_reads_hashed_as_they_land(node: Node, parallel_min_bytes: int) -> None:
             assert getattr(results[k], "checksum", None) == want
     finally:
         shm.close()
+
+
+@pytest.mark.parametrize("parallel_min_bytes", [1 << 62, 1])
+def test_writes_hashed_as_they_are_copied_commit_the_digest(node: Node,
+                                                            parallel_min_bytes: int) -> None:
+    """A write that wants its checksum: the node records the digest of the bytes copied (not
+    the placeholder in the op's meta), and the result carries it."""
+    import xxhash
+
+    shm = ShmTransport(host_id=HOST, parallel_min_bytes=parallel_min_bytes)
+    try:
+        parts = [os.urandom(n) for n in (65536, 3, 300_001, 65536)]
+        size = sum(map(len, parts))
+        op = write_op(node, 8192, bytes(size))  # meta checksum 1: a placeholder
+        op.parts = tuple(memoryview(p) for p in parts)
+        op.want_checksum = True
+        (result,) = shm.write([op], 5.0)
+        want = xxhash.xxh3_64_intdigest(b"".join(parts))
+        assert result.ok and result.checksum == want
+        entry = node.access.index.get(op.grant.alloc_id)
+        assert entry is not None and entry.checksum == want
+        assert bytes(node.segment.view(8192, size)) == b"".join(parts)
+    finally:
+        shm.close()
