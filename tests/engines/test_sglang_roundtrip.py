@@ -115,3 +115,40 @@ def test_deadline_follows_sglangs_timeout_policy(monkeypatch: pytest.MonkeyPatch
         engine.close()
     memory.hicache_storage_prefetch_policy = "wait_complete"
     assert adapter.sglang_timeout_policy() is None
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pool_pages_line_matches_sglangs_own_meta(cluster, layout: str, mla: bool) -> None:
+    """The adapter computes a batch's part pointers from the line it learned at registration;
+    for scattered, unordered pages of the real host pool they are the pointers SGLang's own
+    `get_page_buffer_meta` gives, and a pool whose meta is not linear is asked every time."""
+    import torch
+
+    engine = Engine(cluster.address, model=f"line-{layout}-{mla}",
+                    shape=Shape(layout=layout, mla=mla))
+    try:
+        pages = engine.backend.pages
+        assert pages._linear is not None  # every supported pool is linear
+        p = pages.page_size_tokens
+        chosen = [5, 0, 17, 3, pages.pool.size // p - 1]
+        idx = torch.tensor([q * p + t for q in chosen for t in range(p)], dtype=torch.int64)
+        ptrs, _ = pages.pool.get_page_buffer_meta(idx)
+        want = [int(x) - pages.base_ptr for x in ptrs]
+        assert pages._part_offsets(idx) == want
+
+        real = pages.pool.get_page_buffer_meta
+
+        def bent(indices):  # a pool whose page 1 sits one token further than the line says
+            got, sizes = real(indices)
+            if int(indices[0]) == p:
+                got = [int(x) + 2 for x in got]
+            return got, sizes
+
+        pages.pool.get_page_buffer_meta = bent
+        try:
+            assert pages._learn_linear(real(pages._token_indices([0]))[0]) is None
+        finally:
+            pages.pool.get_page_buffer_meta = real
+    finally:
+        engine.close()
