@@ -28,6 +28,7 @@ def copies_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         pytest.skip("the native copy helper was not built in this install")
     if request.param == "ctypes":
         monkeypatch.setattr(memcopy, "_copy_pieces", memcopy._memmove_each)
+        monkeypatch.setattr(memcopy, "_cut_runs", None)
     return str(request.param)
 
 
@@ -110,6 +111,25 @@ def test_views_longer_than_the_span_are_refused_before_any_copy() -> None:
     with pytest.raises(ValueError, match="views hold 11 bytes"):
         Copier().run([job], deadline=float("inf"))
     assert bytes(view) == bytes(10)
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+@pytest.mark.parametrize("to_span", [False, True])
+def test_the_native_cut_is_the_python_cut(hashed: bool, to_span: bool) -> None:
+    """Same runs, same tables, same marks: parts that straddle runs, empty parts, a part
+    longer than several runs, read-only parts."""
+    if not memcopy.NATIVE:
+        pytest.skip("the native copy helper was not built in this install")
+    sizes = [0, 5, FUSED_CHUNK_BYTES - 5, 3, PIECE_BYTES + FUSED_CHUNK_BYTES * 3 + 1, 0, 64 << 10]
+    srcs = [os.urandom(n) for n in sizes]
+    views = [memoryview(b) if k % 2 else memoryview(bytearray(b)) for k, b in enumerate(srcs)]
+    span = memoryview(bytearray(sum(sizes)))
+    job = CopyJob(views, span, memcopy.buffer_address(span), to_span=to_span, hashed=hashed)
+    native = memcopy._runs(job)
+    python = memcopy._runs_py(job)
+    assert [(bytes(t), mark, n) for t, mark, n in native] == \
+        [(bytes(t), mark, n) for t, mark, n in python]
+    assert len(native) >= 2  # several runs, cut at the same places
 
 
 def test_a_deadline_already_passed_copies_nothing() -> None:
