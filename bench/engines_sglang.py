@@ -12,7 +12,8 @@ Shape: a 32-layer MHA model, page size 64, 4 KV heads of dim 128 per rank, bfloa
 - prefetch: `prefetch` -> `batch_exists` -> rank reduce -> `batch_get_v1` -> completion ack,
   into a wiped host pool;
 - baseline: `Client.put_many` / `get_many_into` of the same objects (same sizes, straight from
-  and into the same host pool memory) with the same client settings.
+  and into the same host pool memory) with the same client settings; its get, like the
+  prefetch, runs after a wipe of the host pool (same cache state: nothing of it left in L3).
 Overhead = 1 - adapter GB/s / baseline GB/s (target < 20%), paired per rep. Figures only, never assertions;
 results go to bench/results/engines-sglang.{json,md}.
 """
@@ -72,6 +73,10 @@ def measure(address: str, layout: str, pages: int, reps: int) -> dict[str, Any]:
             put_s.append(time.monotonic() - started)
             assert all(s == cellar.Status.OK for s in statuses), statuses[:3]
             dests = [memoryview(bytearray(len(v))) if isinstance(v, bytes) else v for v in views]
+            # The prefetch above read after a wipe of the host pool; so does the baseline's
+            # get. Without it, the bytes just put would still sit in this VM's large L3
+            # (480 MiB reported) and the baseline's get would read them from cache.
+            engine.wipe()
             started = time.monotonic()
             sizes = client.get_many_into(keys, dests)
             get_s.append(time.monotonic() - started)

@@ -45,6 +45,7 @@ from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.gets import take_value
 from cellar.client.metering import FlowRun
 from cellar.client.setup import ConnectArgs, opened
 from cellar.client.statuses import ClientClosed
@@ -204,12 +205,16 @@ class AsyncClient:
         """As `Client.get`. The `get` calls made in one turn of the loop travel together (one
         GetReplicas, one transfer round; see "Coalesced gets" above); each still gets its own
         result or exception."""
-        s = self._session()
+        s, loop = self._s, self._loop
+        # `_session()`'s checks, inlined for the common case (this runs once per caller)
+        if s is None or loop is None or self._closed or asyncio.get_running_loop() is not loop:
+            s = self._session()  # raises the precise error
+            assert loop is not None
         key = validate_key(key, s.limits.max_key_bytes)
-        assert self._loop is not None
-        waiter: asyncio.Future[bytes] = self._loop.create_future()
-        self._get_queue.append((key, waiter))
-        if len(self._get_queue) == 1:
+        waiter: asyncio.Future[bytes] = loop.create_future()
+        queue = self._get_queue
+        queue.append((key, waiter))
+        if len(queue) == 1:
             self._spawn_batch()
         return await waiter
 
@@ -248,9 +253,10 @@ class AsyncClient:
         # each caller is a request of its own; one recorder call counts them all
         metrics.record_requests("get", [e.size if e.status == Status.OK else None
                                         for e in entries], wait_s=wait_s)
+        ok = Status.OK
         for (_, waiter), entry in zip(waiting, entries, strict=True):
             try:
-                value = api.value_or_raise(entry)
+                value = take_value(entry) if entry.status is ok else api.value_or_raise(entry)
             except CellarError as exc:
                 if not waiter.done():
                     waiter.set_exception(exc)

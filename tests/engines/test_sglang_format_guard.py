@@ -36,21 +36,32 @@ def test_object_of_another_size_never_reaches_the_pool(cluster, delta: int) -> N
 
 
 def test_page_part_outside_the_host_pool_is_refused(cluster, monkeypatch) -> None:
-    """A page pointer outside the registered pool (a broken SGLang invariant) is never turned
-    into a view: the backup and the prefetch of that batch are refused, nothing is stored."""
+    """A page pointer outside the registered pool (a broken SGLang invariant, or host indices
+    past the pool's end) is never turned into a view: the backup and the prefetch of that batch
+    are refused, nothing is stored. Both ways of finding the pointers are covered: the line the
+    adapter learned at registration, and asking SGLang per batch (its meta not linear)."""
     engine = Engine(cluster.address, model="guard-ptr", shape=Shape(layout="layer_first"))
     try:
         pool, backend = engine.host, engine.backend
+        pages = backend.pages
+        assert pages._linear is not None
+        hashes = engine.page_hashes(engine.tokens(2, SEED))
+        p = pages.page_size_tokens
+        past_the_end = pool.size // p  # the first page the pool does not have
+        beyond = torch.arange(past_the_end * p - p, past_the_end * p + p, dtype=torch.int64)
+        assert backend.batch_set_v1(hashes, beyond) == [False, False]
+        assert backend.batch_get_v1(hashes, beyond) == [False, False]
+
         real_meta = pool.get_page_buffer_meta
 
         def meta_past_the_end(indices):
             ptrs, sizes = real_meta(indices)
             ptrs = list(ptrs)
-            ptrs[-1] = backend.pages.base_ptr + backend.pages.raw.nbytes  # one part too far
+            ptrs[-1] = pages.base_ptr + pages.raw.nbytes  # one part too far
             return ptrs, sizes
 
-        hashes = engine.page_hashes(engine.tokens(2, SEED))
-        indices = torch.arange(0, 2 * 16, dtype=torch.int64)
+        indices = torch.arange(0, 2 * p, dtype=torch.int64)
+        monkeypatch.setattr(pages, "_linear", None)  # SGLang is asked for every batch
         monkeypatch.setattr(pool, "get_page_buffer_meta", meta_past_the_end)
         assert backend.batch_set_v1(hashes, indices) == [False, False]
         assert backend.batch_get_v1(hashes, indices) == [False, False]
