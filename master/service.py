@@ -37,6 +37,7 @@ from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.eviction import Evictor
 from cellar.master.grace import RebuildGrace
 from cellar.master.ids import SecretIds
+from cellar.master.listing import check_list_request, key_page
 from cellar.master.membership import ACTIVE, Membership, Segment
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, ObjectTable, Replica
@@ -480,6 +481,18 @@ class MasterService(NodeRpcs):
         if self.recovering():
             raise self.grace.error()
         return self._drop_all(list(tenant.objects.values()))
+
+    def list_keys(self, tenant_name: str, prefix: str, start_after: str,
+                  limit: int) -> tuple[list[str], bool]:
+        """One page of the tenant's visible keys and whether more match (master/listing.py:
+        the order, the predicate and the cost of its linear scan)."""
+        tenant = self.tenant(tenant_name)
+        config = self.config
+        check_list_request(prefix, start_after, limit, max_list_keys=config.max_list_keys,
+                           max_key_bytes=config.max_key_bytes)
+        if self.recovering():  # keys not reported yet would be missing from the page
+            raise self.grace.error()
+        return key_page(tenant.objects, prefix, start_after, limit)
 
     def _drop_all(self, victims: list[Obj]) -> int:
         now = self.clock.monotonic()
