@@ -254,7 +254,9 @@ def list_keys(s: Session, prefix: Any = "", start_after: Any = "",
 def list_all_keys(s: Session, prefix: Any = "",
                   page_keys: Any = DEFAULT_MAX_LIST_KEYS) -> Flow[list[str]]:
     prefix = validate_text(prefix, s.limits.max_key_bytes, "prefix")
-    page_keys = validate_count(page_keys, s.limits.max_list_keys, "page_keys")
+    page_keys = validate_count(page_keys, MAX_LIST_ALL_KEYS, "page_keys")
+    # the page size changes only how many calls the walk takes: ask at most what the master serves
+    page_keys = min(page_keys, s.limits.max_list_keys)
     return (yield from flows.list_all_keys(s, prefix, page_keys, MAX_LIST_ALL_KEYS))
 
 

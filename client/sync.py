@@ -294,13 +294,16 @@ class Client:
                   limit: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
         """One page of this tenant's keys that exist (complete values), start with `prefix`
         and sort strictly after `start_after`, ascending in str order, at most `limit`
-        (1..the cluster's max_list_keys, 1000 by default: else InvalidArgument). A page shorter
-        than `limit` is the last; pass its last key as `start_after` for the next."""
+        (1..the cluster's max_list_keys, else InvalidArgument; the default 1000 is the
+        master's default max_list_keys). A page shorter than `limit` is the last; pass a
+        page's last key as `start_after` for the next."""
         return self._run(api.list_keys(self._s, prefix, start_after, limit))
 
     def list_all_keys(self, prefix: str = "", *, page_keys: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
-        """Every key `list_keys` would page through, ascending, asked `page_keys` at a time;
-        InvalidArgument past `MAX_LIST_ALL_KEYS` (1,000,000 keys; page with list_keys then)."""
+        """Every key `list_keys` would page through, ascending, asked `page_keys` (>= 1; at
+        most the cluster's max_list_keys are asked at a time) per call; InvalidArgument past
+        `MAX_LIST_ALL_KEYS` (1,000,000 keys; page with `list_keys` then). Not a snapshot: a key
+        put or removed during the walk may or may not be listed; the others are, once each."""
         return self._run(api.list_all_keys(self._s, prefix, page_keys))
 
     def status(self) -> dict[str, Any]:
