@@ -13,9 +13,11 @@ The cost, and why it is acceptable
     The master keeps no sorted index: a page is one linear scan of the tenant's keys with
     `heapq.nsmallest(limit + 1, ...)`, O(n log limit) for a tenant of n objects, on the one
     event loop (RemovePrefix scans the same way). A listing of a whole tenant in pages of
-    `limit` is O(n^2 / limit); at 1M objects a page takes ~0.1-0.2 s, during which the master
-    answers nothing else. Listing is for tools and engine bookkeeping, not the request path;
-    a sorted index would cost every put and remove a log-time insert to speed up this rare call.
+    `limit` is O(n^2 / limit). Measured here (2-core VM, 1M keys of 48 characters, pages of
+    1000): 20-90 ms per page, during which the master answers nothing else, so walking all
+    1M keys holds the master's loop for about a minute in total (spread over 1000 calls).
+    Listing is for tools and engine bookkeeping, not the request path; a sorted index would
+    cost every put and remove a log-time insert to speed up this rare call.
 
 What it must never do
     Change the table, list another tenant's keys, or return more than `limit` keys.
