@@ -430,8 +430,9 @@ def list_keys(s: Session, prefix: str, start_after: str, limit: int) -> Flow[tup
 
 
 def list_all_keys(s: Session, prefix: str, page_keys: int, max_keys: int) -> Flow[list[str]]:
-    """Every key under `prefix`, page by page; InvalidArgument once more than `max_keys` match
-    (a walk holds at most `max_keys` + `page_keys` keys)."""
+    """Every key under `prefix`, page by page; InvalidArgument once more than `max_keys` match.
+    Bounded: a page that says `more` holds `page_keys` keys (checked by `list_keys`), so a walk
+    asks at most max_keys // page_keys + 1 pages and holds at most max_keys + page_keys keys."""
     out: list[str] = []
     start_after = ""
     more = True
