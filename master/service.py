@@ -12,6 +12,7 @@ eviction, quarantine; and beside them, split out of this file:
 - quota.py: `SpaceMaker`, the bounded eviction a PutStart runs for quota or for space;
 - tombstones.py: removed keys and freed-while-down ids a late report must not revive;
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
+- listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
 - node_rpcs.py: `NodeRpcs`, the node-facing RPCs and the background `tick` (a mixin here).
 
 Everything runs on one asyncio event loop, so a method runs to completion without interleaving:
