@@ -29,7 +29,7 @@ import heapq
 from collections.abc import Iterable
 from itertools import pairwise
 
-from cellar.master.requests import RequestRejected
+from cellar.master.requests import RequestRejected, check_key_bound
 
 
 def check_list_request(prefix: str, start_after: str, limit: int, *, max_list_keys: int,
@@ -38,11 +38,8 @@ def check_list_request(prefix: str, start_after: str, limit: int, *, max_list_ke
     prefix or start_after over max_key_bytes UTF-8 bytes."""
     if not 1 <= limit <= max_list_keys:
         raise RequestRejected(f"limit {limit} is outside 1..max_list_keys ({max_list_keys} keys)")
-    for what, text in (("prefix", prefix), ("start_after", start_after)):
-        nbytes = len(text.encode("utf-8", "surrogatepass"))
-        if nbytes > max_key_bytes:
-            raise RequestRejected(
-                f"{what} is {nbytes} bytes, over max_key_bytes ({max_key_bytes} bytes UTF-8)")
+    check_key_bound("prefix", prefix, max_key_bytes)
+    check_key_bound("start_after", start_after, max_key_bytes)
 
 
 def key_page(keys: Iterable[str], prefix: str, start_after: str, limit: int) -> tuple[list[str], bool]:

@@ -74,6 +74,7 @@ from cellar.master.requests import (
     RequestRejected,
     SystemClock,
     check_batch,
+    check_key_bound,
     key_error,
 )
 from cellar.master.tenants import Tenant, Tenants
@@ -472,8 +473,7 @@ class MasterService(NodeRpcs):
             raise self.grace.error()
         if not prefix:
             raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
-        if len(prefix.encode("utf-8", "surrogatepass")) > self.config.max_key_bytes:
-            raise RequestRejected(f"prefix is longer than max_key_bytes ({self.config.max_key_bytes})")
+        check_key_bound("prefix", prefix, self.config.max_key_bytes)
         victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
         return self._drop_all(victims)
 
