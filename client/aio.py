@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from cellar.client import api, api_buffers, flows, metrics
 from cellar.client.aio_rpc import AsyncMasterChannel
-from cellar.client.checks import UNPIN_DELAY_S, Limits, validate_key
+from cellar.client.checks import DEFAULT_MAX_LIST_KEYS, UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
 from cellar.client.flows import Move, Rpc, Session, Sleep
 from cellar.client.gets import take_value
@@ -307,6 +307,16 @@ class AsyncClient:
     async def remove_all(self, *, tenant: str | None = None) -> int:
         """As `Client.remove_all`."""
         return await self._run(api.remove_all(self._session(), tenant))
+
+    async def list_keys(self, prefix: str = "", *, start_after: str = "",
+                        limit: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
+        """As `Client.list_keys`."""
+        return await self._run(api.list_keys(self._session(), prefix, start_after, limit))
+
+    async def list_all_keys(self, prefix: str = "", *,
+                            page_keys: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
+        """As `Client.list_all_keys`."""
+        return await self._run(api.list_all_keys(self._session(), prefix, page_keys))
 
     async def status(self) -> dict[str, Any]:
         """As `Client.status`."""

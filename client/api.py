@@ -19,12 +19,16 @@ from typing import Any, TypeVar
 from cellar.client import flows
 from cellar.client.buffers import writable_view
 from cellar.client.checks import (
+    DEFAULT_MAX_LIST_KEYS,
+    MAX_LIST_ALL_KEYS,
     normalize_items,
     validate_budget,
+    validate_count,
     validate_key,
     validate_keys,
     validate_replicas,
     validate_tenant,
+    validate_text,
     validate_value,
 )
 from cellar.client.flows import Flow, Record, Session
@@ -236,6 +240,24 @@ def remove_prefix(s: Session, prefix: Any) -> Flow[int]:
 
 def remove_all(s: Session, tenant: Any = None) -> Flow[int]:
     return (yield from flows.remove_all(s, None if tenant is None else validate_tenant(tenant)))
+
+
+def list_keys(s: Session, prefix: Any = "", start_after: Any = "",
+              limit: Any = DEFAULT_MAX_LIST_KEYS) -> Flow[list[str]]:
+    prefix = validate_text(prefix, s.limits.max_key_bytes, "prefix")
+    start_after = validate_text(start_after, s.limits.max_key_bytes, "start_after")
+    limit = validate_count(limit, s.limits.max_list_keys, "limit")
+    keys, _more = yield from flows.list_keys(s, prefix, start_after, limit)
+    return keys
+
+
+def list_all_keys(s: Session, prefix: Any = "",
+                  page_keys: Any = DEFAULT_MAX_LIST_KEYS) -> Flow[list[str]]:
+    prefix = validate_text(prefix, s.limits.max_key_bytes, "prefix")
+    page_keys = validate_count(page_keys, MAX_LIST_ALL_KEYS, "page_keys")
+    # the page size changes only how many calls the walk takes: ask at most what the master serves
+    page_keys = min(page_keys, s.limits.max_list_keys)
+    return (yield from flows.list_all_keys(s, prefix, page_keys, MAX_LIST_ALL_KEYS))
 
 
 def status(s: Session) -> Flow[dict[str, Any]]:

@@ -29,6 +29,8 @@ from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST, ST_TIMEO
 
 DEFAULT_MAX_KEY_BYTES = 1024       # used until the master's ClusterStatus says otherwise
 DEFAULT_MAX_BATCH_KEYS = 1024
+DEFAULT_MAX_LIST_KEYS = 1000       # keys in one ListKeys page, until ClusterStatus says otherwise
+MAX_LIST_ALL_KEYS = 1_000_000      # keys `list_all_keys` collects; more is InvalidArgument
 MAX_TENANT_BYTES = 255
 MAX_REPLICAS = 16
 MAX_PUT_ATTEMPTS = 3               # first try + two retries on other nodes
@@ -59,6 +61,7 @@ class Limits:
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
     max_batch_keys: int = DEFAULT_MAX_BATCH_KEYS
     max_object_bytes: int = 0  # the largest object placeable when we asked (0 = unknown)
+    max_list_keys: int = DEFAULT_MAX_LIST_KEYS
 
     @classmethod
     def from_status(cls, reply: Any) -> Limits:
@@ -66,23 +69,29 @@ class Limits:
             max_key_bytes=int(reply.max_key_bytes) or DEFAULT_MAX_KEY_BYTES,
             max_batch_keys=int(reply.max_batch_keys) or DEFAULT_MAX_BATCH_KEYS,
             max_object_bytes=int(reply.max_object_bytes),
+            max_list_keys=int(reply.max_list_keys) or DEFAULT_MAX_LIST_KEYS,
         )
 
 
 # ---- argument validation ------------------------------------------------------------------
 
 def validate_key(key: Any, max_key_bytes: int, what: str = "key") -> str:
-    if not isinstance(key, str):
-        raise InvalidArgument(f"{what} must be a str, not {type(key).__name__}")
-    if not key:
+    if isinstance(key, str) and not key:
         raise InvalidArgument(f"{what} must not be empty")
+    return validate_text(key, max_key_bytes, what)
+
+
+def validate_text(text: Any, max_bytes: int, what: str) -> str:
+    """A str (empty allowed) of at most `max_bytes` UTF-8 bytes: a key, a prefix, a bound."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"{what} must be a str, not {type(text).__name__}")
     try:
-        nbytes = len(key.encode())
+        nbytes = len(text.encode())
     except UnicodeEncodeError:
         raise InvalidArgument(f"{what} is not valid Unicode (lone surrogate?)") from None
-    if nbytes > max_key_bytes:
-        raise InvalidArgument(f"{what} is {nbytes} bytes in UTF-8, over the limit of {max_key_bytes}")
-    return key
+    if nbytes > max_bytes:
+        raise InvalidArgument(f"{what} is {nbytes} bytes in UTF-8, over the limit of {max_bytes}")
+    return text
 
 
 def validate_keys(keys: Any, max_key_bytes: int) -> list[str]:
@@ -93,11 +102,16 @@ def validate_keys(keys: Any, max_key_bytes: int) -> list[str]:
 
 
 def validate_replicas(replicas: Any) -> int:
-    if isinstance(replicas, bool) or not isinstance(replicas, int):
-        raise InvalidArgument(f"replicas must be an int, not {type(replicas).__name__}")
-    if not 1 <= replicas <= MAX_REPLICAS:
-        raise InvalidArgument(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas}")
-    return replicas
+    return validate_count(replicas, MAX_REPLICAS, "replicas")
+
+
+def validate_count(value: Any, maximum: int, what: str) -> int:
+    """An int (not a bool) in 1..maximum."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{what} must be an int, not {type(value).__name__}")
+    if not 1 <= value <= maximum:
+        raise InvalidArgument(f"{what} must be between 1 and {maximum}, got {value}")
+    return value
 
 
 def validate_value(value: Any, what: str = "value") -> memoryview:

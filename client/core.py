@@ -120,6 +120,7 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
         "max_key_bytes": int(reply.max_key_bytes),
         "max_object_bytes": int(reply.max_object_bytes),
         "max_batch_keys": int(reply.max_batch_keys),
+        "max_list_keys": int(reply.max_list_keys),
         "segments": segments, "nodes": list(nodes.values()), "tenants": tenants,
     }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 from cellar.client.checks import MAX_UNPINS_PER_CALL, MIN_RETRY_BUDGET_S, Limits, batch_ranges
@@ -37,7 +38,7 @@ from cellar.client.gets import GetBatch, GetEntry, release_views
 from cellar.client.pointers import PointerRegistry
 from cellar.client.puts import PutBatch, PutEntry, hash_values
 from cellar.client.statuses import check_result_count, status_error, to_status
-from cellar.errors import CellarError, Status, Timeout
+from cellar.errors import CellarError, InvalidArgument, Status, Timeout
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult
 
@@ -409,6 +410,42 @@ def remove_all(s: Session, tenant: str | None) -> Flow[int]:
         header.tenant = tenant
     reply = yield Rpc("RemoveAll", pb.RemoveAllRequest(header=header), s.deadline())
     return int(reply.removed)
+
+
+def list_keys(s: Session, prefix: str, start_after: str, limit: int) -> Flow[tuple[list[str], bool]]:
+    """One ListKeys page (keys in ascending str order, and whether more match), checked: at
+    most `limit` keys, ascending, each after `start_after` and starting with `prefix`; a
+    page that says `more` holds `limit` keys, so a walk always moves on."""
+    request = pb.ListKeysRequest(header=s.header, prefix=prefix, start_after=start_after,
+                                 limit=limit)
+    reply = yield Rpc("ListKeys", request, s.deadline())
+    keys = list(reply.keys)
+    more = bool(reply.more)
+    ordered = all(a < b for a, b in pairwise([start_after, *keys]))
+    if (len(keys) > limit or (more and len(keys) < limit) or not ordered
+            or not all(k.startswith(prefix) for k in keys)):
+        raise CellarError(f"ListKeys: the master answered a page of {len(keys)} keys "
+                          f"(limit {limit}, more={more}) out of order or off its prefix")
+    return keys, more
+
+
+def list_all_keys(s: Session, prefix: str, page_keys: int, max_keys: int) -> Flow[list[str]]:
+    """Every key under `prefix`, page by page; InvalidArgument once more than `max_keys` match.
+    Bounded: a page that says `more` holds `page_keys` keys (checked by `list_keys`), so a walk
+    asks at most max_keys // page_keys + 1 pages and holds at most max_keys + page_keys keys."""
+    out: list[str] = []
+    start_after = ""
+    more = True
+    while more:
+        keys, more = yield from list_keys(s, prefix, start_after, page_keys)
+        out.extend(keys)
+        if len(out) > max_keys:
+            raise InvalidArgument(
+                f"more than {max_keys} keys start with {prefix!r} (the list_all_keys cap, in "
+                f"keys): walk them page by page with list_keys(start_after=...)")
+        if keys:
+            start_after = keys[-1]
+    return out
 
 
 def cluster_status(s: Session) -> Flow[dict[str, Any]]:

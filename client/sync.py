@@ -41,7 +41,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from cellar.client import api, api_buffers, flows
-from cellar.client.checks import Limits, resolve_token, validate_tenant, validate_timeout
+from cellar.client.checks import (
+    DEFAULT_MAX_LIST_KEYS,
+    Limits,
+    resolve_token,
+    validate_tenant,
+    validate_timeout,
+)
 from cellar.client.core import TransportSet, UnpinQueue
 from cellar.client.flows import Move, Rpc, Session, Sleep
 from cellar.client.metering import FlowRun
@@ -283,6 +289,22 @@ class Client:
         """Remove every key of this client's tenant (or of `tenant`: an admin token only,
         else PermissionDenied); the count removed."""
         return self._run(api.remove_all(self._s, tenant))
+
+    def list_keys(self, prefix: str = "", *, start_after: str = "",
+                  limit: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
+        """One page of this tenant's keys that exist (complete values), start with `prefix`
+        and sort strictly after `start_after`, ascending in str order, at most `limit`
+        (1..the cluster's max_list_keys, else InvalidArgument; the default 1000 is the
+        master's default max_list_keys). A page shorter than `limit` is the last; pass a
+        page's last key as `start_after` for the next."""
+        return self._run(api.list_keys(self._s, prefix, start_after, limit))
+
+    def list_all_keys(self, prefix: str = "", *, page_keys: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
+        """Every key `list_keys` would page through, ascending, asked `page_keys` (>= 1; at
+        most the cluster's max_list_keys are asked at a time) per call; InvalidArgument past
+        `MAX_LIST_ALL_KEYS` (1,000,000 keys; page with `list_keys` then). Not a snapshot: a key
+        put or removed during the walk may or may not be listed; the others are, once each."""
+        return self._run(api.list_all_keys(self._s, prefix, page_keys))
 
     def status(self) -> dict[str, Any]:
         """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""

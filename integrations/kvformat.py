@@ -47,6 +47,7 @@ FORMAT_SCHEMA = 1
 # Hex characters of the fingerprint used in key names (64 bits: a collision needs ~4e9 formats
 # in one tenant; `verify_header` checks all 128 bits where a value carries a header).
 NAMESPACE_HEX_CHARS = 16
+DESCRIPTOR_NAME = "format"  # the descriptor's key in a namespace: `descriptor_key()`
 FINGERPRINT_BYTES = 16
 # magic "CKVF", header version (u16), reserved (u16), fingerprint (16 B), payload size (u64).
 _HEADER = struct.Struct("<4sHH16sQ")
@@ -139,12 +140,22 @@ class KVFormat:
         """Stable short prefix for this format's keys, e.g. "kv-3f9a0c2e1b7d4a55"."""
         return "kv-" + self.fingerprint().hex()[:NAMESPACE_HEX_CHARS]
 
+    def key_prefix(self) -> str:
+        """What every Cellar key of this format starts with: `key(name)` is this + name, so a
+        listing under it gives back the engine keys (and the descriptor's, `descriptor_key`)."""
+        return self.namespace() + "/"
+
     def key(self, name: str) -> str:
         """The Cellar key of an engine key (page hash, chunk hash) in this format."""
-        return f"{self.namespace()}/{name}"
+        return self.key_prefix() + name
+
+    def descriptor_key(self) -> str:
+        """Where adapters store `descriptor()`, inside the namespace (no engine key is "format":
+        LMCache's and SGLang's keys are hashes with fields around them)."""
+        return self.key(DESCRIPTOR_NAME)
 
     def descriptor(self) -> bytes:
-        """The format as canonical JSON (stored under `key("format")` by adapters)."""
+        """The format as canonical JSON (stored under `descriptor_key()` by adapters)."""
         return self._canonical().encode()
 
     def check_size(self, size_bytes: int, expected_bytes: int) -> None:

@@ -58,7 +58,7 @@ Reads stop at the first chunk that does not load
 Failures
     Nothing escapes into the engine: a Cellar error, an unreachable master or node, a timeout or
     a refused object is logged and becomes a miss (get), False (exists), a shorter prefix
-    (contains) or a dropped write (put). A master that cannot be reached when the connector
+    (contains), no keys (list) or a dropped write (put). A master that cannot be reached when the connector
     first needs it is asked again after `lmcache_session.RECONNECT_BACKOFF_S`; meanwhile every
     call is a miss at once.
 
@@ -195,7 +195,7 @@ class CellarConnector(RemoteConnector):
     async def _describe_format(self, client: cellar.AsyncClient) -> None:
         """Store the format's descriptor once, so an operator can tell what a namespace holds."""
         try:
-            await client.put(self.format.key("format"), self.format.descriptor())
+            await client.put(self.format.descriptor_key(), self.format.descriptor())
         except AlreadyExists:
             pass
         except FAILURES as e:
@@ -440,9 +440,16 @@ class CellarConnector(RemoteConnector):
         return self._ask_sync(lambda c: c.remove(name), "remove", False)
 
     async def list(self) -> list[str]:
-        """Cellar has no key listing: this returns no keys (LMCache only uses it in a
-        file-system admin endpoint)."""
-        return []
+        """Every chunk key this connector's format holds, as LMCache key strings
+        (`CacheEngineKey.to_string()`), ascending; the format's descriptor is not a chunk and
+        is left out. One walk of ListKeys pages under the format's namespace (the SDK's
+        `list_all_keys`: a linear scan of the tenant's keys on the master per page, at most
+        `cellar.client.checks.MAX_LIST_ALL_KEYS` keys). [] when Cellar fails (logged), as
+        for the connector's other calls."""
+        prefix = self.format.key_prefix()
+        descriptor = self.format.descriptor_key()
+        names: list[str] = await self._ask(lambda c: c.list_all_keys(prefix), "list", [])
+        return [name[len(prefix):] for name in names if name != descriptor]
 
     def support_ping(self) -> bool:
         return True

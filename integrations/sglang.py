@@ -174,7 +174,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def _describe(self, client: Any, _caps: Capabilities) -> None:
         assert self.format is not None
         try:
-            client.put(self.format.key("format"), self.format.descriptor())
+            client.put(self.format.descriptor_key(), self.format.descriptor())
         except AlreadyExists:
             pass
 

@@ -3,7 +3,7 @@
 It owns the object table and its state machine, per-segment allocators, placement, pins,
 eviction, tenants and quotas, quarantine of freed ranges and node membership, all mutated from
 one asyncio event loop (no locks). `service.MasterService` is the behaviour as plain methods
-(split by subsystem: requests, replies, quota, tombstones, grace, node_rpcs);
+(split by subsystem: requests, replies, quota, tombstones, grace, node_rpcs, listing);
 `servicer` is the thin gRPC adapter; `admin` serves /metrics, /health and the JSON admin API;
 `main` is `cellar master`;
 `rebuild` re-creates objects, allocator state and tenant usage from the nodes' index reports

@@ -115,6 +115,7 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
         "limits": {
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
+            "max_list_keys": config.max_list_keys,
             "max_replicas": config.max_replicas,
             "max_object_bytes": summary.max_object_bytes,
             "pin_ttl_s": config.pin_ttl_s,

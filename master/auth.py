@@ -56,7 +56,7 @@ METHOD_POLICY = {
     "PutStart": TENANT_RPC, "PutEnd": TENANT_RPC, "PutRevoke": TENANT_RPC,
     "GetReplicas": TENANT_RPC, "Unpin": TENANT_RPC, "Exists": TENANT_RPC,
     "PrefixLen": TENANT_RPC, "Remove": TENANT_RPC, "RemovePrefix": TENANT_RPC,
-    "RemoveAll": TENANT_RPC,
+    "RemoveAll": TENANT_RPC, "ListKeys": TENANT_RPC,
     "MountSegment": NODE_RPC, "UnmountSegment": NODE_RPC, "Heartbeat": NODE_RPC,
     "ReportObjects": NODE_RPC,
     "ClusterStatus": ANY_RPC,

@@ -22,6 +22,11 @@ DEFAULT_TENANT = "default"
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_SEGMENT_BYTES = 1 << 48
 MAX_QUOTA = 1 << 62  # a quota above this is no quota a protobuf uint64 reply could not carry
+# A ListKeys reply of max_list_keys keys of max_key_bytes each must fit grpc_max_message_bytes:
+# each key costs its bytes plus a tag and a length varint (<= 4 bytes for keys up to 64 KiB),
+# and the reply header and `more` flag fit in the slack.
+LIST_KEY_WIRE_OVERHEAD_BYTES = 4
+LIST_REPLY_SLACK_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,7 @@ class MasterConfig:
     max_replicas: int = setting(8, "most replicas one object may ask for", unit="replicas")
     max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)
     max_batch_keys: int = setting(1024, "most keys (or pin ids) in one batched request", unit="keys")
+    max_list_keys: int = setting(1000, "most keys one ListKeys page returns (its limit)", unit="keys")
     pin_ttl_s: float = setting(10.0, "a read pin (and its read grant) expires after this", unit=UNIT_SECONDS)
     max_pins_per_client: int = setting(65536, "most live pins one client id may hold", unit="pins")
     write_grant_ttl_s: float = setting(
@@ -239,6 +245,7 @@ class MasterConfig:
         require(self.default_replicas <= self.max_replicas, "default_replicas", "must be <= max_replicas")
         require(1 <= self.max_key_bytes <= 1 << 16, "max_key_bytes", "must be in [1, 65536]")
         require(1 <= self.max_batch_keys <= 1 << 16, "max_batch_keys", "must be in [1, 65536]")
+        require(1 <= self.max_list_keys <= 1 << 16, "max_list_keys", "must be in [1, 65536]")
         require(self.pin_ttl_s > 0, "pin_ttl_s", "must be > 0")
         require(self.max_pins_per_client >= 1, "max_pins_per_client", "must be >= 1")
         require(self.write_grant_ttl_s > 0, "write_grant_ttl_s", "must be > 0")
@@ -279,6 +286,11 @@ class MasterConfig:
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",
             "must be in [64KiB, 1GiB]",
         )
+        list_reply_bytes = (self.max_list_keys * (self.max_key_bytes + LIST_KEY_WIRE_OVERHEAD_BYTES)
+                            + LIST_REPLY_SLACK_BYTES)
+        require(list_reply_bytes <= self.grpc_max_message_bytes, "max_list_keys",
+                f"a full page of max_key_bytes keys ({list_reply_bytes} bytes) must fit "
+                f"grpc_max_message_bytes ({self.grpc_max_message_bytes}); lower max_list_keys")
         require(1 <= self.max_connections_per_peer <= 65536, "max_connections_per_peer",
                 "must be in [1, 65536]")
         require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be in [0.1s, 1 day]")

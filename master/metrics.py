@@ -40,6 +40,7 @@ RPC_METRIC_NAMES = {
     "Remove": "remove",
     "RemovePrefix": "remove_prefix",
     "RemoveAll": "remove_all",
+    "ListKeys": "list_keys",
     "MountSegment": "mount_segment",
     "UnmountSegment": "unmount_segment",
     "Heartbeat": "heartbeat",

@@ -120,6 +120,13 @@ def key_error(key: str, max_key_bytes: int) -> str:
     return ""
 
 
+def check_key_bound(what: str, text: str, max_key_bytes: int) -> None:
+    """Refuse a prefix or bound (RemovePrefix, ListKeys) longer than any key could be."""
+    nbytes = len(text.encode("utf-8", "surrogatepass"))
+    if nbytes > max_key_bytes:
+        raise RequestRejected(f"{what} is {nbytes} bytes, over max_key_bytes ({max_key_bytes} bytes UTF-8)")
+
+
 def check_batch(count: int, max_batch_keys: int, what: str = "keys") -> None:
     if count > max_batch_keys:
         raise RequestRejected(f"batch of {count} {what} is over max_batch_keys ({max_batch_keys})")

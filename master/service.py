@@ -12,6 +12,7 @@ eviction, quarantine; and beside them, split out of this file:
 - quota.py: `SpaceMaker`, the bounded eviction a PutStart runs for quota or for space;
 - tombstones.py: removed keys and freed-while-down ids a late report must not revive;
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
+- listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
 - node_rpcs.py: `NodeRpcs`, the node-facing RPCs and the background `tick` (a mixin here).
 
 Everything runs on one asyncio event loop, so a method runs to completion without interleaving:
@@ -37,6 +38,7 @@ from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.eviction import Evictor
 from cellar.master.grace import RebuildGrace
 from cellar.master.ids import SecretIds
+from cellar.master.listing import check_list_request, key_page
 from cellar.master.membership import ACTIVE, Membership, Segment
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, ObjectTable, Replica
@@ -72,6 +74,7 @@ from cellar.master.requests import (
     RequestRejected,
     SystemClock,
     check_batch,
+    check_key_bound,
     key_error,
 )
 from cellar.master.tenants import Tenant, Tenants
@@ -470,8 +473,7 @@ class MasterService(NodeRpcs):
             raise self.grace.error()
         if not prefix:
             raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
-        if len(prefix.encode("utf-8", "surrogatepass")) > self.config.max_key_bytes:
-            raise RequestRejected(f"prefix is longer than max_key_bytes ({self.config.max_key_bytes})")
+        check_key_bound("prefix", prefix, self.config.max_key_bytes)
         victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
         return self._drop_all(victims)
 
@@ -480,6 +482,18 @@ class MasterService(NodeRpcs):
         if self.recovering():
             raise self.grace.error()
         return self._drop_all(list(tenant.objects.values()))
+
+    def list_keys(self, tenant_name: str, prefix: str, start_after: str,
+                  limit: int) -> tuple[list[str], bool]:
+        """One page of the tenant's visible keys and whether more match (master/listing.py:
+        the order, the predicate and the cost of its linear scan)."""
+        tenant = self.tenant(tenant_name)
+        config = self.config
+        check_list_request(prefix, start_after, limit, max_list_keys=config.max_list_keys,
+                           max_key_bytes=config.max_key_bytes)
+        if self.recovering():  # keys not reported yet would be missing from the page
+            raise self.grace.error()
+        return key_page(tenant.objects, prefix, start_after, limit)
 
     def _drop_all(self, victims: list[Obj]) -> int:
         now = self.clock.monotonic()

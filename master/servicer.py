@@ -210,6 +210,12 @@ class MasterServicer:
         removed = self.service.remove_all(req.header.tenant)
         return pb.RemoveCountReply(header=self._header(), removed=removed)
 
+    def ListKeys(self, req: pb.ListKeysRequest, stats: RpcStats) -> pb.ListKeysReply:
+        keys, more = self.service.list_keys(req.header.tenant, req.prefix, req.start_after,
+                                            req.limit)
+        stats.keys += len(keys)
+        return pb.ListKeysReply(header=self._header(), keys=keys, more=more)
+
     def MountSegment(self, req: pb.MountSegmentRequest, stats: RpcStats) -> pb.MountSegmentReply:
         outcome = self.service.mount_segment(
             req.node_id, req.incarnation, req.segments, report_follows=req.report_follows,
@@ -255,6 +261,7 @@ class MasterServicer:
         return pb.ClusterStatusReply(
             header=header, role=summary.role, leader_address=summary.leader_address,
             max_key_bytes=summary.max_key_bytes, max_batch_keys=summary.max_batch_keys,
+            max_list_keys=summary.max_list_keys,
             segments=[pb.SegmentStatus(info=s.info, state=s.state,  # type: ignore[arg-type]
                                        used_bytes=s.used_bytes, object_count=s.object_count)
                       for s in summary.segments],
@@ -360,6 +367,7 @@ class MasterServicer:
             "Remove": (pb.KeysRequest, pb.RemoveReply),
             "RemovePrefix": (pb.RemovePrefixRequest, pb.RemoveCountReply),
             "RemoveAll": (pb.RemoveAllRequest, pb.RemoveCountReply),
+            "ListKeys": (pb.ListKeysRequest, pb.ListKeysReply),
             "MountSegment": (pb.MountSegmentRequest, pb.MountSegmentReply),
             "UnmountSegment": (pb.UnmountSegmentRequest, pb.UnmountSegmentReply),
             "Heartbeat": (pb.HeartbeatRequest, pb.HeartbeatReply),

@@ -36,6 +36,7 @@ class ClusterSummary:
     leader_address: str
     max_key_bytes: int
     max_batch_keys: int
+    max_list_keys: int
     # the rest is empty on a standby (it holds no metadata)
     capacity_bytes: int = 0
     used_bytes: int = 0
@@ -52,7 +53,7 @@ def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool 
     if not leadership.serving():  # a leader past its lease answers as what it is about to be
         return ClusterSummary(False, "standby", leadership.epoch, service.clock.wall_ms(),
                               leadership.leader_address, config.max_key_bytes,
-                              config.max_batch_keys)
+                              config.max_batch_keys, config.max_list_keys)
     epoch, wall_ms = service.header()
     capacity, used = service.capacity()
     segments = tuple(
@@ -62,7 +63,7 @@ def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool 
     )
     return ClusterSummary(
         True, service.role, epoch, wall_ms, leadership.leader_address, config.max_key_bytes,
-        config.max_batch_keys, capacity, used, service.objects.complete_count,
+        config.max_batch_keys, config.max_list_keys, capacity, used, service.objects.complete_count,
         service.largest_placeable_bytes(), segments,
         tuple(service.status_tenants(caller_tenant)),  # bounded: max_status_tenants
     )

@@ -331,6 +331,28 @@ class RemoveCountReply(_message.Message):
     removed: int
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., removed: _Optional[int] = ...) -> None: ...
 
+class ListKeysRequest(_message.Message):
+    __slots__ = ("header", "prefix", "start_after", "limit")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    prefix: str
+    start_after: str
+    limit: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., prefix: _Optional[str] = ..., start_after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListKeysReply(_message.Message):
+    __slots__ = ("header", "keys", "more")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    more: bool
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class MountSegmentRequest(_message.Message):
     __slots__ = ("header", "node_id", "incarnation", "segments", "report_follows", "previous_epoch")
     HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -500,7 +522,7 @@ class TenantStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., object_count: _Optional[int] = ..., quota_objects: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusReply(_message.Message):
-    __slots__ = ("header", "segments", "tenants", "object_count", "capacity_bytes", "used_bytes", "role", "leader_address", "max_key_bytes", "max_object_bytes", "max_batch_keys")
+    __slots__ = ("header", "segments", "tenants", "object_count", "capacity_bytes", "used_bytes", "role", "leader_address", "max_key_bytes", "max_object_bytes", "max_batch_keys", "max_list_keys")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
@@ -512,6 +534,7 @@ class ClusterStatusReply(_message.Message):
     MAX_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIST_KEYS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStatus]
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
@@ -523,4 +546,5 @@ class ClusterStatusReply(_message.Message):
     max_key_bytes: int
     max_object_bytes: int
     max_batch_keys: int
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., object_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., role: _Optional[str] = ..., leader_address: _Optional[str] = ..., max_key_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ...) -> None: ...
+    max_list_keys: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., object_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., role: _Optional[str] = ..., leader_address: _Optional[str] = ..., max_key_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_list_keys: _Optional[int] = ...) -> None: ...

@@ -84,6 +84,11 @@ class MasterStub:
                 request_serializer=cellar_dot_proto_dot_cellar__pb2.RemoveAllRequest.SerializeToString,
                 response_deserializer=cellar_dot_proto_dot_cellar__pb2.RemoveCountReply.FromString,
                 _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/cellar.v1.Master/ListKeys',
+                request_serializer=cellar_dot_proto_dot_cellar__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=cellar_dot_proto_dot_cellar__pb2.ListKeysReply.FromString,
+                _registered_method=True)
         self.MountSegment = channel.unary_unary(
                 '/cellar.v1.Master/MountSegment',
                 request_serializer=cellar_dot_proto_dot_cellar__pb2.MountSegmentRequest.SerializeToString,
@@ -174,6 +179,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MountSegment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -256,6 +267,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RemoveAll,
                     request_deserializer=cellar_dot_proto_dot_cellar__pb2.RemoveAllRequest.FromString,
                     response_serializer=cellar_dot_proto_dot_cellar__pb2.RemoveCountReply.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=cellar_dot_proto_dot_cellar__pb2.ListKeysRequest.FromString,
+                    response_serializer=cellar_dot_proto_dot_cellar__pb2.ListKeysReply.SerializeToString,
             ),
             'MountSegment': grpc.unary_unary_rpc_method_handler(
                     servicer.MountSegment,
@@ -553,6 +569,33 @@ class Master:
             '/cellar.v1.Master/RemoveAll',
             cellar_dot_proto_dot_cellar__pb2.RemoveAllRequest.SerializeToString,
             cellar_dot_proto_dot_cellar__pb2.RemoveCountReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellar.v1.Master/ListKeys',
+            cellar_dot_proto_dot_cellar__pb2.ListKeysRequest.SerializeToString,
+            cellar_dot_proto_dot_cellar__pb2.ListKeysReply.FromString,
             options,
             channel_credentials,
             insecure,

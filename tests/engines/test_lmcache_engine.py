@@ -80,6 +80,8 @@ def test_store_lookup_retrieve_bytes_exact(tmp_path: Path, cluster: LocalCluster
             assert client.exists(conn.format.key("format"))
         assert sizes == [chunk_bytes + extra] * 5 + [7 * conn.single_token_size + extra]
         assert all(conn._name(k).startswith(conn.format.namespace() + "/") for k in keys)
+        # list(): exactly the stored chunks, as LMCache key strings (no descriptor)
+        assert _on_loop(conn, conn.list()) == sorted(k.to_string() for k in keys)
     finally:
         kit.destroy(engine)
 
@@ -125,7 +127,8 @@ def test_connector_surface(tmp_path: Path, cluster: LocalCluster) -> None:
         assert [o is not None for o in objs] == [True, True, False, False]
         for obj in objs[:2]:
             obj.ref_count_down()
-        assert _on_loop(conn, conn.list()) == []
+        # list(): the chunks still stored (keys[2] was removed), as LMCache key strings
+        assert _on_loop(conn, conn.list()) == sorted(k.to_string() for k in keys if k != keys[2])
     finally:
         kit.destroy(engine)
 

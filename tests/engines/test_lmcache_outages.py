@@ -8,6 +8,7 @@ Runs from the LMCache engine venv; skipped where LMCache is not installed."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 from collections.abc import Iterator
@@ -167,6 +168,12 @@ def test_engine_starts_while_cellar_is_down(tmp_path: Path) -> None:
         engine.store(tokens, kv=kv)  # local only: the remote put is dropped
         kit.drop_local(engine)
         assert _retrieve(engine, tokens, kv) == 0
+        conn = kit.cellar_connector(engine)
+
+        def listed() -> list[str]:
+            return asyncio.run_coroutine_threadsafe(conn.list(), conn.loop).result(WAIT_S)
+
+        assert listed() == []  # Cellar unreachable: no keys, no exception
         with LocalCluster(2, "64MiB", port=port):
             def stored() -> bool:
                 engine.store(tokens, kv=kv)
@@ -174,5 +181,7 @@ def test_engine_starts_while_cellar_is_down(tmp_path: Path) -> None:
 
             kit.wait_until(stored, "a store to reach the cluster once it is up", WAIT_S)
             assert _retrieve(engine, tokens, kv) == len(tokens)
+            chunks = [k for _s, _e, k in engine.token_database.process_tokens(tokens)]
+            assert listed() == sorted(k.to_string() for k in chunks)
     finally:
         kit.destroy(engine)

@@ -108,6 +108,8 @@ def test_limits_fall_back_to_defaults():
     assert Limits.from_status(pb.ClusterStatusReply()) == Limits(1024, 1024, 0)
     reply = pb.ClusterStatusReply(max_key_bytes=64, max_batch_keys=8, max_object_bytes=99)
     assert Limits.from_status(reply) == Limits(64, 8, 99)
+    assert Limits.from_status(pb.ClusterStatusReply(max_list_keys=7)).max_list_keys == 7
+    assert Limits.from_status(pb.ClusterStatusReply()).max_list_keys == 1000
 
 
 # ---- error mapping ------------------------------------------------------------------------

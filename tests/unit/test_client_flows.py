@@ -171,3 +171,65 @@ def test_flows_never_block_on_their_own():
 
     out, seen = drive(api.put_many(s, {"k": b"v"}), answer)
     assert any(isinstance(e, Sleep) for e in seen) and out == [Status.UNAVAILABLE]
+
+
+# ---- key listing --------------------------------------------------------------------------
+
+def pages(store: list[str]):
+    """An answer that serves ListKeys pages of `store` (sorted) as the master would."""
+    asked: list[pb.ListKeysRequest] = []
+
+    def answer(effect):
+        assert isinstance(effect, Rpc) and effect.method == "ListKeys"
+        req = effect.request
+        asked.append(req)
+        match = [k for k in sorted(store) if k.startswith(req.prefix) and k > req.start_after]
+        return pb.ListKeysReply(keys=match[:req.limit], more=len(match) > req.limit)
+
+    return answer, asked
+
+
+def test_list_all_keys_walks_pages_from_the_last_key():
+    s, _ = session()
+    store = [f"p/{i:02}" for i in range(7)] + ["q/0"]
+    answer, asked = pages(store)
+    keys, _ = drive(api.list_all_keys(s, "p/", 3), answer)
+    assert keys == store[:7]
+    assert [(r.start_after, r.limit) for r in asked] == [("", 3), ("p/02", 3), ("p/05", 3)]
+    one, _ = drive(api.list_keys(s, "p/", "p/03", 2), pages(store)[0])
+    assert one == ["p/04", "p/05"]
+
+
+def test_list_all_keys_stops_past_its_cap():
+    s, _ = session()
+    answer, asked = pages([f"k{i}" for i in range(10)])
+    with pytest.raises(cellar.InvalidArgument, match="more than 4 keys"):
+        drive(flows.list_all_keys(s, "", 3, 4), answer)
+    assert len(asked) == 2  # stopped as soon as the walk passed the cap
+
+
+@pytest.mark.parametrize(("prefix", "reply"), [
+    ("", pb.ListKeysReply(keys=[], more=True)),           # no progress
+    ("", pb.ListKeysReply(keys=["b", "a"])),              # out of order
+    ("", pb.ListKeysReply(keys=["a", "b", "c", "d"])),    # over the limit
+    ("p/", pb.ListKeysReply(keys=["x/1"])),               # off the prefix
+])
+def test_a_page_that_breaks_the_contract_is_an_error(prefix, reply):
+    s, _ = session()
+    with pytest.raises(cellar.CellarError, match="ListKeys"):
+        drive(flows.list_keys(s, prefix, "", 3), lambda effect: reply)
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"prefix": 7}, "prefix must be a str"),
+    ({"prefix": b"p/"}, "prefix must be a str"),
+    ({"start_after": None}, "start_after must be a str"),
+    ({"limit": 0}, "limit must be between 1 and 1000"),
+    ({"limit": 1001}, "limit must be between 1 and 1000"),
+    ({"limit": True}, "limit must be an int"),
+    ({"prefix": "x" * 1025}, "prefix is 1025 bytes"),
+])
+def test_bad_list_arguments_send_nothing(kwargs, says):
+    s, _ = session()
+    with pytest.raises(cellar.InvalidArgument, match=says):
+        drive(api.list_keys(s, **kwargs), lambda effect: pytest.fail("sent a request"))

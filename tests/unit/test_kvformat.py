@@ -24,6 +24,9 @@ def test_namespace_is_stable_and_short() -> None:
     assert a == b and a.namespace() == b.namespace()
     assert a.namespace().startswith("kv-") and len(a.namespace()) == 3 + 16
     assert a.key("abc") == f"{a.namespace()}/abc"
+    # a listing under key_prefix() gives the engine keys back; the descriptor lives there too
+    assert a.key("abc").removeprefix(a.key_prefix()) == "abc"
+    assert a.descriptor_key() == a.key("format") and a.descriptor_key().startswith(a.key_prefix())
     # The hash input is pinned: a change to it must be deliberate (FORMAT_SCHEMA bump).
     assert fmt().namespace() == KVFormat.from_descriptor(fmt().descriptor()).namespace()
 

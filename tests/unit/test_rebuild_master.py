@@ -175,7 +175,8 @@ def test_recovering_window() -> None:
     svc.mount_segment("n2", 1, [segment_info(2, 64 * MiB)], previous_epoch=EPOCH - 1)
     assert svc.recovering()
     for call in (lambda: svc.get_replicas("", "c", ["k"]), lambda: svc.prefix_len("", ["k"]),
-                 lambda: svc.remove("", ["k"]), lambda: svc.remove_all("")):
+                 lambda: svc.remove("", ["k"]), lambda: svc.remove_all(""),
+                 lambda: svc.list_keys("", "", "", 10)):
         with pytest.raises(RequestRejected) as info:
             call()
         assert info.value.code == "UNAVAILABLE"
