@@ -262,8 +262,14 @@ class TransportSet:
         """Group op indexes by the transport that will move them; also the unreachable ones."""
         groups: dict[int, tuple[Any, list[int]]] = {}
         unreachable: list[int] = []
+        picked: dict[int, Any] = {}  # by route: the ops of one reply share a few route objects
         for i, op in enumerate(ops):
-            transport = self.pick(op.route)
+            route = op.route
+            key = id(route)  # alive for the whole call (ops hold it): the id stays its own
+            if key in picked:
+                transport = picked[key]
+            else:
+                transport = picked[key] = self.pick(route)
             if transport is None:
                 unreachable.append(i)
             else:

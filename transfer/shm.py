@@ -236,7 +236,8 @@ class ShmTransport(Transport):
         deadline = time.monotonic() + timeout_s
         results, jobs, _ = self._plan(ops, writing=False)
         self._copy(results, jobs, deadline)
-        self._count("reads", "bytes_read", ops, results)
+        self._count("reads", "bytes_read", results,  # sizes as planned: no view per op
+                    sum(job.nbytes for i, job in jobs if results[i].ok))
         return results
 
     def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
@@ -279,7 +280,8 @@ class ShmTransport(Transport):
                             self._maps.pop(path, None)
         with self._lock:
             self.stats["commits_refused"] += refused
-        self._count("writes", "bytes_written", ops, results)
+        self._count("writes", "bytes_written", results,
+                    sum(op_nbytes(op) for op, r in zip(ops, results, strict=True) if r.ok))
         return results
 
     def _copy(self, results: list[TransferResult], jobs: list[tuple[int, CopyJob]],
@@ -291,9 +293,8 @@ class ShmTransport(Transport):
             elif job.digest is not None:
                 results[i].checksum = job.digest
 
-    def _count(self, ops_key: str, bytes_key: str, ops: Sequence[TransferOp],
-               results: list[TransferResult]) -> None:
-        nbytes = sum(op_nbytes(op) for op, r in zip(ops, results, strict=True) if r.ok)
+    def _count(self, ops_key: str, bytes_key: str, results: list[TransferResult],
+               nbytes: int) -> None:
         done = sum(1 for r in results if r.ok)
         with self._lock:
             self.stats[ops_key] += done
