@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast fuzz lint proto bench bench-quick bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast fuzz lint proto bench bench-quick bench-parts bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -54,6 +54,12 @@ bench: venv
 
 bench-quick: venv
 	$(VENV)/bin/cellar bench --quick
+
+# Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
+# over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).
+bench-parts: venv
+	$(PY) -m cellar.bench.sdk_parts --transport auto
+	$(PY) -m cellar.bench.sdk_parts --transport tcp
 
 # Where the time goes in the workloads whose figures are unmet: CPU per op of master, node and
 # client, and py-spy's hottest frames of each (bench/results/profiles-<date>-<host>.txt).
