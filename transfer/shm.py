@@ -17,7 +17,9 @@ host, same user) can already write every byte of it, grant or not, so checking b
 copy would protect nothing; what the grant check on COMMIT protects is what matters: the
 node's index only ever records ranges a valid grant covered, an allocation is only sealed by
 committed writes, and a sealed object is never reported rewritten. The client itself never
-writes outside a range its grant covers (checked before the copy).
+writes outside a range its grant covers (checked before the copy). A write that leaves its
+checksum to the transport (`want_checksum`) is hashed as it is copied (the range, 256 KiB at a
+time right after the copy) and its COMMIT carries that digest (`hashes_writes`).
 
 Reads: memcpy out of the mapping. No round trip: the SDK verifies the xxh3 checksum of every
 value it returns, so a torn or stale range is an IntegrityError, never silent bad data. When
