@@ -45,19 +45,18 @@ from cellar.client.rpc import (
     MAX_RPC_ATTEMPTS,
     RESOLVE_TIMEOUT_S,
     fast_line_address,
+    fast_line_refusal,
     leader_hint,
     valid_address,
 )
 from cellar.client.setup import master_channel, tls_context
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
-from cellar.coord.redirect import leader_from_details
 from cellar.errors import CellarError, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 
 AsyncResolver = Callable[[float], Awaitable[str]]
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 FAST_ASYNC_CONNECTIONS = 2  # pipelined connections per client to the master's fast line
 
 log = logging.getLogger("cellar.client")
@@ -245,15 +244,11 @@ class AsyncMasterChannel:
             self._drop_fast(line)
             return None
         if code != fastline.OK_CODE:
-            status = _CODES.get(code, grpc.StatusCode.UNKNOWN)
-            details = data.decode("utf-8", "replace")
-            if retryable_grpc(status):
-                hint = valid_address(leader_from_details(details))
-                if hint:
-                    self._drop_fast(line, relearn_s=0.0)
-                    await self._redirect(address, hint, deadline)
-                return None  # gRPC carries it, with gRPC's retry rules
-            raise grpc_error(method, address, status, details)
+            hint = fast_line_refusal(method, address, code, data)
+            if hint:
+                self._drop_fast(line, relearn_s=0.0)
+                await self._redirect(address, hint, deadline)
+            return None  # gRPC carries it, with gRPC's retry rules
         reply = reply_cls.FromString(data)
         try:
             self._fence.check(int(reply.header.epoch), address)

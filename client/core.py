@@ -330,14 +330,14 @@ def plan_round(transports: TransportSet, kind: str, ops: list[TransferOp], deadl
     if kind == "write":
         for transport, indexes in groups:
             if not getattr(transport, "hashes_writes", False):
-                hash_for(transport, ops, indexes)
+                hash_for(ops, indexes)
     for i in unreachable:
         results[i] = TransferResult(ST_CONNECT_FAILED,
                                     f"no transport reaches node {ops[i].route.node_id}")
     return TransferRound(kind, ops, round_deadline, groups, results)
 
 
-def hash_for(transport: Any, ops: Sequence[TransferOp], indexes: Sequence[int]) -> None:
+def hash_for(ops: Sequence[TransferOp], indexes: Sequence[int]) -> None:
     """Writes that left their checksum to a transport that hashes writes, but go to one that
     does not (the one picked when they were planned could not reach the node any more): hash
     them here, so the node is always told the value's true checksum."""

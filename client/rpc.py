@@ -231,6 +231,18 @@ def fast_line_address(metadata: Any, master_address: str) -> tuple[str, int] | N
     return parse_host_port(master_address)[0].strip("[]"), port
 
 
+def fast_line_refusal(method: str, address: str, code: int, data: bytes) -> str:
+    """A fast-line reply whose code is not OK: when gRPC should carry the call instead (a
+    retryable status), the leader its text names ("" if none or not a usable address); any
+    other status raises the call's error. Both faces read the fast line's refusals so."""
+    status = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+    details = data.decode("utf-8", "replace")
+    if not retryable_grpc(status):
+        raise grpc_error(method, address, status, details)
+    # A redirect (a standby, a deposed leader): the line goes to the wrong master.
+    return valid_address(leader_from_details(details))
+
+
 def valid_address(address: str) -> str:
     """`address` when it is a usable HOST:PORT, else "" (never trust a reply's text)."""
     if not address or len(address) > 300:
@@ -323,17 +335,12 @@ class MasterChannel:
         except _FastLineDown:
             self._drop_fast(line)
             return None
-        if code != 0:
-            status = _CODES.get(code, grpc.StatusCode.UNKNOWN)
-            details = data.decode("utf-8", "replace")
-            if retryable_grpc(status):
-                # A redirect (a standby, a deposed leader): this line goes to the wrong master.
-                hint = valid_address(leader_from_details(details))
-                if hint and self._follow:
-                    self._drop_fast(line, relearn_s=0.0)
-                    self._redirect(origin, hint, deadline)
-                return None
-            raise grpc_error(method, origin.address, status, details)
+        if code != fastline.OK_CODE:
+            hint = fast_line_refusal(method, origin.address, code, data)
+            if hint and self._follow:
+                self._drop_fast(line, relearn_s=0.0)
+                self._redirect(origin, hint, deadline)
+            return None  # gRPC carries it, with gRPC's retry rules
         reply = reply_cls.FromString(data)
         try:
             self._fence.check(int(reply.header.epoch), origin.address)

@@ -1,11 +1,12 @@
 """Memory copies for the shm transport: bounded pieces, a deadline, optional fused hashing.
 
 What it owns
-    Running one batch's copies (`CopyJob`: one op, one (destination, source) pair per part) with
-    `ctypes.memmove`, which releases the GIL, between the caller's views and one contiguous span
-    of a mapped segment, in pieces of at most PIECE_BYTES, checking the
-    batch deadline before every piece. An op whose pieces did not all run before the deadline is
-    not `done` (the transport fails it with ST_TIMEOUT; a write is then never committed).
+    Running one batch's copies (`CopyJob`: one op, its parts on the caller's side, one
+    contiguous span of a mapped segment on the other) in runs of at most PIECE_BYTES, each run
+    one call of the native helper `_copyv.copy_pieces` (GIL released; `ctypes.memmove` per
+    piece without it), checking the batch deadline before every run. An op whose runs did not
+    all go before the deadline is not `done` (the transport fails it with ST_TIMEOUT; a write is
+    then never committed).
 
 Why pieces and a deadline
     The cancellation guarantee (`base`): when a read returns, no byte of its destinations is
@@ -119,38 +120,29 @@ def _address(view: memoryview) -> int:
 
 
 def _runs(job: CopyJob) -> list[_Run]:
-    """`_runs_py`, by the native helper when it is built (the same runs, ~10x faster)."""
-    if _cut_runs is None:
-        return _runs_py(job)
+    """The job's memmoves cut into runs of exactly one step (the last one shorter): PIECE_BYTES,
+    or FUSED_CHUNK_BYTES for a hashed job, whose span is hashed after each run whatever the
+    parts' sizes (the span is contiguous, so 64 KiB scatter-gather parts still hash in 256 KiB
+    calls, which release the GIL: per part they would not, and two copy threads would
+    serialise on it). Cut by the native helper when it is built (~10x faster), else by
+    `_runs_py`: the same runs."""
     step = FUSED_CHUNK_BYTES if job.hashed else PIECE_BYTES
-    runs, total = _cut_runs(job.views, job.span_address, job.to_span, step, job.hashed)
+    cut = _runs_py if _cut_runs is None else _cut_runs
+    runs, total = cut(job.views, job.span_address, job.to_span, step, job.hashed)
     if total != len(job.span):  # callers size the span from the views: a broken invariant
         raise ValueError(f"a copy job's views hold {total} bytes, its span {len(job.span)}")
     return runs
 
 
-def _runs_py(job: CopyJob) -> list[_Run]:
-    """The job's memmoves cut into runs of exactly one step (the last one shorter): PIECE_BYTES,
-    or FUSED_CHUNK_BYTES for a hashed job, whose span is hashed after each run whatever the
-    parts' sizes (the span is contiguous, so 64 KiB scatter-gather parts still hash in 256 KiB
-    calls, which release the GIL: per part they would not, and two copy threads would
-    serialise on it)."""
-    step = FUSED_CHUNK_BYTES if job.hashed else PIECE_BYTES
+def _runs_py(views: Sequence[memoryview], seg: int, to_span: bool, step: int,
+             hashed: bool) -> tuple[list[_Run], int]:
+    """`_copyv.cut_runs` in Python: (runs, total bytes of the views)."""
     runs: list[_Run] = []
     table = array("q")
     pos = run_bytes = 0
-    seg, to_span, hashed = job.span_address, job.to_span, job.hashed
-    for view in job.views:
-        n = len(view)
-        if not n:
-            continue
-        a = _address(view)
-        if run_bytes + n < step:  # the common case of scatter-gather parts: whole, mid-run
-            table.extend((seg + pos, a, n) if to_span else (a, seg + pos, n))
-            pos += n
-            run_bytes += n
-            continue
-        off = 0
+    for view in views:
+        n, off = len(view), 0
+        a = _address(view) if n else 0
         while off < n:
             m = min(step - run_bytes, n - off)
             table.extend((seg + pos, a + off, m) if to_span else (a + off, seg + pos, m))
@@ -158,11 +150,9 @@ def _runs_py(job: CopyJob) -> list[_Run]:
             if run_bytes == step:
                 runs.append((table, pos if hashed else -1, run_bytes))
                 table, run_bytes = array("q"), 0
-    if pos != len(job.span):  # callers size the span from the views: a broken invariant
-        raise ValueError(f"a copy job's views hold {pos} bytes, its span {len(job.span)}")
     if run_bytes:
         runs.append((table, pos if hashed else -1, run_bytes))
-    return runs
+    return runs, pos
 
 
 def _items(jobs: Sequence[CopyJob]) -> list[_Item]:

@@ -125,8 +125,10 @@ def test_the_native_cut_is_the_python_cut(hashed: bool, to_span: bool) -> None:
     views = [memoryview(b) if k % 2 else memoryview(bytearray(b)) for k, b in enumerate(srcs)]
     span = memoryview(bytearray(sum(sizes)))
     job = CopyJob(views, span, memcopy.buffer_address(span), to_span=to_span, hashed=hashed)
+    step = FUSED_CHUNK_BYTES if hashed else PIECE_BYTES
     native = memcopy._runs(job)
-    python = memcopy._runs_py(job)
+    python, total = memcopy._runs_py(views, job.span_address, to_span, step, hashed)
+    assert total == len(span)
     assert [(bytes(t), mark, n) for t, mark, n in native] == \
         [(bytes(t), mark, n) for t, mark, n in python]
     assert len(native) >= 2  # several runs, cut at the same places
