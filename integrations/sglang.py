@@ -50,15 +50,12 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
-from cellar.integrations.sglang_link import Capabilities, Link, connect_from, log
+from cellar.integrations.sglang_link import Link, connect_from, log
 from cellar.integrations.sglang_pages import PoolPages
 
 ADAPTER = "sglang-hicache"
 ADAPTER_VERSION = 1
 TARGET_SGLANG = "0.5.23"
-# Pages per get when the SDK has no deadline-bounded get: the deadline is checked between
-# chunks, so a call overruns its budget by at most one chunk's read.
-FALLBACK_CHUNK_PAGES = 8
 # Under SGLang's `timeout` prefetch policy (its default) the backend's own read deadline, when
 # not configured, is this fraction of the scheduler's budget: the read returns (with what
 # landed) before the scheduler gives up on the prefetch and takes nothing.
@@ -157,10 +154,9 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         is_mla = bool(getattr(cfg, "is_mla_model", False))
         self.pages = PoolPages(mem_pool_host, is_mla=is_mla)
         # The pool is the memory every transfer uses: vouch for it with each client, so the
-        # SDK's pointer and RDMA paths may use it (older SDKs have no registration).
+        # SDK's pointer and RDMA paths may use it.
         ptr, nbytes = self.pages.base_ptr, self.pages.raw.nbytes
-        self.link.on_connect(lambda c: c.register_buffer(ptr, nbytes)
-                             if hasattr(c, "register_buffer") else None)
+        self.link.on_connect(lambda c: c.register_buffer(ptr, nbytes))
         self.format = page_format(mem_pool_host, self.pages, model=str(model),
                                   tp_size=int(getattr(cfg, "tp_size", 1)))
         rank = int(getattr(cfg, "tp_rank", 0))
@@ -171,7 +167,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         if self.is_writer:
             self.link.call("describe", self._describe, None)
 
-    def _describe(self, client: Any, _caps: Capabilities) -> None:
+    def _describe(self, client: Any) -> None:
         assert self.format is not None
         try:
             client.put(self.format.descriptor_key(), self.format.descriptor())
@@ -203,7 +199,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             self.link.warn("backup-args", f"backup refused: {e}")
             return [False] * len(keys)
         started = time.monotonic()
-        statuses = self.link.call("backup", lambda c, caps: self._put(c, caps, names, objects),
+        statuses = self.link.call("backup", lambda c: self._put(c, names, objects),
                                   [Status.UNAVAILABLE] * len(names))
         per = pages.geometry.objects_per_page
         done = [all(s in _STORED for s in statuses[i * per:(i + 1) * per])
@@ -227,8 +223,8 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             return filled
         started = time.monotonic()
         deadline = self._deadline(len(keys), started)
-        self.link.call("prefetch", lambda c, caps: self._get_pages(c, caps, names, views, filled,
-                                                                   deadline), None)
+        self.link.call("prefetch", lambda c: self._get_pages(c, names, views, filled, deadline),
+                       None)
         self._record("prefetch", sum(filled), pages.geometry.page_bytes, started)
         return filled
 
@@ -241,7 +237,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         except InvalidArgument as e:
             self.link.warn("exists-args", f"exists refused: {e}")
             return 0
-        found = self.link.call("exists", lambda c, _caps: int(c.prefix_len(names)), 0)
+        found = self.link.call("exists", lambda c: int(c.prefix_len(names)), 0)
         return min(len(keys), found // pages.geometry.objects_per_page)
 
     # ---- generic interface (SGLang without interface_v1) -----------------------------------
@@ -269,7 +265,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         except InvalidArgument as e:
             self.link.warn("backup-args", f"backup refused: {e}")
             return False
-        statuses = self.link.call("backup", lambda c, caps: self._put(c, caps, names, objects),
+        statuses = self.link.call("backup", lambda c: self._put(c, names, objects),
                                   [Status.UNAVAILABLE])
         return len(statuses) == len(names) and all(s in _STORED for s in statuses)
 
@@ -293,8 +289,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             self.link.warn("prefetch-args", f"prefetch refused: {e}")
             return out
         filled = [False] * len(keys)
-        self.link.call("prefetch", lambda c, caps: self._get_pages(c, caps, names, views, filled,
-                                                                   None), None)
+        self.link.call("prefetch", lambda c: self._get_pages(c, names, views, filled, None), None)
         return [t if ok else None for t, ok in zip(targets, filled, strict=True)]
 
     # ---- housekeeping ---------------------------------------------------------------------
@@ -304,7 +299,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         share it), as HiCache's `clear` empties its storage."""
         if self.format is not None:
             prefix = self.format.namespace() + "/"
-            self.link.call("clear", lambda c, _caps: c.remove_prefix(prefix), 0)
+            self.link.call("clear", lambda c: c.remove_prefix(prefix), 0)
 
     def get_stats(self) -> Any:
         from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -328,50 +323,39 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         tokens = page_count * pages.page_size_tokens
         return started + float(base) + tokens / 1024 * float(self.settings["get_timeout_per_ki_token_s"])
 
-    def _put(self, client: Any, caps: Capabilities, names: list[str],
-             objects: list[list[memoryview]]) -> list[Status]:
-        opts = {"replicas": self.settings["replicas"], "soft_pin": bool(self.settings["soft_pin"])}
-        if caps.parts:
-            return list(client.put_many_parts(list(zip(names, objects, strict=True)), **opts))
-        # Without scatter-gather a multi-part (layer_first) object is gathered by one copy.
-        items = [(k, parts[0] if len(parts) == 1 else b"".join(parts))
-                 for k, parts in zip(names, objects, strict=True)]
-        return list(client.put_many(items, **opts))
+    def _put(self, client: Any, names: list[str], objects: list[list[memoryview]]) -> list[Status]:
+        return list(client.put_many_parts(list(zip(names, objects, strict=True)),
+                                          replicas=self.settings["replicas"],
+                                          soft_pin=bool(self.settings["soft_pin"])))
 
-    def _get_pages(self, client: Any, caps: Capabilities, names: list[str],
-                   views: list[list[list[memoryview]]], filled: list[bool],
-                   deadline: float | None) -> None:
+    def _get_pages(self, client: Any, names: list[str], views: list[list[list[memoryview]]],
+                   filled: list[bool], deadline: float | None) -> None:
         """Fill the leading pages that Cellar holds whole; mark each in `filled` (in place, so
         an outage part-way still reports the pages that landed)."""
         pages, fmt = self._ready()
         per = pages.geometry.objects_per_page
         expected = pages.geometry.object_bytes
-        step = len(views) if caps.deadline or deadline is None else FALLBACK_CHUNK_PAGES
-        for first in range(0, len(views), step):
-            budget_s = None if deadline is None else deadline - time.monotonic()
-            if budget_s is not None and budget_s <= 0:
-                return
-            last = min(len(views), first + step)
-            chunk_names = names[first * per:last * per]
-            chunk_objects = [obj for page in views[first:last] for obj in page]
-            sizes = self._get(client, caps, chunk_names, chunk_objects, expected,
-                              budget_s if caps.deadline else None)
-            for i in range(last - first):
-                got = sizes[i * per:(i + 1) * per]
-                if len(got) < per or any(s != expected for s in got):
-                    bad = [s for s in got if s >= 0 and s != expected]
-                    if bad:
-                        self.link.warn("format", f"refused an object of {bad[0]} bytes under "
-                                       f"{fmt.namespace()} (the format holds {expected})")
-                    return  # HiCache uses the leading run only: stop at the first hole
-                filled[first + i] = True
+        budget_s = None if deadline is None else deadline - time.monotonic()
+        if budget_s is not None and budget_s <= 0:
+            return
+        sizes = self._get(client, names, [obj for page in views for obj in page], expected,
+                          budget_s)
+        for i in range(len(views)):
+            got = sizes[i * per:(i + 1) * per]
+            if len(got) < per or any(s != expected for s in got):
+                bad = [s for s in got if s >= 0 and s != expected]
+                if bad:
+                    self.link.warn("format", f"refused an object of {bad[0]} bytes under "
+                                   f"{fmt.namespace()} (the format holds {expected})")
+                return  # HiCache uses the leading run only: stop at the first hole
+            filled[i] = True
 
-    def _get(self, client: Any, caps: Capabilities, names: list[str],
-             objects: list[list[memoryview]], expected: int, budget_s: float | None) -> list[int]:
-        """Per object: its size, or <0 (miss / late / refused); cut at the first hole when the
-        SDK can (prefix=True)."""
+    def _get(self, client: Any, names: list[str], objects: list[list[memoryview]],
+             expected: int, budget_s: float | None) -> list[int]:
+        """Per object: its size, or <0 (miss / late / refused); cut at the first hole
+        (prefix=True)."""
         try:
-            return self._read(client, caps, names, objects, expected, budget_s)
+            return self._read(client, names, objects, budget_s)
         except InvalidArgument as e:
             # An object under one of our keys is not of the format's size: the SDK refuses the
             # batch before any byte moves (BufferTooSmall: larger; InvalidArgument: parts that
@@ -380,7 +364,7 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         out: list[int] = []
         for name, parts in zip(names, objects, strict=True):
             try:
-                (size,) = self._read(client, caps, [name], [parts], expected, None) or (-1,)
+                (size,) = self._read(client, [name], [parts], None) or (-1,)
             except InvalidArgument:
                 size = -1
             out.append(size)
@@ -388,25 +372,12 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
                 break
         return out
 
-    def _read(self, client: Any, caps: Capabilities, names: list[str],
-              objects: list[list[memoryview]], expected: int, budget_s: float | None) -> list[int]:
-        opts: dict[str, Any] = {"timeout_s": max(budget_s, 0.0), "prefix": True} if (
-            caps.deadline and budget_s is not None) else {}
-        if caps.parts:
-            return list(client.get_many_into_parts(names, objects, **opts))
-        if all(len(parts) == 1 for parts in objects):
-            return list(client.get_many_into(names, [p[0] for p in objects], **opts))
-        # No scatter-gather in this SDK: read each object into a staging buffer and scatter
-        # it only when it has exactly the format's size.
-        stage = [bytearray(expected) for _ in names]
-        sizes = list(client.get_many_into(names, stage, **opts))
-        for size, buf, parts in zip(sizes, stage, objects, strict=False):
-            if size == expected:
-                at = 0
-                for part in parts:
-                    part[:] = buf[at:at + part.nbytes]
-                    at += part.nbytes
-        return sizes
+    @staticmethod
+    def _read(client: Any, names: list[str], objects: list[list[memoryview]],
+              budget_s: float | None) -> list[int]:
+        opts: dict[str, Any] = {} if budget_s is None else {"timeout_s": max(budget_s, 0.0),
+                                                           "prefix": True}
+        return list(client.get_many_into_parts(names, objects, **opts))
 
     def _record(self, op: str, page_count: int, page_bytes: int, started: float) -> None:
         if page_count <= 0 or len(self._stats[f"{op}_pgs"]) >= MAX_STATS_SAMPLES:

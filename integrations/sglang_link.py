@@ -9,24 +9,16 @@ Why it exists
     `fallback` plus one rate-limited warning. The engine sees misses, a shorter prefix or a
     failed backup, and gets its pages back when the cluster answers again.
 
-    The SDK's capabilities are read once per client (`Capabilities`): the scatter-gather and
-    deadline-bounded forms (`put_many_parts`, `get_many_into_parts`, `get_many_into(...,
-    timeout_s=, prefix=)`) are used where the SDK has them; otherwise the adapter falls back
-    to a copy through a staging buffer (multi-part objects) and page chunks checked against
-    the deadline between chunks (`sglang.py`).
-
 What it must never do
     Let an exception from Cellar reach SGLang, or keep a client that could not connect.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import cellar
@@ -40,21 +32,6 @@ RECONNECT_INTERVAL_S = 1.0
 WARN_INTERVAL_S = 10.0
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    parts: bool  # put_many_parts / get_many_into_parts
-    deadline: bool  # get_many_into(..., timeout_s=, prefix=)
-
-    @classmethod
-    def of(cls, client: Any) -> Capabilities:
-        try:
-            params = inspect.signature(client.get_many_into).parameters
-        except (TypeError, ValueError):
-            params = {}  # type: ignore[assignment]
-        return cls(parts=hasattr(client, "get_many_into_parts") and hasattr(client, "put_many_parts"),
-                   deadline="timeout_s" in params and "prefix" in params)
-
-
 class Link:
     """A lazily (re)connected `cellar.Client`, shared by the backend's threads (the sync
     client is thread-safe)."""
@@ -64,12 +41,11 @@ class Link:
         self._on_connect: list[Callable[[Any], None]] = []
         self._lock = threading.Lock()
         self._client: Any = None
-        self._caps = Capabilities(parts=False, deadline=False)
         self._next_attempt = 0.0
         self._warned: dict[str, float] = {}
         self._closed = False
 
-    def _get(self) -> tuple[Any, Capabilities] | None:
+    def _get(self) -> Any | None:
         with self._lock:
             if self._closed:
                 return None
@@ -79,11 +55,11 @@ class Link:
                     client = self._connect()
                     for hook in self._on_connect:
                         hook(client)
-                    self._client, self._caps = client, Capabilities.of(client)
+                    self._client = client
                 except Exception as e:  # noqa: BLE001 - any failure to connect is an outage
                     self.warn("connect", f"cannot reach Cellar: {e}")
                     self._client = None
-            return None if self._client is None else (self._client, self._caps)
+            return self._client
 
     def on_connect(self, hook: Callable[[Any], None]) -> None:
         """Run `hook(client)` on the current client and on every new one (e.g. to register
@@ -97,12 +73,12 @@ class Link:
             except Exception as e:  # noqa: BLE001
                 self.warn("connect", f"setting up the Cellar client failed: {e}")
 
-    def call(self, what: str, fn: Callable[[Any, Capabilities], T], fallback: T) -> T:
-        got = self._get()
-        if got is None:
+    def call(self, what: str, fn: Callable[[Any], T], fallback: T) -> T:
+        client = self._get()
+        if client is None:
             return fallback
         try:
-            return fn(*got)
+            return fn(client)
         except Exception as e:  # noqa: BLE001 - the engine must never see Cellar's exceptions
             self.warn(what, f"{what} failed: {type(e).__name__}: {e}")
             return fallback

@@ -9,15 +9,11 @@ import pytest
 
 import cellar
 from cellar.integrations import sglang_link
-from cellar.integrations.sglang_link import Capabilities, Link
+from cellar.integrations.sglang_link import Link
 
 
 class Client:
     closed = False
-
-    def get_many_into(self, keys: Any, bufs: Any, *, timeout_s: Any = None,
-                      prefix: bool = False) -> list[int]:
-        return []
 
     def close(self) -> None:
         self.closed = True
@@ -37,34 +33,26 @@ def test_failures_become_the_fallback_and_reconnect_is_rate_limited(
         return Client()
 
     link = Link(connect)
-    assert link.call("x", lambda c, caps: 1, 0) == 0
-    assert link.call("x", lambda c, caps: 1, 0) == 0
+    assert link.call("x", lambda c: 1, 0) == 0
+    assert link.call("x", lambda c: 1, 0) == 0
     assert len(attempts) == 1  # no second attempt within RECONNECT_INTERVAL_S
     up[0] = True
     now[0] += sglang_link.RECONNECT_INTERVAL_S
-    assert link.call("x", lambda c, caps: 1, 0) == 1
+    assert link.call("x", lambda c: 1, 0) == 1
 
-    def boom(c: Any, caps: Any) -> int:
+    def boom(c: Any) -> int:
         raise cellar.Timeout("slow")
 
     assert link.call("x", boom, -5) == -5  # an error in a call is its fallback, never raised
-    assert link.call("x", lambda c, caps: caps.deadline, False) is True
+    assert isinstance(link.call("x", lambda c: c, None), Client)  # the connected client
     link.close()
-    assert link.call("x", lambda c, caps: 1, 0) == 0  # closed: never reconnects
+    assert link.call("x", lambda c: 1, 0) == 0  # closed: never reconnects
 
 
 def test_hooks_run_on_every_new_client() -> None:
     seen: list[Any] = []
     link = Link(Client)
     link.on_connect(seen.append)
-    link.call("x", lambda c, caps: None, None)
+    link.call("x", lambda c: None, None)
     assert len(seen) == 1 and isinstance(seen[0], Client)
 
-
-def test_capabilities() -> None:
-    class Old:
-        def get_many_into(self, keys: Any, bufs: Any) -> list[int]:
-            return []
-
-    assert Capabilities.of(Old()) == Capabilities(parts=False, deadline=False)
-    assert Capabilities.of(Client()) == Capabilities(parts=False, deadline=True)
