@@ -326,11 +326,8 @@ class CellarConnector(RemoteConnector):
     async def _read_prefix(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:
         """The leading run of `keys` loaded from Cellar; empty on any Cellar failure."""
         names = [self._name(k) for k in keys]
-        try:
-            return await self.session.run(lambda c: self._read_chunks(c, names))
-        except FAILURES as e:
-            log.warning("Cellar: read of %d chunks failed, all missed: %s", len(keys), e)
-            return []
+        return await self._ask(lambda c: self._read_chunks(c, names),
+                               f"read of {len(keys)} chunks", [])
 
     async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
         """One MemoryObj per key of the leading run that loaded, None for the rest (keys after
