@@ -45,7 +45,6 @@ from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.checks import DEFAULT_MAX_LIST_KEYS, UNPIN_DELAY_S, Limits, validate_key
 from cellar.client.core import TransportSet
 from cellar.client.flows import Move, Rpc, Session, Sleep
-from cellar.client.gets import take_value
 from cellar.client.metering import FlowRun
 from cellar.client.setup import ConnectArgs, opened
 from cellar.client.statuses import ClientClosed
@@ -253,10 +252,9 @@ class AsyncClient:
         # each caller is a request of its own; one recorder call counts them all
         metrics.record_requests("get", [e.size if e.status == Status.OK else None
                                         for e in entries], wait_s=wait_s)
-        ok = Status.OK
         for (_, waiter), entry in zip(waiting, entries, strict=True):
             try:
-                value = take_value(entry) if entry.status is ok else api.value_or_raise(entry)
+                value = api.value_or_raise(entry)
             except CellarError as exc:
                 if not waiter.done():
                     waiter.set_exception(exc)
