@@ -44,7 +44,7 @@ fuzz: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy cellar master storage_node client transfer proto bench integrations compat
+	$(VENV)/bin/mypy cellar coord master storage_node client transfer proto bench integrations compat devtools
 
 proto: venv
 	$(PY) proto/_generate.py
@@ -88,7 +88,7 @@ soak-ha: venv
 # kill -9 the leader of etcd + 2 masters + 3 nodes under traffic, 5 times on fresh clusters;
 # prints the median failover time and the recovered-object counts (bench/results/failover.*).
 failover: venv
-	$(PY) -m cellar.failover --runs 5
+	$(PY) -m cellar.bench.failover --runs 5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -99,7 +99,7 @@ def measure(chunks: int, reps: int, transport: str, chunk_meta: bool,
     import torch
 
     import cellar
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     kit = _kit()
     chunk_bytes = 2 * LAYERS * CHUNK_TOKENS * KV_HEADS * HEAD_DIM * 2

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "engines"))  # the harness lives with the engine tests
 
 import cellar  # noqa: E402
-from cellar.local_cluster import LocalCluster  # noqa: E402
+from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
 
 DEFAULT_OUT = ROOT / "bench" / "results"
 GB = 1e9

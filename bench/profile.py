@@ -152,7 +152,7 @@ def summarize(raw_path: Path, top: int = TOP_FRAMES) -> list[str]:
 # ---- the orchestrator -------------------------------------------------------------------------
 
 def profile_one(name: str, seconds: float, py_spy: str | None, work_dir: Path) -> list[str]:
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     workload = Workload.parse(name)
     lines = [f"## {name}"]

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                              "bench-metadata`, about 7 minutes and ~6.6 GiB of master RSS on "
                              "its own, so it is not in the default run)")
     args = parser.parse_args(argv)
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     started = time.monotonic()
     say("measuring this machine's ceilings (loopback TCP, aligned memcpy)")

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in run(args.address, transports, args.quick):
             print(json.dumps(row), flush=True)
         return 0
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     with LocalCluster(nodes=1, segment_size="256MiB", port=0, http_port=0) as cluster:
         cluster.wait_prefaulted()

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", default="auto")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     with LocalCluster(nodes=2, segment_size="1GiB", port=0, http_port=0) as cluster:
         cluster.wait_prefaulted()

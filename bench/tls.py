@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     reps = 2 if args.quick else args.reps
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     with contextlib.ExitStack() as stack:
         tls_cluster = stack.enter_context(

@@ -1,11 +1,15 @@
 """Cellar: a distributed key/value object store for LLM KV caches.
 
-The package root holds what every part shares: typed errors (`cellar.errors`), the layered
-configuration (`cellar.config`), size/duration units, the small HTTP server, the `cellar`
-command and the local cluster behind `cellar up`. The SDK is exported here lazily
-(`cellar.connect`, `cellar.Client`, `cellar.connect_async`, `cellar.AsyncClient`) so that importing `cellar.master` or
-`cellar.storage_node` never loads client code.
-Import rule: must not import cellar.bench.*, cellar.integrations.*, cellar.compat.*
+The package root is the kernel, the ground floor every room stands on: typed errors
+(`cellar.errors`), the layered configuration (`cellar.config`), size/duration units, client
+credentials, the token store, the cluster secret, TLS contexts, the small HTTP server, heap and
+process-lifecycle upkeep; and the `cellar` command (`cellar.cli`), whose subcommands are
+imported lazily by name. The tools (`cellar up`, `cellar soak`, the local cluster) live in
+`cellar.devtools`; leader election and discovery in `cellar.coord`. The SDK is exported here
+lazily (`cellar.connect`, `cellar.Client`, `cellar.connect_async`, `cellar.AsyncClient`) so that
+importing `cellar.master` or `cellar.storage_node` never loads client code (the type-only import
+below is the one exception the checker sees).
+Import rule: must not import cellar.master.*, cellar.storage_node.*, cellar.transfer.*, cellar.coord.*, cellar.devtools.*, cellar.bench.*, cellar.integrations.*, cellar.compat.*
 """
 
 from __future__ import annotations

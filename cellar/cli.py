@@ -13,15 +13,15 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "master": ("cellar.master.main", "main", "run the metadata master"),
     "node": ("cellar.storage_node.main", "main", "run a storage node contributing a DRAM segment"),
-    "up": ("cellar.up", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
+    "up": ("cellar.devtools.up", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
     "status": ("cellar.client.cli", "status_main", "print the cluster's capacity, nodes and tenants"),
     "top": ("cellar.client.top", "main", "live view of the cluster (the status page in the terminal)"),
     "put": ("cellar.client.cli", "put_main", "store a file's bytes under a key"),
     "get": ("cellar.client.cli", "get_main", "fetch a key's bytes to a file or stdout"),
     "rm": ("cellar.client.cli", "rm_main", "remove a key"),
-    "token": ("cellar.token_cli", "main", "create, list or revoke the cluster's bearer tokens"),
+    "token": ("cellar.devtools.token_cli", "main", "create, list or revoke the cluster's bearer tokens"),
     "bench": ("cellar.bench", "main", "run the data-plane and metadata benchmarks"),
-    "soak": ("cellar.soak", "main", "random traffic under chaos (kills, stops, restarts); verify every read"),
+    "soak": ("cellar.devtools.soak", "main", "random traffic under chaos (kills, stops, restarts); verify every read"),
 }
 
 

@@ -9,15 +9,16 @@ What it owns
 The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `checks.py`   argument checks, the client's limits, the credential lookup
     - `statuses.py` per-key statuses, MISS/LATE, status and gRPC code -> exception
-    - `core.py`     reply decoding and the shared state (node health, unpin queue, epoch
-                    fence, transport choice per replica and transfer-round budgets)
+    - `session_state.py` reply decoding and the state a client keeps between calls (node
+                    health, unpin queue, epoch fence, transport choice per replica and
+                    transfer-round budgets)
     - `puts.py`, `gets.py` the put and get state machines (no I/O)
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
                     retries, pin release, deadline-bounded gets, probes)
-    - `api.py`      the public operations: checks + flow + result, shared by both faces
-    - `api_buffers.py` the same for raw pointers, scatter-gather parts and torch tensors
-    - `metering.py` stepping one flow for a face (`FlowRun`) and the call's metrics
-    - `setup.py`    connect arguments, client id, master address parsing
+    - `operations.py` the public operations: checks + flow + result, shared by both faces
+    - `buffer_operations.py` the same for raw pointers, scatter-gather parts and tensors
+    - `flow_run.py` stepping one flow for a face (`FlowRun`) and the call's metrics
+    - `connect_args.py` connect arguments, client id, master address parsing
     - `sync.py`     `Client`, the blocking face (threads); `connect`
     - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
     - `aio.py`      `AsyncClient`, the asyncio face; `connect_async`

@@ -6,7 +6,7 @@ What it owns
     transports of `cellar.transfer` (`AsyncTransport`: the loop's own sockets for tcp, inline
     copies for shm; no thread carries payload), `Sleep` as `asyncio.sleep`; and a loop task that
     releases pins no GetReplicas carried within `UNPIN_DELAY_S`. What is sent, retried and
-    returned is decided by the same flows as the sync face (`cellar.client.api`), so the
+    returned is decided by the same flows as the sync face (`cellar.client.operations`), so the
     arguments, results and exceptions are the same; only `await` differs.
 
 One loop
@@ -40,13 +40,13 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import api, api_buffers, flows, metrics
+from cellar.client import buffer_operations, flows, metrics, operations
 from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.checks import DEFAULT_MAX_LIST_KEYS, UNPIN_DELAY_S, Limits, validate_key
-from cellar.client.core import TransportSet
+from cellar.client.connect_args import ConnectArgs, opened
+from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
-from cellar.client.metering import FlowRun
-from cellar.client.setup import ConnectArgs, opened
+from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
@@ -183,19 +183,19 @@ class AsyncClient:
 
     async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """As `Client.put`."""
-        await self._run(api.put(self._session(), key, value, replicas=replicas,
+        await self._run(operations.put(self._session(), key, value, replicas=replicas,
                                 soft_pin=soft_pin), "put")
 
     async def upsert(self, key: str, value: Any, *, replicas: int = 1,
                      soft_pin: bool = False) -> None:
         """As `Client.upsert`."""
-        await self._run(api.put(self._session(), key, value, replicas=replicas,
+        await self._run(operations.put(self._session(), key, value, replicas=replicas,
                                 soft_pin=soft_pin, upsert=True), "put")
 
     async def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
                        upsert: bool = False) -> list[Status]:
         """As `Client.put_many`."""
-        return await self._run(api.put_many(self._session(), items, replicas=replicas,
+        return await self._run(operations.put_many(self._session(), items, replicas=replicas,
                                             soft_pin=soft_pin, upsert=upsert), "put")
 
     # ---- get -------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ class AsyncClient:
             if self._closed or self._s is None:
                 raise ClientClosed("this cellar.AsyncClient is closed")
             started = time.perf_counter()
-            entries = await self._run(api.get_each(self._s, [k for k, _ in waiting]))
+            entries = await self._run(operations.get_each(self._s, [k for k, _ in waiting]))
             wait_s = time.perf_counter() - started
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
             if isinstance(exc, asyncio.CancelledError) and self._closed:
@@ -254,7 +254,7 @@ class AsyncClient:
                                         for e in entries], wait_s=wait_s)
         for (_, waiter), entry in zip(waiting, entries, strict=True):
             try:
-                value = api.value_or_raise(entry)
+                value = operations.value_or_raise(entry)
             except CellarError as exc:
                 if not waiter.done():
                     waiter.set_exception(exc)
@@ -264,63 +264,63 @@ class AsyncClient:
 
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""
-        return await self._run(api.get_into(self._session(), key, buffer), "get")
+        return await self._run(operations.get_into(self._session(), key, buffer), "get")
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """As `Client.get_many`."""
-        return await self._run(api.get_many(self._session(), keys), "get")
+        return await self._run(operations.get_many(self._session(), keys), "get")
 
     async def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
                             timeout_s: float | None = None, prefix: bool = False) -> list[int]:
         """As `Client.get_many_into` (sizes, `cellar.MISS`, `cellar.LATE`; `prefix`)."""
-        return await self._run(api.get_many_into(self._session(), keys, buffers,
+        return await self._run(operations.get_many_into(self._session(), keys, buffers,
                                                  timeout_s=timeout_s, prefix=prefix), "get")
 
     async def size(self, key: str) -> int:
         """As `Client.size`."""
-        return await self._run(api.size(self._session(), key))
+        return await self._run(operations.size(self._session(), key))
 
     # ---- probes and removal ----------------------------------------------------------------
 
     async def exists(self, key: str) -> bool:
         """As `Client.exists`."""
-        return await self._run(api.exists(self._session(), key), "exists")
+        return await self._run(operations.exists(self._session(), key), "exists")
 
     async def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """As `Client.exists_many`."""
-        return await self._run(api.exists_many(self._session(), keys), "exists")
+        return await self._run(operations.exists_many(self._session(), keys), "exists")
 
     async def prefix_len(self, keys: Sequence[str]) -> int:
         """As `Client.prefix_len`."""
-        return await self._run(api.prefix_len(self._session(), keys), "prefix_len")
+        return await self._run(operations.prefix_len(self._session(), keys), "prefix_len")
 
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""
-        return await self._run(api.remove(self._session(), key))
+        return await self._run(operations.remove(self._session(), key))
 
     async def remove_prefix(self, prefix: str) -> int:
         """As `Client.remove_prefix`."""
-        return await self._run(api.remove_prefix(self._session(), prefix))
+        return await self._run(operations.remove_prefix(self._session(), prefix))
 
     async def remove_all(self, *, tenant: str | None = None) -> int:
         """As `Client.remove_all`."""
-        return await self._run(api.remove_all(self._session(), tenant))
+        return await self._run(operations.remove_all(self._session(), tenant))
 
     async def list_keys(self, prefix: str = "", *, start_after: str = "",
                         limit: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
         """As `Client.list_keys`."""
-        return await self._run(api.list_keys(self._session(), prefix, start_after, limit))
+        return await self._run(operations.list_keys(self._session(), prefix, start_after, limit))
 
     async def list_all_keys(self, prefix: str = "", *,
                             page_keys: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
         """As `Client.list_all_keys`."""
-        return await self._run(api.list_all_keys(self._session(), prefix, page_keys))
+        return await self._run(operations.list_all_keys(self._session(), prefix, page_keys))
 
     async def status(self) -> dict[str, Any]:
         """As `Client.status`."""
-        return await self._run(api.status(self._session()))
+        return await self._run(operations.status(self._session()))
 
-    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+    # ---- registered memory, parts, tensors (cellar.client.buffer_operations) ---------------------
 
     async def register_buffer(self, ptr: int, size: int) -> None:
         """As `Client.register_buffer`."""
@@ -333,77 +333,77 @@ class AsyncClient:
     async def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1,
                        soft_pin: bool = False, upsert: bool = False) -> None:
         """As `Client.put_from`."""
-        await self._run(api_buffers.put_from(self._session(), key, ptr, size, replicas=replicas,
+        await self._run(buffer_operations.put_from(self._session(), key, ptr, size, replicas=replicas,
                                              soft_pin=soft_pin, upsert=upsert), "put")
 
     async def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                             replicas: int = 1, soft_pin: bool = False,
                             upsert: bool = False) -> list[Status]:
         """As `Client.put_many_from`."""
-        return await self._run(api_buffers.put_many_from(self._session(), keys, ptrs, sizes,
+        return await self._run(buffer_operations.put_many_from(self._session(), keys, ptrs, sizes,
                                                          replicas=replicas, soft_pin=soft_pin,
                                                          upsert=upsert), "put")
 
     async def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
         """As `Client.get_into_ptr`."""
-        return await self._run(api_buffers.get_into_ptr(self._session(), key, ptr, size), "get")
+        return await self._run(buffer_operations.get_into_ptr(self._session(), key, ptr, size), "get")
 
     async def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int],
                                  sizes: Sequence[int], *, timeout_s: float | None = None,
                                  prefix: bool = False) -> list[int]:
         """As `Client.get_many_into_ptrs`."""
-        return await self._run(api_buffers.get_many_into_ptrs(self._session(), keys, ptrs, sizes,
+        return await self._run(buffer_operations.get_many_into_ptrs(self._session(), keys, ptrs, sizes,
                                                               timeout_s=timeout_s, prefix=prefix),
                                                               "get")
 
     async def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
                         soft_pin: bool = False, upsert: bool = False) -> None:
         """As `Client.put_parts`."""
-        await self._run(api_buffers.put_parts(self._session(), key, parts, replicas=replicas,
+        await self._run(buffer_operations.put_parts(self._session(), key, parts, replicas=replicas,
                                               soft_pin=soft_pin, upsert=upsert), "put")
 
     async def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
                              soft_pin: bool = False, upsert: bool = False) -> list[Status]:
         """As `Client.put_many_parts`."""
-        return await self._run(api_buffers.put_many_parts(self._session(), items, replicas=replicas,
+        return await self._run(buffer_operations.put_many_parts(self._session(), items, replicas=replicas,
                                                           soft_pin=soft_pin, upsert=upsert), "put")
 
     async def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
         """As `Client.get_into_parts`."""
-        return await self._run(api_buffers.get_into_parts(self._session(), key, parts), "get")
+        return await self._run(buffer_operations.get_into_parts(self._session(), key, parts), "get")
 
     async def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]],
                                   *, timeout_s: float | None = None,
                                   prefix: bool = False) -> list[int]:
         """As `Client.get_many_into_parts`."""
-        return await self._run(api_buffers.get_many_into_parts(self._session(), keys, parts_per_key,
+        return await self._run(buffer_operations.get_many_into_parts(self._session(), keys, parts_per_key,
                                                                timeout_s=timeout_s, prefix=prefix),
                                                                "get")
 
     async def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
                          upsert: bool = False) -> None:
         """As `Client.put_tensor`."""
-        await self._run(api_buffers.put_tensor(self._session(), key, t, replicas=replicas,
+        await self._run(buffer_operations.put_tensor(self._session(), key, t, replicas=replicas,
                                                soft_pin=soft_pin, upsert=upsert), "put")
 
     async def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
                           soft_pin: bool = False, upsert: bool = False) -> list[Status]:
         """As `Client.put_tensors`."""
-        return await self._run(api_buffers.put_tensors(self._session(), keys, tensors,
+        return await self._run(buffer_operations.put_tensors(self._session(), keys, tensors,
                                                        replicas=replicas, soft_pin=soft_pin,
                                                        upsert=upsert), "put")
 
     async def get_tensor(self, key: str) -> Any:
         """As `Client.get_tensor`."""
-        return await self._run(api_buffers.get_tensor(self._session(), key), "get")
+        return await self._run(buffer_operations.get_tensor(self._session(), key), "get")
 
     async def get_tensors(self, keys: Sequence[str]) -> list[Any]:
         """As `Client.get_tensors`."""
-        return await self._run(api_buffers.get_tensors(self._session(), keys), "get")
+        return await self._run(buffer_operations.get_tensors(self._session(), keys), "get")
 
     async def get_tensor_into(self, key: str, t: Any) -> int:
         """As `Client.get_tensor_into`."""
-        return await self._run(api_buffers.get_tensor_into(self._session(), key, t), "get")
+        return await self._run(buffer_operations.get_tensor_into(self._session(), key, t), "get")
 
     # ---- the face: performing what the flows ask -------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from cellar.client.core import EpochFence
+from cellar.client.connect_args import master_channel, tls_context
 from cellar.client.rpc import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
@@ -49,7 +49,7 @@ from cellar.client.rpc import (
     leader_hint,
     valid_address,
 )
-from cellar.client.setup import master_channel, tls_context
+from cellar.client.session_state import EpochFence
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
 from cellar.errors import CellarError, Timeout, Unavailable

@@ -26,7 +26,10 @@ from itertools import pairwise
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 from cellar.client.checks import MAX_UNPINS_PER_CALL, MIN_RETRY_BUDGET_S, Limits, batch_ranges
-from cellar.client.core import (
+from cellar.client.gets import GetBatch, GetEntry, release_views
+from cellar.client.pointers import PointerRegistry
+from cellar.client.puts import PutBatch, PutEntry, hash_values
+from cellar.client.session_state import (
     NodeHealth,
     TransferRound,
     TransportSet,
@@ -34,9 +37,6 @@ from cellar.client.core import (
     plan_round,
     status_to_dict,
 )
-from cellar.client.gets import GetBatch, GetEntry, release_views
-from cellar.client.pointers import PointerRegistry
-from cellar.client.puts import PutBatch, PutEntry, hash_values
 from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, InvalidArgument, Status, Timeout
 from cellar.proto import cellar_pb2 as pb

@@ -24,7 +24,7 @@ from typing import Any
 
 from cellar.client.buffers import as_bytes, fresh_bytes, reserve_result_memory
 from cellar.client.checks import NODE_TROUBLE, checksum
-from cellar.client.core import NodeHealth, check_range, routes_from_segments
+from cellar.client.session_state import NodeHealth, check_range, routes_from_segments
 from cellar.client.statuses import (
     LATE,
     MISS,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cellar.client.checks import MAX_PUT_ATTEMPTS, NODE_TROUBLE, checksum
-from cellar.client.core import NodeHealth, check_range, routes_from_segments
+from cellar.client.session_state import NodeHealth, check_range, routes_from_segments
 from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, Status
 from cellar.proto import cellar_pb2 as pb
@@ -218,7 +218,7 @@ class PutBatch:
 
     @staticmethod
     def _take_checksum(e: PutEntry, op: TransferOp, res: TransferResult) -> str:
-        """A value hashed as it was written (by the transport, or by `core.hash_for`): its
+        """A value hashed as it was written (by the transport, or by `session_state.hash_for`): its
         digest becomes the entry's checksum; every replica must agree (else the caller's
         buffer changed during the put). Returns why the write cannot stand, or ""."""
         digest = res.checksum if op.want_checksum else op.meta.checksum if op.meta else None

@@ -6,7 +6,7 @@ What it owns
     are placements and grants only). Every call runs against the caller's deadline. A call
     that fails with UNAVAILABLE (master not up yet, restarting, connection refused) is retried
     with capped exponential backoff while the deadline allows; everything else is mapped at once
-    to a typed exception by `core.grpc_error` (INVALID_ARGUMENT keeps the server's message).
+    to a typed exception by `statuses.grpc_error` (INVALID_ARGUMENT keeps the server's message).
 
 Retrying UNAVAILABLE is safe for every master RPC in practice: gRPC reports it when the
 request did not reach the server. In the rare case where a reply was lost after the master
@@ -52,8 +52,8 @@ from typing import Any
 
 import grpc
 
-from cellar.client.core import EpochFence
-from cellar.client.setup import master_channel, tls_context
+from cellar.client.connect_args import master_channel, tls_context
+from cellar.client.session_state import EpochFence
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord.follow import (
     MIN_LOOKUP_INTERVAL_S,

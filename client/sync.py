@@ -5,7 +5,7 @@ What it owns
     `Move` through the transports, `Sleep`), the helper threads that hash put values behind
     PutStart, and one background thread that releases pins nobody else carried to the master
     within `UNPIN_DELAY_S`. What is sent, retried and returned is decided by the flows
-    (`cellar.client.api`), the same for `AsyncClient`.
+    (`cellar.client.operations`), the same for `AsyncClient`.
 
 Thread safety
     A `Client` may be shared by any number of threads. Per-call state lives in the call's own
@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import api, api_buffers, flows
+from cellar.client import buffer_operations, flows, operations
 from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
     Limits,
@@ -48,12 +48,12 @@ from cellar.client.checks import (
     validate_tenant,
     validate_timeout,
 )
-from cellar.client.core import TransportSet, UnpinQueue
+from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
+from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
-from cellar.client.metering import FlowRun
 from cellar.client.puts import hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
-from cellar.client.setup import ConnectArgs, client_id, opened, parse_master_address
+from cellar.client.session_state import TransportSet, UnpinQueue
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
@@ -206,11 +206,11 @@ class Client:
         torch tensor, ...) of at least one byte. Every replica is written (in parallel) before
         the object becomes visible; on failure the put is revoked and the error raised.
         """
-        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin), "put")
+        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin), "put")
 
     def upsert(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
         """Store `value` under `key`, replacing any existing value."""
-        self._run(api.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin, upsert=True),
+        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin, upsert=True),
                   "put")
 
     def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
@@ -222,14 +222,14 @@ class Client:
         `upsert=True` replaces it; keys that could not be written report their status instead
         of raising. Bad arguments raise `cellar.InvalidArgument` before anything is sent.
         """
-        return self._run(api.put_many(self._s, items, replicas=replicas, soft_pin=soft_pin,
+        return self._run(operations.put_many(self._s, items, replicas=replicas, soft_pin=soft_pin,
                                       upsert=upsert), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes:
         """The value under `key`; raises `cellar.NotFound` if there is none."""
-        return self._run(api.get(self._s, key), "get")
+        return self._run(operations.get(self._s, key), "get")
 
     def get_into(self, key: str, buffer: Any) -> int:
         """Read the value under `key` into `buffer`; returns its size in bytes.
@@ -237,13 +237,13 @@ class Client:
         Raises `cellar.NotFound`, or `cellar.BufferTooSmall` (before any transfer) when the
         value does not fit. Bytes past the value's size are left untouched.
         """
-        return self._run(api.get_into(self._s, key, buffer), "get")
+        return self._run(operations.get_into(self._s, key, buffer), "get")
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Values for `keys` in input order; None for a key that is missing or unreadable
         (not found, still being written, or every replica unreachable). Raises
         `cellar.IntegrityError` if a value is found but no replica passes its checksum."""
-        return self._run(api.get_many(self._s, keys), "get")
+        return self._run(operations.get_many(self._s, keys), "get")
 
     def get_many_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
                       timeout_s: float | None = None, prefix: bool = False) -> list[int]:
@@ -256,39 +256,39 @@ class Client:
         were read (keys after a miss are not read). `timeout_s=0` returns at once, every key
         LATE; a negative budget is `cellar.InvalidArgument`.
         """
-        return self._run(api.get_many_into(self._s, keys, buffers, timeout_s=timeout_s,
+        return self._run(operations.get_many_into(self._s, keys, buffers, timeout_s=timeout_s,
                                            prefix=prefix), "get")
 
     def size(self, key: str) -> int:
         """The size in bytes of the value under `key`; raises `cellar.NotFound`."""
-        return self._run(api.size(self._s, key))
+        return self._run(operations.size(self._s, key))
 
     # ---- probes and removal ----------------------------------------------------------------
 
     def exists(self, key: str) -> bool:
         """Whether a complete value is stored under `key` (never pins it)."""
-        return self._run(api.exists(self._s, key), "exists")
+        return self._run(operations.exists(self._s, key), "exists")
 
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key has a complete value, in input order (never pins)."""
-        return self._run(api.exists_many(self._s, keys), "exists")
+        return self._run(operations.exists_many(self._s, keys), "exists")
 
     def prefix_len(self, keys: Sequence[str]) -> int:
         """How many leading keys of `keys` have complete values (never pins)."""
-        return self._run(api.prefix_len(self._s, keys), "prefix_len")
+        return self._run(operations.prefix_len(self._s, keys), "prefix_len")
 
     def remove(self, key: str) -> bool:
         """Remove `key`; True if it was there, False if not."""
-        return self._run(api.remove(self._s, key))
+        return self._run(operations.remove(self._s, key))
 
     def remove_prefix(self, prefix: str) -> int:
         """Remove every key of this tenant that starts with `prefix` (non-empty); the count."""
-        return self._run(api.remove_prefix(self._s, prefix))
+        return self._run(operations.remove_prefix(self._s, prefix))
 
     def remove_all(self, *, tenant: str | None = None) -> int:
         """Remove every key of this client's tenant (or of `tenant`: an admin token only,
         else PermissionDenied); the count removed."""
-        return self._run(api.remove_all(self._s, tenant))
+        return self._run(operations.remove_all(self._s, tenant))
 
     def list_keys(self, prefix: str = "", *, start_after: str = "",
                   limit: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
@@ -297,20 +297,20 @@ class Client:
         (1..the cluster's max_list_keys, else InvalidArgument; the default 1000 is the
         master's default max_list_keys). A page shorter than `limit` is the last; pass a
         page's last key as `start_after` for the next."""
-        return self._run(api.list_keys(self._s, prefix, start_after, limit))
+        return self._run(operations.list_keys(self._s, prefix, start_after, limit))
 
     def list_all_keys(self, prefix: str = "", *, page_keys: int = DEFAULT_MAX_LIST_KEYS) -> list[str]:
         """Every key `list_keys` would page through, ascending, asked `page_keys` (>= 1; at
         most the cluster's max_list_keys are asked at a time) per call; InvalidArgument past
         `MAX_LIST_ALL_KEYS` (1,000,000 keys; page with `list_keys` then). Not a snapshot: a key
         put or removed during the walk may or may not be listed; the others are, once each."""
-        return self._run(api.list_all_keys(self._s, prefix, page_keys))
+        return self._run(operations.list_all_keys(self._s, prefix, page_keys))
 
     def status(self) -> dict[str, Any]:
         """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""
-        return self._run(api.status(self._s))
+        return self._run(operations.status(self._s))
 
-    # ---- registered memory, parts, tensors (cellar.client.api_buffers) ---------------------
+    # ---- registered memory, parts, tensors (cellar.client.buffer_operations) ---------------------
 
     def register_buffer(self, ptr: int, size: int) -> None:
         """Vouch for host memory [ptr, ptr + size) the `_ptr`/`_from` calls may use. Overlapping
@@ -327,71 +327,71 @@ class Client:
     def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1, soft_pin: bool = False,
                  upsert: bool = False) -> None:
         """Store the `size` bytes at `ptr` (inside a registered buffer) under `key`."""
-        self._run(api_buffers.put_from(self._s, key, ptr, size, replicas=replicas,
+        self._run(buffer_operations.put_from(self._s, key, ptr, size, replicas=replicas,
                                        soft_pin=soft_pin, upsert=upsert), "put")
 
     def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                       replicas: int = 1, soft_pin: bool = False,
                       upsert: bool = False) -> list[Status]:
         """`put_many` from registered memory; one `cellar.Status` per key."""
-        return self._run(api_buffers.put_many_from(self._s, keys, ptrs, sizes, replicas=replicas,
+        return self._run(buffer_operations.put_many_from(self._s, keys, ptrs, sizes, replicas=replicas,
                                                    soft_pin=soft_pin, upsert=upsert), "put")
 
     def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
         """`get_into` the registered memory [ptr, ptr + size); returns the object's size."""
-        return self._run(api_buffers.get_into_ptr(self._s, key, ptr, size), "get")
+        return self._run(buffer_operations.get_into_ptr(self._s, key, ptr, size), "get")
 
     def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                            timeout_s: float | None = None, prefix: bool = False) -> list[int]:
         """`get_many_into` registered memory (sizes, MISS, LATE; `timeout_s`, `prefix`)."""
-        return self._run(api_buffers.get_many_into_ptrs(self._s, keys, ptrs, sizes,
+        return self._run(buffer_operations.get_many_into_ptrs(self._s, keys, ptrs, sizes,
                                                         timeout_s=timeout_s, prefix=prefix), "get")
 
     def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
                   soft_pin: bool = False, upsert: bool = False) -> None:
         """Store the concatenation of `parts` (in order, no staging copy) under `key`."""
-        self._run(api_buffers.put_parts(self._s, key, parts, replicas=replicas, soft_pin=soft_pin,
+        self._run(buffer_operations.put_parts(self._s, key, parts, replicas=replicas, soft_pin=soft_pin,
                                         upsert=upsert), "put")
 
     def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
                        soft_pin: bool = False, upsert: bool = False) -> list[Status]:
         """`put_parts` for many (key, parts) pairs; one `cellar.Status` per key."""
-        return self._run(api_buffers.put_many_parts(self._s, items, replicas=replicas,
+        return self._run(buffer_operations.put_many_parts(self._s, items, replicas=replicas,
                                                     soft_pin=soft_pin, upsert=upsert), "put")
 
     def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
         """Read `key` into `parts` in order; their total must equal the object's size."""
-        return self._run(api_buffers.get_into_parts(self._s, key, parts), "get")
+        return self._run(buffer_operations.get_into_parts(self._s, key, parts), "get")
 
     def get_many_into_parts(self, keys: Sequence[str], parts_per_key: Sequence[Sequence[Any]], *,
                             timeout_s: float | None = None, prefix: bool = False) -> list[int]:
         """`get_many_into` with parts per key (sizes, MISS, LATE; `timeout_s`, `prefix`)."""
-        return self._run(api_buffers.get_many_into_parts(self._s, keys, parts_per_key,
+        return self._run(buffer_operations.get_many_into_parts(self._s, keys, parts_per_key,
                                                          timeout_s=timeout_s, prefix=prefix), "get")
 
     def put_tensor(self, key: str, t: Any, *, replicas: int = 1, soft_pin: bool = False,
                    upsert: bool = False) -> None:
         """Store a contiguous tensor with its dtype and shape (torch optional)."""
-        self._run(api_buffers.put_tensor(self._s, key, t, replicas=replicas, soft_pin=soft_pin,
+        self._run(buffer_operations.put_tensor(self._s, key, t, replicas=replicas, soft_pin=soft_pin,
                                          upsert=upsert), "put")
 
     def put_tensors(self, keys: Sequence[str], tensors: Sequence[Any], *, replicas: int = 1,
                     soft_pin: bool = False, upsert: bool = False) -> list[Status]:
         """`put_tensor` for many; one `cellar.Status` per key."""
-        return self._run(api_buffers.put_tensors(self._s, keys, tensors, replicas=replicas,
+        return self._run(buffer_operations.put_tensors(self._s, keys, tensors, replicas=replicas,
                                                  soft_pin=soft_pin, upsert=upsert), "put")
 
     def get_tensor(self, key: str) -> Any:
         """The tensor stored under `key` (dtype and shape as put); `cellar.NotFound` if none."""
-        return self._run(api_buffers.get_tensor(self._s, key), "get")
+        return self._run(buffer_operations.get_tensor(self._s, key), "get")
 
     def get_tensors(self, keys: Sequence[str]) -> list[Any]:
         """Tensors for `keys` in order; None for a miss."""
-        return self._run(api_buffers.get_tensors(self._s, keys), "get")
+        return self._run(buffer_operations.get_tensors(self._s, keys), "get")
 
     def get_tensor_into(self, key: str, t: Any) -> int:
         """Read the tensor under `key` into `t` (same dtype and shape, CPU, contiguous)."""
-        return self._run(api_buffers.get_tensor_into(self._s, key, t), "get")
+        return self._run(buffer_operations.get_tensor_into(self._s, key, t), "get")
 
     # ---- the face: performing what the flows ask -------------------------------------------
 
@@ -499,7 +499,7 @@ def probe_master(address: str, *, tenant: str = "default", token: str | None = N
     """One master's own ClusterStatus, not following any redirect: its role ("leader",
     "standby", "single"), epoch and leader_address, plus (when it serves) the summary
     `Client.status` gives. `address` is "host:port"; `cellar.Unavailable` if it is down."""
-    from cellar.client.core import status_to_dict
+    from cellar.client.session_state import status_to_dict
 
     if parse_master_address(address) is not None:
         raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")

@@ -6,9 +6,12 @@ What it owns
                      dtype, layout, page size, parallelism rule, adapter and its version), the
                      key namespace derived from it, and the checks that refuse an object whose
                      format or size is not the reader's.
-    - `sglang.py`    `CellarHiCacheStorage`, SGLang HiCache's L3 storage backend (loaded by
-                     SGLang's `dynamic` backend factory).
-    - `lmcache.py`   the LMCache remote-storage plugin (helper eng-lmcache).
+    - `sglang/`      `CellarHiCacheStorage`, SGLang HiCache's L3 storage backend (loaded by
+                     SGLang's `dynamic` backend factory from `cellar.integrations.sglang`):
+                     `backend.py` the class, `link.py` its SDK client, `pages.py` the host
+                     pool's pages as zero-copy views.
+    - `lmcache/`     the LMCache remote-storage plugin (`cellar.integrations.lmcache`):
+                     `connector.py` the connector, `session.py` its event-loop SDK client.
 
 What it guarantees
     A reader whose format differs from the writer's sees a miss, never the writer's bytes
@@ -17,8 +20,7 @@ What it guarantees
 
 Import rule: may import only cellar, cellar.errors, cellar.client.*
     This room depends only on the SDK (`cellar`, `cellar.client`, `cellar.errors`) and on the
-    engine each module adapts; the engine is imported only by that module (SGLang only in
-    `sglang.py`), so `kvformat` stays importable without any engine installed. Nothing else in
+    engine each module adapts; the engine is imported only by that subpackage (SGLang only in
+    `sglang/`), so `kvformat` stays importable without any engine installed. Nothing else in
     Cellar imports this room.
-Import rule: may import only cellar, cellar.errors, cellar.client.*
 """

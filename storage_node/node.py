@@ -29,9 +29,9 @@ from cellar.proto.grant import node_credential
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
-from cellar.storage_node.control import ControlLoop
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.journal import IndexJournal, journal_path
+from cellar.storage_node.master_link import ControlLoop
 from cellar.storage_node.metrics import NodeCollector, build_http, build_registry
 from cellar.storage_node.rdma import NodeRdma
 from cellar.storage_node.rdma import attach as attach_rdma

@@ -18,7 +18,7 @@ import pytest
 from mooncake_helpers import Buffers, setup_args
 
 from cellar.compat.mooncake import MooncakeDistributedStore
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from tests.integration.conftest import (  # noqa: F401  (fixtures re-exported for this folder)
     connect_to,
     make_cluster,

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from cellar.compat.mooncake import MooncakeDistributedStore
-from cellar.compat.mooncake_unsupported import UNSUPPORTED
+from cellar.compat.mooncake.unsupported import UNSUPPORTED
 
 DOC = Path(__file__).resolve().parents[2] / "README.md"
 # The public methods Mooncake's Python store class defines (mooncake-integration/store/

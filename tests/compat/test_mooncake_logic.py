@@ -8,11 +8,11 @@ import ctypes
 import pytest
 
 from cellar.client.pointers import PointerRegistry
-from cellar.compat.mooncake import _listen_host, _literal_pattern
-from cellar.compat.mooncake_codes import TABLE_ROWS, ErrorCode, code_for, put_code
-from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_options
-from cellar.compat.mooncake_memory import INVALID, BufferHandle, lease_parts
-from cellar.compat.mooncake_setup import SetupError, build, from_dict, parse_size_bytes
+from cellar.compat.mooncake.codes import TABLE_ROWS, ErrorCode, code_for, put_code
+from cellar.compat.mooncake.config import OptionError, ReplicateConfig, write_options
+from cellar.compat.mooncake.memory import INVALID, BufferHandle, lease_parts
+from cellar.compat.mooncake.setup_args import SetupError, build, from_dict, parse_size_bytes
+from cellar.compat.mooncake.store import _listen_host, _literal_pattern
 from cellar.errors import (
     AlreadyExists,
     BufferTooSmall,

@@ -2,7 +2,7 @@
 unchanged) on top of cellar.compat.mooncake: the real HiCacheController backs host-pool pages up
 and prefetches them back byte-exact after the pool is wiped.
 
-`mooncake.store` exists only inside this test: the opt-in shim (cellar.compat.mooncake_shim) is
+`mooncake.store` exists only inside this test: the opt-in shim (cellar.compat.mooncake.shim) is
 written to a temporary folder put on sys.path for the test and removed after it. The backend is
 attached through SGLang's runtime attach API with the built-in name "mooncake", so SGLang's
 factory, its MooncakeStore (setup, warmup, register_buffer of the host pool, batch_is_exist,
@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("sglang")
 
 from cellar.compat.mooncake import MooncakeDistributedStore  # noqa: E402
-from cellar.compat.mooncake_shim import write_shim  # noqa: E402
+from cellar.compat.mooncake.shim import write_shim  # noqa: E402
 from tests.engines.sglang_harness import Engine, Shape  # noqa: E402
 
 MIB = 1 << 20

@@ -1,5 +1,5 @@
 """The documented opt-in for code that imports Mooncake and cannot change: the shim written by
-`python -m cellar.compat.mooncake_shim DIR` serves `mooncake.store` to a process that has DIR on
+`python -m cellar.compat.mooncake.shim DIR` serves `mooncake.store` to a process that has DIR on
 its PYTHONPATH, and to no other."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cellar.compat.mooncake_shim import write_shim
+from cellar.compat.mooncake.shim import write_shim
 
 PROGRAM = """
 import sys
@@ -36,7 +36,7 @@ def _run(args: list[str], pythonpath: str | None) -> subprocess.CompletedProcess
 def test_shim_serves_mooncake_store_to_the_process_that_asks(make_cluster, tmp_path):
     cluster = make_cluster(nodes=1)
     shim = tmp_path / "shim"
-    made = _run(["-m", "cellar.compat.mooncake_shim", str(shim)], None)
+    made = _run(["-m", "cellar.compat.mooncake.shim", str(shim)], None)
     assert made.returncode == 0, made.stderr
     got = _run(["-c", PROGRAM, cluster.address], str(shim))
     assert got.returncode == 0, got.stderr

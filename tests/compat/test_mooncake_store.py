@@ -12,7 +12,7 @@ import pytest
 from mooncake_helpers import OTHER_TENANT, setup_args
 
 from cellar.compat.mooncake import MooncakeDistributedStore, ReplicateConfig
-from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake.codes import ErrorCode
 
 OK, NOT_FOUND, INVALID = 0, -704, -600
 NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)

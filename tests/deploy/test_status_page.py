@@ -26,7 +26,7 @@ import yaml
 from deploykit import ROOT, require_tool
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 SCREENSHOT = ROOT / "bench" / "results" / "status-page.png"
 WAIT_S = 60.0
@@ -135,7 +135,7 @@ def test_cellar_top_follows_the_standby_to_the_leader(cluster: LocalCluster) -> 
 
 
 def test_cellar_top_without_a_master_exits_1() -> None:
-    from cellar.etcd_server import free_port
+    from cellar.devtools.etcd_server import free_port
 
     proc = subprocess.run([sys.executable, "-m", "cellar", "top", "--once",
                            "--http", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)

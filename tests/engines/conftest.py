@@ -24,7 +24,7 @@ if importlib.util.find_spec("sglang") is None:
 if importlib.util.find_spec("lmcache") is None:
     collect_ignore_glob.append("test_lmcache_*.py")
 
-from cellar.local_cluster import LocalCluster  # noqa: E402
+from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
 
 SEGMENT = "128MiB"
 

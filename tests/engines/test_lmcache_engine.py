@@ -27,9 +27,9 @@ import lmcache_kit as kit  # noqa: E402
 import torch  # noqa: E402
 
 import cellar  # noqa: E402
+from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
 from cellar.integrations.kvformat import HEADER_BYTES  # noqa: E402
 from cellar.integrations.lmcache import CellarConnector  # noqa: E402
-from cellar.local_cluster import LocalCluster  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CHUNK = kit.CHUNK_TOKENS

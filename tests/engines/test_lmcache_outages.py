@@ -23,7 +23,7 @@ import lmcache_kit as kit  # noqa: E402
 import torch  # noqa: E402
 
 import cellar  # noqa: E402
-from cellar.local_cluster import LocalCluster  # noqa: E402
+from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
 
 CHUNK = kit.CHUNK_TOKENS
 CHUNKS = 12

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from faultkit import FAST, FaultCluster
 
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ import grpc
 import pytest
 
 import cellar
-from cellar.client.core import grant_from_replica
-from cellar.local_cluster import LocalCluster
+from cellar.client.session_state import grant_from_replica
+from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant

@@ -23,7 +23,7 @@ import grpc
 import pytest
 from faultkit import TEST_ADMIN_TOKEN
 
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 LOG_TAIL_LINES = 40
 

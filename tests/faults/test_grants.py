@@ -11,7 +11,7 @@ import xxhash
 from faultkit import header, raw_stub, write_with
 
 import cellar
-from cellar.client.core import grant_from_replica
+from cellar.client.session_state import grant_from_replica
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_WRITE, sign
 

@@ -14,8 +14,8 @@ import pytest
 from hakit import ha_cluster, status, takeover_complete, wait_until
 
 import cellar
+from cellar.bench.failover import payload
 from cellar.errors import Status
-from cellar.failover import payload
 
 BRIEF_TTL_S = 8          # room for etcd's own restart (~1.5 s) plus the masters' reconnect
 BRIEF_DOWN_S = 1.5       # etcd is dead this long before it is started again

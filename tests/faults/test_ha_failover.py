@@ -2,14 +2,14 @@
 takes over with a larger epoch, every object acknowledged before the kill is readable byte-exact
 afterwards, and the SDK retried through the failover (no call failed before its own timeout).
 The failover time (kill -> first successful put issued after it) is reported, not asserted
-beyond a sanity bound; `make failover` measures it 5 times (cellar/failover.py)."""
+beyond a sanity bound; `make failover` measures it 5 times (bench/failover.py)."""
 
 from __future__ import annotations
 
 import pytest
 from hakit import ha_cluster, status, wait_until
 
-from cellar.failover import run_failover
+from cellar.bench.failover import run_failover
 
 CLIENT_TIMEOUT_S = 20.0
 OBJECTS = 1000

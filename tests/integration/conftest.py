@@ -6,7 +6,7 @@
             ...
 
 `make_cluster(nodes=3, segment_size="64MiB", *, node_flags=None, **master_flags)` starts a
-`cellar.local_cluster.LocalCluster` (the same class behind `cellar up`): master flags are
+`cellar.devtools.local_cluster.LocalCluster` (the same class behind `cellar up`): master flags are
 passed as `--name-with-dashes VALUE`. Every cluster a test starts is stopped when the test
 ends, pass or fail; a failing test prints the tail of every child's log. `module_cluster` is
 the same factory with module scope, for suites that share one cluster across tests.
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 ClusterFactory = Callable[..., LocalCluster]
 

@@ -21,7 +21,7 @@ import pytest
 
 import cellar
 from cellar.coord.redirect import LEADER_METADATA, leader_from_details
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from tests.integration.proc_tools import alive, children_of, read_lines_until

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 import cellar
-from cellar import local_cluster
-from cellar.local_cluster import LocalCluster
+from cellar.devtools import local_cluster
+from cellar.devtools.local_cluster import LocalCluster
 
 
 def test_an_ha_master_whose_free_port_was_taken_starts_on_another(monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ bytes must be usable meanwhile and after.
 from __future__ import annotations
 
 import cellar
-from cellar.local_cluster import PREFAULT_ENDED
+from cellar.devtools.local_cluster import PREFAULT_ENDED
 
 
 def test_every_segment_reports_its_prefault_and_data_survives(make_cluster):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from cellar.transfer import verbs
 
 DEVICES = verbs.list_devices()

@@ -11,7 +11,7 @@ import pytest
 
 import cellar
 from cellar.client import aio
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")

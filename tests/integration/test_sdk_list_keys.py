@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from tests.support.faces import FACES, connect_face

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from tests.support.faces import FACES, connect_face
 
 

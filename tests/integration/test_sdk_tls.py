@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from tests.support.faces import FACES, AsyncFace, connect_face
 
 pytest.importorskip("cryptography")

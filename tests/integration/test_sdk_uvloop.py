@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 uvloop = pytest.importorskip("uvloop")
 

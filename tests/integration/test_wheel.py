@@ -64,7 +64,7 @@ print(json.dumps({"modules": len(names), "bad": bad, "stray": stray}))
 
 _ROUNDTRIP = r'''
 import sys, cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 with LocalCluster(1, "64MiB") as cluster:
     with cellar.connect(cluster.address) as client:
         client.put("wheel/key", b"from the wheel" * 1000)

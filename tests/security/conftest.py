@@ -1,4 +1,4 @@
-"""Fixtures of the security tests: real clusters on loopback (cellar.local_cluster), attacked
+"""Fixtures of the security tests: real clusters on loopback (cellar.devtools.local_cluster), attacked
 through the public SDK and through bare gRPC stubs that send exactly what an attacker would.
 
 `cluster` is one `SecurityCluster` per module (2 nodes of 64 MiB) with tenants `alice` and

@@ -7,7 +7,7 @@ from typing import Any
 import grpc
 import pytest
 
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 
 class SecurityCluster(LocalCluster):

@@ -14,7 +14,7 @@ import pytest
 
 import cellar
 from cellar.credentials import ENV_CREDENTIALS_DIR, credentials_path, default_token, file_name
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ accepted, the rest refused, new clients locked out); one byte a minute kept a co
 the idle timeout; the master's fast line buffered a declared 4 MiB body per connection with no
 read deadline (400 stalled connections held 1.7 GiB of the master).
 
-Real master and node processes on loopback (cellar.local_cluster). The hostile client connects
+Real master and node processes on loopback (cellar.devtools.local_cluster). The hostile client connects
 from 127.0.0.2 (Linux routes all of 127/8 to lo), the legitimate one from 127.0.0.1, so they
 are two peers as two machines would be. Limits are set small so the floods stay cheap. The
 legitimate client's get latency during each flood is printed (p50/p99), never asserted.
@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
 from cellar.transfer.frame import OP_WRITE, REQUEST, RequestHeader, WriteMeta

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 import cellar
-from cellar.local_cluster import LocalCluster
+from cellar.devtools.local_cluster import LocalCluster
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST
 from cellar.transfer.frame import (

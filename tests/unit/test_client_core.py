@@ -1,4 +1,4 @@
-"""The SDK's protocol core (cellar.client.core), driven with hand-built replies: no I/O."""
+"""The SDK's protocol core (cellar.client.session_state), driven with hand-built replies: no I/O."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import xxhash
 
 import cellar
-from cellar.client import checks, core, gets, puts, statuses
+from cellar.client import checks, gets, puts, session_state, statuses
 from cellar.client.checks import Limits
-from cellar.client.core import NodeHealth, TransportSet, UnpinQueue
 from cellar.client.gets import GetBatch
 from cellar.client.puts import PutBatch
+from cellar.client.session_state import NodeHealth, TransportSet, UnpinQueue
 from cellar.errors import Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import (
@@ -512,7 +512,7 @@ def test_status_to_dict_aggregates_nodes():
                                    used_bytes=50, object_count=1),
                   pb.SegmentStatus(info=seg(3, "n2"), state=pb.NODE_STATE_SUSPECT)],
         tenants=[pb.TenantStatus(name="default", used_bytes=150, object_count=3)])
-    status = core.status_to_dict(reply)
+    status = session_state.status_to_dict(reply)
     assert status["epoch"] == 3 and status["object_count"] == 5
     assert [(n["node_id"], n["segments"], n["used_bytes"], n["state"]) for n in status["nodes"]] == [
         ("n1", 2, 150, "ACTIVE"), ("n2", 1, 0, "SUSPECT")]
@@ -542,7 +542,7 @@ def test_can_fall_back_and_can_retry():
 
 
 def test_epoch_fence():
-    fence = core.EpochFence()
+    fence = session_state.EpochFence()
     fence.check(5, "m:1")
     fence.check(5, "m:1")
     fence.check(7, "m:1")

@@ -9,9 +9,9 @@ import time
 import pytest
 
 import cellar
-from cellar.client import api, flows
-from cellar.client.core import TransportSet
+from cellar.client import flows, operations
 from cellar.client.flows import Move, Record, Rpc, Session, Sleep
+from cellar.client.session_state import TransportSet
 from cellar.errors import Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import ST_CONNECT_FAILED, ST_TIMEOUT, TransferResult, Transport
@@ -83,7 +83,7 @@ def test_budgeted_get_turns_timed_out_reads_late_and_releases_pins():
         assert isinstance(effect, Move)
         return [TransferResult(checksum=0), TransferResult(ST_TIMEOUT, "slow node")]
 
-    out, seen = drive(api.get_many_into(s, ["a", "b", "c"], bufs, timeout_s=5.0), answer)
+    out, seen = drive(operations.get_many_into(s, ["a", "b", "c"], bufs, timeout_s=5.0), answer)
     assert out == [4, cellar.MISS, cellar.LATE]
     assert released == [11, 12]
     (rec,) = [e for e in seen if isinstance(e, Record)]
@@ -101,18 +101,18 @@ def test_prefix_mode_reads_nothing_after_a_miss():
         moved.append(len(effect.round.ops))
         return [TransferResult(checksum=0)] * len(effect.round.ops)
 
-    out, _ = drive(api.get_many_into(s, ["a", "b", "c"], [bytearray(4)] * 3, prefix=True,
+    out, _ = drive(operations.get_many_into(s, ["a", "b", "c"], [bytearray(4)] * 3, prefix=True,
                                      timeout_s=5.0), answer)
     assert out == [4] and moved == [1]
 
 
 def test_budget_zero_sends_nothing_and_a_negative_one_is_refused():
     s, _ = session()
-    out, seen = drive(api.get_many_into(s, ["a"], [bytearray(1)], timeout_s=0),
+    out, seen = drive(operations.get_many_into(s, ["a"], [bytearray(1)], timeout_s=0),
                       lambda e: pytest.fail(f"nothing may be sent: {e}"))
     assert out == [cellar.LATE] and all(isinstance(e, Record) for e in seen)
     with pytest.raises(cellar.InvalidArgument, match="timeout_s"):
-        drive(api.get_many_into(s, ["a"], [bytearray(1)], timeout_s=-1), lambda e: None)
+        drive(operations.get_many_into(s, ["a"], [bytearray(1)], timeout_s=-1), lambda e: None)
 
 
 def test_a_budget_that_ends_while_the_master_answers_makes_every_key_late():
@@ -122,7 +122,7 @@ def test_a_budget_that_ends_while_the_master_answers_makes_every_key_late():
         time.sleep(0.06)  # the budget ends during the lookup
         raise cellar.Timeout("GetReplicas: timed out")
 
-    out, _ = drive(api.get_many_into(s, ["a", "b"], [bytearray(1)] * 2, timeout_s=0.05), answer)
+    out, _ = drive(operations.get_many_into(s, ["a", "b"], [bytearray(1)] * 2, timeout_s=0.05), answer)
     assert out == [cellar.LATE, cellar.LATE] and released == []
 
 
@@ -141,7 +141,7 @@ def test_a_failed_write_is_revoked_and_reported_per_key():
         return [TransferResult(ST_CONNECT_FAILED, "refused")]
 
     s.health.mark_failed("other")  # unrelated node: the one retry still goes to n1
-    out, _ = drive(api.put_many(s, {"k": b"abc"}), answer)
+    out, _ = drive(operations.put_many(s, {"k": b"abc"}), answer)
     assert out == [Status.UNAVAILABLE]
     assert calls.count("PutRevoke") == calls.count("PutStart") >= 1
     assert "PutEnd" not in calls
@@ -149,10 +149,10 @@ def test_a_failed_write_is_revoked_and_reported_per_key():
 
 def test_each_public_call_records_what_it_did():
     s, _ = session()
-    out, seen = drive(api.prefix_len(s, ["a", "b", "c"]),
+    out, seen = drive(operations.prefix_len(s, ["a", "b", "c"]),
                       lambda e: pb.PrefixLenReply(prefix_len=2))
     assert out == 2 and [(r.keys, r.hits) for r in seen if isinstance(r, Record)] == [(3, 2)]
-    out, seen = drive(api.exists_many(s, ["a", "b"]),
+    out, seen = drive(operations.exists_many(s, ["a", "b"]),
                       lambda e: pb.ExistsReply(statuses=[pb.OK, pb.NOT_FOUND]))
     assert out == [True, False] and [(r.keys, r.hits) for r in seen if isinstance(r, Record)] \
         == [(2, 1)]
@@ -169,7 +169,7 @@ def test_flows_never_block_on_their_own():
             return pb.PutStartReply(results=[pb.PutStartResult(status=pb.UNAVAILABLE)])
         raise AssertionError(effect.method)
 
-    out, seen = drive(api.put_many(s, {"k": b"v"}), answer)
+    out, seen = drive(operations.put_many(s, {"k": b"v"}), answer)
     assert any(isinstance(e, Sleep) for e in seen) and out == [Status.UNAVAILABLE]
 
 
@@ -193,10 +193,10 @@ def test_list_all_keys_walks_pages_from_the_last_key():
     s, _ = session()
     store = [f"p/{i:02}" for i in range(7)] + ["q/0"]
     answer, asked = pages(store)
-    keys, _ = drive(api.list_all_keys(s, "p/", 3), answer)
+    keys, _ = drive(operations.list_all_keys(s, "p/", 3), answer)
     assert keys == store[:7]
     assert [(r.start_after, r.limit) for r in asked] == [("", 3), ("p/02", 3), ("p/05", 3)]
-    one, _ = drive(api.list_keys(s, "p/", "p/03", 2), pages(store)[0])
+    one, _ = drive(operations.list_keys(s, "p/", "p/03", 2), pages(store)[0])
     assert one == ["p/04", "p/05"]
 
 
@@ -232,4 +232,4 @@ def test_a_page_that_breaks_the_contract_is_an_error(prefix, reply):
 def test_bad_list_arguments_send_nothing(kwargs, says):
     s, _ = session()
     with pytest.raises(cellar.InvalidArgument, match=says):
-        drive(api.list_keys(s, **kwargs), lambda effect: pytest.fail("sent a request"))
+        drive(operations.list_keys(s, **kwargs), lambda effect: pytest.fail("sent a request"))

@@ -171,7 +171,7 @@ def test_the_rules_say_what_the_design_says() -> None:
     assert RULES["cellar.transfer"].allows("cellar.proto.grant")
     for room, forbidden in (("cellar.master", "cellar.client.sync"),
                             ("cellar.storage_node", "cellar.client"),
-                            ("cellar.transfer", "cellar.client.core"),
+                            ("cellar.transfer", "cellar.client.session_state"),
                             ("cellar.transfer", "cellar.master"),
                             ("cellar.transfer", "cellar.storage_node.access"),
                             ("cellar.proto", "cellar.errors"),

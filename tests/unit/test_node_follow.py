@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from test_node_control import FakeMaster, start_master, until
+from test_node_master_link import FakeMaster, start_master, until
 
 from cellar.coord.redirect import LEADER_METADATA, redirect_details
 from cellar.coord.target import LeaderRecord
@@ -23,8 +23,8 @@ from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, sign
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.config import NodeConfig
-from cellar.storage_node.control import ControlLoop, redirect_of
 from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.master_link import ControlLoop, redirect_of
 from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import ST_STALE_EPOCH, FrameError, RequestHeader, WriteMeta
 

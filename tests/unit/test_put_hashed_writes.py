@@ -2,15 +2,15 @@
 (`TransferOp.want_checksum` on writes): the plan leaves it to the transport only when every
 replica's transport hashes writes; the digests the transport returns become the checksum the
 master is told; replicas that disagree fail the key; an op that ends up on a transport that
-does not hash gets its checksum from `core.plan_round` before it leaves."""
+does not hash gets its checksum from `session_state.plan_round` before it leaves."""
 
 from __future__ import annotations
 
 import xxhash
 
-from cellar.client import core, puts
-from cellar.client.core import NodeHealth, TransportSet
+from cellar.client import puts, session_state
 from cellar.client.puts import PutBatch
+from cellar.client.session_state import NodeHealth, TransportSet
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import SegmentRoute, TransferResult, Transport
 
@@ -81,7 +81,7 @@ class _Plain(Transport):
 def test_a_deferred_write_routed_to_a_plain_transport_is_hashed_before_it_leaves() -> None:
     batch = _batch({"n1", "n2"})  # planned for hashing transports ...
     ops = batch.on_start_reply(_placed(batch.start_request(HEADER), ["n1", "n2"]))
-    rnd = core.plan_round(TransportSet([_Plain()]), "write", ops, deadline=1e18,
+    rnd = session_state.plan_round(TransportSet([_Plain()]), "write", ops, deadline=1e18,
                           can_fall_back=False)  # ... but only a plain one reaches them now
     assert [op.want_checksum for op in rnd.ops] == [False, False]
     assert [op.meta.checksum for op in rnd.ops] == [DIGEST, DIGEST]

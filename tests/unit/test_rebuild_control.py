@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_node_control import FakeMaster, run, until
+from test_node_master_link import FakeMaster, run, until
 
 from cellar.proto import cellar_pb2 as pb
 from cellar.storage_node.clock import wall_ms
-from cellar.storage_node.control import ControlLoop
 from cellar.storage_node.index import ObjectIndex, WriteRefused
+from cellar.storage_node.master_link import ControlLoop
 
 pytestmark = pytest.mark.timeout(60)
 

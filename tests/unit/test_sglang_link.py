@@ -1,4 +1,4 @@
-"""The SGLang adapter's line to Cellar (cellar.integrations.sglang_link): pure logic with a stand-in
+"""The SGLang adapter's line to Cellar (cellar.integrations.sglang.link): pure logic with a stand-in
 connect function; the real cluster and engine are in tests/engines/."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import cellar
-from cellar.integrations import sglang_link
-from cellar.integrations.sglang_link import Link
+from cellar.integrations.sglang import link as sglang_link
+from cellar.integrations.sglang.link import Link
 
 
 class Client:

@@ -30,8 +30,8 @@ from typing import Any
 
 from cellar.client import Client
 from cellar.client.pointers import PointerRegistry
-from cellar.compat import mooncake_io as io
-from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake import io
+from cellar.compat.mooncake.codes import ErrorCode
 from cellar.errors import CellarError
 
 INVALID = int(ErrorCode.INVALID_PARAMS)

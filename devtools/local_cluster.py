@@ -7,7 +7,7 @@ What it owns
     child under a run directory. `start()` returns once every child has printed its ready line,
     or raises with the last lines of the failing child's log. `stop()` sends SIGTERM, waits a
     grace period, then SIGKILLs what is left, and removes the segment files. `cellar up`
-    (`cellar.up`), the integration and fault tests and `cellar soak` use this same class, so what a
+    (`cellar.devtools.up`), the integration and fault tests and `cellar soak` use this same class, so what a
     user starts by hand is what the tests exercise.
 
     Faults, for the fault tests and the soak: `kill_node`, `restart_node` (kill -9, then the
@@ -17,7 +17,7 @@ What it owns
     restarted master is found at the same address.
 
 High availability (`ha=True`, `cellar up --ha`)
-    First a real etcd (`cellar.etcd_server.EtcdServer`, data and log in the run directory),
+    First a real etcd (`cellar.devtools.etcd_server.EtcdServer`, data and log in the run directory),
     then `masters` masters (`master-0`, `master-1`, ...) on fixed ports, each with `--etcd`,
     `--cluster`, `--advertise` (its own gRPC address) and `--lease-ttl-s`; `start()` waits
     until one of them says `"role": "leader"` on its `/api/v1/status`, then starts the nodes
@@ -74,13 +74,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cellar.children import (  # Child, ClusterError, fetch_status: re-exported for callers
-    STATUS_PROBE_TIMEOUT_S,
-    Child,
-    ClusterError,
-    fetch_status,
-    tail_of,
-)
 from cellar.credentials import (
     ENV_TLS_CA,
     file_name,
@@ -89,7 +82,14 @@ from cellar.credentials import (
     write_credentials,
     write_private_json,
 )
-from cellar.etcd_server import EtcdServer, free_port
+from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-exported for callers
+    STATUS_PROBE_TIMEOUT_S,
+    Child,
+    ClusterError,
+    fetch_status,
+    tail_of,
+)
+from cellar.devtools.etcd_server import EtcdServer, free_port
 from cellar.lifecycle import PARENT_PID_ENV
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore

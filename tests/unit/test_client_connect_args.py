@@ -1,4 +1,4 @@
-"""Connect arguments shared by both faces (cellar.client.setup / checks): the credential
+"""Connect arguments shared by both faces (cellar.client.connect_args / checks): the credential
 lookup order and the gRPC refusals it can meet."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import cellar
 from cellar.client import checks, statuses
-from cellar.client.setup import ConnectArgs
+from cellar.client.connect_args import ConnectArgs
 
 
 def test_token_order_explicit_then_env_then_the_token_file(monkeypatch):

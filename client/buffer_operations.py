@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cellar.client import api, flows, tensors
+from cellar.client import flows, operations, tensors
 from cellar.client.buffers import alloc_buffer, readable_view, writable_view
 from cellar.client.checks import validate_key, validate_keys
 from cellar.client.flows import Flow, Session
@@ -47,7 +47,7 @@ def _leased(lease: Lease, nonempty: bool) -> list[memoryview]:
 def _pointer_lists(keys: Any, ptrs: Any, sizes: Any, max_key_bytes: int) -> list[str]:
     names = validate_keys(keys, max_key_bytes)
     for what, seq in (("ptrs", ptrs), ("sizes", sizes)):
-        api.check_buffer_count(seq, len(names), what)
+        operations.check_buffer_count(seq, len(names), what)
     return names
 
 
@@ -57,7 +57,7 @@ def put_from(s: Session, key: Any, ptr: Any, size: Any, *, replicas: Any = 1,
     lease = s.pointers.lease([ptr], [size], writable=False)
     (view,) = _leased(lease, nonempty=True)
     try:
-        yield from api.put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin,
+        yield from operations.put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin,
                                     upsert=upsert)
     finally:
         lease.release()
@@ -71,7 +71,7 @@ def put_many_from(s: Session, keys: Any, ptrs: Any, sizes: Any, *, replicas: Any
     lease = s.pointers.lease(list(ptrs), list(sizes), writable=False)
     views = _leased(lease, nonempty=True)
     try:
-        return (yield from api.put_views(s, list(zip(names, views, strict=True)),
+        return (yield from operations.put_views(s, list(zip(names, views, strict=True)),
                                          replicas=replicas, soft_pin=soft_pin, upsert=upsert))
     finally:
         lease.release()
@@ -82,7 +82,7 @@ def get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> Flow[int]:
     lease = s.pointers.lease([ptr], [size], writable=True)
     (view,) = _leased(lease, nonempty=False)
     try:
-        return (yield from api.get_into_view(s, key, view))
+        return (yield from operations.get_into_view(s, key, view))
     finally:
         lease.release()
 
@@ -93,7 +93,7 @@ def get_many_into_ptrs(s: Session, keys: Any, ptrs: Any, sizes: Any, *, timeout_
     lease = s.pointers.lease(list(ptrs), list(sizes), writable=True)
     views = _leased(lease, nonempty=False)
     try:
-        return (yield from api.get_many_into_views(s, names, list(views), timeout_s=timeout_s,
+        return (yield from operations.get_many_into_views(s, names, list(views), timeout_s=timeout_s,
                                                    prefix=prefix))
     finally:
         lease.release()
@@ -130,7 +130,7 @@ def put_parts(s: Session, key: Any, parts: Any, *, replicas: Any = 1, soft_pin: 
               upsert: Any = False) -> Flow[None]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = parts_entries([(key, _source_parts(parts, "parts"))])
-    yield from api.put_one_entry(s, entry, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+    yield from operations.put_one_entry(s, entry, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
 
 
 def put_many_parts(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False,
@@ -147,22 +147,22 @@ def put_many_parts(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any =
             raise InvalidArgument(f"items[{i}]: key {key!r} appears twice in one batch")
         seen.add(key)
         checked.append((key, _source_parts(pair[1], f"parts of {key!r}")))
-    return (yield from api.put_entries_flow(s, parts_entries(checked), replicas=replicas,
+    return (yield from operations.put_entries_flow(s, parts_entries(checked), replicas=replicas,
                                             soft_pin=soft_pin, upsert=upsert))
 
 
 def get_into_parts(s: Session, key: Any, parts: Any) -> Flow[int]:
     key = validate_key(key, s.limits.max_key_bytes)
-    return (yield from api.get_into_view(s, key, _parts(parts, True, "parts")))
+    return (yield from operations.get_into_view(s, key, _parts(parts, True, "parts")))
 
 
 def get_many_into_parts(s: Session, keys: Any, parts_per_key: Any, *, timeout_s: Any = None,
                         prefix: Any = False) -> Flow[list[int]]:
     names = validate_keys(keys, s.limits.max_key_bytes)
-    api.check_buffer_count(parts_per_key, len(names), "parts_per_key")
+    operations.check_buffer_count(parts_per_key, len(names), "parts_per_key")
     dests: list[Any] = [_parts(p, True, f"parts_per_key[{i}]")
                         for i, p in enumerate(parts_per_key)]
-    return (yield from api.get_many_into_views(s, names, dests, timeout_s=timeout_s,
+    return (yield from operations.get_many_into_views(s, names, dests, timeout_s=timeout_s,
                                                prefix=prefix))
 
 
@@ -177,18 +177,18 @@ def put_tensor(s: Session, key: Any, t: Any, *, replicas: Any = 1, soft_pin: Any
                upsert: Any = False) -> Flow[None]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = parts_entries([(key, tuple(tensors.parts_for_put(t)))])
-    yield from api.put_one_entry(s, entry, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+    yield from operations.put_one_entry(s, entry, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
 
 
 def put_tensors(s: Session, keys: Any, ts: Any, *, replicas: Any = 1, soft_pin: Any = False,
                 upsert: Any = False) -> Flow[list[Status]]:
     names = validate_keys(keys, s.limits.max_key_bytes)
-    api.check_buffer_count(ts, len(names), "tensors")
+    operations.check_buffer_count(ts, len(names), "tensors")
     if len(set(names)) != len(names):
         raise InvalidArgument("a key appears twice in one batch")
     items = [(k, tuple(tensors.parts_for_put(t, f"tensors[{i}]")))
              for i, (k, t) in enumerate(zip(names, ts, strict=True))]
-    return (yield from api.put_entries_flow(s, parts_entries(items), replicas=replicas,
+    return (yield from operations.put_entries_flow(s, parts_entries(items), replicas=replicas,
                                             soft_pin=soft_pin, upsert=upsert))
 
 
@@ -202,7 +202,7 @@ def _tensor_of(entry: GetEntry) -> Any:
 def get_tensor(s: Session, key: Any) -> Flow[Any]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = yield from flows.run_gets(s, [key], None, s.deadline(), allocate=_aligned)
-    yield api.get_record([entry])
+    yield operations.get_record([entry])
     if entry.status != Status.OK:
         release_views([entry])
         raise entry.error()
@@ -210,13 +210,13 @@ def get_tensor(s: Session, key: Any) -> Flow[Any]:
 
 
 def get_tensors(s: Session, keys: Any) -> Flow[list[Any]]:
-    return (yield from api.get_many_as(s, keys, _tensor_of, allocate=_aligned))
+    return (yield from operations.get_many_as(s, keys, _tensor_of, allocate=_aligned))
 
 
 def get_tensor_into(s: Session, key: Any, t: Any) -> Flow[int]:
     key = validate_key(key, s.limits.max_key_bytes)
     dest = tensors.destination_for(t)
-    size = yield from api.get_into_view(s, key, tuple(dest.parts))
+    size = yield from operations.get_into_view(s, key, tuple(dest.parts))
     dest.finish(size)
     return size
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cellar.client import Client
-from cellar.compat.mooncake_codes import ErrorCode, code_for, put_code
+from cellar.compat.mooncake.codes import ErrorCode, code_for, put_code
 from cellar.errors import CellarError, Timeout, Unavailable
 
 INVALID = int(ErrorCode.INVALID_PARAMS)

@@ -1,4 +1,4 @@
-"""`cellar up`: start a `LocalCluster` (cellar.local_cluster) and keep it running until Ctrl-C
+"""`cellar up`: start a `LocalCluster` (cellar.devtools.local_cluster) and keep it running until Ctrl-C
 or SIGTERM, printing where everything is: addresses, status pages, the credentials file that
 `cellar.connect` and the CLI pick up, and the logs. It owns only the command line and the
 banner; the cluster itself, its tokens and its TLS files are LocalCluster's.
@@ -14,8 +14,8 @@ from pathlib import Path
 from types import FrameType
 
 from cellar.credentials import credentials_path
-from cellar.etcd_server import EtcdError
-from cellar.local_cluster import (
+from cellar.devtools.etcd_server import EtcdError
+from cellar.devtools.local_cluster import (
     DEFAULT_CLUSTER_NAME,
     DEFAULT_LEASE_TTL_S,
     DEFAULT_START_TIMEOUT_S,

@@ -15,7 +15,7 @@ Invariants
       PDEATHSIG itself, so it is started through a two-line Python trampoline that does (the
       same `cellar.lifecycle` call the master and node make) and then execs etcd; the request
       survives exec. No Python code runs between fork and exec in this process (no preexec_fn,
-      see `cellar.local_cluster`).
+      see `cellar.devtools.local_cluster`).
     - Every wait has a deadline; a failed start raises with the tail of etcd's log.
     - `--unsafe-no-fsync`: this etcd holds a cache cluster's coordination keys on one machine,
       and fsync on a loaded CI disk would stretch lease renewals. A kill -9 of etcd still loses
@@ -43,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from cellar.children import tail_of
+from cellar.devtools.children import tail_of
 from cellar.lifecycle import PARENT_PID_ENV
 
 ETCD_BIN_ENV = "CELLAR_ETCD_BIN"
@@ -303,10 +303,10 @@ class EtcdServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cellar.etcd_server`: run a throwaway etcd in the foreground until Ctrl-C."""
+    """`python -m cellar.devtools.etcd_server`: run a throwaway etcd in the foreground until Ctrl-C."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m cellar.etcd_server",
+    parser = argparse.ArgumentParser(prog="python -m cellar.devtools.etcd_server",
                                      description="Run a single-member etcd on 127.0.0.1.")
     parser.add_argument("--port", type=int, default=2379, help="client port (default 2379)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 What it owns
     A soak run: a `LocalCluster` with short liveness settings, N worker processes
-    (`python -m cellar.soak --worker ...`) doing random put/upsert/get/remove on their own key
+    (`python -m cellar.devtools.soak --worker ...`) doing random put/upsert/get/remove on their own key
     spaces, a chaos loop in this (parent) process injecting one fault at a time (each of the four
     kinds once per round, in random order: kill -9 + restart a node, SIGSTOP a node, kill -9 +
     restart the master, SIGSTOP the master), a watcher
@@ -824,7 +824,7 @@ def classify_stale(stale: dict[str, Any], chaos: Chaos, rebuild_window_s: float)
 
 
 def run_soak(args: argparse.Namespace) -> int:
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     duration_s = parse_duration_s(args.duration)
     chaos_interval_s = parse_duration_s(args.chaos_interval)
@@ -866,7 +866,7 @@ def run_soak(args: argparse.Namespace) -> int:
         load_until = _now() + duration_s
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         for i in range(args.clients):
-            argv = [sys.executable, "-m", "cellar.soak", "--worker", "--id", str(i),
+            argv = [sys.executable, "-m", "cellar.devtools.soak", "--worker", "--id", str(i),
                     "--master", cluster.address, "--dir", str(work_dir),
                     "--load-until", repr(load_until), "--seed", str(seed * 1000 + i),
                     "--keys", str(args.keys), "--replicas", str(args.replicas),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake.codes import ErrorCode
 
 MAX_REPLICAS = 16   # far above any cluster's node count; bounds garbage input
 

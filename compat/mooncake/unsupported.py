@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake.codes import ErrorCode
 
 _SEGMENTS = "Cellar nodes own their segments; a client cannot mount memory by hand (use the embedded node or `cellar node`)"
 _TP = "tensor-parallel sharding of one tensor into per-rank keys is not in the SDK"

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake.codes import ErrorCode
 
 log = logging.getLogger("cellar.compat.mooncake")
 

@@ -120,7 +120,7 @@ class LeaderSource(Protocol):
 
 
 def redirect_of(exc: grpc.aio.AioRpcError) -> str:
-    """The leader address a refused RPC names (cellar/coord/redirect.py), or ""."""
+    """The leader address a refused RPC names (coord/redirect.py), or ""."""
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return ""
     address = ""

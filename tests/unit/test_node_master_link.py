@@ -13,8 +13,8 @@ import pytest
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
-from cellar.storage_node.control import ControlLoop
 from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.master_link import ControlLoop
 from cellar.storage_node.segment import Segment
 
 pytestmark = pytest.mark.timeout(60)

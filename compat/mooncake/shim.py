@@ -1,6 +1,6 @@
 """The opt-in `mooncake.store` shim, for code that imports Mooncake and cannot be edited.
 
-    python -m cellar.compat.mooncake_shim ~/.cellar/mooncake-shim
+    python -m cellar.compat.mooncake.shim ~/.cellar/mooncake-shim
     PYTHONPATH=~/.cellar/mooncake-shim python serve.py     # `from mooncake.store import ...`
 
 What it owns
@@ -22,9 +22,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-MARK = "# written by cellar.compat.mooncake_shim"
+MARK = "# written by cellar.compat.mooncake.shim"
 _STORE = f'''{MARK}
-"""Mooncake's import path, Cellar's store (opt-in shim; see cellar.compat.mooncake_shim)."""
+"""Mooncake's import path, Cellar's store (opt-in shim; see cellar.compat.mooncake.shim)."""
 from cellar.compat.mooncake import ErrorCode, MooncakeDistributedStore, ReplicateConfig
 
 __all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]
@@ -48,7 +48,7 @@ def write_shim(folder: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m cellar.compat.mooncake_shim FOLDER", file=sys.stderr)
+        print("usage: python -m cellar.compat.mooncake.shim FOLDER", file=sys.stderr)
         return 2
     root = write_shim(args[0])
     print(f"wrote {root / 'mooncake'}; run with PYTHONPATH={root} to use it")

@@ -292,10 +292,10 @@ def _markdown(runs: list[FailoverRun], summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cellar.local_cluster import LocalCluster
+    from cellar.devtools.local_cluster import LocalCluster
 
     parser = argparse.ArgumentParser(
-        prog="python -m cellar.failover",
+        prog="python -m cellar.bench.failover",
         description="Kill -9 the leader of a local HA cluster under traffic, N times; print the "
                     "median failover time and the recovered-object counts.")
     parser.add_argument("--runs", type=int, default=5)

@@ -1,6 +1,6 @@
 """The public SDK operations, each as one flow: argument checks, the protocol flow, the result.
 
-`Client.get_many_into(...)` is `self._run(api.get_many_into(self._session, ...))` and
+`Client.get_many_into(...)` is `self._run(operations.get_many_into(self._session, ...))` and
 `AsyncClient.get_many_into(...)` is `await self._run(...)` of the same flow: the two faces
 cannot drift apart in what they accept, what they send or what they return. Argument errors
 surface at the flow's first step, before any request leaves.

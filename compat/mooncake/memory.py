@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cellar.client.pointers import PointerRegistry
-from cellar.compat.mooncake_codes import ErrorCode
+from cellar.compat.mooncake.codes import ErrorCode
 from cellar.errors import InvalidArgument
 
 INVALID = int(ErrorCode.INVALID_PARAMS)

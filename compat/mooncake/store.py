@@ -42,14 +42,14 @@ import cellar
 from cellar.client import Client
 from cellar.client.pointers import PointerRegistry
 from cellar.client.sync import probe_master
-from cellar.compat import mooncake_io as io
-from cellar.compat import mooncake_ranges
-from cellar.compat.mooncake_codes import ErrorCode, code_for, put_code
-from cellar.compat.mooncake_config import OptionError, ReplicateConfig, write_options
-from cellar.compat.mooncake_memory import BufferHandle, lease_parts
-from cellar.compat.mooncake_node import EmbeddedNode
-from cellar.compat.mooncake_setup import SetupConfig, SetupError, build, from_dict
-from cellar.compat.mooncake_unsupported import UNSUPPORTED, not_supported
+from cellar.compat.mooncake import io
+from cellar.compat.mooncake import ranges as mooncake_ranges
+from cellar.compat.mooncake.codes import ErrorCode, code_for, put_code
+from cellar.compat.mooncake.config import OptionError, ReplicateConfig, write_options
+from cellar.compat.mooncake.memory import BufferHandle, lease_parts
+from cellar.compat.mooncake.node import EmbeddedNode
+from cellar.compat.mooncake.setup_args import SetupConfig, SetupError, build, from_dict
+from cellar.compat.mooncake.unsupported import UNSUPPORTED, not_supported
 from cellar.errors import BufferTooSmall, CellarError, Timeout, Unavailable
 
 __all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]

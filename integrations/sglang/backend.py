@@ -50,8 +50,8 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
-from cellar.integrations.sglang_link import Link, connect_from, log
-from cellar.integrations.sglang_pages import PoolPages
+from cellar.integrations.sglang.link import Link, connect_from, log
+from cellar.integrations.sglang.pages import PoolPages
 
 ADAPTER = "sglang-hicache"
 ADAPTER_VERSION = 1

@@ -41,8 +41,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cellar.compat.mooncake_codes import ErrorCode
-from cellar.compat.mooncake_setup import SetupError
+from cellar.compat.mooncake.codes import ErrorCode
+from cellar.compat.mooncake.setup_args import SetupError
 from cellar.errors import CellarError
 
 NODE_START_TIMEOUT_S = 60.0

@@ -90,7 +90,7 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 import cellar
 from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
-from cellar.integrations.lmcache_session import FAILURES, CellarSession
+from cellar.integrations.lmcache.session import FAILURES, CellarSession
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
