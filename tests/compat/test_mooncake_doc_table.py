@@ -1,6 +1,6 @@
-"""The README's Mooncake method table covers every method of Mooncake's MooncakeDistributedStore,
-the class has each of them, and the table's NOT_SUPPORTED rows are exactly the methods that
-return NOT_SUPPORTED (-1012)."""
+"""The Mooncake method table of docs/mooncake.md covers every method of Mooncake's
+MooncakeDistributedStore, the class has each of them, and the table's NOT_SUPPORTED rows are
+exactly the methods that return NOT_SUPPORTED (-1012)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from cellar.compat.mooncake import MooncakeDistributedStore
 from cellar.compat.mooncake.unsupported import UNSUPPORTED
 
-DOC = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "mooncake.md"
 # The public methods Mooncake's Python store class defines (mooncake-integration/store/
 # store_py.cpp at the 0.3.x line the compat layer follows).
 MOONCAKE_METHODS = [
@@ -48,7 +48,7 @@ MOONCAKE_METHODS = [
 def _table() -> dict[str, str]:
     """method name -> its Cellar column, from the "Every Mooncake method" table."""
     text = DOC.read_text()
-    section = text.split("### Every Mooncake method", 1)[1].split("#### ", 1)[0]
+    section = text.split("\n## Every Mooncake method\n", 1)[1].split("\n#", 1)[0]
     rows: dict[str, str] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
