@@ -1,0 +1,79 @@
+"""The soak's fixed settings and its command line.
+
+What it owns
+    The bounds every part of a soak run waits within (recovery, settling, the final pass, the
+    leader wait after a leader fault), the short liveness settings the soak's master runs with
+    (`MASTER_FLAGS`: nodes SUSPECT after 1 s and EXPIRED after 3 s, so faults show within a
+    run), the fault kinds of a single-master and of an HA run, and `build_parser`: the flags of
+    `cellar soak` and the hidden ones of worker mode (`--worker --id ... --master ...`).
+
+What it must never do
+    Hold state or do I/O: every other soak module imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+FAULT_KINDS = ("node_kill_restart", "node_stop", "master_kill_restart", "master_stop")
+HA_FAULT_KINDS = ("node_kill_restart", "node_stop", "leader_kill_restart", "leader_stop",
+                  "etcd_outage")
+DEFAULT_LEASE_TTL_S = 3
+LEADER_WAIT_S = 30.0           # a new leader must be serving within this after a leader fault
+ETCD_OUTAGE_MAX_FRACTION = 0.6  # of the lease: an outage the leader must ride out
+MASTER_FLAGS = {
+    "node_suspect_after_s": 1, "node_expire_after_s": 3, "pin_ttl_s": 3,
+    "write_grant_ttl_s": 5, "heartbeat_interval_s": 0.3, "new_node_ramp_s": 0,
+    "rebuild_grace_s": 5,
+}
+CLIENT_TIMEOUT_S = 15.0
+PROGRESS_INTERVAL_S = 10.0
+STATS_INTERVAL_S = 2.0
+WATCH_INTERVAL_S = 0.5
+HTTP_TIMEOUT_S = 1.0
+RECOVERY_TIMEOUT_S = 60.0
+SETTLE_TIMEOUT_S = 90.0
+WORKER_FINISH_TIMEOUT_S = 300.0
+FINAL_PASS_ATTEMPTS = 5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cellar soak",
+        description="Run random checksummed traffic from several client processes against a "
+                    "local cluster while killing, stopping and restarting its nodes and master; "
+                    "exit 1 on any corrupt read or unexplained loss (with --ha also when no "
+                    "standby took over from a stopped leader, or a short etcd outage deposed it).")
+    parser.add_argument("--duration", default="600s", help="how long the load runs (default 600s)")
+    parser.add_argument("--clients", type=int, default=4, help="client processes (default 4)")
+    parser.add_argument("--nodes", type=int, default=3, help="storage nodes (default 3)")
+    parser.add_argument("--segment-size", default="256MiB", help="DRAM per node (default 256MiB)")
+    parser.add_argument("--chaos-interval", default="5s",
+                        help="mean time between faults (default 5s)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    parser.add_argument("--replicas", type=int, default=2, help="replicas per object (default 2)")
+    parser.add_argument("--keys", type=int, default=64,
+                        help="keys per client (default 64; sized so nothing needs evicting)")
+    parser.add_argument("--min-size", default="1KiB", help="smallest value (default 1KiB)")
+    parser.add_argument("--max-size", default="2MiB",
+                        help="largest value (default 2MiB; sizes are log-uniform)")
+    parser.add_argument("--report", default="", help="write the counts as JSON to this file")
+    parser.add_argument("--ha", action="store_true",
+                        help="etcd + --masters masters; the master faults become leader faults "
+                             "(kill -9, SIGSTOP past the lease) and a brief etcd outage")
+    parser.add_argument("--masters", type=int, default=2, help="masters with --ha (default 2)")
+    parser.add_argument("--tls", action="store_true",
+                        help="gRPC and the fast line over TLS (cellar up --tls; needs cryptography)")
+    parser.add_argument("--lease-ttl-s", type=int, default=DEFAULT_LEASE_TTL_S,
+                        help=f"leader lease with --ha, whole seconds (default {DEFAULT_LEASE_TTL_S})")
+    # worker mode (internal)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--id", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--master", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--load-until", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", default="", help=argparse.SUPPRESS)
+    return parser

@@ -1,0 +1,135 @@
+"""The soak's watcher: a thread that polls the master's HTTP API for the verdict's facts.
+
+What it owns
+    Node states (so an expiry is a recorded fact with its time), the eviction counter
+    (`master_evicted_key_count`, so an eviction between a write and its miss explains a loss),
+    leader changes (epochs) and the highest use of capacity. With HA it polls whichever master
+    serves as leader. Also the wall clock helpers the parent's log lines share (`now_s`,
+    `stamp`).
+
+What it must never do
+    Block the chaos loop: every request has a bound (`HTTP_TIMEOUT_S`), and a master that does
+    not answer is asked again on the next tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from cellar.devtools.soak.settings import HTTP_TIMEOUT_S, WATCH_INTERVAL_S
+
+
+def now_s() -> float:
+    return time.time()
+
+
+def stamp(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 1000):03d}"
+
+
+class Watcher(threading.Thread):
+    """Polls the master's HTTP API: node states (expiries) and the eviction counter. With HA it
+    polls whichever master serves as leader (role "leader" and serving: a deposed leader thawed
+    from a SIGSTOP may still say "leader" for a moment, and its table must not count)."""
+
+    def __init__(self, cluster: Any) -> None:
+        super().__init__(name="soak-watcher", daemon=True)
+        self.cluster = cluster
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.node_states: dict[str, str] = {}
+        self.expiries: list[tuple[float, str]] = []           # (time seen, node id)
+        self.evictions: list[tuple[float, float, int]] = []    # (from, to, keys evicted)
+        self.leader_changes: list[tuple[float, int, int]] = []  # (time seen, old, new epoch)
+        self.evicted_total = 0
+        self.max_used_fraction = 0.0
+        self._last_evicted: int | None = None
+        self._last_epoch: int | None = None
+        self._last_poll = now_s()
+        self._leader_http = ""  # HA: the HTTP address of the master last seen serving as leader
+
+    def _get_from(self, http: str, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://{http}{path}", timeout=HTTP_TIMEOUT_S) as response:
+            data: bytes = response.read()
+            return data
+
+    @staticmethod
+    def _serves(status: dict[str, Any]) -> bool:
+        return status.get("role") in ("leader", "single") and status.get("serving", True) is True
+
+    def leader_status(self) -> tuple[str, dict[str, Any]] | None:
+        """(HTTP address, /api/v1/status) of the master serving as leader, or None."""
+        if not self.cluster.ha:
+            http = f"127.0.0.1:{self.cluster.http_port}"
+            return http, json.loads(self._get_from(http, "/api/v1/status"))
+        candidates = [self._leader_http] if self._leader_http else []
+        candidates += [m.http for m in list(self.cluster.masters)
+                       if m.http and m.http != self._leader_http and m.alive()]
+        for http in candidates:
+            try:
+                status = json.loads(self._get_from(http, "/api/v1/status"))
+            except Exception:  # stopped, dead or restarting: try the next one
+                continue
+            if self._serves(status):
+                self._leader_http = http
+                return http, status
+        return None
+
+    def poll(self) -> None:
+        found = self.leader_status()
+        if found is None:
+            return
+        http, status = found
+        metrics = self._get_from(http, "/metrics").decode()
+        now = now_s()
+        match = re.search(r"^master_evicted_key_count(?:\{[^}]*\})? ([0-9.e+]+)$", metrics, re.M)
+        evicted = int(float(match.group(1))) if match else 0
+        epoch = int(status.get("epoch", 0))
+        with self.lock:
+            if status.get("capacity"):
+                self.max_used_fraction = max(self.max_used_fraction,
+                                             status["used"] / status["capacity"])
+            # an expired node's segments leave the table: a node that vanishes while the same
+            # master runs was expired (a new master starts empty: that is not an expiry)
+            states = {seg["node"]: seg["state"] for seg in status.get("segments", [])}
+            if epoch == self._last_epoch:
+                for node in self.node_states.keys() - states.keys():
+                    self.expiries.append((now, node))
+            elif self._last_epoch is not None:
+                self.leader_changes.append((now, self._last_epoch, epoch))
+            self.node_states = states
+            # a new master counts from 0
+            delta = evicted - (self._last_evicted or 0) if epoch == self._last_epoch else evicted
+            if delta > 0:
+                self.evictions.append((self._last_poll, now, delta))
+                self.evicted_total += delta
+            self._last_evicted, self._last_epoch, self._last_poll = evicted, epoch, now
+
+    def run(self) -> None:
+        while not self.stop_event.wait(WATCH_INTERVAL_S):
+            with contextlib.suppress(Exception):  # a stopped or restarting master: try again
+                self.poll()
+
+    def leader_epoch(self) -> int | None:
+        """The epoch of the master serving as leader right now, or None if none answers."""
+        try:
+            found = self.leader_status()
+        except Exception:
+            return None
+        return int(found[1].get("epoch", 0)) if found is not None else None
+
+    def all_active(self, node_ids: list[str]) -> bool:
+        try:
+            found = self.leader_status()
+        except Exception:
+            return False
+        if found is None:
+            return False
+        states = {seg["node"]: seg["state"] for seg in found[1].get("segments", [])}
+        return all(states.get(n) == "ACTIVE" for n in node_ids)

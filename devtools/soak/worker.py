@@ -1,0 +1,345 @@
+"""A soak worker: one client process of random operations on its own keys, every read checked.
+
+The model (what a worker knows)
+    Every value is self-describing (`cellar.devtools.soak.values`), so any read is verified on
+    its own. Each worker owns a disjoint key space and remembers, per key, what it last had
+    acknowledged: an acknowledged put/upsert -> that version is expected; an acknowledged
+    remove -> absent; an operation that raised (Unavailable, Timeout, ...) -> "unknown" until
+    the next acknowledged write or remove. A read is then
+    - CORRUPT when the digest, the key or the framing is wrong, or the version was never
+      written (newer than any attempted): must never happen;
+    - STALE when it returns an older version than the last acknowledged write, or a value for
+      a key whose removal was acknowledged ("resurrected");
+    - a LOSS when it answers NotFound (or a remove answers False) for a key whose last
+      acknowledged operation was a write.
+    After each acknowledged write a worker asks the master where the replicas are (one
+    GetReplicas whose pin rides on the next lookup), so a loss can be explained precisely.
+    Its counts go to JSON files in the run's work directory, which the parent reads; after the
+    parent marks the cluster settled, a final pass reads every key the worker believes present.
+
+Started by the parent as `python -m cellar.devtools.soak --worker ...`; it dies with its parent
+(`cellar.lifecycle`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cellar.devtools.soak.settings import (
+    CLIENT_TIMEOUT_S,
+    FINAL_PASS_ATTEMPTS,
+    RECOVERY_TIMEOUT_S,
+    SETTLE_TIMEOUT_S,
+    STATS_INTERVAL_S,
+)
+from cellar.devtools.soak.values import check_value, make_value
+from cellar.lifecycle import die_with_parent_if_asked
+
+PRESENT, ABSENT, UNKNOWN = "present", "absent", "unknown"
+
+
+@dataclass
+class KeyModel:
+    state: str = ABSENT
+    version: int = 0                 # the acknowledged version when PRESENT
+    attempted: int = 0               # highest version ever attempted (any write)
+    ack_time: float = 0.0            # wall time of the last acknowledged write
+    nodes: list[str] | None = None   # replica node ids after the last acknowledged write
+    removed_at: float = 0.0          # wall time of the last acknowledged remove
+    removed_how: str = ""            # "<state before>:<what remove answered>"
+    possible: set[int | None] = field(default_factory=set)  # UNKNOWN: what a read may return
+
+
+class Worker:
+    """One client process: random operations on its own keys, checked against its model."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import cellar  # the SDK only in workers: the parent never loads it
+
+        self.cellar = cellar
+        self.args = args
+        self.dir = Path(args.dir)
+        self.rng = random.Random(args.seed)
+        self.keys = [f"soak/{args.run_id}/c{args.id}/k{i}" for i in range(args.keys)]
+        self.model = {k: KeyModel() for k in self.keys}
+        self.ops: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.stale: list[dict[str, Any]] = []
+        self.corrupt: list[dict[str, Any]] = []
+        self.losses: list[dict[str, Any]] = []
+        self.unverified = 0
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self.client = cellar.connect(args.master, timeout_s=CLIENT_TIMEOUT_S)
+        self._channel: Any = None
+        self._stub: Any = None
+        self._stub_address = ""
+        self._pending_pin = 0
+        self._discovery: Any = None  # etcd:// (--ha): where the leader is
+        self._leader_address = ""
+        from cellar.coord.target import is_etcd_url, parse_etcd_url
+        if is_etcd_url(args.master):
+            from cellar.coord.discovery import LeaderDiscovery
+            self._discovery = LeaderDiscovery(parse_etcd_url(args.master))
+        self._log_min = math.log(args.min_size)
+        self._log_max = math.log(args.max_size)
+
+    # -- one operation --
+
+    def _size(self) -> int:
+        return int(math.exp(self.rng.uniform(self._log_min, self._log_max)))
+
+    def _error(self, op: str, exc: BaseException) -> None:
+        self.errors[f"{op}:{type(exc).__name__}"] += 1
+
+    def step(self) -> None:
+        key = self.rng.choice(self.keys)
+        m = self.model[key]
+        r = self.rng.random()
+        if m.state == ABSENT:
+            if r < 0.75:
+                self.write(key, m, upsert=False)
+            else:
+                self.read(key, m)
+        elif m.state == PRESENT:
+            if r < 0.55:
+                self.read(key, m)
+            elif r < 0.85:
+                self.write(key, m, upsert=True)
+            else:
+                self.remove(key, m)
+        else:
+            if r < 0.4:
+                self.read(key, m)
+            elif r < 0.9:
+                self.write(key, m, upsert=True)
+            else:
+                self.remove(key, m)
+
+    def write(self, key: str, m: KeyModel, *, upsert: bool) -> None:
+        op = "upsert" if upsert else "put"
+        m.attempted += 1
+        version = m.attempted
+        value = make_value(key, version, self._size(), self.rng)
+        self.ops[op] += 1
+        before = self._possible(m)
+        try:
+            if upsert:
+                self.client.upsert(key, value, replicas=self.args.replicas)
+            else:
+                self.client.put(key, value, replicas=self.args.replicas)
+        except self.cellar.AlreadyExists as exc:
+            # we believed the key absent: a removed value came back, or an earlier failed
+            # write did land after all (then the key was UNKNOWN, not ABSENT)
+            self._error(op, exc)
+            self.stale.append({"key": key, "kind": "put_already_exists", "t": time.time(),
+                               "expected": "absent", "ack_time": m.removed_at,
+                               "removed": m.removed_how})
+            self._unknown(m, before)
+            return
+        except (self.cellar.NoSpace, self.cellar.QuotaExceeded, self.cellar.InvalidArgument) as exc:
+            self._error(op, exc)  # refused before anything was written: the state holds
+            return
+        except Exception as exc:
+            self._error(op, exc)
+            self._unknown(m, before | {version})
+            return
+        self.bytes_written += len(value)
+        m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
+        m.nodes = self._locate(key)
+
+    def remove(self, key: str, m: KeyModel) -> None:
+        self.ops["remove"] += 1
+        before = self._possible(m)
+        try:
+            existed = self.client.remove(key)
+        except Exception as exc:
+            self._error("remove", exc)
+            self._unknown(m, before | {None})
+            return
+        if m.state == PRESENT and not existed:
+            self._loss(key, m, "remove returned False")
+        m.removed_how = f"{m.state}:{existed}"
+        m.state, m.possible, m.nodes, m.removed_at = ABSENT, set(), None, time.time()
+
+    def read(self, key: str, m: KeyModel, *, final: bool = False) -> bool:
+        """Read and judge `key`; False if the read itself failed (Unavailable, ...)."""
+        self.ops["final_get" if final else "get"] += 1
+        try:
+            value = self.client.get(key)
+        except self.cellar.NotFound:
+            if m.state == PRESENT:
+                self._loss(key, m, "get: NotFound")
+                m.state, m.possible, m.nodes = ABSENT, set(), None
+            elif m.state == UNKNOWN and None not in m.possible:
+                self.errors["get:NotFound(unknown state)"] += 1
+            return True
+        except Exception as exc:
+            self._error("final_get" if final else "get", exc)
+            return False
+        self.bytes_read += len(value)
+        version, why = check_value(key, value)
+        now = time.time()
+        if version is None or version > m.attempted:
+            why = why or f"version {version} was never written (highest attempted {m.attempted})"
+            self.corrupt.append({"key": key, "t": now, "why": why, "size": len(value)})
+            return True
+        if m.state == PRESENT and version < m.version:
+            self.stale.append({"key": key, "kind": "older_version", "t": now,
+                               "expected": m.version, "got": version, "ack_time": m.ack_time})
+        elif m.state == ABSENT:
+            self.stale.append({"key": key, "kind": "resurrected", "t": now, "got": version,
+                               "ack_time": m.removed_at, "removed": m.removed_how})
+            self._unknown(m, {version})
+        elif m.state == UNKNOWN and m.possible and version not in m.possible:
+            newest = max((v for v in m.possible if v is not None), default=0)
+            if version < newest:
+                self.stale.append({"key": key, "kind": "older_version_unknown_state", "t": now,
+                                   "possible": sorted(str(v) for v in m.possible),
+                                   "got": version, "ack_time": max(m.ack_time, m.removed_at)})
+        return True
+
+    # -- model helpers --
+
+    @staticmethod
+    def _possible(m: KeyModel) -> set[int | None]:
+        if m.state == PRESENT:
+            return {m.version}
+        if m.state == ABSENT:
+            return {None}
+        return set(m.possible)
+
+    @staticmethod
+    def _unknown(m: KeyModel, possible: set[int | None]) -> None:
+        m.state, m.possible, m.nodes = UNKNOWN, possible, None
+
+    def _loss(self, key: str, m: KeyModel, how: str) -> None:
+        self.losses.append({"key": key, "version": m.version, "ack_time": m.ack_time,
+                            "detect_time": time.time(), "nodes": m.nodes, "how": how})
+
+    def _master_address(self) -> str | None:
+        """The gRPC address to ask for replicas: the master, or (etcd://) the leader in etcd."""
+        if self._discovery is None:
+            return str(self.args.master)
+        if not self._leader_address:
+            try:
+                record = self._discovery.leader(timeout_s=1.0)
+            except self.cellar.Unavailable:
+                return None
+            if record is None:  # an election is under way
+                return None
+            self._leader_address = record.address
+        return self._leader_address
+
+    def _forget_master(self) -> None:
+        """After a failed call: ask etcd again next time (the leader may have changed)."""
+        if self._discovery is None:
+            return
+        self._leader_address = ""
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._stub = None
+        self._stub_address = ""
+        self._pending_pin = 0  # a pin lives on the master that granted it
+
+    def _locate(self, key: str) -> list[str] | None:
+        """The node ids holding `key`'s replicas (None if the master cannot say right now)."""
+        import grpc
+
+        from cellar.proto import cellar_pb2 as pb
+        from cellar.proto import cellar_pb2_grpc as pb_grpc
+
+        address = self._master_address()
+        if address is None:
+            return None
+        if self._stub is None or self._stub_address != address:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = grpc.insecure_channel(address)
+            self._stub = pb_grpc.MasterStub(self._channel)
+            self._stub_address = address
+        from cellar.credentials import default_token
+
+        header = pb.RequestHeader(tenant="default", client_id=f"soak-locate-{self.args.id}",
+                                  token=default_token(address) or "")
+        unpin = [self._pending_pin] if self._pending_pin else []
+        try:
+            reply = self._stub.GetReplicas(
+                pb.GetReplicasRequest(header=header, keys=[key], unpin_ids=unpin), timeout=2.0)
+        except grpc.RpcError:
+            self._forget_master()
+            return None
+        self._pending_pin = 0
+        if len(reply.results) != 1 or reply.results[0].status != pb.OK:
+            return None
+        result = reply.results[0]
+        self._pending_pin = result.pin_id
+        return sorted({r.node_id for r in result.replicas})
+
+    # -- the run --
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "id": self.args.id, "ops": dict(self.ops), "errors": dict(self.errors),
+            "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
+            "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
+        }
+
+    def _write_json(self, name: str, data: dict[str, Any]) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.dir / name)
+
+    def run(self) -> int:
+        next_stats = 0.0
+        while time.time() < self.args.load_until:
+            self.step()
+            if time.monotonic() >= next_stats:
+                self._write_json(f"stats-{self.args.id}.json", self.stats())
+                next_stats = time.monotonic() + STATS_INTERVAL_S
+        self._write_json(f"stats-{self.args.id}.json", self.stats())
+        settled = self.dir / "settled"
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S + RECOVERY_TIMEOUT_S
+        while not settled.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.final_pass()
+        result = self.stats()
+        result.update({"stale_reads": self.stale, "corrupt_reads": self.corrupt,
+                       "lost": self.losses, "unverified": self.unverified,
+                       "believed_present": sum(m.state == PRESENT for m in self.model.values()),
+                       "unknown_at_end": sum(m.state == UNKNOWN for m in self.model.values())})
+        self._write_json(f"result-{self.args.id}.json", result)
+        self.client.close()
+        if self._channel is not None:
+            self._channel.close()
+        if self._discovery is not None:
+            self._discovery.close()
+        return 0
+
+    def final_pass(self) -> None:
+        """Read every key believed present (and probe the removed ones for resurrection)."""
+        for key, m in self.model.items():
+            if m.state == UNKNOWN:
+                continue
+            for attempt in range(FINAL_PASS_ATTEMPTS):
+                if self.read(key, m, final=True):
+                    break
+                time.sleep(0.5 * (attempt + 1))
+            else:
+                self.unverified += 1
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    die_with_parent_if_asked()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    return Worker(args).run()
