@@ -1,11 +1,18 @@
 """cellar.devtools: the tools room, at the top of the import graph.
 
-Owns what a developer or an operator runs around a cluster rather than inside it: the local
-cluster behind `cellar up` and the tests (`local_cluster`, its child processes in `children`),
-the throwaway etcd launcher (`etcd_server`), `cellar token` (`token_cli`) and `cellar soak`
-(random traffic under chaos, verified read by read). Benchmarks (`cellar.bench`) sit beside it
-and may use it; nothing below imports it: the master, the nodes, the SDK and the adapters never
-depend on a tool.
+Owns what a developer or an operator runs around a cluster rather than inside it:
+- `local_cluster`: `LocalCluster`, the cluster behind `cellar up` and the tests (a master or
+  etcd + masters, and nodes, on one host; their faults; their credentials);
+- `children`: one child process (`Child`), starting it, waiting for its ready line, stopping it;
+- `etcd_server`: the throwaway single-member etcd of `cellar up --ha` and the HA tests;
+- `up`: `cellar up`; `token_cli`: `cellar token`;
+- `soak/`: `cellar soak`, random traffic under chaos verified read by read, one module per part:
+  `settings` (bounds, fault kinds, the command line), `values` (the self-checking value
+  format), `worker` (one client process and its model), `watcher` (expiries, evictions, leader
+  changes), `chaos` (one fault at a time), `report` (loss causes, the verdict), `run` (the
+  parent and `main`; `python -m cellar.devtools.soak` runs it, and starts the workers so).
+Benchmarks (`cellar.bench`) sit beside it and may use it; nothing below imports it: the master,
+the nodes, the SDK and the adapters never depend on a tool.
 
 Must not: be imported by any other room except `cellar.bench` and the `cellar` command's lazy
 table (`cellar.cli`), or hold logic a server needs at run time.

@@ -6,9 +6,10 @@ What it owns
     segment files (under /dev/shm when it exists, so the segments are RAM) and one log file per
     child under a run directory. `start()` returns once every child has printed its ready line,
     or raises with the last lines of the failing child's log. `stop()` sends SIGTERM, waits a
-    grace period, then SIGKILLs what is left, and removes the segment files. `cellar up`
-    (`cellar.devtools.up`), the integration and fault tests and `cellar soak` use this same class, so what a
-    user starts by hand is what the tests exercise.
+    grace period, then SIGKILLs what is left, and removes the segment files (starting, waiting
+    for and stopping a process is `cellar.devtools.children`'s work). `cellar up`
+    (`cellar.devtools.up`), the integration and fault tests and `cellar soak` use this same
+    class, so what a user starts by hand is what the tests exercise.
 
     Faults, for the fault tests and the soak: `kill_node`, `restart_node` (kill -9, then the
     same `--node-id` and shm dir, so the node re-attaches its segment), `restart_master` (kill
@@ -31,11 +32,10 @@ Invariants
       each child gets SIGTERM from the kernel if the thread that started it dies (PDEATHSIG,
       which the child asks for itself, see `cellar.lifecycle`), so even a SIGKILLed parent
       leaves nothing behind. Start children from a thread that lives as long as the cluster.
-    - No Python code runs between fork and exec (no `preexec_fn`): a parent holding gRPC
-      channels would run gRPC's at-fork handlers in the child, which can abort it.
+    - No Python code runs between fork and exec (`cellar.devtools.children.spawn` says why).
     - Ports may be 0: the real addresses are read back from the ready lines.
 
-Credentials (the README's Security model)
+Credentials (docs/security.md)
     Before the master starts, the cluster creates its token store `<run_dir>/tokens.json`
     (hashed) with an admin token and a token of the `default` tenant (trusted on this host:
     shm allowed), passes it as the master's `--tokens-file`, and once the master is up writes
@@ -64,7 +64,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -83,21 +82,22 @@ from cellar.credentials import (
     write_private_json,
 )
 from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-exported for callers
+    POLL_INTERVAL_S,
     STATUS_PROBE_TIMEOUT_S,
     Child,
     ClusterError,
     fetch_status,
+    keep_log,
+    spawn,
     tail_of,
+    terminate,
+    wait_ready,
 )
 from cellar.devtools.etcd_server import EtcdServer, free_port
-from cellar.lifecycle import PARENT_PID_ENV
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import parse_size_bytes
 
-MASTER_READY = re.compile(
-    r"^cellar master listening on (?P<address>\S+) \(http (?P<http>[^,\s]+), epoch (?P<epoch>\d+)\)")
-NODE_READY = re.compile(r"^cellar node (?P<node_id>\S+) serving tcp (?P<address>\S+) ")
 # A node's log line when one segment's background pre-fault ended, either way
 # (storage_node/segment.py PREFAULT_DONE_LOG / PREFAULT_SKIPPED_LOG).
 PREFAULT_ENDED = re.compile(r"segment \d+ (?:not )?pre-faulted")
@@ -105,7 +105,6 @@ DEFAULT_PREFAULT_WAIT_S = 120.0
 
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_STOP_GRACE_S = 5.0
-POLL_INTERVAL_S = 0.02
 RESTART_PORT_WAIT_S = 20.0     # how long a restarted master may wait for its old port
 RESTART_RETRY_INTERVAL_S = 0.3
 PORT_CLASH_RETRIES = 3         # ha masters started again on new free ports when one was taken
@@ -585,72 +584,14 @@ class LocalCluster:
         return self._spawn(f"node-{i}", argv)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        log_path = self.run_dir / f"{name}.log"
-        child = Child(name, [sys.executable, "-m", "cellar", *argv], log_path)
-        # No preexec_fn (see the module docstring): the child asks for PDEATHSIG itself.
-        env = {**self._env, PARENT_PID_ENV: str(os.getpid())}
-        with open(log_path, "wb") as log:
-            child.proc = subprocess.Popen(
-                child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
-            )
-        return child
+        return spawn(name, argv, self.run_dir / f"{name}.log", self._env)
 
     def _keep_log(self, child: Child) -> None:
         self._restarts += 1
-        if child.log_path.exists():
-            child.log_path.rename(child.log_path.with_name(f"{child.name}.{self._restarts}.log"))
+        keep_log(child, self._restarts)
 
     def _wait_ready(self, children: list[Child]) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while True:
-            waiting = [c for c in children if not c.ready]
-            if not waiting:
-                return
-            for child in waiting:
-                self._read_ready_line(child)
-                if not child.ready and not child.alive():
-                    raise ClusterError(f"{child.describe_exit()}")
-            if time.monotonic() > deadline:
-                child = next(c for c in children if not c.ready)
-                raise ClusterError(
-                    f"{child.name} did not report ready within {self.start_timeout_s:g}s; last "
-                    f"lines of {child.log_path}:\n{tail_of(child.log_path)}")
-            time.sleep(POLL_INTERVAL_S)
-
-    def _read_ready_line(self, child: Child) -> None:
-        try:
-            text = child.log_path.read_text(errors="replace")
-        except OSError:
-            return
-        is_master = child.name.startswith("master")
-        pattern = MASTER_READY if is_master else NODE_READY
-        for line in text.splitlines():
-            match = pattern.match(line)
-            if match:
-                child.address = match.group("address")
-                if is_master:
-                    child.http = match.group("http")
-                    child.extra["epoch"] = match.group("epoch")
-                else:
-                    child.node_id = match.group("node_id")
-                child.ready = True
-                return
+        wait_ready(children, self.start_timeout_s)
 
     def _terminate(self, children: list[Child]) -> None:
-        for child in children:
-            child.stopping = True
-            if child.alive():
-                assert child.proc is not None
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.terminate()
-                    child.proc.send_signal(signal.SIGCONT)  # a SIGSTOPped child must see it
-        deadline = time.monotonic() + self.stop_grace_s
-        for child in children:
-            if child.proc is None:
-                continue
-            try:
-                child.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        terminate(children, self.stop_grace_s)
