@@ -24,7 +24,7 @@ class RebuildGrace:
         self.restart_evidence = False
         self.fresh_mount_seen = False
         self.over = False
-        # Nodes the previous leader had mounted (HA takeover, cellar.master.leadership): once
+        # Nodes the previous leader had mounted (HA takeover, cellar.master.serving.leadership): once
         # all of them have mounted here and reported, nothing is missing and the grace ends.
         self.expected_nodes: frozenset[str] | None = None
 

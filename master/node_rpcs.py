@@ -17,22 +17,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from cellar.errors import Status
-from cellar.master.membership import MAX_NODE_ID_CHARS, Node
 from cellar.master.rebuild import MAX_REPORT_ENTRIES, adopt, drop_lost
 from cellar.master.replies import HeartbeatOutcome, KeyResults, MountOutcome, ReportOutcome
 from cellar.master.requests import RequestRejected, check_batch, valid_id
+from cellar.master.state.membership import MAX_NODE_ID_CHARS, Node
 
 if TYPE_CHECKING:
     from cellar.master.config import MasterConfig
-    from cellar.master.eviction import Evictor
     from cellar.master.grace import RebuildGrace
-    from cellar.master.membership import Membership
-    from cellar.master.objects import ObjectTable
-    from cellar.master.pins import PinTable
-    from cellar.master.quarantine import Quarantine
     from cellar.master.requests import Clock
     from cellar.master.service import MasterService
-    from cellar.master.tombstones import Tombstones
+    from cellar.master.state.eviction import Evictor
+    from cellar.master.state.membership import Membership
+    from cellar.master.state.objects import ObjectTable
+    from cellar.master.state.pins import PinTable
+    from cellar.master.state.quarantine import Quarantine
+    from cellar.master.state.tombstones import Tombstones
 
 
 class NodeRpcs:

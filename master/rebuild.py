@@ -36,14 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cellar.master.allocator import SegmentAllocator
-from cellar.master.objects import COMPLETE, DROPPED, NO_PIN, Obj, Replica, charge
 from cellar.master.requests import range_error, valid_id
+from cellar.master.state.allocator import SegmentAllocator
+from cellar.master.state.objects import COMPLETE, DROPPED, NO_PIN, Obj, Replica, charge
 from cellar.proto.grant import key_tag
 
 if TYPE_CHECKING:
-    from cellar.master.membership import Segment
     from cellar.master.service import MasterService
+    from cellar.master.state.membership import Segment
 
 MAX_REPORT_ENTRIES = 16384  # per ReportObjects call (the node sends 2000)
 

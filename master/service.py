@@ -33,18 +33,10 @@ from collections.abc import Sequence
 from xxhash import xxh64_intdigest
 
 from cellar.errors import Status
-from cellar.master.allocator import SegmentAllocator
 from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
-from cellar.master.eviction import Evictor
 from cellar.master.grace import RebuildGrace
-from cellar.master.ids import SecretIds
 from cellar.master.listing import check_list_request, key_page
-from cellar.master.membership import ACTIVE, Membership, Segment
 from cellar.master.node_rpcs import NodeRpcs
-from cellar.master.objects import COMPLETE, HARD_PIN, NO_PIN, SOFT_PIN, Obj, ObjectTable, Replica
-from cellar.master.pins import PinTable
-from cellar.master.placement import NO_NODES, Placement
-from cellar.master.quarantine import Quarantine
 from cellar.master.quota import SpaceMaker
 from cellar.master.rebuild import new_counter
 from cellar.master.replies import (
@@ -77,8 +69,24 @@ from cellar.master.requests import (
     check_key_bound,
     key_error,
 )
-from cellar.master.tenants import Tenant, Tenants
-from cellar.master.tombstones import Tombstones
+from cellar.master.state.allocator import SegmentAllocator
+from cellar.master.state.eviction import Evictor
+from cellar.master.state.ids import SecretIds
+from cellar.master.state.membership import ACTIVE, Membership, Segment
+from cellar.master.state.objects import (
+    COMPLETE,
+    HARD_PIN,
+    NO_PIN,
+    SOFT_PIN,
+    Obj,
+    ObjectTable,
+    Replica,
+)
+from cellar.master.state.pins import PinTable
+from cellar.master.state.placement import NO_NODES, Placement
+from cellar.master.state.quarantine import Quarantine
+from cellar.master.state.tenants import Tenant, Tenants
+from cellar.master.state.tombstones import Tombstones
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, key_tag_prefix
 
 OK = Status.OK
@@ -104,7 +112,7 @@ class MasterService(NodeRpcs):
         self.role = "single"
         rng = rng or random.Random()
         base = self.epoch << ID_EPOCH_SHIFT
-        self._next_put_id = SecretIds().next  # unguessable (cellar.master.ids)
+        self._next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
         self._next_alloc_id = itertools.count(base + 1).__next__
         self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
                               max_tenants=config.max_tenants)

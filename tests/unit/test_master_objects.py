@@ -220,7 +220,7 @@ def test_put_ids_and_alloc_ids_are_unique_across_restarts(clock) -> None:  # typ
     later = make_service(clock, epoch=EPOCH + 1)  # a restarted master: a later epoch
     mount(later, "n1", 1)
     b = put_start(later, "k", 100)
-    assert b.put_id != a.put_id  # random (cellar.master.ids): unique, deliberately not ordered
+    assert b.put_id != a.put_id  # random (cellar.master.state.ids): unique, deliberately not ordered
     assert b.replicas[0].alloc_id > a.replicas[0].alloc_id
 
 

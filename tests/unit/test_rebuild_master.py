@@ -9,8 +9,8 @@ import pytest
 from test_master_support import EPOCH, FakeClock, MiB, make_service, mount, put, segment_info
 
 from cellar.errors import Status
-from cellar.master.allocator import SegmentAllocator
 from cellar.master.service import ID_EPOCH_SHIFT, PutItem, RequestRejected
+from cellar.master.state.allocator import SegmentAllocator
 
 OLD = (EPOCH - 60_000) << ID_EPOCH_SHIFT  # alloc ids of an earlier master
 

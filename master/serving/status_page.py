@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cellar.master.events import Event
+from cellar.master.serving.events import Event
 from cellar.units import format_size
 
 REFRESH_S = 5

@@ -29,8 +29,15 @@ from typing import TYPE_CHECKING
 from cellar.coord.redirect import redirect_details
 from cellar.heap import release_frozen
 from cellar.master.config import MasterConfig
-from cellar.master.events import DEPOSED, ELECTED, NEW_LEADER, NODE_EXPIRED, REBUILD_DONE, EventLog
 from cellar.master.service import MasterService
+from cellar.master.serving.events import (
+    DEPOSED,
+    ELECTED,
+    NEW_LEADER,
+    NODE_EXPIRED,
+    REBUILD_DONE,
+    EventLog,
+)
 
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection

@@ -28,17 +28,17 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from cellar.errors import Status
-from cellar.master.allocator import SegmentAllocator
-from cellar.master.config import MAX_SEGMENT_BYTES
+from cellar.master.state.allocator import SegmentAllocator
 
 if TYPE_CHECKING:
-    from cellar.master.objects import Obj
+    from cellar.master.state.objects import Obj
 
 ACTIVE = 1  # same numbers as the proto NodeState enum
 SUSPECT = 2
 EXPIRED = 3
 STATE_NAMES = {ACTIVE: "ACTIVE", SUSPECT: "SUSPECT", EXPIRED: "EXPIRED"}
 
+MAX_SEGMENT_BYTES = 1 << 48  # the largest segment a node may mount (256 TiB)
 MAX_NODE_ID_CHARS = 256
 MAX_HOST_ID_CHARS = 256
 MAX_ENDPOINTS = 16

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cellar.master.leadership import Leadership
-    from cellar.master.membership import Segment
-    from cellar.master.tenants import Tenant
+    from cellar.master.serving.leadership import Leadership
+    from cellar.master.state.membership import Segment
+    from cellar.master.state.tenants import Tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,8 +40,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cellar.master.objects import Obj
-    from cellar.master.tenants import Tenant
+    from cellar.master.state.objects import Obj
+    from cellar.master.state.tenants import Tenant
 
 NORMAL = 1  # pool kinds (index into the pools tuples); 0 = not in any pool
 SOFT = 2
@@ -116,7 +116,7 @@ class Evictor:
         kind = SOFT if obj.pin_kind == SOFT else NORMAL
         obj.pool_kind = kind
         self.pools[kind].add(obj)
-        own = obj.tenant.pools  # None for a tenant without a quota (cellar.master.tenants)
+        own = obj.tenant.pools  # None for a tenant without a quota (cellar.master.state.tenants)
         if own is not None:
             own[kind].add(obj)
         if obj.pins:

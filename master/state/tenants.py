@@ -11,7 +11,7 @@ empty tenant name means `default`.
 Accounting: `used_bytes` is the sum of reserved (rounded) bytes of every replica of the
 tenant's visible or being-written objects and `object_count` counts those objects; of those
 bytes, `writing_bytes` are held by puts not yet ended (WRITING) and `hard_pinned_bytes` by
-hard-pinned objects (both charged by `cellar.master.objects.charge`). Bytes held back in
+hard-pinned objects (both charged by `cellar.master.state.objects.charge`). Bytes held back in
 quarantine or by a removed-but-still-pinned object are not charged: the tenant already gave
 them up. A quota of 0 means unlimited; `hard_pin` is a right (TenantQuota), off by default.
 
@@ -23,16 +23,35 @@ This module never evicts; eviction.py does.
 from __future__ import annotations
 
 import heapq
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cellar.errors import QuotaExceeded
-from cellar.master.config import DEFAULT_TENANT, TENANT_NAME, TenantQuota
 
 if TYPE_CHECKING:
-    from cellar.master.eviction import Pool
-    from cellar.master.objects import Obj
+    from cellar.master.state.eviction import Pool
+    from cellar.master.state.objects import Obj
 
+DEFAULT_TENANT = "default"
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_MAX_TENANTS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """A tenant's limits and rights; a quota of 0 means unlimited.
+
+    `quota_writing_bytes` bounds the bytes its puts hold WRITING (reserved, not yet PutEnd);
+    `hard_pin` is the right to hard-pin (never evicted), an admin grant, and
+    `quota_hard_pin_bytes` bounds the bytes it keeps hard-pinned.
+    """
+
+    quota_bytes: int = 0
+    quota_objects: int = 0
+    quota_writing_bytes: int = 0
+    hard_pin: bool = False
+    quota_hard_pin_bytes: int = 0
 
 
 class Tenant:
@@ -74,7 +93,7 @@ class Tenant:
     def _build_pools(self) -> tuple[Pool, Pool, Pool]:
         """Own pools holding what the global pools hold of this tenant (every evictable object
         is visible, so in `objects`), pinned counts included."""
-        from cellar.master.eviction import Pool
+        from cellar.master.state.eviction import Pool
 
         pools = (Pool(False), Pool(False), Pool(False))
         for obj in self.objects.values():

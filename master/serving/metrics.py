@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cellar.master.membership import STATE_NAMES
+from cellar.master.state.membership import STATE_NAMES
 
 if TYPE_CHECKING:
-    from cellar.master.leadership import Leadership
+    from cellar.master.serving.leadership import Leadership
 
 # RPC name -> metric stem (Mooncake's stem where the meaning is the same)
 RPC_METRIC_NAMES = {

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from cellar.master.eviction import Evictor
-from cellar.master.expiry import ExpiryRuns
-from cellar.master.membership import Membership, Segment
-from cellar.master.quarantine import Quarantine
-from cellar.master.tenants import Tenant
+from cellar.master.state.eviction import Evictor
+from cellar.master.state.expiry import ExpiryRuns
+from cellar.master.state.membership import Membership, Segment
+from cellar.master.state.quarantine import Quarantine
+from cellar.master.state.tenants import Tenant
 
 if TYPE_CHECKING:
     from collections.abc import Callable
