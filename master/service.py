@@ -13,7 +13,9 @@ eviction, quarantine; and beside them, split out of this file:
 - tombstones.py: removed keys and freed-while-down ids a late report must not revive;
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
 - listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
-- node_rpcs.py: `NodeRpcs`, the node-facing RPCs and the background `tick` (a mixin here).
+- node_rpcs.py: `NodeRpcs`, an object of its own over the tables it is given: the node-facing
+  RPCs, the rebuild from the nodes' reports and the background `tick`. The service builds it
+  (`self.nodes`) and forwards the node calls to it, so `service.heartbeat(...)` stays one call.
 
 Everything runs on one asyncio event loop, so a method runs to completion without interleaving:
 no locks. Time comes from an injected clock (`monotonic()` for liveness, TTLs and LRU;
@@ -26,7 +28,6 @@ sees, sends or stores payload bytes.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Sequence
 
@@ -38,7 +39,6 @@ from cellar.master.grace import RebuildGrace
 from cellar.master.listing import check_list_request, key_page
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.quota import SpaceMaker
-from cellar.master.rebuild import new_counter
 from cellar.master.replies import (
     GetOutcome,
     GetResult,
@@ -52,9 +52,7 @@ from cellar.master.replies import (
     ReportOutcome,
 )
 from cellar.master.requests import (
-    ID_EPOCH_SHIFT,
     MAX_AVOID_NODES,
-    MAX_ID,
     MAX_PREFERRED_HOST_CHARS,
     Clock,
     PutEndItem,
@@ -71,7 +69,7 @@ from cellar.master.requests import (
 )
 from cellar.master.state.allocator import SegmentAllocator
 from cellar.master.state.eviction import Evictor
-from cellar.master.state.ids import SecretIds
+from cellar.master.state.ids import ID_EPOCH_SHIFT, AllocIds, SecretIds
 from cellar.master.state.membership import ACTIVE, Membership, Segment
 from cellar.master.state.objects import (
     COMPLETE,
@@ -93,7 +91,7 @@ OK = Status.OK
 INVALID = Status.INVALID
 
 
-class MasterService(NodeRpcs):
+class MasterService:
     """The master's metadata behaviour; one method per RPC (see the module docstring)."""
 
     def __init__(
@@ -111,9 +109,8 @@ class MasterService(NodeRpcs):
         self.grants = GrantIssuer(secret, self.epoch)
         self.role = "single"
         rng = rng or random.Random()
-        base = self.epoch << ID_EPOCH_SHIFT
         self._next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
-        self._next_alloc_id = itertools.count(base + 1).__next__
+        self.alloc_ids = AllocIds(self.epoch)
         self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
                               max_tenants=config.max_tenants)
         self.membership = Membership(
@@ -121,7 +118,7 @@ class MasterService(NodeRpcs):
             expire_after_s=config.node_expire_after_s,
             max_segments_per_node=config.max_segments_per_node,
             max_freed_backlog=config.max_freed_backlog,
-            seq_base=base,
+            seq_base=self.epoch << ID_EPOCH_SHIFT,
         )
         self.quarantine = Quarantine()
         self.objects = ObjectTable(
@@ -143,15 +140,25 @@ class MasterService(NodeRpcs):
         )
         self.space = SpaceMaker(config, self.evictor, self.placement, self.membership)
         self._rounded = SegmentAllocator.rounded_size
-        self._watermark_evicting = False
-        self.nodes_expired = 0
-        self.puts_timed_out = 0
         self.no_space_count = 0
         self.grace = RebuildGrace(self.clock.monotonic(), config.rebuild_grace_s)
         self.tombstones = Tombstones(config.max_remove_tombstones)
-        self.objects_adopted = 0
-        self.objects_refused = 0
-        self.replicas_lost = 0
+        self.nodes = NodeRpcs(
+            config, self.clock, self.epoch, tenants=self.tenants, membership=self.membership,
+            objects=self.objects, pins=self.pins, quarantine=self.quarantine,
+            tombstones=self.tombstones, grace=self.grace, alloc_ids=self.alloc_ids,
+            next_put_id=self._next_put_id,
+        )
+        # The node calls, answered by `self.nodes` (the servicer and the tests call them here).
+        self.mount_segment = self.nodes.mount_segment
+        self.report_objects = self.nodes.report_objects
+        self.unmount_segment = self.nodes.unmount_segment
+        self.heartbeat = self.nodes.heartbeat
+        self.expire_node = self.nodes.expire_node
+        self.tick = self.nodes.tick
+        self.evict_to_watermark = self.nodes.evict_to_watermark
+        self.capacity = self.membership.usage
+        self.largest_placeable_bytes = self.membership.largest_placeable_bytes
 
     # ---------------------------------------------------------------- request checks
 
@@ -197,7 +204,7 @@ class MasterService(NodeRpcs):
         fast_ok = config.max_replicas >= 1
         next_put_id = self._next_put_id
         begin_one = self.objects.begin_one
-        next_alloc_id = self._next_alloc_id
+        next_alloc_id = self.alloc_ids.next
         grant_one = self.grants.one
         objects = tenant.objects
         writing = tenant.writing
@@ -307,7 +314,7 @@ class MasterService(NodeRpcs):
         pin_kind = HARD_PIN if item.hard_pin else SOFT_PIN if item.soft_pin else NO_PIN
         tag = key_tag(tenant.name, key)
         obj = Obj(tenant, key, size, reserved, put_id, pin_kind, now + ttl_s, tag)
-        self.objects.begin(obj, placements, self._next_alloc_id)
+        self.objects.begin(obj, placements, self.alloc_ids.next)
         expiry_ms = wall_ms + int(ttl_s * 1000)
         granted = self.grants.all(obj, GRANT_OP_WRITE, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)
@@ -468,7 +475,7 @@ class MasterService(NodeRpcs):
 
     def _remove(self, obj: Obj, now: float) -> None:
         """Drop a value a client removed, remembering it so a late report cannot revive it."""
-        self.tombstones.remember_removed(obj.tenant.name, obj.key, self._next_alloc_id())
+        self.tombstones.remember_removed(obj.tenant.name, obj.key, self.alloc_ids.next())
         self.objects.drop(obj, now)
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
@@ -520,14 +527,27 @@ class MasterService(NodeRpcs):
         """The nodes whose reports complete the table (what the previous leader had mounted)."""
         self.grace.expected_nodes = node_ids
 
-    def next_put_id(self) -> int:
-        return self._next_put_id()
+    # ---------------------------------------------------------------- node counters
 
-    def ensure_alloc_ids_above(self, alloc_id: int) -> None:
-        """Make every future alloc id greater than `alloc_id` (an adopted one)."""
-        assert alloc_id <= MAX_ID, "rebuild refuses alloc ids a grant could not carry"
-        if self._next_alloc_id() <= alloc_id:
-            self._next_alloc_id = new_counter(alloc_id + 1)
+    @property
+    def nodes_expired(self) -> int:
+        return self.nodes.nodes_expired
+
+    @property
+    def puts_timed_out(self) -> int:
+        return self.nodes.puts_timed_out
+
+    @property
+    def objects_adopted(self) -> int:
+        return self.nodes.objects_adopted
+
+    @property
+    def objects_refused(self) -> int:
+        return self.nodes.objects_refused
+
+    @property
+    def replicas_lost(self) -> int:
+        return self.nodes.replicas_lost
 
     # ---------------------------------------------------------------- status
 

@@ -236,6 +236,20 @@ class Membership:
         self.rebuilding_count = rebuilding
         self.max_segment_bytes = largest
 
+    # ---------------------------------------------------------------- space
+
+    def usage(self) -> tuple[int, int]:
+        """(capacity, used) bytes over mounted segments; used includes quarantined ranges."""
+        capacity = used = 0
+        for segment in self.segments.values():
+            capacity += segment.allocator.capacity_bytes
+            used += segment.allocator.used_bytes
+        return capacity, used
+
+    def largest_placeable_bytes(self) -> int:
+        """The largest object a put could place now (the largest placeable segment)."""
+        return max((s.size_bytes for s in self.active_segments), default=0)
+
     # ---------------------------------------------------------------- liveness
 
     def heartbeat(self, node_id: str, incarnation: int, now: float) -> Node | None:

@@ -245,6 +245,56 @@ class ObjectTable:
         if len(self.expired_puts) > EXPIRED_PUTS_REMEMBERED:
             self.expired_puts.popitem(last=False)
 
+    # ---------------------------------------------------------------- rebuild
+
+    def adopt(self, obj: Obj, replica: Replica, checksum: int, now: float) -> None:
+        """A new COMPLETE version from a node's report (master/node_rpcs.py): its one replica is
+        already reserved in its segment's allocator; the version is charged and evictable."""
+        tenant = obj.tenant
+        assert obj.state == WRITING and not obj.replicas and obj.pin_kind == NO_PIN, "adopt a fresh Obj"
+        assert obj.key not in tenant.objects, "adopt of a key the tenant already holds"
+        obj.state = COMPLETE
+        obj.checksum = checksum
+        obj.last_access = now
+        obj.deadline = 0.0
+        obj.replicas = (replica,)
+        replica.segment.objects.add(obj)
+        tenant.objects[obj.key] = obj
+        charge(obj, obj.reserved)
+        tenant.object_count += 1
+        self.complete_count += 1
+        self.evictor.enter(obj)
+
+    def add_replica(self, obj: Obj, replica: Replica) -> None:
+        """One more reported replica of a COMPLETE version (its range already reserved)."""
+        assert obj.state == COMPLETE, f"add_replica to a {STATE_NAMES[obj.state]} object"
+        self.evictor.resize(obj, 1)
+        obj.replicas += (replica,)
+        replica.segment.objects.add(obj)
+        charge(obj, obj.reserved)
+
+    def lose_replicas(self, segment: Segment, alloc_ids: set[int], now: float) -> int:
+        """A node found these replicas corrupt and dropped them: forget them, free their ranges
+        (the node already did), drop a version left with none. Returns the replicas lost."""
+        lost = 0
+        for obj in list(segment.objects):
+            keep = tuple([rep for rep in obj.replicas
+                          if not (rep.segment is segment and rep.alloc_id in alloc_ids)])
+            if len(keep) == len(obj.replicas):
+                continue
+            gone = [rep for rep in obj.replicas if rep not in keep]
+            if obj.state != DROPPED:
+                charge(obj, -obj.reserved * len(gone))
+                self.evictor.resize(obj, -len(gone))
+            obj.replicas = keep
+            segment.objects.discard(obj)
+            for rep in gone:
+                segment.allocator.free(rep.offset)
+                lost += 1
+            if not keep and obj.state != DROPPED:
+                self.drop(obj, now)
+        return lost
+
     def lose_segment(self, segment: Segment, now: float) -> int:
         """The segment's memory is gone: drop its replicas; objects left with none are dropped."""
         lost = 0
