@@ -203,6 +203,9 @@ class MasterService:
         default_replicas = config.default_replicas
         fast_ok = config.max_replicas >= 1
         next_put_id = self._next_put_id
+        page_from = SegmentAllocator.PAGE_ALIGN_THRESHOLD_BYTES
+        page_pad = SegmentAllocator.PAGE_BYTES - 1
+        granule_pad = SegmentAllocator.SMALL_GRANULARITY_BYTES - 1
         begin_one = self.objects.begin_one
         next_alloc_id = self.alloc_ids.next
         grant_one = self.grants.one
@@ -213,8 +216,11 @@ class MasterService:
         for item in items:
             key = item.key
             size = item.size_bytes
-            if type(size) is int and size > 0:  # SegmentAllocator.rounded_size, inlined
-                reserved = (size + 4095) & -4096 if size >= 262144 else (size + 63) & -64
+            # SegmentAllocator.rounded_size, inlined with its own constants: the call costs
+            # ~45 ns of ~650 ns per key here, 7% (interleaved PutStart batches of 64 keys).
+            if type(size) is int and size > 0:
+                reserved = ((size + page_pad) & ~page_pad if size >= page_from
+                            else (size + granule_pad) & ~granule_pad)
             else:
                 reserved = 0
             if (not fast_ok or not key or len(key) > max_key_bytes or not key.isascii()

@@ -153,9 +153,9 @@ class SegmentAllocator:
             raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
         if nbytes <= 0:
             raise ValueError(f"nbytes must be > 0, got {nbytes}")
-        if nbytes >= 262144:  # PAGE_ALIGN_THRESHOLD_BYTES
-            return (nbytes + 4095) & -4096
-        return (nbytes + 63) & -64
+        if nbytes >= SegmentAllocator.PAGE_ALIGN_THRESHOLD_BYTES:
+            return (nbytes + SegmentAllocator.PAGE_BYTES - 1) & -SegmentAllocator.PAGE_BYTES
+        return (nbytes + SegmentAllocator.SMALL_GRANULARITY_BYTES - 1) & -SegmentAllocator.SMALL_GRANULARITY_BYTES
 
     def alloc(self, nbytes: int) -> int | None:
         """Offset of a new block of rounded_size(nbytes), or None if no free block fits.
