@@ -68,6 +68,7 @@ from cellar.master.requests import (
     key_error,
 )
 from cellar.master.state.allocator import SegmentAllocator
+from cellar.master.state.audit import check_tables
 from cellar.master.state.eviction import Evictor
 from cellar.master.state.ids import ID_EPOCH_SHIFT, AllocIds, SecretIds
 from cellar.master.state.membership import ACTIVE, Membership, Segment
@@ -532,6 +533,12 @@ class MasterService:
     def expect_nodes(self, node_ids: frozenset[str]) -> None:
         """The nodes whose reports complete the table (what the previous leader had mounted)."""
         self.grace.expected_nodes = node_ids
+
+    def check_invariants(self) -> int:
+        """The full O(n) check of every table (master/state/audit.py); returns the versions
+        checked. Tests, the soak (GET /api/v1/invariants) and the fault tests call it; never a
+        request path."""
+        return check_tables(self.membership, self.tenants, self.objects)
 
     # ---------------------------------------------------------------- node counters
 

@@ -13,6 +13,8 @@ Routes:
   POST /api/v1/tokens      JSON {"kind": "tenant"|"admin", "tenant": ..., "shm": bool,
                            "label": ...}: a new token, returned once                    [admin]
   POST /api/v1/tokens/revoke  JSON {"id": ...}                                          [admin]
+  GET  /api/v1/invariants  the full O(n) check of the tables (state/audit.py), for the soak:
+                           200 {"ok": true, "objects_checked": N}, 500 {"ok": false, "error"} [admin]
 
 [admin] routes need `Authorization: Bearer <admin token>` (401 without a valid token, 403 with a
 non-admin one): the one HTTP check is `_guard` around those handlers, through the same
@@ -40,6 +42,7 @@ from cellar.master.serving import status_page
 from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
 from cellar.master.serving.cluster_summary import summarize
 from cellar.master.serving.leadership import Leadership
+from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
 from cellar.master.state.tenants import Tenant
 from cellar.tokens import KINDS
@@ -212,6 +215,15 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
         tenant = service.set_tenant_quota(body["name"], quota)
         return Response.json(_tenant_json(tenant))
 
+    async def check_invariants(_: Request, _admin: Identity) -> Response:
+        """The full O(n) check of the tables (cellar.master.state.audit), for the soak."""
+        try:
+            checked = leadership.service.check_invariants()
+        except InvariantBroken as exc:
+            log.error("invariant broken: %s", exc)
+            return Response.json({"ok": False, "error": str(exc)}, 500)
+        return Response.json({"ok": True, "objects_checked": checked})
+
     server.route("GET", "/metrics", metrics)
     server.route("GET", "/health", health)
     server.route("GET", "/", index)
@@ -220,6 +232,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     server.route("GET", "/api/v1/tenants", list_tenants)
     server.route("POST", "/api/v1/tenants", _guard(set_tenant))
     server.route("PUT", "/api/v1/tenants", _guard(set_tenant))
+    server.route("GET", "/api/v1/invariants", _guard(check_invariants))
     add_token_routes(server, leadership, authorizer, _guard)
     return server
 

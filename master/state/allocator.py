@@ -12,7 +12,9 @@ The invariant
     adjacent: ``free`` coalesces with both neighbours immediately, so a segment with nothing
     allocated is one free block of the whole capacity. Each free block sits in exactly one bin (the
     one its size maps to) and a bin's bit is set in the bitmaps iff the bin is non-empty.
-    ``check_invariants`` verifies all of this in O(n); tests call it, the hot path never does.
+    ``check_invariants`` verifies all of this in O(n); tests, the soak and the fault tests call it
+    (through ``cellar.master.state.audit``), the hot path never does; ``alloc`` and ``free`` assert
+    the O(1) part (bounds, alignment, no double hand-out, used bytes never negative).
 
 Why TLSF (two-level segregated fit)
     The master places up to ~50k objects/s, so alloc and free must be O(1) and cheap in CPython.
@@ -265,6 +267,11 @@ class SegmentAllocator:
             if not sl_bitmaps[fl]:
                 self._fl_bitmap &= ~(1 << fl)
 
+        # Cheap checks of what a bug here would break silently (they run in production; the
+        # O(n) check_invariants runs in tests, the soak and the fault tests).
+        assert not offset & 63 and offset >= 0 and offset + size <= self._capacity_bytes, \
+            f"alloc carved [{offset}, +{size}) outside the segment or off a 64-byte boundary"
+        assert offset not in self._allocated, f"alloc handed out live offset {offset} again"
         self._allocated[offset] = size
         self._used_bytes += size
         self._sorted_free_starts = None
@@ -332,6 +339,7 @@ class SegmentAllocator:
         if size is None:
             raise KeyError(offset)
         self._used_bytes -= size
+        assert self._used_bytes >= 0, "free gave back more bytes than were allocated"
         self._sorted_free_starts = None
         free_start = self._free_start
         free_end = self._free_end
@@ -388,6 +396,10 @@ class SegmentAllocator:
                 self._largest_bytes = merged_bytes
                 self._largest_count = 1
         return size
+
+    def allocated_size(self, offset: int) -> int:
+        """The reserved size of the live allocation at `offset`, 0 if there is none."""
+        return self._allocated.get(offset, 0)
 
     @property
     def capacity_bytes(self) -> int:

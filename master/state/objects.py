@@ -58,7 +58,8 @@ def charge(obj: Obj, nbytes: int) -> None:
         tenant.writing_bytes += nbytes
     if obj.pin_kind == HARD_PIN:
         tenant.hard_pinned_bytes += nbytes
-    assert tenant.used_bytes >= 0 and tenant.writing_bytes >= 0, "tenant accounting went negative"
+    assert tenant.used_bytes >= 0 and tenant.writing_bytes >= 0 and tenant.hard_pinned_bytes >= 0, \
+        "tenant accounting went negative"
 
 
 class Replica:
@@ -133,7 +134,8 @@ class ObjectTable:
         self, obj: Obj, placements: list[tuple[Segment, int]], alloc_ids: Callable[[], int]
     ) -> None:
         tenant = obj.tenant
-        assert obj.state == WRITING and obj.key not in tenant.writing
+        assert obj.state == WRITING and obj.key not in tenant.writing and obj.reserved > 0
+        assert placements and obj.put_id not in self.puts, "begin without placements or a fresh id"
         obj.replicas = tuple([Replica(segment, offset, alloc_ids()) for segment, offset in placements])
         for segment, _offset in placements:
             segment.objects.add(obj)
@@ -159,6 +161,7 @@ class ObjectTable:
 
     def complete(self, obj: Obj, checksum: int, now: float) -> None:
         assert obj.state == WRITING, f"complete() of a {STATE_NAMES[obj.state]} object"
+        assert self.puts.get(obj.put_id) is obj, "complete() of a put the table does not hold"
         tenant = obj.tenant
         old = tenant.objects.get(obj.key)
         if old is not None:
@@ -193,6 +196,7 @@ class ObjectTable:
             return 0
         charge(obj, -obj.reserved * len(obj.replicas))
         tenant.object_count -= 1
+        assert tenant.object_count >= 0 and self.complete_count >= 0, "object counts went negative"
         obj.state = DROPPED
         if obj.pins:
             return 0  # the last unpin releases the ranges

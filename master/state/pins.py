@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from cellar.master.state.expiry import ExpiryRuns
 from cellar.master.state.ids import SecretIds
+from cellar.master.state.objects import DROPPED
 
 if TYPE_CHECKING:
     from cellar.master.state.objects import Obj
@@ -62,6 +63,7 @@ class PinTable:
         held = per_client.get(client_id, 0)
         if held >= self.max_per_client:
             return 0
+        assert tenant is obj.tenant and obj.state != DROPPED, "a pin on another tenant's or a dropped object"
         per_client[client_id] = held + 1
         pin_id = self._next_id()
         self.pins[pin_id] = Pin(obj, tenant, client_id)
@@ -81,6 +83,7 @@ class PinTable:
 
     def _release(self, pin: Pin) -> None:
         held = self.per_client[pin.client_id] - 1
+        assert held >= 0, "a client's pin count went negative"
         if held:
             self.per_client[pin.client_id] = held
         else:
