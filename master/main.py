@@ -172,7 +172,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
 
 
 def _election(config: MasterConfig, leadership: Leadership, bound: str, http: str) -> LeaderElection:
-    """Wire the etcd election to the leadership (cellar.coord.election, master/leadership.py)."""
+    """Wire the etcd election to the leadership (cellar.coord.election, master/serving/leadership.py)."""
     from cellar.coord.election import LeaderElection
     from cellar.coord.target import EtcdTarget, LeaderRecord, parse_endpoints
 

@@ -3,8 +3,8 @@
 Routes:
   GET  /metrics            Prometheus text format (per-process registry, see metrics.py)
   GET  /health             200 "ok"
-  GET  /                   the HTML status page (master/status_page.py); ?text=1 plain text
-  GET  /api/v1/events      JSON: the recent events, newest first (master/events.py)
+  GET  /                   the HTML status page (serving/status_page.py); ?text=1 plain text
+  GET  /api/v1/events      JSON: the recent events, newest first (master/serving/events.py)
   GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:

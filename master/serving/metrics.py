@@ -178,7 +178,7 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("master_rebuild_elapsed_seconds", "how long the current rebuild has "
                                 "run (0 when none runs)",
                                 value=time.monotonic() - leadership.service_started_monotonic if recovering else 0.0)
-        yield _total("master_events", "entries written to the master's event log (master/events.py)",
+        yield _total("master_events", "entries written to the master's event log (master/serving/events.py)",
                      leadership.events.recorded_total)
         yield _total("master_loop_lag_credited_seconds", "event-loop lag credited to node liveness",
                      service.membership.lag_credited_s)

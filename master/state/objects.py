@@ -51,7 +51,7 @@ EXPIRED_PUTS_REMEMBERED = 65536  # so a late PutEnd gets EXPIRED rather than NOT
 
 def charge(obj: Obj, nbytes: int) -> None:
     """Charge (or, negative, credit) the object's tenant `nbytes` of replica ranges: its used
-    bytes, and its WRITING or hard-pinned bytes when the object is one (master/tenants.py)."""
+    bytes, and its WRITING or hard-pinned bytes when the object is one (state/tenants.py)."""
     tenant = obj.tenant
     tenant.used_bytes += nbytes
     if obj.state == WRITING:
