@@ -540,26 +540,10 @@ class MasterService:
         request path."""
         return check_tables(self.membership, self.tenants, self.objects)
 
-    # ---------------------------------------------------------------- node counters
-
-    @property
-    def nodes_expired(self) -> int:
-        return self.nodes.nodes_expired
-
-    @property
-    def puts_timed_out(self) -> int:
-        return self.nodes.puts_timed_out
-
-    @property
-    def objects_adopted(self) -> int:
-        return self.nodes.objects_adopted
-
-    @property
-    def objects_refused(self) -> int:
-        return self.nodes.objects_refused
-
     @property
     def replicas_lost(self) -> int:
+        """`self.nodes.replicas_lost` (the node counters live in NodeRpcs; this one is read here
+        by tests/security)."""
         return self.nodes.replicas_lost
 
     # ---------------------------------------------------------------- status

@@ -162,14 +162,14 @@ class MasterCollector(Collector):
         yield _total("master_put_start_alloc_failures", "put keys refused NO_SPACE",
                      service.no_space_count)
         yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)
-        yield _total("master_put_timeout", "puts revoked by the writer timeout", service.puts_timed_out)
-        yield _total("master_node_expired", "nodes expired", service.nodes_expired)
+        yield _total("master_put_timeout", "puts revoked by the writer timeout", service.nodes.puts_timed_out)
+        yield _total("master_node_expired", "nodes expired", service.nodes.nodes_expired)
         yield _total("master_rebuild_objects_adopted", "reported objects (replicas) adopted in rebuilds",
-                     service.objects_adopted)
+                     service.nodes.objects_adopted)
         yield _total("master_rebuild_objects_refused", "reported objects refused in rebuilds",
-                     service.objects_refused)
+                     service.nodes.objects_refused)
         yield _total("master_replicas_lost", "replicas dropped after a node found them corrupt",
-                     service.replicas_lost)
+                     service.nodes.replicas_lost)
         yield GaugeMetricFamily("master_segments_rebuilding", "segments whose index report is not "
                                 "complete (no new placements)", value=service.membership.rebuilding_count)
         recovering = leadership.serving() and service.recovering()

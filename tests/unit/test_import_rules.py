@@ -141,19 +141,22 @@ def imports_of(module: str, path: Path) -> list[tuple[int, str]]:
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[:len(package) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            found.append((node.lineno, target))
-            # `from cellar.client import tensors` imports cellar.client.tensors when it is one
-            found += [(node.lineno, f"{target}.{a.name}") for a in node.names
-                      if f"{target}.{a.name}" in MODULES]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += [(node.lineno, t) for t in _targets(node, package)]
     return [(line, t) for line, t in found if t == "cellar" or t.startswith("cellar.")]
+
+
+def _targets(node: ast.Import | ast.ImportFrom, package: list[str]) -> list[str]:
+    """The modules one import statement names, a relative one resolved against `package`."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        base = package[:len(package) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    # `from cellar.client import tensors` imports cellar.client.tensors when it is one
+    return [target, *(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES)]
 
 
 def test_every_room_states_its_import_rule() -> None:
@@ -251,16 +254,8 @@ def module_level_imports(module: str, path: Path, *, type_only: bool = False) ->
 
     def visit(body: Iterable[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package[:len(package) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                found.add(target)
-                found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_targets(node, package))
             elif isinstance(node, ast.If):
                 if not _is_type_checking(node.test) or type_only:
                     visit(node.body)

@@ -8,24 +8,13 @@ import random
 from dataclasses import dataclass
 
 import pytest
-from test_master_support import EPOCH, FakeClock, MiB, make_service, mount, put, segment_info
+from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, mount, put, segment_info
 
 from cellar.errors import Status
 from cellar.master.service import MasterService, PutEndItem, PutItem, PutRef
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.ids import ID_EPOCH_SHIFT
 from cellar.master.state.objects import charge
-
-
-@dataclass
-class Entry:
-    key: str
-    alloc_id: int
-    offset: int
-    length: int
-    checksum: int = 7
-    tenant: str = "default"
-    epoch: int = EPOCH - 60_000
 
 
 @dataclass

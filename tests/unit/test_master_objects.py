@@ -98,7 +98,7 @@ def test_writer_timeout_revokes_and_put_end_says_expired(svc, clock) -> None:  #
     clock.advance(1.0)
     svc.tick()
     assert exists(svc, "k") == Status.NOT_FOUND
-    assert svc.puts_timed_out == 1
+    assert svc.nodes.puts_timed_out == 1
     late = svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)])
     assert late[0][0] == Status.EXPIRED
 
