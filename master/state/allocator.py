@@ -269,9 +269,8 @@ class SegmentAllocator:
 
         # Cheap checks of what a bug here would break silently (they run in production; the
         # O(n) check_invariants runs in tests, the soak and the fault tests).
-        assert not offset & 63 and offset >= 0 and offset + size <= self._capacity_bytes, \
-            f"alloc carved [{offset}, +{size}) outside the segment or off a 64-byte boundary"
-        assert offset not in self._allocated, f"alloc handed out live offset {offset} again"
+        assert not offset & 63 and offset + size <= self._capacity_bytes and offset not in self._allocated, \
+            f"alloc carved [{offset}, +{size}) off a 64-byte boundary, past the end or over a live block"
         self._allocated[offset] = size
         self._used_bytes += size
         self._sorted_free_starts = None
