@@ -14,7 +14,8 @@ from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
 from cellar.coord.election import MAX_LEASE_TTL_S, MIN_LEASE_TTL_S
 from cellar.coord.target import check_cluster_name, parse_endpoints
 from cellar.errors import ConfigError, InvalidArgument
-from cellar.master.state.tenants import DEFAULT_TENANT, TENANT_NAME, TenantQuota
+from cellar.master.state.records import TenantQuota
+from cellar.master.state.tenants import DEFAULT_TENANT, TENANT_NAME
 from cellar.units import parse_host_port, parse_size_bytes
 
 ENV_PREFIX = "CELLAR_MASTER_"

@@ -59,10 +59,11 @@ from cellar.master.requests import (
 )
 from cellar.master.state.allocator import SegmentAllocator
 from cellar.master.state.ids import AllocIds
-from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership, Node, Segment
-from cellar.master.state.objects import NO_PIN, Obj, ObjectTable, Replica
+from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership
+from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
 from cellar.master.state.quarantine import Quarantine
+from cellar.master.state.records import NO_PIN, Node, Obj, Replica, Segment
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.grant import key_tag

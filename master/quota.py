@@ -28,9 +28,9 @@ from cellar.master.state.eviction import NORMAL, SOFT
 if TYPE_CHECKING:
     from cellar.master.config import MasterConfig
     from cellar.master.state.eviction import Evictor
-    from cellar.master.state.membership import Membership, Segment
+    from cellar.master.state.membership import Membership
     from cellar.master.state.placement import Placement
-    from cellar.master.state.tenants import Tenant
+    from cellar.master.state.records import Segment, Tenant
 
 NO_LIMIT = 1 << 62
 

@@ -19,8 +19,7 @@ from cellar.master.grants import GrantSigner
 from cellar.proto.grant import Grant
 
 if TYPE_CHECKING:
-    from cellar.master.state.membership import Segment
-    from cellar.master.state.objects import Obj, Replica
+    from cellar.master.state.records import Obj, Replica, Segment
 
 KeyResults = list[tuple[int, str]]
 

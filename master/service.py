@@ -71,20 +71,23 @@ from cellar.master.state.allocator import SegmentAllocator
 from cellar.master.state.audit import check_tables
 from cellar.master.state.eviction import Evictor
 from cellar.master.state.ids import ID_EPOCH_SHIFT, AllocIds, SecretIds
-from cellar.master.state.membership import ACTIVE, Membership, Segment
-from cellar.master.state.objects import (
+from cellar.master.state.membership import Membership
+from cellar.master.state.objects import ObjectTable
+from cellar.master.state.pins import PinTable
+from cellar.master.state.placement import NO_NODES, Placement
+from cellar.master.state.quarantine import Quarantine
+from cellar.master.state.records import (
+    ACTIVE,
     COMPLETE,
     HARD_PIN,
     NO_PIN,
     SOFT_PIN,
     Obj,
-    ObjectTable,
     Replica,
+    Segment,
+    Tenant,
 )
-from cellar.master.state.pins import PinTable
-from cellar.master.state.placement import NO_NODES, Placement
-from cellar.master.state.quarantine import Quarantine
-from cellar.master.state.tenants import Tenant, Tenants
+from cellar.master.state.tenants import Tenants
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, key_tag_prefix
 

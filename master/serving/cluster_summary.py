@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cellar.master.serving.leadership import Leadership
-    from cellar.master.state.membership import Segment
-    from cellar.master.state.tenants import Tenant
+    from cellar.master.state.records import Segment, Tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from cellar.master.serving.cluster_summary import summarize
 from cellar.master.serving.leadership import Leadership
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
-from cellar.master.state.tenants import Tenant
+from cellar.master.state.records import Tenant
 from cellar.tokens import KINDS
 from cellar.units import format_size
 

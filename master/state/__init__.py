@@ -10,7 +10,10 @@ What it owns: every table the master's decisions read and write, one subsystem a
 - eviction: approximate LRU pools (Redis's lineage); quarantine: freed ranges a late write could
   still reach; tombstones: removed keys a late report must not revive;
 - placement: which segment takes a replica (power of n choices over free space);
-- expiry, ids: the deadline runs and the unguessable ids the tables share.
+- expiry, ids: the deadline runs and the ids the tables share;
+- records: the record types they share (Obj, Replica, Tenant, Node, Segment, Pool), which
+  name each other, so they live in one module and no import cycle forms, not even a type-only
+  one; audit: the full O(n) check of every table.
 
 The invariant: each counter has one writer, the table that owns it (a tenant's bytes change only
 through `objects.charge`, the object table's `complete_count` only in `ObjectTable`); every

@@ -17,7 +17,8 @@ with millions of objects it takes seconds: never on a request path.
 from __future__ import annotations
 
 from cellar.master.state.membership import Membership
-from cellar.master.state.objects import COMPLETE, HARD_PIN, WRITING, ObjectTable
+from cellar.master.state.objects import ObjectTable
+from cellar.master.state.records import COMPLETE, HARD_PIN, WRITING
 from cellar.master.state.tenants import Tenants
 
 

@@ -1,7 +1,8 @@
 """The object table and its state machine: WRITING -> COMPLETE -> DROPPED.
 
-Owns every object version (`Obj`) and its replicas, the in-flight puts by put id, the writer
-deadlines, and the one function that gives a dropped object's ranges back (`release_ranges`).
+Owns every object version (`Obj`, a record of records.py) and its replicas, the in-flight puts
+by put id, the writer deadlines, and the one function that gives a dropped object's ranges back
+(`release_ranges`).
 
 State machine (asserted at every transition):
 - `begin`: a PutStart placed the replicas; the version is WRITING, invisible to readers, held
@@ -28,23 +29,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from cellar.master.state.eviction import Evictor
 from cellar.master.state.expiry import ExpiryRuns
-from cellar.master.state.membership import Membership, Segment
-from cellar.master.state.quarantine import Quarantine
-from cellar.master.state.tenants import Tenant
+from cellar.master.state.records import COMPLETE, DROPPED, HARD_PIN, NO_PIN, WRITING, Obj, Replica
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-WRITING = 1
-COMPLETE = 2
-DROPPED = 3
-STATE_NAMES = {WRITING: "WRITING", COMPLETE: "COMPLETE", DROPPED: "DROPPED"}
+    from cellar.master.state.eviction import Evictor
+    from cellar.master.state.membership import Membership
+    from cellar.master.state.quarantine import Quarantine
+    from cellar.master.state.records import Segment
 
-NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kinds)
-SOFT_PIN = 2
-HARD_PIN = 3
+STATE_NAMES = {WRITING: "WRITING", COMPLETE: "COMPLETE", DROPPED: "DROPPED"}
 
 EXPIRED_PUTS_REMEMBERED = 65536  # so a late PutEnd gets EXPIRED rather than NOT_FOUND
 
@@ -60,47 +56,6 @@ def charge(obj: Obj, nbytes: int) -> None:
         tenant.hard_pinned_bytes += nbytes
     assert tenant.used_bytes >= 0 and tenant.writing_bytes >= 0 and tenant.hard_pinned_bytes >= 0, \
         "tenant accounting went negative"
-
-
-class Replica:
-    __slots__ = ("segment", "offset", "alloc_id")
-
-    def __init__(self, segment: Segment, offset: int, alloc_id: int) -> None:
-        self.segment = segment
-        self.offset = offset
-        self.alloc_id = alloc_id
-
-
-class Obj:
-    """One version of one object."""
-
-    __slots__ = (
-        "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
-        "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
-    )
-
-    def __init__(
-        self, tenant: Tenant, key: str, size: int, reserved: int, put_id: int, pin_kind: int,
-        deadline: float, tag: int,
-    ) -> None:
-        self.tenant = tenant
-        self.key = key
-        self.size = size
-        self.reserved = reserved  # allocator bytes per replica (rounded size)
-        # A tuple, not a list: 32 bytes less per object, and replicas rarely change.
-        self.replicas: tuple[Replica, ...] = ()
-        self.state = WRITING
-        self.checksum = 0
-        self.put_id = put_id
-        self.last_access = 0.0
-        self.pins = 0
-        self.pin_kind = pin_kind
-        # Monotonic time the write grants expire; 0.0 once COMPLETE (no late write possible).
-        self.deadline = deadline
-        self.tag = tag  # key_tag(tenant, key), bound into every grant
-        self.gslot = 0
-        self.tslot = 0
-        self.pool_kind = 0
 
 
 class ObjectTable:

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 
 from cellar.master.state.expiry import ExpiryRuns
 from cellar.master.state.ids import SecretIds
-from cellar.master.state.objects import DROPPED
+from cellar.master.state.records import DROPPED
 
 if TYPE_CHECKING:
-    from cellar.master.state.objects import Obj
-    from cellar.master.state.tenants import Tenant
+    from cellar.master.state.records import Obj, Tenant
 
 
 class Pin:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Collection
 
-from cellar.master.state.membership import Membership, Segment
+from cellar.master.state.membership import Membership
+from cellar.master.state.records import Segment
 
 MIN_RAMP_WEIGHT = 0.02
 NO_NODES: frozenset[str] = frozenset()

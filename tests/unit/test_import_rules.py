@@ -15,13 +15,11 @@ design's floor for the engine rooms is enforced even if their own line says less
 integrations and compat import only the SDK (DESIGN.md "Parts and their one-way dependencies").
 
 No import cycle: the imports a module runs when it is loaded (module level, including inside
-`try`/`if` there; not inside functions, which run later) form a graph over every cellar module,
-and that graph has no cycle (`test_no_module_level_import_cycle`, a strongly-connected-component
-search, with a negative control on a synthetic graph). Imports under `if TYPE_CHECKING:` are
-exempt: they never run, so they cannot leave a module half-initialised, and the tables of
-cellar.master.state name each other's record types (an object names its tenant and segment,
-a tenant and a segment hold their objects), a relation of the data, not of the code. Even so
-the type-only cycles are pinned (`TYPE_ONLY_CYCLES`): no new one may appear.
+`try`/`if` there; not inside functions, which run later) and its type-only imports (under
+`if TYPE_CHECKING:`, none exempt) form a graph over every cellar module, and that graph has no
+cycle (`test_no_import_cycle`, a strongly-connected-component search, with a negative control
+on a synthetic graph). The record types the master's tables share live in one module
+(cellar.master.state.records) for that reason.
 """
 
 from __future__ import annotations
@@ -231,23 +229,15 @@ KNOWN_CYCLES: tuple[frozenset[str], ...] = (
                "cellar.client.metering", "cellar.client.sync"}),
     frozenset({"cellar.bench", "cellar.bench.run"}),
 )
-# Type-only cycles (module docstring): the state tables' record types, and nothing else.
-TYPE_ONLY_CYCLES: tuple[frozenset[str], ...] = (
-    frozenset({"cellar.master.state.eviction", "cellar.master.state.membership",
-               "cellar.master.state.objects", "cellar.master.state.quarantine",
-               "cellar.master.state.tenants"}),
-)
-
-
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def module_level_imports(module: str, path: Path, *, type_only: bool = False) -> set[str]:
+def module_level_imports(module: str, path: Path, *, with_type_checking: bool = False) -> set[str]:
     """The cellar modules `module` imports when it is loaded: module-level statements, into
     `if`/`try`/`with` blocks, never into functions or classes' methods; `if TYPE_CHECKING:`
-    bodies only when `type_only` (their `else` always)."""
+    bodies only `with_type_checking` (their `else` always)."""
     tree = ast.parse(path.read_text())
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: set[str] = set()
@@ -257,7 +247,7 @@ def module_level_imports(module: str, path: Path, *, type_only: bool = False) ->
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 found.update(_targets(node, package))
             elif isinstance(node, ast.If):
-                if not _is_type_checking(node.test) or type_only:
+                if not _is_type_checking(node.test) or with_type_checking:
                     visit(node.body)
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
@@ -323,8 +313,8 @@ def import_cycles(graph: Mapping[str, Iterable[str]]) -> list[frozenset[str]]:
     return cycles
 
 
-def _graph(*, type_only: bool) -> dict[str, set[str]]:
-    return {module: module_level_imports(module, path, type_only=type_only) & MODULES.keys()
+def _graph(*, with_type_checking: bool) -> dict[str, set[str]]:
+    return {module: module_level_imports(module, path, with_type_checking=with_type_checking) & MODULES.keys()
             for module, path in MODULES.items()}
 
 
@@ -332,17 +322,12 @@ def _unexpected(cycles: list[frozenset[str]], allowed: tuple[frozenset[str], ...
     return [sorted(c) for c in cycles if not any(c <= known for known in allowed)]
 
 
-def test_no_module_level_import_cycle() -> None:
-    assert _unexpected(import_cycles(_graph(type_only=False)), KNOWN_CYCLES) == []
+def test_no_import_cycle() -> None:
+    assert _unexpected(import_cycles(_graph(with_type_checking=True)), KNOWN_CYCLES) == []
 
 
-def test_type_only_imports_close_no_new_cycle() -> None:
-    cycles = import_cycles(_graph(type_only=True))
-    assert _unexpected(cycles, KNOWN_CYCLES + TYPE_ONLY_CYCLES) == []
-
-
-def test_the_master_has_no_import_cycle_at_run_time() -> None:
-    cycles = import_cycles(_graph(type_only=False))
+def test_the_master_has_no_import_cycle_not_even_type_only() -> None:
+    cycles = import_cycles(_graph(with_type_checking=True))
     assert [sorted(c) for c in cycles if any(m.startswith("cellar.master") for m in c)] == []
 
 
@@ -366,7 +351,7 @@ def test_module_level_imports_skip_functions_and_type_checking(tmp_path: Path) -
     )
     module = "cellar.master.x"
     assert module_level_imports(module, path) == {"cellar.errors", "cellar", "cellar.units"}
-    assert "cellar.master.service" in module_level_imports(module, path, type_only=True)
+    assert "cellar.master.service" in module_level_imports(module, path, with_type_checking=True)
 
 
 def test_the_state_room_serves_nothing() -> None:

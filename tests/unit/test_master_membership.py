@@ -17,7 +17,7 @@ from test_master_support import (
 
 from cellar.errors import Status
 from cellar.master.service import PutEndItem, PutItem, PutRef, RequestRejected
-from cellar.master.state.membership import ACTIVE, SUSPECT
+from cellar.master.state.records import ACTIVE, SUSPECT
 
 
 def test_suspect_after_3s_expired_after_10s_replicas_dropped() -> None:
