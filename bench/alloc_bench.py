@@ -1,4 +1,4 @@
-"""Micro-benchmark of cellar.master.allocator.SegmentAllocator on the master's hot path.
+"""Micro-benchmark of cellar.master.state.allocator.SegmentAllocator on the master's hot path.
 
 Run: ``python bench/alloc_bench.py [--live N] [--ops N] [--seed N]``. Prints one JSON object:
 mean nanoseconds per ``alloc`` and per ``free`` for (a) uniform 64 KiB pages and (b) mixed random
@@ -19,7 +19,7 @@ import random
 import sys
 import time
 
-from cellar.master.allocator import SegmentAllocator
+from cellar.master.state.allocator import SegmentAllocator
 
 SEGMENT_BYTES = 16 * 1024**3
 KIB = 1024

@@ -1,22 +1,25 @@
 """cellar.master: the metadata master (the room that owns every piece of metadata).
 
-It owns the object table and its state machine, per-segment allocators, placement, pins,
-eviction, tenants and quotas, quarantine of freed ranges and node membership, all mutated from
-one asyncio event loop (no locks). `service.MasterService` is the behaviour as plain methods
-(split by subsystem: requests, replies, quota, tombstones, grace, node_rpcs, listing);
-`servicer` is the thin gRPC adapter; `admin` serves /metrics, /health and the JSON admin API;
-`main` is `cellar master`;
-`rebuild` re-creates objects, allocator state and tenant usage from the nodes' index reports
-after a master or node restart.
-`statuspage` renders the HTML page at `/` and `events` keeps the bounded log of failovers,
-rebuilds and node expiries it shows (the log lives in `leadership`, which outlives a service).
+Three layers, each a folder or a few files, dependencies pointing one way (down):
+- `serving/`: the servers and the process's roles: the gRPC `servicer` (a thin adapter),
+  the fast line `fastrpc`, `http_api` (/metrics, /health, the JSON admin API), `status_page`,
+  `metrics`, `auth`, `leadership` (single/leader/follower, rebuild after failover) and the
+  `events` log; `main` (here, so `cellar master` keeps its path) wires them into one process.
+- the behaviour, plain methods over the state, no I/O: `service.MasterService` answers the
+  client RPCs (put, get, probes, removal) with `requests` (input checks), `replies` (output
+  types, grant signing through `grants`), `quota` (bounded eviction for a PutStart), `grace`
+  (when a miss means "not reported yet") and `listing`; `node_rpcs.NodeRpcs` answers the
+  storage nodes (mount, report/rebuild, heartbeat, unmount) and runs the background tick.
+- `state/`: the tables (objects, pins, eviction, quarantine, tombstones, tenants, membership,
+  allocator, placement), mutated from one asyncio event loop (no locks), importing nothing of
+  gRPC, HTTP or asyncio. `config` is the typed configuration every layer reads.
 
-Metadata transports: gRPC (`servicer`) is the API and serves every RPC. Beside it, on the same
-event loop, `fastrpc` serves the five hottest RPCs (PutStart, PutEnd, PutRevoke, GetReplicas,
-Unpin) as length-prefixed frames carrying the same protobuf messages over persistent TCP, through
-the same servicer bodies: about 0.12 ms per round trip instead of gRPC's 0.8 ms, which is what
-makes a 1 ms single get possible. Clients learn its port from ClusterStatus's trailing metadata
-and fall back to gRPC whenever it is unreachable; see `fastrpc` for the frame and its limits.
+Metadata transports: gRPC (`serving.servicer`) is the API and serves every RPC. Beside it, on the
+same event loop, `serving.fastrpc` serves the five hottest RPCs (PutStart, PutEnd, PutRevoke,
+GetReplicas, Unpin) as length-prefixed frames carrying the same protobuf messages over
+persistent TCP, through the same servicer bodies: about 0.12 ms per round trip instead of gRPC's
+0.8 ms, which is what makes a 1 ms single get possible. Clients learn its port from
+ClusterStatus's trailing metadata and fall back to gRPC whenever it is unreachable.
 
 It never touches payload bytes (its gRPC messages stay under a few MiB to prove it) and never
 imports cellar.client, cellar.transfer or cellar.storage_node.

@@ -7,7 +7,6 @@ the field, so a bad configuration stops the process before it listens.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,34 +14,17 @@ from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
 from cellar.coord.election import MAX_LEASE_TTL_S, MIN_LEASE_TTL_S
 from cellar.coord.target import check_cluster_name, parse_endpoints
 from cellar.errors import ConfigError, InvalidArgument
+from cellar.master.state.records import TenantQuota
+from cellar.master.state.tenants import DEFAULT_TENANT, TENANT_NAME
 from cellar.units import parse_host_port, parse_size_bytes
 
 ENV_PREFIX = "CELLAR_MASTER_"
-DEFAULT_TENANT = "default"
-TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-MAX_SEGMENT_BYTES = 1 << 48
 MAX_QUOTA = 1 << 62  # a quota above this is no quota a protobuf uint64 reply could not carry
 # A ListKeys reply of max_list_keys keys of max_key_bytes each must fit grpc_max_message_bytes:
 # each key costs its bytes plus a tag and a length varint (<= 4 bytes for keys up to 64 KiB),
 # and the reply header and `more` flag fit in the slack.
 LIST_KEY_WIRE_OVERHEAD_BYTES = 4
 LIST_REPLY_SLACK_BYTES = 256
-
-
-@dataclass(frozen=True, slots=True)
-class TenantQuota:
-    """A tenant's limits and rights; a quota of 0 means unlimited.
-
-    `quota_writing_bytes` bounds the bytes its puts hold WRITING (reserved, not yet PutEnd);
-    `hard_pin` is the right to hard-pin (never evicted), an admin grant, and
-    `quota_hard_pin_bytes` bounds the bytes it keeps hard-pinned.
-    """
-
-    quota_bytes: int = 0
-    quota_objects: int = 0
-    quota_writing_bytes: int = 0
-    hard_pin: bool = False
-    quota_hard_pin_bytes: int = 0
 
 
 _QUOTA_SIZES = ("quota_bytes", "quota_writing_bytes", "quota_hard_pin_bytes")

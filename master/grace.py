@@ -1,6 +1,6 @@
 """Rebuild grace: when a miss may only mean "not reported yet".
 
-After a master starts, objects come back through the nodes' index reports (master/rebuild.py).
+After a master starts, objects come back through the nodes' index reports (master/node_rpcs.py).
 Until the table is whole, a miss (GetReplicas, Exists, PrefixLen, Remove) answers gRPC
 UNAVAILABLE, which clients retry within their deadline, instead of NOT_FOUND. The table may be
 incomplete while (a) a segment's report is still incomplete, or (b) less than `rebuild_grace_s`
@@ -24,7 +24,7 @@ class RebuildGrace:
         self.restart_evidence = False
         self.fresh_mount_seen = False
         self.over = False
-        # Nodes the previous leader had mounted (HA takeover, cellar.master.leadership): once
+        # Nodes the previous leader had mounted (HA takeover, cellar.master.serving.leadership): once
         # all of them have mounted here and reported, nothing is missing and the grace ends.
         self.expected_nodes: frozenset[str] | None = None
 

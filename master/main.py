@@ -4,7 +4,7 @@ Prints exactly one line to stdout when it is ready to serve, which scripts and t
     cellar master listening on HOST:PORT (http HOST:PORT, epoch N)
 (ports are the bound ones, so port 0 works). With `--etcd` (high availability) the master
 starts as a standby (epoch 0 in that line), campaigns in etcd (cellar.coord.election) and
-serves once it leads; `cellar.master.leadership` holds the role and the live service. SIGINT/SIGTERM stop it cleanly with exit 0; an
+serves once it leads; `cellar.master.serving.leadership` holds the role and the live service. SIGINT/SIGTERM stop it cleanly with exit 0; an
 invalid configuration exits 2 naming the field; an address that cannot be bound exits 1.
 """
 
@@ -28,13 +28,13 @@ from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
 from cellar.heap import freeze_survivors
 from cellar.lifecycle import die_with_parent_if_asked
-from cellar.master.admin import build_http
-from cellar.master.auth import Authorizer
 from cellar.master.config import ENV_PREFIX, MasterConfig
-from cellar.master.fastrpc import FastRpcServer
-from cellar.master.leadership import Leadership
-from cellar.master.metrics import make_registry
-from cellar.master.servicer import AuthInterceptor, MasterServicer
+from cellar.master.serving.auth import Authorizer
+from cellar.master.serving.fastrpc import FastRpcServer
+from cellar.master.serving.http_api import build_http
+from cellar.master.serving.leadership import Leadership
+from cellar.master.serving.metrics import make_registry
+from cellar.master.serving.servicer import AuthInterceptor, MasterServicer
 from cellar.secret import load_cluster_secret
 from cellar.tls import read_pem, server_context
 from cellar.tokens import DEFAULT_TOKENS_PATH, TokenStore, ensure_private
@@ -172,7 +172,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
 
 
 def _election(config: MasterConfig, leadership: Leadership, bound: str, http: str) -> LeaderElection:
-    """Wire the etcd election to the leadership (cellar.coord.election, master/leadership.py)."""
+    """Wire the etcd election to the leadership (cellar.coord.election, master/serving/leadership.py)."""
     from cellar.coord.election import LeaderElection
     from cellar.coord.target import EtcdTarget, LeaderRecord, parse_endpoints
 

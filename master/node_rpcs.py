@@ -1,57 +1,123 @@
-"""Node RPCs and the tick: what storage nodes ask of the master, and the background work.
+"""NodeRpcs: what storage nodes ask of the master, the rebuild from their reports, and the tick.
 
-`NodeRpcs` is the part of `MasterService` that nodes drive: MountSegment, ReportObjects
-(adoption itself is master/rebuild.py), UnmountSegment, Heartbeat (with corrupt ranges a node
-lost), node expiry, and `tick`, the background round the server's ticker calls every
-`tick_interval_s` (membership liveness, pin TTLs, writer timeouts, quarantine release,
-watermark eviction). Every id and count a node sends is range-checked (master/requests.py)
-before it reaches a table.
+What it owns: the node-facing RPCs (MountSegment, ReportObjects, UnmountSegment, Heartbeat with
+the corrupt ranges a node lost), node expiry, and `tick`, the background round the server's
+ticker calls every `tick_interval_s` (membership liveness, pin TTLs, writer timeouts,
+quarantine release, watermark eviction); and the counters of what it did (`nodes_expired`,
+`puts_timed_out`, `objects_adopted`, `objects_refused`, `replicas_lost`). Every id and count a
+node sends is range-checked (master/requests.py) before it reaches a table.
 
-It is a mixin over the state MasterService builds (declared below for the type checker), so
-`service.heartbeat(...)` stays one plain call; it never answers client RPCs.
+Rebuild (ReportObjects). A master that starts (or a node that restarts) does not know what the
+node's memory holds. The node knows: its index lists every SEALED allocation (tenant, key,
+alloc id, offset, length, checksum, epoch). It mounts with `report_follows` and sends them,
+segment by segment, in batches; each reported entry becomes master state:
+- the range is `reserve`d in the segment's allocator; a range that is not free (overlaps a
+  range placed since, or another reported entry) refuses the entry;
+- (tenant, key) unknown: a COMPLETE object is created with that one replica, charged to the
+  tenant (quota is not enforced on adoption: the bytes exist; eviction brings a tenant back
+  under its quota), evictable like any object. Put-time soft/hard pins are not in the node's
+  index, so adopted objects are plain (unpinned) objects;
+- (tenant, key) known with the same size and checksum: the entry becomes one more replica of
+  it (replicas of one object live on different nodes; a second one on the same node is
+  refused, the very same replica reported twice is accepted again);
+- (tenant, key) known with another value: the newest version wins, by alloc id. Alloc ids
+  are (epoch << 22) + counter, so that order is (master epoch, issue order). A losing existing
+  version is dropped the usual way (its nodes hear of it through the freed-range outbox); a
+  losing reported entry is refused;
+- alloc ids the master freed while the reporting node was down (the outbox of its previous
+  incarnation) and keys removed after the node wrote them (tombstones) are refused, so a
+  remove is not undone by the node's restart.
+Refused entries go back to the node, which drops them from its index. The alloc id counter is
+moved above every adopted id so a new allocation never reuses one. Until the segment's last
+batch the segment is `rebuilding`: no placements (state/membership.py).
+
+Its interface to the state is narrow and explicit: the tables it is given at construction, and
+only through their own methods (`ObjectTable.adopt`, `add_replica`, `lose_replicas`,
+`lose_segment`, `drop`; `AllocIds.ensure_above`); it never writes another object's counters.
+Invariant: an adopted replica's range is allocated in exactly its segment's allocator, and its
+object is charged to its tenant exactly once per replica (ObjectTable does the charging).
+It never answers client RPCs and never touches payload bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cellar.errors import Status
-from cellar.master.membership import MAX_NODE_ID_CHARS, Node
-from cellar.master.rebuild import MAX_REPORT_ENTRIES, adopt, drop_lost
+from cellar.master.config import MasterConfig
+from cellar.master.grace import RebuildGrace
 from cellar.master.replies import HeartbeatOutcome, KeyResults, MountOutcome, ReportOutcome
-from cellar.master.requests import RequestRejected, check_batch, valid_id
+from cellar.master.requests import (
+    Clock,
+    RequestRejected,
+    check_batch,
+    key_error,
+    range_error,
+    valid_id,
+)
+from cellar.master.state.allocator import SegmentAllocator
+from cellar.master.state.ids import AllocIds
+from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership
+from cellar.master.state.objects import ObjectTable
+from cellar.master.state.pins import PinTable
+from cellar.master.state.quarantine import Quarantine
+from cellar.master.state.records import NO_PIN, Node, Obj, Replica, Segment
+from cellar.master.state.tenants import Tenants
+from cellar.master.state.tombstones import Tombstones
+from cellar.proto.grant import key_tag
 
-if TYPE_CHECKING:
-    from cellar.master.config import MasterConfig
-    from cellar.master.eviction import Evictor
-    from cellar.master.grace import RebuildGrace
-    from cellar.master.membership import Membership
-    from cellar.master.objects import ObjectTable
-    from cellar.master.pins import PinTable
-    from cellar.master.quarantine import Quarantine
-    from cellar.master.requests import Clock
-    from cellar.master.service import MasterService
-    from cellar.master.tombstones import Tombstones
+MAX_REPORT_ENTRIES = 16384  # per ReportObjects call (the node sends 2000)
+
+
+class ReportedLike(Protocol):
+    tenant: str
+    key: str
+    alloc_id: int
+    offset: int
+    length: int
+    checksum: int
+    epoch: int
+
+
+@dataclass
+class AdoptResult:
+    accepted: int = 0
+    refused: list[int] = field(default_factory=list)
+    replaced: int = 0  # existing versions dropped for a newer reported one
 
 
 class NodeRpcs:
-    config: MasterConfig
-    clock: Clock
-    epoch: int
-    membership: Membership
-    objects: ObjectTable
-    evictor: Evictor
-    pins: PinTable
-    quarantine: Quarantine
-    grace: RebuildGrace
-    tombstones: Tombstones
-    nodes_expired: int
-    puts_timed_out: int
-    objects_adopted: int
-    objects_refused: int
-    replicas_lost: int
-    _watermark_evicting: bool
+    """The node-facing behaviour over the tables it is given (see the module docstring)."""
+
+    def __init__(
+        self, config: MasterConfig, clock: Clock, epoch: int, *, tenants: Tenants,
+        membership: Membership, objects: ObjectTable, pins: PinTable, quarantine: Quarantine,
+        tombstones: Tombstones, grace: RebuildGrace, alloc_ids: AllocIds,
+        next_put_id: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.epoch = epoch
+        self.tenants = tenants
+        self.membership = membership
+        self.objects = objects
+        self.evictor = objects.evictor
+        self.pins = pins
+        self.quarantine = quarantine
+        self.tombstones = tombstones
+        self.grace = grace
+        self.alloc_ids = alloc_ids
+        self._next_put_id = next_put_id
+        self._watermark_evicting = False
+        self.nodes_expired = 0
+        self.puts_timed_out = 0
+        self.objects_adopted = 0
+        self.objects_refused = 0
+        self.replicas_lost = 0
+
+    # ---------------------------------------------------------------- node RPCs
 
     def mount_segment(
         self, node_id: str, incarnation: int, segments: Sequence[Any], *,
@@ -80,7 +146,7 @@ class NodeRpcs:
     def report_objects(
         self, node_id: str, incarnation: int, segment_id: int, entries: Sequence[Any], last: bool
     ) -> ReportOutcome:
-        """Adopt one batch of a node's index for one segment (master/rebuild.py)."""
+        """Adopt one batch of a node's index for one segment (the module docstring)."""
         if len(entries) > MAX_REPORT_ENTRIES:
             raise RequestRejected(f"more than {MAX_REPORT_ENTRIES} entries in one report")
         node = self.membership.nodes.get(node_id)
@@ -91,8 +157,7 @@ class NodeRpcs:
             return ReportOutcome(Status.NOT_FOUND, f"segment {segment_id} is not mounted by {node_id!r}")
         now = self.clock.monotonic()
         node.last_seen = now
-        result = adopt(cast("MasterService", self), segment, entries, now,
-                       self.tombstones.refused_for(node_id))
+        result = self.adopt(segment, entries, now, self.tombstones.refused_for(node_id))
         self.objects_adopted += result.accepted
         self.objects_refused += len(result.refused)
         if last:
@@ -133,7 +198,7 @@ class NodeRpcs:
             for segment_id, alloc_ids in by_segment.items():
                 segment = node.segments.get(segment_id)
                 if segment is not None:
-                    self.replicas_lost += drop_lost(cast("MasterService", self), segment, alloc_ids, now)
+                    self.replicas_lost += self.objects.lose_replicas(segment, alloc_ids, now)
         freed = self.membership.take_freed(node, freed_ack_seq, self.config.max_freed_per_heartbeat)
         return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq)
 
@@ -144,6 +209,72 @@ class NodeRpcs:
             self.quarantine.forget_segment(segment)
         self.membership.forget(node)
         self.nodes_expired += 1
+
+    # ---------------------------------------------------------------- rebuild
+
+    def adopt(
+        self, segment: Segment, entries: Sequence[ReportedLike], now: float,
+        refuse_ids: set[int] | frozenset[int] = frozenset(),
+    ) -> AdoptResult:
+        """Adopt reported entries of one segment (see the module docstring)."""
+        out = AdoptResult()
+        highest = 0
+        for e in entries:
+            alloc_id = int(e.alloc_id)
+            if self._adopt_one(segment, e, alloc_id, now, refuse_ids, out):
+                out.accepted += 1
+                highest = max(highest, alloc_id)
+            else:
+                out.refused.append(alloc_id)
+        if highest:
+            self.alloc_ids.ensure_above(highest)
+        return out
+
+    def _adopt_one(
+        self, segment: Segment, e: ReportedLike, alloc_id: int, now: float,
+        refuse_ids: set[int] | frozenset[int], out: AdoptResult,
+    ) -> bool:
+        length = int(e.length)
+        offset = int(e.offset)
+        # Every value is off the wire: an alloc id outside 1..MAX_ID would push the id counter
+        # past 64 bits (every later grant fails to pack), a range outside the segment corrupts
+        # the allocator. Checked before anything is looked up or reserved.
+        if not valid_id(alloc_id) or alloc_id in refuse_ids:
+            return False
+        if range_error(offset, length, segment.size_bytes):
+            return False
+        tenant = self.tenants.resolve(e.tenant)
+        if tenant is None or key_error(e.key, self.config.max_key_bytes):
+            return False
+        key = e.key
+        if alloc_id <= self.tombstones.removed_alloc_id(tenant.name, key):
+            return False  # a value a client removed since this node wrote it
+        checksum = int(e.checksum)
+        existing = tenant.objects.get(key)
+        if existing is not None:
+            if existing.size == length and existing.checksum == checksum:
+                for rep in existing.replicas:
+                    if rep.segment is segment and rep.offset == offset and rep.alloc_id == alloc_id:
+                        return True  # the same replica reported again (a retried report)
+                    if rep.segment.node is segment.node:
+                        return False  # one replica per node
+                if not _reserve(segment, offset, length):
+                    return False
+                self.objects.add_replica(existing, Replica(segment, offset, alloc_id))
+                return True
+            newest = max((rep.alloc_id for rep in existing.replicas), default=0)
+            if alloc_id <= newest:
+                return False  # an older version of the key
+            if not _reserve(segment, offset, length):
+                return False
+            self.objects.drop(existing, now)
+            out.replaced += 1
+        elif not _reserve(segment, offset, length):
+            return False
+        obj = Obj(tenant, key, length, SegmentAllocator.rounded_size(length), self._next_put_id(),
+                  NO_PIN, 0.0, key_tag(tenant.name, key))
+        self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, now)
+        return True
 
     # ---------------------------------------------------------------- background
 
@@ -159,16 +290,8 @@ class NodeRpcs:
         self.quarantine.release_due(now)
         self.evict_to_watermark()
 
-    def capacity(self) -> tuple[int, int]:
-        """(capacity, used) bytes over mounted segments; used includes quarantined ranges."""
-        capacity = used = 0
-        for segment in self.membership.segments.values():
-            capacity += segment.allocator.capacity_bytes
-            used += segment.allocator.used_bytes
-        return capacity, used
-
     def evict_to_watermark(self) -> int:
-        capacity, used = self.capacity()
+        capacity, used = self.membership.usage()
         if not capacity:
             return 0
         config = self.config
@@ -179,5 +302,9 @@ class NodeRpcs:
         self._watermark_evicting = not done
         return evicted
 
-    def largest_placeable_bytes(self) -> int:
-        return max((s.size_bytes for s in self.membership.active_segments), default=0)
+
+def _reserve(segment: Segment, offset: int, length: int) -> bool:
+    try:
+        return segment.allocator.reserve(offset, length)
+    except (ValueError, TypeError):
+        return False

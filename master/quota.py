@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cellar.errors import Status
-from cellar.master.eviction import NORMAL, SOFT
+from cellar.master.state.eviction import NORMAL, SOFT
 
 if TYPE_CHECKING:
     from cellar.master.config import MasterConfig
-    from cellar.master.eviction import Evictor
-    from cellar.master.membership import Membership, Segment
-    from cellar.master.placement import Placement
-    from cellar.master.tenants import Tenant
+    from cellar.master.state.eviction import Evictor
+    from cellar.master.state.membership import Membership
+    from cellar.master.state.placement import Placement
+    from cellar.master.state.records import Segment, Tenant
 
 NO_LIMIT = 1 << 62
 

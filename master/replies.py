@@ -19,8 +19,7 @@ from cellar.master.grants import GrantSigner
 from cellar.proto.grant import Grant
 
 if TYPE_CHECKING:
-    from cellar.master.membership import Segment
-    from cellar.master.objects import Obj, Replica
+    from cellar.master.state.records import Obj, Replica, Segment
 
 KeyResults = list[tuple[int, str]]
 
@@ -134,6 +133,8 @@ class GrantIssuer:
         alloc_id = rep.alloc_id
         epoch = self.epoch
         tag = obj.tag
+        assert offset >= 0 and offset + size <= segment.size_bytes and alloc_id > 0 and expiry_ms > 0, \
+            "a grant for a range outside its segment, or without an allocation or an expiry"
         return GrantedReplica(
             segment.node.node_id, segment_id, offset, size, op, alloc_id, epoch, expiry_ms, tag,
             self._mac(op, segment_id, offset, size, alloc_id, epoch, expiry_ms, tag),
@@ -147,10 +148,13 @@ class GrantIssuer:
         size = obj.size
         tag = obj.tag
         out = []
+        assert obj.replicas and expiry_ms > 0, "a grant for an object without replicas or an expiry"
         for rep in obj.replicas:
             segment = rep.segment
             segment_id = segment.segment_id
             segments[segment_id] = segment
+            assert rep.offset >= 0 and rep.offset + size <= segment.size_bytes and rep.alloc_id > 0, \
+                "a grant for a range outside its segment or without an allocation"
             out.append(GrantedReplica(
                 segment.node.node_id, segment_id, rep.offset, size, op, rep.alloc_id, epoch,
                 expiry_ms, tag, mac(op, segment_id, rep.offset, size, rep.alloc_id, epoch, expiry_ms, tag),

@@ -16,13 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from cellar.master.state.ids import MAX_ID
+
 MAX_AVOID_NODES = 256
 MAX_PREFERRED_HOST_CHARS = 256
-# ids (put, alloc, pin, freed seq) are (epoch_ms << ID_EPOCH_SHIFT) + counter: unique across
-# master restarts because the epoch grows. An id off the wire above MAX_ID is not one this
-# cluster could have issued (epoch_ms < 2^41 until the year 2039, so 2^63 leaves room).
-ID_EPOCH_SHIFT = 22
-MAX_ID = (1 << 63) - 1
 
 
 class RequestRejected(Exception):

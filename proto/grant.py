@@ -26,8 +26,9 @@ GRANT_OP_WRITE = 2
 GRANT_MAC_BYTES = 16
 MIN_SECRET_BYTES = 16
 
-# op, segment_id, offset, length, alloc_id, epoch, expiry_ms, key_tag
-_SIGNED = struct.Struct("<BQQQQQQQ")
+# The bytes a grant MAC covers: op, segment_id, offset, length, alloc_id, epoch, expiry_ms,
+# key_tag. The one copy of the layout: the master's signer (cellar.master.grants) packs with it.
+SIGNED_FIELDS = struct.Struct("<BQQQQQQQ")
 
 
 def key_tag(tenant: str, key: str) -> int:
@@ -75,7 +76,7 @@ def compute_mac(
     expiry_ms: int,
     tag: int,
 ) -> bytes:
-    message = _SIGNED.pack(op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag)
+    message = SIGNED_FIELDS.pack(op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag)
     return hashlib.blake2b(message, key=secret, digest_size=GRANT_MAC_BYTES).digest()
 
 
@@ -153,7 +154,7 @@ class GrantVerifier:
     def verify(self, grant: Grant, *, op: int, segment_id: int, offset: int, length: int,
                now_ms: int, min_epoch: int = 0, allowed_skew_ms: int = 0) -> None:
         h = self._keyed.copy()
-        h.update(_SIGNED.pack(grant.op, grant.segment_id, grant.offset, grant.length,
+        h.update(SIGNED_FIELDS.pack(grant.op, grant.segment_id, grant.offset, grant.length,
                               grant.alloc_id, grant.epoch, grant.expiry_ms, grant.key_tag))
         _check(h.digest(), grant, op, segment_id, offset, length, now_ms, min_epoch,
                allowed_skew_ms)

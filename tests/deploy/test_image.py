@@ -114,6 +114,6 @@ def test_the_wheel_the_image_installs_builds_and_holds_the_package(tmp_path: Pat
         assert "cellar = cellar.cli:main" in wheel.read(entry_points).decode()
     tops = {n.split("/", 1)[0] for n in names if not n.startswith("cellar_kv-")}
     assert tops == {"cellar"}, tops
-    for module in ("cellar/cli.py", "cellar/master/statuspage.py", "cellar/master/events.py",
+    for module in ("cellar/cli.py", "cellar/master/serving/status_page.py", "cellar/master/serving/events.py",
                    "cellar/client/top.py", "cellar/storage_node/main.py", "cellar/proto/cellar_pb2.py"):
         assert module in names, module

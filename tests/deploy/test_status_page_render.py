@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cellar.client.top import bar
 from cellar.client.top import render as render_top
-from cellar.master.events import MAX_MESSAGE_CHARS, EventLog
-from cellar.master.statuspage import nodes_of, render, use_fraction
+from cellar.master.serving.events import MAX_MESSAGE_CHARS, EventLog
+from cellar.master.serving.status_page import nodes_of, render, use_fraction
 
 
 def _status(**over: object) -> dict[str, object]:

@@ -26,6 +26,7 @@ def fault_cluster(request: pytest.FixtureRequest) -> Iterator[Callable[..., Faul
         cluster.start()
         return cluster
 
+    broken: list[str] = []
     try:
         yield factory
     finally:
@@ -35,7 +36,13 @@ def fault_cluster(request: pytest.FixtureRequest) -> Iterator[Callable[..., Faul
                     child.proc.send_signal(signal.SIGCONT)
             if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
                 _print_logs(cluster)
+            elif cluster.master is not None and cluster.master.alive():
+                try:  # the master's tables stayed consistent through the faults (state/audit.py)
+                    cluster.check_master_invariants()
+                except AssertionError as exc:
+                    broken.append(str(exc))
             cluster.stop()
+    assert broken == []
 
 
 def _print_logs(cluster: LocalCluster) -> None:

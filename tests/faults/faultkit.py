@@ -15,8 +15,11 @@ must hold on a loaded 2-core machine.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,19 @@ class FaultCluster(LocalCluster):
 
     def node_log(self, index: int) -> str:
         return self.nodes[index].log_path.read_text(errors="replace")
+
+    def check_master_invariants(self) -> None:
+        """The master's full O(n) table check (GET /api/v1/invariants, cellar.master.state.audit);
+        the fixture runs it after every passing test whose master is still up."""
+        request = urllib.request.Request(
+            f"http://{self.host}:{self.http_port}/api/v1/invariants",
+            headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                body = json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read() or b"{}")
+        assert body.get("ok"), f"master invariants broken: {body}"
 
     def segment_file(self, index: int) -> Path:
         return segment_path(self.shm_dir, f"node-{index}", 0)

@@ -28,9 +28,9 @@ with atheris.instrument_imports():
     from fuzzkit import CREDENTIALS, fingerprint, seeded_servicer  # noqa: E402
 
     from cellar.http import Response  # noqa: E402
-    from cellar.master.admin import build_http  # noqa: E402
-    from cellar.master.metrics import make_registry  # noqa: E402
-    from cellar.master.servicer import MasterServicer  # noqa: E402
+    from cellar.master.serving.http_api import build_http  # noqa: E402
+    from cellar.master.serving.metrics import make_registry  # noqa: E402
+    from cellar.master.serving.servicer import MasterServicer  # noqa: E402
     from cellar.proto import cellar_pb2 as pb  # noqa: E402
     from cellar.transfer.frame import (  # noqa: E402
         MAX_META_BYTES,

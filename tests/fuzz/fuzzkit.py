@@ -20,11 +20,11 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import strategies as st
 
-from cellar.master.auth import Authorizer
 from cellar.master.config import MasterConfig
-from cellar.master.leadership import Leadership
 from cellar.master.service import MasterService, PutEndItem, PutItem
-from cellar.master.servicer import MasterServicer
+from cellar.master.serving.auth import Authorizer
+from cellar.master.serving.leadership import Leadership
+from cellar.master.serving.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import node_credential
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cellar.http import HttpServer, Response
-from cellar.master.admin import build_http
 from cellar.master.config import MAX_QUOTA
-from cellar.master.metrics import make_registry
+from cellar.master.serving.http_api import build_http
+from cellar.master.serving.metrics import make_registry
 
 PATHS = ["/api/v1/tenants", "/api/v1/status", "/", "/health", "/metrics", "/nope", "//", "/api/v1/tenants?x=1"]
 _SERVICER = seeded_servicer(max_tenants=50)

@@ -23,7 +23,7 @@ from fuzzkit import TOKENS, authed, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cellar.master.fastrpc import FastRpcServer
+from cellar.master.serving.fastrpc import FastRpcServer
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.fastline import FRAME, METHODS
 

@@ -24,7 +24,7 @@ from fuzzkit import CREDENTIALS, TOKENS, authed, fingerprint, seeded_servicer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cellar.master.servicer import MasterServicer
+from cellar.master.serving.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
 
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]

@@ -156,7 +156,7 @@ def test_another_ca_or_no_certificate_gives_no_node_rights(mtls_cluster: LocalCl
 # ---- the rules without processes (the same Authorizer.check the interceptor calls)
 
 def test_the_authorizer_takes_a_verified_peer_node_id_only_for_its_node_rpcs() -> None:
-    from cellar.master.auth import Authorizer, AuthRefused, node_id_of_peer
+    from cellar.master.serving.auth import Authorizer, AuthRefused, node_id_of_peer
     from cellar.tokens import KIND_TENANT, TokenStore
 
     assert node_id_of_peer([b"node:node-3"]) == "node-3"

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 
 from cellar.errors import ConfigError, QuotaExceeded
-from cellar.master.auth import Authorizer
 from cellar.master.config import MasterConfig, TenantQuota
-from cellar.master.leadership import Leadership
-from cellar.master.metrics import RpcStats
-from cellar.master.servicer import MasterServicer
+from cellar.master.serving.auth import Authorizer
+from cellar.master.serving.leadership import Leadership
+from cellar.master.serving.metrics import RpcStats
+from cellar.master.serving.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
 from cellar.tokens import TokenStore
 

@@ -1,4 +1,4 @@
-"""Unit tests for cellar.master.allocator.SegmentAllocator (pure logic, no I/O).
+"""Unit tests for cellar.master.state.allocator.SegmentAllocator (pure logic, no I/O).
 
 The random tests drive the allocator and a deliberately simple model (a sorted list of used
 intervals) side by side and compare them after every operation; check_invariants() runs every few
@@ -12,7 +12,7 @@ from bisect import bisect_right, insort
 
 import pytest
 
-from cellar.master.allocator import SegmentAllocator, _bin_index, _bin_index_round_up
+from cellar.master.state.allocator import SegmentAllocator, _bin_index, _bin_index_round_up
 
 KIB = 1024
 MIB = 1024 * KIB

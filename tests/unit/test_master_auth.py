@@ -1,4 +1,4 @@
-"""The Authorizer's policy and the token store, without processes (cellar.master.auth,
+"""The Authorizer's policy and the token store, without processes (cellar.master.serving.auth,
 cellar.tokens); the same checks against real masters are in tests/security/."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from cellar.master.auth import (
+from cellar.master.serving.auth import (
     METHOD_POLICY,
     PERMISSION_DENIED,
     UNAUTHENTICATED,
     Authorizer,
     AuthRefused,
 )
-from cellar.master.servicer import MasterServicer
+from cellar.master.serving.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import node_credential, verify_node_credential
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore, token_id_of

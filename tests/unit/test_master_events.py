@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_master_support import SECRET, mount, put
 
 from cellar.master.config import MasterConfig
-from cellar.master.leadership import Leadership
+from cellar.master.serving.leadership import Leadership
 
 
 def test_expired_node_is_logged_once_with_its_replicas() -> None:

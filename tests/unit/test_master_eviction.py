@@ -8,8 +8,8 @@ import pytest
 from test_master_support import FakeClock, MiB, get, make_service, mount, put, put_start
 
 from cellar.errors import Status
-from cellar.master.eviction import Evictor
 from cellar.master.service import PutItem
+from cellar.master.state.eviction import Evictor
 
 LONG_LIVED = {"node_suspect_after_s": 1000, "node_expire_after_s": 2000}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cellar.master.expiry import ExpiryRuns
+from cellar.master.state.expiry import ExpiryRuns
 
 
 def test_a_batch_is_one_run_and_ids_come_back_oldest_first() -> None:

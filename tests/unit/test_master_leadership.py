@@ -13,10 +13,10 @@ from cellar.coord.election import LeaderElection, fence_margin_s
 from cellar.coord.redirect import leader_from_details
 from cellar.coord.target import EtcdTarget, LeaderRecord, parse_etcd_url
 from cellar.errors import ConfigError, InvalidArgument
-from cellar.master.auth import Authorizer
 from cellar.master.config import MasterConfig
-from cellar.master.leadership import Leadership
-from cellar.master.servicer import MasterServicer
+from cellar.master.serving.auth import Authorizer
+from cellar.master.serving.leadership import Leadership
+from cellar.master.serving.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
 from cellar.tokens import KIND_TENANT, TokenStore
 

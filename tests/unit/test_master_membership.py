@@ -16,8 +16,8 @@ from test_master_support import (
 )
 
 from cellar.errors import Status
-from cellar.master.membership import ACTIVE, SUSPECT
 from cellar.master.service import PutEndItem, PutItem, PutRef, RequestRejected
+from cellar.master.state.records import ACTIVE, SUSPECT
 
 
 def test_suspect_after_3s_expired_after_10s_replicas_dropped() -> None:
@@ -40,7 +40,7 @@ def test_suspect_after_3s_expired_after_10s_replicas_dropped() -> None:
             assert get(svc, "only-n1").status == Status.OK  # still served while SUSPECT
         else:
             assert "n1" not in svc.membership.nodes
-    assert svc.nodes_expired == 1
+    assert svc.nodes.nodes_expired == 1
     assert exists(svc, "only-n1") == Status.NOT_FOUND  # no replica left: removed (pins dead)
     both = get(svc, "both")
     assert both.status == Status.OK and [r.node_id for r in both.replicas] == ["n2"]

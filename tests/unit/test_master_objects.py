@@ -98,7 +98,7 @@ def test_writer_timeout_revokes_and_put_end_says_expired(svc, clock) -> None:  #
     clock.advance(1.0)
     svc.tick()
     assert exists(svc, "k") == Status.NOT_FOUND
-    assert svc.puts_timed_out == 1
+    assert svc.nodes.puts_timed_out == 1
     late = svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)])
     assert late[0][0] == Status.EXPIRED
 
@@ -220,7 +220,7 @@ def test_put_ids_and_alloc_ids_are_unique_across_restarts(clock) -> None:  # typ
     later = make_service(clock, epoch=EPOCH + 1)  # a restarted master: a later epoch
     mount(later, "n1", 1)
     b = put_start(later, "k", 100)
-    assert b.put_id != a.put_id  # random (cellar.master.ids): unique, deliberately not ordered
+    assert b.put_id != a.put_id  # random (cellar.master.state.ids): unique, deliberately not ordered
     assert b.replicas[0].alloc_id > a.replicas[0].alloc_id
 
 

@@ -92,3 +92,17 @@ def test_fast_path_evicts_for_room_like_put_one() -> None:
     assert summary(fast.put_start("default", "c", items)) == summary(slow_put_start(slow, items))
     assert state(fast) == state(slow)
     assert fast.evictor.evicted_keys == slow.evictor.evicted_keys > 0
+
+
+def test_fast_path_rounds_like_the_allocator() -> None:
+    """The fast path inlines SegmentAllocator.rounded_size (its figure is beside the copy):
+    at every boundary of the rule, the bytes it reserves are the allocator's."""
+    from cellar.master.state.allocator import SegmentAllocator
+
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1, size=64 * MiB)
+    sizes = [1, 63, 64, 65, 4095, 4096, 262143, 262144, 262145, 266240, 266241]
+    outcome = svc.put_start("", "c", [PutItem(f"k{i}", size) for i, size in enumerate(sizes)])
+    assert all(r.status == 0 for r in outcome.results)
+    objects = sorted(svc.objects.puts.values(), key=lambda o: int(o.key[1:]))
+    assert [o.reserved for o in objects] == [SegmentAllocator.rounded_size(s) for s in sizes]

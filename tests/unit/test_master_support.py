@@ -7,6 +7,7 @@ it holds no tests itself.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from cellar.errors import Status
@@ -83,3 +84,16 @@ def get(svc: MasterService, key: str, tenant: str = "", client: str = "reader") 
 
 def exists(svc: MasterService, key: str, tenant: str = "") -> int:
     return svc.exists(tenant, [key])[0]
+
+
+@dataclass
+class Entry:
+    """One entry of a node's index report (ReportObjects), as the rebuild tests send it."""
+
+    key: str
+    alloc_id: int
+    offset: int
+    length: int
+    checksum: int = 7
+    tenant: str = "default"
+    epoch: int = EPOCH - 60_000

@@ -6,24 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from test_master_support import EPOCH, FakeClock, MiB, make_service, mount, put, segment_info
+from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, mount, put, segment_info
 
 from cellar.errors import Status
-from cellar.master.allocator import SegmentAllocator
 from cellar.master.service import ID_EPOCH_SHIFT, PutItem, RequestRejected
+from cellar.master.state.allocator import SegmentAllocator
 
 OLD = (EPOCH - 60_000) << ID_EPOCH_SHIFT  # alloc ids of an earlier master
-
-
-@dataclass
-class Entry:
-    key: str
-    alloc_id: int
-    offset: int
-    length: int
-    checksum: int = 7
-    tenant: str = "default"
-    epoch: int = EPOCH - 60_000
 
 
 def get(svc, key: str):
@@ -157,7 +146,7 @@ def test_lost_replicas_from_verification_are_dropped() -> None:
     assert get(svc, "a").status == Status.NOT_FOUND
     assert get(svc, "b").status == Status.OK
     assert svc.membership.segments[1].allocator.used_bytes == SegmentAllocator.rounded_size(1000)
-    assert svc.replicas_lost == 1
+    assert svc.nodes.replicas_lost == 1
 
 
 def test_recovering_window() -> None:

@@ -18,7 +18,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cellar.master.membership import Segment
+    from cellar.master.state.records import Segment
 
 
 class Quarantine:

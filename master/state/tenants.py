@@ -1,17 +1,17 @@
 """Tenants: isolated key namespaces, each with its quotas and rights.
 
-Owns the tenant table. A tenant holds its own key tables (`objects`: COMPLETE and visible,
-`writing`: being written) and, while it has a quota, its own eviction pools, so (tenant, key) is
-an object's identity and per-tenant eviction never scans another tenant's keys. A tenant
-without a quota is only ever evicted from the global pools, so it keeps no pools of its own
-(a pool slot costs ~40 bytes and a list append per object); they are built from its objects
-when a quota is set. `default` always exists and the
-empty tenant name means `default`.
+Owns the tenant table (the `Tenant` record is in records.py). A tenant holds its own key tables
+(`objects`: COMPLETE and visible, `writing`: being written) and, while it has a quota, its own
+eviction pools, so (tenant, key) is an object's identity and per-tenant eviction never scans
+another tenant's keys. A tenant without a quota is only ever evicted from the global pools, so
+it keeps no pools of its own (a pool slot costs ~40 bytes and a list append per object); they
+are built from its objects when a quota is set. `default` always exists and the empty tenant
+name means `default`.
 
 Accounting: `used_bytes` is the sum of reserved (rounded) bytes of every replica of the
 tenant's visible or being-written objects and `object_count` counts those objects; of those
 bytes, `writing_bytes` are held by puts not yet ended (WRITING) and `hard_pinned_bytes` by
-hard-pinned objects (both charged by `cellar.master.objects.charge`). Bytes held back in
+hard-pinned objects (both charged by `cellar.master.state.objects.charge`). Bytes held back in
 quarantine or by a removed-but-still-pinned object are not charged: the tenant already gave
 them up. A quota of 0 means unlimited; `hard_pin` is a right (TenantQuota), off by default.
 
@@ -23,68 +23,14 @@ This module never evicts; eviction.py does.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+import re
 
 from cellar.errors import QuotaExceeded
-from cellar.master.config import DEFAULT_TENANT, TENANT_NAME, TenantQuota
+from cellar.master.state.records import Tenant, TenantQuota
 
-if TYPE_CHECKING:
-    from cellar.master.eviction import Pool
-    from cellar.master.objects import Obj
-
+DEFAULT_TENANT = "default"
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_MAX_TENANTS = 10_000
-
-
-class Tenant:
-    __slots__ = (
-        "name", "quota_bytes", "quota_objects", "quota_writing_bytes", "may_hard_pin",
-        "quota_hard_pin_bytes", "used_bytes", "object_count", "writing_bytes",
-        "hard_pinned_bytes", "objects", "writing", "pools",
-    )
-
-    def __init__(self, name: str, quota: TenantQuota) -> None:
-        self.name = name
-        self.used_bytes = 0
-        self.object_count = 0
-        self.writing_bytes = 0
-        self.hard_pinned_bytes = 0
-        self.objects: dict[str, Obj] = {}  # COMPLETE, visible
-        self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
-        # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none.
-        # None while the tenant has no quota (module docstring).
-        self.pools: tuple[Pool, Pool, Pool] | None = None
-        self.set_quota(quota)
-
-    @property
-    def limited(self) -> bool:
-        return bool(self.quota_bytes or self.quota_objects)
-
-    def set_quota(self, quota: TenantQuota) -> None:
-        """Change the quotas; keep own eviction pools exactly while there is a quota."""
-        self.quota_bytes = quota.quota_bytes
-        self.quota_objects = quota.quota_objects
-        self.quota_writing_bytes = quota.quota_writing_bytes
-        self.may_hard_pin = quota.hard_pin
-        self.quota_hard_pin_bytes = quota.quota_hard_pin_bytes
-        if not self.limited:
-            self.pools = None
-        elif self.pools is None:
-            self.pools = self._build_pools()
-
-    def _build_pools(self) -> tuple[Pool, Pool, Pool]:
-        """Own pools holding what the global pools hold of this tenant (every evictable object
-        is visible, so in `objects`), pinned counts included."""
-        from cellar.master.eviction import Pool
-
-        pools = (Pool(False), Pool(False), Pool(False))
-        for obj in self.objects.values():
-            kind = obj.pool_kind
-            if kind:
-                pools[kind].add(obj)
-                if obj.pins:
-                    pools[kind].pinned += 1
-                    pools[kind].pinned_bytes += obj.reserved * len(obj.replicas)
-        return pools
 
 
 class Tenants:

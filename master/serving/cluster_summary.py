@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cellar.master.leadership import Leadership
-    from cellar.master.membership import Segment
-    from cellar.master.tenants import Tenant
+    from cellar.master.serving.leadership import Leadership
+    from cellar.master.state.records import Segment, Tenant
 
 
 @dataclass(frozen=True, slots=True)

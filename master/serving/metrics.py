@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cellar.master.membership import STATE_NAMES
+from cellar.master.state.membership import STATE_NAMES
 
 if TYPE_CHECKING:
-    from cellar.master.leadership import Leadership
+    from cellar.master.serving.leadership import Leadership
 
 # RPC name -> metric stem (Mooncake's stem where the meaning is the same)
 RPC_METRIC_NAMES = {
@@ -162,14 +162,14 @@ class MasterCollector(Collector):
         yield _total("master_put_start_alloc_failures", "put keys refused NO_SPACE",
                      service.no_space_count)
         yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)
-        yield _total("master_put_timeout", "puts revoked by the writer timeout", service.puts_timed_out)
-        yield _total("master_node_expired", "nodes expired", service.nodes_expired)
+        yield _total("master_put_timeout", "puts revoked by the writer timeout", service.nodes.puts_timed_out)
+        yield _total("master_node_expired", "nodes expired", service.nodes.nodes_expired)
         yield _total("master_rebuild_objects_adopted", "reported objects (replicas) adopted in rebuilds",
-                     service.objects_adopted)
+                     service.nodes.objects_adopted)
         yield _total("master_rebuild_objects_refused", "reported objects refused in rebuilds",
-                     service.objects_refused)
+                     service.nodes.objects_refused)
         yield _total("master_replicas_lost", "replicas dropped after a node found them corrupt",
-                     service.replicas_lost)
+                     service.nodes.replicas_lost)
         yield GaugeMetricFamily("master_segments_rebuilding", "segments whose index report is not "
                                 "complete (no new placements)", value=service.membership.rebuilding_count)
         recovering = leadership.serving() and service.recovering()
@@ -178,7 +178,7 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("master_rebuild_elapsed_seconds", "how long the current rebuild has "
                                 "run (0 when none runs)",
                                 value=time.monotonic() - leadership.service_started_monotonic if recovering else 0.0)
-        yield _total("master_events", "entries written to the master's event log (master/events.py)",
+        yield _total("master_events", "entries written to the master's event log (master/serving/events.py)",
                      leadership.events.recorded_total)
         yield _total("master_loop_lag_credited_seconds", "event-loop lag credited to node liveness",
                      service.membership.lag_credited_s)

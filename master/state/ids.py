@@ -1,4 +1,12 @@
-"""Unguessable ids for puts and pins: the ids a client quotes back (PutEnd, PutRevoke, Unpin).
+"""The master's ids: unguessable put and pin ids, and allocation ids that only grow.
+
+Layout: ids the master numbers (alloc, freed seq) are (epoch_ms << ID_EPOCH_SHIFT) + counter,
+unique across master restarts because the epoch grows. An id off the wire above MAX_ID is not
+one this cluster could have issued (epoch_ms < 2^41 until the year 2039, so 2^63 leaves room).
+`AllocIds` hands them out; `ensure_above` moves the counter past an id a node reported, so a
+new allocation never reuses an adopted one (an alloc id only grows, DESIGN write path).
+
+Put and pin ids (`SecretIds`) are the ids a client quotes back (PutEnd, PutRevoke, Unpin).
 
 Sequential ids let anyone who saw one id name the next writer's put or the next reader's pin.
 These are 64 random bits from the OS (`os.urandom`), drawn in blocks of `BLOCK_IDS` so the hot
@@ -12,10 +20,28 @@ collision would only make one PutEnd/Unpin miss (refused, never misattributed ac
 
 from __future__ import annotations
 
+import itertools
 import os
 from array import array
 
 BLOCK_IDS = 1024
+ID_EPOCH_SHIFT = 22
+MAX_ID = (1 << 63) - 1
+
+
+class AllocIds:
+    """`next()` returns the next allocation id; ids only grow."""
+
+    __slots__ = ("next",)
+
+    def __init__(self, epoch: int) -> None:
+        self.next = itertools.count((epoch << ID_EPOCH_SHIFT) + 1).__next__
+
+    def ensure_above(self, alloc_id: int) -> None:
+        """Make every future id greater than `alloc_id` (an adopted one)."""
+        assert 0 < alloc_id <= MAX_ID, "rebuild refuses alloc ids a grant could not carry"
+        if self.next() <= alloc_id:
+            self.next = itertools.count(alloc_id + 1).__next__
 
 
 class SecretIds:

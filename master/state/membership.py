@@ -1,9 +1,10 @@
 """Membership: which storage nodes and segments exist, whether they are alive, what they must drop.
 
-Owns the node table (node id, incarnation, state, last heartbeat), the segment table (one
-`SegmentAllocator` per mounted segment), the placement candidate lists (segments of ACTIVE
-nodes, by host) and each node's freed-range outbox (ranges the master no longer assigns, which
-the node drops from its own index once it acknowledges them in a heartbeat).
+Owns the node table (`Node` and `Segment` records, records.py: node id, incarnation, state, last
+heartbeat), the segment table (one `SegmentAllocator` per mounted segment), the placement
+candidate lists (segments of ACTIVE nodes, by host) and each node's freed-range outbox (ranges
+the master no longer assigns, which the node drops from its own index once it acknowledges them
+in a heartbeat).
 
 Liveness is measured on the monotonic clock: a node silent for `node_suspect_after_s` is
 SUSPECT (its replicas are still served, it gets no new placements), after `node_expire_after_s`
@@ -24,82 +25,18 @@ replicas is the service's job.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cellar.errors import Status
-from cellar.master.allocator import SegmentAllocator
-from cellar.master.config import MAX_SEGMENT_BYTES
+from cellar.master.state.records import ACTIVE, EXPIRED, SUSPECT, Node, Segment
 
-if TYPE_CHECKING:
-    from cellar.master.objects import Obj
-
-ACTIVE = 1  # same numbers as the proto NodeState enum
-SUSPECT = 2
-EXPIRED = 3
 STATE_NAMES = {ACTIVE: "ACTIVE", SUSPECT: "SUSPECT", EXPIRED: "EXPIRED"}
 
+MAX_SEGMENT_BYTES = 1 << 48  # the largest segment a node may mount (256 TiB)
 MAX_NODE_ID_CHARS = 256
 MAX_HOST_ID_CHARS = 256
 MAX_ENDPOINTS = 16
 MAX_ENDPOINT_CHARS = 4096
-
-
-class Segment:
-    """One mounted segment: its allocator and the objects holding a replica in it."""
-
-    __slots__ = (
-        "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
-        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info",
-    )
-
-    def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
-        self.segment_id = segment_id
-        self.node = node
-        self.size_bytes = size_bytes
-        self.host_id = host_id
-        self.info = info  # the SegmentInfo as mounted (endpoints etc.), returned to clients as is
-        self.allocator = SegmentAllocator(size_bytes)
-        self.objects: set[Obj] = set()
-        self.quarantined_bytes = 0
-        self.gone = False
-        self.rebuilding = False  # the node's report has not ended yet: no new placements
-        self._untrusted_info: Any = None
-
-    def untrusted_info(self) -> Any:
-        """`info` without its shm endpoints: what a client not trusted on the node's host sees
-        (mapping the segment file would expose every tenant's bytes; the README's Security model)."""
-        if self._untrusted_info is None:
-            info = self.info
-            if any(e.transport == "shm" for e in info.endpoints):
-                info = type(info)()
-                info.CopyFrom(self.info)
-                kept = [e for e in info.endpoints if e.transport != "shm"]
-                del info.endpoints[:]
-                info.endpoints.extend(kept)
-            self._untrusted_info = info
-        return self._untrusted_info
-
-    def free_fraction(self) -> float:
-        return self.allocator.free_bytes / self.allocator.capacity_bytes
-
-
-class Node:
-    __slots__ = (
-        "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
-        "outbox_dropped",
-    )
-
-    def __init__(self, node_id: str, incarnation: int, now: float) -> None:
-        self.node_id = node_id
-        self.incarnation = incarnation
-        self.state = ACTIVE
-        self.last_seen = now
-        self.joined_at = now
-        self.segments: dict[int, Segment] = {}
-        # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
-        self.outbox: deque[tuple[int, int, int, int, int]] = deque()
-        self.outbox_dropped = 0
 
 
 class Membership:
@@ -212,8 +149,9 @@ class Membership:
             self.segments.pop(segment.segment_id, None)
         node.segments.clear()
         node.outbox.clear()
-        if self.nodes.get(node.node_id) is node:
-            del self.nodes[node.node_id]
+        node_id = node.node_id
+        if self.nodes.get(node_id) is node:
+            del self.nodes[node_id]
         self._refresh()
 
     def _refresh(self) -> None:
@@ -235,6 +173,20 @@ class Membership:
         self.active_node_ids = frozenset(placeable_nodes)
         self.rebuilding_count = rebuilding
         self.max_segment_bytes = largest
+
+    # ---------------------------------------------------------------- space
+
+    def usage(self) -> tuple[int, int]:
+        """(capacity, used) bytes over mounted segments; used includes quarantined ranges."""
+        capacity = used = 0
+        for segment in self.segments.values():
+            capacity += segment.allocator.capacity_bytes
+            used += segment.allocator.used_bytes
+        return capacity, used
+
+    def largest_placeable_bytes(self) -> int:
+        """The largest object a put could place now (the largest placeable segment)."""
+        return max((s.size_bytes for s in self.active_segments), default=0)
 
     # ---------------------------------------------------------------- liveness
 

@@ -5,7 +5,7 @@ failures -> gRPC status codes with a message (INVALID_ARGUMENT for a batch over 
 unknown tenant, a malformed message such as a non-UTF-8 string). It also counts requests, keys,
 failures and handling time per RPC for /metrics.
 
-Who may call what is decided before any body runs, in one place (`cellar.master.auth`): the
+Who may call what is decided before any body runs, in one place (`cellar.master.serving.auth`): the
 gRPC `AuthInterceptor` here and the same `Authorizer.check` in `dispatch` for the fast line.
 Domain errors (`RequestRejected`, `AuthRefused`) become status codes through one table
 (`rejection`) for both lines.
@@ -15,9 +15,9 @@ rather than grpc's generic INTERNAL. Handlers are coroutines that never await in
 of a service call, so each request mutates metadata atomically on the one event loop. This
 module holds no state of its own besides the counters and never touches payload bytes.
 
-ClusterStatus only translates `cellar.master.status.summarize`, which /api/v1/status reports too.
+ClusterStatus only translates `cellar.master.serving.cluster_summary.summarize`, which /api/v1/status reports too.
 
-`dispatch` runs the same bodies for the master's metadata fast line (`cellar.master.fastrpc`),
+`dispatch` runs the same bodies for the master's metadata fast line (`cellar.master.serving.fastrpc`),
 whose port ClusterStatus advertises in its trailing metadata.
 """
 
@@ -33,12 +33,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cellar.coord.redirect import LEADER_METADATA
-from cellar.master.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
-from cellar.master.fastrpc import FAST_PORT_METADATA
-from cellar.master.leadership import Leadership
-from cellar.master.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
-from cellar.master.status import summarize
+from cellar.master.serving.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
+from cellar.master.serving.cluster_summary import summarize
+from cellar.master.serving.fastrpc import FAST_PORT_METADATA
+from cellar.master.serving.leadership import Leadership
+from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.proto import cellar_pb2 as pb
 
 SERVICE_NAME = "cellar.v1.Master"
@@ -110,11 +110,11 @@ class MasterServicer:
         self.leadership = leadership
         self.authorizer = authorizer
         self.stats: dict[str, RpcStats] = {name: RpcStats() for name in RPC_METRIC_NAMES}
-        self.fast_port = 0  # the fast line's port once it listens (cellar.master.fastrpc)
+        self.fast_port = 0  # the fast line's port once it listens (cellar.master.serving.fastrpc)
 
     @property
     def service(self) -> MasterService:
-        """The live service: a new one after every election (cellar.master.leadership)."""
+        """The live service: a new one after every election (cellar.master.serving.leadership)."""
         return self.leadership.service
 
     def _header(self) -> pb.ReplyHeader:
@@ -314,7 +314,7 @@ class MasterServicer:
         return handle
 
     def dispatch(self, name: str, data: bytes) -> tuple[int, bytes]:
-        """One RPC for the fast line (`cellar.master.fastrpc`): the serialized request in, the
+        """One RPC for the fast line (`cellar.master.serving.fastrpc`): the serialized request in, the
         numeric gRPC status code and the serialized reply (or the error details) out. Same
         bodies, statistics and error mapping as the gRPC handlers."""
         parse, serialize = self._codecs[name]

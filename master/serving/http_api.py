@@ -3,8 +3,8 @@
 Routes:
   GET  /metrics            Prometheus text format (per-process registry, see metrics.py)
   GET  /health             200 "ok"
-  GET  /                   the HTML status page (master/statuspage.py); ?text=1 plain text
-  GET  /api/v1/events      JSON: the recent events, newest first (master/events.py)
+  GET  /                   the HTML status page (serving/status_page.py); ?text=1 plain text
+  GET  /api/v1/events      JSON: the recent events, newest first (master/serving/events.py)
   GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:
@@ -13,12 +13,14 @@ Routes:
   POST /api/v1/tokens      JSON {"kind": "tenant"|"admin", "tenant": ..., "shm": bool,
                            "label": ...}: a new token, returned once                    [admin]
   POST /api/v1/tokens/revoke  JSON {"id": ...}                                          [admin]
+  GET  /api/v1/invariants  the full O(n) check of the tables (state/audit.py), for the soak:
+                           200 {"ok": true, "objects_checked": N}, 500 {"ok": false, "error"} [admin]
 
 [admin] routes need `Authorization: Bearer <admin token>` (401 without a valid token, 403 with a
 non-admin one): the one HTTP check is `_guard` around those handlers, through the same
 `Authorizer` as gRPC. The read-only pages are public on the HTTP port and list no shm
 endpoints unless the caller sends an admin token (the segment file is what a same-host reader
-would map). /api/v1/status reports `cellar.master.status.summarize`, as ClusterStatus does.
+would map). /api/v1/status reports `cellar.master.serving.cluster_summary.summarize`, as ClusterStatus does.
 
 Handlers run on the master's event loop between RPCs, so they read a consistent snapshot.
 This module only reads state, except for tenant quotas through MasterService and tokens
@@ -35,13 +37,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from cellar.errors import ConfigError
 from cellar.http import HttpServer, Request, Response
-from cellar.master import statuspage
-from cellar.master.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
 from cellar.master.config import TENANT_NAME, parse_tenant_quota
-from cellar.master.leadership import Leadership
-from cellar.master.membership import STATE_NAMES
-from cellar.master.status import summarize
-from cellar.master.tenants import Tenant
+from cellar.master.serving import status_page
+from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
+from cellar.master.serving.cluster_summary import summarize
+from cellar.master.serving.leadership import Leadership
+from cellar.master.state.audit import InvariantBroken
+from cellar.master.state.membership import STATE_NAMES
+from cellar.master.state.records import Tenant
 from cellar.tokens import KINDS
 from cellar.units import format_size
 
@@ -111,7 +114,7 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
         "writing": len(service.objects.puts),
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
-        "nodes": statuspage.nodes_of(segments),  # the segments per node, as the page shows them
+        "nodes": status_page.nodes_of(segments),  # the segments per node, as the page shows them
         "limits": {
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
@@ -185,7 +188,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     async def index(request: Request) -> Response:
         if request.query.get("text"):
             return Response(200, _status_text(leadership).encode())
-        page = statuspage.render(status_json(leadership), leadership.events.recent())
+        page = status_page.render(status_json(leadership), leadership.events.recent())
         return Response(200, page.encode(), "text/html; charset=utf-8")
 
     async def events(_: Request) -> Response:
@@ -212,6 +215,15 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
         tenant = service.set_tenant_quota(body["name"], quota)
         return Response.json(_tenant_json(tenant))
 
+    async def check_invariants(_: Request, _admin: Identity) -> Response:
+        """The full O(n) check of the tables (cellar.master.state.audit), for the soak."""
+        try:
+            checked = leadership.service.check_invariants()
+        except InvariantBroken as exc:
+            log.error("invariant broken: %s", exc)
+            return Response.json({"ok": False, "error": str(exc)}, 500)
+        return Response.json({"ok": True, "objects_checked": checked})
+
     server.route("GET", "/metrics", metrics)
     server.route("GET", "/health", health)
     server.route("GET", "/", index)
@@ -220,6 +232,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     server.route("GET", "/api/v1/tenants", list_tenants)
     server.route("POST", "/api/v1/tenants", _guard(set_tenant))
     server.route("PUT", "/api/v1/tenants", _guard(set_tenant))
+    server.route("GET", "/api/v1/invariants", _guard(check_invariants))
     add_token_routes(server, leadership, authorizer, _guard)
     return server
 

@@ -2,7 +2,7 @@
 
 What it shows (the same view `cellar top` draws in a terminal): this master's role and epoch,
 the leader, the cluster's capacity and use, every storage node with its state and a use bar,
-every tenant with a quota bar, and the master's recent events (master/events.py).
+every tenant with a quota bar, and the master's recent events (master/serving/events.py).
 
 Why it looks like this: it must work where the operator is (a port-forward, a browser with
 scripts off, no internet), so there are no external assets, no script and no framework: inline
@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cellar.master.events import Event
+from cellar.master.serving.events import Event
 from cellar.units import format_size
 
 REFRESH_S = 5

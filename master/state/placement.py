@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Collection
 
-from cellar.master.membership import Membership, Segment
+from cellar.master.state.membership import Membership
+from cellar.master.state.records import Segment
 
 MIN_RAMP_WEIGHT = 0.02
 NO_NODES: frozenset[str] = frozenset()
@@ -86,14 +87,11 @@ class Placement:
             # Few segments: score them all; the freest usually has room, so no sort.
             best: Segment | None = None
             best_score = -1.0
-            ramp_s = self.ramp_s
+            score_of = self.score  # inlining it saved nothing measurable (<2% of a PutStart key)
             for segment in active:
-                node = segment.node
-                if node.node_id in used_nodes:
+                if segment.node.node_id in used_nodes:
                     continue
-                score = segment.allocator.free_bytes / segment.size_bytes  # = self.score, inlined
-                if now < node.joined_at + ramp_s:
-                    score *= max(MIN_RAMP_WEIGHT, (now - node.joined_at) / ramp_s)
+                score = score_of(segment, now)
                 if score > best_score:
                     best, best_score = segment, score
             if best is None:

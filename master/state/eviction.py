@@ -14,7 +14,7 @@ The policy
 Why approximate (like Redis's evict.c)
     An exact LRU needs a linked list touched on every read; in CPython an OrderedDict entry costs
     ~100 bytes and a move_to_end per read. Instead every evictable object sits in a flat list
-    (a "pool"), knows its index, and leaves it by swap-with-last: O(1) with one pointer per object.
+    (a "pool", records.Pool), knows its index, and leaves it by swap-with-last: O(1) with one pointer per object.
     To pick a victim we sample `eviction_samples` (16) random entries and take the one accessed
     longest ago. Like Redis's sampling, the victim is almost always among the oldest few percent,
     which is what an LRU cache needs; a pool no larger than the sample is scanned exactly, so small
@@ -37,63 +37,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from cellar.master.objects import Obj
-    from cellar.master.tenants import Tenant
+from cellar.master.state.records import Obj, Pool, Tenant
 
 NORMAL = 1  # pool kinds (index into the pools tuples); 0 = not in any pool
 SOFT = 2
 _SAMPLE_ROUNDS = 4
-
-
-class Pool:
-    """A flat list of evictable objects; each object knows its index (gslot or tslot).
-
-    `held_bytes` sums the replica bytes (reserved x replicas) of its items and `pinned_bytes`
-    those of its pinned items, so "could eviction ever free `need` bytes?" is one subtraction:
-    a put that cannot fit even after evicting everything evictable evicts nothing."""
-
-    __slots__ = ("items", "pinned", "is_global", "held_bytes", "pinned_bytes")
-
-    def __init__(self, is_global: bool) -> None:
-        self.items: list[Obj] = []
-        self.pinned = 0  # how many items have pins > 0
-        self.is_global = is_global
-        self.held_bytes = 0
-        self.pinned_bytes = 0
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def add(self, obj: Obj) -> None:
-        if self.is_global:
-            obj.gslot = len(self.items)
-        else:
-            obj.tslot = len(self.items)
-        self.items.append(obj)
-        self.held_bytes += obj.reserved * len(obj.replicas)
-
-    def remove(self, obj: Obj) -> None:
-        items = self.items
-        slot = obj.gslot if self.is_global else obj.tslot
-        assert items[slot] is obj, "eviction pool slot out of sync"
-        self.held_bytes -= obj.reserved * len(obj.replicas)
-        assert self.held_bytes >= 0, "eviction pool bytes out of sync"
-        last = items.pop()
-        if last is not obj:
-            items[slot] = last
-            if self.is_global:
-                last.gslot = slot
-            else:
-                last.tslot = slot
-
-    def evictable(self) -> int:
-        return len(self.items) - self.pinned
-
-    def evictable_bytes(self) -> int:
-        return self.held_bytes - self.pinned_bytes
 
 
 class Evictor:
@@ -116,7 +65,7 @@ class Evictor:
         kind = SOFT if obj.pin_kind == SOFT else NORMAL
         obj.pool_kind = kind
         self.pools[kind].add(obj)
-        own = obj.tenant.pools  # None for a tenant without a quota (cellar.master.tenants)
+        own = obj.tenant.pools  # None for a tenant without a quota (cellar.master.state.tenants)
         if own is not None:
             own[kind].add(obj)
         if obj.pins:

@@ -1,7 +1,7 @@
 """Expiry queues: which pins or puts ran out of time, oldest first, at a few bytes per batch.
 
-Owns `ExpiryRuns`, the FIFO behind the pin TTL sweep (cellar.master.pins) and the writer
-timeout sweep (cellar.master.objects). Both hand out ids from a counter and give every id the
+Owns `ExpiryRuns`, the FIFO behind the pin TTL sweep (cellar.master.state.pins) and the writer
+timeout sweep (cellar.master.state.objects). Both hand out ids from a counter and give every id the
 same TTL from one clock reading per request, so creation order is expiry order and a batched
 request's ids are consecutive with one expiry time. The queue keeps runs [expires_at, first
 id, last id] instead of one (expires_at, id) tuple per id: at 50k keys/s a 30 s write TTL held

@@ -29,8 +29,15 @@ from typing import TYPE_CHECKING
 from cellar.coord.redirect import redirect_details
 from cellar.heap import release_frozen
 from cellar.master.config import MasterConfig
-from cellar.master.events import DEPOSED, ELECTED, NEW_LEADER, NODE_EXPIRED, REBUILD_DONE, EventLog
 from cellar.master.service import MasterService
+from cellar.master.serving.events import (
+    DEPOSED,
+    ELECTED,
+    NEW_LEADER,
+    NODE_EXPIRED,
+    REBUILD_DONE,
+    EventLog,
+)
 
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
@@ -174,7 +181,7 @@ class Leadership:
         if service.recovering():
             return
         takeover.duration_s = time.monotonic() - takeover.started_monotonic
-        takeover.recovered_objects = service.objects_adopted
+        takeover.recovered_objects = service.nodes.objects_adopted
         takeover.nodes = len(service.membership.nodes)
         takeover.complete = True
         self.events.record(REBUILD_DONE, f"rebuild done: {takeover.recovered_objects} objects from "
@@ -189,8 +196,8 @@ class Leadership:
         if self._single_rebuild_logged or service.recovering():
             return
         self._single_rebuild_logged = True
-        if service.objects_adopted:
-            self.events.record(REBUILD_DONE, f"rebuild done: {service.objects_adopted} objects from "
+        if service.nodes.objects_adopted:
+            self.events.record(REBUILD_DONE, f"rebuild done: {service.nodes.objects_adopted} objects from "
                                f"{len(service.membership.nodes)} node(s) in "
                                f"{time.monotonic() - self.service_started_monotonic:.1f} s")
 
@@ -202,13 +209,13 @@ class Leadership:
         service = self.service
         nodes = service.membership.nodes
         if self._watched != service:  # a new service (election; identity, no __eq__): counter at 0
-            self._watched, self._expired_seen = service, service.nodes_expired
-        elif service.nodes_expired > self._expired_seen:
+            self._watched, self._expired_seen = service, service.nodes.nodes_expired
+        elif service.nodes.nodes_expired > self._expired_seen:
             gone = [node_id for node_id in self._node_replicas if node_id not in nodes]
-            for node_id in gone[:service.nodes_expired - self._expired_seen]:
+            for node_id in gone[:service.nodes.nodes_expired - self._expired_seen]:
                 self.events.record(NODE_EXPIRED, f"node {node_id} expired: its "
                                    f"{self._node_replicas[node_id]} replica(s) dropped")
-            self._expired_seen = service.nodes_expired
+            self._expired_seen = service.nodes.nodes_expired
         self._node_replicas = {node_id: sum(len(seg.objects) for seg in node.segments.values())
                                for node_id, node in nodes.items()}
 

@@ -7,7 +7,7 @@ riding on the next GetReplicas) releases it; a pin nobody released expires after
 Invariant: `obj.pins` equals the number of live pins on `obj`; an object with pins > 0 is never
 evicted and its ranges are never released (a removed pinned object is invisible but keeps its
 bytes until the last pin goes). Every pin has the same TTL, so creation order is expiry order
-and the sweep pops a FIFO. Pin ids are random (cellar.master.ids) and bound to the tenant
+and the sweep pops a FIFO. Pin ids are random (cellar.master.state.ids) and bound to the tenant
 that received them: an Unpin from another tenant releases nothing. Each client id holds at most `max_pins_per_client` pins. This module
 never frees ranges itself: the last unpin calls back into the object table.
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from cellar.master.expiry import ExpiryRuns
-from cellar.master.ids import SecretIds
+from cellar.master.state.expiry import ExpiryRuns
+from cellar.master.state.ids import SecretIds
+from cellar.master.state.records import DROPPED
 
 if TYPE_CHECKING:
-    from cellar.master.objects import Obj
-    from cellar.master.tenants import Tenant
+    from cellar.master.state.records import Obj, Tenant
 
 
 class Pin:
@@ -45,7 +45,7 @@ class PinTable:
     ) -> None:
         self.ttl_s = ttl_s
         self.max_per_client = max_per_client
-        self._next_id = SecretIds().next  # unguessable: Unpin quotes it (cellar.master.ids)
+        self._next_id = SecretIds().next  # unguessable: Unpin quotes it (cellar.master.state.ids)
         self._on_first_pin = on_first_pin
         self._on_last_unpin = on_last_unpin
         self.pins: dict[int, Pin] = {}
@@ -62,6 +62,7 @@ class PinTable:
         held = per_client.get(client_id, 0)
         if held >= self.max_per_client:
             return 0
+        assert tenant is obj.tenant and obj.state != DROPPED, "a pin on another tenant's or a dropped object"
         per_client[client_id] = held + 1
         pin_id = self._next_id()
         self.pins[pin_id] = Pin(obj, tenant, client_id)
@@ -81,6 +82,7 @@ class PinTable:
 
     def _release(self, pin: Pin) -> None:
         held = self.per_client[pin.client_id] - 1
+        assert held >= 0, "a client's pin count went negative"
         if held:
             self.per_client[pin.client_id] = held
         else:

@@ -1,6 +1,6 @@
 """A small bounded log of what an operator wants to see happen: failovers, rebuilds, expiries.
 
-The status page (`cellar.master.statuspage`), `/api/v1/events` and `cellar top` show it.
+The status page (`cellar.master.serving.status_page`), `/api/v1/events` and `cellar top` show it.
 It holds at most `MAX_EVENTS` entries (oldest dropped), so a flapping node cannot grow the
 master's memory; each entry is a wall-clock time, a kind and one line of text. The log lives
 in `Leadership`, not in a `MasterService`, so it survives a takeover that replaces the service.

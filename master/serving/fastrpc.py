@@ -43,7 +43,7 @@ Limits (a closed connection costs a client one fallback to gRPC, never an error)
 
 Security
     Credentials travel in the request header as they do over gRPC and are checked by the same
-    `Authorizer` (cellar.master.auth) in `MasterServicer.dispatch`. A master serving gRPC over
+    `Authorizer` (cellar.master.serving.auth) in `MasterServicer.dispatch`. A master serving gRPC over
     TLS serves this line over TLS too (same certificate, cellar.tls).
 """
 

@@ -1,6 +1,6 @@
 """Tombstones: what a late index report must not bring back.
 
-Owns two memories of removal, both consulted by rebuild (master/rebuild.py):
+Owns two memories of removal, both consulted by rebuild (master/node_rpcs.py):
 - removed keys: (tenant, key) -> an alloc id drawn when a client removed the key. Every replica
   of any value written before the remove has a smaller id, so a node that was away (or whose
   freed notice had not arrived) and still reports such a replica is refused. Bounded by

@@ -1,0 +1,242 @@
+"""Records: the data model the master's tables share, the types that name each other.
+
+An object version (`Obj`) names its tenant and its replicas' segments; a tenant (`Tenant`)
+holds its visible and being-written versions and, under a quota, its own eviction pools
+(`Pool`); a segment (`Segment`) holds the versions with a replica in it and belongs to a
+`Node`. These references run both ways, so the record types live in this one module: every
+table module imports them from here and nothing here imports a table, and the state room's
+import graph has no cycle, not even a type-only one (tests/unit/test_import_rules.py).
+
+What it owns: the fields, their units and their starting values, and the few operations that
+touch only one record (a pool's slots, a tenant's own pools, a segment's shm-free info). The
+invariant each table keeps over them is told in that table's module (objects, tenants,
+membership, eviction). It never changes a record of another kind, never reads a clock and
+never touches payload bytes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from cellar.master.state.allocator import SegmentAllocator
+
+# Object version states (objects.py tells the state machine).
+WRITING = 1
+COMPLETE = 2
+DROPPED = 3
+
+NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kinds)
+SOFT_PIN = 2
+HARD_PIN = 3
+
+ACTIVE = 1  # node states, the same numbers as the proto NodeState enum (membership.py)
+SUSPECT = 2
+EXPIRED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """A tenant's limits and rights; a quota of 0 means unlimited.
+
+    `quota_writing_bytes` bounds the bytes its puts hold WRITING (reserved, not yet PutEnd);
+    `hard_pin` is the right to hard-pin (never evicted), an admin grant, and
+    `quota_hard_pin_bytes` bounds the bytes it keeps hard-pinned.
+    """
+
+    quota_bytes: int = 0
+    quota_objects: int = 0
+    quota_writing_bytes: int = 0
+    hard_pin: bool = False
+    quota_hard_pin_bytes: int = 0
+
+class Tenant:
+    __slots__ = (
+        "name", "quota_bytes", "quota_objects", "quota_writing_bytes", "may_hard_pin",
+        "quota_hard_pin_bytes", "used_bytes", "object_count", "writing_bytes",
+        "hard_pinned_bytes", "objects", "writing", "pools",
+    )
+
+    def __init__(self, name: str, quota: TenantQuota) -> None:
+        self.name = name
+        self.used_bytes = 0
+        self.object_count = 0
+        self.writing_bytes = 0
+        self.hard_pinned_bytes = 0
+        self.objects: dict[str, Obj] = {}  # COMPLETE, visible
+        self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
+        # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none.
+        # None while the tenant has no quota (module docstring).
+        self.pools: tuple[Pool, Pool, Pool] | None = None
+        self.set_quota(quota)
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.quota_bytes or self.quota_objects)
+
+    def set_quota(self, quota: TenantQuota) -> None:
+        """Change the quotas; keep own eviction pools exactly while there is a quota."""
+        self.quota_bytes = quota.quota_bytes
+        self.quota_objects = quota.quota_objects
+        self.quota_writing_bytes = quota.quota_writing_bytes
+        self.may_hard_pin = quota.hard_pin
+        self.quota_hard_pin_bytes = quota.quota_hard_pin_bytes
+        if not self.limited:
+            self.pools = None
+        elif self.pools is None:
+            self.pools = self._build_pools()
+
+    def _build_pools(self) -> tuple[Pool, Pool, Pool]:
+        """Own pools holding what the global pools hold of this tenant (every evictable object
+        is visible, so in `objects`), pinned counts included."""
+        pools = (Pool(False), Pool(False), Pool(False))
+        for obj in self.objects.values():
+            kind = obj.pool_kind
+            if kind:
+                pools[kind].add(obj)
+                if obj.pins:
+                    pools[kind].pinned += 1
+                    pools[kind].pinned_bytes += obj.reserved * len(obj.replicas)
+        return pools
+
+class Replica:
+    __slots__ = ("segment", "offset", "alloc_id")
+
+    def __init__(self, segment: Segment, offset: int, alloc_id: int) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.alloc_id = alloc_id
+
+class Obj:
+    """One version of one object."""
+
+    __slots__ = (
+        "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
+        "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+    )
+
+    def __init__(
+        self, tenant: Tenant, key: str, size: int, reserved: int, put_id: int, pin_kind: int,
+        deadline: float, tag: int,
+    ) -> None:
+        self.tenant = tenant
+        self.key = key
+        self.size = size
+        self.reserved = reserved  # allocator bytes per replica (rounded size)
+        # A tuple, not a list: 32 bytes less per object, and replicas rarely change.
+        self.replicas: tuple[Replica, ...] = ()
+        self.state = WRITING
+        self.checksum = 0
+        self.put_id = put_id
+        self.last_access = 0.0
+        self.pins = 0
+        self.pin_kind = pin_kind
+        # Monotonic time the write grants expire; 0.0 once COMPLETE (no late write possible).
+        self.deadline = deadline
+        self.tag = tag  # key_tag(tenant, key), bound into every grant
+        self.gslot = 0
+        self.tslot = 0
+        self.pool_kind = 0
+
+class Segment:
+    """One mounted segment: its allocator and the objects holding a replica in it."""
+
+    __slots__ = (
+        "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
+        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info",
+    )
+
+    def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
+        self.segment_id = segment_id
+        self.node = node
+        self.size_bytes = size_bytes
+        self.host_id = host_id
+        self.info = info  # the SegmentInfo as mounted (endpoints etc.), returned to clients as is
+        self.allocator = SegmentAllocator(size_bytes)
+        self.objects: set[Obj] = set()
+        self.quarantined_bytes = 0
+        self.gone = False
+        self.rebuilding = False  # the node's report has not ended yet: no new placements
+        self._untrusted_info: Any = None
+
+    def untrusted_info(self) -> Any:
+        """`info` without its shm endpoints: what a client not trusted on the node's host sees
+        (mapping the segment file would expose every tenant's bytes; the README's Security model)."""
+        if self._untrusted_info is None:
+            info = self.info
+            if any(e.transport == "shm" for e in info.endpoints):
+                info = type(info)()
+                info.CopyFrom(self.info)
+                kept = [e for e in info.endpoints if e.transport != "shm"]
+                del info.endpoints[:]
+                info.endpoints.extend(kept)
+            self._untrusted_info = info
+        return self._untrusted_info
+
+    def free_fraction(self) -> float:
+        return self.allocator.free_bytes / self.allocator.capacity_bytes
+
+class Node:
+    __slots__ = (
+        "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
+        "outbox_dropped",
+    )
+
+    def __init__(self, node_id: str, incarnation: int, now: float) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.state = ACTIVE
+        self.last_seen = now
+        self.joined_at = now
+        self.segments: dict[int, Segment] = {}
+        # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
+        self.outbox: deque[tuple[int, int, int, int, int]] = deque()
+        self.outbox_dropped = 0
+
+class Pool:
+    """A flat list of evictable objects; each object knows its index (gslot or tslot).
+
+    `held_bytes` sums the replica bytes (reserved x replicas) of its items and `pinned_bytes`
+    those of its pinned items, so "could eviction ever free `need` bytes?" is one subtraction:
+    a put that cannot fit even after evicting everything evictable evicts nothing."""
+
+    __slots__ = ("items", "pinned", "is_global", "held_bytes", "pinned_bytes")
+
+    def __init__(self, is_global: bool) -> None:
+        self.items: list[Obj] = []
+        self.pinned = 0  # how many items have pins > 0
+        self.is_global = is_global
+        self.held_bytes = 0
+        self.pinned_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, obj: Obj) -> None:
+        if self.is_global:
+            obj.gslot = len(self.items)
+        else:
+            obj.tslot = len(self.items)
+        self.items.append(obj)
+        self.held_bytes += obj.reserved * len(obj.replicas)
+
+    def remove(self, obj: Obj) -> None:
+        items = self.items
+        slot = obj.gslot if self.is_global else obj.tslot
+        assert items[slot] is obj, "eviction pool slot out of sync"
+        self.held_bytes -= obj.reserved * len(obj.replicas)
+        assert self.held_bytes >= 0, "eviction pool bytes out of sync"
+        last = items.pop()
+        if last is not obj:
+            items[slot] = last
+            if self.is_global:
+                last.gslot = slot
+            else:
+                last.tslot = slot
+
+    def evictable(self) -> int:
+        return len(self.items) - self.pinned
+
+    def evictable_bytes(self) -> int:
+        return self.held_bytes - self.pinned_bytes
