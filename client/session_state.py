@@ -5,7 +5,8 @@ two clients share one core):
     - `checks`   argument validation and the client's limits
     - `statuses` per-key statuses, MISS/LATE, status and gRPC code -> exception
     - `core`     (this module) reply decoding (segment routes, grants, the status summary) and
-                 the shared state: `NodeHealth`, `UnpinQueue`, `EpochFence`, `TransportSet`
+                 the shared state: `NodeHealth`, `UnpinQueue`, `TransportSet` (`EpochFence`
+                 lives with the master link's decisions, `cellar.coord.link`)
                  (which transport moves which op, and how one transfer round is budgeted)
     - `puts`     the put state machine (`PutBatch`)
     - `gets`     the get state machine (`GetBatch`) and its deadline-bounded form
@@ -40,7 +41,7 @@ from cellar.client.checks import (
     attempt_budget_s,
 )
 from cellar.client.statuses import check_result_count
-from cellar.errors import Unavailable
+from cellar.coord.link import EpochFence as EpochFence  # its home is the master link
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
 from cellar.transfer.base import (
@@ -227,23 +228,6 @@ class UnpinQueue:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-
-class EpochFence:
-    """Refuses replies from a master older than one already heard from (a deposed leader)."""
-
-    def __init__(self) -> None:
-        self.highest = 0
-        self._lock = threading.Lock()
-
-    def check(self, epoch: int, address: str) -> None:
-        with self._lock:
-            if epoch >= self.highest:
-                self.highest = epoch
-                return
-            highest = self.highest
-        raise Unavailable(f"master {address} answered with epoch {epoch}, older than {highest}: "
-                          "it is no longer the leader")
 
 
 class TransportSet:
