@@ -8,7 +8,8 @@ What it owns
     and receives the answer, and a face performs it with its own I/O. `run_sync` and
     `run_async` are the two ten-line drivers; the sync face (`cellar.client.rpc`), the asyncio
     face (`cellar.client.aio_rpc`) and the storage node (`cellar.storage_node.master_link`, which
-    keeps its own mount/heartbeat pacing) all decide here. Which master next is
+    keeps its own mount/heartbeat pacing and asks `node_failure` / `node_target`) all decide
+    here. Which master next is
     `cellar.coord.follow.next_master`; what a refusal names is `cellar.coord.redirect.leader_from`.
 
     Effects: `Attempt` (one gRPC attempt at the current master; answered with `Replied`,
@@ -43,8 +44,15 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
-from cellar.coord.follow import MIN_LOOKUP_INTERVAL_S, NO_ETCD, EtcdView, may_ask_etcd, next_master
-from cellar.coord.redirect import is_refusal, valid_address
+from cellar.coord.follow import (
+    MIN_LOOKUP_INTERVAL_S,
+    NO_ETCD,
+    EtcdView,
+    may_ask_etcd,
+    next_master,
+    stale_redirect,
+)
+from cellar.coord.redirect import is_refusal, names_no_leader, valid_address
 from cellar.errors import CellarError, Timeout, Unavailable
 
 MAX_RPC_ATTEMPTS = 64
@@ -336,6 +344,49 @@ def fast_reply(link: LinkState, answer: Replied | Refused, deadline: float) -> P
     return answer.reply
 
 
+# ---- the storage node's decisions (it paces its own retries: mount backoff, heartbeats) -------
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """What a failed mount, report or heartbeat means for the node's next step."""
+
+    redirect: str      # the leader to follow at once ("" none)
+    election: bool     # a standby knows no leader, or names the one just lost: one is coming
+    unreachable: bool  # the master did not answer: look the leader up (etcd, or the seed)
+
+
+def node_failure(link: LinkState, *, unavailable: bool, unreachable: bool, details: str,
+                 hint: str, now: float) -> NodeFailure:
+    """Classify a failed node RPC (`unavailable`: status UNAVAILABLE; `unreachable`: no answer,
+    UNAVAILABLE or DEADLINE_EXCEEDED or CANCELLED; `hint`: `redirect.leader_from`), and record
+    the failure and the master lost in `link`."""
+    hint = hint if unavailable else ""
+    election = unavailable and names_no_leader(details)
+    link.failed(link.generation, now)
+    if stale_redirect(hint, link.lost, now):
+        # A standby still names the leader just lost (its lease has not lapsed yet): an
+        # election is coming, so wait instead of bouncing between the two.
+        hint, election = "", True
+    if hint and hint != link.address:
+        return NodeFailure(hint, election, False)
+    if unreachable and not election:
+        link.lost = (link.address, now)
+    return NodeFailure("", election, unreachable)
+
+
+def node_target(link: LinkState, *, hint: str, etcd: EtcdView, configured: str,
+                now: float) -> str:
+    """The master the node's next RPC goes to ("" = stay): `next_master` with the node's known
+    masters (the configured address first, without etcd) and no rotation wait, since the node
+    asks only after a failed RPC and spaces its retries by FAILOVER_POLL_S already."""
+    known = [] if etcd.configured else [configured]
+    if link.address and link.address not in known:
+        known.append(link.address)
+    failing_for_s = now - link.failing_since if link.failing_since else 0.0
+    return next_master(current=link.address, hint=hint, etcd=etcd, known=known,
+                       failing_for_s=failing_for_s, lost=link.lost, now=now, rotate_after_s=0.0)
+
+
 # ---- drivers ----------------------------------------------------------------------------------
 
 def run_sync(plan: Plan[T], perform: Callable[[Effect], Any]) -> T:
@@ -374,6 +425,6 @@ __all__ = [
     "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "FAST_RELEARN_S", "LEADER_CHECK_AFTER_S",
     "MAX_KNOWN_MASTERS", "MAX_RPC_ATTEMPTS", "MIN_LOOKUP_INTERVAL_S", "RESOLVE_TIMEOUT_S",
     "Answer", "AskEtcd", "Attempt", "DropFast", "Effect", "EpochFence", "LinkState", "Moved",
-    "Plan", "Refused", "Replied", "Sleep", "Switch", "call", "fast_reply", "moved_on",
-    "redirect", "run_async", "run_sync",
+    "NodeFailure", "Plan", "Refused", "Replied", "Sleep", "Switch", "call", "fast_reply",
+    "moved_on", "node_failure", "node_target", "redirect", "run_async", "run_sync",
 ]

@@ -308,3 +308,42 @@ def test_run_sync_hands_errors_back_to_the_plan():
 
     assert plans.run_sync(plans.redirect(link, 0, "l:1", clock.now + 5), perform) is True
     assert link.address == "l:1"
+
+
+# ---- the storage node's decisions -------------------------------------------------------------
+
+def test_node_failure_follows_a_redirect_and_records_an_unreachable_master():
+    link, _ = make_link("m:1")
+    to = plans.node_failure(link, unavailable=True, unreachable=True, details="leader=l:1",
+                            hint="l:1", now=5.0)
+    assert to.redirect == "l:1" and not to.election and link.lost[0] == ""
+    assert link.failing_since == 5.0
+    gone = plans.node_failure(link, unavailable=True, unreachable=True, details="refused",
+                              hint="", now=6.0)
+    assert gone.unreachable and gone.redirect == "" and link.lost == ("m:1", 6.0)
+    assert link.failing_since == 5.0                     # the first failure is kept
+
+
+def test_node_failure_reads_an_election_and_a_stale_redirect():
+    link, _ = make_link("m:1")
+    no_leader = plans.node_failure(link, unavailable=True, unreachable=True,
+                                   details=redirect_details("s", "standby", "", 0), hint="",
+                                   now=5.0)
+    assert no_leader.election and link.lost[0] == ""   # an election is no lost master
+    link.lost = ("old:1", 5.0)
+    stale = plans.node_failure(link, unavailable=True, unreachable=True, details="leader=old:1",
+                               hint="old:1", now=6.0)
+    assert stale.election and stale.redirect == ""      # the master just lost is not followed
+
+
+def test_node_target_goes_back_to_the_configured_master_without_etcd():
+    link, _ = make_link("seed:1")
+    link.switched("l:1")
+    link.failed(link.generation, 10.0)
+    assert plans.node_target(link, hint="", etcd=plans.NO_ETCD, configured="seed:1",
+                             now=10.0) == "seed:1"
+    assert plans.node_target(link, hint="x:1", etcd=plans.NO_ETCD, configured="seed:1",
+                             now=10.0) == "x:1"
+    with_etcd = plans.EtcdView(configured=True, asked=True, leader="e:1")
+    assert plans.node_target(link, hint="x:1", etcd=with_etcd, configured="etcd://h:1/c",
+                             now=10.0) == "e:1"
