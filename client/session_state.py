@@ -66,15 +66,15 @@ def routes_from_segments(segments: Iterable[Any]) -> dict[int, tuple[SegmentRout
 
 
 def grant_from_replica(replica: Any, op: int) -> Grant:
-    """The proto grant of a replica as the data plane's `Grant` (range = the replica's range)."""
+    """The proto grant of a replica as the data plane's `Grant` (range = the replica's range).
+    Proto fields are already int and bytes: no conversions on this per-replica path."""
     g = replica.grant
-    return Grant(int(g.op) or op, int(replica.segment_id), int(replica.offset),
-                 int(replica.length), int(g.alloc_id), int(g.epoch), int(g.expiry_ms),
-                 int(g.key_tag), bytes(g.mac))
+    return Grant(g.op or op, replica.segment_id, replica.offset, replica.length, g.alloc_id,
+                 g.epoch, g.expiry_ms, g.key_tag, g.mac)
 
 
 def check_range(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]],
-                 size: int) -> tuple[SegmentRoute | None, str]:
+                size: int) -> tuple[SegmentRoute | None, str]:
     """The route of a replica whose range is sane, or None and why not."""
     entry = routes.get(int(replica.segment_id))
     if entry is None:
@@ -86,6 +86,20 @@ def check_range(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]],
         return None, (f"replica [{replica.offset}, +{size}) outside segment {replica.segment_id} "
                       f"of {segment_bytes} bytes")
     return route, ""
+
+
+def replica_grant(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]], size: int,
+                  op: int) -> tuple[SegmentRoute, Grant] | str:
+    """The route and grant of a replica whose range is sane (`check_range`), else why not; the
+    one check puts and gets make per replica. Measured (timeit, Python 3.11, the 2-core dev
+    box, min of 21 interleaved runs of 50,000): this call costs 0.13 us per replica more than
+    the inlined copy puts.py and gets.py had (1.36 vs 1.23 us), against about 65 us per key of
+    a batched 64 KiB get (15,978 ops/s, bench/results/2026-11-29-vm.md): 0.2%, not worth a
+    second copy of the rule."""
+    entry = routes.get(replica.segment_id)
+    if entry is None or replica.length != size or replica.offset + size > entry[1]:
+        return check_range(replica, routes, size)[1]
+    return entry[0], grant_from_replica(replica, op)
 
 
 def status_to_dict(reply: Any) -> dict[str, Any]:
