@@ -71,12 +71,19 @@ from cellar.transfer.frame import (
     REQUEST_MAGIC,
     RESP_FLAG_CLOSE,
     RESPONSE,
-    RESPONSE_MAGIC,
     ST_OK,
     VERSION,
 )
-from cellar.transfer.tcp_async_frames import Desync, Frame, Wait, wake
-from cellar.transfer.tcp_plan import Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+from cellar.transfer.tcp_async_frames import Frame, Wait, wake
+from cellar.transfer.tcp_plan import (
+    Plan,
+    check_response,
+    deal,
+    fail_chunks,
+    finish,
+    lanes_for,
+    plan_batch,
+)
 from cellar.transfer.tls_async import start_tls
 from cellar.transfer.tls_sock import split_endpoint
 
@@ -306,15 +313,9 @@ class _Channel:
                 head, early = inbox.take(RESPONSE_SIZE), 0
         except BlockingIOError:
             return False
-        magic, version, status, flags, msg_len, rid, length = RESPONSE.unpack(head)
-        if magic != RESPONSE_MAGIC or version != VERSION or msg_len > MAX_MESSAGE_BYTES:
-            raise Desync("bad response header")
-        if rid != frame.rid:
-            raise Desync(f"response to request {rid}, expected {frame.rid}")
+        status, flags, msg_len = check_response(head, frame.rid, size, is_read)
         self.load_bytes -= size
         if status == ST_OK:
-            if length != (size if is_read else 0):
-                raise Desync(f"response length {length} for {size} bytes")
             if is_read:
                 self._rest = [] if frame.cancelled else inbox.drain_into(views, early)
                 self._left = size - early if frame.cancelled else sum(len(v) for v in self._rest)
@@ -324,8 +325,6 @@ class _Channel:
             return True
         if early:  # not payload after all: the error message and whatever follows it
             inbox.unread(views[0][:early])
-        if length:
-            raise Desync("error response with a payload")
         self._error = (status, msg_len, flags)
         self._stage = _MESSAGE
         return True
