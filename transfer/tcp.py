@@ -97,6 +97,7 @@ from cellar.transfer.tcp_plan import (
     Chunk,
     Desync,
     Plan,
+    add_request,
     check_response,
     deal,
     fail_chunks,
@@ -416,7 +417,6 @@ class TcpTransport(Transport):
         """Pipelined requests and in-order responses; True if the connection is still in sync."""
         sock, inbox = conn.sock, conn.inbox
         metas, fail, hashed, sums = plan.metas, plan.fail, plan.hashed, plan.sums
-        pack = REQUEST.pack
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
@@ -432,18 +432,11 @@ class TcpTransport(Transport):
                     conn.bound_io(remaining)
                     parts: list[bytes | memoryview] = []
                     while i < n and len(pending) < window and len(parts) < MAX_IOV - 2:
-                        op_i, offset, views, size, g = chunks[i]
+                        chunk = chunks[i]
+                        op_i, _, views, size, _ = chunk
                         rid = conn.next_id
                         conn.next_id = rid + 1
-                        meta = metas[op_i]
-                        head = pack(REQUEST_MAGIC, VERSION, op_code, 0, len(meta), rid,
-                                    g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
-                                    g.expiry_ms, g.key_tag, g.mac, offset, size)
-                        if is_write:
-                            parts.append(head + meta)
-                            parts.extend(views)  # scatter-gather: one iovec per part
-                        else:
-                            parts.append(head)
+                        add_request(parts, op_code, rid, chunk, metas[op_i])
                         pending.append((rid, op_i, views, size))
                         i += 1
                     send_all(sock, parts)

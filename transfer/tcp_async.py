@@ -67,16 +67,14 @@ from cellar.transfer.frame import (
     OP_COMMIT,
     OP_READ,
     OP_WRITE,
-    REQUEST,
-    REQUEST_MAGIC,
     RESP_FLAG_CLOSE,
     RESPONSE,
     ST_OK,
-    VERSION,
 )
 from cellar.transfer.tcp_async_frames import Frame, Wait, wake
 from cellar.transfer.tcp_plan import (
     Plan,
+    add_request,
     check_response,
     deal,
     fail_chunks,
@@ -207,23 +205,16 @@ class _Channel:
                     finally:
                         self._writer_wake = None
                 parts: list[bytes | memoryview] = []
-                pack = REQUEST.pack
                 while self.queue and len(self.sent) < self.window and len(parts) < MAX_IOV - 2:
                     frame = self.queue.popleft()
                     if frame.cancelled:  # its batch ended before it left: never send it
                         self.load_bytes -= frame.chunk[3]
                         frame.finish(ST_TIMEOUT, "cancelled before it was sent")
                         continue
-                    op_i, offset, views, size, g = frame.chunk
                     rid = frame.rid = self.next_id
                     self.next_id += 1
-                    meta = frame.plan.metas[op_i]
-                    head = pack(REQUEST_MAGIC, VERSION, frame.op_code, 0, len(meta), rid,
-                                g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
-                                g.expiry_ms, g.key_tag, g.mac, offset, size)
-                    parts.append(head + meta if meta else head)
-                    if frame.op_code == OP_WRITE:
-                        parts.extend(views)  # scatter-gather: one iovec per part
+                    add_request(parts, frame.op_code, rid, frame.chunk,
+                                frame.plan.metas[frame.chunk[0]])
                     self.sent.append(frame)
                 if self.sent and self._reader_wake is not None:
                     wake(self._reader_wake)  # an idle reader now has a reply to wait for
