@@ -38,8 +38,8 @@ from cellar.client.rpc import (
     FAST_RELEARN_S,
     LEADER_CHECK_AFTER_S,
     MAX_MESSAGE_BYTES,
-    fast_line_address,
-    fast_line_refusal,
+    LinkFace,
+    fast_answer,
     trailing_metadata,
 )
 from cellar.client.statuses import grpc_error, retryable_grpc
@@ -48,7 +48,6 @@ from cellar.coord.link import (
     AskEtcd,
     DropFast,
     Effect,
-    EpochFence,
     LinkState,
     Moved,
     Plan,
@@ -195,7 +194,7 @@ class AsyncFastLine:
             pipe.close()
 
 
-class AsyncMasterChannel:
+class AsyncMasterChannel(LinkFace):
     """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds).
     What to do after each answer is decided by `cellar.coord.link`, as for the sync face."""
 
@@ -207,23 +206,6 @@ class AsyncMasterChannel:
         self._fast: AsyncFastLine | None = None
         self._fast_relearn_at = 0.0
         self._resolve = resolve
-
-    @property
-    def address(self) -> str:
-        return self._link.address
-
-    @property
-    def generation(self) -> int:
-        """Grows by one with every leader change this channel followed."""
-        return self._link.generation
-
-    @property
-    def switched_at(self) -> float:
-        return self._link.switched_at
-
-    @property
-    def _fence(self) -> EpochFence:
-        return self._link.fence
 
     async def call(self, method: str, request: Any, deadline: float) -> Any:
         fast = FAST_METHODS.get(method)
@@ -255,20 +237,9 @@ class AsyncMasterChannel:
         except _FastLineDown:
             self._drop_fast(line)
             return None
-        answer: Replied | Refused
-        if code != fastline.OK_CODE:
-            hint = fast_line_refusal(method, address, code, data)
-            answer = Refused(address, generation, "", hint)
-        else:
-            answer = Replied(address, generation, reply_cls.FromString(data))
+        answer = fast_answer(method, address, generation, code, data, reply_cls)
         return await self._drive(plans.fast_reply(self._link, answer, deadline), deadline,
                                  fast=line)
-
-    def _drop_fast(self, line: AsyncFastLine, relearn_s: float = FAST_RELEARN_S) -> None:
-        if self._fast is line:
-            self._fast = None
-            self._fast_relearn_at = time.monotonic() + relearn_s
-        line.close()
 
     async def _relearn(self, request: Any, deadline: float) -> AsyncFastLine | None:
         self._fast_relearn_at = time.monotonic() + FAST_RELEARN_S
@@ -279,22 +250,15 @@ class AsyncMasterChannel:
             return None
         return self._fast
 
-    def _learn(self, metadata: Any, address: str, generation: int) -> None:
-        where = fast_line_address(metadata, address)
-        if where is None or self._link.closed or generation != self._link.generation:
-            return
-        fast = self._fast
-        if fast is None or fast.address != where:
-            self._fast = AsyncFastLine(where[0], where[1], self._tls_ca)
-            if fast is not None:
-                fast.close()
+    def _open_fast(self, host: str, port: int) -> AsyncFastLine:
+        return AsyncFastLine(host, port, self._tls_ca)
 
     async def _call_grpc(self, method: str, request: Any, deadline: float,
                          learn: bool = False) -> Any:
         answer = await self._drive(plans.call(self._link, method, deadline), deadline, request,
                                    learn)
         if learn:
-            self._learn(answer.call, answer.address, answer.generation)
+            self._learn_fast(answer.call, answer.address, answer.generation)
         return answer.reply
 
     # ---- performing what the link decides -----------------------------------------------------

@@ -248,6 +248,67 @@ def fast_line_refusal(method: str, address: str, code: int, data: bytes) -> str:
     return leader_from(None, details)
 
 
+def fast_answer(method: str, address: str, generation: int, code: int, data: bytes,
+                reply_cls: Any) -> Replied | Refused:
+    """A fast-line exchange as the link's answer (a refusal raises its error unless gRPC
+    should carry the call: `fast_line_refusal`)."""
+    if code != fastline.OK_CODE:
+        return Refused(address, generation, "", fast_line_refusal(method, address, code, data))
+    return Replied(address, generation, reply_cls.FromString(data))
+
+
+class LinkFace:
+    """What both faces keep beside their `LinkState`: the fast line in use and when a lost one
+    may be asked for again; the figures `cellar.client.flows` reads (generation, switched_at)."""
+
+    _link: LinkState
+    _fast: Any
+    _fast_relearn_at: float
+
+    @property
+    def address(self) -> str:
+        return self._link.address
+
+    @property
+    def generation(self) -> int:
+        """Grows by one with every leader change this channel followed."""
+        return self._link.generation
+
+    @property
+    def switches(self) -> int:
+        """Leader changes followed."""
+        return self._link.switches
+
+    @property
+    def switched_at(self) -> float:
+        """Monotonic time of the last leader change followed."""
+        return self._link.switched_at
+
+    @property
+    def _fence(self) -> EpochFence:
+        return self._link.fence
+
+    def _drop_fast(self, line: Any, relearn_s: float = FAST_RELEARN_S) -> None:
+        if self._fast is line:
+            self._fast = None
+            self._fast_relearn_at = time.monotonic() + relearn_s
+        line.close()
+
+    def _learn_fast(self, metadata: Any, address: str, generation: int) -> None:
+        """Open the fast line a ClusterStatus reply of the current master names (if new)."""
+        where = fast_line_address(metadata, address)
+        if where is None or self._link.closed or generation != self._link.generation:
+            return
+        fast = self._fast
+        if fast is None or fast.address != where:
+            self._fast = self._open_fast(where[0], where[1])
+            if fast is not None:
+                fast.close()
+
+    def _open_fast(self, host: str, port: int) -> Any:
+        raise NotImplementedError
+
+
 def trailing_metadata(exc: grpc.RpcError) -> Any:
     """A gRPC error's trailing metadata, or None (an error raised before any reply has none)."""
     try:
@@ -256,7 +317,7 @@ def trailing_metadata(exc: grpc.RpcError) -> Any:
         return None
 
 
-class MasterChannel:
+class MasterChannel(LinkFace):
     """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds).
 
     `resolve` (timeout_s -> the leader's address, "" during an election; raises
@@ -277,29 +338,6 @@ class MasterChannel:
         self._resolve = resolve
         self._switch_lock = threading.Lock()
         self._retired: list[grpc.Channel] = []
-
-    @property
-    def address(self) -> str:
-        return self._line.address
-
-    @property
-    def generation(self) -> int:
-        """Grows by one with every leader change this channel followed."""
-        return self._line.generation
-
-    @property
-    def switches(self) -> int:
-        """Leader changes followed."""
-        return self._link.switches
-
-    @property
-    def switched_at(self) -> float:
-        """Monotonic time of the last leader change followed."""
-        return self._link.switched_at
-
-    @property
-    def _fence(self) -> EpochFence:
-        return self._link.fence
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
         fast = FAST_METHODS.get(method)
@@ -333,19 +371,8 @@ class MasterChannel:
         except _FastLineDown:
             self._drop_fast(line)
             return None
-        answer: Replied | Refused
-        if code != fastline.OK_CODE:
-            hint = fast_line_refusal(method, origin.address, code, data)
-            answer = Refused(origin.address, origin.generation, "", hint)
-        else:
-            answer = Replied(origin.address, origin.generation, reply_cls.FromString(data))
+        answer = fast_answer(method, origin.address, origin.generation, code, data, reply_cls)
         return self._drive(plans.fast_reply(self._link, answer, deadline), deadline, fast=line)
-
-    def _drop_fast(self, line: _FastLine, relearn_s: float = FAST_RELEARN_S) -> None:
-        if self._fast is line:
-            self._fast = None
-            self._fast_relearn_at = time.monotonic() + relearn_s
-        line.close()
 
     def _relearn(self, request: Any, deadline: float) -> _FastLine | None:
         """Ask ClusterStatus for the fast line's port (once per FAST_RELEARN_S at most)."""
@@ -357,27 +384,15 @@ class MasterChannel:
             return None
         return self._fast
 
-    def _learn(self, call: Any, address: str, generation: int) -> None:
-        try:
-            metadata = call.trailing_metadata()
-        except AttributeError:
-            return
-        where = fast_line_address(metadata, address)
-        line = self._line
-        if where is None or self._link.closed or line.generation != generation:
-            return
-        fast = self._fast
-        if fast is None or fast.address != where:
-            self._fast = _FastLine(where[0], where[1], line.tls_ca)
-            if fast is not None:
-                fast.close()
+    def _open_fast(self, host: str, port: int) -> _FastLine:
+        return _FastLine(host, port, self._line.tls_ca)
 
     def _call_grpc(self, method: str, request: Any, deadline: float, learn: bool = False) -> Any:
         want_call = learn and self._use_fast
         answer = self._drive(plans.call(self._link, method, deadline), deadline, request,
                              want_call)
-        if want_call:
-            self._learn(answer.call, answer.address, answer.generation)
+        if want_call and hasattr(answer.call, "trailing_metadata"):
+            self._learn_fast(answer.call.trailing_metadata(), answer.address, answer.generation)
         return answer.reply
 
     # ---- performing what the link decides -----------------------------------------------------
