@@ -38,6 +38,7 @@ from cellar.client.rpc import (
     FAST_RELEARN_S,
     LEADER_CHECK_AFTER_S,
     MAX_MESSAGE_BYTES,
+    MAX_RETIRED_CHANNELS,
     LinkFace,
     fast_answer,
     trailing_metadata,
@@ -203,6 +204,7 @@ class AsyncMasterChannel(LinkFace):
         self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         self._retired: list[grpc.aio.Channel] = []
+        self._closing: set[asyncio.Task[None]] = set()  # retired channels being closed
         self._fast: AsyncFastLine | None = None
         self._fast_relearn_at = 0.0
         self._resolve = resolve
@@ -323,6 +325,11 @@ class AsyncMasterChannel(LinkFace):
             return  # another coroutine switched first, or the channel closed
         old = link.switched(switch.target)
         self._retired.append(self._channel)  # calls still in flight on it finish there
+        while len(self._retired) > MAX_RETIRED_CHANNELS:  # as the sync face: bounded
+            closing = asyncio.get_running_loop().create_task(
+                self._retired.pop(0).close(grace=None))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
         self._channel, self._tls_ca = master_channel(switch.target, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         fast, self._fast = self._fast, None
@@ -339,3 +346,5 @@ class AsyncMasterChannel(LinkFace):
         channels, self._retired = [self._channel, *self._retired], []
         for channel in channels:
             await channel.close(grace=None)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -561,3 +561,90 @@ def test_the_fast_line_gives_up_on_a_silent_master_when_asked_to(monkeypatch):
         line.close()
     finally:
         server.close()
+
+
+# ---- the asyncio face performs the same plans ------------------------------------------------
+
+class FakeAioChannel:
+    """Stands in for a grpc.aio channel to one fake master; its stub answers as FakeMaster."""
+
+    def __init__(self, master: FakeMaster) -> None:
+        self.master = master
+        self.closed = False
+
+    async def close(self, grace: Any = None) -> None:
+        self.closed = True
+
+
+class FakeAioStub:
+    def __init__(self, channel: FakeAioChannel) -> None:
+        self.master = channel.master
+
+    def __getattr__(self, method: str) -> Any:
+        master = self.master
+
+        def start(request: Any, timeout: float) -> Any:
+            async def answer() -> Any:
+                try:
+                    return master.answer(method)
+                except FakeRpcError as exc:
+                    raise grpc.aio.AioRpcError(
+                        exc.code(), grpc.aio.Metadata(),
+                        grpc.aio.Metadata(*exc.trailing_metadata()), exc.details()) from None
+            return answer()
+        return start
+
+
+@pytest.fixture
+def aio_masters(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeMaster]:
+    from cellar.client import aio_rpc
+
+    table: dict[str, FakeMaster] = {}
+
+    def channel(address: str, options: Any, aio: bool = False) -> tuple[FakeAioChannel, None]:
+        return FakeAioChannel(table.setdefault(address, FakeMaster(address, "dead"))), None
+
+    monkeypatch.setattr(aio_rpc, "master_channel", channel)
+    monkeypatch.setattr(aio_rpc.cellar_pb2_grpc, "MasterStub", FakeAioStub)
+    return table
+
+
+def test_the_asyncio_face_follows_a_redirect_and_bounds_its_retired_channels(aio_masters):
+    import asyncio
+
+    from cellar.client import aio_rpc
+
+    async def body() -> None:
+        n = rpc.MAX_RETIRED_CHANNELS + 2
+        for i in range(n):  # m0 -> m1 -> ... each a standby naming the next
+            aio_masters[f"m{i}:1"] = FakeMaster(f"m{i}:1", "standby", leader=f"m{i + 1}:1")
+        aio_masters[f"m{n}:1"] = FakeMaster(f"m{n}:1", epoch=40)
+        channel = aio_rpc.AsyncMasterChannel("m0:1")
+        first = channel._channel
+        reply = await channel.call("Remove", pb.KeysRequest(keys=["k"]), soon(5.0))
+        assert reply.header.epoch == 40 and channel.address == f"m{n}:1"
+        assert channel.generation == n and channel._fence.highest == 40
+        assert len(channel._retired) == rpc.MAX_RETIRED_CHANNELS
+        await asyncio.sleep(0)  # the overflow's close runs on the loop
+        assert first.closed and not channel._retired[-1].closed
+        retired, current = list(channel._retired), channel._channel
+        await channel.aclose()
+        assert all(c.closed for c in retired) and current.closed
+
+    asyncio.run(body())
+
+
+def test_the_asyncio_face_raises_the_fence_without_etcd(aio_masters):
+    import asyncio
+
+    from cellar.client import aio_rpc
+
+    async def body() -> None:
+        aio_masters["l:1"] = FakeMaster("l:1", epoch=10)
+        channel = aio_rpc.AsyncMasterChannel("l:1")
+        channel._fence.check(20, "elsewhere")
+        with pytest.raises(cellar.Unavailable, match="older than 20"):
+            await channel.call("Remove", pb.KeysRequest(keys=["k"]), soon())
+        await channel.aclose()
+
+    asyncio.run(body())
