@@ -26,8 +26,8 @@ is asked again at most once per `FAST_RELEARN_S`. Replies get the same epoch fen
 mapping as gRPC replies.
 
 Leader changes (master high availability, cellar.coord): a call that fails retryably is
-retried against the leader `cellar.coord.follow.next_master` picks, the same policy the storage
-node uses: etcd (`resolve`, rate-limited) is the authority when configured; else the redirect a
+retried against the leader `cellar.coord.follow.next_master` picks (through
+`cellar.coord.link`), the same policy the storage node uses: etcd (`resolve`, rate-limited) is the authority when configured; else the redirect a
 standby or a deposed leader answers with (trailing metadata `cellar-leader`, or
 `leader=HOST:PORT` at the end of the details, also over the fast line); else, when a master
 stops answering altogether, the other masters it knew. A ClusterStatus answered by a standby counts
@@ -35,7 +35,11 @@ as a redirect. Switching replaces the gRPC channel, drops the fast line (the new
 ClusterStatus names its own) and keeps the epoch fence: the new leader's epoch is higher, and
 a reply from an older one still raises, or with etcd is retried at the leader etcd names.
 
-The asyncio face will own a `grpc.aio` channel with the same options and the same mapping.
+Who decides what: every decision above (retry and backoff, redirect, etcd, switch, fence)
+is a plan of `cellar.coord.link`, the one the asyncio face (`cellar.client.aio_rpc`) and the
+storage node use too; this module performs the plans' effects with blocking I/O (threads, the
+gRPC channel, the fast line's sockets) and shares `LinkFace` and `fast_answer` with the asyncio
+face. It must never decide a retry or a switch itself: a fix to failover goes to coord/link.py.
 """
 
 from __future__ import annotations
