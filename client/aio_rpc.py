@@ -5,7 +5,7 @@ What it owns
     bounded UNAVAILABLE retries as the sync channel, `cellar.client.rpc`), a small pool of
     persistent asyncio streams to the master's fast line (`cellar.proto.fastline`: PutStart,
     PutEnd, PutRevoke, GetReplicas, Unpin, Exists, PrefixLen), the epoch fence, and following
-    the leader with the policy every Cellar caller shares (`cellar.coord.follow`).
+    the leader with the decisions every Cellar caller shares (`cellar.coord.link`).
 
 How it differs from the sync channel, and why
     No threads: a call is a coroutine; concurrent calls share the gRPC channel and are
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -34,25 +33,32 @@ import grpc.aio
 
 from cellar.client.connect_args import master_channel, tls_context
 from cellar.client.rpc import (
-    BACKOFF_FIRST_S,
-    BACKOFF_MAX_S,
     CHANNEL_OPTIONS,
     FAST_METHODS,
     FAST_RELEARN_S,
     LEADER_CHECK_AFTER_S,
-    MAX_KNOWN_MASTERS,
     MAX_MESSAGE_BYTES,
-    MAX_RPC_ATTEMPTS,
-    RESOLVE_TIMEOUT_S,
-    fast_line_address,
-    fast_line_refusal,
-    leader_hint,
-    valid_address,
+    MAX_RETIRED_CHANNELS,
+    LinkFace,
+    fast_answer,
+    trailing_metadata,
 )
-from cellar.client.session_state import EpochFence
 from cellar.client.statuses import grpc_error, retryable_grpc
-from cellar.coord.follow import NO_ETCD, EtcdView, may_ask_etcd, next_master
-from cellar.errors import CellarError, Timeout, Unavailable
+from cellar.coord import link as plans
+from cellar.coord.link import (
+    AskEtcd,
+    DropFast,
+    Effect,
+    LinkState,
+    Moved,
+    Plan,
+    Refused,
+    Replied,
+    Sleep,
+    Switch,
+)
+from cellar.coord.redirect import leader_from
+from cellar.errors import CellarError, Timeout
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 
@@ -189,29 +195,19 @@ class AsyncFastLine:
             pipe.close()
 
 
-class AsyncMasterChannel:
-    """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds)."""
+class AsyncMasterChannel(LinkFace):
+    """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds).
+    What to do after each answer is decided by `cellar.coord.link`, as for the sync face."""
 
     def __init__(self, address: str, *, resolve: AsyncResolver | None = None) -> None:
-        self._address = address
+        self._link = LinkState(address, etcd=resolve is not None)
         self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
         self._retired: list[grpc.aio.Channel] = []
-        self._fence = EpochFence()
+        self._closing: set[asyncio.Task[None]] = set()  # retired channels being closed
         self._fast: AsyncFastLine | None = None
         self._fast_relearn_at = 0.0
         self._resolve = resolve
-        self._resolved_at = -math.inf
-        self._known = [address]
-        self._lost: tuple[str, float] = ("", -math.inf)
-        self._failing_since = 0.0
-        self._closed = False
-        self.generation = 0
-        self.switched_at = -math.inf
-
-    @property
-    def address(self) -> str:
-        return self._address
 
     async def call(self, method: str, request: Any, deadline: float) -> Any:
         fast = FAST_METHODS.get(method)
@@ -227,14 +223,14 @@ class AsyncMasterChannel:
 
     async def _call_fast(self, line: AsyncFastLine, method: str, fast: tuple[int, Any],
                          request: Any, deadline: float) -> Any | None:
-        address = self._address
+        address, generation = self._link.address, self._link.generation
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
             raise Timeout(f"{method} to master {address}: timed out")
         method_id, reply_cls = fast
         exchange = line.call(method_id, request.SerializeToString(), remaining_s)
         try:
-            code, data = await (self._watched(exchange, address, deadline)
+            code, data = await (self._watched(exchange, generation, deadline)
                                 if self._resolve is not None else exchange)
         except _LeaderMoved:
             return None  # the channel points at the new leader: gRPC carries the call there
@@ -243,28 +239,9 @@ class AsyncMasterChannel:
         except _FastLineDown:
             self._drop_fast(line)
             return None
-        if code != fastline.OK_CODE:
-            hint = fast_line_refusal(method, address, code, data)
-            if hint:
-                self._drop_fast(line, relearn_s=0.0)
-                await self._redirect(address, hint, deadline)
-            return None  # gRPC carries it, with gRPC's retry rules
-        reply = reply_cls.FromString(data)
-        try:
-            self._fence.check(int(reply.header.epoch), address)
-        except Unavailable:
-            if self._resolve is None:
-                raise
-            self._drop_fast(line, relearn_s=0.0)
-            await self._redirect(address, "", deadline)
-            return None
-        return reply
-
-    def _drop_fast(self, line: AsyncFastLine, relearn_s: float = FAST_RELEARN_S) -> None:
-        if self._fast is line:
-            self._fast = None
-            self._fast_relearn_at = time.monotonic() + relearn_s
-        line.close()
+        answer = fast_answer(method, address, generation, code, data, reply_cls)
+        return await self._drive(plans.fast_reply(self._link, answer, deadline), deadline,
+                                 fast=line)
 
     async def _relearn(self, request: Any, deadline: float) -> AsyncFastLine | None:
         self._fast_relearn_at = time.monotonic() + FAST_RELEARN_S
@@ -275,166 +252,99 @@ class AsyncMasterChannel:
             return None
         return self._fast
 
-    def _learn(self, metadata: Any, address: str) -> None:
-        where = fast_line_address(metadata, address)
-        if where is None or self._closed or address != self._address:
-            return
-        fast = self._fast
-        if fast is None or fast.address != where:
-            self._fast = AsyncFastLine(where[0], where[1], self._tls_ca)
-            if fast is not None:
-                fast.close()
+    def _open_fast(self, host: str, port: int) -> AsyncFastLine:
+        return AsyncFastLine(host, port, self._tls_ca)
 
     async def _call_grpc(self, method: str, request: Any, deadline: float,
                          learn: bool = False) -> Any:
-        backoff_s = BACKOFF_FIRST_S
-        failure = ""
-        redirected = False
-        for _attempt in range(MAX_RPC_ATTEMPTS):
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                break
-            address = self._address
-            hint = ""
-            unreachable = False
-            try:
-                call = getattr(self._stub, method)(request, timeout=remaining_s)
-                reply = await (self._watched(call, address, deadline) if self._resolve is not None
-                               else call)
-                metadata = await call.trailing_metadata() if learn else None
-            except _LeaderMoved as moved:
-                failure = f"{method} to master {address}: {moved}"
-                redirected = False
-                continue  # the channel already points at the new leader
-            except grpc.aio.AioRpcError as exc:
-                code, details = exc.code(), exc.details() or ""
-                if not retryable_grpc(code):
-                    raise grpc_error(method, address, code, details) from None
-                failure = f"{method} to master {address}: {details or 'unreachable'}"
-                hint = leader_hint(exc)
-                unreachable = not hint and "leader=" not in details
-            else:
-                if method == "ClusterStatus" and reply.role == "standby":
-                    failure = (f"master {address} is a standby "
-                               f"(leader {reply.leader_address or 'unknown'})")
-                    hint = valid_address(reply.leader_address)
-                else:
-                    try:
-                        self._fence.check(int(reply.header.epoch), address)
-                    except Unavailable as exc:
-                        if self._resolve is None:
-                            raise
-                        failure = str(exc)
-                    else:
-                        self._failing_since = 0.0
-                        if learn:
-                            self._learn(metadata, address)
-                        return reply
-            if await self._redirect(address, hint, deadline, unreachable) and not redirected:
-                redirected = True
-                continue
-            redirected = False
-            if deadline - time.monotonic() <= backoff_s:
-                break
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
-        if not failure:
-            raise Timeout(f"{method} to master {self._address}: timed out")
-        raise Unavailable(failure)
+        answer = await self._drive(plans.call(self._link, method, deadline), deadline, request,
+                                   learn)
+        if learn:
+            self._learn_fast(answer.call, answer.address, answer.generation)
+        return answer.reply
 
-    async def _watched(self, call: Any, address: str, deadline: float) -> Any:
-        """The result of `call` (a gRPC call or a fast-line exchange), asking etcd every LEADER_CHECK_AFTER_S while it has none: a
-        master that froze or was cut off answers nothing, and once etcd names another leader
-        the call is cancelled (a deposed master cannot complete it later) and sent there."""
+    # ---- performing what the link decides -----------------------------------------------------
+
+    async def _drive(self, plan: Plan[Any], deadline: float, request: Any = None,
+                     learn: bool = False, fast: AsyncFastLine | None = None) -> Any:
+        async def perform(effect: Effect) -> Any:
+            if isinstance(effect, plans.Attempt):
+                return await self._attempt(effect, request, deadline, learn)
+            if isinstance(effect, AskEtcd):
+                assert self._resolve is not None
+                return await self._resolve(effect.timeout_s)
+            if isinstance(effect, Sleep):
+                await asyncio.sleep(effect.seconds)
+            elif isinstance(effect, Switch):
+                self._switch(effect)
+            elif isinstance(effect, DropFast):
+                assert fast is not None
+                self._drop_fast(fast, effect.relearn_s)
+            return None
+        return await plans.run_async(plan, perform)
+
+    async def _attempt(self, attempt: plans.Attempt, request: Any, deadline: float,
+                       learn: bool) -> Replied | Refused | Moved:
+        address, generation = self._link.address, self._link.generation
+        try:
+            call = getattr(self._stub, attempt.method)(request, timeout=attempt.timeout_s)
+            reply = await (self._watched(call, generation, deadline) if self._resolve is not None
+                           else call)
+            metadata = await call.trailing_metadata() if learn else None
+        except _LeaderMoved as moved:
+            return Moved(address, generation, str(moved))
+        except grpc.aio.AioRpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if not retryable_grpc(code):
+                raise grpc_error(attempt.method, address, code, details) from None
+            return Refused(address, generation, details,
+                           leader_from(trailing_metadata(exc), details))
+        return Replied(address, generation, reply, metadata)
+
+    async def _watched(self, call: Any, generation: int, deadline: float) -> Any:
+        """The result of `call` (a gRPC call or a fast-line exchange), asking etcd every
+        LEADER_CHECK_AFTER_S while it has none: a master that froze or was cut off answers
+        nothing, and once etcd names another leader the call is cancelled (a deposed master
+        cannot complete it later) and sent there."""
         task = asyncio.ensure_future(call)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=LEADER_CHECK_AFTER_S)
                 if done:
                     return task.result()
-                if await self._moved_on(address, deadline):
+                if await self._drive(plans.moved_on(self._link, generation, deadline), deadline):
                     raise _LeaderMoved(f"no answer in {LEADER_CHECK_AFTER_S:g} s and etcd names "
-                                       f"{self._address} as the leader")
+                                       f"{self.address} as the leader")
         finally:
             if not task.done():
                 task.cancel()
 
-    async def _moved_on(self, address: str, deadline: float) -> bool:
-        """Whether etcd names another leader than `address` now (and if so, switch to it)."""
-        if address != self._address:
-            return True
-        now = time.monotonic()
-        if self._resolve is None or not may_ask_etcd(self._resolved_at, now):
-            return False
-        etcd = await self._ask_etcd(deadline, now)
-        target = next_master(current=address, hint="", etcd=etcd, known=self._known,
-                             failing_for_s=0.0, now=now)
-        if address != self._address:
-            return True
-        if not target:
-            return False
-        self._switch(target)
-        return True
-
-    async def _ask_etcd(self, deadline: float, now: float) -> EtcdView:
-        assert self._resolve is not None
-        self._resolved_at = now
-        try:
-            leader = valid_address(await self._resolve(
-                max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
-        except CellarError:
-            leader = ""  # etcd unreachable: a master's redirect is the best guess left
-        return EtcdView(configured=True, asked=True, leader=leader)
-
-    async def _redirect(self, failed: str, hint: str, deadline: float,
-                        unreachable: bool = False) -> bool:
-        """Point the channel at the leader after `failed` did not serve a call (the policy of
-        `cellar.coord.follow`). True when the next attempt goes to another master."""
-        if self._closed:
-            return False
-        if failed != self._address:
-            return True  # another coroutine switched already
-        now = time.monotonic()
-        if not self._failing_since:
-            self._failing_since = now
-        etcd = NO_ETCD
-        if self._resolve is not None:
-            etcd = (await self._ask_etcd(deadline, now) if may_ask_etcd(self._resolved_at, now)
-                    else EtcdView(configured=True))
-        if failed != self._address:
-            return True
-        target = next_master(current=failed, hint=hint, etcd=etcd, known=self._known,
-                             failing_for_s=now - self._failing_since, lost=self._lost, now=now)
-        if unreachable:
-            self._lost = (failed, now)
-        if not target:
-            return False
-        self._switch(target)
-        return True
-
-    def _switch(self, address: str) -> None:
-        old = self._address
+    def _switch(self, switch: Switch) -> None:
+        link = self._link
+        if link.generation != switch.from_generation or link.closed:
+            return  # another coroutine switched first, or the channel closed
+        old = link.switched(switch.target)
         self._retired.append(self._channel)  # calls still in flight on it finish there
-        self._address = address
-        self._channel, self._tls_ca = master_channel(address, CHANNEL_OPTIONS, aio=True)
+        while len(self._retired) > MAX_RETIRED_CHANNELS:  # as the sync face: bounded
+            closing = asyncio.get_running_loop().create_task(
+                self._retired.pop(0).close(grace=None))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        self._channel, self._tls_ca = master_channel(switch.target, CHANNEL_OPTIONS, aio=True)
         self._stub = cellar_pb2_grpc.MasterStub(self._channel)
-        if address not in self._known:
-            self._known.append(address)
-            del self._known[1:-MAX_KNOWN_MASTERS + 1]
         fast, self._fast = self._fast, None
         self._fast_relearn_at = 0.0
         if fast is not None:
             fast.close()
-        self._failing_since = 0.0
-        self.generation += 1
-        self.switched_at = time.monotonic()
-        log.info("following the master leader: %s -> %s", old, address)
+        log.info("following the master leader: %s -> %s", old, switch.target)
 
     async def aclose(self) -> None:
-        self._closed = True
+        self._link.closed = True
         fast, self._fast = self._fast, None
         if fast is not None:
             fast.close()
         channels, self._retired = [self._channel, *self._retired], []
         for channel in channels:
             await channel.close(grace=None)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

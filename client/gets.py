@@ -24,7 +24,7 @@ from typing import Any
 
 from cellar.client.buffers import as_bytes, fresh_bytes, reserve_result_memory
 from cellar.client.checks import NODE_TROUBLE, checksum
-from cellar.client.session_state import NodeHealth, check_range, routes_from_segments
+from cellar.client.session_state import NodeHealth, replica_grant, routes_from_segments
 from cellar.client.statuses import (
     LATE,
     MISS,
@@ -114,17 +114,12 @@ class GetBatch:
                             + [r for r in replicas if r.node_id in bad])
             candidates = e.candidates
             for rep in replicas:
-                # _check_range and grant_from_replica, inlined: this runs once per key
-                entry = routes.get(rep.segment_id)
-                offset, length = rep.offset, rep.length
-                if entry is None or length != size or offset + size > entry[1]:
-                    route, why = check_range(rep, routes, size)
-                    e.failures.append(f"node {rep.node_id}: {why}")
+                checked = replica_grant(rep, routes, size, GRANT_OP_READ)
+                if isinstance(checked, str):
+                    e.failures.append(f"node {rep.node_id}: {checked}")
                     continue
-                g = rep.grant
-                candidates.append((entry[0], Grant(g.op or GRANT_OP_READ, rep.segment_id, offset,
-                                                   length, g.alloc_id, g.epoch, g.expiry_ms,
-                                                   g.key_tag, g.mac), offset))
+                route, grant = checked
+                candidates.append((route, grant, grant.offset))
             if not candidates:
                 e.status = Status.UNAVAILABLE
                 e.message = "no usable replica" + (f" ({'; '.join(e.failures)})" if e.failures else "")

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cellar.client.checks import MAX_PUT_ATTEMPTS, NODE_TROUBLE, checksum
-from cellar.client.session_state import NodeHealth, check_range, routes_from_segments
+from cellar.client.session_state import NodeHealth, replica_grant, routes_from_segments
 from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, Status
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto.grant import GRANT_OP_WRITE, Grant
+from cellar.proto.grant import GRANT_OP_WRITE
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult, hash_views
 from cellar.transfer.frame import WriteMeta
 
@@ -158,19 +158,13 @@ class PutBatch:
             meta = WriteMeta(0 if e.checksum is None else e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
             for rep in replicas:
-                # _check_range and grant_from_replica, inlined: this runs once per key
-                segment_id = rep.segment_id
-                entry = routes.get(segment_id)
-                offset, length = rep.offset, rep.length
-                if entry is None or length != size or offset + size > entry[1]:
-                    _route, why = check_range(rep, routes, size)
-                    self._bad_placement[i] = why
+                checked = replica_grant(rep, routes, size, GRANT_OP_WRITE)
+                if isinstance(checked, str):
+                    self._bad_placement[i] = checked
                     break
-                g = rep.grant
-                planned.append(TransferOp(entry[0], Grant(g.op or GRANT_OP_WRITE, segment_id,
-                                                          offset, length, g.alloc_id, g.epoch,
-                                                          g.expiry_ms, g.key_tag, g.mac),
-                                          offset, value, meta, deferred, parts))
+                route, grant = checked
+                planned.append(TransferOp(route, grant, grant.offset, value, meta, deferred,
+                                          parts))
             else:
                 ops.extend(planned)
                 owners.extend([i] * len(planned))

@@ -26,8 +26,8 @@ is asked again at most once per `FAST_RELEARN_S`. Replies get the same epoch fen
 mapping as gRPC replies.
 
 Leader changes (master high availability, cellar.coord): a call that fails retryably is
-retried against the leader `cellar.coord.follow.next_master` picks, the same policy the storage
-node uses: etcd (`resolve`, rate-limited) is the authority when configured; else the redirect a
+retried against the leader `cellar.coord.follow.next_master` picks (through
+`cellar.coord.link`), the same policy the storage node uses: etcd (`resolve`, rate-limited) is the authority when configured; else the redirect a
 standby or a deposed leader answers with (trailing metadata `cellar-leader`, or
 `leader=HOST:PORT` at the end of the details, also over the fast line); else, when a master
 stops answering altogether, the other masters it knew. A ClusterStatus answered by a standby counts
@@ -35,13 +35,16 @@ as a redirect. Switching replaces the gRPC channel, drops the fast line (the new
 ClusterStatus names its own) and keeps the epoch fence: the new leader's epoch is higher, and
 a reply from an older one still raises, or with etcd is retried at the leader etcd names.
 
-The asyncio face will own a `grpc.aio` channel with the same options and the same mapping.
+Who decides what: every decision above (retry and backoff, redirect, etcd, switch, fence)
+is a plan of `cellar.coord.link`, the one the asyncio face (`cellar.client.aio_rpc`) and the
+storage node use too; this module performs the plans' effects with blocking I/O (threads, the
+gRPC channel, the fast line's sockets) and shares `LinkFace` and `fast_answer` with the asyncio
+face. It must never decide a retry or a switch itself: a fix to failover goes to coord/link.py.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import select
 import socket
 import ssl
@@ -53,25 +56,36 @@ from typing import Any
 import grpc
 
 from cellar.client.connect_args import master_channel, tls_context
-from cellar.client.session_state import EpochFence
 from cellar.client.statuses import grpc_error, retryable_grpc
-from cellar.coord.follow import (
-    MIN_LOOKUP_INTERVAL_S,
-    NO_ETCD,
-    EtcdView,
-    may_ask_etcd,
-    next_master,
+from cellar.coord import link as plans
+from cellar.coord.follow import MIN_LOOKUP_INTERVAL_S
+from cellar.coord.link import (
+    BACKOFF_FIRST_S,
+    BACKOFF_MAX_S,
+    FAST_RELEARN_S,
+    LEADER_CHECK_AFTER_S,
+    MAX_KNOWN_MASTERS,
+    MAX_RPC_ATTEMPTS,
+    RESOLVE_TIMEOUT_S,
+    AskEtcd,
+    DropFast,
+    Effect,
+    EpochFence,
+    LinkState,
+    Moved,
+    Plan,
+    Refused,
+    Replied,
+    Sleep,
+    Switch,
 )
-from cellar.coord.redirect import LEADER_METADATA, leader_from_details
-from cellar.errors import CellarError, Timeout, Unavailable
+from cellar.coord.redirect import leader_from, valid_address
+from cellar.errors import Timeout
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 from cellar.units import parse_host_port
 
 MAX_MESSAGE_BYTES = 4 << 20
-MAX_RPC_ATTEMPTS = 64
-BACKOFF_FIRST_S = 0.02
-BACKOFF_MAX_S = 0.5
 
 # The fast line's contract (frame, method numbers, port metadata) lives in cellar.proto.fastline.
 FAST_PORT_METADATA = fastline.PORT_METADATA
@@ -79,7 +93,6 @@ FAST_FRAME = fastline.FRAME
 FAST_METHODS = {name: (fastline.METHOD_IDS[name], reply)
                 for name, reply in fastline.REPLY_TYPES.items()}
 FAST_MAX_IDLE_CONNECTIONS = 8
-FAST_RELEARN_S = 1.0
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 log = logging.getLogger("cellar.client")
@@ -193,27 +206,23 @@ CHANNEL_OPTIONS = [
 ]
 
 
-# Following the leader (module docstring, "Leader changes").
+# Following the leader (module docstring, "Leader changes"): the decisions are cellar.coord.link.
 Resolver = Callable[[float], str]
 RESOLVE_MIN_INTERVAL_S = MIN_LOOKUP_INTERVAL_S  # at most one etcd lookup per this long
-RESOLVE_TIMEOUT_S = 1.0        # one etcd lookup waits at most this long
-MAX_KNOWN_MASTERS = 8
 MAX_RETIRED_CHANNELS = 4       # old channels kept open for calls still in flight on them
-LEADER_CHECK_AFTER_S = 1.0     # with etcd: a call unanswered this long asks etcd who leads
 
 
 class _Line:
     """One master address and its gRPC channel; replaced whole when the leader changes, so a
     caller that read `MasterChannel._line` once has a consistent (address, stub) pair."""
 
-    __slots__ = ("address", "channel", "failing_since", "generation", "stub", "tls_ca")
+    __slots__ = ("address", "channel", "generation", "stub", "tls_ca")
 
     def __init__(self, address: str, generation: int) -> None:
         self.address = address
         self.channel, self.tls_ca = master_channel(address, CHANNEL_OPTIONS)
         self.stub = cellar_pb2_grpc.MasterStub(self.channel)
         self.generation = generation
-        self.failing_since = 0.0  # monotonic time of the first failure since the last success
 
 
 def fast_line_address(metadata: Any, master_address: str) -> tuple[str, int] | None:
@@ -240,69 +249,99 @@ def fast_line_refusal(method: str, address: str, code: int, data: bytes) -> str:
     if not retryable_grpc(status):
         raise grpc_error(method, address, status, details)
     # A redirect (a standby, a deposed leader): the line goes to the wrong master.
-    return valid_address(leader_from_details(details))
+    return leader_from(None, details)
 
 
-def valid_address(address: str) -> str:
-    """`address` when it is a usable HOST:PORT, else "" (never trust a reply's text)."""
-    if not address or len(address) > 300:
-        return ""
+def fast_answer(method: str, address: str, generation: int, code: int, data: bytes,
+                reply_cls: Any) -> Replied | Refused:
+    """A fast-line exchange as the link's answer (a refusal raises its error unless gRPC
+    should carry the call: `fast_line_refusal`)."""
+    if code != fastline.OK_CODE:
+        return Refused(address, generation, "", fast_line_refusal(method, address, code, data))
+    return Replied(address, generation, reply_cls.FromString(data))
+
+
+class LinkFace:
+    """What both faces keep beside their `LinkState`: the fast line in use and when a lost one
+    may be asked for again; the figures `cellar.client.flows` reads (generation, switched_at)."""
+
+    _link: LinkState
+    _fast: Any
+    _fast_relearn_at: float
+
+    @property
+    def address(self) -> str:
+        return self._link.address
+
+    @property
+    def generation(self) -> int:
+        """Grows by one with every leader change this channel followed."""
+        return self._link.generation
+
+    @property
+    def switches(self) -> int:
+        """Leader changes followed."""
+        return self._link.switches
+
+    @property
+    def switched_at(self) -> float:
+        """Monotonic time of the last leader change followed."""
+        return self._link.switched_at
+
+    @property
+    def _fence(self) -> EpochFence:
+        return self._link.fence
+
+    def _drop_fast(self, line: Any, relearn_s: float = FAST_RELEARN_S) -> None:
+        if self._fast is line:
+            self._fast = None
+            self._fast_relearn_at = time.monotonic() + relearn_s
+        line.close()
+
+    def _learn_fast(self, metadata: Any, address: str, generation: int) -> None:
+        """Open the fast line a ClusterStatus reply of the current master names (if new)."""
+        where = fast_line_address(metadata, address)
+        if where is None or self._link.closed or generation != self._link.generation:
+            return
+        fast = self._fast
+        if fast is None or fast.address != where:
+            self._fast = self._open_fast(where[0], where[1])
+            if fast is not None:
+                fast.close()
+
+    def _open_fast(self, host: str, port: int) -> Any:
+        raise NotImplementedError
+
+
+def trailing_metadata(exc: grpc.RpcError) -> Any:
+    """A gRPC error's trailing metadata, or None (an error raised before any reply has none)."""
     try:
-        parse_host_port(address)
-    except ValueError:
-        return ""
-    return address
-
-
-def leader_hint(exc: grpc.RpcError) -> str:
-    """The leader a redirecting master named: trailing metadata first, then the details."""
-    try:
-        metadata: Any = exc.trailing_metadata()  # type: ignore[attr-defined]
-        for key, value in metadata or ():
-            if key == LEADER_METADATA and isinstance(value, str):
-                return valid_address(value)
+        return exc.trailing_metadata()  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - an error without metadata is not a redirect
-        pass
-    details = (exc.details() if hasattr(exc, "details") else "") or ""
-    return valid_address(leader_from_details(details))
+        return None
 
 
-class MasterChannel:
+class MasterChannel(LinkFace):
     """Calls master RPCs by name against an absolute deadline (`time.monotonic()` seconds).
 
     `resolve` (timeout_s -> the leader's address, "" during an election; raises
     `cellar.Unavailable` when etcd is unreachable) makes etcd the authority on where the
     leader is; without it the channel follows the masters' redirects. `follow=False` talks to
     `address` only and hands back a standby's own ClusterStatus (`cellar status` uses it).
+    What to do after each answer is decided by `cellar.coord.link`; this face performs it.
     """
 
     def __init__(self, address: str, *, fast: bool = True, resolve: Resolver | None = None,
                  follow: bool = True) -> None:
         self.seed = address
+        self._link = LinkState(address, follow=follow, etcd=resolve is not None)
         self._line = _Line(address, 0)
-        self._fence = EpochFence()
         self._use_fast = fast
         self._fast: _FastLine | None = None
         self._fast_relearn_at = 0.0  # when a lost fast line may be asked for again
-        self._closed = False
         self._resolve = resolve
-        self._follow = follow
         self._switch_lock = threading.Lock()
-        self._resolved_at = -math.inf
-        self._lost: tuple[str, float] = ("", -math.inf)  # the last master found unreachable
-        self._known = [address]      # every master this channel talked to, the seed first
         self._retired: list[grpc.Channel] = []
-        self.switches = 0            # leader changes followed
-        self.switched_at = -math.inf  # monotonic time of the last one
-
-    @property
-    def address(self) -> str:
-        return self._line.address
-
-    @property
-    def generation(self) -> int:
-        """Grows by one with every leader change this channel followed."""
-        return self._line.generation
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
         fast = FAST_METHODS.get(method)
@@ -325,9 +364,10 @@ class MasterChannel:
             raise Timeout(f"{method} to master {origin.address}: timed out")
         method_id, reply_cls = fast
         abandon = None
-        if self._resolve is not None and self._follow:
+        if self._resolve is not None and self._link.follow:
             def abandon() -> bool:
-                return self._moved_on(origin, deadline)
+                return self._drive(plans.moved_on(self._link, origin.generation, deadline),
+                                   deadline)
         try:
             code, data = line.call(method_id, request.SerializeToString(), remaining_s, abandon)
         except TimeoutError:
@@ -335,28 +375,8 @@ class MasterChannel:
         except _FastLineDown:
             self._drop_fast(line)
             return None
-        if code != fastline.OK_CODE:
-            hint = fast_line_refusal(method, origin.address, code, data)
-            if hint and self._follow:
-                self._drop_fast(line, relearn_s=0.0)
-                self._redirect(origin, hint, deadline)
-            return None  # gRPC carries it, with gRPC's retry rules
-        reply = reply_cls.FromString(data)
-        try:
-            self._fence.check(int(reply.header.epoch), origin.address)
-        except Unavailable:
-            if self._resolve is None or not self._follow:
-                raise
-            self._drop_fast(line, relearn_s=0.0)
-            self._redirect(origin, "", deadline)
-            return None  # gRPC retries it, against the leader etcd names
-        return reply
-
-    def _drop_fast(self, line: _FastLine, relearn_s: float = FAST_RELEARN_S) -> None:
-        if self._fast is line:
-            self._fast = None
-            self._fast_relearn_at = time.monotonic() + relearn_s
-        line.close()
+        answer = fast_answer(method, origin.address, origin.generation, code, data, reply_cls)
+        return self._drive(plans.fast_reply(self._link, answer, deadline), deadline, fast=line)
 
     def _relearn(self, request: Any, deadline: float) -> _FastLine | None:
         """Ask ClusterStatus for the fast line's port (once per FAST_RELEARN_S at most)."""
@@ -368,83 +388,59 @@ class MasterChannel:
             return None
         return self._fast
 
-    def _learn(self, call: Any, line: _Line) -> None:
-        try:
-            metadata = call.trailing_metadata()
-        except AttributeError:
-            return
-        where = fast_line_address(metadata, line.address)
-        if where is None or self._closed or self._line is not line:
-            return
-        fast = self._fast
-        if fast is None or fast.address != where:
-            self._fast = _FastLine(where[0], where[1], line.tls_ca)
-            if fast is not None:
-                fast.close()
+    def _open_fast(self, host: str, port: int) -> _FastLine:
+        return _FastLine(host, port, self._line.tls_ca)
 
     def _call_grpc(self, method: str, request: Any, deadline: float, learn: bool = False) -> Any:
         want_call = learn and self._use_fast
-        backoff_s = BACKOFF_FIRST_S
-        failure = ""
-        redirected = False  # the previous attempt moved to another master: retry at once
-        for _attempt in range(MAX_RPC_ATTEMPTS):
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                break
-            line = self._line
-            rpc = getattr(line.stub, method)
-            hint = ""
-            unreachable = False
-            try:
-                if self._resolve is not None and self._follow:
-                    reply, call = self._watched(line, rpc, request, remaining_s, deadline)
-                elif want_call:
-                    reply, call = rpc.with_call(request, timeout=remaining_s)
-                else:
-                    reply = rpc(request, timeout=remaining_s)
-            except _LeaderMoved as moved:
-                failure = f"{method} to master {line.address}: {moved}"
-                redirected = False
-                continue  # the channel already points at the new leader
-            except grpc.RpcError as exc:
-                code = exc.code() if hasattr(exc, "code") else None
-                details = (exc.details() if hasattr(exc, "details") else "") or ""
-                if not retryable_grpc(code):
-                    raise grpc_error(method, line.address, code, details) from None
-                failure = f"{method} to master {line.address}: {details or 'unreachable'}"
-                hint = leader_hint(exc)
-                unreachable = not hint and "leader=" not in details  # no answer, not a refusal
-            else:
-                if method == "ClusterStatus" and reply.role == "standby" and self._follow:
-                    failure = (f"master {line.address} is a standby "
-                               f"(leader {reply.leader_address or 'unknown'})")
-                    hint = valid_address(reply.leader_address)
-                else:
-                    try:
-                        self._fence.check(int(reply.header.epoch), line.address)
-                    except Unavailable as exc:
-                        if self._resolve is None or not self._follow:
-                            raise
-                        failure = str(exc)  # a deposed leader: ask etcd who leads now
-                    else:
-                        if line.failing_since:
-                            line.failing_since = 0.0
-                        if want_call:
-                            self._learn(call, line)
-                        return reply
-            if self._redirect(line, hint, deadline, unreachable) and not redirected:
-                redirected = True
-                continue
-            redirected = False
-            if deadline - time.monotonic() <= backoff_s:
-                break
-            time.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
-        if not failure:
-            raise Timeout(f"{method} to master {self.address}: timed out")
-        raise Unavailable(failure)
+        answer = self._drive(plans.call(self._link, method, deadline), deadline, request,
+                             want_call)
+        if want_call and hasattr(answer.call, "trailing_metadata"):
+            self._learn_fast(answer.call.trailing_metadata(), answer.address, answer.generation)
+        return answer.reply
 
-    # ---- following the leader --------------------------------------------------------------
+    # ---- performing what the link decides -----------------------------------------------------
+
+    def _drive(self, plan: Plan[Any], deadline: float, request: Any = None,
+               want_call: bool = False, fast: _FastLine | None = None) -> Any:
+        def perform(effect: Effect) -> Any:
+            if isinstance(effect, plans.Attempt):
+                return self._attempt(effect, request, deadline, want_call)
+            if isinstance(effect, AskEtcd):
+                assert self._resolve is not None
+                return self._resolve(effect.timeout_s)
+            if isinstance(effect, Sleep):
+                time.sleep(effect.seconds)
+            elif isinstance(effect, Switch):
+                self._switch(effect)
+            elif isinstance(effect, DropFast):
+                assert fast is not None
+                self._drop_fast(fast, effect.relearn_s)
+            return None
+        return plans.run_sync(plan, perform)
+
+    def _attempt(self, attempt: plans.Attempt, request: Any, deadline: float,
+                 want_call: bool) -> Replied | Refused | Moved:
+        line = self._line
+        rpc = getattr(line.stub, attempt.method)
+        call = None
+        try:
+            if self._resolve is not None and self._link.follow:
+                reply, call = self._watched(line, rpc, request, attempt.timeout_s, deadline)
+            elif want_call:
+                reply, call = rpc.with_call(request, timeout=attempt.timeout_s)
+            else:
+                reply = rpc(request, timeout=attempt.timeout_s)
+        except _LeaderMoved as moved:
+            return Moved(line.address, line.generation, str(moved))
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            details = (exc.details() if hasattr(exc, "details") else "") or ""
+            if not retryable_grpc(code):
+                raise grpc_error(attempt.method, line.address, code, details) from None
+            return Refused(line.address, line.generation, details,
+                           leader_from(trailing_metadata(exc), details))
+        return Replied(line.address, line.generation, reply, call)
 
     def _watched(self, line: _Line, rpc: Any, request: Any, timeout_s: float,
                  deadline: float) -> tuple[Any, Any]:
@@ -460,89 +456,32 @@ class MasterChannel:
                 if time.monotonic() > deadline + LEADER_CHECK_AFTER_S:  # gRPC's own deadline failed
                     future.cancel()
                     raise Timeout(f"master {line.address}: no answer by the deadline") from None
-                if self._moved_on(line, deadline):
+                if self._drive(plans.moved_on(self._link, line.generation, deadline), deadline):
                     future.cancel()
                     raise _LeaderMoved(f"no answer in {LEADER_CHECK_AFTER_S:g} s and etcd names "
                                        f"{self.address} as the leader") from None
 
-    def _moved_on(self, line: _Line, deadline: float) -> bool:
-        """With etcd: whether the leader is now another master than `line`'s (and, if so,
-        point the channel there). Rate-limited like every etcd lookup of this channel."""
-        if self._line is not line:
-            return True
-        now = time.monotonic()
-        if self._resolve is None or not may_ask_etcd(self._resolved_at, now):
-            return False
-        target = next_master(current=line.address, hint="", etcd=self._ask_etcd(deadline, now),
-                             known=self._known, failing_for_s=0.0, now=now)
-        if not target:
-            return False  # etcd still names this master, names none, or is unreachable
-        with self._switch_lock:
-            if self._line is line and not self._closed:
-                self._switch(target)
-        return True
-
-    def _redirect(self, failed: _Line, hint: str, deadline: float,
-                  unreachable: bool = False) -> bool:
-        """After `failed` did not serve a call: point the channel at the leader. True when the
-        next attempt goes to another master (this call switched, or another caller did).
-        `unreachable`: the master did not answer at all (not a refusal naming no leader)."""
-        if not self._follow or self._closed:
-            return False
-        now = time.monotonic()
-        if not failed.failing_since:
-            failed.failing_since = now
-        with self._switch_lock:
-            if self._line is not failed:
-                return True
-            target = self._leader_address(failed, hint, deadline, now)
-            if unreachable:
-                self._lost = (failed.address, now)
-            if not target or self._closed:
-                return False
-            self._switch(target)
-            return True
-
-    def _leader_address(self, failed: _Line, hint: str, deadline: float, now: float) -> str:
-        """Where the leader is now (`cellar.coord.follow`), or "" when that is not known (yet)."""
-        etcd = NO_ETCD
-        if self._resolve is not None:
-            etcd = (self._ask_etcd(deadline, now) if may_ask_etcd(self._resolved_at, now)
-                    else EtcdView(configured=True))
-        return next_master(current=failed.address, hint=hint, etcd=etcd, known=self._known,
-                           failing_for_s=now - failed.failing_since, lost=self._lost, now=now)
-
-    def _ask_etcd(self, deadline: float, now: float) -> EtcdView:
-        assert self._resolve is not None
-        self._resolved_at = now
-        try:
-            leader = valid_address(
-                self._resolve(max(0.05, min(RESOLVE_TIMEOUT_S, deadline - now))))
-        except CellarError:
-            leader = ""  # etcd unreachable: a master's redirect is the best guess left
-        return EtcdView(configured=True, asked=True, leader=leader)
-
-    def _switch(self, address: str) -> None:
-        """Send every next call to `address`; the fast line is learned again from it. The
+    def _switch(self, switch: Switch) -> None:
+        """Send every next call to `switch.target`; the fast line is learned again from it. The
         epoch fence stays: the new leader's epoch is higher, an older master's is refused."""
-        old = self._line
-        self._line = _Line(address, old.generation + 1)
-        if address not in self._known:
-            self._known.append(address)
-            del self._known[1:-MAX_KNOWN_MASTERS + 1]  # keep the seed and the newest
-        self._retired.append(old.channel)
-        while len(self._retired) > MAX_RETIRED_CHANNELS:
-            self._retired.pop(0).close()
-        fast, self._fast = self._fast, None
-        self._fast_relearn_at = 0.0
+        with self._switch_lock:
+            link = self._link
+            if link.generation != switch.from_generation or link.closed:
+                return  # another caller switched first, or the channel closed
+            old = self._line
+            link.switched(switch.target)
+            self._line = _Line(switch.target, link.generation)
+            self._retired.append(old.channel)
+            while len(self._retired) > MAX_RETIRED_CHANNELS:
+                self._retired.pop(0).close()
+            fast, self._fast = self._fast, None
+            self._fast_relearn_at = 0.0
         if fast is not None:
             fast.close()
-        self.switches += 1
-        self.switched_at = time.monotonic()
-        log.info("following the master leader: %s -> %s", old.address, address)
+        log.info("following the master leader: %s -> %s", old.address, switch.target)
 
     def close(self) -> None:
-        self._closed = True
+        self._link.closed = True
         fast, self._fast = self._fast, None
         if fast is not None:
             fast.close()
@@ -552,3 +491,11 @@ class MasterChannel:
         for channel in retired:
             channel.close()
         line.channel.close()
+
+
+__all__ = [
+    "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "CHANNEL_OPTIONS", "FAST_METHODS", "FAST_RELEARN_S",
+    "LEADER_CHECK_AFTER_S", "MAX_KNOWN_MASTERS", "MAX_MESSAGE_BYTES", "MAX_RPC_ATTEMPTS",
+    "RESOLVE_MIN_INTERVAL_S", "RESOLVE_TIMEOUT_S", "MasterChannel", "fast_line_address",
+    "fast_line_refusal", "trailing_metadata", "valid_address",
+]

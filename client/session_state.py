@@ -5,7 +5,8 @@ two clients share one core):
     - `checks`   argument validation and the client's limits
     - `statuses` per-key statuses, MISS/LATE, status and gRPC code -> exception
     - `core`     (this module) reply decoding (segment routes, grants, the status summary) and
-                 the shared state: `NodeHealth`, `UnpinQueue`, `EpochFence`, `TransportSet`
+                 the shared state: `NodeHealth`, `UnpinQueue`, `TransportSet` (`EpochFence`
+                 lives with the master link's decisions, `cellar.coord.link`)
                  (which transport moves which op, and how one transfer round is budgeted)
     - `puts`     the put state machine (`PutBatch`)
     - `gets`     the get state machine (`GetBatch`) and its deadline-bounded form
@@ -40,7 +41,7 @@ from cellar.client.checks import (
     attempt_budget_s,
 )
 from cellar.client.statuses import check_result_count
-from cellar.errors import Unavailable
+from cellar.coord.link import EpochFence as EpochFence  # its home is the master link
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
 from cellar.transfer.base import (
@@ -65,15 +66,15 @@ def routes_from_segments(segments: Iterable[Any]) -> dict[int, tuple[SegmentRout
 
 
 def grant_from_replica(replica: Any, op: int) -> Grant:
-    """The proto grant of a replica as the data plane's `Grant` (range = the replica's range)."""
+    """The proto grant of a replica as the data plane's `Grant` (range = the replica's range).
+    Proto fields are already int and bytes: no conversions on this per-replica path."""
     g = replica.grant
-    return Grant(int(g.op) or op, int(replica.segment_id), int(replica.offset),
-                 int(replica.length), int(g.alloc_id), int(g.epoch), int(g.expiry_ms),
-                 int(g.key_tag), bytes(g.mac))
+    return Grant(g.op or op, replica.segment_id, replica.offset, replica.length, g.alloc_id,
+                 g.epoch, g.expiry_ms, g.key_tag, g.mac)
 
 
 def check_range(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]],
-                 size: int) -> tuple[SegmentRoute | None, str]:
+                size: int) -> tuple[SegmentRoute | None, str]:
     """The route of a replica whose range is sane, or None and why not."""
     entry = routes.get(int(replica.segment_id))
     if entry is None:
@@ -85,6 +86,20 @@ def check_range(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]],
         return None, (f"replica [{replica.offset}, +{size}) outside segment {replica.segment_id} "
                       f"of {segment_bytes} bytes")
     return route, ""
+
+
+def replica_grant(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]], size: int,
+                  op: int) -> tuple[SegmentRoute, Grant] | str:
+    """The route and grant of a replica whose range is sane (`check_range`), else why not; the
+    one check puts and gets make per replica. Measured (timeit, Python 3.11, the 2-core dev
+    box, min of 21 interleaved runs of 50,000): this call costs 0.13 us per replica more than
+    the inlined copy puts.py and gets.py had (1.36 vs 1.23 us), against about 65 us per key of
+    a batched 64 KiB get (15,978 ops/s, bench/results/2026-11-29-vm.md): 0.2%, not worth a
+    second copy of the rule."""
+    entry = routes.get(replica.segment_id)
+    if entry is None or replica.length != size or replica.offset + size > entry[1]:
+        return check_range(replica, routes, size)[1]
+    return entry[0], grant_from_replica(replica, op)
 
 
 def status_to_dict(reply: Any) -> dict[str, Any]:
@@ -227,23 +242,6 @@ class UnpinQueue:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-
-class EpochFence:
-    """Refuses replies from a master older than one already heard from (a deposed leader)."""
-
-    def __init__(self) -> None:
-        self.highest = 0
-        self._lock = threading.Lock()
-
-    def check(self, epoch: int, address: str) -> None:
-        with self._lock:
-            if epoch >= self.highest:
-                self.highest = epoch
-                return
-            highest = self.highest
-        raise Unavailable(f"master {address} answered with epoch {epoch}, older than {highest}: "
-                          "it is no longer the leader")
 
 
 class TransportSet:

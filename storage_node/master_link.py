@@ -6,7 +6,7 @@ Which master (issue 6, HA): `master` is either a fixed HOST:PORT or `etcd://H:P[
   DEADLINE_EXCEEDED) or redirects; lookups are spaced at least MIN_LOOKUP_INTERVAL_S apart.
   etcd is the authority; when it is unreachable or names no leader (election under way) the
   node keeps trying the master it has (or the one a redirect named).
-- Which master next is decided by `cellar.coord.follow.next_master`, the policy the SDK uses
+- Which master next is decided by `cellar.coord.link.node_target` (`next_master`), the policy the SDK uses
   too: etcd, when configured, is the authority (a redirect, UNAVAILABLE with trailing metadata
   `cellar-leader` or details ending in `leader=H:P`, is checked against it and followed only
   when etcd cannot say); without etcd a redirect is followed at once, and when the leader it
@@ -33,7 +33,7 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
   * first mount of this process (its index may have been restored from the journal), or a
     master with another epoch (it restarted, or a new leader): WRITING entries are dropped,
     the mount says `report_follows`, and the SEALED entries are sent with ReportObjects, per
-    segment in batches of at most REPORT_BATCH_ENTRIES / REPORT_BATCH_BYTES, the last one
+    segment in batches of at most REPORT_BATCH_ENTRIES / REPORT_BATCH_BYTES (mount_report.py), the last one
     flagged `last`. The master adopts them and places nothing new in a segment before its
     `last`. Entries it refuses (range taken, older version of a key) are dropped here.
   * the same master forgot this node (`remount=true` with an unchanged epoch: it expired us,
@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -66,8 +65,9 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from cellar.coord.follow import NO_ETCD, EtcdView, next_master, stale_redirect
-from cellar.coord.redirect import LEADER_METADATA, leader_from_details
+from cellar.coord.follow import NO_ETCD, EtcdView
+from cellar.coord.link import LinkState, node_failure, node_target
+from cellar.coord.redirect import leader_from
 from cellar.coord.target import LeaderRecord, is_etcd_url, parse_etcd_url
 from cellar.credentials import default_tls_ca
 from cellar.errors import Unavailable
@@ -75,24 +75,21 @@ from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
+from cellar.storage_node.mount_report import report_batches, segment_infos
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
 from cellar.tls import read_pem
-from cellar.units import parse_host_port
 
 log = logging.getLogger("cellar.node.control")
 
 INITIAL_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 2.0
 UNMOUNT_TIMEOUT_S = 2.0
-REPORT_BATCH_ENTRIES = 2000
-REPORT_BATCH_BYTES = 2 << 20  # well under the master's 4 MiB message limit
 MIN_LOOKUP_INTERVAL_S = 0.25  # at most 4 etcd lookups a second per node
 LOOKUP_TIMEOUT_S = 2.0
 FAILOVER_POLL_S = 0.25  # retry period while the leader may be changing (etcd or redirects)
 FOLLOW_MAX_BACKOFF_S = 0.5  # mount retry bound when the leader may be changing
 FOLLOW_HEARTBEAT_TIMEOUT_S = 1.0  # heartbeat deadline floor when the leader may be changing
-NO_LEADER_DETAILS = "leader=?"  # how a standby that knows no leader ends its refusal
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED)
@@ -117,27 +114,6 @@ class LeaderSource(Protocol):
     def leader(self, timeout_s: float = ...) -> LeaderRecord | None: ...
 
     def close(self) -> None: ...
-
-
-def redirect_of(exc: grpc.aio.AioRpcError) -> str:
-    """The leader address a refused RPC names (coord/redirect.py), or ""."""
-    if exc.code() != grpc.StatusCode.UNAVAILABLE:
-        return ""
-    address = ""
-    try:
-        metadata: Any = exc.trailing_metadata() or ()
-        for key, value in metadata:
-            if key == LEADER_METADATA:
-                address = value.decode() if isinstance(value, bytes) else str(value)
-                break
-    except (TypeError, ValueError):
-        address = ""
-    address = address or leader_from_details(exc.details() or "")
-    try:
-        parse_host_port(address)
-    except ValueError:
-        return ""  # none, or malformed: never dial what a peer made up
-    return address
 
 
 class ControlLoop:
@@ -174,9 +150,8 @@ class ControlLoop:
         self._discovery: LeaderSource | None = None
         if is_etcd_url(master):
             self._discovery = discovery or _etcd_discovery(master)
-            self.master = ""
-        else:
-            self.master = master
+        # which master, the last one lost, since when it fails: decided in cellar.coord.link
+        self._link = LinkState("" if self._discovery else master, etcd=self._discovery is not None)
         self.master_source = "config"  # or the etcd url, or "redirect from H:P"
         self.leader_id = ""             # the leader's master id, when etcd named it
         self.leader_epoch = 0           # the epoch etcd published for it (0 = not from etcd)
@@ -209,10 +184,16 @@ class ControlLoop:
         self._redirected = False       # a redirect was followed since the last good mount
         self._next_lookup_at = 0.0     # loop time before which etcd is not asked again
         self._election = False         # the last refusal came from a standby naming no leader
-        self._last_unreachable = ("", -math.inf)  # (address, loop time) of the last master lost
-        self._failing_since = 0.0      # loop time of the first failure since the last success
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
+
+    @property
+    def master(self) -> str:
+        """The address the node talks to now ("" until etcd named a leader)."""
+        return self._link.address
+
+    def _succeeded(self) -> None:
+        self._link.succeeded(self._link.generation)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -319,7 +300,7 @@ class ControlLoop:
 
     async def _follow(self, stop: asyncio.Event) -> None:
         """Pick the master for the next RPC (after a failure, a redirect, or at start) with the
-        policy every Cellar caller shares (`cellar.coord.follow.next_master`)."""
+        policy every Cellar caller shares (`cellar.coord.link.node_target`)."""
         redirect, self._redirect = self._redirect, ""
         self._resolve_due = False
         record: LeaderRecord | None = None
@@ -328,16 +309,9 @@ class ControlLoop:
             record = await self._lookup(stop)
             etcd = EtcdView(configured=True, asked=True,
                             leader=record.address if record is not None else "")
-        now = asyncio.get_running_loop().time()
-        known = [self.configured_master] if self._discovery is None else []
-        if self.master and self.master not in known:
-            known.append(self.master)
-        failing_for_s = now - self._failing_since if self._failing_since else 0.0
-        # rotate_after_s=0: this loop is only entered after a failed RPC, and its retries are
-        # spaced by FAILOVER_POLL_S already; the new leader's rebuild waits for this node.
-        target = next_master(current=self.master, hint=redirect, etcd=etcd, known=known,
-                             failing_for_s=failing_for_s, lost=self._last_unreachable, now=now,
-                             rotate_after_s=0.0)
+        target = node_target(self._link, hint=redirect, etcd=etcd,
+                             configured=self.configured_master,
+                             now=asyncio.get_running_loop().time())
         if record is not None:
             self.leader_id, self.leader_epoch = record.master_id, record.epoch
         previous = self.master or "?"
@@ -396,7 +370,7 @@ class ControlLoop:
             return
         previous = self.master
         await self._close_channel()
-        self.master = address
+        self._link.switched(address)
         self.master_source = source
         self.leader_id, self.leader_epoch = "", 0
         self.master_changes += 1
@@ -410,18 +384,8 @@ class ControlLoop:
     # ---- mount -------------------------------------------------------------------------
 
     def segment_infos(self) -> list[pb.SegmentInfo]:
-        return [
-            pb.SegmentInfo(
-                segment_id=s.segment_id, node_id=self.node_id, size_bytes=s.size_bytes,
-                host_id=self.host_id,
-                endpoints=[
-                    pb.Endpoint(transport="tcp", address=self.tcp_address),
-                    pb.Endpoint(transport="shm", address=str(s.path) if s.path else ""),
-                    *self.extra_endpoints.get(s.segment_id, []),
-                ],
-            )
-            for s in self.segments
-        ]
+        return segment_infos(self.segments, self.node_id, self.host_id, self.tcp_address,
+                             self.extra_endpoints)
 
     async def _try_mount(self) -> bool:
         now_ms = self.clock.now_ms()
@@ -453,7 +417,7 @@ class ControlLoop:
             refused.append(f"{len(reply.results)} results for {len(self.segments)} segments")
         if refused:
             self.connected = True
-            self._failing_since = 0.0
+            self._succeeded()
             self.last_error = "mount refused: " + "; ".join(refused)
             self._log_state("refused", logging.ERROR, "master %s refused the mount: %s",
                             self.master, "; ".join(refused))
@@ -473,7 +437,7 @@ class ControlLoop:
         self._mounted_epoch = reply.header.epoch
         self.mounted = True
         self.connected = True
-        self._failing_since = 0.0
+        self._succeeded()
         self.mount_count += 1
         self.last_error = ""
         self._log_state(
@@ -487,41 +451,24 @@ class ControlLoop:
 
     async def _report(self, entries: list[Any]) -> bool:
         """Send the index to the master, segment by segment; False if it must mount again."""
-        by_segment: dict[int, list[Any]] = {s.segment_id: [] for s in self.segments}
-        for entry in entries:
-            by_segment.setdefault(entry.segment_id, []).append(entry)
         refused: list[int] = []
         stub = self._ensure_channel()
-        for segment_id, items in by_segment.items():
-            start = 0
-            while True:
-                batch: list[pb.ReportedObject] = []
-                size = 0
-                while start < len(items) and len(batch) < REPORT_BATCH_ENTRIES and size < REPORT_BATCH_BYTES:
-                    e = items[start]
-                    start += 1
-                    size += 64 + len(e.key) * 4 + len(e.tenant) * 4
-                    batch.append(pb.ReportedObject(
-                        tenant=e.tenant, key=e.key, alloc_id=e.alloc_id, offset=e.offset,
-                        length=e.length, checksum=e.checksum, epoch=e.epoch))
-                last = start >= len(items)
-                request = pb.ReportObjectsRequest(
-                    header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
-                    segment_id=segment_id, entries=batch, last=last)
-                try:
-                    reply = await stub.ReportObjects(request, timeout=self.master_timeout_s)
-                except grpc.aio.AioRpcError as exc:
-                    self._rpc_failed(exc, waiting=False)
-                    return False
-                if reply.status != pb.OK:
-                    self.last_error = f"report refused: {reply.message}"
-                    self._log_state("report refused", logging.WARNING,
-                                    "master %s refused the index report: %s", self.master,
-                                    reply.message)
-                    return False
-                refused.extend(reply.refused_alloc_ids)
-                if last:
-                    break
+        for segment_id, batch, last in report_batches(entries, [s.segment_id for s in self.segments]):
+            request = pb.ReportObjectsRequest(
+                header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
+                segment_id=segment_id, entries=batch, last=last)
+            try:
+                reply = await stub.ReportObjects(request, timeout=self.master_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                self._rpc_failed(exc, waiting=False)
+                return False
+            if reply.status != pb.OK:
+                self.last_error = f"report refused: {reply.message}"
+                self._log_state("report refused", logging.WARNING,
+                                "master %s refused the index report: %s", self.master,
+                                reply.message)
+                return False
+            refused.extend(reply.refused_alloc_ids)
         dropped = self.index.drop_alloc_ids(refused)
         self.reported = len(entries)
         self.report_refused = dropped
@@ -550,7 +497,7 @@ class ControlLoop:
         self.lost_reported += len(lost)
         self.clock.observe(reply.header.master_time_ms, sent, wall_ms())
         self.connected = True
-        self._failing_since = 0.0
+        self._succeeded()
         if reply.remount:
             self.mounted = False
             # A master with another epoch starts empty: rebuild it. The same master forgot us
@@ -577,25 +524,20 @@ class ControlLoop:
         code = exc.code()
         self.connected = False
         self.last_error = f"{code.name}: {exc.details() or ''}".strip()
-        redirect = redirect_of(exc)
-        self._election = code == grpc.StatusCode.UNAVAILABLE and (
-            exc.details() or "").endswith(NO_LEADER_DETAILS)
-        now = asyncio.get_running_loop().time()
-        if not self._failing_since:
-            self._failing_since = now
-        if stale_redirect(redirect, self._last_unreachable, now):
-            # A standby still names the leader we just lost (its lease has not lapsed yet):
-            # an election is coming, so wait here instead of bouncing between the two.
-            redirect = ""
-            self._election = True
-        if redirect and redirect != self.master:
-            self._redirect = redirect
-            self._log_state(f"redirect {redirect}", logging.INFO,
-                            "master %s is not the leader; it names %s", self.master, redirect)
+        details = exc.details() or ""
+        unavailable = code == grpc.StatusCode.UNAVAILABLE
+        failure = node_failure(
+            self._link, unavailable=unavailable, unreachable=code in _UNREACHABLE,
+            details=details, now=asyncio.get_running_loop().time(),
+            hint=leader_from(exc.trailing_metadata(), details) if unavailable else "")
+        self._election = failure.election
+        if failure.redirect:
+            self._redirect = failure.redirect
+            self._log_state(f"redirect {failure.redirect}", logging.INFO,
+                            "master %s is not the leader; it names %s", self.master,
+                            failure.redirect)
             return
-        if code in _UNREACHABLE:
-            if not self._election:
-                self._last_unreachable = (self.master, now)
+        if failure.unreachable:
             # With etcd, ask it who leads now; with a fixed address, `_follow` decides whether
             # to go back to the configured master.
             self._resolve_due = self._following()

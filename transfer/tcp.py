@@ -89,13 +89,22 @@ from cellar.transfer.frame import (
     REQUEST_MAGIC,
     RESP_FLAG_CLOSE,
     RESPONSE,
-    RESPONSE_MAGIC,
     ST_OK,
     VERSION,
     FrameError,
-    decode_response,
 )
-from cellar.transfer.tcp_plan import Chunk, Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+from cellar.transfer.tcp_plan import (
+    Chunk,
+    Desync,
+    Plan,
+    add_request,
+    check_response,
+    deal,
+    fail_chunks,
+    finish,
+    lanes_for,
+    plan_batch,
+)
 from cellar.transfer.tls_sock import dial
 
 # Per-connection receive buffer for response headers and error messages.
@@ -103,10 +112,6 @@ INBOX_BYTES = 64 << 10
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 _ZERO_MAC = bytes(16)
 RESPONSE_SIZE = RESPONSE.size
-
-
-class _Desync(Exception):
-    """A response that does not answer the request it should (id, length, status shape)."""
 
 
 class _Conn:
@@ -303,16 +308,15 @@ class TcpTransport(Transport):
             t0 = time.perf_counter()
             send_all(sock, (REQUEST.pack(REQUEST_MAGIC, VERSION, OP_PING, 0, 0, rid, 0, 0, 0, 0,
                                          0, 0, 0, _ZERO_MAC, 0, 0),))
-            hdr = decode_response(conn.inbox.take(RESPONSE.size),
-                                  max_payload_bytes=self.max_frame_payload_bytes)
+            status, _, _ = check_response(conn.inbox.take(RESPONSE_SIZE), rid, 0, False)
             rtt = time.perf_counter() - t0
-            if hdr.request_id != rid or hdr.length != 0 or hdr.status != ST_OK:
-                raise ConnectionError(f"{address}: bad ping reply (status {hdr.status})")
+            if status != ST_OK:
+                raise ConnectionError(f"{address}: bad ping reply (status {status})")
             reusable = True
             return rtt
         except TIMEOUT_ERRORS as e:
             raise TimeoutError(f"{address}: ping timed out") from e
-        except (OSError, FrameError) as e:
+        except (OSError, FrameError, Desync) as e:
             raise ConnectionError(f"{address}: {e}") from e
         finally:
             if conn is not None:
@@ -413,11 +417,9 @@ class TcpTransport(Transport):
         """Pipelined requests and in-order responses; True if the connection is still in sync."""
         sock, inbox = conn.sock, conn.inbox
         metas, fail, hashed, sums = plan.metas, plan.fail, plan.hashed, plan.sums
-        pack = REQUEST.pack
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
-        unpack_response = RESPONSE.unpack
         pending: deque[tuple[int, int, tuple[memoryview, ...], int]] = deque()
         n = len(chunks)
         i = 0
@@ -430,18 +432,11 @@ class TcpTransport(Transport):
                     conn.bound_io(remaining)
                     parts: list[bytes | memoryview] = []
                     while i < n and len(pending) < window and len(parts) < MAX_IOV - 2:
-                        op_i, offset, views, size, g = chunks[i]
+                        chunk = chunks[i]
+                        op_i, _, views, size, _ = chunk
                         rid = conn.next_id
                         conn.next_id = rid + 1
-                        meta = metas[op_i]
-                        head = pack(REQUEST_MAGIC, VERSION, op_code, 0, len(meta), rid,
-                                    g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
-                                    g.expiry_ms, g.key_tag, g.mac, offset, size)
-                        if is_write:
-                            parts.append(head + meta)
-                            parts.extend(views)  # scatter-gather: one iovec per part
-                        else:
-                            parts.append(head)
+                        add_request(parts, op_code, rid, chunk, metas[op_i])
                         pending.append((rid, op_i, views, size))
                         i += 1
                     send_all(sock, parts)
@@ -449,19 +444,12 @@ class TcpTransport(Transport):
                 view = views[0]
                 if time.monotonic() > deadline:
                     raise TimeoutError("deadline passed")
-                # decode_response's checks, inlined: this runs once per chunk
                 if is_write:
                     head, early = inbox.take(RESPONSE_SIZE), 0
                 else:  # header into the inbox, payload straight into the destination
                     head, early = inbox.take_scatter(RESPONSE_SIZE, view)
-                magic, version, status, flags, msg_len, got_rid, length = unpack_response(head)
-                if magic != RESPONSE_MAGIC or version != VERSION or msg_len > MAX_MESSAGE_BYTES:
-                    raise _Desync("bad response header")
-                if got_rid != rid:
-                    raise _Desync(f"response to request {got_rid}, expected {rid}")
+                status, flags, msg_len = check_response(head, rid, size, not is_write)
                 if status == ST_OK:
-                    if length != (0 if is_write else size):
-                        raise _Desync(f"response length {length} for {size} bytes")
                     if not is_write:
                         if len(views) == 1:
                             inbox.read_into(view[early:])
@@ -475,8 +463,6 @@ class TcpTransport(Transport):
                     continue
                 if early:  # they were not payload: the message and what follows it
                     inbox.unread(view[:early])
-                if length:
-                    raise _Desync("error response with a payload")
                 msg = bytes(inbox.take(msg_len)).decode("utf-8", "replace")
                 pending.popleft()
                 if fail[op_i] is None:
@@ -486,7 +472,7 @@ class TcpTransport(Transport):
             return True
         except TIMEOUT_ERRORS as e:
             status, why = ST_TIMEOUT, f"{address}: timed out ({e or type(e).__name__})"
-        except (OSError, FrameError, _Desync) as e:
+        except (OSError, FrameError, Desync) as e:
             status, why = ST_CONNECTION_LOST, f"{address}: {e}"
         for _, op_i, _, _ in pending:
             if fail[op_i] is None:

@@ -67,16 +67,21 @@ from cellar.transfer.frame import (
     OP_COMMIT,
     OP_READ,
     OP_WRITE,
-    REQUEST,
-    REQUEST_MAGIC,
     RESP_FLAG_CLOSE,
     RESPONSE,
-    RESPONSE_MAGIC,
     ST_OK,
-    VERSION,
 )
-from cellar.transfer.tcp_async_frames import Desync, Frame, Wait, wake
-from cellar.transfer.tcp_plan import Plan, deal, fail_chunks, finish, lanes_for, plan_batch
+from cellar.transfer.tcp_async_frames import Frame, Wait, wake
+from cellar.transfer.tcp_plan import (
+    Plan,
+    add_request,
+    check_response,
+    deal,
+    fail_chunks,
+    finish,
+    lanes_for,
+    plan_batch,
+)
 from cellar.transfer.tls_async import start_tls
 from cellar.transfer.tls_sock import split_endpoint
 
@@ -200,23 +205,16 @@ class _Channel:
                     finally:
                         self._writer_wake = None
                 parts: list[bytes | memoryview] = []
-                pack = REQUEST.pack
                 while self.queue and len(self.sent) < self.window and len(parts) < MAX_IOV - 2:
                     frame = self.queue.popleft()
                     if frame.cancelled:  # its batch ended before it left: never send it
                         self.load_bytes -= frame.chunk[3]
                         frame.finish(ST_TIMEOUT, "cancelled before it was sent")
                         continue
-                    op_i, offset, views, size, g = frame.chunk
                     rid = frame.rid = self.next_id
                     self.next_id += 1
-                    meta = frame.plan.metas[op_i]
-                    head = pack(REQUEST_MAGIC, VERSION, frame.op_code, 0, len(meta), rid,
-                                g.segment_id, g.offset, g.length, g.alloc_id, g.epoch,
-                                g.expiry_ms, g.key_tag, g.mac, offset, size)
-                    parts.append(head + meta if meta else head)
-                    if frame.op_code == OP_WRITE:
-                        parts.extend(views)  # scatter-gather: one iovec per part
+                    add_request(parts, frame.op_code, rid, frame.chunk,
+                                frame.plan.metas[frame.chunk[0]])
                     self.sent.append(frame)
                 if self.sent and self._reader_wake is not None:
                     wake(self._reader_wake)  # an idle reader now has a reply to wait for
@@ -306,15 +304,9 @@ class _Channel:
                 head, early = inbox.take(RESPONSE_SIZE), 0
         except BlockingIOError:
             return False
-        magic, version, status, flags, msg_len, rid, length = RESPONSE.unpack(head)
-        if magic != RESPONSE_MAGIC or version != VERSION or msg_len > MAX_MESSAGE_BYTES:
-            raise Desync("bad response header")
-        if rid != frame.rid:
-            raise Desync(f"response to request {rid}, expected {frame.rid}")
+        status, flags, msg_len = check_response(head, frame.rid, size, is_read)
         self.load_bytes -= size
         if status == ST_OK:
-            if length != (size if is_read else 0):
-                raise Desync(f"response length {length} for {size} bytes")
             if is_read:
                 self._rest = [] if frame.cancelled else inbox.drain_into(views, early)
                 self._left = size - early if frame.cancelled else sum(len(v) for v in self._rest)
@@ -324,8 +316,6 @@ class _Channel:
             return True
         if early:  # not payload after all: the error message and whatever follows it
             inbox.unread(views[0][:early])
-        if length:
-            raise Desync("error response with a payload")
         self._error = (status, msg_len, flags)
         self._stage = _MESSAGE
         return True

@@ -13,12 +13,9 @@ from typing import Any
 
 from cellar.transfer.base import TransferResult
 from cellar.transfer.frame import ST_OK
-from cellar.transfer.tcp_plan import Chunk, Plan
+from cellar.transfer.tcp_plan import Chunk, Desync, Plan
 
-
-class Desync(Exception):
-    """A reply that does not answer the request it should."""
-
+__all__ = ["Desync", "Frame", "Wait", "wake"]  # Desync lives with the reply check (tcp_plan)
 
 class Wait:
     """One batch's outstanding frames: a count and the future its caller awaits."""

@@ -15,7 +15,8 @@ import grpc.aio
 import pytest
 from test_node_master_link import FakeMaster, start_master, until
 
-from cellar.coord.redirect import LEADER_METADATA, redirect_details
+from cellar.coord.link import LinkState, node_failure
+from cellar.coord.redirect import LEADER_METADATA, leader_from, redirect_details
 from cellar.coord.target import LeaderRecord
 from cellar.errors import ConfigError, Unavailable
 from cellar.proto import cellar_pb2 as pb
@@ -24,7 +25,7 @@ from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.config import NodeConfig
 from cellar.storage_node.index import ObjectIndex
-from cellar.storage_node.master_link import ControlLoop, redirect_of
+from cellar.storage_node.master_link import ControlLoop
 from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import ST_STALE_EPOCH, FrameError, RequestHeader, WriteMeta
 
@@ -366,20 +367,27 @@ def test_old_epoch_grants_refused_after_remount_on_a_new_leader() -> None:
     run_loop(URL, body, discovery, index=index, clock=clock)
 
 
-def test_redirect_of() -> None:
+def test_the_one_redirect_reader_reads_grpc_aio_errors() -> None:
+    """The node reads a refusal with coord/redirect.py's `leader_from`, as both SDK faces do;
+    a redirect only counts when the status is UNAVAILABLE (`coord.link.node_failure`)."""
     def err(code: grpc.StatusCode, details: str,
             trailing: tuple[tuple[str, str], ...] = ()) -> grpc.aio.AioRpcError:
         return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing),
                                     details)
 
+    def read(exc: grpc.aio.AioRpcError) -> str:
+        return leader_from(exc.trailing_metadata(), exc.details() or "")
+
     unavailable = grpc.StatusCode.UNAVAILABLE
     details = redirect_details("m2", "standby", "10.0.0.1:7000", 3)
-    assert redirect_of(err(unavailable, details)) == "10.0.0.1:7000"
-    assert redirect_of(err(unavailable, "x", ((LEADER_METADATA, "10.0.0.2:1"),))) == "10.0.0.2:1"
-    assert redirect_of(err(unavailable, redirect_details("m2", "standby", "", 0))) == ""
-    assert redirect_of(err(unavailable, "connection refused")) == ""
-    assert redirect_of(err(unavailable, "leader=not-an-address")) == ""
-    assert redirect_of(err(grpc.StatusCode.INTERNAL, details)) == ""
+    assert read(err(unavailable, details)) == "10.0.0.1:7000"
+    assert read(err(unavailable, "x", ((LEADER_METADATA, "10.0.0.2:1"),))) == "10.0.0.2:1"
+    assert read(err(unavailable, redirect_details("m2", "standby", "", 0))) == ""
+    assert read(err(unavailable, "connection refused")) == ""
+    assert read(err(unavailable, "leader=not-an-address")) == ""
+    internal = node_failure(LinkState("m:1"), unavailable=False, unreachable=False,
+                            details=details, hint="10.0.0.1:7000", now=1.0)
+    assert internal.redirect == "" and not internal.unreachable
 
 
 def test_config_accepts_etcd_urls_and_names_the_field_of_a_bad_one(tmp_path: Any) -> None:

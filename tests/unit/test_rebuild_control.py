@@ -89,3 +89,19 @@ def test_mount_time_is_the_write_floor() -> None:
                                grant_expiry_ms=wall_ms() + 60_000)
 
     run(body)
+
+
+def test_report_batches_are_bounded_and_every_segment_ends_with_last() -> None:
+    """The rebuild report (storage_node/mount_report.py): at most REPORT_BATCH_ENTRIES per
+    batch, every mounted segment reported (an empty one too), one `last` per segment."""
+    from types import SimpleNamespace
+
+    from cellar.storage_node import mount_report
+
+    entries = [SimpleNamespace(segment_id=1, tenant="t", key=f"k{i}", alloc_id=i, offset=i,
+                               length=1, checksum=0, epoch=1)
+               for i in range(mount_report.REPORT_BATCH_ENTRIES + 5)]
+    batches = list(mount_report.report_batches(entries, [1, 2]))
+    assert [(s, len(b), last) for s, b, last in batches] == [
+        (1, mount_report.REPORT_BATCH_ENTRIES, False), (1, 5, True), (2, 0, True)]
+    assert [e.alloc_id for _, b, _ in batches for e in b] == list(range(len(entries)))
