@@ -114,11 +114,16 @@ engine-venv-lmcache:
 
 test-engines: test-engines-sglang test-engines-lmcache
 
+# An engine missing from its venv fails here: the engine tests themselves would only skip.
+ENGINE_PRESENT := -c "import importlib.util as u, sys; sys.exit(u.find_spec(sys.argv[1]) is None and sys.argv[1] + ' is missing from its engine venv')"
+
 test-engines-sglang:
+	$(ENGINE_VENV) run sglang -- $(ENGINE_PRESENT) sglang
 	nice -n 10 $(ENGINE_VENV) run sglang -- $(ENGINE_PYTEST) tests/engines tests/compat/test_mooncake_sglang.py -k sglang
 
 # LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
 test-engines-lmcache:
+	$(ENGINE_VENV) run lmcache -- $(ENGINE_PRESENT) lmcache
 	nice -n 10 $(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache
 
 bench-engines: bench-engines-lmcache

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import xxhash
-from faultkit import header, raw_stub, write_with
+from faultkit import header, locations, raw_stub, write_with
 
 import cellar
 from cellar.client.session_state import grant_from_replica
@@ -57,10 +57,14 @@ def test_forged_expired_and_reused_grants_change_nothing(fault_cluster):
         assert write_with(rep, started.segments, "a", data, digest).ok
         assert stub.PutEnd(pb.PutEndRequest(header=header(), items=[pb.PutEndItem(
             key="a", put_id=started.results[0].put_id, checksum=digest)])).results[0].status == pb.OK
-        assert client.get("a") == data
+        # Visible, checked through the raw stub and unpinned at once: a pin held by the SDK
+        # (its unpin rides on a later call) would delay the free and "b" would land elsewhere.
+        assert locations(stub, ["a"])["a"][0].offset == rep.offset
+        assert seg_file.read_bytes()[region] == data
 
-        # Freed and reallocated: remove "a", place "b" of the same size (the allocator hands
-        # the same block back), write it; the old grant of "a" must not touch "b".
+        # Freed and reallocated: remove "a", place "b" of the same size (one node, nothing else
+        # allocated: the allocator hands the same block back), write it; the old grant of "a"
+        # must not touch "b".
         client.remove("a")
         other = bytes(reversed(data))
         other_digest = xxhash.xxh3_64_intdigest(other)
@@ -69,11 +73,12 @@ def test_forged_expired_and_reused_grants_change_nothing(fault_cluster):
         assert write_with(brep, b.segments, "b", other, other_digest).ok
         assert stub.PutEnd(pb.PutEndRequest(header=header(), items=[pb.PutEndItem(
             key="b", put_id=b.results[0].put_id, checksum=other_digest)])).results[0].status == pb.OK
+        assert (brep.segment_id, brep.offset) == (rep.segment_id, rep.offset), \
+            "the range of a was not reused: the test would prove nothing"
         bregion = slice(brep.offset, brep.offset + len(other))
         snapshot = seg_file.read_bytes()[bregion]
         result = write_with(rep, started.segments, "a", data, digest)
         assert not result.ok, result
         assert seg_file.read_bytes()[bregion] == snapshot == other
         assert client.get("b") == other
-        if brep.offset == rep.offset:
-            assert "freed" in result.message or "complete" in result.message, result
+        assert "freed" in result.message or "complete" in result.message, result

@@ -35,9 +35,12 @@ def test_async_client_follows_the_new_leader_after_kill_9():
                 assert await client.get("ha-async/after") == b"new leader"
                 assert await client.prefix_len(list(before)) == OBJECTS
                 assert client.master_address != first_master
+                return client.master_address
 
-        asyncio.run(body())
-        assert cluster.leader(not_index=old) != old
+        followed = asyncio.run(body())
+        new = cluster.leader(not_index=old)  # waits until one master other than old leads
+        assert followed == cluster.masters[new].address, "the client ended at another master"
+        assert cluster.roles()[old] == ""  # killed: it answers nothing
 
 
 @pytest.mark.timeout(180)
@@ -48,17 +51,21 @@ def test_async_client_leaves_a_frozen_leader_for_the_one_etcd_names():
     with ha_cluster(nodes=2, lease_ttl_s=3) as cluster:
         old = cluster.leader()
 
-        async def body() -> None:
+        async def body() -> str:
             async with cellar.AsyncClient(cluster.etcd_url, timeout_s=25.0) as client:
                 await client.put("ha-frozen/before", b"v1")
+                assert client.master_address == cluster.masters[old].address
                 cluster.signal_master(signal.SIGSTOP, old)
                 try:
                     assert await client.get("ha-frozen/before") == b"v1"
                     await client.put("ha-frozen/after", b"v2")
                     assert await client.exists_many(["ha-frozen/before", "ha-frozen/after"]) \
                         == [True, True]
+                    return client.master_address  # where the calls above were answered
                 finally:
                     cluster.signal_master(signal.SIGCONT, old)
 
-        asyncio.run(body())
-        assert cluster.leader(not_index=old) != old
+        answered_by = asyncio.run(body())
+        new = cluster.leader(not_index=old)  # waits until one master other than old leads
+        assert answered_by == cluster.masters[new].address, "the frozen leader answered"
+        assert cluster.roles()[old] != "leader"

@@ -1,8 +1,8 @@
 """kill -9 the leader of etcd + 2 masters + 3 nodes during a stream of puts and gets: the standby
 takes over with a larger epoch, every object acknowledged before the kill is readable byte-exact
 afterwards, and the SDK retried through the failover (no call failed before its own timeout).
-The failover time (kill -> first successful put issued after it) is reported, not asserted
-beyond a sanity bound; `make failover` measures it 5 times (bench/failover.py)."""
+The failover time (kill -> first successful put issued after it) is reported, never asserted
+(the test's timeout bounds a hang); `make failover` measures it 5 times (bench/failover.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from cellar.bench.failover import run_failover
 
 CLIENT_TIMEOUT_S = 20.0
 OBJECTS = 1000
-SANITY_FAILOVER_S = 30.0   # not a performance bound: a failover this slow means it hung
 
 
 @pytest.mark.timeout(180)
@@ -44,7 +43,6 @@ def test_kill_9_leader_under_traffic(record_property):
         assert run.puts_ok_after_kill > 0 and run.gets_ok_after_kill > 0
         early = [e for e in run.stream_errors if e["elapsed_s"] < CLIENT_TIMEOUT_S * 0.95]
         assert early == [], f"calls failed before their timeout: {early[:5]}"
-        assert run.failover_s < SANITY_FAILOVER_S
 
         # the killed master comes back as a standby of the new leader, which stays
         cluster.start_master(old)

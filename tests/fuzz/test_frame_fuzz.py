@@ -1,29 +1,29 @@
 """Hostile bytes at a running TcpDataServer: it never crashes, keeps serving a well-behaved
 client, and no stored byte changes without a valid grant.
 
-The segment behind the server is the grant-checking `MemAccess` of the integration suite.
-Everything here is bounded (a fixed seed, a few hundred connections, a short idle timeout).
+The gate behind the server is the storage node's own: `NodeAccess` with a real `ObjectIndex`
+(`TransferNode(index=ObjectIndex())`, tests/support/transfer_node.py) over an in-memory
+segment, so a refusal here is the node's refusal. Everything here is bounded (a fixed seed, a few hundred connections, a short idle timeout).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import itertools
 import logging
 import os
 import random
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cellar.proto.grant import key_tag, sign
+from cellar.storage_node.index import ObjectIndex
 from cellar.transfer.frame import (
     MAX_META_BYTES,
     OP_PING,
@@ -45,22 +45,10 @@ from cellar.transfer.frame import (
 )
 from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
+from tests.support.transfer_node import SECRET, SEGMENT_ID, TransferNode, rop, route_to, wop
 
+_allocs = itertools.count(1 << 40)  # the well-behaved client's allocation ids, never reused
 
-def _load_suite() -> Any:
-    """The integration suite's grant-checking segment double, loaded by path (no package)."""
-    path = Path(__file__).resolve().parents[1] / "integration" / "test_tcp_transport.py"
-    spec = importlib.util.spec_from_file_location("_cellar_tcp_suite", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_suite = _load_suite()
-SECRET, SEGMENT_ID, MemAccess = _suite.SECRET, _suite.SEGMENT_ID, _suite.MemAccess
-rop, route_to, wop = _suite.rop, _suite.route_to, _suite.wop
 
 LIMIT = 1 << 20
 GOOD_BYTES = 64 << 10  # the well-behaved client's region; fuzzers can never touch the rest
@@ -74,7 +62,8 @@ def _digest(access: Any) -> bytes:
 @pytest.fixture
 def setup(caplog: pytest.LogCaptureFixture) -> Iterator[tuple[TcpDataServer, Any, bytes]]:
     caplog.set_level(logging.ERROR, logger="cellar.transfer")
-    access = MemAccess(8 << 20)
+    access = TransferNode(8 << 20, index=ObjectIndex())
+    assert type(access.index) is ObjectIndex  # the node's own gate, index included
     access.view[:] = random.Random(SEED).randbytes(len(access.view))
     srv = TcpDataServer(access, "127.0.0.1", 0, max_frame_payload_bytes=LIMIT,
                         max_connections=64, idle_timeout_s=0.5)
@@ -126,9 +115,10 @@ def _assert_healthy(srv: TcpDataServer, access: Any) -> None:
     t = TcpTransport(connections_per_node=2, chunk_bytes=16 << 10)
     try:
         data = os.urandom(GOOD_BYTES)
-        assert all(r.ok for r in t.write([wop(route, 0, data)], 5))
+        alloc = next(_allocs)
+        assert all(r.ok for r in t.write([wop(route, 0, data, alloc=alloc)], 5))
         out = bytearray(GOOD_BYTES)
-        assert all(r.ok for r in t.read([rop(route, 0, out)], 5))
+        assert all(r.ok for r in t.read([rop(route, 0, out, alloc=alloc)], 5))
         assert out == data
     finally:
         t.close()
@@ -234,6 +224,14 @@ def test_refused_writes_are_drained_and_the_connection_lives(
         assert _response(s)[:2] == (ST_BAD_GRANT, 5)
         s.sendall(_header(OP_PING, rid=6))
         assert _response(s) == (ST_OK, 6, 0)
+        # the real grant with one MAC bit flipped, or stretched past what was signed, and every
+        # other field right: only the MAC check stands between these bytes and the segment
+        flipped = bytes([real.mac[0] ^ 1]) + real.mac[1:]
+        for rid, glen, mac in ((7, real.length, flipped), (8, 2 * real.length, real.mac)):
+            s.sendall(_header(OP_WRITE, rid=rid, meta_len=len(meta), offset=GOOD_BYTES,
+                              length=1000, goff=real.offset, glen=glen, mac=mac,
+                              tag=real.key_tag, expiry_ms=real.expiry_ms) + meta + os.urandom(1000))
+            assert _response(s)[:2] == (ST_BAD_GRANT, rid)
     finally:
         s.close()
     assert not access.written_calls
@@ -315,8 +313,12 @@ def test_slow_senders_are_dropped_and_others_served(
     for th in threads:
         th.start()
     _assert_healthy(srv, access)  # served while the slow ones hang around
-    time.sleep(1.0)  # > idle_timeout_s for the silent ones
+    # the silent ten are dropped (idle_timeout_s); polled, with a deadline far above it
+    deadline = time.monotonic() + 10
+    while srv.stats.snapshot()["active_connections"] > 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert srv.stats.snapshot()["active_connections"] <= 10
+    assert all(th.is_alive() for th in threads)  # while the dribblers still dribble
     stop.set()
     for th in threads:
         th.join()

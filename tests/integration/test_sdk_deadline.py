@@ -10,6 +10,7 @@ not read; a budget of 0 reads nothing; a negative one is refused.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -17,6 +18,7 @@ import pytest
 
 import cellar
 from cellar.client.rpc import MasterChannel
+from cellar.devtools.local_cluster import fetch_status
 from cellar.proto import cellar_pb2 as pb
 from tests.support.faces import FACES, open_face
 from tests.support.pins import pins_after_release
@@ -28,7 +30,9 @@ KEYS = 24
 
 @pytest.fixture(scope="module")
 def cluster(module_cluster):
-    return module_cluster(nodes=2, segment_size="160MiB", allow_unknown_tenants="true")
+    # node http on: the test asks a resumed node how many reads it has served
+    return module_cluster(nodes=2, segment_size="160MiB", allow_unknown_tenants="true",
+                          node_flags={"http": "127.0.0.1:0"})
 
 
 @pytest.fixture(params=FACES)
@@ -59,6 +63,16 @@ def node_of_keys(cluster, tenant: str, keys: list[str]) -> list[str]:
     return [r.replicas[0].node_id for r in reply.results]
 
 
+def node_data_plane(cluster, index: int) -> dict:
+    """Node `index`'s data-server counters (its /api/v1/status `data_plane`)."""
+    log = cluster.nodes[index].log_path.read_text(errors="replace")
+    found = re.search(r"serving tcp \S+ \(http (\S+?),", log)
+    assert found and found.group(1) != "off", "the node serves no status page"
+    status = fetch_status(found.group(1), 5.0)
+    assert status is not None, "the node's status page did not answer"
+    return status["data_plane"]
+
+
 def test_a_frozen_node_makes_its_keys_late_and_nothing_lands_afterwards(cluster, client):
     keys = [f"dl/{i:02d}" for i in range(KEYS)]
     assert client.put_many([(k, value(i)) for i, k in enumerate(keys)]) == [cellar.Status.OK] * KEYS
@@ -67,6 +81,7 @@ def test_a_frozen_node_makes_its_keys_late_and_nothing_lands_afterwards(cluster,
     assert len(set(holders)) == 2, holders  # both nodes hold some keys
     frozen = next(i for i, n in enumerate(cluster.nodes) if n.node_id == frozen_id)
     buffers = [bytearray([SENTINEL]) * OBJECT_BYTES for _ in keys]
+    served_before = node_data_plane(cluster, frozen)["requests"]["read"]
     cluster.signal_node(frozen, signal.SIGSTOP)
     try:
         results = client.get_many_into(keys, buffers, timeout_s=1.0)
@@ -82,7 +97,16 @@ def test_a_frozen_node_makes_its_keys_late_and_nothing_lands_afterwards(cluster,
     untouched = bytes([SENTINEL]) * 128
     assert after_return == [untouched] * len(late)
     # The node resumes and answers the reads it was sent; none of it may reach the buffers.
-    time.sleep(1.0)
+    # Wait until it has answered what it was sent (its read count grew, and it has closed
+    # the connections the client gave up on), not a fixed sleep: a slow resumed node would
+    # otherwise leave this check with nothing to check.
+    deadline = time.monotonic() + 30
+    while True:
+        plane = node_data_plane(cluster, frozen)
+        if plane["requests"]["read"] > served_before and not plane["active_connections"]:
+            break
+        assert time.monotonic() < deadline, f"the resumed node did not answer: {plane}"
+        time.sleep(0.1)
     for i in late:
         assert buffers[i].count(SENTINEL) == OBJECT_BYTES, keys[i]
     assert pins_after_release(cluster) == 0

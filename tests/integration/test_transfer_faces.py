@@ -1,6 +1,6 @@
 """Scatter-gather, the asyncio TCP transport and the cancellation guarantee, against a real
-TcpDataServer on 127.0.0.1 (in this process, in front of `MemAccess`, which checks grants as a
-storage node does; see tests/support/transfer_node.py).
+TcpDataServer on 127.0.0.1 (in this process, in front of `TransferNode`, the storage node's own
+grant checks; see tests/support/transfer_node.py).
 
 The cancellation tests slow the node on purpose (a read that waits before its reply, or a link
 that trickles the reply), let the transport's deadline pass, and then wait until the node has
@@ -25,7 +25,7 @@ from cellar.transfer.tcp_async import AsyncTcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
 from tests.support.slow_proxy import SlowProxy
 from tests.support.transfer_node import (  # noqa: F401 - the fixtures access, server, route
-    MemAccess,
+    TransferNode,
     access_fixture,
     pop,
     rop,
@@ -78,7 +78,7 @@ def _async_tcp() -> AsyncTcpTransport:
 # -- scatter-gather ------------------------------------------------------------------------
 
 def test_sync_parts_write_and_read_across_chunk_and_part_boundaries(
-        sync_tcp: TcpTransport, route: SegmentRoute, access: MemAccess) -> None:
+        sync_tcp: TcpTransport, route: SegmentRoute, access: TransferNode) -> None:
     data = os.urandom(TOTAL)
     parts = _split(data, PART_SIZES)
     assert [r.ok for r in sync_tcp.write([pop(route, 4096, parts, write=True)], 30)] == [True]
@@ -102,7 +102,7 @@ def test_sync_one_frame_parts_read_reports_the_checksum_over_all_parts(
 
 
 def test_parts_op_outside_its_grant_fails_alone_before_a_byte_moves(
-        sync_tcp: TcpTransport, route: SegmentRoute, access: MemAccess) -> None:
+        sync_tcp: TcpTransport, route: SegmentRoute, access: TransferNode) -> None:
     good = pop(route, 0, [b"ab", b"cd"], write=True)
     bad = pop(route, 8192, [b"x" * 10, b"y" * 10], write=True)
     bad.parts = (*bad.parts, memoryview(b"z"))  # 21 bytes against a 20-byte grant
@@ -114,7 +114,7 @@ def test_parts_op_outside_its_grant_fails_alone_before_a_byte_moves(
 # -- the asyncio transport -----------------------------------------------------------------
 
 def test_async_plain_and_parts_roundtrip_exact_bytes(route: SegmentRoute,
-                                                     access: MemAccess) -> None:
+                                                     access: TransferNode) -> None:
     async def main() -> None:
         t = _async_tcp()
         try:
@@ -143,7 +143,7 @@ def test_async_plain_and_parts_roundtrip_exact_bytes(route: SegmentRoute,
 
 
 @RUNNERS
-def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemAccess,
+def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: TransferNode,
                                                run) -> None:
     blobs = [os.urandom(64 << 10) for _ in range(64)]
     for i, b in enumerate(blobs):
@@ -170,7 +170,7 @@ def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: MemA
 
 
 def test_async_bad_op_fails_alone_and_unreachable_node_fails_alone(
-        route: SegmentRoute, access: MemAccess) -> None:
+        route: SegmentRoute, access: TransferNode) -> None:
     async def main() -> None:
         t = _async_tcp()
         try:
@@ -219,7 +219,7 @@ def _wait_until(predicate, timeout_s: float = 10.0) -> None:
 
 
 def test_sync_read_that_times_out_never_writes_afterwards(route: SegmentRoute,
-                                                          access: MemAccess,
+                                                          access: TransferNode,
                                                           sync_tcp: TcpTransport) -> None:
     access.view[0:1 << 20] = os.urandom(1 << 20)
     access.delay_s = 0.5  # every read reply waits half a second
@@ -236,7 +236,7 @@ def test_sync_read_that_times_out_never_writes_afterwards(route: SegmentRoute,
 
 @RUNNERS
 def test_async_read_cancelled_mid_payload_never_writes_afterwards(server: TcpDataServer,
-                                                                  access: MemAccess,
+                                                                  access: TransferNode,
                                                                   run) -> None:
     proxy = SlowProxy(("127.0.0.1", server.port), piece_bytes=16 << 10, pause_s=0.01)
     route = route_to(proxy.address)
@@ -280,7 +280,7 @@ def test_async_read_cancelled_mid_payload_never_writes_afterwards(server: TcpDat
 
 
 def test_async_zero_budget_returns_at_once_untouched(route: SegmentRoute,
-                                                     access: MemAccess) -> None:
+                                                     access: TransferNode) -> None:
     async def main() -> None:
         t = _async_tcp()
         try:

@@ -86,12 +86,20 @@ def test_a_revoked_token_stops_working_at_once(cluster: SecurityCluster) -> None
         assert alice.get("rev/1") == b"x"
 
 
-def test_refusals_are_counted_by_reason(cluster: SecurityCluster, stub) -> None:  # type: ignore[no-untyped-def]
-    header = pb.RequestHeader(tenant="alice", client_id="x", token=cluster.bob)
-    code_of(lambda: stub.Exists(pb.KeysRequest(header=header, keys=["k"])))
+def _foreign_tenant_refusals(cluster: SecurityCluster) -> tuple[float, str]:
     with urllib.request.urlopen(f"{cluster.http_url}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    line = next(x for x in text.splitlines()
-                if x.startswith('master_auth_refusals_total{reason="foreign_tenant"}'))
-    assert float(line.split()[-1]) >= 1
+    line = next((x for x in text.splitlines()
+                 if x.startswith('master_auth_refusals_total{reason="foreign_tenant"}')), None)
+    return (0.0 if line is None else float(line.split()[-1])), text
+
+
+def test_refusals_are_counted_by_reason(cluster: SecurityCluster, stub) -> None:  # type: ignore[no-untyped-def]
+    # before and after: earlier tests of this module refused foreign tenants too
+    before, _ = _foreign_tenant_refusals(cluster)
+    header = pb.RequestHeader(tenant="alice", client_id="x", token=cluster.bob)
+    assert code_of(lambda: stub.Exists(pb.KeysRequest(header=header, keys=["k"]))) == \
+        grpc.StatusCode.PERMISSION_DENIED
+    after, text = _foreign_tenant_refusals(cluster)
+    assert after == before + 1
     assert cluster.bob not in text and cluster.alice not in text  # tokens are never shown

@@ -45,7 +45,7 @@ from cellar.transfer.tls_sock import (
     split_endpoint,
 )
 from tests.integration.cut_proxy import CutProxy
-from tests.support.transfer_node import MemAccess, rop, route_to, wop
+from tests.support.transfer_node import TransferNode, rop, route_to, wop
 
 pytest.importorskip("cryptography")
 
@@ -184,7 +184,7 @@ class _Recorder(CutProxy):
 def test_no_payload_byte_crosses_the_wire_in_clear(pki: TlsFiles, tls: bool) -> None:
     marker = os.urandom(32)
     value = marker * (2 * MiB // len(marker))
-    access = MemAccess(8 * MiB)
+    access = TransferNode(8 * MiB)
     context = server_context(str(pki.cert_file), str(pki.key_file)) if tls else None
     with TcpDataServer(access, "127.0.0.1", 0, ssl_context=context) as server:
         proxy = _Recorder(("127.0.0.1", server.port))
@@ -204,7 +204,7 @@ def test_no_payload_byte_crosses_the_wire_in_clear(pki: TlsFiles, tls: bool) -> 
 
 
 def test_a_malformed_frame_over_tls_gets_its_error_then_the_close(pki: TlsFiles) -> None:
-    access = MemAccess(1 * MiB)
+    access = TransferNode(1 * MiB)
     context = server_context(str(pki.cert_file), str(pki.key_file))
     with TcpDataServer(access, "127.0.0.1", 0, ssl_context=context) as server:
         raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
@@ -231,7 +231,7 @@ def test_a_dripped_header_over_tls_meets_the_frame_deadline(pki: TlsFiles) -> No
     context = server_context(str(pki.cert_file), str(pki.key_file))
     header = REQUEST.pack(REQUEST_MAGIC, VERSION, OP_PING, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
                           bytes(16), 0, 0)
-    with TcpDataServer(MemAccess(1 * MiB), "127.0.0.1", 0, ssl_context=context,
+    with TcpDataServer(TransferNode(1 * MiB), "127.0.0.1", 0, ssl_context=context,
                        idle_timeout_s=1.0) as server:
         raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         with client_context(str(pki.ca_file)).wrap_socket(raw, server_hostname="127.0.0.1") as tls:

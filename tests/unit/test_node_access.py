@@ -9,17 +9,8 @@ from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
-from cellar.transfer.frame import (
-    ST_BAD_GRANT,
-    ST_EXPIRED,
-    ST_OUT_OF_RANGE,
-    ST_SEALED,
-    ST_STALE_EPOCH,
-    ST_UNKNOWN_SEGMENT,
-    FrameError,
-    RequestHeader,
-    WriteMeta,
-)
+from cellar.transfer import frame
+from cellar.transfer.frame import FrameError, RequestHeader, WriteMeta
 
 SECRET = bytes(range(32))
 SEG = 42
@@ -86,20 +77,20 @@ def test_write_then_read_round_trip(node: NodeAccess) -> None:
 
 def test_unknown_segment(node: NodeAccess) -> None:
     g = make_grant(segment=SEG + 1)
-    assert status_of(node.writable, request(g), meta()) == ST_UNKNOWN_SEGMENT
+    assert status_of(node.writable, request(g), meta()) == frame.ST_UNKNOWN_SEGMENT
     assert status_of(node.readable, request(make_grant(GRANT_OP_READ, segment=SEG + 1))) == \
-        ST_UNKNOWN_SEGMENT
+        frame.ST_UNKNOWN_SEGMENT
 
 
 def test_bad_mac(node: NodeAccess) -> None:
     forged = make_grant(secret=b"\x01" * 32)
-    assert status_of(node.writable, request(forged), meta()) == ST_BAD_GRANT
+    assert status_of(node.writable, request(forged), meta()) == frame.ST_BAD_GRANT
     g = make_grant()
     stretched = Grant(g.op, g.segment_id, g.offset, g.length * 2, g.alloc_id, g.epoch,
                       g.expiry_ms, g.key_tag, g.mac)
-    assert status_of(node.writable, request(stretched), meta()) == ST_BAD_GRANT
+    assert status_of(node.writable, request(stretched), meta()) == frame.ST_BAD_GRANT
     assert status_of(node.readable, request(make_grant(GRANT_OP_READ, secret=b"\x02" * 32))) == \
-        ST_BAD_GRANT
+        frame.ST_BAD_GRANT
 
 
 def test_wrong_op(node: NodeAccess) -> None:
@@ -107,15 +98,15 @@ def test_wrong_op(node: NodeAccess) -> None:
     req = RequestHeader(GRANT_OP_WRITE, 1, SEG, read_grant.offset, 10, grant=Grant(
         GRANT_OP_WRITE, *[getattr(read_grant, f) for f in (
             "segment_id", "offset", "length", "alloc_id", "epoch", "expiry_ms", "key_tag", "mac")]))
-    assert status_of(node.writable, req, meta()) == ST_BAD_GRANT  # op is under the MAC
+    assert status_of(node.writable, req, meta()) == frame.ST_BAD_GRANT  # op is under the MAC
 
 
 def test_expired(node: NodeAccess) -> None:
     now = wall_ms()
     assert status_of(node.writable, request(make_grant(expiry_ms=now - 5_000)), meta()) == \
-        ST_EXPIRED
+        frame.ST_EXPIRED
     assert status_of(node.readable, request(make_grant(GRANT_OP_READ, expiry_ms=now - 5_000))) \
-        == ST_EXPIRED
+        == frame.ST_EXPIRED
     # inside the allowed skew it still passes
     node.writable(request(make_grant(expiry_ms=now - SKEW_MS // 2)), meta())
 
@@ -123,50 +114,50 @@ def test_expired(node: NodeAccess) -> None:
 def test_clock_offset_is_used(node: NodeAccess) -> None:
     g = make_grant(expiry_ms=wall_ms() + 10_000)
     node.clock.offset_ms = 60_000  # the master's clock runs a minute ahead of ours
-    assert status_of(node.writable, request(g), meta()) == ST_EXPIRED
+    assert status_of(node.writable, request(g), meta()) == frame.ST_EXPIRED
 
 
 def test_stale_epoch(node: NodeAccess) -> None:
     assert status_of(node.writable, request(make_grant(epoch=EPOCH - 1)), meta()) == \
-        ST_STALE_EPOCH
+        frame.ST_STALE_EPOCH
     node.writable(request(make_grant(epoch=EPOCH + 1, alloc=2)), meta())  # newer is fine
 
 
 def test_request_outside_grant(node: NodeAccess) -> None:
     g = make_grant()
-    assert status_of(node.writable, request(g, g.offset - 1, 10), meta()) == ST_OUT_OF_RANGE
-    assert status_of(node.writable, request(g, g.offset + 995, 10), meta()) == ST_OUT_OF_RANGE
+    assert status_of(node.writable, request(g, g.offset - 1, 10), meta()) == frame.ST_OUT_OF_RANGE
+    assert status_of(node.writable, request(g, g.offset + 995, 10), meta()) == frame.ST_OUT_OF_RANGE
     r = make_grant(GRANT_OP_READ)
-    assert status_of(node.readable, request(r, r.offset, r.length + 1)) == ST_OUT_OF_RANGE
+    assert status_of(node.readable, request(r, r.offset, r.length + 1)) == frame.ST_OUT_OF_RANGE
 
 
 def test_range_outside_segment(node: NodeAccess) -> None:
     g = make_grant(offset=SEG_BYTES - 100, length=1000)  # validly signed, past the end
-    assert status_of(node.writable, request(g), meta()) == ST_OUT_OF_RANGE
+    assert status_of(node.writable, request(g), meta()) == frame.ST_OUT_OF_RANGE
     r = make_grant(GRANT_OP_READ, offset=SEG_BYTES, length=1)
-    assert status_of(node.readable, request(r)) == ST_OUT_OF_RANGE
+    assert status_of(node.readable, request(r)) == frame.ST_OUT_OF_RANGE
     huge = make_grant(GRANT_OP_READ, offset=(1 << 63), length=(1 << 63) - 1)
-    assert status_of(node.readable, request(huge)) == ST_OUT_OF_RANGE
+    assert status_of(node.readable, request(huge)) == frame.ST_OUT_OF_RANGE
 
 
 def test_key_tag_mismatch(node: NodeAccess) -> None:
     g = make_grant(key="k")
-    assert status_of(node.writable, request(g), meta(key="other")) == ST_BAD_GRANT
-    assert status_of(node.writable, request(g), meta(tenant="other")) == ST_BAD_GRANT
+    assert status_of(node.writable, request(g), meta(key="other")) == frame.ST_BAD_GRANT
+    assert status_of(node.writable, request(g), meta(tenant="other")) == frame.ST_BAD_GRANT
 
 
 def test_object_must_fit_grant(node: NodeAccess) -> None:
     g = make_grant(length=1000)
-    assert status_of(node.writable, request(g, length=100), meta(size=1001)) == ST_OUT_OF_RANGE
+    assert status_of(node.writable, request(g, length=100), meta(size=1001)) == frame.ST_OUT_OF_RANGE
     # the grant covers a padded block, the object is smaller: writing past the object is refused
     assert status_of(node.writable, request(g, g.offset + 500, 500), meta(size=600)) == \
-        ST_OUT_OF_RANGE
+        frame.ST_OUT_OF_RANGE
 
 
 def test_sealed_alloc_refuses_and_keeps_bytes(node: NodeAccess) -> None:
     g = make_grant()
     write(node, g, b"a" * 1000)
-    assert status_of(node.writable, request(g, g.offset, 10), meta()) == ST_SEALED
+    assert status_of(node.writable, request(g, g.offset, 10), meta()) == frame.ST_SEALED
     r = make_grant(GRANT_OP_READ)
     assert bytes(node.readable(request(r))) == b"a" * 1000
 
@@ -179,7 +170,7 @@ def test_freed_alloc_refused_until_grant_expires(node: NodeAccess) -> None:
     node.written(request(g, g.offset, 10), meta())
     node.index.apply_freed([SimpleNamespace(segment_id=SEG, alloc_id=3, offset=g.offset,
                                             length=g.length)], node.clock.now_ms())
-    assert status_of(node.writable, request(g, g.offset + 10, 10), meta()) == ST_SEALED
+    assert status_of(node.writable, request(g, g.offset + 10, 10), meta()) == frame.ST_SEALED
 
 
 def test_late_writer_cannot_touch_reused_range(node: NodeAccess) -> None:
@@ -188,7 +179,7 @@ def test_late_writer_cannot_touch_reused_range(node: NodeAccess) -> None:
     write(node, old, b"o" * 1000, wmeta=meta(key="old"))
     new = make_grant(alloc=11, key="new")
     write(node, new, b"n" * 1000, wmeta=meta(key="new"))
-    assert status_of(node.writable, request(old, old.offset, 10), meta(key="old")) == ST_SEALED
+    assert status_of(node.writable, request(old, old.offset, 10), meta(key="old")) == frame.ST_SEALED
     assert bytes(node.readable(request(make_grant(GRANT_OP_READ, alloc=11, key="new")))) == b"n" * 1000
     # a read grant of the old allocation reads nothing: the range holds another object now
-    assert status_of(node.readable, request(make_grant(GRANT_OP_READ, alloc=10, key="old"))) == ST_BAD_GRANT
+    assert status_of(node.readable, request(make_grant(GRANT_OP_READ, alloc=10, key="old"))) == frame.ST_BAD_GRANT
