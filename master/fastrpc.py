@@ -57,6 +57,7 @@ from typing import Any
 
 from cellar.proto.fastline import FRAME, METHOD_NAMES
 from cellar.proto.fastline import PORT_METADATA as FAST_PORT_METADATA
+from cellar.refusals import PEER
 
 __all__ = ["FAST_PORT_METADATA", "FastRpcServer"]
 
@@ -172,6 +173,7 @@ class FastRpcServer:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        PEER.set(conn.peer)  # refusal lines name it (this connection's own task)
         dispatch = self.servicer.dispatch
         unpack = FRAME.unpack
         pack = FRAME.pack
