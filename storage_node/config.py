@@ -88,8 +88,31 @@ class NodeConfig:
     )
     max_connections: int = setting(256, "most concurrent data-plane connections", unit="connections")
     max_connections_per_peer: int = setting(
-        64, "most concurrent data-plane connections from one peer address (so one client "
-        "cannot take every slot)", unit="connections"
+        64, "most concurrent data-plane connections from one peer address that have not yet "
+        "sent an authentic grant (a newer one closes the oldest of them; authenticated "
+        "connections never count), so a stranger cannot take any client's slot",
+        unit="connections"
+    )
+    auth_timeout_s: float = setting(
+        1.0, "a data-plane connection must send a frame with an authentic grant within this of "
+        "being accepted, or it is closed", unit=UNIT_SECONDS
+    )
+    http_max_connections: int = setting(
+        256, "most concurrent HTTP connections (/metrics, /health, /api/v1/status)",
+        unit="connections"
+    )
+    http_max_connections_per_peer: int = setting(
+        16, "most concurrent HTTP connections from one peer address (more are closed at once)",
+        unit="connections"
+    )
+    http_header_timeout_s: float = setting(
+        2.0, "an HTTP request's line and headers must arrive within this of its connection",
+        unit=UNIT_SECONDS
+    )
+    refusal_log_interval_s: float = setting(
+        10.0, "at most one log line per peer per this about refused grants, commits and "
+        "connections, with a count (all are counted in node_refusals_total and "
+        "node_connections_refused_total)", unit=UNIT_SECONDS
     )
     idle_timeout_s: float = setting(
         300.0, "a data-plane connection must send each request's header within this of the "
@@ -167,6 +190,13 @@ class NodeConfig:
         require(1 <= self.max_connections_per_peer <= self.max_connections,
                 "max_connections_per_peer", "must be 1..max_connections")
         require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be 0.1s..1 day")
+        require(0.01 <= self.auth_timeout_s <= 60, "auth_timeout_s", "must be 0.01s..60s")
+        require(1 <= self.http_max_connections_per_peer <= self.http_max_connections <= 65536,
+                "http_max_connections_per_peer", "must be 1..http_max_connections (<= 65536)")
+        require(0.1 <= self.http_header_timeout_s <= 3600, "http_header_timeout_s",
+                "must be 0.1s..1 hour")
+        require(0.1 <= self.refusal_log_interval_s <= 86400, "refusal_log_interval_s",
+                "must be 0.1s..1 day")
         require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be 0.1s..1 hour")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")
