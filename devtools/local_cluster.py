@@ -90,7 +90,7 @@ from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-
     tail_of,
 )
 from cellar.devtools.etcd_server import EtcdServer, free_port
-from cellar.lifecycle import PARENT_PID_ENV
+from cellar.lifecycle import PARENT_PID_ENV, open_private_log
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import parse_size_bytes
@@ -589,7 +589,7 @@ class LocalCluster:
         child = Child(name, [sys.executable, "-m", "cellar", *argv], log_path)
         # No preexec_fn (see the module docstring): the child asks for PDEATHSIG itself.
         env = {**self._env, PARENT_PID_ENV: str(os.getpid())}
-        with open(log_path, "wb") as log:
+        with open_private_log(log_path) as log:
             child.proc = subprocess.Popen(
                 child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,
