@@ -431,7 +431,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             # Only the node_listen port asks for a certificate, and gRPC verified it against
             # tls_client_ca_file before this runs; other ports carry no x509 fields.
             peer = node_id_of_peer(context.auth_context().get("x509_common_name", [])) if mtls else ""
-            PEER.set(context.peer())  # refusal lines name it (each RPC runs in its own task)
+            # refusal lines name the address, not the port (each RPC runs in its own task)
+            PEER.set(context.peer().rpartition(":")[0])
             try:
                 identity = check(name, request, peer)
             except AuthRefused as exc:
