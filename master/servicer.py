@@ -432,7 +432,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             # tls_client_ca_file before this runs; other ports carry no x509 fields.
             peer = node_id_of_peer(context.auth_context().get("x509_common_name", [])) if mtls else ""
             # refusal lines name the address, not the port (each RPC runs in its own task)
-            PEER.set(context.peer().rpartition(":")[0])
+            PEER.set(context.peer().partition(":")[2].rpartition(":")[0].strip("[]"))
             try:
                 identity = check(name, request, peer)
             except AuthRefused as exc:
