@@ -142,6 +142,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                          idle_timeout_s=config.idle_timeout_s,
                          frame_timeout_s=config.frame_timeout_s,
                          max_pending_bytes=config.max_pending_bytes)
+    registry.register(fast.collector())
     try:
         servicer.fast_port = await fast.start(host, config.fast_port, server_context(
             config.tls_cert_file, config.tls_key_file) if config.tls_cert_file else None)
