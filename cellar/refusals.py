@@ -8,7 +8,7 @@ log one line per `interval_s`, not a thousand, and never a traceback.
 
 `RefusalLog.note(peer, reason, detail)` logs the first refusal of a peer at once and then at
 most one line per `interval_s` for it; each line says how many refusals it stands for since
-the previous line of that peer. Peers are remembered in a bounded table (`max_peers`); when it
+the previous line of that peer. Peers are remembered in a bounded table (`max_peers` entries); when it
 is full, entries whose interval has passed are dropped, and if none has, refusals of new peers
 share one entry named `OTHER_PEERS`, so the table cannot grow and the log cannot be flooded by
 changing source address either. The detail is cut to DETAIL_CHARS and quoted (`repr`), so
@@ -59,10 +59,10 @@ class RefusalLog:
         with self._lock:
             key = peer or "unknown"
             entry = self._peers.get(key)
-            if entry is None:
-                if len(self._peers) >= self.max_peers:
+            if entry is None:  # room for max_peers - 1 peers and the shared OTHER_PEERS
+                if len(self._peers) >= self.max_peers - 1:
                     self._forget_quiet(now)
-                if len(self._peers) >= self.max_peers:
+                if len(self._peers) >= self.max_peers - 1:
                     key = OTHER_PEERS
                     entry = self._peers.get(key)
                 if entry is None:
