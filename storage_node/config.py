@@ -97,6 +97,12 @@ class NodeConfig:
         1.0, "a data-plane connection must send a frame with an authentic grant within this of "
         "being accepted, or it is closed", unit=UNIT_SECONDS
     )
+    unauthenticated_backoff_s: float = setting(
+        10.0, "a connection from an address that never showed an authentic grant, and that "
+        "ends without one, keeps its slot (of max_connections_per_peer) charged to that "
+        "address for this long, so renewing connections does not help a stranger",
+        unit=UNIT_SECONDS
+    )
     http_max_connections: int = setting(
         256, "most concurrent HTTP connections (/metrics, /health, /api/v1/status)",
         unit="connections"
@@ -191,6 +197,8 @@ class NodeConfig:
                 "max_connections_per_peer", "must be 1..max_connections")
         require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be 0.1s..1 day")
         require(0.01 <= self.auth_timeout_s <= 60, "auth_timeout_s", "must be 0.01s..60s")
+        require(0 <= self.unauthenticated_backoff_s <= 3600, "unauthenticated_backoff_s",
+                "must be 0s..1 hour")
         require(1 <= self.http_max_connections_per_peer <= self.http_max_connections <= 65536,
                 "http_max_connections_per_peer", "must be 1..http_max_connections (<= 65536)")
         require(0.1 <= self.http_header_timeout_s <= 3600, "http_header_timeout_s",

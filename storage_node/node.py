@@ -99,6 +99,8 @@ class StorageNode:
                                         frame_timeout_s=cfg.frame_timeout_s,
                                         ssl_context=self._tls_context(),
                                         auth_timeout_s=cfg.auth_timeout_s,
+                                        unauthenticated_backoff_s=(
+                                            cfg.unauthenticated_backoff_s),
                                         on_refusal=RefusalLog(log, "data port", interval_s=(
                                             cfg.refusal_log_interval_s)).note)
             port = self.server.start()

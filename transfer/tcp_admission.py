@@ -11,14 +11,22 @@ same-host client's put (issue #19). The rule (`TcpDataServer(auth_timeout_s=...)
   PING and RDMA_CONNECT carry no grant and prove nothing.
 - An unauthenticated connection must prove itself within `auth_timeout_s` of accept, or it is
   closed (reason `auth_timeout`). An authenticated one keeps the usual deadlines (idle_timeout_s).
-- Only unauthenticated connections count against `max_connections_per_peer`. A new connection
-  from an address that already holds that many closes the oldest of them (reason
-  `unauthenticated_per_peer`); when all `max_connections` are taken, a new connection closes
-  the oldest unauthenticated one of any address (`unauthenticated_max_connections`), and only
-  when every slot holds an authenticated connection is the new one refused (`max_connections`).
-  So a stranger can hold at most max_connections_per_peer slots per address for at most
-  auth_timeout_s each, and never a slot an authenticated client holds or needs: a client's new
-  connection sends its grant within a round trip, long before a flood could push it out.
+- Only unauthenticated connections count against `max_connections_per_peer`. At that limit, a
+  new connection from a *proven* address (one that holds an authenticated connection, or held
+  one within PROVEN_MEMORY_S) closes the oldest unauthenticated connection of that address
+  (reason `unauthenticated_per_peer`): a client that shares its address with a stranger (the
+  same host, a NAT) is never refused. A new connection from an unproven address at its limit
+  is refused at once (`max_connections_per_peer`): nobody there has shown a grant yet, and
+  refusing costs less than churning threads. Renewing does not help a stranger either: a
+  connection from an unproven address that ends without a grant keeps its slot charged to
+  that address for `unauthenticated_backoff_s`, so such an address holds at most
+  max_connections_per_peer connections per backoff period, not per auth_timeout_s.
+- When all `max_connections` are taken, a new connection closes the oldest unauthenticated one
+  of any address (`unauthenticated_max_connections`); only when every slot holds an
+  authenticated connection is it refused (`max_connections`).
+So a stranger holds at most max_connections_per_peer slots per address, each for at most
+auth_timeout_s, and never a slot an authenticated client holds or needs: a client's new
+connection sends its grant within a round trip, long before a flood could push it out.
 
 Without auth_timeout_s (the transfer layer used on its own, no grants) the old rule holds: every
 connection counts against both limits and those over them are refused at once.
@@ -31,6 +39,7 @@ bytes and never blocks.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -46,6 +55,10 @@ REFUSED_PER_PEER = "max_connections_per_peer"  # the old rule (no auth_timeout_s
 EVICTED_PER_PEER = "unauthenticated_per_peer"
 EVICTED_MAX_CONNECTIONS = "unauthenticated_max_connections"
 AUTH_TIMEOUT = "auth_timeout"
+# How long an address stays proven after its last authenticated connection (a client between
+# two batches may hold no connection at all), and how many addresses are remembered.
+PROVEN_MEMORY_S = 600.0
+MAX_PROVEN_ADDRESSES = 4096
 CONNECTION_REFUSAL_REASONS = (REFUSED_MAX_CONNECTIONS, REFUSED_PER_PEER, EVICTED_PER_PEER,
                               EVICTED_MAX_CONNECTIONS, AUTH_TIMEOUT)
 
@@ -67,7 +80,7 @@ class Admission:
     """The books of the data port's slots (module docstring). `strict`: the auth rule."""
 
     def __init__(self, max_connections: int, max_connections_per_peer: int, *,
-                 strict: bool) -> None:
+                 strict: bool, unauthenticated_backoff_s: float = 10.0) -> None:
         assert max_connections_per_peer >= 1 and max_connections >= 1
         self.max_connections = max_connections
         self.max_connections_per_peer = max_connections_per_peer
@@ -79,6 +92,14 @@ class Admission:
         # otherwise: every slot per address (the old rule)
         self._unauth: OrderedDict[Slot, None] = OrderedDict()
         self._by_host: dict[str, OrderedDict[Slot, None]] = {}
+        # strict: addresses that showed an authentic grant -> [authenticated connections held,
+        # monotonic time of the last one], oldest first, at most MAX_PROVEN_ADDRESSES
+        self._proven: OrderedDict[str, list[float]] = OrderedDict()
+        # strict: unproven address -> monotonic expiry of each charge of a connection that
+        # ended without a grant (at most max_connections_per_peer each, MAX_PROVEN_ADDRESSES
+        # addresses: the oldest address is forgotten first)
+        self.unauthenticated_backoff_s = unauthenticated_backoff_s
+        self._charges: OrderedDict[str, list[float]] = OrderedDict()
 
     def admit(self, sock: Any, host: str, stopping: bool = False,
               ) -> tuple[Slot | None, str, list[tuple[Slot, str]]]:
@@ -89,11 +110,14 @@ class Admission:
             if stopping:
                 return None, REFUSED_MAX_CONNECTIONS, victims
             mine = self._by_host.get(host)
-            if len(mine or ()) >= self.max_connections_per_peer:
-                if not self.strict:
-                    return None, REFUSED_PER_PEER, victims
-                assert mine is not None
-                victims.append((self._evict(next(iter(mine))), EVICTED_PER_PEER))
+            held = len(mine or ())
+            if self.strict and self._is_proven(host):
+                if held >= self.max_connections_per_peer:
+                    assert mine is not None
+                    victims.append((self._evict(next(iter(mine))), EVICTED_PER_PEER))
+            elif held + (self._charged(host) if self.strict else 0) \
+                    >= self.max_connections_per_peer:
+                return None, REFUSED_PER_PEER, victims
             if len(self._slots) - self._evicting >= self.max_connections:
                 if not (self.strict and self._unauth):
                     return None, REFUSED_MAX_CONNECTIONS, victims
@@ -112,6 +136,12 @@ class Admission:
                 return
             slot.authenticated = True
             self._forget_unauth(slot)
+            proven = self._proven.pop(slot.host, None) or [0, 0.0]
+            proven[0] += 1
+            proven[1] = time.monotonic()
+            self._proven[slot.host] = proven  # the newest last
+            while len(self._proven) > MAX_PROVEN_ADDRESSES:
+                self._proven.popitem(last=False)
 
     def replace_sock(self, slot: Slot, sock: Any) -> None:
         with self._lock:
@@ -127,10 +157,42 @@ class Admission:
                 self._evicting -= 1
             else:
                 self._forget_unauth(slot)
+            proven = self._proven.get(slot.host) if slot.authenticated else None
+            if proven is not None:
+                proven[0] -= 1
+                proven[1] = time.monotonic()
+            elif self.strict and not slot.evicted and not slot.authenticated \
+                    and not self._is_proven(slot.host):
+                self._charge(slot.host)
 
     def slots(self) -> list[Slot]:
         with self._lock:
             return list(self._slots)
+
+    def _charged(self, host: str) -> int:
+        """Slots still charged to `host` for connections that ended without a grant."""
+        charges = self._charges.get(host)
+        if charges is None:
+            return 0
+        now = time.monotonic()
+        while charges and charges[0] <= now:
+            charges.pop(0)
+        if not charges:
+            del self._charges[host]
+        return len(charges)
+
+    def _charge(self, host: str) -> None:
+        charges = self._charges.setdefault(host, [])
+        charges.append(time.monotonic() + self.unauthenticated_backoff_s)
+        del charges[:-self.max_connections_per_peer]  # more could never matter
+        self._charges.move_to_end(host)
+        while len(self._charges) > MAX_PROVEN_ADDRESSES:
+            self._charges.popitem(last=False)
+
+    def _is_proven(self, host: str) -> bool:
+        proven = self._proven.get(host)
+        return proven is not None and (
+            proven[0] > 0 or time.monotonic() - proven[1] < PROVEN_MEMORY_S)
 
     def _evict(self, slot: Slot) -> Slot:
         slot.evicted = True

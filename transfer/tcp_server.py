@@ -180,6 +180,7 @@ class TcpDataServer:
                  max_connections_per_peer: int = 64,
                  ssl_context: ssl.SSLContext | None = None,
                  auth_timeout_s: float | None = None,
+                 unauthenticated_backoff_s: float = 10.0,
                  on_refusal: Callable[[str, str, str], None] | None = None) -> None:
         if (max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0
                 or frame_timeout_s <= 0 or max_connections_per_peer <= 0
@@ -201,7 +202,8 @@ class TcpDataServer:
         self.on_refusal = on_refusal  # (peer, reason, detail), e.g. a rate-limited log
         self.stats = DataServerStats()
         self.admission = Admission(max_connections, max_connections_per_peer,
-                                   strict=auth_timeout_s is not None)
+                                   strict=auth_timeout_s is not None,
+                                   unauthenticated_backoff_s=unauthenticated_backoff_s)
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._stopping = False

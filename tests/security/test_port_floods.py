@@ -200,6 +200,22 @@ def test_data_port_flood_from_the_clients_own_address(cluster: LocalCluster) -> 
     assert closed["max_connections"] == 0  # no authenticated client was ever turned away
 
 
+def test_a_silent_data_connection_is_closed_after_auth_timeout(cluster: LocalCluster) -> None:
+    """A connection that sends nothing (or only PINGs) holds no slot for long: it is closed
+    once auth_timeout_s passed, counted as auth_timeout."""
+    port = int(cluster.nodes[0].address.rsplit(":", 1)[1])
+    metrics = f"http://{cluster.node_http}/metrics"  # type: ignore[attr-defined]
+    before = _metric(metrics, "node_connections_refused_total", reason="auth_timeout")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        t0 = time.monotonic()
+        closed = sock.recv(1) == b""  # blocks until the node closes it (or 10 s)
+        took = time.monotonic() - t0
+    counted = _metric(metrics, "node_connections_refused_total", reason="auth_timeout") - before
+    print(f"\ndata port: a silent connection closed after {took:.2f} s (auth_timeout_s 1), "
+          f"counted {counted:.0f}")
+    assert closed and counted == 1
+
+
 def test_http_flood_leaves_status_and_metrics_reachable(cluster: LocalCluster) -> None:
     """260 renewed connections to the master's HTTP port from one address."""
     port = int(cluster.http_url.rsplit(":", 1)[1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cellar.transfer.tcp_admission import (
     EVICTED_MAX_CONNECTIONS,
     EVICTED_PER_PEER,
@@ -9,6 +11,24 @@ from cellar.transfer.tcp_admission import (
     REFUSED_PER_PEER,
     Admission,
 )
+
+
+def test_a_stranger_address_at_its_limit_is_refused_a_proven_one_pushes_out_its_oldest() -> None:
+    adm = Admission(max_connections=16, max_connections_per_peer=2, strict=True)
+    a, _, _ = adm.admit("a", "stranger")
+    b, _, _ = adm.admit("b", "stranger")
+    assert a is not None and b is not None
+    slot, why, victims = adm.admit("c", "stranger")
+    assert slot is None and why == REFUSED_PER_PEER and victims == []
+    adm.authenticated(a)  # someone there showed a grant: the address is proven
+    c, _, _ = adm.admit("c", "stranger")
+    assert c is not None
+    d, _, victims = adm.admit("d", "stranger")
+    assert d is not None and victims == [(b, EVICTED_PER_PEER)]
+    adm.release(a)  # still proven for a while after its last authenticated connection closed
+    adm.release(b)
+    e, _, victims = adm.admit("e", "stranger")
+    assert e is not None and victims == [(c, EVICTED_PER_PEER)]
 
 
 def test_strangers_push_out_their_own_oldest_never_an_authenticated_slot() -> None:
@@ -37,6 +57,9 @@ def test_strangers_push_out_their_own_oldest_never_an_authenticated_slot() -> No
 
 def test_an_evicted_slot_cannot_authenticate_and_releases_once() -> None:
     adm = Admission(max_connections=8, max_connections_per_peer=1, strict=True)
+    client, _, _ = adm.admit("client", "h")
+    assert client is not None
+    adm.authenticated(client)  # "h" is proven
     a, _, _ = adm.admit("a", "h")
     b, _, victims = adm.admit("b", "h")
     assert a is not None and b is not None and victims == [(a, EVICTED_PER_PEER)]
@@ -44,7 +67,7 @@ def test_an_evicted_slot_cannot_authenticate_and_releases_once() -> None:
     assert not a.authenticated
     adm.release(a)
     adm.release(a)
-    assert len(adm.slots()) == 1
+    assert len(adm.slots()) == 2
 
 
 def test_without_the_auth_rule_every_connection_counts_and_the_excess_is_refused() -> None:
@@ -57,3 +80,19 @@ def test_without_the_auth_rule_every_connection_counts_and_the_excess_is_refused
     assert slot is None and why == REFUSED_PER_PEER and victims == []
     adm.release(a)
     assert adm.admit("c", "h")[0] is not None
+
+
+def test_a_stranger_gains_nothing_by_renewing(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("cellar.transfer.tcp_admission.time.monotonic", lambda: now[0])
+    adm = Admission(max_connections=16, max_connections_per_peer=2, strict=True,
+                    unauthenticated_backoff_s=10)
+    first = [adm.admit(str(i), "stranger")[0] for i in range(2)]
+    for slot in first:  # both end without a grant (timed out, or closed by the stranger)
+        assert slot is not None
+        adm.release(slot)
+    slot, why, _ = adm.admit("again", "stranger")
+    assert slot is None and why == REFUSED_PER_PEER  # still charged
+    assert adm.admit("other", "someone else")[0] is not None
+    now[0] += 10
+    assert adm.admit("later", "stranger")[0] is not None  # the charges expired
