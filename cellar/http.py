@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from cellar.config import UNIT_SECONDS, require, setting
 from cellar.errors import CellarError
 from cellar.refusals import DEFAULT_INTERVAL_S, PEER, RefusalLog
 
@@ -46,6 +47,32 @@ REFUSAL_REASONS = (REFUSED_MAX_CONNECTIONS, REFUSED_PER_PEER, REFUSED_HEADER_TIM
 log = logging.getLogger("cellar.http")
 # A JSON string, or one of the characters that open or close a level of nesting.
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def max_connections_setting() -> Any:
+    """The `http_max_connections` field of a process's typed config (master and node)."""
+    return setting(MAX_CONNECTIONS, "most concurrent HTTP connections (/metrics, /health, "
+                   "/api/v1/status, the master's admin API)", unit="connections")
+
+
+def max_connections_per_peer_setting() -> Any:
+    """The `http_max_connections_per_peer` field (master and node)."""
+    return setting(MAX_CONNECTIONS_PER_PEER, "most concurrent HTTP connections from one peer "
+                   "address (more are closed at once)", unit="connections")
+
+
+def header_timeout_setting() -> Any:
+    """The `http_header_timeout_s` field (master and node)."""
+    return setting(HEADER_TIMEOUT_S, "an HTTP request's line and headers must arrive within "
+                   "this of its connection", unit=UNIT_SECONDS)
+
+
+def check_limits(max_connections: int, max_connections_per_peer: int,
+                 header_timeout_s: float) -> None:
+    """Validate the three HTTP settings of a config (ConfigError naming the field)."""
+    require(1 <= max_connections_per_peer <= max_connections <= 65536,
+            "http_max_connections_per_peer", "must be 1..http_max_connections (<= 65536)")
+    require(0.1 <= header_timeout_s <= 3600, "http_header_timeout_s", "must be 0.1s..1 hour")
 
 
 class BadRequest(ValueError):

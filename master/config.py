@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cellar import http as http_limits
 from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
 from cellar.coord.election import MAX_LEASE_TTL_S, MIN_LEASE_TTL_S
 from cellar.coord.target import check_cluster_name, parse_endpoints
@@ -208,18 +209,9 @@ class MasterConfig:
         10.0, "calls in flight when a connection reaches grpc_max_connection_age_s may finish "
         "within this", unit=UNIT_SECONDS
     )
-    http_max_connections: int = setting(
-        256, "most concurrent HTTP connections (/metrics, /api/v1/status, the admin API)",
-        unit="connections"
-    )
-    http_max_connections_per_peer: int = setting(
-        16, "most concurrent HTTP connections from one peer address (more are closed at once)",
-        unit="connections"
-    )
-    http_header_timeout_s: float = setting(
-        2.0, "an HTTP request's line and headers must arrive within this of its connection",
-        unit=UNIT_SECONDS
-    )
+    http_max_connections: int = http_limits.max_connections_setting()
+    http_max_connections_per_peer: int = http_limits.max_connections_per_peer_setting()
+    http_header_timeout_s: float = http_limits.header_timeout_setting()
     refusal_log_interval_s: float = setting(
         10.0, "at most one log line per peer per this about refused requests, with a count "
         "(every refusal is counted in master_auth_refusals_total)", unit=UNIT_SECONDS
@@ -336,10 +328,10 @@ class MasterConfig:
                 "must be 1..65536")
         for name in ("grpc_handshake_timeout_s", "grpc_max_connection_idle_s",
                      "grpc_max_connection_age_s", "grpc_max_connection_age_grace_s",
-                     "http_header_timeout_s", "refusal_log_interval_s"):
+                     "refusal_log_interval_s"):
             require(0.1 <= getattr(self, name) <= 86400, name, "must be in [0.1s, 1 day]")
-        require(1 <= self.http_max_connections_per_peer <= self.http_max_connections <= 65536,
-                "http_max_connections_per_peer", "must be 1..http_max_connections (<= 65536)")
+        http_limits.check_limits(self.http_max_connections, self.http_max_connections_per_peer,
+                                 self.http_header_timeout_s)
         require(self.max_pending_bytes >= self.grpc_max_message_bytes, "max_pending_bytes",
                 "must be at least grpc_max_message_bytes (one largest request)")
         if self.etcd:
