@@ -12,15 +12,14 @@ line here, whatever the number of refusals. Every flood is bounded in count.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import stat
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
+from flood_kit import metric
 
 from cellar.devtools.etcd_server import free_port
 from cellar.devtools.local_cluster import LocalCluster
@@ -59,17 +58,6 @@ def cluster() -> Iterator[LocalCluster]:
         c.stop()
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` that carry these labels, from a /metrics page."""
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    want = {f'{k}="{v}"' for k, v in labels.items()}
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
-        if m and m.group(1) == name and want <= set((m.group(2) or "").split(",")):
-            total += float(m.group(3))
-    return total
 
 
 def _log(path: os.PathLike[str]) -> str:
@@ -107,7 +95,7 @@ def test_non_ascii_credential_is_unauthenticated_counted_and_logged_once(
         cluster: LocalCluster) -> None:
     master = cluster.masters[0]
     metrics = cluster.http_url + "/metrics"
-    before = _metric(metrics, "master_auth_refusals_total", reason="bad_token")
+    before = metric(metrics, "master_auth_refusals_total", reason="bad_token")
     log_before = len(_log(master.log_path))
     codes = set()
     t0 = time.monotonic()
@@ -129,7 +117,7 @@ def test_non_ascii_credential_is_unauthenticated_counted_and_logged_once(
             _recv_exactly(sock, length)
             fast_codes.add(code)
     took = time.monotonic() - t0
-    counted = _metric(metrics, "master_auth_refusals_total", reason="bad_token") - before
+    counted = metric(metrics, "master_auth_refusals_total", reason="bad_token") - before
     grown = _log(master.log_path)[log_before:]
     lines = [line for line in grown.splitlines() if "master refused" in line]
     print(f"\n{2 * REQUESTS} requests with a non-ASCII node credential in {took:.2f} s: gRPC "
@@ -147,7 +135,7 @@ def test_node_counts_and_logs_refused_grants_and_commits_once(cluster: LocalClus
     metrics = f"http://{cluster.node_http}/metrics"  # type: ignore[attr-defined]
     host, port = node.address.rsplit(":", 1)
     log_before = len(_log(node.log_path))
-    before = {op: _metric(metrics, "node_refusals_total", op=op) for op in ("write", "commit")}
+    before = {op: metric(metrics, "node_refusals_total", op=op) for op in ("write", "commit")}
     forged = Grant(OP_WRITE, 1, 0, 4096, 1, 1, 2**62, 1, bytes(16))
     meta = WriteMeta(0, 4096, "default", "forged").pack()
     write = RequestHeader(OP_WRITE, 1, 1, 0, 4096, len(meta), grant=forged).pack() + meta \
@@ -165,7 +153,7 @@ def test_node_counts_and_logs_refused_grants_and_commits_once(cluster: LocalClus
                                         max_payload_bytes=1 << 20)
                 _recv_exactly(sock, reply.msg_len + reply.length)  # the refusal's message
                 statuses.append(reply.status)
-    counted = {op: _metric(metrics, "node_refusals_total", op=op) - n
+    counted = {op: metric(metrics, "node_refusals_total", op=op) - n
                for op, n in before.items()}
     grown = _log(node.log_path)[log_before:]
     lines = [line for line in grown.splitlines() if "data port refused" in line]

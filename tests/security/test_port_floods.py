@@ -15,7 +15,6 @@ legitimate client's put and get latency during each flood is printed (p50/p99), 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from flood_kit import metric, still_open
 
 import cellar
 from cellar.devtools.etcd_server import free_port
@@ -98,7 +98,7 @@ class Flood:
         while not self._stop.is_set() and time.monotonic() < end:
             live = []
             for s in self._socks:
-                if _open(s):
+                if still_open(s):
                     live.append(s)
                 else:
                     s.close()
@@ -114,17 +114,9 @@ class Flood:
         self._stop.set()
         self._thread.join(10)
         time.sleep(0.3)
-        return sum(_open(s) for s in self._socks)
+        return sum(still_open(s) for s in self._socks)
 
 
-def _open(sock: socket.socket) -> bool:
-    """Whether the server has not closed `sock` (a closed one reads EOF or a reset)."""
-    try:
-        return sock.recv(1) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
 
 
 def _timed(op: Callable[[], object], times: list[float]) -> None:
@@ -158,17 +150,6 @@ def _puts_and_gets(client: cellar.Client, prefix: str, seconds: float) -> str:
     return f"{_summary('put', puts)}; {_summary('get', gets)}"
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` that carry these labels, from a /metrics page."""
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    want = {f'{k}="{v}"' for k, v in labels.items()}
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
-        if m and m.group(1) == name and want <= set((m.group(2) or "").split(",")):
-            total += float(m.group(3))
-    return total
 
 
 def _fds(pid: int) -> int:
@@ -189,7 +170,7 @@ def test_data_port_flood_from_the_clients_own_address(cluster: LocalCluster) -> 
                 seen_fresh = _puts_and_gets(fresh, "fresh", FLOOD_S / 2)
             held = flood.held()
             opened, held_max = flood.opened, flood.held_max
-    closed = {reason: _metric(metrics, "node_connections_refused_total", reason=reason)
+    closed = {reason: metric(metrics, "node_connections_refused_total", reason=reason)
               for reason in ("auth_timeout", "unauthenticated_per_peer",
                              "unauthenticated_max_connections", "max_connections")}
     print(f"\ndata port: {opened} idle connections opened from 127.0.0.1 over {FLOOD_S} s, at "
@@ -205,12 +186,12 @@ def test_a_silent_data_connection_is_closed_after_auth_timeout(cluster: LocalClu
     once auth_timeout_s passed, counted as auth_timeout."""
     port = int(cluster.nodes[0].address.rsplit(":", 1)[1])
     metrics = f"http://{cluster.node_http}/metrics"  # type: ignore[attr-defined]
-    before = _metric(metrics, "node_connections_refused_total", reason="auth_timeout")
+    before = metric(metrics, "node_connections_refused_total", reason="auth_timeout")
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         t0 = time.monotonic()
         closed = sock.recv(1) == b""  # blocks until the node closes it (or 10 s)
         took = time.monotonic() - t0
-    counted = _metric(metrics, "node_connections_refused_total", reason="auth_timeout") - before
+    counted = metric(metrics, "node_connections_refused_total", reason="auth_timeout") - before
     print(f"\ndata port: a silent connection closed after {took:.2f} s (auth_timeout_s 1), "
           f"counted {counted:.0f}")
     assert closed and counted == 1
@@ -220,7 +201,7 @@ def test_http_flood_leaves_status_and_metrics_reachable(cluster: LocalCluster) -
     """260 renewed connections to the master's HTTP port from one address."""
     port = int(cluster.http_url.rsplit(":", 1)[1])
     metrics = cluster.http_url + "/metrics"
-    before = {r: _metric(metrics, "master_http_refusals_total", reason=r)
+    before = {r: metric(metrics, "master_http_refusals_total", reason=r)
               for r in ("max_connections_per_peer", "header_timeout")}
     times: list[float] = []
     with Flood(HOSTILE, port, 260) as flood:
@@ -234,7 +215,7 @@ def test_http_flood_leaves_status_and_metrics_reachable(cluster: LocalCluster) -
                 _timed(fetch, times)
         held = flood.held()
         opened = flood.opened
-    refused = {r: _metric(metrics, "master_http_refusals_total", reason=r) - n
+    refused = {r: metric(metrics, "master_http_refusals_total", reason=r) - n
                for r, n in before.items()}
     print(f"\nmaster http: {opened} connections opened from {HOSTILE}, {held} held at the end, "
           f"refused/closed {refused}; legitimate {_summary('GET', times)}")
