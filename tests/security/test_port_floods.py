@@ -204,21 +204,23 @@ def test_http_flood_leaves_status_and_metrics_reachable(cluster: LocalCluster) -
     before = {r: metric(metrics, "master_http_refusals_total", reason=r)
               for r in ("max_connections_per_peer", "header_timeout")}
     times: list[float] = []
-    with Flood(HOSTILE, port, 260) as flood:
+    with cellar.connect(cluster.address, transport="tcp", timeout_s=20) as client, \
+            Flood(HOSTILE, port, 260) as flood:
         time.sleep(0.5)
-        end = time.monotonic() + FLOOD_S - 0.5
+        end = time.monotonic() + FLOOD_S - 1.2  # then half a second of puts and gets
         while time.monotonic() < end:
             for path in ("/api/v1/status", "/metrics"):
                 def fetch(path: str = path) -> None:
                     with urllib.request.urlopen(cluster.http_url + path, timeout=10) as reply:
                         assert reply.status == 200
                 _timed(fetch, times)
+        seen = _puts_and_gets(client, "http", 0.5)
         held = flood.held()
         opened = flood.opened
     refused = {r: metric(metrics, "master_http_refusals_total", reason=r) - n
                for r, n in before.items()}
     print(f"\nmaster http: {opened} connections opened from {HOSTILE}, {held} held at the end, "
-          f"refused/closed {refused}; legitimate {_summary('GET', times)}")
+          f"refused/closed {refused}; legitimate {_summary('GET', times)}; {seen}")
     assert held <= HTTP_PER_PEER
     assert refused["max_connections_per_peer"] > 0 and refused["header_timeout"] > 0
 
