@@ -1,11 +1,32 @@
-"""Helpers shared by the flood tests (test_port_floods.py, test_log_flood.py): read one metric
-from a /metrics page, and tell whether the server closed a socket."""
+"""Helpers shared by the flood tests (test_port_floods.py, test_log_flood.py): a one-node
+cluster whose node serves /metrics, read one metric from a /metrics page, and tell whether the
+server closed a socket."""
 
 from __future__ import annotations
 
 import re
 import socket
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cellar.devtools.etcd_server import free_port
+from cellar.devtools.local_cluster import LocalCluster
+
+
+@contextmanager
+def metered_cluster(segment_size: str, master_flags: dict[str, Any],
+                    node_flags: dict[str, Any]) -> Iterator[tuple[LocalCluster, str]]:
+    """A started one-node LocalCluster and its node's /metrics URL; stopped on the way out."""
+    node_http = f"127.0.0.1:{free_port('127.0.0.1')}"
+    cluster = LocalCluster(1, segment_size, master_flags=master_flags,
+                           node_flags={**node_flags, "http": node_http})
+    cluster.start()
+    try:
+        yield cluster, f"http://{node_http}/metrics"
+    finally:
+        cluster.stop()
 
 
 def metric(url: str, name: str, **labels: str) -> float:

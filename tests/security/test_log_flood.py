@@ -19,9 +19,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from flood_kit import metric
+from flood_kit import metered_cluster, metric
 
-from cellar.devtools.etcd_server import free_port
 from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.fastline import FRAME, METHOD_IDS, PORT_METADATA
@@ -45,19 +44,10 @@ INTERVAL_S = 60
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    node_http = free_port("127.0.0.1")
-    c = LocalCluster(1, "32MiB", master_flags={"refusal_log_interval_s": INTERVAL_S},
-                     node_flags={"refusal_log_interval_s": INTERVAL_S,
-                                 "http": f"127.0.0.1:{node_http}"})
-    c.start()
-    c.node_http = f"127.0.0.1:{node_http}"  # type: ignore[attr-defined]
-    try:
+def cluster_and_metrics() -> Iterator[tuple[LocalCluster, str]]:
+    with metered_cluster("32MiB", {"refusal_log_interval_s": INTERVAL_S},
+                         {"refusal_log_interval_s": INTERVAL_S}) as c:
         yield c
-    finally:
-        c.stop()
-
-
 
 
 def _log(path: os.PathLike[str]) -> str:
@@ -92,7 +82,8 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def test_non_ascii_credential_is_unauthenticated_counted_and_logged_once(
-        cluster: LocalCluster) -> None:
+        cluster_and_metrics: tuple[LocalCluster, str]) -> None:
+    cluster, _ = cluster_and_metrics
     master = cluster.masters[0]
     metrics = cluster.http_url + "/metrics"
     before = metric(metrics, "master_auth_refusals_total", reason="bad_token")
@@ -130,9 +121,10 @@ def test_non_ascii_credential_is_unauthenticated_counted_and_logged_once(
     assert len(lines) == 1, grown[-2000:]  # one peer (127.0.0.1), one interval
 
 
-def test_node_counts_and_logs_refused_grants_and_commits_once(cluster: LocalCluster) -> None:
+def test_node_counts_and_logs_refused_grants_and_commits_once(
+        cluster_and_metrics: tuple[LocalCluster, str]) -> None:
+    cluster, metrics = cluster_and_metrics
     node = cluster.nodes[0]
-    metrics = f"http://{cluster.node_http}/metrics"  # type: ignore[attr-defined]
     host, port = node.address.rsplit(":", 1)
     log_before = len(_log(node.log_path))
     before = {op: metric(metrics, "node_refusals_total", op=op) for op in ("write", "commit")}
@@ -165,7 +157,8 @@ def test_node_counts_and_logs_refused_grants_and_commits_once(cluster: LocalClus
     assert len(lines) == 1, grown[-2000:]
 
 
-def test_logs_are_private(cluster: LocalCluster) -> None:
+def test_logs_are_private(cluster_and_metrics: tuple[LocalCluster, str]) -> None:
+    cluster, _ = cluster_and_metrics
     for child in (*cluster.masters, *cluster.nodes):
         mode = stat.S_IMODE(os.stat(child.log_path).st_mode)
         print(f"\n{child.log_path.name}: mode {mode:o}")

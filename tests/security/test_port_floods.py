@@ -23,10 +23,9 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
-from flood_kit import metric, still_open
+from flood_kit import metered_cluster, metric, still_open
 
 import cellar
-from cellar.devtools.etcd_server import free_port
 from cellar.devtools.local_cluster import LocalCluster
 
 HOSTILE = "127.0.0.2"
@@ -40,23 +39,16 @@ ROUND_S = 0.05
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    node_http = free_port("127.0.0.1")
-    c = LocalCluster(
-        1, "64MiB",
-        master_flags={"http_max_connections_per_peer": HTTP_PER_PEER,
-                      "http_header_timeout_s": 1, "grpc_max_connections": GRPC_MAX_CONNECTIONS,
-                      "grpc_handshake_timeout_s": 1, "grpc_max_connection_idle_s": 2},
-        node_flags={"max_connections_per_peer": NODE_PER_PEER,
-                    "max_connections": NODE_MAX_CONNECTIONS, "auth_timeout_s": 1,
-                    "http": f"127.0.0.1:{node_http}"},
-    )
-    c.start()
-    c.node_http = f"127.0.0.1:{node_http}"  # type: ignore[attr-defined]
-    try:
+def cluster_and_metrics() -> Iterator[tuple[LocalCluster, str]]:
+    with metered_cluster(
+        "64MiB",
+        {"http_max_connections_per_peer": HTTP_PER_PEER, "http_header_timeout_s": 1,
+         "grpc_max_connections": GRPC_MAX_CONNECTIONS, "grpc_handshake_timeout_s": 1,
+         "grpc_max_connection_idle_s": 2},
+        {"max_connections_per_peer": NODE_PER_PEER, "max_connections": NODE_MAX_CONNECTIONS,
+         "auth_timeout_s": 1},
+    ) as c:
         yield c
-    finally:
-        c.stop()
 
 
 class Flood:
@@ -156,11 +148,12 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_data_port_flood_from_the_clients_own_address(cluster: LocalCluster) -> None:
+def test_data_port_flood_from_the_clients_own_address(
+        cluster_and_metrics: tuple[LocalCluster, str]) -> None:
     """64 idle connections from 127.0.0.1, renewed: a client with connections, and a client
     that opens new ones during the flood, both keep putting and getting."""
+    cluster, metrics = cluster_and_metrics
     port = int(cluster.nodes[0].address.rsplit(":", 1)[1])
-    metrics = f"http://{cluster.node_http}/metrics"  # type: ignore[attr-defined]
     with cellar.connect(cluster.address, transport="tcp", timeout_s=20) as client:
         client.put("warm", b"x" * 4096)
         with Flood("127.0.0.1", port, NODE_MAX_CONNECTIONS) as flood:
@@ -181,11 +174,12 @@ def test_data_port_flood_from_the_clients_own_address(cluster: LocalCluster) -> 
     assert closed["max_connections"] == 0  # no authenticated client was ever turned away
 
 
-def test_a_silent_data_connection_is_closed_after_auth_timeout(cluster: LocalCluster) -> None:
+def test_a_silent_data_connection_is_closed_after_auth_timeout(
+        cluster_and_metrics: tuple[LocalCluster, str]) -> None:
     """A connection that sends nothing (or only PINGs) holds no slot for long: it is closed
     once auth_timeout_s passed, counted as auth_timeout."""
+    cluster, metrics = cluster_and_metrics
     port = int(cluster.nodes[0].address.rsplit(":", 1)[1])
-    metrics = f"http://{cluster.node_http}/metrics"  # type: ignore[attr-defined]
     before = metric(metrics, "node_connections_refused_total", reason="auth_timeout")
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         t0 = time.monotonic()
@@ -197,8 +191,10 @@ def test_a_silent_data_connection_is_closed_after_auth_timeout(cluster: LocalClu
     assert closed and counted == 1
 
 
-def test_http_flood_leaves_status_and_metrics_reachable(cluster: LocalCluster) -> None:
+def test_http_flood_leaves_status_and_metrics_reachable(
+        cluster_and_metrics: tuple[LocalCluster, str]) -> None:
     """260 renewed connections to the master's HTTP port from one address."""
+    cluster, _ = cluster_and_metrics
     port = int(cluster.http_url.rsplit(":", 1)[1])
     metrics = cluster.http_url + "/metrics"
     before = {r: metric(metrics, "master_http_refusals_total", reason=r)
@@ -225,9 +221,11 @@ def test_http_flood_leaves_status_and_metrics_reachable(cluster: LocalCluster) -
     assert refused["max_connections_per_peer"] > 0 and refused["header_timeout"] > 0
 
 
-def test_grpc_flood_is_bounded_and_closed(cluster: LocalCluster) -> None:
+def test_grpc_flood_is_bounded_and_closed(
+        cluster_and_metrics: tuple[LocalCluster, str]) -> None:
     """Idle gRPC connections (raw TCP, and HTTP/2 channels that never call) are bounded and
     closed; the legitimate client keeps working meanwhile."""
+    cluster, _ = cluster_and_metrics
     master = cluster.masters[0]
     port = int(cluster.address.rsplit(":", 1)[1])
     with cellar.connect(cluster.address, transport="tcp", timeout_s=20) as client:
