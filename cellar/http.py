@@ -6,31 +6,81 @@ nesting, time, concurrent connections) so a hostile peer cannot make the server 
 recurse or wait without limit: anything over a bound is a 4xx with a message saying which,
 never an unhandled exception. A handler's `CellarError` (e.g. QuotaExceeded past max_tenants)
 answers 400 with its message.
+
+Ports a stranger cannot block: at most `max_connections` connections in all and
+`max_connections_per_peer` from one peer address (more are closed at once, so one address
+cannot take every slot); a request's line and headers must arrive within `header_timeout_s` of
+its connection (an idle or dripping connection is closed then, not after the whole
+`request_timeout_s`). Every refusal is counted by reason (`refusals`, exported through
+`collector`) and logged at most once per peer per interval (cellar.refusals).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from cellar.config import UNIT_SECONDS, require, setting
 from cellar.errors import CellarError
+from cellar.refusals import DEFAULT_INTERVAL_S, PEER, RefusalLog
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1 << 20
 MAX_JSON_DEPTH = 32  # nesting of arrays/objects in a request body (the admin API needs 2)
 MAX_CONNECTIONS = 256  # concurrent HTTP connections; more are closed at once
-REQUEST_TIMEOUT_S = 10.0
+MAX_CONNECTIONS_PER_PEER = 16  # concurrent HTTP connections from one peer address
+HEADER_TIMEOUT_S = 2.0  # request line and headers, from the moment the connection is accepted
+REQUEST_TIMEOUT_S = 10.0  # the whole request: headers, body and handler
+# Refusal reasons, the `reason` label of <prefix>_http_refusals_total
+REFUSED_MAX_CONNECTIONS = "max_connections"
+REFUSED_PER_PEER = "max_connections_per_peer"
+REFUSED_HEADER_TIMEOUT = "header_timeout"
+REFUSED_REQUEST_TIMEOUT = "request_timeout"
+REFUSAL_REASONS = (REFUSED_MAX_CONNECTIONS, REFUSED_PER_PEER, REFUSED_HEADER_TIMEOUT,
+                   REFUSED_REQUEST_TIMEOUT)
+log = logging.getLogger("cellar.http")
 # A JSON string, or one of the characters that open or close a level of nesting.
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
+def max_connections_setting() -> Any:
+    """The `http_max_connections` field of a process's typed config (master and node)."""
+    return setting(MAX_CONNECTIONS, "most concurrent HTTP connections (/metrics, /health, "
+                   "/api/v1/status, the master's admin API)", unit="connections")
+
+
+def max_connections_per_peer_setting() -> Any:
+    """The `http_max_connections_per_peer` field (master and node)."""
+    return setting(MAX_CONNECTIONS_PER_PEER, "most concurrent HTTP connections from one peer "
+                   "address (more are closed at once)", unit="connections")
+
+
+def header_timeout_setting() -> Any:
+    """The `http_header_timeout_s` field (master and node)."""
+    return setting(HEADER_TIMEOUT_S, "an HTTP request's line and headers must arrive within "
+                   "this of its connection", unit=UNIT_SECONDS)
+
+
+def check_limits(max_connections: int, max_connections_per_peer: int,
+                 header_timeout_s: float) -> None:
+    """Validate the three HTTP settings of a config (ConfigError naming the field)."""
+    require(1 <= max_connections_per_peer <= max_connections <= 65536,
+            "http_max_connections_per_peer", "must be 1..http_max_connections (<= 65536)")
+    require(0.1 <= header_timeout_s <= 3600, "http_header_timeout_s", "must be 0.1s..1 hour")
+
+
 class BadRequest(ValueError):
     """The request is refused with 400 and this message."""
+
+
+class _HeaderTimeout(Exception):
+    """The request line and headers did not arrive within header_timeout_s."""
 
 
 def json_depth(body: bytes) -> int:
@@ -99,6 +149,45 @@ class HttpServer:
         self._routes: dict[tuple[str, str], Handler] = {}
         self._server: asyncio.AbstractServer | None = None
         self._open = 0
+        self._per_peer: dict[str, int] = {}  # peer address -> open connections
+        self.max_connections = MAX_CONNECTIONS
+        self.max_connections_per_peer = MAX_CONNECTIONS_PER_PEER
+        self.header_timeout_s = HEADER_TIMEOUT_S
+        self.request_timeout_s = REQUEST_TIMEOUT_S
+        self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.refusal_log = RefusalLog(log, "http", interval_s=DEFAULT_INTERVAL_S)
+
+    def set_limits(self, *, max_connections: int, max_connections_per_peer: int,
+                   header_timeout_s: float, refusal_log_interval_s: float) -> None:
+        """The process's configured bounds (master/config.py, storage_node/config.py)."""
+        if not 1 <= max_connections_per_peer <= max_connections or header_timeout_s <= 0:
+            raise ValueError("HTTP limits must be positive, per peer <= in all")
+        self.max_connections = max_connections
+        self.max_connections_per_peer = max_connections_per_peer
+        self.header_timeout_s = min(header_timeout_s, self.request_timeout_s)
+        self.refusal_log = RefusalLog(log, "http", interval_s=refusal_log_interval_s)
+
+    def collector(self, prefix: str) -> Any:
+        """A Prometheus collector of `<prefix>_http_refusals_total{reason}` (every reason, zero
+        included, so alerts see the series exist)."""
+        from prometheus_client.core import CounterMetricFamily, Metric
+        from prometheus_client.registry import Collector
+
+        refusals = self.refusals
+
+        class _Refusals(Collector):
+            def collect(self) -> Iterator[Metric]:
+                family = CounterMetricFamily(f"{prefix}_http_refusals", "HTTP connections "
+                                             "refused or closed, by reason", labels=["reason"])
+                for reason, count in refusals.items():
+                    family.add_metric([reason], count)
+                yield family
+
+        return _Refusals()
+
+    def _refuse(self, peer: str, reason: str, detail: str) -> None:
+        self.refusals[reason] += 1
+        self.refusal_log.note(peer, reason, detail)
 
     def route(self, method: str, path: str, handler: Handler) -> None:
         self._routes[(method.upper(), path)] = handler
@@ -113,21 +202,47 @@ class HttpServer:
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= MAX_CONNECTIONS:
-            writer.close()
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        mine = self._per_peer.get(host, 0)
+        if self._open >= self.max_connections or mine >= self.max_connections_per_peer:
+            full = self._open >= self.max_connections
+            self._refuse(host, REFUSED_MAX_CONNECTIONS if full else REFUSED_PER_PEER,
+                         f"{self._open} open in all, {mine} from it")
+            writer.transport.abort()  # no linger, no reply: nothing is spent on it
             return
+        PEER.set(host)  # refusal lines deeper down name it (this connection's own task)
         self._open += 1
+        self._per_peer[host] = mine + 1
         try:
-            await self._respond(reader, writer)
+            await self._respond(reader, writer, host)
         finally:
             self._open -= 1
+            left = self._per_peer.get(host, 1) - 1
+            if left > 0:
+                self._per_peer[host] = left
+            else:
+                self._per_peer.pop(host, None)
 
-    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       host: str) -> None:
+        loop = asyncio.get_running_loop()
+        header_deadline = loop.time() + self.header_timeout_s
         try:
-            response = await asyncio.wait_for(self._handle(reader), REQUEST_TIMEOUT_S)
+            response = await asyncio.wait_for(self._handle(reader, header_deadline),
+                                              self.request_timeout_s)
         except BadRequest as exc:
             response = Response.json({"error": str(exc)}, 400)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError,
+        except _HeaderTimeout:
+            self._refuse(host, REFUSED_HEADER_TIMEOUT, f"no request within {self.header_timeout_s} s")
+            writer.transport.abort()
+            return
+        except asyncio.TimeoutError:
+            self._refuse(host, REFUSED_REQUEST_TIMEOUT,
+                         f"no complete request within {self.request_timeout_s} s")
+            writer.transport.abort()
+            return
+        except (asyncio.IncompleteReadError, ConnectionError,
                 asyncio.LimitOverrunError, ValueError, UnicodeError):
             response = Response(400, b"bad request\n")
         try:
@@ -143,8 +258,12 @@ class HttpServer:
         finally:
             writer.close()
 
-    async def _handle(self, reader: asyncio.StreamReader) -> Response:
-        head = await reader.readuntil(b"\r\n\r\n")
+    async def _handle(self, reader: asyncio.StreamReader, header_deadline: float) -> Response:
+        left = header_deadline - asyncio.get_running_loop().time()
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), max(left, 0.0))
+        except asyncio.TimeoutError:
+            raise _HeaderTimeout() from None
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) != 3:

@@ -1,4 +1,5 @@
-"""Process lifecycle shared by the master and the storage node: die with the parent if asked.
+"""Process lifecycle shared by the master and the storage node: die with the parent if asked,
+and a child's log file that only its owner can read (`open_private_log`).
 
 What it owns
     `die_with_parent_if_asked()`, called first thing in `cellar master` and `cellar node`. When
@@ -24,6 +25,7 @@ import ctypes
 import os
 import signal
 import sys
+from typing import BinaryIO
 
 PARENT_PID_ENV = "CELLAR_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -45,3 +47,15 @@ def die_with_parent_if_asked() -> None:
     prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the request took effect
         sys.exit(1)
+
+
+def open_private_log(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` opened for writing a child's log, created (or cut back to) mode 0600: a log
+    names peers, node ids and token ids, so others on the host must not read it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise

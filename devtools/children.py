@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cellar.lifecycle import PARENT_PID_ENV
+from cellar.lifecycle import PARENT_PID_ENV, open_private_log
 
 LOG_TAIL_LINES = 20
 STATUS_PROBE_TIMEOUT_S = 1.0
@@ -100,7 +100,7 @@ def spawn(name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> Ch
     session of its own, told who its parent is (it asks for PDEATHSIG itself)."""
     child = Child(name, [sys.executable, "-m", "cellar", *argv], log_path)
     env = {**env, PARENT_PID_ENV: str(os.getpid())}  # no preexec_fn: see the module docstring
-    with open(log_path, "wb") as log:
+    with open_private_log(log_path) as log:  # mode 0600: logs may name peers and keys
         child.proc = subprocess.Popen(
             child.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=env, start_new_session=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cellar import http as http_limits
 from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
 from cellar.coord.election import MAX_LEASE_TTL_S, MIN_LEASE_TTL_S
 from cellar.coord.target import check_cluster_name, parse_endpoints
@@ -169,6 +170,34 @@ class MasterConfig:
         64 << 20, "most request-body bytes the fast line receives at once, all connections "
         "together (a request that does not fit closes its connection)", unit=UNIT_BYTES
     )
+    # Ports a stranger cannot block (issue #19): gRPC, HTTP and refusal-log bounds.
+    grpc_max_connections: int = setting(
+        512, "most concurrent gRPC connections (grpc.max_allowed_incoming_connections); more "
+        "are closed at once", unit="connections"
+    )
+    grpc_handshake_timeout_s: float = setting(
+        5.0, "a gRPC connection must finish its TLS/HTTP2 handshake within this, or it is "
+        "closed (an idle TCP connection holds nothing)", unit=UNIT_SECONDS
+    )
+    grpc_max_connection_idle_s: float = setting(
+        60.0, "a gRPC connection with no call in flight for this long is closed (GOAWAY; "
+        "clients reconnect on their next call)", unit=UNIT_SECONDS
+    )
+    grpc_max_connection_age_s: float = setting(
+        1800.0, "a gRPC connection is closed (GOAWAY) after this long whatever it does, so "
+        "none is held forever", unit=UNIT_SECONDS
+    )
+    grpc_max_connection_age_grace_s: float = setting(
+        10.0, "calls in flight when a connection reaches grpc_max_connection_age_s may finish "
+        "within this", unit=UNIT_SECONDS
+    )
+    http_max_connections: int = http_limits.max_connections_setting()
+    http_max_connections_per_peer: int = http_limits.max_connections_per_peer_setting()
+    http_header_timeout_s: float = http_limits.header_timeout_setting()
+    refusal_log_interval_s: float = setting(
+        10.0, "at most one log line per peer per this about refused requests, with a count "
+        "(every refusal is counted in master_auth_refusals_total)", unit=UNIT_SECONDS
+    )
     max_tenant_writing_fraction: float = setting(
         0.5, "most bytes one tenant may hold WRITING (reserved by PutStart, not yet PutEnd), as "
         "a fraction of the cluster's capacity, whatever its quotas", unit="fraction"
@@ -277,6 +306,14 @@ class MasterConfig:
                 "must be in [1, 65536]")
         require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be in [0.1s, 1 day]")
         require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be in [0.1s, 1 hour]")
+        require(1 <= self.grpc_max_connections <= 65536, "grpc_max_connections",
+                "must be 1..65536")
+        for name in ("grpc_handshake_timeout_s", "grpc_max_connection_idle_s",
+                     "grpc_max_connection_age_s", "grpc_max_connection_age_grace_s",
+                     "refusal_log_interval_s"):
+            require(0.1 <= getattr(self, name) <= 86400, name, "must be in [0.1s, 1 day]")
+        http_limits.check_limits(self.http_max_connections, self.http_max_connections_per_peer,
+                                 self.http_header_timeout_s)
         require(self.max_pending_bytes >= self.grpc_max_message_bytes, "max_pending_bytes",
                 "must be at least grpc_max_message_bytes (one largest request)")
         if self.etcd:

@@ -80,7 +80,7 @@ async def _ticker(leadership: Leadership, authorizer: Authorizer, interval_s: fl
 async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                 ready: asyncio.Event | None = None) -> int:
     leadership = Leadership(config, secret, ha=bool(config.etcd))
-    authorizer = Authorizer(store, secret)
+    authorizer = Authorizer(store, secret, refusal_log_interval_s=config.refusal_log_interval_s)
     servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
     registry.register(authorizer.collector())
@@ -90,9 +90,14 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
-        # gRPC has no per-peer connection limit (the fast line and the nodes do): it closes
-        # idle connections and bounds streams per connection (the README's Limits table).
-        ("grpc.max_connection_idle_ms", int(config.idle_timeout_s * 1000)),
+        # gRPC has no per-peer connection limit (the fast line and the nodes do): it bounds
+        # connections, closes those that never finish a handshake, idle ones and old ones,
+        # and bounds streams per connection (master/config.py).
+        ("grpc.max_allowed_incoming_connections", config.grpc_max_connections),
+        ("grpc.server_handshake_timeout_ms", int(config.grpc_handshake_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(config.grpc_max_connection_idle_s * 1000)),
+        ("grpc.max_connection_age_ms", int(config.grpc_max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(config.grpc_max_connection_age_grace_s * 1000)),
         ("grpc.max_concurrent_streams", GRPC_MAX_CONCURRENT_STREAMS),
     ])
     servicer.add_to_server(server)
@@ -121,6 +126,11 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         print(f"cellar master: cannot listen on {config.listen}", file=sys.stderr)
         return 1
     http = build_http(leadership, registry, authorizer)
+    http.set_limits(max_connections=config.http_max_connections,
+                    max_connections_per_peer=config.http_max_connections_per_peer,
+                    header_timeout_s=config.http_header_timeout_s,
+                    refusal_log_interval_s=config.refusal_log_interval_s)
+    registry.register(http.collector("master"))
     http_host, http_port = parse_host_port(config.http)
     try:
         http_bound = await http.start(http_host, http_port)
@@ -132,6 +142,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                          idle_timeout_s=config.idle_timeout_s,
                          frame_timeout_s=config.frame_timeout_s,
                          max_pending_bytes=config.max_pending_bytes)
+    registry.register(fast.collector())
     try:
         servicer.fast_port = await fast.start(host, config.fast_port, server_context(
             config.tls_cert_file, config.tls_key_file) if config.tls_cert_file else None)

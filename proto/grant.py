@@ -201,8 +201,8 @@ def node_credential(secret: bytes, node_id: str) -> str:
 
 def verify_node_credential(secret: bytes, token: str) -> str | None:
     """The node id a node credential proves, or None if it is not a valid one."""
-    if not token.startswith(NODE_CREDENTIAL_PREFIX):
-        return None
+    if not token.startswith(NODE_CREDENTIAL_PREFIX) or not token.isascii():
+        return None  # compare_digest raises TypeError on non-ASCII str: never let it
     mac, sep, node_id = token[len(NODE_CREDENTIAL_PREFIX):].partition("_")
     if not sep or not node_id or len(mac) != 2 * GRANT_MAC_BYTES:
         return None

@@ -14,6 +14,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 
+from cellar import http as http_limits
 from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
 from cellar.coord.target import is_etcd_url, parse_etcd_url
 from cellar.errors import InvalidArgument
@@ -88,8 +89,28 @@ class NodeConfig:
     )
     max_connections: int = setting(256, "most concurrent data-plane connections", unit="connections")
     max_connections_per_peer: int = setting(
-        64, "most concurrent data-plane connections from one peer address (so one client "
-        "cannot take every slot)", unit="connections"
+        64, "most concurrent data-plane connections from one peer address that have not yet "
+        "sent an authentic grant (authenticated ones never count); at the limit a newer one "
+        "closes the oldest of them if the address has shown a grant, else it is refused",
+        unit="connections"
+    )
+    auth_timeout_s: float = setting(
+        1.0, "a data-plane connection must send a frame with an authentic grant within this of "
+        "being accepted, or it is closed", unit=UNIT_SECONDS
+    )
+    unauthenticated_backoff_s: float = setting(
+        10.0, "a connection from an address that never showed an authentic grant, and that "
+        "ends without one, keeps its slot (of max_connections_per_peer) charged to that "
+        "address for this long, so renewing connections does not help a stranger",
+        unit=UNIT_SECONDS
+    )
+    http_max_connections: int = http_limits.max_connections_setting()
+    http_max_connections_per_peer: int = http_limits.max_connections_per_peer_setting()
+    http_header_timeout_s: float = http_limits.header_timeout_setting()
+    refusal_log_interval_s: float = setting(
+        10.0, "at most one log line per peer per this about refused grants, commits and "
+        "connections, with a count (all are counted in node_refusals_total and "
+        "node_connections_refused_total)", unit=UNIT_SECONDS
     )
     idle_timeout_s: float = setting(
         300.0, "a data-plane connection must send each request's header within this of the "
@@ -167,6 +188,13 @@ class NodeConfig:
         require(1 <= self.max_connections_per_peer <= self.max_connections,
                 "max_connections_per_peer", "must be 1..max_connections")
         require(0.1 <= self.idle_timeout_s <= 86400, "idle_timeout_s", "must be 0.1s..1 day")
+        require(0.01 <= self.auth_timeout_s <= 60, "auth_timeout_s", "must be 0.01s..60s")
+        require(0 <= self.unauthenticated_backoff_s <= 3600, "unauthenticated_backoff_s",
+                "must be 0s..1 hour")
+        http_limits.check_limits(self.http_max_connections, self.http_max_connections_per_peer,
+                                 self.http_header_timeout_s)
+        require(0.1 <= self.refusal_log_interval_s <= 86400, "refusal_log_interval_s",
+                "must be 0.1s..1 day")
         require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be 0.1s..1 hour")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")

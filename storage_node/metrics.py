@@ -82,8 +82,18 @@ class NodeCollector(Collector):
         yield refusals
         yield GaugeMetricFamily("node_active_connections", "open data-plane connections",
                                 value=stats.get("active_connections", 0))
-        yield CounterMetricFamily("node_connections_refused", "connections over the limit",
-                                  value=stats.get("connections_refused", 0))
+        by_op = CounterMetricFamily("node_refusals", "data-plane requests refused, by op and "
+                                    "status (refused grants and commits)", labels=["op", "reason"])
+        for key, count in sorted(stats.get("errors_by_op", {}).items()):
+            op, _, status = key.partition("/")
+            by_op.add_metric([op, _slug(status)], count)
+        yield by_op
+        connections = CounterMetricFamily("node_connections_refused", "data-plane connections "
+                                          "refused or closed unauthenticated, by reason",
+                                          labels=["reason"])
+        for reason, count in sorted(stats.get("connections_refused_by_reason", {}).items()):
+            connections.add_metric([reason], count)
+        yield connections
         usage = self._index.usage()
         capacity = GaugeMetricFamily("node_segment_capacity_bytes", "segment size",
                                      labels=["segment"])

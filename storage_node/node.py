@@ -26,6 +26,7 @@ from typing import Any
 from cellar.heap import freeze_survivors
 from cellar.http import HttpServer
 from cellar.proto.grant import node_credential
+from cellar.refusals import RefusalLog
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
@@ -96,7 +97,12 @@ class StorageNode:
                                         max_connections_per_peer=cfg.max_connections_per_peer,
                                         idle_timeout_s=cfg.idle_timeout_s,
                                         frame_timeout_s=cfg.frame_timeout_s,
-                                        ssl_context=self._tls_context())
+                                        ssl_context=self._tls_context(),
+                                        auth_timeout_s=cfg.auth_timeout_s,
+                                        unauthenticated_backoff_s=(
+                                            cfg.unauthenticated_backoff_s),
+                                        on_refusal=RefusalLog(log, "data port", interval_s=(
+                                            cfg.refusal_log_interval_s)).note)
             port = self.server.start()
         except BaseException:
             self.close()
@@ -155,8 +161,13 @@ class StorageNode:
             host, port = self.cfg.http_host_port
             collector = NodeCollector({s.segment_id: s for s in self.segments}, self.index,
                                       self.server.stats.snapshot, lambda: control.connected)
-            self.http = build_http(build_registry(collector), self.status,
-                                   lambda: control.mount_count > 0)
+            registry = build_registry(collector)
+            self.http = build_http(registry, self.status, lambda: control.mount_count > 0)
+            self.http.set_limits(max_connections=self.cfg.http_max_connections,
+                                 max_connections_per_peer=self.cfg.http_max_connections_per_peer,
+                                 header_timeout_s=self.cfg.http_header_timeout_s,
+                                 refusal_log_interval_s=self.cfg.refusal_log_interval_s)
+            registry.register(self.http.collector("node"))
             port = await self.http.start(host, port)
             self.http_address = f"{host}:{port}"
         task = asyncio.create_task(control.run(stop), name="cellar-node-control")

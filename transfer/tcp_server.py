@@ -34,8 +34,13 @@ Errors and what they cost:
 - the peer vanishing mid-payload or a recv/send timing out: that connection closes; a write
   whose payload did not fully arrive is never `written`.
 - connections beyond max_connections, or beyond max_connections_per_peer from one peer
-  address, are accepted and closed at once (counted as refused), so one client cannot take
-  every slot.
+  address, are accepted and closed at once (counted as refused, by reason), so one client
+  cannot take every slot. With `auth_timeout_s` (a storage node) the rule is stricter and
+  kinder (transfer/tcp_admission.py): only connections that have not yet sent an authentic
+  grant count against the per-peer limit, they must send one within auth_timeout_s or be
+  closed, and a newer one pushes out the oldest of them, never an authenticated connection.
+- every refusal (a request's or a connection's) goes to `on_refusal(peer, reason, detail)`
+  when given (the node logs it at most once per peer per interval, cellar.refusals).
 
 Deadlines (against slowloris): every request's header and meta must have arrived within
 idle_timeout_s of the moment the server started waiting for it, however the bytes trickle in
@@ -63,15 +68,22 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
-from cellar.transfer._sockio import Inbox, Outbox, PeerClosed, set_io_timeout, tune_socket
+from cellar.transfer._sockio import (
+    TIMEOUT_ERRORS,
+    Inbox,
+    Outbox,
+    PeerClosed,
+    set_io_timeout,
+    tune_socket,
+)
 from cellar.transfer.base import SegmentAccess
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
     MAX_META_BYTES,
     OP_COMMIT,
-    OP_PING,
     OP_RDMA_CONNECT,
     OP_READ,
     OP_WRITE,
@@ -90,6 +102,13 @@ from cellar.transfer.frame import (
     decode_write_meta,
     pack_response,
 )
+from cellar.transfer.tcp_admission import (
+    AUTH_TIMEOUT,
+    AUTHENTIC_REFUSALS,
+    Admission,
+    Slot,
+)
+from cellar.transfer.tcp_stats import OP_NAMES, ConnectionCounters, DataServerStats
 from cellar.transfer.tls_sock import wrap_server
 
 log = logging.getLogger(__name__)
@@ -107,8 +126,6 @@ OUTBOX_BYTES = 1 << 20
 # the reply instead of a reset caused by its own unread bytes.
 LINGER_S = 0.2
 LINGER_BYTES = 1 << 20
-OP_NAMES = {OP_READ: "read", OP_WRITE: "write", OP_PING: "ping", OP_COMMIT: "commit",
-            OP_RDMA_CONNECT: "rdma_connect"}
 _REQUEST_ID = struct.Struct("<Q")
 # A frame deadline lowers the kernel receive timeout only once it would overshoot by more than
 # this, so a connection that keeps up costs no setsockopt per frame.
@@ -149,77 +166,6 @@ class _DeadlineInbox(Inbox):
         return Inbox._recv_into(self, view, flags, mid_payload=mid_payload)
 
 
-class _Counters:
-    """One connection's counters; only its own thread writes them, so no lock per request."""
-
-    __slots__ = ("bytes_in", "bytes_out", "requests", "errors")
-
-    def __init__(self) -> None:
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.requests = [0] * (max(OP_NAMES) + 1)  # by op number; 0 = undecodable
-        self.errors: dict[int, int] = {}
-
-    def error(self, status: int) -> None:
-        self.errors[status] = self.errors.get(status, 0) + 1
-
-    def add_to(self, other: _Counters) -> None:
-        other.bytes_in += self.bytes_in
-        other.bytes_out += self.bytes_out
-        for op, n in enumerate(self.requests):
-            other.requests[op] += n
-        for status, n in dict(self.errors).items():
-            other.errors[status] = other.errors.get(status, 0) + n
-
-
-class DataServerStats:
-    """Counters for the node's /metrics: bytes in/out, requests by op, errors by status,
-    connections. Connections count on their own; `snapshot()` adds them up under a lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._closed = _Counters()
-        self._live: set[_Counters] = set()
-        self.active_connections = 0
-        self.connections_total = 0
-        self.connections_refused = 0
-
-    def opened(self) -> _Counters:
-        c = _Counters()
-        with self._lock:
-            self._live.add(c)
-            self.active_connections += 1
-            self.connections_total += 1
-        return c
-
-    def closed(self, c: _Counters) -> None:
-        with self._lock:
-            self._live.discard(c)
-            c.add_to(self._closed)
-            self.active_connections -= 1
-
-    def refused(self) -> None:
-        with self._lock:
-            self.connections_refused += 1
-
-    def snapshot(self) -> dict[str, Any]:
-        total = _Counters()
-        with self._lock:
-            self._closed.add_to(total)
-            for c in list(self._live):
-                c.add_to(total)
-            active, opened, refused = (self.active_connections, self.connections_total,
-                                       self.connections_refused)
-        return {
-            "bytes_in": total.bytes_in, "bytes_out": total.bytes_out,
-            "requests": {name: total.requests[op] for op, name in OP_NAMES.items()}
-            | {"invalid": total.requests[0]},  # headers that did not decode
-            "errors": {STATUS_NAMES.get(st, str(st)): n for st, n in total.errors.items()},
-            "active_connections": active, "connections_total": opened,
-            "connections_refused": refused,
-        }
-
-
 class _Fatal(Exception):
     """Stop serving this connection (after the reply already sent, if any)."""
 
@@ -232,9 +178,13 @@ class TcpDataServer:
                  max_connections: int = 256, socket_buffer_bytes: int = 4 << 20,
                  idle_timeout_s: float = 300.0, frame_timeout_s: float = 30.0,
                  max_connections_per_peer: int = 64,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 auth_timeout_s: float | None = None,
+                 unauthenticated_backoff_s: float = 10.0,
+                 on_refusal: Callable[[str, str, str], None] | None = None) -> None:
         if (max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0
-                or frame_timeout_s <= 0 or max_connections_per_peer <= 0):
+                or frame_timeout_s <= 0 or max_connections_per_peer <= 0
+                or (auth_timeout_s is not None and auth_timeout_s <= 0)):
             raise ValueError("limits must be positive")
         self.access = access
         self.host = host
@@ -246,10 +196,14 @@ class TcpDataServer:
         self.frame_timeout_s = frame_timeout_s
         self.max_connections_per_peer = max_connections_per_peer
         self.ssl_context = ssl_context  # every connection speaks TLS (tls_sock.server_context)
+        # None: no grant needed to hold a connection (the transfer layer on its own); a storage
+        # node sets it: see transfer/tcp_admission.py
+        self.auth_timeout_s = auth_timeout_s
+        self.on_refusal = on_refusal  # (peer, reason, detail), e.g. a rate-limited log
         self.stats = DataServerStats()
-        self._lock = threading.Lock()
-        self._conns: dict[socket.socket, threading.Thread] = {}
-        self._per_peer: dict[str, int] = {}  # peer address -> open connections
+        self.admission = Admission(max_connections, max_connections_per_peer,
+                                   strict=auth_timeout_s is not None,
+                                   unauthenticated_backoff_s=unauthenticated_backoff_s)
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._stopping = False
@@ -299,16 +253,13 @@ class TcpDataServer:
         if self._accept_thread is not None:
             self._accept_thread.join(timeout_s)
             self._accept_thread = None
-        with self._lock:
-            conns = list(self._conns.items())
-        for sock, _ in conns:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        slots = self.admission.slots()
+        for slot in slots:
+            _shut(slot.sock)
         deadline = time.monotonic() + timeout_s
-        for _, thread in conns:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for slot in slots:
+            if slot.thread is not None:
+                slot.thread.join(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> TcpDataServer:
         self.start()
@@ -329,34 +280,39 @@ class TcpDataServer:
                 time.sleep(0.01)  # EMFILE and friends: back off instead of spinning
                 continue
             host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-            with self._lock:
-                mine = self._per_peer.get(host, 0)
-                full = (len(self._conns) >= self.max_connections
-                        or mine >= self.max_connections_per_peer)
-                if not full and not self._stopping:
-                    thread = threading.Thread(target=self._serve, args=(sock, host),
-                                              name=f"cellar-tcp-conn:{self.port}", daemon=True)
-                    self._conns[sock] = thread
-                    self._per_peer[host] = mine + 1
-            if full or self._stopping:
-                self.stats.refused()
+            started = time.monotonic()
+            slot, why, victims = self.admission.admit(sock, host, self._stopping)
+            for victim, reason in victims:  # pushed out to make room (tcp_admission.py)
+                self._refused(victim.host, reason, "closed to make room for a newer connection")
+                _shut(victim.sock)
+            if slot is None:
+                self._refused(host, why, "connection refused at accept")
                 sock.close()
                 continue
-            thread.start()
+            slot.thread = threading.Thread(target=self._serve, args=(slot, started),
+                                           name=f"cellar-tcp-conn:{self.port}", daemon=True)
+            slot.thread.start()
+
+    def _refused(self, peer: str, reason: str, detail: str) -> None:
+        self.stats.refused(reason)
+        if self.on_refusal is not None:
+            self.on_refusal(peer, reason, detail)
 
     # -- one connection --------------------------------------------------------------------
 
-    def _serve(self, sock: socket.socket, host: str) -> None:
+    def _serve(self, slot: Slot, started: float) -> None:
         counters = self.stats.opened()
-        key = sock
+        sock = slot.sock
+        auth_deadline = None if self.auth_timeout_s is None else started + self.auth_timeout_s
         try:
             sock.settimeout(None)  # blocking; the kernel enforces the idle timeout
             tune_socket(sock, 0)  # buffers were inherited from the listener
             if self.ssl_context is not None:  # the handshake here, never in the accept loop
-                sock = wrap_server(sock, self.ssl_context, self.frame_timeout_s)
-                with self._lock:  # stop() must shut the TLS socket down (the plain one is spent)
-                    self._conns[sock] = self._conns.pop(key)
-                key = sock
+                handshake_s = self.frame_timeout_s if auth_deadline is None else max(
+                    0.001, min(self.frame_timeout_s, auth_deadline - time.monotonic()))
+                sock = wrap_server(sock, self.ssl_context, handshake_s)
+                # stop() and eviction must shut the TLS socket down (the plain one is spent)
+                self.admission.replace_sock(slot, sock)
             set_io_timeout(sock, self.idle_timeout_s)
             # access.flush (optional): e.g. journal what was written, before any reply says so
             outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
@@ -364,21 +320,19 @@ class TcpDataServer:
             inbox = _DeadlineInbox(sock, INBOX_BYTES, self.idle_timeout_s,
                                    readahead=READAHEAD_BYTES, outbox=outbox,
                                    read_ahead_of_payload=True)
-            conn = _Connection(self, sock, inbox, outbox, counters)
+            conn = _Connection(self, slot, inbox, outbox, counters, auth_deadline)
             while not self._stopping:
                 conn.serve_one()
+        except TIMEOUT_ERRORS:  # a frame's deadline, the kernel's timeout, or no grant in time
+            if auth_deadline is not None and not slot.authenticated and not slot.evicted:
+                self._refused(slot.host, AUTH_TIMEOUT,
+                              f"no authentic grant within {self.auth_timeout_s} s")
         except (_Fatal, PeerClosed, OSError):
             pass  # peer gone, timed out, or a fatal reply already sent
         except Exception:  # never let one connection take anything else down
             log.exception("data connection failed")
         finally:
-            with self._lock:
-                self._conns.pop(key, None)
-                left = self._per_peer.get(host, 1) - 1
-                if left > 0:
-                    self._per_peer[host] = left
-                else:
-                    self._per_peer.pop(host, None)
+            self.admission.release(slot)
             try:
                 sock.close()
             except OSError:
@@ -390,22 +344,38 @@ class _Connection:
     """One client connection's request loop state."""
 
     __slots__ = ("access", "max_payload", "sock", "inbox", "outbox", "counters", "idle_timeout_s",
-                 "frame_timeout_s")
+                 "frame_timeout_s", "server", "slot", "auth_deadline")
 
-    def __init__(self, server: TcpDataServer, sock: socket.socket, inbox: _DeadlineInbox,
-                 outbox: Outbox, counters: _Counters) -> None:
+    def __init__(self, server: TcpDataServer, slot: Slot, inbox: _DeadlineInbox,
+                 outbox: Outbox, counters: ConnectionCounters, auth_deadline: float | None) -> None:
         self.access = server.access
         self.max_payload = server.max_frame_payload_bytes
         self.idle_timeout_s = server.idle_timeout_s
         self.frame_timeout_s = server.frame_timeout_s
-        self.sock = sock
+        self.server = server
+        self.slot = slot
+        # monotonic time by which this connection must have sent an authentic grant; None
+        # once it has (or when the server asks for none)
+        self.auth_deadline = auth_deadline
+        self.sock = slot.sock
         self.inbox = inbox
         self.outbox = outbox
         self.counters = counters
 
+    def within(self, timeout_s: float) -> float:
+        """`timeout_s`, cut to what is left of the auth deadline while there is one."""
+        if self.auth_deadline is None:
+            return timeout_s
+        return min(timeout_s, self.auth_deadline - time.monotonic())
+
+    def proved(self) -> None:
+        """This connection sent an authentic grant: it keeps the usual deadlines now."""
+        self.auth_deadline = None
+        self.server.admission.authenticated(self.slot)
+
     def serve_one(self) -> None:
         inbox = self.inbox
-        inbox.expect(self.idle_timeout_s, arm=True)  # header and meta: one deadline
+        inbox.expect(self.within(self.idle_timeout_s), arm=True)  # header and meta: one deadline
         raw = inbox.take(REQUEST.size)
         try:
             req = decode_request(raw, max_payload_bytes=self.max_payload)
@@ -430,10 +400,12 @@ class _Connection:
             wmeta = decode_write_meta(meta)  # before the inbox moves on (meta is its view)
             view = _byte_view(self.access.writable(req, wmeta), req.length, writable=True)
         except Exception as e:  # refused before the payload: drain it, stay in sync
-            self.inbox.expect(self.frame_timeout_s, arm=False)
+            self.refuse(req, e)  # counted first: a stranger's drain may be cut short
+            self.inbox.expect(self.within(self.frame_timeout_s), arm=self.auth_deadline is not None)
             self.inbox.skip(req.length)
-            self.refuse(req, e)
             return
+        if self.auth_deadline is not None:
+            self.proved()
         self.inbox.expect(self.frame_timeout_s, arm=False)
         self.inbox.read_into(view)  # PeerClosed / timeout here: the write never completes
         del view
@@ -464,6 +436,8 @@ class _Connection:
         except Exception as e:
             self.refuse(req, e)
             return
+        if self.auth_deadline is not None and req.op == OP_COMMIT:
+            self.proved()
         self.outbox.add(pack_response(ST_OK, req.request_id, len(reply)) + reply)
 
     def read(self, req: RequestHeader) -> None:
@@ -472,6 +446,8 @@ class _Connection:
         except Exception as e:
             self.refuse(req, e)
             return
+        if self.auth_deadline is not None:
+            self.proved()
         self.outbox.add(pack_response(ST_OK, req.request_id, req.length), view)
         self.counters.bytes_out += req.length
 
@@ -481,13 +457,22 @@ class _Connection:
         else:
             log.exception("segment access failed for op %d", req.op)
             status, message = ST_INTERNAL, f"internal error: {type(e).__name__}"
-        self.counters.error(status)
+        self.counters.error(status, req.op)
+        if self.auth_deadline is not None and status in AUTHENTIC_REFUSALS:
+            self.proved()  # refused after its grant's MAC verified: not a stranger
+        on_refusal = self.server.on_refusal
+        if on_refusal is not None:
+            on_refusal(self.slot.host, f"{OP_NAMES.get(req.op, req.op)}: "
+                       f"{STATUS_NAMES.get(status, status)}", message)
         self.outbox.add(pack_response(status, req.request_id, 0, message))
 
     def fatal(self, status: int, request_id: int, message: str) -> NoReturn:
         """Reply, stop reading requests, linger briefly so the reply is not lost to a reset."""
         self.counters.requests[0] += 1
         self.counters.error(status)
+        if self.server.on_refusal is not None:
+            self.server.on_refusal(self.slot.host, f"bad frame: {STATUS_NAMES.get(status, status)}",
+                                   message)
         sock = self.sock
         try:
             self.outbox.add(pack_response(status, request_id, 0, message, RESP_FLAG_CLOSE))
@@ -505,6 +490,14 @@ class _Connection:
         except OSError:
             pass
         raise _Fatal(message)
+
+
+def _shut(sock: Any) -> None:
+    """Wake and end a connection's thread (its recv returns); the thread closes the socket."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _byte_view(view: Any, length: int, *, writable: bool) -> memoryview:

@@ -120,7 +120,9 @@ class EmbeddedNode:
                 "--shm-dir", str(self._dir), "--node-id", self.node_id]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         try:
-            with open(self._log_path, "wb") as log_file:
+            # mode 0600 (a fresh file in a fresh 0700 directory): logs name peers and node ids
+            with os.fdopen(os.open(self._log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                           "wb") as log_file:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
                                               stderr=subprocess.STDOUT, env=env,
                                               start_new_session=True)

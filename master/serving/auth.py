@@ -24,6 +24,12 @@ credential; PERMISSION_DENIED: known, but not allowed this) and counts
 Cost: a verified token is cached by its string (one dict lookup per request afterwards); the
 cache is dropped whenever the store changes (create, revoke, a re-read file). Nothing here logs
 a token; refusal messages name the token id at most.
+
+Refusals cannot flood anything: a malformed credential (non-ASCII, over MAX_CREDENTIAL_CHARS,
+anything the checks cannot even compare) is UNAUTHENTICATED `bad_token` like an unknown one,
+counted, never an exception; refusal lines go through one `RefusalLog` (cellar.refusals): at most
+one line per peer per `refusal_log_interval_s`, with a count (the peer is `cellar.refusals.PEER`,
+which each face sets for the connection or call it serves).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from prometheus_client.registry import Collector
 
 from cellar.errors import ConfigError
 from cellar.proto.grant import verify_node_credential
+from cellar.refusals import DEFAULT_INTERVAL_S, PEER, RefusalLog
 from cellar.tls import NODE_CN_PREFIX
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore, token_id_of
 
@@ -47,6 +54,7 @@ KIND_NODE = "node"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 PERMISSION_DENIED = "PERMISSION_DENIED"
 MAX_CACHED_TOKENS = 4096  # verified tokens remembered; the cache starts over when full
+MAX_CREDENTIAL_CHARS = 1024  # longer credentials are malformed (tokens are 60, nodes ~100)
 
 # What each RPC needs (see the module docstring).
 TENANT_RPC = "tenant"
@@ -90,12 +98,14 @@ class AuthRefused(Exception):
 class Authorizer:
     """Authenticates tokens against one TokenStore and the cluster secret; applies METHOD_POLICY."""
 
-    def __init__(self, store: TokenStore, secret: bytes) -> None:
+    def __init__(self, store: TokenStore, secret: bytes, *,
+                 refusal_log_interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.store = store
         self._secret = secret
         self._cache: dict[str, Identity] = {}
         self._cache_generation = store.generation
         self.refusals: dict[str, int] = {}
+        self.refusal_log = RefusalLog(log, "master", interval_s=refusal_log_interval_s)
 
     # ---- identities
 
@@ -110,11 +120,16 @@ class Authorizer:
         if not token:
             raise self._refuse(UNAUTHENTICATED, "no_token", "no credential: send a token "
                                "(token=, $CELLAR_TOKEN or the file `cellar up` writes)")
-        node_id = verify_node_credential(self._secret, token)
+        if len(token) > MAX_CREDENTIAL_CHARS or not token.isascii():
+            raise self._refuse(UNAUTHENTICATED, "bad_token", "malformed credential")
+        try:
+            node_id = verify_node_credential(self._secret, token)
+            record = None if node_id is not None else self.store.lookup(token)
+        except (TypeError, ValueError):  # belt and braces: no credential reaches a traceback
+            raise self._refuse(UNAUTHENTICATED, "bad_token", "malformed credential") from None
         if node_id is not None:
             identity = Identity(KIND_NODE, node_id=node_id)
         else:
-            record = self.store.lookup(token)
             if record is None and self.refresh():  # created in the file since the last tick
                 record = self.store.lookup(token)
             if record is None:
@@ -188,6 +203,7 @@ class Authorizer:
 
     def _refuse(self, code: str, reason: str, message: str) -> AuthRefused:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        self.refusal_log.note(PEER.get(), reason, message)
         return AuthRefused(code, reason, message)
 
     def collector(self) -> Collector:

@@ -53,10 +53,15 @@ import asyncio
 import logging
 import socket
 import ssl
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from cellar.proto.fastline import FRAME, METHOD_NAMES
 from cellar.proto.fastline import PORT_METADATA as FAST_PORT_METADATA
+from cellar.refusals import PEER
 
 __all__ = ["FAST_PORT_METADATA", "FastRpcServer"]
 
@@ -104,6 +109,7 @@ class FastRpcServer:
         self.refused_connections = 0
         self.timed_out_connections = 0
         self.refused_for_memory = 0
+        self.bad_frames = 0
         self._server: asyncio.AbstractServer | None = None
         self._conns: dict[asyncio.StreamWriter, _Conn] = {}
         self._per_peer: dict[str, int] = {}
@@ -117,6 +123,10 @@ class FastRpcServer:
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.port
+
+    def collector(self) -> Collector:
+        """`master_fast_line_refusals_total{reason}`: connections refused or closed."""
+        return _FastLineRefusals(self)
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -172,6 +182,7 @@ class FastRpcServer:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        PEER.set(conn.peer)  # refusal lines name it (this connection's own task)
         dispatch = self.servicer.dispatch
         unpack = FRAME.unpack
         pack = FRAME.pack
@@ -185,7 +196,10 @@ class FastRpcServer:
                 length, method = unpack(head)
                 name = METHOD_NAMES.get(method)
                 if name is None or length > self.max_message_bytes:
-                    log.warning("fast rpc: bad frame (method %d, %d bytes); closing", method, length)
+                    self.bad_frames += 1
+                    if self.bad_frames & (self.bad_frames - 1) == 0:  # 1, 2, 4, ...: no flood
+                        log.warning("fast rpc: bad frame (method %d, %d bytes) from %s; closing "
+                                    "(%d so far)", method, length, conn.peer, self.bad_frames)
                     return
                 if length:
                     if self.pending_bytes + length > self.max_pending_bytes:
@@ -211,3 +225,21 @@ class FastRpcServer:
         finally:
             self._forget(conn)
             writer.close()
+
+
+class _FastLineRefusals(Collector):
+    """The fast line's refusals by reason, every reason always (zero included)."""
+
+    def __init__(self, server: FastRpcServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._server
+        family = CounterMetricFamily("master_fast_line_refusals", "fast-line connections "
+                                     "refused or closed, by reason", labels=["reason"])
+        for reason, count in (("max_connections", s.refused_connections),
+                              ("frame_timeout", s.timed_out_connections),
+                              ("max_pending_bytes", s.refused_for_memory),
+                              ("bad_frame", s.bad_frames)):
+            family.add_metric([reason], count)
+        yield family

@@ -40,6 +40,7 @@ from cellar.master.serving.fastrpc import FAST_PORT_METADATA
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.proto import cellar_pb2 as pb
+from cellar.refusals import PEER
 
 SERVICE_NAME = "cellar.v1.Master"
 log = logging.getLogger("cellar.master")
@@ -430,6 +431,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             # Only the node_listen port asks for a certificate, and gRPC verified it against
             # tls_client_ca_file before this runs; other ports carry no x509 fields.
             peer = node_id_of_peer(context.auth_context().get("x509_common_name", [])) if mtls else ""
+            # refusal lines name the address, not the port (each RPC runs in its own task)
+            PEER.set(context.peer().partition(":")[2].rpartition(":")[0].strip("[]"))
             try:
                 identity = check(name, request, peer)
             except AuthRefused as exc:
