@@ -55,7 +55,12 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
+    """compose.yaml with compose.override.yaml (its published ports) merged in, as compose does."""
     raw = yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text())
+    override = yaml.safe_load((COMPOSE_DIR / "compose.override.yaml").read_text())
+    for name, extra in override["services"].items():
+        assert set(extra) == {"ports"}, f"compose.override.yaml: {name} sets more than ports"
+        raw["services"][name]["ports"] = raw["services"][name].get("ports", []) + extra["ports"]
     return interpolate(raw, dotenv())
 
 
