@@ -35,7 +35,8 @@ test-fast: venv
 # and the dependency wheels are cached in $${CELLAR_COMPOSE_CACHE:-~/.cache/cellar/compose}.
 # About 3 min (4 on a fresh machine); times in .cellar/compose-times.json.
 test-compose: venv
-	CELLAR_COMPOSE_TEST=1 nice -n 5 $(PY) -m pytest tests/deploy/test_compose_cluster.py -q -x -p no:cacheprovider -rs
+	CELLAR_COMPOSE_TEST=1 nice -n 5 $(PY) -m pytest tests/deploy/test_compose_cluster.py -q -x \
+	  -p no:cacheprovider -rs; status=$$?; cat .cellar/compose-times.json 2>/dev/null; exit $$status
 
 # What deploy/Dockerfile installs from (the build itself needs no network): this clone's wheel
 # and its dependencies', for the image's Python (3.11).

@@ -49,9 +49,10 @@ CI_FILES = Path(__file__).resolve().parent / "compose"
 COMPOSE_FILES = (DEPLOY / "compose" / "compose.yaml", DEPLOY / "compose" / "compose.loopback.yaml",
                  CI_FILES / "compose.ci.yaml")
 PROJECT = "cellar-ci"
-# the Debian packages' programs the etcd and Prometheus images carry
-SERVICE_PROGRAMS = {"etcd": ("/usr/bin/etcd", "etcd-server"),
-                    "prometheus": ("/usr/bin/prometheus", "prometheus")}
+# what the etcd and Prometheus images carry of the Debian packages (for each, the package and its
+# files: the program, and Prometheus's web UI, which Debian serves from /usr/share)
+SERVICE_FILES = {"etcd": ("etcd-server", ("/usr/bin/etcd",)),
+                 "prometheus": ("prometheus", ("/usr/bin/prometheus", "/usr/share/prometheus/web"))}
 ENGINE_START_TIMEOUT_S = 60.0
 ENGINE_STOP_TIMEOUT_S = 30.0
 DEBOOTSTRAP_TIMEOUT_S = 900.0
@@ -233,16 +234,21 @@ def build_images(engine: Engine, base: str, work: Path, tag: str) -> dict[str, s
     shutil.copy2(ROOT / ".dockerignore", context / ".dockerignore")
     engine.docker("build", "--quiet", "-f", str(DEPLOY / "Dockerfile"), "--build-arg",
                   f"BASE={base}", "-t", images["cellar"], str(context), timeout_s=BUILD_TIMEOUT_S)
-    for name, (program, package) in SERVICE_PROGRAMS.items():
-        if not Path(program).exists():
-            raise ComposeError(f"{program} is missing (apt-get install {package}; .ci/run does)")
+    for name, (package, paths) in SERVICE_FILES.items():
         context = work / f"{name}-context"
-        context.mkdir()
-        shutil.copy2(program, context / name)
+        for path in map(Path, paths):
+            if not path.exists():
+                raise ComposeError(f"{path} is missing (apt-get install {package}; .ci/run does)")
+            copy = context / "root" / path.relative_to("/")
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                shutil.copytree(path, copy)
+            else:
+                shutil.copy2(path, copy)
         images[name] = f"cellar-ci-{name}:{tag}"
         engine.docker("build", "--quiet", "-f", str(CI_FILES / "service.Dockerfile"),
-                      "--build-arg", f"BASE={base}", "--build-arg", f"PROGRAM={name}",
-                      "-t", images[name], str(context), timeout_s=BUILD_TIMEOUT_S)
+                      "--build-arg", f"BASE={base}", "-t", images[name], str(context),
+                      timeout_s=BUILD_TIMEOUT_S)
     return images
 
 

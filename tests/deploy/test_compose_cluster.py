@@ -31,9 +31,11 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,10 +57,13 @@ SERVICES = ["etcd", *MASTERS, *NODES, "prometheus"]
 PROMETHEUS = "http://127.0.0.1:9090"
 OBJECTS = 200
 CELLAR_UID = 10001  # deploy/Dockerfile's user
-SEGMENT_SIZE = "64MiB"  # per node; the tmpfs volume holding it is a little larger
+SEGMENT_SIZE = "64MiB"  # per node
 HEALTHY_TIMEOUT_S = 180.0
 FAILOVER_TIMEOUT_S = 120.0
 SCRAPE_TIMEOUT_S = 120.0
+# every port compose.loopback.yaml binds on 127.0.0.1
+LOOPBACK_PORTS = (2379, 2380, 9090, 9400, 9401, 50051, 50052, 50061, 50062, 7000, 7001, 7002,
+                  9500, 9501, 9502)
 TIMES_FILE = ROOT / ".cellar" / "compose-times.json"
 T = TypeVar("T")
 
@@ -157,6 +162,21 @@ def write_secrets(folder: Path) -> str:
     return made.stdout.split()[0]
 
 
+def ports_free(ports: tuple[int, ...]) -> None:
+    """Fail clearly when something on this host holds a port the cluster binds (an etcd or
+    Prometheus service that apt started, another run of this test)."""
+    taken = []
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(port)
+    assert not taken, (f"127.0.0.1 ports {taken} are in use; the compose cluster needs them "
+                       "(stop the service holding them, e.g. `ss -ltnp | grep :2379`)")
+
+
 def memlock_limit_bytes() -> int:
     """This process's hard RLIMIT_MEMLOCK: the most the engine (its child) can give a container."""
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
@@ -189,9 +209,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "CELLAR_VERSION": "ci", "CELLAR_CI_ETCD_IMAGE": images["etcd"],
             "CELLAR_CI_PROMETHEUS_IMAGE": images["prometheus"],
             "CELLAR_CI_SECRETS": str(work / "secrets"), "CELLAR_SEGMENT_SIZE": SEGMENT_SIZE,
-            "CELLAR_SEGMENT_TMPFS_SIZE": "80m", "CELLAR_SHM_SIZE": "64m", "CELLAR_MLOCK": "false",
+            "CELLAR_SHM_SIZE": "64m", "CELLAR_MLOCK": "false",
             "CELLAR_CI_MEMLOCK_BYTES": str(memlock_limit_bytes())})
         compose.down()  # a run killed before its teardown left these behind
+        ports_free(LOOPBACK_PORTS)
         t = time.monotonic()
         compose("up", "-d", "--no-build", *SERVICES)
         times["up_s"] = time.monotonic() - t
@@ -295,7 +316,16 @@ def test_prometheus_scrapes_masters_and_nodes_and_a_dashboard_query_has_data(clu
 
     _, seconds = poll("Prometheus sees 2 masters and 3 nodes up", SCRAPE_TIMEOUT_S, jobs_up)
     cluster.times["prometheus_targets_up_s"] = seconds
-    assert "<html" in http_get(f"{PROMETHEUS}/targets").lower()
+    # the targets page itself (Debian's Prometheus serves the classic UI alone, under /classic)
+    page = ""
+    for path in ("/targets", "/classic/targets"):
+        try:
+            page = http_get(f"{PROMETHEUS}{path}")
+            break
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404, f"{path}: {exc}"
+    up_counts = dict(re.findall(r"(cellar-master|cellar-node) \((\d+/\d+) up\)", page))
+    assert up_counts == {"cellar-master": "2/2", "cellar-node": "3/3"}, up_counts or page[:2000]
     dashboard = json.loads((DEPLOY / "grafana" / "cellar.json").read_text())
     exprs = {t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])}
     query = "sum(master_key_count)"
