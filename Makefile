@@ -33,7 +33,7 @@ test-fast: venv
 # docs/compose.md): as root, with docker.io, docker-compose, debootstrap, etcd-server and
 # prometheus (.ci/run installs them). Starts its own dockerd when none runs; the Debian base image
 # and the dependency wheels are cached in $${CELLAR_COMPOSE_CACHE:-~/.cache/cellar/compose}.
-# About 3 min (4 on a fresh machine); times in .cellar/compose-times.json.
+# About 1.5-2 min (2.2 with an empty cache); times in .cellar/compose-times.json.
 test-compose: venv
 	CELLAR_COMPOSE_TEST=1 nice -n 5 $(PY) -m pytest tests/deploy/test_compose_cluster.py -q -x \
 	  -p no:cacheprovider -rs; status=$$?; cat .cellar/compose-times.json 2>/dev/null; exit $$status
