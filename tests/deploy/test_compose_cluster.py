@@ -4,8 +4,8 @@ The images are built here with no registry (composekit: a debootstrap'd Debian b
 wheelhouse), the cluster comes up with `docker-compose up -d` from deploy/compose plus the
 loopback override (every service on the host network, on 127.0.0.1) and the CI override (local
 etcd and Prometheus images, this test's secrets), and everything is checked from the host:
-- every Cellar container's HEALTHCHECK turns healthy and every process in every container runs
-  as a non-root user;
+- every Cellar container's HEALTHCHECK turns healthy, every process in every container runs
+  as a non-root user, and every container is on the host network alone;
 - the SDK connects through etcd://127.0.0.1:2379/cellar with a token from the compose secrets,
   writes 200 objects and reads them back;
 - `docker kill` of the leader's container: the standby takes over and every object reads back;
@@ -260,6 +260,14 @@ def test_every_process_in_every_container_runs_as_a_non_root_user(cluster: Clust
             assert uid != "0", f"{name}: {args} runs as root"
             if name in MASTERS or name in NODES:
                 assert uid == str(CELLAR_UID), f"{name}: {args} runs as uid {uid}"
+
+
+def test_every_container_is_on_the_host_network_alone(cluster: Cluster) -> None:
+    """All test traffic on loopback: no container joins a bridge (or any other) network."""
+    for name in SERVICES:
+        networks = json.loads(cluster.engine.docker(
+            "inspect", "--format", "{{json .NetworkSettings.Networks}}", cluster.compose.container(name)))
+        assert list(networks) == ["host"], f"{name}: {list(networks)}"
 
 
 def test_the_sdk_writes_and_reads_back_200_objects_through_etcd(cluster: Cluster) -> None:
