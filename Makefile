@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast fuzz lint proto bench bench-quick bench-parts bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-parts bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,20 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest tests/unit -q
+
+# The docker-compose cluster of deploy/compose for real (tests/deploy/test_compose_cluster.py,
+# docs/compose.md): as root, with docker.io, docker-compose, debootstrap, etcd-server and
+# prometheus (.ci/run installs them). Starts its own dockerd when none runs; the Debian base image
+# and the dependency wheels are cached in $${CELLAR_COMPOSE_CACHE:-~/.cache/cellar/compose}.
+# About 1.5-2 min (2.2 with an empty cache); times in .cellar/compose-times.json.
+test-compose: venv
+	CELLAR_COMPOSE_TEST=1 nice -n 5 $(PY) -m pytest tests/deploy/test_compose_cluster.py -q -x \
+	  -p no:cacheprovider -rs; status=$$?; cat .cellar/compose-times.json 2>/dev/null; exit $$status
+
+# What deploy/Dockerfile installs from (the build itself needs no network): this clone's wheel
+# and its dependencies', for the image's Python (3.11).
+wheelhouse: venv
+	$(PY) -m pip wheel --quiet --no-build-isolation --wheel-dir wheelhouse .
 
 # Longer fuzzing of the decoders: the hypothesis properties of tests/fuzz with
 # FUZZ_EXAMPLES fresh random examples each, then (if atheris installs) coverage-guided runs of
