@@ -139,7 +139,8 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
     def __init__(self, storage_config: Any, kwargs: dict[str, Any] | None = None) -> None:
         self.storage_config = storage_config
         extra = getattr(storage_config, "extra_config", None)
-        self.settings = settings_from(extra)
+        self.settings = settings_from(extra)  # refuses a config without "master" (or None)
+        assert isinstance(extra, dict)
         # Zero-copy by default: SGLang's controller reads this key of the same dict after it
         # has created the backend (an explicit 0 stays 0).
         extra.setdefault("interface_v1", 1)
