@@ -116,6 +116,16 @@ class CellarSession:
             raise cellar.Unavailable("a Cellar session call from its own loop thread")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def healthy(self) -> bool:
+        """Open, or not waiting out a failed open (what an adapter reports as its health)."""
+        return not self._closed and (self._client is not None
+                                     or time.monotonic() >= self._next_try_s)
+
+    def submit(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """`fn(client)` on the session's loop, as a future a thread can wait on or attach a
+        callback to (the callback runs on the session's loop thread)."""
+        return self._submit(self._call(fn))
+
     async def run(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]]) -> T:
         """`fn(client)` on the session's loop, awaited from the caller's loop without blocking
         it; raises what the SDK raises (the connector maps it)."""
