@@ -197,3 +197,27 @@ def test_adapter_interface_through_the_plugin_factory(cluster) -> None:
             assert client.exists_many([object_name(fmt, k) for k in keys[:3]]) == [False, False, True]
     finally:
         adapter.close()
+
+
+def test_documented_server_line_parses_to_the_cellar_adapter() -> None:
+    """The `lmcache server` line of docs/engines-lmcache.md, parsed by LMCache's own server
+    command, names the Cellar adapter through the `plugin` type."""
+    import argparse
+    import shlex
+
+    from lmcache.cli.commands.server import ServerCommand
+    from lmcache.v1.distributed.config import parse_args_to_config
+
+    doc = (HERE.parents[1] / "docs" / "engines-lmcache.md").read_text()
+    section = doc.split("### The lines to copy", 1)[1]
+    lines = section.split("lmcache server", 1)[1].split("\n\n", 1)[0].split("\n#", 1)[0]
+    argv = shlex.split(lines.replace("\\\n", " "))
+    parser = argparse.ArgumentParser()
+    ServerCommand().add_arguments(parser)
+    args = parser.parse_args(argv)
+    (adapter,) = parse_args_to_config(args).l2_adapter_config.adapters
+    assert isinstance(adapter, PluginL2AdapterConfig)
+    assert (adapter.module_path, adapter.class_name) == ("cellar.integrations.lmcache.l2_adapter",
+                                                         "CellarL2Adapter")
+    config = CellarL2AdapterConfig.from_dict(adapter.adapter_params)
+    assert config.chunk_size == args.chunk_size  # the format's chunk size is the server's
