@@ -18,6 +18,7 @@ from typing import Protocol
 
 MAX_AVOID_NODES = 256
 MAX_PREFERRED_HOST_CHARS = 256
+MAX_SOFT_PIN_TTL_MS = 7 * 24 * 3600 * 1000  # a week: a soft pin is a cache priority, not storage
 # ids (put, alloc, pin, freed seq) are (epoch_ms << ID_EPOCH_SHIFT) + counter: unique across
 # master restarts because the epoch grows. An id off the wire above MAX_ID is not one this
 # cluster could have issued (epoch_ms < 2^41 until the year 2039, so 2^63 leaves room).
@@ -62,6 +63,7 @@ class PutItem:
     upsert: bool = False
     preferred_host_id: str = ""
     avoid_node_ids: Sequence[str] = field(default_factory=list)
+    soft_pin_ttl_ms: int = 0
 
 
 @dataclass
@@ -86,6 +88,7 @@ class PutItemLike(Protocol):
     upsert: bool
     preferred_host_id: str
     avoid_node_ids: Sequence[str]
+    soft_pin_ttl_ms: int
 
 
 class PutEndLike(Protocol):
