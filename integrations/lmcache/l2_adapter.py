@@ -79,9 +79,9 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.platform import create_event_notifier
 
 import cellar
-from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
+from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
-from cellar.integrations.lmcache.session import FAILURES, CellarSession
+from cellar.integrations.lmcache.session import FAILURES, CellarSession, read_into
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,7 +97,6 @@ DEFAULT_CHUNK_SIZE = 256  # LMCache's own default --chunk-size
 # formats one adapter remembers (one per model, object group and layout in practice).
 MAX_FORMATS = 1024
 _STORED = (Status.OK, Status.ALREADY_EXISTS)
-_KEY_MISSES = (cellar.NotFound, cellar.NotReady, BufferTooSmall, cellar.IntegrityError)
 
 
 class CellarL2AdapterConfig(L2AdapterConfigBase):
@@ -346,18 +345,7 @@ class CellarL2Adapter(L2AdapterInterface):
 
     async def _load(self, client: cellar.AsyncClient, names: list[str], buffers: list[Any],
                     expected: list[int]) -> list[int]:
-        budget_s = self.config.timeout_s
-        try:
-            sizes = await client.get_many_into(names, buffers, timeout_s=budget_s)
-        except BufferTooSmall:
-            # An object larger than its buffer is of another size: the SDK refuses the whole
-            # batch before any transfer; read key by key, that object (and only it) failing.
-            sizes = []
-            for name, buffer in zip(names, buffers, strict=True):
-                try:
-                    sizes.append(await client.get_into(name, buffer))
-                except _KEY_MISSES:
-                    sizes.append(cellar.MISS)
+        sizes = await read_into(client, names, buffers, self.config.timeout_s, prefix=False)
         refused = [n for n, s, e in zip(names, sizes, expected, strict=True) if 0 <= s != e]
         if refused:
             log.warning("Cellar L2: refused %d object(s) of another size, first %s",
