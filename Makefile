@@ -99,7 +99,7 @@ clean:
 # clone, and reused while the recipe is unchanged (SGLang: ~1-2 min, 2.5 GB on a fresh machine;
 # LMCache: ~1.5 min, 1.6 GB). `make engine-venv-sglang` / `make engine-venv-lmcache` print the
 # venv's folder; its python is <folder>/bin/python. The engine tests run from that venv with
-# this clone's code on PYTHONPATH (build/engine-site).
+# this clone's code on PYTHONPATH (a folder of symlinks into the clone, kept in the engine cache).
 ENGINE_VENV := $(PYTHON) tests/engines/engine_venv.py
 ENGINE_PYTEST := -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning
 
