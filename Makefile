@@ -117,7 +117,8 @@ test-engines: test-engines-sglang test-engines-lmcache
 test-engines-sglang:
 	nice -n 10 $(ENGINE_VENV) run sglang -- $(ENGINE_PYTEST) tests/engines tests/compat/test_mooncake_sglang.py -k sglang
 
-# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
+# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages;
+# MP mode: LMCache's StorageManager with Cellar as its plugin L2 adapter (test_lmcache_mp*).
 test-engines-lmcache:
 	nice -n 10 $(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache
 
