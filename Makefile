@@ -113,7 +113,7 @@ clean:
 # clone, and reused while the recipe is unchanged (SGLang: ~1-2 min, 2.5 GB on a fresh machine;
 # LMCache: ~1.5 min, 1.6 GB). `make engine-venv-sglang` / `make engine-venv-lmcache` print the
 # venv's folder; its python is <folder>/bin/python. The engine tests run from that venv with
-# this clone's code on PYTHONPATH (build/engine-site).
+# this clone's code on PYTHONPATH (a folder of symlinks into the clone, kept in the engine cache).
 ENGINE_VENV := $(PYTHON) tests/engines/engine_venv.py
 ENGINE_PYTEST := -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::UserWarning
 
@@ -135,7 +135,8 @@ test-engines-sglang:
 	$(ENGINE_VENV) run sglang -- $(ENGINE_PRESENT) sglang
 	nice -n 10 $(ENGINE_VENV) run sglang -- $(ENGINE_PYTEST) tests/engines tests/compat/test_mooncake_sglang.py -k sglang
 
-# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages.
+# LMCacheEngine store/lookup/retrieve through plugin://cellar on a loopback cluster, outages;
+# MP mode: LMCache's StorageManager with Cellar as its plugin L2 adapter (test_lmcache_mp*).
 test-engines-lmcache:
 	$(ENGINE_VENV) run lmcache -- $(ENGINE_PRESENT) lmcache
 	nice -n 10 $(ENGINE_VENV) run lmcache -- $(ENGINE_PYTEST) tests/engines -k lmcache

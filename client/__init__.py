@@ -41,8 +41,9 @@ Import rule: must not import cellar.master.*, cellar.storage_node.*, cellar.benc
 
 from cellar.client.aio import AsyncClient, connect_async
 from cellar.client.buffers import alloc_buffer
+from cellar.client.puts import PutHints
 from cellar.client.statuses import LATE, MISS, ClientClosed, Unauthenticated
 from cellar.client.sync import Client, connect
 
-__all__ = ["LATE", "MISS", "AsyncClient", "Client", "ClientClosed", "Unauthenticated",
+__all__ = ["LATE", "MISS", "AsyncClient", "Client", "ClientClosed", "PutHints", "Unauthenticated",
            "alloc_buffer", "connect", "connect_async"]

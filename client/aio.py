@@ -46,6 +46,7 @@ from cellar.client.checks import DEFAULT_MAX_LIST_KEYS, UNPIN_DELAY_S, Limits, v
 from cellar.client.connect_args import ConnectArgs, opened
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.puts import PutHints
 from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
@@ -181,22 +182,23 @@ class AsyncClient:
 
     # ---- put -------------------------------------------------------------------------------
 
-    async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
+    async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False,
+                  hints: PutHints | None = None) -> None:
         """As `Client.put`."""
         await self._run(operations.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin), "put")
+                                soft_pin=soft_pin, hints=hints), "put")
 
     async def upsert(self, key: str, value: Any, *, replicas: int = 1,
-                     soft_pin: bool = False) -> None:
+                     soft_pin: bool = False, hints: PutHints | None = None) -> None:
         """As `Client.upsert`."""
         await self._run(operations.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin, upsert=True), "put")
+                                soft_pin=soft_pin, upsert=True, hints=hints), "put")
 
     async def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
-                       upsert: bool = False) -> list[Status]:
+                       upsert: bool = False, hints: PutHints | None = None) -> list[Status]:
         """As `Client.put_many`."""
         return await self._run(operations.put_many(self._session(), items, replicas=replicas,
-                                            soft_pin=soft_pin, upsert=upsert), "put")
+                                            soft_pin=soft_pin, upsert=upsert, hints=hints), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
@@ -357,16 +359,19 @@ class AsyncClient:
                                                               "get")
 
     async def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
-                        soft_pin: bool = False, upsert: bool = False) -> None:
+                        soft_pin: bool = False, upsert: bool = False,
+                        hints: PutHints | None = None) -> None:
         """As `Client.put_parts`."""
         await self._run(buffer_operations.put_parts(self._session(), key, parts, replicas=replicas,
-                                              soft_pin=soft_pin, upsert=upsert), "put")
+                                              soft_pin=soft_pin, upsert=upsert, hints=hints), "put")
 
     async def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
-                             soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+                             soft_pin: bool = False, upsert: bool = False,
+                             hints: PutHints | None = None) -> list[Status]:
         """As `Client.put_many_parts`."""
         return await self._run(buffer_operations.put_many_parts(self._session(), items, replicas=replicas,
-                                                          soft_pin=soft_pin, upsert=upsert), "put")
+                                                          soft_pin=soft_pin, upsert=upsert,
+                                                          hints=hints), "put")
 
     async def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
         """As `Client.get_into_parts`."""

@@ -127,14 +127,15 @@ def _source_parts(parts: Any, what: str) -> tuple[memoryview, ...]:
 
 
 def put_parts(s: Session, key: Any, parts: Any, *, replicas: Any = 1, soft_pin: Any = False,
-              upsert: Any = False) -> Flow[None]:
+              upsert: Any = False, hints: Any = None) -> Flow[None]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = parts_entries([(key, _source_parts(parts, "parts"))])
-    yield from operations.put_one_entry(s, entry, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+    yield from operations.put_one_entry(s, entry, replicas=replicas, soft_pin=soft_pin,
+                                        upsert=upsert, hints=hints)
 
 
 def put_many_parts(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False,
-                   upsert: Any = False) -> Flow[list[Status]]:
+                   upsert: Any = False, hints: Any = None) -> Flow[list[Status]]:
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
         raise InvalidArgument("items must be a sequence of (key, parts) pairs")
     checked: list[tuple[str, tuple[memoryview, ...]]] = []
@@ -148,7 +149,7 @@ def put_many_parts(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any =
         seen.add(key)
         checked.append((key, _source_parts(pair[1], f"parts of {key!r}")))
     return (yield from operations.put_entries_flow(s, parts_entries(checked), replicas=replicas,
-                                            soft_pin=soft_pin, upsert=upsert))
+                                            soft_pin=soft_pin, upsert=upsert, hints=hints))
 
 
 def get_into_parts(s: Session, key: Any, parts: Any) -> Flow[int]:

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 from cellar.client.checks import MAX_UNPINS_PER_CALL, MIN_RETRY_BUDGET_S, Limits, batch_ranges
 from cellar.client.gets import GetBatch, GetEntry, release_views
 from cellar.client.pointers import PointerRegistry
-from cellar.client.puts import PutBatch, PutEntry, hash_values
+from cellar.client.puts import PutBatch, PutEntry, PutHints, hash_values
 from cellar.client.session_state import (
     NodeHealth,
     TransferRound,
@@ -141,12 +141,12 @@ def transfer(s: Session, kind: str, ops: list[TransferOp], deadline: float,
 # ---- put ----------------------------------------------------------------------------------
 
 def run_puts(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bool,
-             upsert: bool, deadline: float) -> Flow[list[PutEntry]]:
+             upsert: bool, deadline: float, hints: PutHints | None = None) -> Flow[list[PutEntry]]:
     for span in batch_ranges(len(entries), s.limits.max_batch_keys):
         chunk = entries[span.start:span.stop]
         generation = s.master.generation
         yield from put_batch(s, chunk, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
-                             deadline=deadline)
+                             deadline=deadline, hints=hints)
         # Keys a leader change left UNAVAILABLE (a node refused the old epoch's grant, or the
         # new leader's nodes are still mounting) are placed again while time is left.
         backoff_s = FAILOVER_BACKOFF_FIRST_S
@@ -161,7 +161,7 @@ def run_puts(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bo
             fresh = [PutEntry(chunk[i].key, chunk[i].value, chunk[i].checksum, parts=chunk[i].parts)
                      for i in again]
             yield from put_batch(s, fresh, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
-                                 deadline=deadline)
+                                 deadline=deadline, hints=hints)
             for i, entry in zip(again, fresh, strict=True):
                 chunk[i].status, chunk[i].message = entry.status, entry.message
         if not upsert and near_failover(s, generation):
@@ -176,11 +176,11 @@ def near_failover(s: Session, generation: int) -> bool:
 
 
 def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bool,
-              upsert: bool, deadline: float) -> Flow[None]:
+              upsert: bool, deadline: float, hints: PutHints | None = None) -> Flow[None]:
     fusing = any(getattr(t, "hashes_writes", False) for t in s.transports.transports)
     batch = PutBatch(entries, tenant=s.tenant, replicas=replicas, soft_pin=soft_pin,
                      upsert=upsert, health=s.health,
-                     hashes_writes=_hashes_writes(s) if fusing else None)
+                     hashes_writes=_hashes_writes(s) if fusing else None, hints=hints)
     # Scatter-gather values are left to a transport that hashes as it copies: hashing their
     # many small parts beforehand holds the GIL per part (xxhash releases it only for long
     # inputs), which stalled the copy threads; whole values still hash during PutStart.

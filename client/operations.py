@@ -33,7 +33,7 @@ from cellar.client.checks import (
 )
 from cellar.client.flows import Flow, Record, Session
 from cellar.client.gets import GetEntry, into_result, miss_or_raise, release_views, take_value
-from cellar.client.puts import PutEntry, put_entries
+from cellar.client.puts import PutEntry, PutHints, put_entries
 from cellar.client.statuses import LATE
 from cellar.errors import InvalidArgument, Status
 
@@ -59,49 +59,61 @@ def get_record(entries: list[GetEntry]) -> Record:
 # ---- put ----------------------------------------------------------------------------------
 
 def put_views(s: Session, pairs: list[tuple[str, memoryview]], *, replicas: Any, soft_pin: Any,
-              upsert: Any) -> Flow[list[Status]]:
+              upsert: Any, hints: Any = None) -> Flow[list[Status]]:
     """Store checked (key, view) pairs; one status per pair (the batched put forms)."""
     return (yield from put_entries_flow(s, put_entries(pairs), replicas=replicas,
-                                        soft_pin=soft_pin, upsert=upsert))
+                                        soft_pin=soft_pin, upsert=upsert, hints=hints))
+
+
+def check_hints(hints: Any, soft_pin: bool) -> PutHints | None:
+    if hints is None:
+        return None
+    if not isinstance(hints, PutHints):
+        raise InvalidArgument(f"hints must be a PutHints, not {type(hints).__name__}")
+    return hints.check(soft_pin)
 
 
 def put_entries_flow(s: Session, entries: list[PutEntry], *, replicas: Any, soft_pin: Any,
-                     upsert: Any) -> Flow[list[Status]]:
+                     upsert: Any, hints: Any = None) -> Flow[list[Status]]:
     replicas = validate_replicas(replicas)
+    hints = check_hints(hints, bool(soft_pin))
     entries = yield from flows.run_puts(s, entries, replicas=replicas, soft_pin=bool(soft_pin),
-                                        upsert=bool(upsert), deadline=s.deadline())
+                                        upsert=bool(upsert), deadline=s.deadline(), hints=hints)
     yield _put_record(entries)
     return _statuses(entries)
 
 
 def put_one_view(s: Session, key: str, view: memoryview, *, replicas: Any, soft_pin: Any,
-                 upsert: Any) -> Flow[None]:
+                 upsert: Any, hints: Any = None) -> Flow[None]:
     """Store one checked value; raises the key's error (the single put forms)."""
     yield from put_one_entry(s, put_entries([(key, view)])[0], replicas=replicas,
-                             soft_pin=soft_pin, upsert=upsert)
+                             soft_pin=soft_pin, upsert=upsert, hints=hints)
 
 
 def put_one_entry(s: Session, entry: PutEntry, *, replicas: Any, soft_pin: Any,
-                  upsert: Any) -> Flow[None]:
+                  upsert: Any, hints: Any = None) -> Flow[None]:
     replicas = validate_replicas(replicas)
+    hints = check_hints(hints, bool(soft_pin))
     yield from flows.run_puts(s, [entry], replicas=replicas, soft_pin=bool(soft_pin),
-                              upsert=bool(upsert), deadline=s.deadline())
+                              upsert=bool(upsert), deadline=s.deadline(), hints=hints)
     yield _put_record([entry])
     if entry.status != Status.OK:
         raise entry.error()
 
 
 def put(s: Session, key: Any, value: Any, *, replicas: Any = 1, soft_pin: Any = False,
-        upsert: Any = False) -> Flow[None]:
+        upsert: Any = False, hints: Any = None) -> Flow[None]:
     key = validate_key(key, s.limits.max_key_bytes)
     view = validate_value(value)
-    yield from put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin, upsert=upsert)
+    yield from put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
+                            hints=hints)
 
 
 def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False,
-             upsert: Any = False) -> Flow[list[Status]]:
+             upsert: Any = False, hints: Any = None) -> Flow[list[Status]]:
     pairs = normalize_items(items, s.limits.max_key_bytes)
-    return (yield from put_views(s, pairs, replicas=replicas, soft_pin=soft_pin, upsert=upsert))
+    return (yield from put_views(s, pairs, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
+                                 hints=hints))
 
 
 # ---- get ----------------------------------------------------------------------------------

@@ -24,11 +24,52 @@ from typing import Any
 from cellar.client.checks import MAX_PUT_ATTEMPTS, NODE_TROUBLE, checksum
 from cellar.client.session_state import NodeHealth, replica_grant, routes_from_segments
 from cellar.client.statuses import check_result_count, status_error, to_status
-from cellar.errors import CellarError, Status
+from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_WRITE
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult, hash_views
 from cellar.transfer.frame import WriteMeta
+
+MAX_SOFT_PIN_TTL_MS = 1 << 53          # bound on garbage input (the master has its own maximum)
+MAX_PREFERRED_HOST_CHARS = 256         # a host id (machine-id or hostname), as the master bounds it
+
+
+@dataclass(frozen=True, slots=True)
+class PutHints:
+    """What a write may ask of the master beyond replicas and soft pin (carried in each
+    PutStart item): a soft pin that lapses `soft_pin_ttl_ms` after the write (0: it does
+    not lapse), a hard pin (never evicted; the tenant needs the hard-pin right), and the host
+    whose node should take the first replica when it has room (a preference, not a rule)."""
+
+    soft_pin_ttl_ms: int = 0
+    hard_pin: bool = False
+    preferred_host_id: str = ""
+
+    def check(self, soft_pin: bool) -> PutHints:
+        """This, or InvalidArgument for values the master would refuse anyway."""
+        ttl = self.soft_pin_ttl_ms
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_SOFT_PIN_TTL_MS:
+            raise InvalidArgument(f"soft_pin_ttl_ms must be an int in [0, {MAX_SOFT_PIN_TTL_MS}]")
+        if ttl and not soft_pin:
+            raise InvalidArgument("soft_pin_ttl_ms needs soft_pin=True")
+        if self.hard_pin and soft_pin:
+            raise InvalidArgument("soft_pin and hard_pin are exclusive")
+        host = self.preferred_host_id
+        if not isinstance(host, str) or len(host) > MAX_PREFERRED_HOST_CHARS:
+            raise InvalidArgument(f"preferred_host_id must be a str of at most "
+                                  f"{MAX_PREFERRED_HOST_CHARS} characters")
+        return self
+
+    def fields(self) -> dict[str, Any]:
+        """The PutItem fields these hints set (defaults are left out: not serialized)."""
+        out: dict[str, Any] = {}
+        if self.soft_pin_ttl_ms:
+            out["soft_pin_ttl_ms"] = self.soft_pin_ttl_ms
+        if self.hard_pin:
+            out["hard_pin"] = True
+        if self.preferred_host_id:
+            out["preferred_host_id"] = self.preferred_host_id
+        return out
 
 
 @dataclass(slots=True)
@@ -62,7 +103,8 @@ class PutBatch:
 
     def __init__(self, entries: list[PutEntry], *, tenant: str, replicas: int, soft_pin: bool,
                  upsert: bool, health: NodeHealth, max_attempts: int = MAX_PUT_ATTEMPTS,
-                 hashes_writes: Callable[[SegmentRoute], bool] | None = None) -> None:
+                 hashes_writes: Callable[[SegmentRoute], bool] | None = None,
+                 hints: PutHints | None = None) -> None:
         self.entries = entries
         # Whether the transport that will write to a route hashes as it copies: then a
         # scatter-gather value is not hashed beforehand (`TransferOp.want_checksum`).
@@ -71,6 +113,7 @@ class PutBatch:
         self._replicas = replicas
         self._soft_pin = soft_pin
         self._upsert = upsert
+        self._hints = hints
         self._health = health
         self._max_attempts = max_attempts
         self._inflight: list[int] = []       # entry indexes of the last PutStart, in order
@@ -95,8 +138,10 @@ class PutBatch:
         PutItem = pb.PutItem
         # Flags that are set, once: a field at its default is not serialized anyway, and
         # every keyword costs the protobuf constructor time (this runs once per key).
-        flags = {name: True for name, on in (("soft_pin", self._soft_pin),
-                                             ("upsert", self._upsert)) if on}
+        flags: dict[str, Any] = {name: True for name, on in (("soft_pin", self._soft_pin),
+                                                             ("upsert", self._upsert)) if on}
+        if self._hints is not None:
+            flags.update(self._hints.fields())
         replicas = self._replicas
         for i in pending:
             e = self.entries[i]

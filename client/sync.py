@@ -51,7 +51,7 @@ from cellar.client.checks import (
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
-from cellar.client.puts import hash_values, unhashed_bytes
+from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
 from cellar.client.session_state import TransportSet, UnpinQueue
 from cellar.client.statuses import ClientClosed
@@ -199,22 +199,27 @@ class Client:
 
     # ---- put -------------------------------------------------------------------------------
 
-    def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
+    def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False,
+            hints: PutHints | None = None) -> None:
         """Store `value` under `key`; raises `cellar.AlreadyExists` if the key exists.
 
         `value` is any C-contiguous buffer (bytes, bytearray, memoryview, numpy array, CPU
         torch tensor, ...) of at least one byte. Every replica is written (in parallel) before
         the object becomes visible; on failure the put is revoked and the error raised.
+        `hints` (`cellar.client.PutHints`, every put form takes it): a soft pin that lapses, a
+        hard pin, a preferred host for the first replica.
         """
-        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin), "put")
+        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin,
+                                 hints=hints), "put")
 
-    def upsert(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False) -> None:
+    def upsert(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False,
+               hints: PutHints | None = None) -> None:
         """Store `value` under `key`, replacing any existing value."""
-        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin, upsert=True),
-                  "put")
+        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin,
+                                 upsert=True, hints=hints), "put")
 
     def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
-                 upsert: bool = False) -> list[Status]:
+                 upsert: bool = False, hints: PutHints | None = None) -> list[Status]:
         """Store many values; one `cellar.Status` per item in input order.
 
         `items` is a mapping or a sequence of (key, value) pairs (keys unique). A key that
@@ -223,7 +228,7 @@ class Client:
         of raising. Bad arguments raise `cellar.InvalidArgument` before anything is sent.
         """
         return self._run(operations.put_many(self._s, items, replicas=replicas, soft_pin=soft_pin,
-                                      upsert=upsert), "put")
+                                      upsert=upsert, hints=hints), "put")
 
     # ---- get -------------------------------------------------------------------------------
 
@@ -348,16 +353,19 @@ class Client:
                                                         timeout_s=timeout_s, prefix=prefix), "get")
 
     def put_parts(self, key: str, parts: Sequence[Any], *, replicas: int = 1,
-                  soft_pin: bool = False, upsert: bool = False) -> None:
+                  soft_pin: bool = False, upsert: bool = False,
+                  hints: PutHints | None = None) -> None:
         """Store the concatenation of `parts` (in order, no staging copy) under `key`."""
         self._run(buffer_operations.put_parts(self._s, key, parts, replicas=replicas, soft_pin=soft_pin,
-                                        upsert=upsert), "put")
+                                        upsert=upsert, hints=hints), "put")
 
     def put_many_parts(self, items: Sequence[tuple[str, Sequence[Any]]], *, replicas: int = 1,
-                       soft_pin: bool = False, upsert: bool = False) -> list[Status]:
+                       soft_pin: bool = False, upsert: bool = False,
+                       hints: PutHints | None = None) -> list[Status]:
         """`put_parts` for many (key, parts) pairs; one `cellar.Status` per key."""
         return self._run(buffer_operations.put_many_parts(self._s, items, replicas=replicas,
-                                                    soft_pin=soft_pin, upsert=upsert), "put")
+                                                    soft_pin=soft_pin, upsert=upsert,
+                                                    hints=hints), "put")
 
     def get_into_parts(self, key: str, parts: Sequence[Any]) -> int:
         """Read `key` into `parts` in order; their total must equal the object's size."""

@@ -10,8 +10,10 @@ What it owns
                      SGLang's `dynamic` backend factory from `cellar.integrations.sglang`):
                      `backend.py` the class, `link.py` its SDK client, `pages.py` the host
                      pool's pages as zero-copy views.
-    - `lmcache/`     the LMCache remote-storage plugin (`cellar.integrations.lmcache`):
-                     `connector.py` the connector, `session.py` its event-loop SDK client.
+    - `lmcache/`     LMCache (`cellar.integrations.lmcache`): `connector.py` the remote-storage
+                     plugin, `l2_adapter.py` the L2 adapter of its multiprocess mode (loaded
+                     by LMCache's `plugin` adapter type), `session.py` the event-loop SDK
+                     client and batched read both use.
 
 What it guarantees
     A reader whose format differs from the writer's sees a miss, never the writer's bytes

@@ -287,6 +287,7 @@ class NodeRpcs:
             self.expire_node(node)
         self.pins.sweep(now)
         self.puts_timed_out += self.objects.sweep_writers(now)
+        self.objects.sweep_soft_pins(now)
         self.quarantine.release_due(now)
         self.evict_to_watermark()
 

@@ -20,6 +20,7 @@ from cellar.master.state.ids import MAX_ID
 
 MAX_AVOID_NODES = 256
 MAX_PREFERRED_HOST_CHARS = 256
+MAX_SOFT_PIN_TTL_MS = 7 * 24 * 3600 * 1000  # a week: a soft pin is a cache priority, not storage
 
 
 class RequestRejected(Exception):
@@ -59,6 +60,7 @@ class PutItem:
     upsert: bool = False
     preferred_host_id: str = ""
     avoid_node_ids: Sequence[str] = field(default_factory=list)
+    soft_pin_ttl_ms: int = 0
 
 
 @dataclass
@@ -83,6 +85,7 @@ class PutItemLike(Protocol):
     upsert: bool
     preferred_host_id: str
     avoid_node_ids: Sequence[str]
+    soft_pin_ttl_ms: int
 
 
 class PutEndLike(Protocol):

@@ -54,6 +54,7 @@ from cellar.master.replies import (
 from cellar.master.requests import (
     MAX_AVOID_NODES,
     MAX_PREFERRED_HOST_CHARS,
+    MAX_SOFT_PIN_TTL_MS,
     Clock,
     PutEndItem,
     PutEndLike,
@@ -284,6 +285,8 @@ class MasterService:
             return PutStartResult(INVALID, f"replicas {replicas} is over max_replicas ({config.max_replicas})")
         if item.soft_pin and item.hard_pin:
             return PutStartResult(INVALID, "soft_pin and hard_pin are exclusive")
+        if item.soft_pin and item.soft_pin_ttl_ms > MAX_SOFT_PIN_TTL_MS:
+            return PutStartResult(INVALID, f"soft_pin_ttl_ms above {MAX_SOFT_PIN_TTL_MS}")
         if key in tenant.objects and not item.upsert:
             return PutStartResult(Status.ALREADY_EXISTS, "key exists (use upsert to replace it)")
         if key in tenant.writing:
@@ -325,6 +328,8 @@ class MasterService:
         tag = key_tag(tenant.name, key)
         obj = Obj(tenant, key, size, reserved, put_id, pin_kind, now + ttl_s, tag)
         self.objects.begin(obj, placements, self.alloc_ids.next)
+        if pin_kind == SOFT_PIN and item.soft_pin_ttl_ms:
+            self.objects.lapse_soft_pin(obj, now + item.soft_pin_ttl_ms / 1000)
         expiry_ms = wall_ms + int(ttl_s * 1000)
         granted = self.grants.all(obj, GRANT_OP_WRITE, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)

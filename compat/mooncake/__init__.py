@@ -10,7 +10,7 @@ the path users type stays `cellar.compat.mooncake`.
 from __future__ import annotations
 
 from cellar.compat.mooncake.codes import ErrorCode
-from cellar.compat.mooncake.config import ReplicateConfig
+from cellar.compat.mooncake.config import ReplicateConfig, SoftPinAction
 from cellar.compat.mooncake.store import MooncakeDistributedStore
 
-__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cellar.client import Client
+from cellar.client import Client, PutHints
 from cellar.compat.mooncake.codes import ErrorCode, code_for, put_code
 from cellar.errors import CellarError, Timeout, Unavailable
 
@@ -59,24 +59,25 @@ def _put_each(items: Sequence[tuple[str, Any]], batch: Callable[[], list[Any]],
 
 
 def put_views(client: Client, items: Sequence[tuple[str, Any]], *, replicas: int,
-              soft_pin: bool, upsert: bool) -> list[int]:
+              soft_pin: bool, upsert: bool, hints: PutHints | None = None) -> list[int]:
     """Store each (key, buffer); 0 per stored (or, without upsert, already present) key."""
     write = client.upsert if upsert else client.put
     return _put_each(
         items,
-        lambda: client.put_many(list(items), replicas=replicas, soft_pin=soft_pin, upsert=upsert),
-        lambda key, value: write(key, value, replicas=replicas, soft_pin=soft_pin))
+        lambda: client.put_many(list(items), replicas=replicas, soft_pin=soft_pin, upsert=upsert,
+                                hints=hints),
+        lambda key, value: write(key, value, replicas=replicas, soft_pin=soft_pin, hints=hints))
 
 
 def put_parts(client: Client, items: Sequence[tuple[str, Sequence[memoryview]]], *, replicas: int,
-              soft_pin: bool, upsert: bool) -> list[int]:
+              soft_pin: bool, upsert: bool, hints: PutHints | None = None) -> list[int]:
     """Store each key as its parts concatenated in order (no staging copy)."""
     return _put_each(
         items,
         lambda: client.put_many_parts(list(items), replicas=replicas, soft_pin=soft_pin,
-                                      upsert=upsert),
+                                      upsert=upsert, hints=hints),
         lambda key, parts: client.put_parts(key, list(parts), replicas=replicas,
-                                            soft_pin=soft_pin, upsert=upsert))
+                                            soft_pin=soft_pin, upsert=upsert, hints=hints))
 
 
 def get_views(client: Client, keys: Sequence[str], views: Sequence[memoryview]) -> list[int]:

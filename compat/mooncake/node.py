@@ -59,14 +59,36 @@ SECRET_ENV = "CELLAR_CLUSTER_SECRET"
 SECRET_FILE = "~/.cellar/cluster-secret"
 
 
+# Mooncake's transfer engine picks its port here when local_hostname names none.
+SEGMENT_PORT_RANGE = (12300, 14300)
+PORT_TRIES = 64
+
+
+def free_port(host: str, low: int = SEGMENT_PORT_RANGE[0], high: int = SEGMENT_PORT_RANGE[1]) -> int:
+    """A port in [low, high] nothing listens on at `host` now (random start, bounded tries);
+    `low` if none is found (the node's start then reports the clash)."""
+    start = secrets.randbelow(high - low + 1)
+    for i in range(min(PORT_TRIES, high - low + 1)):
+        port = low + (start + i) % (high - low + 1)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return low
+
+
 class EmbeddedNode:
     """One `cellar node` child serving `segment_bytes` for the cluster at `master`."""
 
-    def __init__(self, master: str, segment_bytes: int, host: str) -> None:
+    def __init__(self, master: str, segment_bytes: int, host: str, port: int = 0) -> None:
         # Segments are whole pages; Mooncake takes any size, so round down rather than refuse.
         self.segment_bytes = segment_bytes - segment_bytes % mmap.PAGESIZE
         self.master = master
         self.host = host
+        self.port = port  # the data-plane port (0: any), get_hostname()'s port
         hostname = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0])[:48]
         self.node_id = f"{NODE_ID_PREFIX}-{hostname}-{os.getpid()}-{secrets.token_hex(3)}"
         self._dir = Path(tempfile.mkdtemp(prefix="cellar-mooncake-node-",
@@ -116,7 +138,8 @@ class EmbeddedNode:
     def _keep(self, started: threading.Event, failure: list[BaseException]) -> None:
         """Start the child and live until stop(): the child's PDEATHSIG follows this thread."""
         argv = [sys.executable, "-m", "cellar", "node", "--master", self.master,
-                "--listen", f"{self.host}:0", "--segment-size", str(self.segment_bytes),
+                "--listen", f"[{self.host}]:{self.port}" if ":" in self.host
+                else f"{self.host}:{self.port}", "--segment-size", str(self.segment_bytes),
                 "--shm-dir", str(self._dir), "--node-id", self.node_id]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         try:

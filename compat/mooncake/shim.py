@@ -25,9 +25,10 @@ from pathlib import Path
 MARK = "# written by cellar.compat.mooncake.shim"
 _STORE = f'''{MARK}
 """Mooncake's import path, Cellar's store (opt-in shim; see cellar.compat.mooncake.shim)."""
-from cellar.compat.mooncake import ErrorCode, MooncakeDistributedStore, ReplicateConfig
+from cellar.compat.mooncake import (ErrorCode, MooncakeDistributedStore, ReplicateConfig,
+                                    SoftPinAction)
 
-__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
 '''
 _INIT = f'{MARK}\n"""Opt-in shim package: `mooncake.store` is served by Cellar."""\n'
 

@@ -45,14 +45,15 @@ from cellar.client.sync import probe_master
 from cellar.compat.mooncake import io
 from cellar.compat.mooncake import ranges as mooncake_ranges
 from cellar.compat.mooncake.codes import ErrorCode, code_for, put_code
-from cellar.compat.mooncake.config import OptionError, ReplicateConfig, write_options
+from cellar.compat.mooncake.config import ReplicateConfig, SoftPinAction
 from cellar.compat.mooncake.memory import BufferHandle, lease_parts
-from cellar.compat.mooncake.node import EmbeddedNode
+from cellar.compat.mooncake.node import EmbeddedNode, free_port
 from cellar.compat.mooncake.setup_args import SetupConfig, SetupError, build, from_dict
 from cellar.compat.mooncake.unsupported import UNSUPPORTED, not_supported
+from cellar.compat.mooncake.writes import PutArgs, Writer, split_leased, split_segment
 from cellar.errors import BufferTooSmall, CellarError, Timeout, Unavailable
 
-__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = ["ErrorCode", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
 
 CLIENT_TIMEOUT_S = 30.0         # every SDK call's deadline (Mooncake's RPCs have their own)
 HEALTH_TIMEOUT_S = 2.0          # health_check asks the master at most this long
@@ -79,6 +80,8 @@ class MooncakeDistributedStore:
         self._client: Client | None = None
         self._node: EmbeddedNode | None = None
         self._config: SetupConfig | None = None
+        self._writer: Writer | None = None
+        self._segment_name = ""    # get_hostname(): "host:port", as Mooncake names segments
         self._pointers = PointerRegistry()   # what register_buffer vouched for (the SDK's rules)
         self._finalizer: weakref.finalize | None = None
 
@@ -122,15 +125,22 @@ class MooncakeDistributedStore:
                                         transport=config.transport)
             except CellarError as exc:
                 return code_for(exc)
+            # Mooncake names this client's segment "host:port" (its transfer engine's port: the
+            # one given, else a free one in 12300..14300); the embedded node listens there.
+            host, port = split_segment(config.local_hostname)
+            port = port or free_port(_listen_host(host))
             node = None
             if config.global_segment_bytes > 0:
                 node = EmbeddedNode(config.master_address, config.global_segment_bytes,
-                                    _listen_host(config.local_hostname))
+                                    _listen_host(host), port)
                 try:
                     node.start(lambda: [n["node_id"] for n in client.status()["nodes"]])
                 except SetupError as exc:
                     client.close()
                     return int(exc.code)
+            self._segment_name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self._writer = Writer(client, config.local_buffer_bytes, self._segment_name,
+                                  node.node_id if node is not None else None)
             self._client, self._node, self._config = client, node, config
             self._finalizer = weakref.finalize(self, _teardown, client, node)
             return 0
@@ -139,14 +149,16 @@ class MooncakeDistributedStore:
         """Stop the embedded node (its objects leave the cluster) and disconnect; 0."""
         with self._lock:
             finalizer, self._finalizer = self._finalizer, None
-            self._client = self._node = self._config = None
+            self._client = self._node = self._config = self._writer = None
+            self._segment_name = ""
             self._pointers = PointerRegistry()
         if finalizer is not None:
             finalizer()
         return 0
 
     def get_hostname(self) -> str:
-        return self._config.local_hostname if self._config is not None else ""
+        """This client's segment name, "host:port" as Mooncake returns it ("" before setup)."""
+        return self._segment_name
 
     def health_check(self) -> int:
         """0 healthy, 1 not set up or closed, 2 master unreachable (Mooncake's values)."""
@@ -423,76 +435,41 @@ class MooncakeDistributedStore:
 
     # ---- plumbing -------------------------------------------------------------------------
 
+    def _write_args(self, config: ReplicateConfig | None,
+                    keys: int) -> tuple[Writer, PutArgs] | int:
+        """The writer and the put arguments of `config`, or the code refusing the write."""
+        writer = self._writer
+        if writer is None:
+            return INVALID
+        args = writer.args(config, keys)
+        return args if isinstance(args, int) else (writer, args)
+
     def _put_values(self, keys: Sequence[str], values: Sequence[Any],
                     config: ReplicateConfig | None, *, upsert: bool) -> list[int]:
-        """Non-zero-copy writes: Mooncake stages them in the local buffer, so a value larger
-        than local_buffer_size fails there (INVALID_PARAMS); Cellar sends from the caller's
-        buffer, and keeps the limit so code tuned against Mooncake fails the same way."""
         names = list(keys)
-        if self._client is None or self._config is None or len(names) != len(values):
-            return [INVALID] * len(names)
-        try:
-            replicas, soft_pin = write_options(config)
-        except OptionError as exc:
-            return [int(exc.code)] * len(names)
-        limit = self._config.local_buffer_bytes
-        out, items, where = [0] * len(names), [], []
-        for i, (key, value) in enumerate(zip(names, values, strict=True)):
-            try:
-                view = memoryview(value)
-            except TypeError:
-                out[i] = INVALID
-                continue
-            if view.nbytes > limit:
-                out[i] = INVALID
-                continue
-            items.append((key, view))
-            where.append(i)
-        for i, code in zip(where, io.put_views(self._client, items, replicas=replicas,
-                                               soft_pin=soft_pin, upsert=upsert), strict=True):
-            out[i] = code
-        return out
+        ready = self._write_args(config, len(names))
+        if isinstance(ready, int) or len(names) != len(values):
+            return [ready if isinstance(ready, int) else INVALID] * len(names)
+        writer, args = ready
+        return writer.put_values(names, values, args, upsert=upsert)
 
     def _put_byte_parts(self, key: str, parts: Sequence[Any], config: ReplicateConfig | None, *,
-                    upsert: bool) -> int:
-        """put_parts/upsert_parts: one object from byte-like parts, sent as they are (no join)."""
-        if self._client is None or self._config is None:
-            return INVALID
-        try:
-            replicas, soft_pin = write_options(config)
-            views = [memoryview(p).cast("B") for p in parts]
-        except OptionError as exc:
-            return int(exc.code)
-        except (TypeError, ValueError):
-            return INVALID
-        if not views or sum(v.nbytes for v in views) > self._config.local_buffer_bytes:
-            return INVALID  # Mooncake stages these in the local buffer (see _put_values)
-        return io.put_parts(self._client, [(key, views)], replicas=replicas, soft_pin=soft_pin,
-                            upsert=upsert)[0]
+                        upsert: bool) -> int:
+        ready = self._write_args(config, 1)
+        if isinstance(ready, int):
+            return ready
+        writer, args = ready
+        return writer.put_byte_parts(key, parts, args, upsert=upsert)
 
     def _put_pointers(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
                       sizes: Sequence[Sequence[int]], config: ReplicateConfig | None, *,
                       upsert: bool, same_len: tuple[Sequence[Any], Sequence[Any]]) -> list[int]:
         names = list(keys)
-        client = self._client
-        if client is None or not len(names) == len(same_len[0]) == len(same_len[1]):
-            return [INVALID] * len(names)
-        try:
-            replicas, soft_pin = write_options(config)
-        except OptionError as exc:
-            return [int(exc.code)] * len(names)
-        with lease_parts(self._pointers, ptrs, sizes, writable=False) as per_key:
-            out, items, where = _split(per_key)
-            names_views = [(names[i], v) for i, v in zip(where, items, strict=True)]
-            if all(len(v) == 1 for _, v in names_views):
-                codes = io.put_views(client, [(k, v[0]) for k, v in names_views],
-                                     replicas=replicas, soft_pin=soft_pin, upsert=upsert)
-            else:
-                codes = io.put_parts(client, names_views, replicas=replicas, soft_pin=soft_pin,
-                                     upsert=upsert)
-        for i, code in zip(where, codes, strict=True):
-            out[i] = code
-        return out
+        ready = self._write_args(config, len(names))
+        if isinstance(ready, int) or not len(names) == len(same_len[0]) == len(same_len[1]):
+            return [ready if isinstance(ready, int) else INVALID] * len(names)
+        writer, args = ready
+        return writer.put_pointers(self._pointers, names, ptrs, sizes, args, upsert=upsert)
 
     def _get_pointers(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
                       sizes: Sequence[Sequence[int]], *,
@@ -502,7 +479,7 @@ class MooncakeDistributedStore:
         if client is None or not len(names) == len(same_len[0]) == len(same_len[1]):
             return [INVALID] * len(names)
         with lease_parts(self._pointers, ptrs, sizes, writable=True) as per_key:
-            out, items, where = _split(per_key)
+            out, items, where = split_leased(per_key)
             chosen = [names[i] for i in where]
             if all(len(v) == 1 for v in items):
                 got = io.get_views(client, chosen, [v[0] for v in items])
@@ -511,14 +488,6 @@ class MooncakeDistributedStore:
         for i, n in zip(where, got, strict=True):
             out[i] = n
         return out
-
-
-def _split(per_key: list[list[memoryview] | int]) -> tuple[list[int], list[list[memoryview]], list[int]]:
-    """(results with each refused key's code, the usable keys' views, their indexes)."""
-    out = [v if isinstance(v, int) else 0 for v in per_key]
-    where = [i for i, v in enumerate(per_key) if not isinstance(v, int)]
-    items = [v for v in per_key if not isinstance(v, int)]
-    return out, items, where
 
 
 for _name in UNSUPPORTED:
@@ -530,13 +499,8 @@ def _first_error(codes: list[int]) -> int:
     return next((c for c in codes if c != 0), 0)
 
 
-def _listen_host(local_hostname: str) -> str:
-    """The host part of Mooncake's local_hostname ("host", "host:port", "[v6]:port")."""
-    host = local_hostname
-    if host.startswith("["):
-        host = host[1:].split("]", 1)[0]
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]
+def _listen_host(host: str) -> str:
+    """Where the embedded node listens: the host of Mooncake's local_hostname."""
     return host or "127.0.0.1"
 
 

@@ -1,8 +1,11 @@
-"""cellar.integrations.lmcache: Cellar as an LMCache remote-storage plugin (LMCache 0.5.6).
+"""cellar.integrations.lmcache: Cellar under LMCache 0.5.6, by configuration only.
 
-LMCache loads it by configuration (`remote_storage_plugin.cellar.module_path:
-cellar.integrations.lmcache`, `class_name: CellarConnectorAdapter`). `connector.py` is the
-connector and its adapter, `session.py` its `cellar.AsyncClient` on an event loop of its own.
+Two ways in: the remote-storage plugin (`remote_storage_plugin.cellar.module_path:
+cellar.integrations.lmcache`, `class_name: CellarConnectorAdapter`; `connector.py`), and
+multiprocess mode's L2 adapter (`--l2-adapter '{"type": "plugin", "module_path":
+"cellar.integrations.lmcache.l2_adapter", "class_name": "CellarL2Adapter", ...}'`;
+`l2_adapter.py`, imported by LMCache by that path, not re-exported here). Both use
+`session.py`: the `cellar.AsyncClient` on an event loop of its own and the batched read.
 The connector's names are resolved lazily here, so that `session` stays importable without
 LMCache or torch: only `connector` imports the engine.
 """

@@ -88,9 +88,9 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 import cellar
-from cellar.errors import AlreadyExists, BufferTooSmall, InvalidArgument, Status
+from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
-from cellar.integrations.lmcache.session import FAILURES, CellarSession
+from cellar.integrations.lmcache.session import FAILURES, KEY_MISSES, CellarSession, read_into
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,9 +101,6 @@ ADAPTER_NAME = "lmcache"
 ADAPTER_VERSION = 1
 DEFAULT_TIMEOUT_S = 5.0
 MAX_TIMEOUT_S = 600.0
-# What makes one key of a batch a miss (the others stay readable); anything else (an
-# unreachable master, a timeout) ends the whole batch.
-_KEY_MISSES = (cellar.NotFound, cellar.NotReady, BufferTooSmall, cellar.IntegrityError)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -118,19 +115,8 @@ async def _get_prefix_into(client: cellar.AsyncClient, names: list[str],
                            buffers: Sequence[Any], budget_s: float) -> list[int]:
     """The leading run of objects read straight into their buffers: one size per key of that
     run (shorter than `names` when a key is missing, late or refused; keys after it are not
-    read). An object larger than its buffer is not of this format: the SDK refuses it before
-    any transfer, for the whole batch, so only such a batch is read again key by key, up to
-    that object."""
-    try:
-        sizes = await client.get_many_into(names, buffers, timeout_s=budget_s, prefix=True)
-    except BufferTooSmall:
-        sizes = []
-        for name, buffer in zip(names, buffers, strict=True):
-            try:
-                sizes.append(await client.get_into(name, buffer))
-            except _KEY_MISSES:
-                break
-    return [n for n in sizes if n >= 0]
+    read). An object larger than its buffer is refused (`session.read_into`)."""
+    return [n for n in await read_into(client, names, buffers, budget_s, prefix=True) if n >= 0]
 
 
 def chunk_format(connector: RemoteConnector, model: str, world_size: int,
@@ -320,7 +306,7 @@ class CellarConnector(RemoteConnector):
                 log.warning("Cellar: %s refused: %d bytes is no chunk of this format", name, size)
                 return []
             return [await client.get_into_parts(name, [head, obj.byte_array[:payload]])]
-        except _KEY_MISSES:
+        except KEY_MISSES:
             return []
 
     async def _read_prefix(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj]:

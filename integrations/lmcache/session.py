@@ -30,11 +30,11 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import cellar
-from cellar.errors import CellarError
+from cellar.errors import BufferTooSmall, CellarError
 
 T = TypeVar("T")
 # A master unreachable at open time is asked again no sooner than this.
@@ -47,6 +47,31 @@ THREAD_JOIN_TIMEOUT_S = 10.0
 # What a Cellar call may raise that the engine must never see (the SDK maps transport errors to
 # CellarError; OSError covers a socket error it did not wrap).
 FAILURES = (CellarError, OSError)
+# What makes one key of a batch a miss (the others stay readable); anything else (an
+# unreachable master, a timeout) ends the whole batch.
+KEY_MISSES = (cellar.NotFound, cellar.NotReady, BufferTooSmall, cellar.IntegrityError)
+
+
+async def read_into(client: cellar.AsyncClient, names: list[str], buffers: Sequence[Any],
+                    budget_s: float, *, prefix: bool) -> list[int]:
+    """Per key, the size read straight into its buffer or `cellar.MISS`/`cellar.LATE`; with
+    `prefix`, the leading run that was read only. An object larger than its buffer is not of
+    the reader's format: the SDK refuses the whole batch for it before any transfer, so only
+    such a batch is read again key by key, where that object (with `prefix`: the run) ends."""
+    try:
+        return list(await client.get_many_into(names, buffers, timeout_s=budget_s,
+                                               prefix=prefix))
+    except BufferTooSmall:
+        pass
+    sizes: list[int] = []
+    for name, buffer in zip(names, buffers, strict=True):
+        try:
+            sizes.append(await client.get_into(name, buffer))
+        except KEY_MISSES:
+            if prefix:
+                break
+            sizes.append(cellar.MISS)
+    return sizes
 
 
 class CellarSession:
@@ -116,6 +141,16 @@ class CellarSession:
             raise cellar.Unavailable("a Cellar session call from its own loop thread")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def healthy(self) -> bool:
+        """Open, or not waiting out a failed open (what an adapter reports as its health)."""
+        return not self._closed and (self._client is not None
+                                     or time.monotonic() >= self._next_try_s)
+
+    def submit(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """`fn(client)` on the session's loop, as a future a thread can wait on or attach a
+        callback to (the callback runs on the session's loop thread)."""
+        return self._submit(self._call(fn))
+
     async def run(self, fn: Callable[[cellar.AsyncClient], Awaitable[T]]) -> T:
         """`fn(client)` on the session's loop, awaited from the caller's loop without blocking
         it; raises what the SDK raises (the connector maps it)."""
@@ -152,4 +187,4 @@ class CellarSession:
         await asyncio.get_running_loop().run_in_executor(None, self.close)
 
 
-__all__ = ["FAILURES", "RECONNECT_BACKOFF_S", "CellarSession"]
+__all__ = ["FAILURES", "KEY_MISSES", "RECONNECT_BACKOFF_S", "CellarSession", "read_into"]

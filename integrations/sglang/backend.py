@@ -5,13 +5,16 @@
         --hicache-storage-backend dynamic \\
         --hicache-storage-backend-extra-config '{"backend_name": "cellar",
             "module_path": "cellar.integrations.sglang", "class_name": "CellarHiCacheStorage",
-            "interface_v1": 1, "master": "127.0.0.1:50051", "tenant": "default"}'
+            "master": "127.0.0.1:50051", "tenant": "default"}'
 
 What it owns
     `CellarHiCacheStorage`, a `HiCacheStorage`: the zero-copy v1 interface that
     `HiCacheController` uses with `interface_v1` (`batch_set_v1` from its backup thread,
     `batch_exists` and `batch_get_v1` from its prefetch threads), the generic interface it uses
     without it (`get/set/batch_get/batch_set/exists`), and `clear`, `get_stats`, `close`.
+    `interface_v1` defaults to 1: the backend sets it in SGLang's own extra config when the
+    user leaves it out (the controller reads it after creating the backend); an explicit 0
+    keeps the generic path.
 
 Objects and keys
     A page is one object (MLA) or two (MHA: K, then V), each exactly `object_bytes` long, moved
@@ -38,6 +41,11 @@ Settings (keys of `--hicache-storage-backend-extra-config`, beside SGLang's own)
     transport ("auto"), timeout_s (30: per SDK call), replicas (1), soft_pin (false),
     model (override of SGLang's model name in the format), get_timeout_base_s (none: follow
     SGLang's timeout policy, else no deadline) and get_timeout_per_ki_token_s (0).
+
+Statistics
+    `get_stats()` hands SGLang's `StorageMetrics` the pages and GB/s of every backup and
+    prefetch call since the last call (both interfaces; a call that moved no page adds no
+    sample), as SGLang's hf3fs and mooncake backends do, and forgets them.
 """
 
 from __future__ import annotations
@@ -130,7 +138,12 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
 
     def __init__(self, storage_config: Any, kwargs: dict[str, Any] | None = None) -> None:
         self.storage_config = storage_config
-        self.settings = settings_from(getattr(storage_config, "extra_config", None))
+        extra = getattr(storage_config, "extra_config", None)
+        self.settings = settings_from(extra)  # refuses a config without "master" (or None)
+        assert isinstance(extra, dict)
+        # Zero-copy by default: SGLang's controller reads this key of the same dict after it
+        # has created the backend (an explicit 0 stays 0).
+        extra.setdefault("interface_v1", 1)
         policy = sglang_timeout_policy() if self.settings["get_timeout_base_s"] is None else None
         if policy is not None:
             self.settings["get_timeout_base_s"], self.settings["get_timeout_per_ki_token_s"] = policy
@@ -265,9 +278,12 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         except InvalidArgument as e:
             self.link.warn("backup-args", f"backup refused: {e}")
             return False
+        started = time.monotonic()
         statuses = self.link.call("backup", lambda c: self._put(c, names, objects),
                                   [Status.UNAVAILABLE])
-        return len(statuses) == len(names) and all(s in _STORED for s in statuses)
+        stored = len(statuses) == len(names) and all(s in _STORED for s in statuses)
+        self._record("backup", len(keys) if stored else 0, pages.geometry.page_bytes, started)
+        return stored
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
@@ -289,7 +305,9 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             self.link.warn("prefetch-args", f"prefetch refused: {e}")
             return out
         filled = [False] * len(keys)
+        started = time.monotonic()
         self.link.call("prefetch", lambda c: self._get_pages(c, names, views, filled, None), None)
+        self._record("prefetch", sum(filled), pages.geometry.page_bytes, started)
         return [t if ok else None for t, ok in zip(targets, filled, strict=True)]
 
     # ---- housekeeping ---------------------------------------------------------------------
@@ -305,9 +323,11 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
         metrics = StorageMetrics()
-        for name, samples in self._stats.items():
+        for name in list(self._stats):
+            # Swap, not copy-and-clear: a sample the backup or prefetch thread appends
+            # meanwhile lands in the next report instead of being lost.
+            samples, self._stats[name] = self._stats[name], []
             getattr(metrics, name).extend(samples)
-            samples.clear()
         return metrics
 
     def close(self) -> None:

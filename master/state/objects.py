@@ -26,6 +26,7 @@ This module never chooses placements or victims and never touches payload bytes.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,7 @@ class ObjectTable:
         self._deadlines = ExpiryRuns()  # put ids by write deadline, in put order
         self.expired_puts: OrderedDict[int, None] = OrderedDict()
         self.complete_count = 0
+        self._soft_lapses: list[tuple[float, int, Obj]] = []  # heap of soft pins with a TTL
 
     def _drop_now(self, obj: Obj) -> int:
         return self.drop(obj, self._clock())
@@ -195,6 +197,27 @@ class ObjectTable:
             self.drop(obj, now)
             revoked += 1
         return revoked
+
+    def lapse_soft_pin(self, obj: Obj, when: float) -> None:
+        """`obj`'s soft pin lapses at `when`: it then becomes ordinary cache (sweep_soft_pins)."""
+        assert obj.pin_kind == SOFT_PIN
+        heapq.heappush(self._soft_lapses, (when, obj.put_id, obj))
+
+    def sweep_soft_pins(self, now: float) -> int:
+        """Soft pins whose TTL lapsed leave the second eviction pass; reads never extend them."""
+        lapsed, heap = 0, self._soft_lapses
+        while heap and heap[0][0] <= now:
+            obj = heapq.heappop(heap)[2]
+            if obj.state == DROPPED or obj.pin_kind != SOFT_PIN:
+                continue
+            pooled = obj.pool_kind != 0
+            if pooled:
+                self.evictor.leave(obj)
+            obj.pin_kind = NO_PIN  # a WRITING version enters the ordinary pool at complete()
+            if pooled:
+                self.evictor.enter(obj)
+            lapsed += 1
+        return lapsed
 
     def remember_expired(self, put_id: int) -> None:
         self.expired_puts[put_id] = None

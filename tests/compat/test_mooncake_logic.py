@@ -9,10 +9,19 @@ import pytest
 
 from cellar.client.pointers import PointerRegistry
 from cellar.compat.mooncake.codes import TABLE_ROWS, ErrorCode, code_for, put_code
-from cellar.compat.mooncake.config import OptionError, ReplicateConfig, write_options
+from cellar.compat.mooncake.config import (
+    DEFAULT_SOFT_PIN_TTL_MS,
+    MAX_SOFT_PIN_TTL_MS,
+    OptionError,
+    ReplicateConfig,
+    SoftPinAction,
+    WriteOptions,
+    write_options,
+)
 from cellar.compat.mooncake.memory import INVALID, BufferHandle, lease_parts
 from cellar.compat.mooncake.setup_args import SetupError, build, from_dict, parse_size_bytes
 from cellar.compat.mooncake.store import _listen_host, _literal_pattern
+from cellar.compat.mooncake.writes import split_segment
 from cellar.errors import (
     AlreadyExists,
     BufferTooSmall,
@@ -123,15 +132,38 @@ def test_code_table():
 
 
 def test_replicate_config_options():
-    assert write_options(None) == (1, False)
+    """Mooncake 0.3.13's fields, with Cellar's semantics (cellar.compat.mooncake.config)."""
+    assert write_options(None) == WriteOptions()
     cfg = ReplicateConfig()
     assert (cfg.replica_num, cfg.with_soft_pin, cfg.preferred_segment) == (1, False, "")
-    cfg.replica_num, cfg.with_soft_pin = 2, True
-    assert write_options(cfg) == (2, True)
-    for attr, value, code in [("with_hard_pin", True, ErrorCode.NOT_SUPPORTED),
-                              ("preferred_segment", "host:1", ErrorCode.NOT_SUPPORTED),
-                              ("preferred_segments", ["a"], ErrorCode.NOT_SUPPORTED),
-                              ("prefer_alloc_in_same_node", True, ErrorCode.NOT_SUPPORTED),
+    assert (cfg.soft_pin_action, cfg.soft_pin_ttl_ms, cfg.group_ids) == (SoftPinAction.PRESERVE,
+                                                                          None, None)
+    cfg.replica_num, cfg.with_soft_pin = 2, True  # Mooncake <= 0.3.12: a soft pin, no lapse
+    assert write_options(cfg) == WriteOptions(replicas=2, soft_pin=True)
+    enable = ReplicateConfig()
+    enable.soft_pin_action = SoftPinAction.ENABLE
+    assert write_options(enable) == WriteOptions(soft_pin=True,
+                                                 soft_pin_ttl_ms=DEFAULT_SOFT_PIN_TTL_MS)
+    enable.soft_pin_ttl_ms = 1000
+    assert write_options(enable).soft_pin_ttl_ms == 1000
+    enable.soft_pin_ttl_ms = 0  # an explicit 0 commits the object as ordinary cache
+    assert write_options(enable) == WriteOptions()
+    hard = ReplicateConfig()
+    hard.with_hard_pin = True
+    hard.preferred_segments = ["b:2"]
+    hard.preferred_segment = "a:1"
+    assert write_options(hard) == WriteOptions(hard_pin=True, preferred_segments=("a:1", "b:2"))
+    local = ReplicateConfig()
+    local.prefer_alloc_in_same_node = True
+    assert write_options(local).local
+    grouped = ReplicateConfig()
+    grouped.group_ids, grouped.data_type = ["g", ""], 1  # accepted: per-object in Cellar
+    assert write_options(grouped, keys=2) == WriteOptions()
+    for attr, value, code in [("nof_replica_num", 1, ErrorCode.NOT_SUPPORTED),
+                              ("preferred_nof_segments", ["n:1"], ErrorCode.NOT_SUPPORTED),
+                              ("dfs_replica_num", 1, ErrorCode.NOT_SUPPORTED),
+                              ("soft_pin_ttl_ms", 1000, ErrorCode.INVALID_PARAMS),  # PRESERVE
+                              ("group_ids", ["g", "h"], ErrorCode.INVALID_PARAMS),  # 2 for 1 key
                               ("replica_num", 0, ErrorCode.INVALID_PARAMS),
                               ("replica_num", "2", ErrorCode.INVALID_PARAMS)]:
         bad = ReplicateConfig()
@@ -139,9 +171,21 @@ def test_replicate_config_options():
         with pytest.raises(OptionError) as info:
             write_options(bad)
         assert info.value.code == code, attr
-    assert not hasattr(ReplicateConfig(), "group_ids")  # SGLang probes for it: absent on purpose
+    for action in (SoftPinAction.DISABLE, SoftPinAction.ENABLE):
+        bad = ReplicateConfig()
+        bad.soft_pin_action, bad.soft_pin_ttl_ms = action, MAX_SOFT_PIN_TTL_MS + 1
+        with pytest.raises(OptionError):
+            write_options(bad)
+    both = ReplicateConfig()
+    both.prefer_alloc_in_same_node, both.replica_num = True, 2
+    with pytest.raises(OptionError):
+        write_options(both)  # Mooncake: local-first allocation takes one replica
+    for bad_ttl in (-1, 1 << 64, 1.5, True):
+        with pytest.raises(TypeError):
+            ReplicateConfig().soft_pin_ttl_ms = bad_ttl  # as Mooncake's uint64 binding
     with pytest.raises(AttributeError):
-        ReplicateConfig().soft_pin_action = 1  # a newer Mooncake option is refused, not ignored
+        ReplicateConfig().session_ids = ["s"]  # not a Mooncake 0.3.13 field: refused
+    assert "replica_num: 2" in str(cfg)
 
 
 def test_lease_parts_checks_every_piece_against_the_registrations():
@@ -187,10 +231,11 @@ def test_regex_patterns_cellar_can_serve(pattern, expected):
     assert _literal_pattern(pattern) == expected
 
 
-def test_listen_host():
-    assert _listen_host("127.0.0.1") == "127.0.0.1"
-    assert _listen_host("localhost:12345") == "localhost"
-    assert _listen_host("[::1]:5") == "::1"
+def test_segment_names_split_into_host_and_port():
+    assert split_segment("127.0.0.1") == ("127.0.0.1", 0)
+    assert split_segment("localhost:12345") == ("localhost", 12345)
+    assert split_segment("[::1]:5") == ("::1", 5)
+    assert _listen_host("") == "127.0.0.1"
 
 
 def test_setup_takes_every_argument_by_position_as_pybind_does():

@@ -10,16 +10,17 @@ Why it exists
     sha covers the recipe, the build procedure's version, Cellar's runtime dependencies and the Python version.
     A changed recipe builds a new folder; an unchanged one is reused as is.
 
-    Cellar itself is not installed into the shared venv (several clones use one venv): `path`
-    builds `<clone>/build/engine-site/`, a folder of symlinks that maps `cellar.<part>` to the
-    clone's top-level folders as pyproject's package-dir does, and the tests run with it on
-    PYTHONPATH, so they always see the clone's current code.
+    Cellar itself is not installed into the shared venv (several clones use one venv): `site`
+    builds `$CELLAR_ENGINE_CACHE/sites/<sha of the clone's path>/`, a folder of symlinks that
+    maps `cellar.<part>` to the clone's top-level folders as pyproject's package-dir does, and
+    the tests run with it on PYTHONPATH, so they always see the clone's current code. It lives
+    outside the clone, so nothing under the clone holds a second way to reach its code.
 
 Commands (python3 tests/engines/engine_venv.py ...)
     build <engine>               build if needed; print the venv's folder
     python <engine>              print the venv's python (building if needed)
-    site                         (re)build build/engine-site; print its folder
-    run <engine> -- <args...>    run the venv's python with build/engine-site on PYTHONPATH
+    site                         (re)build this clone's site folder; print it
+    run <engine> -- <args...>    run the venv's python with that folder on PYTHONPATH
 
 torch's CPU wheel is found through pip's configuration (here: the find-links folder holding
 it); on a machine without it, set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
@@ -140,10 +141,13 @@ def build(engine: str) -> Path:
 
 
 def site() -> Path:
-    """build/engine-site: `cellar` and its parts as symlinks into this clone."""
+    """This clone's site folder (outside it, in the engine cache): `cellar` and its parts as
+    symlinks into the clone."""
     mapping: dict[str, str] = _pyproject()["tool"]["setuptools"]["package-dir"]
-    out = ROOT / "build" / "engine-site"
-    tmp = out.with_name("engine-site.tmp")
+    clone = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    out = cache_root() / "sites" / clone
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{clone}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     pkg = tmp / "cellar"
     pkg.mkdir(parents=True)

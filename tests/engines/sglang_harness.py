@@ -32,8 +32,9 @@ import torch
 import torch.distributed as dist
 from sglang.srt.runtime_context import get_parallel
 
+# No "interface_v1": the backend defaults it to 1 (the zero-copy path), as users now launch it.
 BACKEND_CONFIG = {"backend_name": "cellar", "module_path": "cellar.integrations.sglang",
-                  "class_name": "CellarHiCacheStorage", "interface_v1": 1}
+                  "class_name": "CellarHiCacheStorage"}
 ACK_WAIT_S = 120.0  # bound on any wait for a controller thread (a hang fails, never blocks CI)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +27,11 @@ from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
 CHUNK = kit.CHUNK_TOKENS
 CHUNKS = 12
 WAIT_S = 90.0
-# Fast liveness so a killed node's replicas are dropped and a restarted one re-attaches quickly.
-MASTER_FLAGS = {"node_suspect_after_s": 1, "node_expire_after_s": 3, "pin_ttl_s": 2,
-                "write_grant_ttl_s": 3, "heartbeat_interval_s": 0.3, "new_node_ramp_s": 0}
 
 
 @pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    c = LocalCluster(2, "64MiB", master_flags=MASTER_FLAGS)
-    try:
-        c.start()
-        yield c
-    finally:
-        for child in [*c.masters, *c.nodes]:  # never leave a stopped process behind
-            if child.alive() and child.proc is not None:
-                child.proc.send_signal(signal.SIGCONT)
-        c.stop()
+def cluster(outage_cluster: LocalCluster) -> LocalCluster:
+    return outage_cluster  # conftest: fast liveness, nothing left stopped
 
 
 def _retrieve(engine: Any, tokens: torch.Tensor, kv: torch.Tensor) -> int:
