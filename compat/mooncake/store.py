@@ -16,7 +16,7 @@ What it owns
 
 Contract
     Every method returns what Mooncake returns: 0 or a negative `ErrorCode` (codes from the one
-    table in `mooncake_codes`), byte counts, lists of those, `b""` / None for a miss. Nothing
+    table in `codes`), byte counts, lists of those, `b""` / None for a miss. Nothing
     raises for a storage outcome; wrong Python argument types raise TypeError as pybind would.
     A put of an existing key returns 0 (Mooncake's cache semantics); `upsert` replaces.
     A method Cellar cannot honour returns NOT_SUPPORTED (-1012), never pretends.

@@ -31,7 +31,16 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from cellar.master.state.expiry import ExpiryRuns
-from cellar.master.state.records import COMPLETE, DROPPED, HARD_PIN, NO_PIN, WRITING, Obj, Replica
+from cellar.master.state.records import (
+    COMPLETE,
+    DROPPED,
+    HARD_PIN,
+    NO_PIN,
+    SOFT_PIN,
+    WRITING,
+    Obj,
+    Replica,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable

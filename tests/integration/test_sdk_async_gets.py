@@ -32,13 +32,13 @@ def test_one_turn_of_gets_larger_than_a_batch(cluster, monkeypatch, transport: s
         async with cellar.AsyncClient(cluster.address, transport=transport) as client:
             await client.put_many([(k, value(i)) for i, k in enumerate(keys)], upsert=True)
             batches: list[int] = []
-            real = aio.api.get_each
+            real = aio.operations.get_each
 
             def spy(s, names):
                 batches.append(len(names))
                 return real(s, names)
 
-            monkeypatch.setattr(aio.api, "get_each", spy)
+            monkeypatch.setattr(aio.operations, "get_each", spy)
             asked = keys + ["coal-absent"]
             got = await asyncio.gather(*(client.get(k) for k in asked), return_exceptions=True)
             assert got[:-1] == [value(i) for i in range(len(keys))]
