@@ -2,7 +2,7 @@
 
 `cellar up` writes the tokens it creates so that `cellar.connect('127.0.0.1:50051')` and every
 CLI command work without a flag. This module only reads those files; the master's token store
-(hashed tokens) is `cellar.master.auth`, and nothing here ever logs or prints a token.
+(hashed tokens) is `cellar.master.serving.auth`, and nothing here ever logs or prints a token.
 
 Resolution, for a client that was given no `token=` (first hit wins):
 1. the environment variable `CELLAR_TOKEN` (`CELLAR_ADMIN_TOKEN` for admin commands);

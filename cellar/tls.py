@@ -1,13 +1,13 @@
 """TLS for the master's gRPC port and its metadata fast line: certificates and contexts.
 
-What TLS covers here (the README's Security model): clients and nodes reach the master over gRPC and
+What TLS covers here (docs/security.md): clients and nodes reach the master over gRPC and
 the fast line with the master's certificate verified against a CA file; the bearer tokens and
 node credentials then never cross the network in clear. The TCP data plane's TLS (nodes with
 `tls_cert_file`, endpoints `tls://HOST:PORT`) lives in `cellar.transfer.tls_sock`; this module
 only makes its dev certificates. Mutual TLS for nodes: a master with `tls_client_ca_file`
 and `node_listen` has a second gRPC port that requires a client certificate from that CA; a
 node presenting one whose subject CN is `node:<node id>` (NODE_CN_PREFIX) is that node
-without a credential (cellar.master.auth). Not covered: the HTTP admin API stays plaintext.
+without a credential (cellar.master.serving.auth). Not covered: the HTTP admin API stays plaintext.
 
 Who uses what:
 - the master: `tls_cert_file` + `tls_key_file` (cellar.master.config) -> gRPC
@@ -34,7 +34,7 @@ from pathlib import Path
 from cellar.credentials import write_private_bytes
 
 DEV_CERT_DAYS = 30
-NODE_CN_PREFIX = "node:"  # a node's client certificate names it so (cellar.master.auth reads it)
+NODE_CN_PREFIX = "node:"  # a node's client certificate names it so (cellar.master.serving.auth reads it)
 
 
 @dataclass(frozen=True)

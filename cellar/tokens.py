@@ -9,7 +9,7 @@ What a token is
 What a record says
     kind `tenant` (acts as exactly one tenant) or `admin` (tenant and quota changes, token
     management, and may act as any tenant); `shm` (the holder is trusted on the nodes' hosts:
-    it may map whole segment files, see the README's Security model); a free-form label; creation time.
+    it may map whole segment files, see docs/security.md); a free-form label; creation time.
 
 The file
     JSON `{"version": 1, "tokens": [{"id", "kind", "tenant", "sha256", "shm", "label",

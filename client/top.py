@@ -1,6 +1,6 @@
 """`cellar top`: the master's status page as a live terminal view.
 
-It shows what the HTML page at the master's `/` shows (master/statuspage.py): role, epoch and
+It shows what the HTML page at the master's `/` shows (master/serving/status_page.py): role, epoch and
 leader, capacity and use, nodes with state and use bars, tenants with quota bars and the recent
 events, read from the master's `/api/v1/status` and `/api/v1/events` (so both views come from
 one snapshot format). Pointed at a standby, it follows to the leader's HTTP address the

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cellar.errors import Status
-from cellar.master.grants import GrantSigner
+from cellar.master.grant_issuer import GrantSigner
 from cellar.proto.grant import Grant
 
 if TYPE_CHECKING:

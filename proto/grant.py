@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from cellar.proto.fastinit import fast_frozen_init
+from cellar.proto._fastinit import fast_frozen_init
 
 GRANT_OP_READ = 1
 GRANT_OP_WRITE = 2
@@ -27,7 +27,7 @@ GRANT_MAC_BYTES = 16
 MIN_SECRET_BYTES = 16
 
 # The bytes a grant MAC covers: op, segment_id, offset, length, alloc_id, epoch, expiry_ms,
-# key_tag. The one copy of the layout: the master's signer (cellar.master.grants) packs with it.
+# key_tag. The one copy of the layout: the master's signer (cellar.master.grant_issuer) packs with it.
 SIGNED_FIELDS = struct.Struct("<BQQQQQQQ")
 
 
@@ -42,7 +42,7 @@ def key_tag_prefix(tenant: str) -> bytes:
     return tenant.encode() + b"\0"
 
 
-@fast_frozen_init  # built per data-plane frame and per replica: see cellar.proto.fastinit
+@fast_frozen_init  # built per data-plane frame and per replica: see cellar.proto._fastinit
 @dataclass(frozen=True, slots=True)
 class Grant:
     op: int

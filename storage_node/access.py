@@ -25,7 +25,7 @@ copied into is this node's current one (same st_dev/st_ino), and only then recor
 Invariant: no byte of segment memory is handed out for a request that failed any check, and
 `written` is the only way an allocation's received ranges (and so its sealing) advance.
 shm and rdma READS never reach this gate (the client maps or reads the memory itself): that
-is why shm is offered only to identities trusted on the host (the README's Security model).
+is why shm is offered only to identities trusted on the host (docs/security.md).
 It never copies payload bytes itself and never blocks on the network; it is safe to call from
 any number of threads (the index has its own lock, the clock is read-only here).
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from cellar.proto.fastinit import fast_frozen_init
+from cellar.proto._fastinit import fast_frozen_init
 from cellar.proto.grant import GRANT_MAC_BYTES, GRANT_OP_READ, GRANT_OP_WRITE, Grant
 
 REQUEST_MAGIC = b"CLRQ"
@@ -164,7 +164,7 @@ def decode_response(header: bytes | memoryview, *, max_payload_bytes: int) -> Re
     return ResponseHeader(status, request_id, length, msg_len, flags)
 
 
-@fast_frozen_init  # decoded per write frame (cellar.proto.fastinit)
+@fast_frozen_init  # decoded per write frame (cellar.proto._fastinit)
 @dataclass(slots=True, frozen=True)
 class WriteMeta:
     """What a storage node records in its own index for a written allocation."""

@@ -80,7 +80,7 @@ TABLE_ROWS: tuple[tuple[str, ErrorCode], ...] = (
     *((f"Status.{st.name}", code) for st, code in _BY_STATUS.items()),
     *((f"raised {cls.__name__}", code) for cls, code in _BY_EXCEPTION.items()),
 )
-"""The table as (Cellar outcome, Mooncake code) rows, for the README and the tests."""
+"""The table as (Cellar outcome, Mooncake code) rows, for docs/mooncake.md and the tests."""
 
 
 def code_for(outcome: Status | int | BaseException) -> int:

@@ -24,7 +24,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 from pathlib import Path
+from typing import Any
 
 from cellar.devtools.soak.chaos import Chaos
 from cellar.devtools.soak.report import build_report, print_summary, progress_line
@@ -39,6 +41,17 @@ from cellar.devtools.soak.watcher import Watcher, now_s, stamp
 from cellar.devtools.soak.worker import worker_main
 from cellar.lifecycle import PARENT_PID_ENV
 from cellar.units import format_size, parse_duration_s, parse_size_bytes
+
+
+def master_invariants(cluster: Any) -> str:
+    """"" when the leader's full table check (GET /api/v1/invariants, cellar.master.state.audit)
+    passes after the soak, else what it found broken: the check is O(n), so it runs once, at
+    the end, not on the hot path."""
+    try:
+        body = cluster.admin_request("GET", "/api/v1/invariants")
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read() or b"{}")
+    return "" if body.get("ok") else f"master invariants broken: {body}"
 
 
 def run_soak(args: argparse.Namespace) -> int:
@@ -119,6 +132,8 @@ def run_soak(args: argparse.Namespace) -> int:
                     w.wait(max(1.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     failure = "a worker did not finish its final pass in time"
+            log("master invariants: the full O(n) check of the leader's tables")
+            failure = failure or master_invariants(cluster)
     except Exception as exc:
         failure = f"{type(exc).__name__}: {exc}"
         log(f"soak aborted: {failure}")

@@ -1,6 +1,6 @@
 """Who is calling, and may they: the one place the master says no (gRPC, fast line, HTTP).
 
-Three identities (the README's Security model):
+Three identities (docs/security.md):
 - tenant: a `cellar_...` token of kind tenant (cellar.tokens). Acts as exactly its
   tenant: the master takes the tenant from the token, a request that claims another one is
   refused, an empty claim is filled in. Never a node RPC, never an admin operation.

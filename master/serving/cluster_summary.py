@@ -3,7 +3,7 @@
 One place reads the tables for a status answer, so the two faces cannot disagree: totals,
 each segment with its node's state and use, the tenants a caller may be shown (bounded by
 `max_status_tenants`, the caller's own first), and the limits a client needs. Segment infos
-carry shm endpoints only for a caller trusted on the nodes' hosts (the README's Security model).
+carry shm endpoints only for a caller trusted on the nodes' hosts (docs/security.md).
 It only reads state and never builds protobuf or JSON itself.
 """
 

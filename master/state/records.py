@@ -162,7 +162,7 @@ class Segment:
 
     def untrusted_info(self) -> Any:
         """`info` without its shm endpoints: what a client not trusted on the node's host sees
-        (mapping the segment file would expose every tenant's bytes; the README's Security model)."""
+        (mapping the segment file would expose every tenant's bytes; docs/security.md)."""
         if self._untrusted_info is None:
             info = self.info
             if any(e.transport == "shm" for e in info.endpoints):

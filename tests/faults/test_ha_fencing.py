@@ -104,7 +104,7 @@ def test_frozen_leader_cannot_complete_a_put_after_the_new_epoch():
 
         # The never-written put and the refused one are nowhere. The put written under the old
         # epoch (sealed on its node, PutEnd refused) may be adopted by the new leader's rebuild,
-        # as any sealed allocation is after a master change (master/rebuild.py), but only with
+        # as any sealed allocation is after a master change (master/node_rpcs.py), but only with
         # exactly the bytes written; the old leader itself completed nothing.
         with cellar.connect(cluster.address, timeout_s=20) as client:
             got = client.get_many(["fenced/written", "fenced/late", "fenced/again"])

@@ -10,7 +10,7 @@ on purpose, or a broken invariant):
   message (the credential's header appended), through
   MasterServicer.dispatch over a seeded MasterService: never INTERNAL; a refused request changes
   nothing stored;
-- http: an HTTP request to the master's admin API (cellar.http + cellar.master.admin): a
+- http: an HTTP request to the master's admin API (cellar.http + cellar.master.serving.http_api): a
   response below 500; a refused request changes nothing stored.
 """
 

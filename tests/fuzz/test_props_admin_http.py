@@ -1,4 +1,4 @@
-"""The master's admin HTTP API (cellar.master.admin over cellar.http) fed random requests.
+"""The master's admin HTTP API (cellar.master.serving.http_api over cellar.http) fed random requests.
 
 Random request heads (methods, paths, Content-Length values, admin/tenant/node/no
 credentials) and bodies (random bytes, random
@@ -52,7 +52,8 @@ async def _roundtrip(head: bytes, body: bytes) -> Response:
     reader.feed_data(head + body)
     reader.feed_eof()
     try:
-        return await _HTTP._handle(reader)
+        # a header deadline far enough ahead: the fed bytes are all there already
+        return await _HTTP._handle(reader, asyncio.get_running_loop().time() + 5.0)
     except (ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, UnicodeError):
         return Response(400)  # what HttpServer._respond answers for these
 

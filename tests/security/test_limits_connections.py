@@ -160,7 +160,10 @@ def test_node_connection_flood_leaves_room_for_other_clients(cluster: LocalClust
         socks, held = _flood(host, int(port), 1200)
         try:
             print(f"\nnode flood: {len(socks)} connections opened from {HOSTILE}, {held} held")
-            assert held == PER_PEER < len(socks)  # the peer's share, no more and no less
+            # at most the peer's share: an address that never showed a grant is refused at its
+            # limit, and its unproven connections are closed after auth_timeout_s (1 s), so how
+            # many are still open when the flood ends depends on how long it took
+            assert held <= PER_PEER < len(socks)
             with _connect(cluster.address) as fresh:  # a new client after the flood
                 print(_gets(fresh, "flood/key", value))
         finally:

@@ -27,7 +27,7 @@ LONG_NAME = "t" * 100  # long names made the old reply grow fastest
 def _servicer(**settings: object) -> MasterServicer:
     config = MasterConfig(**settings)  # type: ignore[arg-type]
     config.validate()
-    # the bodies are called directly, behind no Authorizer check (cellar.master.auth)
+    # the bodies are called directly, behind no Authorizer check (cellar.master.serving.auth)
     return MasterServicer(Leadership(config, SECRET, ha=False), Authorizer(TokenStore(None), SECRET))
 
 

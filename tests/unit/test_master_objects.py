@@ -17,7 +17,7 @@ from test_master_support import (
 )
 
 from cellar.errors import Status
-from cellar.master.grants import GrantSigner
+from cellar.master.grant_issuer import GrantSigner
 from cellar.master.service import PutEndItem, PutItem, PutRef, RequestRejected
 from cellar.proto.grant import (
     GRANT_OP_READ,

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cellar.proto.fastinit import fast_frozen_init
+from cellar.proto._fastinit import fast_frozen_init
 from cellar.proto.grant import (
     GRANT_OP_READ,
     GRANT_OP_WRITE,

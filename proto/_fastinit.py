@@ -1,5 +1,9 @@
 """A cheaper `__init__` for frozen, slotted dataclasses built on every request.
 
+Not a wire contract: a private helper of the contract classes (`proto.grant.Grant`) and of the
+data-plane frame (`transfer.frame`), kept in this room because both rooms may import only
+`cellar.proto` (hence the leading underscore).
+
 Why
     A frozen dataclass's generated `__init__` stores each field with
     `object.__setattr__(self, name, value)` reached through a global lookup: on the machines
