@@ -92,6 +92,7 @@ class LeaderElection:
         self._ended_lease_id = 0      # the lease of the last session, revoked by the next one
         self.record: LeaderRecord | None = None  # ours, while we lead
         self.expected_nodes: frozenset[str] | None = None  # the previous leader's, at takeover
+        self.removal_values: list[bytes] = []  # the removal log's values, read at takeover
         self._deadline = 0.0          # monotonic: the lease is surely valid until then
         self._client: Any = None
         self._changed = asyncio.Event()
@@ -237,6 +238,12 @@ class LeaderElection:
             raise LeaseLost("no lease time left after winning")
         nodes = await kv.get(self.target.nodes_key, timeout=self.etcd_timeout_s)
         self.expected_nodes = decode_node_ids(nodes.kvs[0].value) if nodes.kvs else None
+        # The removal log (cellar.master.serving.removal_log), read before this master serves
+        # anything: no report may be adopted before the removes acknowledged by earlier leaders.
+        removals = await kv.get(self.target.removals_prefix,
+                                range_end=_prefix_end(self.target.removals_prefix),
+                                timeout=self.etcd_timeout_s)
+        self.removal_values = [item.value for item in removals.kvs]
         self.record = record
         self.is_leader = True
         self.epoch = epoch
@@ -250,14 +257,22 @@ class LeaderElection:
     async def publish_nodes(self, node_ids: frozenset[str]) -> bool:
         """Record the mounted nodes for the next leader; only while our record is the leader's
         (a deposed leader's late write fails the comparison). False when it was not written."""
+        return await self.write_as_leader({self.target.nodes_key: encode_node_ids(node_ids)})
+
+    async def write_as_leader(self, puts: dict[str, bytes], delete_range: tuple[str, str] | None = None
+                              ) -> bool:
+        """Put `puts` (and delete the keys in [start, end) of `delete_range`) in one
+        transaction, only while our record is the leader's. False when nothing was written."""
         client, record = self._client, self.record
         if client is None or record is None or not self.holds_lease():
             return False
         kv = client.kv
+        ops = [kv.txn_op_put(key, value) for key, value in puts.items()]
+        if delete_range is not None:
+            ops.append(kv.txn_op_delete(delete_range[0], range_end=delete_range[1]))
         reply = await kv.txn(
             compare=[kv.txn_compare_value(self.target.leader_key, record.to_json())],
-            success=[kv.txn_op_put(self.target.nodes_key, encode_node_ids(node_ids))],
-            timeout=self.etcd_timeout_s,
+            success=ops, timeout=self.etcd_timeout_s,
         )
         return bool(reply.succeeded)
 
@@ -338,6 +353,12 @@ class LeaderElection:
         if state != self._state:
             self._state = state
             log.log(level, message, *args)
+
+
+def _prefix_end(prefix: str) -> bytes:
+    """The exclusive end of the key range under `prefix` (its last byte plus one)."""
+    raw = prefix.encode()
+    return raw[:-1] + bytes([raw[-1] + 1])
 
 
 def _cancelled_by_owner() -> bool:

@@ -69,6 +69,10 @@ class EtcdTarget:
         return self.prefix + "nodes"
 
     @property
+    def removals_prefix(self) -> str:
+        return self.prefix + "removals/"
+
+    @property
     def masters_prefix(self) -> str:
         return self.prefix + "masters/"
 

@@ -529,6 +529,8 @@ class LocalCluster:
         if self.tls is not None and self.node_port:
             argv += ["--tls-client-ca-file", str(self.tls.ca_file),
                      "--node-listen", f"{self.host}:{self.node_port}"]
+        if "removal_log_file" not in self.master_flags:  # survives the master's restarts
+            argv += ["--removal-log-file", str(self.run_dir / "master-removals.log")]
         for name, value in self.master_flags.items():
             argv += [_flag(name), str(value)]
         return argv

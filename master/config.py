@@ -118,6 +118,12 @@ class MasterConfig:
     max_remove_tombstones: int = setting(
         262_144, "most removed keys remembered (with the allocation they removed) so that a node's "
         "late index report cannot bring them back; oldest forgotten first", unit="keys")
+    removal_log_file: str = setting(
+        "", "a single master's removal log (cellar.master.serving.removal_log): acknowledged "
+        "removes and upserts outlive a kill of the master. Empty: ~/.cellar/removals-<listen>.log; "
+        "'none': off (a remove acknowledged just before a kill may come back). With etcd the log "
+        "lives in etcd instead"
+    )
     rebuild_grace_s: float = setting(
         5.0, "after a start, while nodes may still re-register and report their objects, a miss "
         "answers UNAVAILABLE (clients retry) instead of NOT_FOUND", unit=UNIT_SECONDS

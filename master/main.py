@@ -29,6 +29,7 @@ from cellar.errors import ConfigError
 from cellar.heap import freeze_survivors
 from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.config import ENV_PREFIX, MasterConfig
+from cellar.master.serving import removal_log
 from cellar.master.serving.auth import Authorizer
 from cellar.master.serving.fastrpc import FastRpcServer
 from cellar.master.serving.http_api import build_http
@@ -80,6 +81,18 @@ async def _ticker(leadership: Leadership, authorizer: Authorizer, interval_s: fl
 async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                 ready: asyncio.Event | None = None) -> int:
     leadership = Leadership(config, secret, ha=bool(config.etcd))
+    # Port 0 without a file: a restart listens elsewhere, so no one could follow it anyway.
+    ephemeral = not config.removal_log_file and parse_host_port(config.listen)[1] == 0
+    if not config.etcd and config.removal_log_file != removal_log.DISABLED and not ephemeral:
+        path = Path(config.removal_log_file).expanduser() if config.removal_log_file \
+            else removal_log.default_path(config.listen)
+        try:
+            leadership.attach_removal_log(removal_log.FileRemovalLog(path))
+        except OSError as exc:
+            print(f"cellar master: cannot open the removal log {path}: {exc}", file=sys.stderr)
+            return 2
+        log.info("removal log %s: %d removal bound(s) loaded", path,
+                 leadership.removal_log.records_written if leadership.removal_log else 0)
     authorizer = Authorizer(store, secret, refusal_log_interval_s=config.refusal_log_interval_s)
     servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
@@ -199,6 +212,7 @@ def _election(config: MasterConfig, leadership: Leadership, bound: str, http: st
         on_leader=leadership.on_leader,
     )
     leadership.election = election
+    leadership.attach_removal_log(removal_log.EtcdRemovalLog(election))
     log.info("master %s campaigning in etcd %s for cluster %r (lease %d s)", leadership.master_id,
              config.etcd, config.cluster, config.lease_ttl_s)
     return election

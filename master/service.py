@@ -10,7 +10,8 @@ eviction, quarantine; and beside them, split out of this file:
 - requests.py: input types, `RequestRejected`, the validators of values off the wire;
 - replies.py: output types and `GrantIssuer`, which signs every grant in a reply;
 - quota.py: `SpaceMaker`, the bounded eviction a PutStart runs for quota or for space;
-- tombstones.py: removed keys and freed-while-down ids a late report must not revive;
+- tombstones.py: removed keys and freed-while-down ids a late report must not revive (the
+  serving room's removal log makes them outlive this process);
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
 - listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
 - node_rpcs.py: `NodeRpcs`, an object of its own over the tables it is given: the node-facing
@@ -345,6 +346,9 @@ class MasterService:
             if obj is None or obj.tenant is not tenant or obj.key != item.key:
                 results.append(self._put_end_miss(tenant, item))
                 continue
+            if item.key in tenant.objects:  # an upsert: every older value of the key is dead
+                self.tombstones.remember_removed(
+                    tenant.name, obj.key, min(rep.alloc_id for rep in obj.replicas) - 1)
             self.objects.complete(obj, item.checksum, now)
             results.append((OK, ""))
         return results
@@ -482,6 +486,8 @@ class MasterService:
                 status, message = self._miss(tenant, key)
                 if status == Status.NOT_READY:
                     message = "key is being written; its writer must revoke it"
+                elif status == Status.NOT_FOUND:
+                    self._tombstone(tenant, key)  # a node that is away may still hold a value
                 results.append((status, message))
                 continue
             self._remove(obj, now)
@@ -490,8 +496,22 @@ class MasterService:
 
     def _remove(self, obj: Obj, now: float) -> None:
         """Drop a value a client removed, remembering it so a late report cannot revive it."""
-        self.tombstones.remember_removed(obj.tenant.name, obj.key, self.alloc_ids.next())
+        self._tombstone(obj.tenant, obj.key)
         self.objects.drop(obj, now)
+
+    def _tombstone(self, tenant: Tenant, key: str) -> None:
+        """Every allocation of the key issued so far is dead, except a put of it still in
+        flight (state/tombstones.py); queued for the removal log."""
+        writing = tenant.writing.get(key)
+        bound = (min(rep.alloc_id for rep in writing.replicas) - 1 if writing is not None
+                 else self.alloc_ids.next())
+        self.tombstones.remember_removed(tenant.name, key, bound)
+
+    def load_removals(self, records: list[tuple[str, str, int]]) -> None:
+        """The removal log's bounds, before any report is adopted (master/serving/removal_log.py)."""
+        highest = self.tombstones.load(records)
+        if highest:
+            self.alloc_ids.ensure_above(highest)
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
         """The alloc id drawn when the key was last removed (0: none remembered)."""

@@ -184,6 +184,11 @@ class FastRpcServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         PEER.set(conn.peer)  # refusal lines name it (this connection's own task)
         dispatch = self.servicer.dispatch
+        leadership = self.servicer.leadership
+
+        def tombstones_pending() -> bool:
+            return bool(leadership.service.tombstones.pending)
+
         unpack = FRAME.unpack
         pack = FRAME.pack
         clock = asyncio.get_running_loop().time
@@ -214,6 +219,8 @@ class FastRpcServer:
                 else:
                     body = b""
                 code, out = dispatch(name, body)
+                if tombstones_pending():  # an upsert's PutEnd: acknowledged once durable
+                    code, out = await self.servicer.settle(name, code, out)
                 writer.write(pack(len(out), code) + out)
                 if writer.transport.get_write_buffer_size() > DRAIN_ABOVE_BYTES:
                     conn.deadline = clock() + frame_s

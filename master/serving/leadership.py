@@ -38,6 +38,7 @@ from cellar.master.serving.events import (
     REBUILD_DONE,
     EventLog,
 )
+from cellar.master.serving.removal_log import EtcdRemovalLog, FileRemovalLog
 
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
@@ -82,6 +83,23 @@ class Leadership:
         self.service = self._new_service(None)
         self._published_nodes: frozenset[str] | None = None
         self._publishing: asyncio.Task[bool] | None = None
+        # cellar.master.serving.removal_log: None only when turned off (removal_log_file = none)
+        self.removal_log: FileRemovalLog | EtcdRemovalLog | None = None
+
+    def attach_removal_log(self, removal_log: FileRemovalLog | EtcdRemovalLog) -> None:
+        """Use `removal_log`; a single master loads it now, before it serves anything (a
+        leader loads it at each election, `on_elected`)."""
+        self.removal_log = removal_log
+        if isinstance(removal_log, FileRemovalLog):
+            self.service.load_removals(removal_log.load())
+
+    async def make_durable(self) -> None:
+        """Write the bounds the request just handled queued (state/tombstones.py) to the
+        removal log; the caller replies only once this returns (raises: not acknowledged)."""
+        tombstones = self.service.tombstones
+        records = tombstones.take_pending()
+        if records and self.removal_log is not None:
+            await self.removal_log.append(records, tombstones.snapshot)
 
     def _new_service(self, epoch: int | None) -> MasterService:
         self.service_started_monotonic = time.monotonic()  # its rebuild window opens now
@@ -144,6 +162,8 @@ class Leadership:
         expected = self.election.expected_nodes if self.election is not None else None
         if expected is not None:
             self.service.expect_nodes(expected)
+        if isinstance(self.removal_log, EtcdRemovalLog):  # before any report is adopted
+            self.service.load_removals(self.removal_log.load(epoch))
         self.events.record(ELECTED, f"became leader with epoch {epoch}: rebuilding from the nodes' reports")
         log.info("took over as leader with epoch %d: rebuilding from the reports of %s", epoch,
                  f"{len(expected)} node(s)" if expected is not None else "the nodes (count unknown)")

@@ -307,12 +307,35 @@ class MasterServicer:
                 stats.failures += 1
                 log.exception("%s failed", name)
                 await context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc!r}")
+            if self.service.tombstones.pending:  # a remove or upsert: acknowledged once durable
+                failure = await self.make_durable(name)
+                if failure:
+                    stats.failures += 1
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
             stats.observe(perf_counter() - started)
             if advertise and self.fast_port and serving():
                 context.set_trailing_metadata(((FAST_PORT_METADATA, str(self.fast_port)),))
             return reply
 
         return handle
+
+    async def make_durable(self, name: str) -> str:
+        """Write the bounds this request queued to the removal log (removal_log.py); '' when
+        done, else why the request must not be acknowledged."""
+        try:
+            await self.leadership.make_durable()
+        except Exception as exc:  # noqa: BLE001 - a file or etcd error: not acknowledged
+            log.warning("%s: could not write the removal log: %s", name, exc)
+            return f"{name}: could not make the change durable (removal log: {exc}); retry"
+        return ""
+
+    async def settle(self, name: str, code: int, out: bytes) -> tuple[int, bytes]:
+        """The fast line's `make_durable`: after `dispatch`, before the reply is sent."""
+        failure = await self.make_durable(name)
+        if failure:
+            self.stats[name].failures += 1
+            return grpc.StatusCode.UNAVAILABLE.value[0], failure.encode()
+        return code, out
 
     def dispatch(self, name: str, data: bytes) -> tuple[int, bytes]:
         """One RPC for the fast line (`cellar.master.serving.fastrpc`): the serialized request in, the

@@ -79,6 +79,10 @@ class Membership:
         node = self.nodes.get(node_id)
         if node is None:
             node = Node(node_id, incarnation, now)
+            # The new-node ramp (placement.py) is for an empty newcomer among nodes that hold
+            # data; nodes that mount together at a cluster's start, or a node bringing its own
+            # objects back (a report follows), share writes by free space at once.
+            node.ramps = not rebuilding and any(s.allocator.used_bytes for s in self.segments.values())
             self.nodes[node_id] = node
         node.last_seen = now
         node.state = ACTIVE

@@ -7,8 +7,10 @@ Policy, per replica:
   (same-host readers and writers then use shared memory);
 - otherwise "power of k choices": sample `placement_choices` candidate segments and try them
   freest first, where freest means the highest free fraction times the node's ramp weight.
-  A newly mounted node's weight grows linearly from 2% to 100% over `new_node_ramp_s`, so an
-  empty newcomer does not take a whole write burst; it still takes writes when others are full.
+  A node that joins nodes already holding data (`Node.ramps`, set by membership.py at mount)
+  has its weight grow linearly from 2% to 100% over `new_node_ramp_s`, so an empty newcomer
+  does not take a whole write burst; it still takes writes when others are full. Nodes that
+  mount together into an empty cluster are all "new": none ramps, free space alone decides.
   With few segments every candidate is scored (deterministic, exact "freest first").
 - if no sampled segment has room, every eligible segment is tried, freest first.
 
@@ -40,7 +42,7 @@ class Placement:
         """Free fraction of the segment times its node's ramp weight (higher is better)."""
         free = segment.allocator.free_bytes / segment.size_bytes
         node = segment.node
-        if now < node.joined_at + self.ramp_s:
+        if node.ramps and now < node.joined_at + self.ramp_s:
             return free * max(MIN_RAMP_WEIGHT, (now - node.joined_at) / self.ramp_s)
         return free
 

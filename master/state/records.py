@@ -180,7 +180,7 @@ class Segment:
 class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
-        "outbox_dropped",
+        "outbox_dropped", "ramps",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -189,6 +189,7 @@ class Node:
         self.state = ACTIVE
         self.last_seen = now
         self.joined_at = now
+        self.ramps = False  # a newcomer to nodes that hold data: placement ramps its weight up
         self.segments: dict[int, Segment] = {}
         # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
         self.outbox: deque[tuple[int, int, int, int, int]] = deque()

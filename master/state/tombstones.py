@@ -1,38 +1,78 @@
 """Tombstones: what a late index report must not bring back.
 
 Owns two memories of removal, both consulted by rebuild (master/node_rpcs.py):
-- removed keys: (tenant, key) -> an alloc id drawn when a client removed the key. Every replica
-  of any value written before the remove has a smaller id, so a node that was away (or whose
-  freed notice had not arrived) and still reports such a replica is refused. Bounded by
-  `max_remove_tombstones` (oldest forgotten first; 0 keeps none);
+- removed keys: (tenant, key) -> a bound: every allocation of that key with an id at or below
+  it is dead. A Remove, RemovePrefix or RemoveAll sets it to the newest id issued when it ran
+  (below a put of the key still in flight, which the remove does not touch); a remove of a key
+  the master does not hold sets it too (a node that is away may still hold a value); an upsert
+  sets it just below the new version's first allocation, so every older value is dead. A node
+  that was away (or whose freed notice had not arrived) and still reports such a replica is
+  refused. Bounded by `max_remove_tombstones` (oldest forgotten first; 0 keeps none);
 - freed while down: node id -> alloc ids the master told a previous incarnation of that node to
   free, so a node restart does not undo a remove or an eviction.
 
-It never drops objects or frees ranges itself.
+Durability: a bound is worth something after a master kill only if the next master knows it.
+Every new bound is also queued in `pending`; the serving room (master/serving/removal_log.py)
+writes the queue to the removal log (a local file, or etcd under HA) before the reply that
+acknowledges the remove or upsert goes out, and a new master `load`s the log before it
+adopts any report. Invariant: a bound only grows (`raise_bound` keeps the larger).
+
+It never drops objects or frees ranges itself, and does no I/O.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+TombstoneRecord = tuple[str, str, int]  # (tenant, key, bound alloc id)
+
 
 class Tombstones:
     def __init__(self, max_removed: int) -> None:
         self.max_removed = max_removed
         self.removed: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.pending: list[TombstoneRecord] = []  # new bounds not yet in the removal log
         self._freed_while_down: dict[str, set[int]] = {}
 
     def remember_removed(self, tenant_name: str, key: str, alloc_id: int) -> None:
-        if not self.max_removed:
+        """Every allocation of the key with an id <= `alloc_id` is dead; queue it for the log."""
+        if not self.max_removed or alloc_id <= 0:
             return
+        if self.raise_bound(tenant_name, key, alloc_id):
+            self.pending.append((tenant_name, key, alloc_id))
+
+    def raise_bound(self, tenant_name: str, key: str, alloc_id: int) -> bool:
+        """Keep the larger bound (a log replays in any order); False when nothing changed."""
         name = (tenant_name, key)
+        if self.removed.get(name, 0) >= alloc_id:
+            return False
         self.removed[name] = alloc_id
         self.removed.move_to_end(name)
         while len(self.removed) > self.max_removed:
             self.removed.popitem(last=False)
+        return True
+
+    def load(self, records: list[TombstoneRecord]) -> int:
+        """Bounds read back from the removal log by a new master (nothing is queued again);
+        returns the highest bound, so the caller can move its alloc id counter above it."""
+        highest = 0
+        if not self.max_removed:
+            return 0
+        for tenant_name, key, alloc_id in records:
+            self.raise_bound(tenant_name, key, alloc_id)
+            highest = max(highest, alloc_id)
+        return highest
+
+    def take_pending(self) -> list[TombstoneRecord]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def snapshot(self) -> list[TombstoneRecord]:
+        """Every bound held, oldest first (what a compacted log keeps)."""
+        return [(tenant, key, bound) for (tenant, key), bound in self.removed.items()]
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
-        """The alloc id drawn when the key was last removed (0: none remembered)."""
+        """The bound remembered for the key (0: none): ids at or below it are dead."""
         return self.removed.get((tenant_name, key), 0)
 
     def freed_while_down(self, node_id: str, alloc_ids: set[int]) -> None:

@@ -1,0 +1,103 @@
+"""An acknowledged remove or upsert survives a kill -9 of the master at once after its reply.
+
+Each round writes values with two replicas (both nodes hold them sealed), upserts a few of them
+and removes the others one call at a time, then kills the master with SIGKILL right after the
+last acknowledgement (well under a millisecond later, measured and printed; the nodes heartbeat
+every 2 s, so they have not heard of the freed ranges). After a restart (single master, the
+removal log in a local file) or a failover to the standby (HA, the removal log in etcd), every
+removed key is a miss and every upserted key reads its new value. 100 removed keys in all, each
+kind. Without the removal log (`--removal-log-file none`, the negative control) removed keys
+come back from the nodes' reports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from hakit import ha_cluster, takeover_complete, wait_until
+
+import cellar
+from cellar.errors import Status
+
+SLOW_HEARTBEATS = {"heartbeat_interval_s": 2, "node_suspect_after_s": 6, "node_expire_after_s": 12,
+                   "rebuild_grace_s": 3}
+REMOVED_KEYS = 100
+UPSERTS_PER_ROUND = 3
+
+
+def value(key: str, version: int) -> bytes:
+    return f"{key}:v{version}:".encode() * 64
+
+
+def one_round(client: cellar.Client, tag: str, removes: int, pid: int) -> tuple[list[str], list[str], float]:
+    """Write, upsert, remove; kill -9 `pid` right after the last remove's reply. Returns the
+    removed keys, the upserted keys and the time from the last reply to the kill (s)."""
+    removed = [f"{tag}/gone{i}" for i in range(removes)]
+    upserted = [f"{tag}/up{i}" for i in range(UPSERTS_PER_ROUND)]
+    values = {key: value(key, 1) for key in removed + upserted}
+    assert client.put_many(values, replicas=2) == [Status.OK] * len(values)
+    for key in upserted:
+        client.upsert(key, value(key, 2), replicas=2)
+    for key in removed:
+        assert client.remove(key) is True
+    acked = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)
+    return removed, upserted, time.perf_counter() - acked
+
+
+def check(client: cellar.Client, removed: list[str], upserted: list[str]) -> None:
+    got = client.get_many(removed + upserted)
+    back = [key for key, data in zip(removed, got) if data is not None]
+    assert back == [], f"{len(back)} removed key(s) came back after the kill: {back[:5]}"
+    stale = [key for key, data in zip(upserted, got[len(removed):]) if data != value(key, 2)]
+    assert stale == [], f"upserted keys read an older value or nothing: {stale}"
+
+
+@pytest.mark.timeout(240)
+def test_removes_acknowledged_just_before_a_master_kill_stay_removed(fault_cluster):
+    cluster = fault_cluster(nodes=2, segment_size="64MiB", **SLOW_HEARTBEATS)
+    rounds, removed_all, upserted_all, gaps = 10, [], [], []
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        for r in range(rounds):
+            assert cluster.master is not None and cluster.master.proc is not None
+            removed, upserted, gap = one_round(client, f"r{r}", REMOVED_KEYS // rounds,
+                                               cluster.master.proc.pid)
+            gaps.append(gap)
+            cluster.kill_master()  # reaps it
+            cluster.start_master()
+            removed_all += removed
+            upserted_all += upserted
+            check(client, removed_all, upserted_all)  # every round's keys, after every restart
+    print(f"{len(removed_all)} removes, {len(upserted_all)} upserts; reply-to-kill max "
+          f"{max(gaps) * 1e6:.0f} us")
+    assert len(removed_all) == REMOVED_KEYS
+
+
+@pytest.mark.timeout(300)
+def test_removes_acknowledged_just_before_a_leader_kill_stay_removed():
+    rounds, removed_all, upserted_all, gaps = 4, [], [], []
+    with ha_cluster(nodes=2, lease_ttl_s=3, **SLOW_HEARTBEATS) as cluster, \
+            cellar.connect(cluster.etcd_url, timeout_s=30, transport="tcp") as client:
+        for r in range(rounds):
+            old = cluster.leader()
+            proc = cluster.masters[old].proc
+            assert proc is not None
+            removed, upserted, gap = one_round(client, f"h{r}", REMOVED_KEYS // rounds, proc.pid)
+            gaps.append(gap)
+            cluster.kill_master(old)
+            new = 1 - old
+            wait_until("the standby to take over", lambda: takeover_complete(cluster, new, 2),
+                       timeout_s=30)
+            removed_all += removed
+            upserted_all += upserted
+            check(client, removed_all, upserted_all)
+            cluster.start_master(old)  # the next round's standby
+            wait_until("the restarted master to stand by",
+                       lambda: (cluster.master_status(old) or {}).get("role") == "standby",
+                       timeout_s=30)
+    print(f"{len(removed_all)} removes, {len(upserted_all)} upserts over {rounds} failovers; "
+          f"reply-to-kill max {max(gaps) * 1e6:.0f} us")
+    assert len(removed_all) == REMOVED_KEYS
