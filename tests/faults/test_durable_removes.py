@@ -50,9 +50,9 @@ def one_round(client: cellar.Client, tag: str, removes: int, pid: int) -> tuple[
 
 def check(client: cellar.Client, removed: list[str], upserted: list[str]) -> None:
     got = client.get_many(removed + upserted)
-    back = [key for key, data in zip(removed, got) if data is not None]
+    back = [key for key, data in zip(removed, got[:len(removed)], strict=True) if data is not None]
     assert back == [], f"{len(back)} removed key(s) came back after the kill: {back[:5]}"
-    stale = [key for key, data in zip(upserted, got[len(removed):]) if data != value(key, 2)]
+    stale = [key for key, data in zip(upserted, got[len(removed):], strict=True) if data != value(key, 2)]
     assert stale == [], f"upserted keys read an older value or nothing: {stale}"
 
 
