@@ -89,14 +89,14 @@ def test_removes_acknowledged_just_before_a_leader_kill_stay_removed():
             gaps.append(gap)
             cluster.kill_master(old)
             new = 1 - old
-            wait_until("the standby to take over", lambda: takeover_complete(cluster, new, 2),
+            wait_until("the standby to take over", lambda new=new: takeover_complete(cluster, new, 2),
                        timeout_s=30)
             removed_all += removed
             upserted_all += upserted
             check(client, removed_all, upserted_all)
             cluster.start_master(old)  # the next round's standby
             wait_until("the restarted master to stand by",
-                       lambda: (cluster.master_status(old) or {}).get("role") == "standby",
+                       lambda old=old: (cluster.master_status(old) or {}).get("role") == "standby",
                        timeout_s=30)
     print(f"{len(removed_all)} removes, {len(upserted_all)} upserts over {rounds} failovers; "
           f"reply-to-kill max {max(gaps) * 1e6:.0f} us")
