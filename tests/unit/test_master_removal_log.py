@@ -1,0 +1,161 @@
+"""Durable removes and upserts, without processes: the tombstone bound each change leaves, how a
+new master that loaded them refuses old reports (and only old ones), the removal log's file
+format (torn lines, hostile records, compaction), and placement in a fresh cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, mount, put, put_start, segment_info
+
+from cellar.errors import Status
+from cellar.master.service import ID_EPOCH_SHIFT, PutEndItem, PutItem
+from cellar.master.serving import removal_log
+from cellar.master.serving.removal_log import FileRemovalLog, decode, encode
+
+
+def replica_ids(svc, key: str) -> list[int]:
+    obj = svc.tenant("").objects[key]
+    return [rep.alloc_id for rep in obj.replicas]
+
+
+def restarted(svc, **settings):
+    """A new master (later epoch) that loaded `svc`'s queued bounds, as from the removal log."""
+    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0, **settings)
+    new.load_removals(svc.tombstones.take_pending())
+    new.mount_segment("n1", 2, [segment_info(1, 64 * MiB)], report_follows=True)
+    return new
+
+
+def test_a_removed_key_is_refused_after_a_restart_and_a_new_value_is_not() -> None:
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "gone", 4096)
+    put(svc, "kept", 4096)
+    old_gone, old_kept = replica_ids(svc, "gone")[0], replica_ids(svc, "kept")[0]
+    assert svc.remove("", ["gone"]) == [(Status.OK, "")]
+    assert [r[1] for r in svc.tombstones.pending] == ["gone"]
+    new = restarted(svc)
+    out = new.report_objects("n1", 2, 1, [Entry("gone", old_gone, 0, 4096),
+                                          Entry("kept", old_kept, 4096, 4096)], last=True)
+    assert (out.accepted, out.refused) == (1, [old_gone])
+    # a put after the restart has a larger id: the tombstone never refuses it
+    put(new, "gone", 4096)
+    assert replica_ids(new, "gone")[0] > new.removed_alloc_id("default", "gone")
+
+
+def test_an_upsert_refuses_older_values_only() -> None:
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "k", 4096)
+    v1 = replica_ids(svc, "k")[0]
+    put(svc, "k", 4096, upsert=True, checksum=9)
+    v2 = replica_ids(svc, "k")[0]
+    assert v1 < v2 and svc.tombstones.pending == [("default", "k", v2 - 1)]
+    new = restarted(svc)
+    out = new.report_objects("n1", 2, 1, [Entry("k", v1, 0, 4096), Entry("k", v2, 4096, 4096, 9)],
+                             last=True)
+    assert (out.accepted, out.refused) == (1, [v1])
+    assert replica_ids(new, "k") == [v2]
+
+
+def test_a_remove_spares_a_put_of_the_key_in_flight() -> None:
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "k", 4096)
+    v1 = replica_ids(svc, "k")[0]
+    started = put_start(svc, "k", 4096, upsert=True)
+    v2 = started.replicas[0].alloc_id
+    assert svc.remove("", ["k"]) == [(Status.OK, "")]
+    assert svc.put_end("", "writer", [PutEndItem("k", started.put_id, 9)]) == [(Status.OK, "")]
+    new = restarted(svc)
+    out = new.report_objects("n1", 2, 1, [Entry("k", v1, 0, 4096), Entry("k", v2, 4096, 4096, 9)],
+                             last=True)
+    assert (out.accepted, out.refused) == (1, [v1])  # the acknowledged later put survives
+
+
+def test_a_remove_of_a_key_the_master_lost_still_leaves_a_bound() -> None:
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    assert svc.remove("", ["never-seen"]) == [(Status.NOT_FOUND, "no such key")]
+    new = restarted(svc)
+    old = (EPOCH - 1) << ID_EPOCH_SHIFT  # a value an away node still holds
+    out = new.report_objects("n1", 2, 1, [Entry("never-seen", old, 0, 4096)], last=True)
+    assert out.refused == [old]
+
+
+def test_remove_prefix_and_remove_all_queue_every_key() -> None:
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    for i in range(5):
+        put(svc, f"a/{i}", 4096)
+        put(svc, f"b/{i}", 4096)
+    assert svc.remove_prefix("", "a/") == 5
+    assert sorted(k for _t, k, _b in svc.tombstones.take_pending()) == [f"a/{i}" for i in range(5)]
+    assert svc.remove_all("") == 5
+    assert len(svc.tombstones.take_pending()) == 5
+    assert svc.put_start("", "w", [PutItem("c", 4096)]).results[0].status == Status.OK
+    assert svc.tombstones.pending == []  # a plain put leaves no bound
+
+
+def test_loaded_bounds_move_the_alloc_id_counter_above_them() -> None:
+    svc = make_service(FakeClock(), epoch=EPOCH)
+    high = (EPOCH + 10) << ID_EPOCH_SHIFT  # a bound from a master with a later clock
+    svc.load_removals([("default", "k", high)])
+    mount(svc, "n1", 1)
+    assert put_start(svc, "k", 4096).replicas[0].alloc_id > high
+    assert svc.tombstones.pending == []  # loading queues nothing to write again
+
+
+def test_file_log_round_trip_skips_torn_and_hostile_lines(tmp_path: Path) -> None:
+    path = tmp_path / "removals.log"
+    log = FileRemovalLog(path)
+    assert log.load() == []
+    records = [("default", "k\n1", 5), ("t2", "ключ", 1 << 40)]
+    asyncio.run(log.append(records, list))
+    log.close()
+    with open(path, "ab") as f:  # hostile or torn lines: all skipped, never raised
+        f.write(b'["default","x",0]\n["default","",3]\n["default","y",9223372036854775808]\n'
+                b'{"a":1}\n["default","z",true]\n["default","torn",12')
+    again = FileRemovalLog(path)
+    assert again.load() == records
+    assert again.refused_on_load == 6
+    again.close()
+
+
+def test_file_log_compacts_to_the_live_bounds(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(removal_log, "COMPACT_SLACK_RECORDS", 10)
+    path = tmp_path / "removals.log"
+    log = FileRemovalLog(path)
+    log.load()
+    live = [("default", "k", 100)]
+    for i in range(30):
+        asyncio.run(log.append([("default", "k", i + 1)], lambda: live))
+    log.close()
+    lines = path.read_bytes().count(b"\n")
+    assert lines < 30 and decode(path.read_bytes())[0][0] == live[0]
+
+
+def test_encode_is_one_line_per_record() -> None:
+    data = encode([("a", "b\nc", 1), ("d", "e", 2)])
+    assert data.count(b"\n") == 2 and decode(data) == ([("a", "b\nc", 1), ("d", "e", 2)], 0)
+
+
+def test_nodes_that_mount_together_share_writes_from_the_first_put() -> None:
+    clock = FakeClock()
+    svc = make_service(clock, new_node_ramp_s=10.0)
+    mount(svc, "first", 1)
+    clock.advance(1.0)  # the second node mounts a second later: both are new
+    mount(svc, "second", 2)
+    placed = Counter()
+    for i in range(300):
+        result = put_start(svc, f"k{i}", 64 * 1024)
+        placed[result.replicas[0].node_id] += 1
+        svc.put_end("", "writer", [PutEndItem(f"k{i}", result.put_id, 7)])
+    assert 120 <= placed["first"] <= 180 and 120 <= placed["second"] <= 180, placed
+    # a third node joining nodes that hold data still ramps
+    mount(svc, "late", 3)
+    burst = Counter(put_start(svc, f"b{i}", 64 * 1024).replicas[0].node_id for i in range(30))
+    assert burst["late"] == 0, burst
