@@ -8,7 +8,17 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, mount, put, put_start, segment_info
+from test_master_support import (
+    EPOCH,
+    Entry,
+    FakeClock,
+    MiB,
+    make_service,
+    mount,
+    put,
+    put_start,
+    segment_info,
+)
 
 from cellar.errors import Status
 from cellar.master.service import ID_EPOCH_SHIFT, PutEndItem, PutItem
