@@ -10,9 +10,11 @@ Loss causes (decided from the fault log and the watcher's facts)
       restarts with the same id and should re-attach its objects, so this is suspicious and
       listed separately);
     - unexplained: anything else.
-    Stale reads (`classify_stale`) are explained by an acknowledgement just before a master
-    restart or leader change, during the new master's rebuild, or while a replica's node was
-    away; they are counted, not failures (values are never corrupt). With --ha, two more counts fail a run: a leader stopped past its lease that no
+    Stale reads (an acknowledged remove or upsert undone) fail a run: removes and upserts are
+    durable (cellar.master.serving.removal_log). `classify_stale` names the fault nearest to
+    each (an acknowledgement just before a master restart or leader change, during the new
+    master's rebuild, or while a replica's node was away), so a failure says where to look.
+    With --ha, two more counts fail a run: a leader stopped past its lease that no
     standby replaced while it was stopped, and an etcd outage within the leader's fence window
     (TTL - fence margin - keep-alive interval, ~2.2 s of a 3 s lease) after which a new leader
     serves. A longer outage, even one shorter than the lease, may depose the leader by design
@@ -58,11 +60,13 @@ def classify_loss(loss: dict[str, Any], chaos: Chaos, watcher: Watcher,
 
 
 def classify_stale(stale: dict[str, Any], chaos: Chaos, rebuild_window_s: float) -> str:
-    """Why a read returned a value older than the acknowledged state.
+    """Which fault a read that returned a value older than the acknowledged state follows.
+    Each is a failure (the removal log should have prevented it); the cause says what broke.
 
     - ack_before_master_restart: the acknowledged remove/upsert preceded a master kill -9; the
       node had not heard of the freed range yet (freed notices ride on heartbeat replies, and
-      the killed master's outbox is gone), so the new master re-adopted the old value.
+      the killed master's outbox is gone) and the new master re-adopted the old value: the
+      removal log lost the bound or rebuild did not apply it.
     - ack_during_master_rebuild: the new master acknowledged it while nodes were still
       reporting; a node that reported the same replica later re-created the removed object.
     - ack_while_node_away: acknowledged while a node holding a replica was down or expired

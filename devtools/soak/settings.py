@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cellar soak",
         description="Run random checksummed traffic from several client processes against a "
                     "local cluster while killing, stopping and restarting its nodes and master; "
-                    "exit 1 on any corrupt read or unexplained loss (with --ha also when no "
+                    "exit 1 on any corrupt read, stale read or unexplained loss (with --ha also when no "
                     "standby took over from a stopped leader, or a short etcd outage deposed it).")
     parser.add_argument("--duration", default="600s", help="how long the load runs (default 600s)")
     parser.add_argument("--clients", type=int, default=4, help="client processes (default 4)")

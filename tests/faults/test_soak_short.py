@@ -1,7 +1,8 @@
 """The soak in its short form: 60 s of random checksummed traffic from 4 client processes while
 the chaos loop injects faults (`make soak` / `make soak-ha` run 10 minutes). It must end with
-no corrupt read and no unexplained loss (exit 0), having injected faults of several kinds and
-done real work.
+no corrupt read, no stale read (an acknowledged remove or upsert undone: the removal log makes
+them durable; the report lists any by cause) and no unexplained loss (exit 0), having injected
+faults of several kinds and done real work.
 
 - single master: kills, stops and restarts nodes and the master;
 - `--ha` (etcd + 2 masters + 3 nodes): also kills -9 and SIGSTOPs the leader (past its lease)
@@ -37,8 +38,10 @@ def test_soak_short(tmp_path: Path, ha: bool) -> None:
     assert report_path.exists(), "the soak wrote no report"
     report = json.loads(report_path.read_text())
     assert proc.returncode == 0, f"soak failed: {report.get('failure')!r}, corrupt " \
-        f"{report['corrupt_reads']}, lost {report['lost']}"
+        f"{report['corrupt_reads']}, stale {report['stale_by_cause']}, lost {report['lost']}"
     assert report["corrupt_reads"] == 0
+    assert report["stale_reads"] == 0, (report["stale_by_cause"], report["stale_details"][:10])
+    assert report["ops"].get("remove", 0) > 0 and report["ops"].get("upsert", 0) > 0
     assert report["lost"]["unexplained"] == 0
     assert len(report["faults"]) >= MIN_FAULT_KINDS, report["faults"]
     assert report["ops_total"] > MIN_OPS, report["ops"]
