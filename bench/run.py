@@ -141,6 +141,9 @@ def markdown(report: dict[str, Any]) -> str:
     from cellar.bench import tls
 
     lines += tls.markdown_rows(report["results"])
+    from cellar.bench import removes
+
+    lines += removes.markdown_rows(report["results"])
     lines += ["", "| target (issues 4, 11) | measured | met |", "|---|---|---|"]
     for name, measured, met in targets(report):
         lines.append(f"| {name} | {measured} | {'yes' if met else '**no**'} |")
@@ -251,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             say("TLS data plane beside plaintext (tcp, a TLS cluster of its own)")
             results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
                                   module="cellar.bench.tls")
+        say("durable removes: single, remove_many and remove_prefix of 128 (cellar.bench.removes)")
+        results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
+                              module="cellar.bench.removes")
         say("metadata")
         assert cluster.master is not None
         rss_before = master_rss_bytes(cluster.master.pid)

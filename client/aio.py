@@ -300,6 +300,10 @@ class AsyncClient:
         """As `Client.remove`."""
         return await self._run(operations.remove(self._session(), key))
 
+    async def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        """As `Client.remove_many`."""
+        return await self._run(operations.remove_many(self._session(), keys))
+
     async def remove_prefix(self, prefix: str) -> int:
         """As `Client.remove_prefix`."""
         return await self._run(operations.remove_prefix(self._session(), prefix))

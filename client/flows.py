@@ -394,6 +394,22 @@ def remove(s: Session, key: str) -> Flow[bool]:
     raise status_error(status, reply.results[0].message, key)
 
 
+def remove_many(s: Session, keys: list[str]) -> Flow[list[bool]]:
+    """Remove several keys, in batches of the master's `max_batch_keys`: True where a key was
+    there, False where not; any other per-key status raises."""
+    out: list[bool] = []
+    for span in batch_ranges(len(keys), s.limits.max_batch_keys):
+        names = keys[span.start:span.stop]
+        reply = yield Rpc("Remove", pb.KeysRequest(header=s.header, keys=names), s.deadline())
+        check_result_count("Remove", len(reply.results), len(names))
+        for key, result in zip(names, reply.results, strict=True):
+            status = to_status(result.status)
+            if status not in (Status.OK, Status.NOT_FOUND):
+                raise status_error(status, result.message, key)
+            out.append(status == Status.OK)
+    return out
+
+
 def remove_prefix(s: Session, prefix: str) -> Flow[int]:
     reply = yield Rpc("RemovePrefix", pb.RemovePrefixRequest(header=s.header, prefix=prefix),
                       s.deadline())

@@ -245,6 +245,10 @@ def remove(s: Session, key: Any) -> Flow[bool]:
     return (yield from flows.remove(s, validate_key(key, s.limits.max_key_bytes)))
 
 
+def remove_many(s: Session, keys: Any) -> Flow[list[bool]]:
+    return (yield from flows.remove_many(s, validate_keys(keys, s.limits.max_key_bytes)))
+
+
 def remove_prefix(s: Session, prefix: Any) -> Flow[int]:
     prefix = validate_key(prefix, s.limits.max_key_bytes, "prefix")
     return (yield from flows.remove_prefix(s, prefix))

@@ -286,6 +286,10 @@ class Client:
         """Remove `key`; True if it was there, False if not."""
         return self._run(operations.remove(self._s, key))
 
+    def remove_many(self, keys: Sequence[str]) -> list[bool]:
+        """Remove `keys` (batched); per key True if it was there, False if not."""
+        return self._run(operations.remove_many(self._s, keys))
+
     def remove_prefix(self, prefix: str) -> int:
         """Remove every key of this tenant that starts with `prefix` (non-empty); the count."""
         return self._run(operations.remove_prefix(self._s, prefix))
