@@ -33,6 +33,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cellar.coord.redirect import LEADER_METADATA
+from cellar.master.lookup import lookup
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
 from cellar.master.serving.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
 from cellar.master.serving.cluster_summary import summarize
@@ -198,6 +199,13 @@ class MasterServicer:
         count = self.service.prefix_len(req.header.tenant, req.keys)
         stats.keys += len(req.keys)
         return pb.PrefixLenReply(header=self._header(), prefix_len=count)
+
+    def Lookup(self, req: pb.KeysRequest, stats: RpcStats) -> pb.LookupReply:
+        outcome = lookup(self.service, req.header.tenant, req.keys)
+        stats.keys += len(req.keys)
+        return pb.LookupReply(header=self._header(), prefix_len=outcome.prefix_len,
+                              prefix_bytes=outcome.prefix_bytes,
+                              tiers=[pb.TierRun(tier=t, keys=k, bytes=b) for t, k, b in outcome.tiers])
 
     def Remove(self, req: pb.KeysRequest, stats: RpcStats) -> pb.RemoveReply:
         results = self.service.remove(req.header.tenant, req.keys)
@@ -374,6 +382,7 @@ class MasterServicer:
             "Heartbeat": (pb.HeartbeatRequest, pb.HeartbeatReply),
             "ReportObjects": (pb.ReportObjectsRequest, pb.ReportObjectsReply),
             "ClusterStatus": (pb.ClusterStatusRequest, pb.ClusterStatusReply),
+            "Lookup": (pb.KeysRequest, pb.LookupReply),
         }
 
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
