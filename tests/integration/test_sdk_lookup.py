@@ -89,3 +89,40 @@ def test_lookup_refuses_bad_input_and_changes_nothing(module_cluster):
         assert client.lookup(["bad-input/0"]).prefix_len == 1
     finally:
         client.close()
+
+
+def _post(cluster, body: dict, token: str | None) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{cluster.http_port}/api/v1/lookup", data=json.dumps(body).encode(),
+        method="POST", headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_http_lookup_with_a_tenant_token(module_cluster):
+    cluster = module_cluster(nodes=2, segment_size="64MiB")
+    token = cluster.token_for("carol")
+    client = cellar.connect(cluster.address, tenant="carol", token=token, timeout_s=30.0)
+    try:
+        keys = [f"http/{i}" for i in range(10)]
+        for key in keys[:4]:
+            client.put(key, b"h" * 1000)
+        status, body = _post(cluster, {"keys": keys}, token)
+        assert status == 200 and body["prefix_len"] == 4 and body["prefix_bytes"] == 4000
+        assert body["tiers"] == {"dram": {"keys": 4, "bytes": 4000}} and body["advice"] is None
+        status, body = _post(cluster, {"keys": keys, "bytes_per_s": 1e6, "rtt_s": 0.001,
+                                       "prefill_tokens_per_s": 1000.0, "tokens_per_key": 16}, token)
+        assert status == 200 and body["load_s"] == pytest.approx(0.005)
+        assert body["tokens_reused"] == 64 and body["advice"] == "load"  # 64 ms saved > 5 ms
+        assert _post(cluster, {"keys": keys}, None)[0] == 401
+        assert _post(cluster, {"keys": keys, "tenant": "default"}, token)[0] == 403
+        assert _post(cluster, {"keys": keys, "bytes_per_s": -1}, token)[0] == 400
+        assert _post(cluster, {"keys": "http/0"}, token)[0] == 400
+    finally:
+        client.close()
