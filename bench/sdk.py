@@ -54,18 +54,20 @@ def prefix_len_rows(address: str, samples: int) -> list[dict[str, Any]]:
     with cellar.connect(address, transport="tcp") as client:
         keys = [f"sdkbench/prefix/{i:03d}" for i in range(PREFIX_KEYS)]
         client.put_many([(k, b"p") for k in keys], upsert=True)
+        probes = (("prefix_len", client.prefix_len), ("lookup", client.lookup))  # issue 24: lookup
         for line in ("fast", "grpc"):
             client._master._use_fast = line == "fast"  # the same API call, minus the fast line
-            assert client.prefix_len(keys) == PREFIX_KEYS
-            times = []
-            for _ in range(samples):
-                start = time.perf_counter()
-                client.prefix_len(keys)
-                times.append(time.perf_counter() - start)
-            times.sort()
-            rows.append({"kind": "sdk", "figure": "prefix_len", "line": line,
-                         "keys": PREFIX_KEYS, "p50_us": _p50_us(times),
-                         "p99_us": times[int(len(times) * 0.99)] * 1e6})
+            for figure, probe in probes:
+                assert client.prefix_len(keys) == PREFIX_KEYS
+                times = []
+                for _ in range(samples):
+                    start = time.perf_counter()
+                    probe(keys)
+                    times.append(time.perf_counter() - start)
+                times.sort()
+                rows.append({"kind": "sdk", "figure": figure, "line": line,
+                             "keys": PREFIX_KEYS, "p50_us": _p50_us(times),
+                             "p99_us": times[int(len(times) * 0.99)] * 1e6})
         client.remove_prefix("sdkbench/prefix/")
     return rows
 
@@ -182,9 +184,9 @@ def markdown_rows(results: list[dict[str, Any]]) -> list[str]:
     rows = [r for r in results if r.get("kind") == "sdk"]
     if not rows:
         return []
-    lines = ["", f"| prefix_len of {PREFIX_KEYS} keys | p50 µs | p99 µs |", "|---|---|---|"]
-    lines += [f"| {r['line']} | {r['p50_us']:.0f} | {r['p99_us']:.0f} |"
-              for r in rows if r["figure"] == "prefix_len"]
+    lines = ["", f"| probe of {PREFIX_KEYS} keys | line | p50 µs | p99 µs |", "|---|---|---|---|"]
+    lines += [f"| {r['figure']} | {r['line']} | {r['p50_us']:.0f} | {r['p99_us']:.0f} |"
+              for r in rows if r["figure"] in ("prefix_len", "lookup")]
     lines += ["", f"| {GET_KEYS} x 64 KiB get | mode | transport | keys/s | GB/s |",
               "|---|---|---|---|---|"]
     lines += [f"| {r['face']} | {r.get('mode', 'rounds')} | {r['transport']} | "

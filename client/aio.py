@@ -46,6 +46,7 @@ from cellar.client.checks import DEFAULT_MAX_LIST_KEYS, UNPIN_DELAY_S, Limits, v
 from cellar.client.connect_args import ConnectArgs, opened
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints
 from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
@@ -296,6 +297,12 @@ class AsyncClient:
         """As `Client.prefix_len`."""
         return await self._run(operations.prefix_len(self._session(), keys), "prefix_len")
 
+    async def lookup(self, keys: Sequence[str], *, prefill_tokens_per_s: float | None = None,
+                     tokens_per_key: int | None = None) -> LookupResult:
+        """As `Client.lookup`."""
+        return await self._run(lookup_flow(self._session(), keys, prefill_tokens_per_s,
+                                           tokens_per_key), "lookup")
+
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""
         return await self._run(operations.remove(self._session(), key))
@@ -436,7 +443,7 @@ class AsyncClient:
 
     async def _run(self, flow: Generator[flows.Effect, Any, T], op: str | None = None) -> T:
         """Perform what `flow` asks until it returns; `op` names the metric family it counts in."""
-        run = FlowRun(flow, op)
+        run = FlowRun(flow, op, self._s.costs if self._s is not None else None)
         while (effect := run.next()) is not None:
             started = time.perf_counter()
             try:

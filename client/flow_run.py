@@ -28,18 +28,21 @@ from typing import Any, Generic, TypeVar
 
 from cellar.client import metrics
 from cellar.client.flows import Effect, Move, Record, Rpc
+from cellar.client.load_costs import LoadCosts
 
 T = TypeVar("T")
 
 
 class FlowRun(Generic[T]):
-    __slots__ = ("result", "_error", "_flow", "_last", "_load_s", "_lookup_s", "_op", "_record",
-                 "_send", "_started")
+    __slots__ = ("result", "_costs", "_error", "_flow", "_last", "_load_s", "_lookup_s", "_op",
+                 "_record", "_send", "_started")
 
-    def __init__(self, flow: Generator[Effect, Any, T], op: str | None) -> None:
+    def __init__(self, flow: Generator[Effect, Any, T], op: str | None,
+                 costs: LoadCosts | None = None) -> None:
         assert op is None or op in metrics.OPS, op
         self._flow = flow
         self._op = op
+        self._costs = costs
         self._record: Record | None = None
         self._send: Any = None
         self._error: BaseException | None = None
@@ -78,10 +81,16 @@ class FlowRun(Generic[T]):
         self._spent(started)
 
     def _spent(self, started: float) -> None:
-        if isinstance(self._last, Rpc):
-            self._lookup_s += time.perf_counter() - started
-        elif isinstance(self._last, Move):
-            self._load_s += time.perf_counter() - started
+        last = self._last
+        spent = time.perf_counter() - started
+        if isinstance(last, Rpc):
+            self._lookup_s += spent
+            if self._costs is not None:
+                self._costs.rpc(last.method, spent)
+        elif isinstance(last, Move):
+            self._load_s += spent
+            if self._costs is not None and last.round.kind == "read":
+                _record_read(self._costs, last, spent)
 
     def _finish(self, error: BaseException | None) -> None:
         if self._op is None:
@@ -95,3 +104,22 @@ class FlowRun(Generic[T]):
             self._op, keys=rec.keys, hits=rec.hits, nbytes=rec.nbytes,
             lookup_s=self._lookup_s, load_s=self._load_s if self._load_s else None,
             wait_s=time.perf_counter() - self._started, late_deadline=rec.late)
+
+
+def _record_read(costs: LoadCosts, move: Move, seconds: float) -> None:
+    """One read round for the load estimate (client/load_costs.py): the bytes that arrived,
+    under the transport that carried most of them."""
+    rnd = move.round
+    best, best_bytes, total = "", -1, 0
+    for transport, indexes in rnd.groups:
+        moved = 0
+        for i in indexes:
+            result = rnd.results[i]
+            if result is None or not result.ok:
+                continue
+            op = rnd.ops[i]
+            moved += sum(len(p) for p in op.parts) if op.parts else len(op.buffer)
+        total += moved
+        if moved > best_bytes:
+            best, best_bytes = str(getattr(transport, "name", "")), moved
+    costs.read(best, total, seconds)

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 from cellar.client.checks import MAX_UNPINS_PER_CALL, MIN_RETRY_BUDGET_S, Limits, batch_ranges
 from cellar.client.gets import GetBatch, GetEntry, release_views
+from cellar.client.load_costs import LoadCosts
 from cellar.client.pointers import PointerRegistry
 from cellar.client.puts import PutBatch, PutEntry, PutHints, hash_values
 from cellar.client.session_state import (
@@ -117,6 +118,7 @@ class Session:
     unpins: UnpinQueue = field(default_factory=UnpinQueue)
     health: NodeHealth = field(default_factory=NodeHealth)
     limits: Limits = field(default_factory=Limits)
+    costs: LoadCosts = field(default_factory=LoadCosts)  # measured load costs (lookup's estimate)
 
     def deadline(self) -> float:
         return time.monotonic() + self.timeout_s

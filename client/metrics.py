@@ -7,7 +7,7 @@ What it owns
     faces call once per operation (`record_request`, `record_error`; `record_requests` for a
     batch of one-key calls answered together). Nothing else writes them.
 
-Names (label `op` = get | put | exists | prefix_len)
+Names (label `op` = get | put | exists | prefix_len | lookup)
     cellar_client_requests_total{op}            requests
     cellar_client_request_hits_total{op}        requests whose every key hit
     cellar_client_keys_total{op}                keys asked for
@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-OPS = ("get", "put", "exists", "prefix_len")
+OPS = ("get", "put", "exists", "prefix_len", "lookup")
 LATE_REASONS = ("deadline", "vanished")
 
 REGISTRY = CollectorRegistry(auto_describe=True)

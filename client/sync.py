@@ -51,6 +51,7 @@ from cellar.client.checks import (
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
 from cellar.client.session_state import TransportSet, UnpinQueue
@@ -282,6 +283,15 @@ class Client:
         """How many leading keys of `keys` have complete values (never pins)."""
         return self._run(operations.prefix_len(self._s, keys), "prefix_len")
 
+    def lookup(self, keys: Sequence[str], *, prefill_tokens_per_s: float | None = None,
+               tokens_per_key: int | None = None) -> LookupResult:
+        """What the cache holds of `keys` (ordered page keys): the leading run stored and
+        readable, per tier, its bytes, this client's estimated load time, and, given a prefill
+        rate and tokens per key, `advice` = "load" | "recompute" (docs/lookup.md). One round
+        trip per max_batch_keys keys; never pins."""
+        return self._run(lookup_flow(self._s, keys, prefill_tokens_per_s, tokens_per_key),
+                         "lookup")
+
     def remove(self, key: str) -> bool:
         """Remove `key`; True if it was there, False if not."""
         return self._run(operations.remove(self._s, key))
@@ -416,7 +426,7 @@ class Client:
         if self._closed:
             flow.close()
             raise ClientClosed("this cellar.Client is closed")
-        run = FlowRun(flow, op)
+        run = FlowRun(flow, op, self._s.costs)
         while (effect := run.next()) is not None:
             started = time.perf_counter()
             try:

@@ -145,6 +145,17 @@ class MasterConfig:
     max_evictions_per_tick: int = setting(
         20000, "most objects one background eviction tick may evict", unit="objects"
     )
+    kv_events_bind: str = setting(
+        "", "ZMQ PUB address of the KV events in vLLM's format, tcp://HOST:PORT (empty: off). "
+        "ZMQ has no credentials: bind it to a trusted network (docs/events.md)")
+    kv_events_replay_bind: str = setting(
+        "", "ZMQ ROUTER address answering replay requests by sequence number (empty: the "
+        "events port + 1)")
+    kv_events_replay_batches: int = setting(
+        4096, "event batches kept per tenant for replay and the gRPC stream", unit="batches")
+    kv_events_queue_batches: int = setting(
+        4096, "event batches waiting for the publisher thread; beyond it a live send is dropped "
+        "(counted; still replayable)", unit="batches")
     tick_interval_s: float = setting(
         0.1, "period of the background sweeps (membership, pins, puts, quarantine, eviction)",
         unit=UNIT_SECONDS,
@@ -345,6 +356,14 @@ class MasterConfig:
         require(1 <= self.max_tenants <= 1_000_000, "max_tenants", "must be in [1, 1000000]")
         require(1 <= self.max_status_tenants <= 10_000, "max_status_tenants",
                 "must be in [1, 10000]")
+        for name in ("kv_events_bind", "kv_events_replay_bind"):
+            value = getattr(self, name)
+            require(not value or (value.startswith("tcp://") and ":" in value[6:]), name,
+                    "must be tcp://HOST:PORT")
+        require(1 <= self.kv_events_replay_batches <= 1_000_000, "kv_events_replay_batches",
+                "must be in [1, 1000000]")
+        require(1 <= self.kv_events_queue_batches <= 1_000_000, "kv_events_queue_batches",
+                "must be in [1, 1000000]")
         if not isinstance(self.tenants, dict):
             raise ConfigError("tenants", "expected a mapping of tenant name to quotas")
         require(len(self.tenants) < self.max_tenants, "tenants",

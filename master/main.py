@@ -33,6 +33,7 @@ from cellar.master.serving import removal_log
 from cellar.master.serving.auth import Authorizer
 from cellar.master.serving.fastrpc import FastRpcServer
 from cellar.master.serving.http_api import build_http
+from cellar.master.serving.kv_events_start import start_kv_events
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import make_registry
 from cellar.master.serving.servicer import AuthInterceptor, MasterServicer
@@ -138,6 +139,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     if not bound:
         print(f"cellar master: cannot listen on {config.listen}", file=sys.stderr)
         return 1
+    publisher = start_kv_events(config, leadership, registry)
     http = build_http(leadership, registry, authorizer)
     http.set_limits(max_connections=config.http_max_connections,
                     max_connections_per_peer=config.http_max_connections_per_peer,
@@ -192,6 +194,8 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         await fast.close()
         await server.stop(grace=0.5)
         await http.stop()
+        if publisher is not None:
+            publisher.stop()
     return 0
 
 

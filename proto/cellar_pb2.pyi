@@ -303,6 +303,28 @@ class PrefixLenReply(_message.Message):
     prefix_len: int
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., prefix_len: _Optional[int] = ...) -> None: ...
 
+class TierRun(_message.Message):
+    __slots__ = ("tier", "keys", "bytes")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    keys: int
+    bytes: int
+    def __init__(self, tier: _Optional[str] = ..., keys: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class LookupReply(_message.Message):
+    __slots__ = ("header", "prefix_len", "prefix_bytes", "tiers")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    header: ReplyHeader
+    prefix_len: int
+    prefix_bytes: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierRun]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., prefix_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierRun, _Mapping]]] = ...) -> None: ...
+
 class RemoveReply(_message.Message):
     __slots__ = ("header", "results")
     HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +376,24 @@ class ListKeysReply(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[str]
     more: bool
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class KvEventsRequest(_message.Message):
+    __slots__ = ("header", "from_seq")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    header: RequestHeader
+    from_seq: int
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., from_seq: _Optional[int] = ...) -> None: ...
+
+class KvEventBatch(_message.Message):
+    __slots__ = ("seq", "payload", "epoch")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    payload: bytes
+    epoch: int
+    def __init__(self, seq: _Optional[int] = ..., payload: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
     __slots__ = ("header", "node_id", "incarnation", "segments", "report_follows", "previous_epoch")

@@ -114,6 +114,16 @@ class MasterStub:
                 request_serializer=cellar_dot_proto_dot_cellar__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=cellar_dot_proto_dot_cellar__pb2.ClusterStatusReply.FromString,
                 _registered_method=True)
+        self.Lookup = channel.unary_unary(
+                '/cellar.v1.Master/Lookup',
+                request_serializer=cellar_dot_proto_dot_cellar__pb2.KeysRequest.SerializeToString,
+                response_deserializer=cellar_dot_proto_dot_cellar__pb2.LookupReply.FromString,
+                _registered_method=True)
+        self.WatchKvEvents = channel.unary_stream(
+                '/cellar.v1.Master/WatchKvEvents',
+                request_serializer=cellar_dot_proto_dot_cellar__pb2.KvEventsRequest.SerializeToString,
+                response_deserializer=cellar_dot_proto_dot_cellar__pb2.KvEventBatch.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -215,6 +225,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lookup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchKvEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +319,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=cellar_dot_proto_dot_cellar__pb2.ClusterStatusRequest.FromString,
                     response_serializer=cellar_dot_proto_dot_cellar__pb2.ClusterStatusReply.SerializeToString,
+            ),
+            'Lookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lookup,
+                    request_deserializer=cellar_dot_proto_dot_cellar__pb2.KeysRequest.FromString,
+                    response_serializer=cellar_dot_proto_dot_cellar__pb2.LookupReply.SerializeToString,
+            ),
+            'WatchKvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKvEvents,
+                    request_deserializer=cellar_dot_proto_dot_cellar__pb2.KvEventsRequest.FromString,
+                    response_serializer=cellar_dot_proto_dot_cellar__pb2.KvEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +763,60 @@ class Master:
             '/cellar.v1.Master/ClusterStatus',
             cellar_dot_proto_dot_cellar__pb2.ClusterStatusRequest.SerializeToString,
             cellar_dot_proto_dot_cellar__pb2.ClusterStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellar.v1.Master/Lookup',
+            cellar_dot_proto_dot_cellar__pb2.KeysRequest.SerializeToString,
+            cellar_dot_proto_dot_cellar__pb2.LookupReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchKvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cellar.v1.Master/WatchKvEvents',
+            cellar_dot_proto_dot_cellar__pb2.KvEventsRequest.SerializeToString,
+            cellar_dot_proto_dot_cellar__pb2.KvEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

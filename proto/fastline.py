@@ -27,8 +27,8 @@ PORT_METADATA = "cellar-fast-rpc-port"  # ClusterStatus trailing metadata naming
 FRAME = struct.Struct("<IB")            # body length (bytes), method or status code
 OK_CODE = 0
 
-# number -> (RPC name, reply message class). Exists and PrefixLen are here because engines
-# ask them on every request's critical path (prefix_len of 256 keys within 0.3 ms).
+# number -> (RPC name, reply message class). Exists, PrefixLen and Lookup are here because
+# engines ask them on every request's critical path (256 keys within 0.3 ms).
 METHODS: dict[int, tuple[str, Any]] = {
     1: ("PutStart", pb.PutStartReply),
     2: ("PutEnd", pb.PutEndReply),
@@ -37,6 +37,7 @@ METHODS: dict[int, tuple[str, Any]] = {
     5: ("Unpin", pb.UnpinReply),
     6: ("Exists", pb.ExistsReply),
     7: ("PrefixLen", pb.PrefixLenReply),
+    8: ("Lookup", pb.LookupReply),
 }
 METHOD_NAMES: dict[int, str] = {number: name for number, (name, _) in METHODS.items()}
 METHOD_IDS: dict[str, int] = {name: number for number, name in METHOD_NAMES.items()}

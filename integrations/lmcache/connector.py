@@ -382,6 +382,17 @@ class CellarConnector(RemoteConnector):
     def support_batched_contains(self) -> bool:
         return True
 
+    def lookup(self, keys: list[CacheEngineKey], prefill_tokens_per_s: float | None = None,
+               tokens_per_chunk: int | None = None) -> Any:
+        """`Client.lookup` over chunks (docs/lookup.md): the leading run, its bytes, this
+        client's estimated load time and, given the prefill rate and tokens per chunk, "load"
+        or "recompute". None when the cluster cannot answer (as a miss)."""
+        names = [self._name(k) for k in keys]
+        if not names:
+            return None
+        return self._ask_sync(lambda c: c.lookup(names, prefill_tokens_per_s=prefill_tokens_per_s,
+                                                 tokens_per_key=tokens_per_chunk), "lookup", None)
+
     # ---- writes --------------------------------------------------------------------------
 
     async def _write(self, client: cellar.AsyncClient, keys: Sequence[CacheEngineKey],

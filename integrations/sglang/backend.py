@@ -56,6 +56,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
+from cellar.client.lookup import advise, check_rate
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
 from cellar.integrations.sglang.link import Link, connect_from, log
@@ -252,6 +253,32 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             return 0
         found = self.link.call("exists", lambda c: int(c.prefix_len(names)), 0)
         return min(len(keys), found // pages.geometry.objects_per_page)
+
+    def lookup(self, keys: list[str], prefill_tokens_per_s: float | None = None,
+               tokens_per_page: int | None = None) -> dict[str, Any] | None:
+        """`Client.lookup` in pages (docs/lookup.md): the leading run of pages whose every object
+        is stored, its bytes, this client's estimated load time and, given the engine's prefill
+        rate and tokens per page, "load" or "recompute". None when the cluster cannot answer
+        (the same degradation as batch_exists answering 0)."""
+        if not keys:
+            return None
+        try:
+            check_rate(prefill_tokens_per_s, tokens_per_page)
+            pages, _ = self._ready()
+            names = self.object_keys(keys)
+        except InvalidArgument as e:
+            self.link.warn("lookup-args", f"lookup refused: {e}")
+            return None
+        result = self.link.call("lookup", lambda c: c.lookup(names), None)
+        if result is None:
+            return None
+        hit = min(len(keys), result.prefix_len // pages.geometry.objects_per_page)
+        out = {**result.to_dict(), "pages": hit}
+        if prefill_tokens_per_s is not None and tokens_per_page is not None:
+            verdict = advise(hit, result.load_s, prefill_tokens_per_s, tokens_per_page)
+            out.update(tokens_reused=verdict.tokens_reused, prefill_saved_s=verdict.prefill_saved_s,
+                       advice=verdict.advice)
+        return out
 
     # ---- generic interface (SGLang without interface_v1) -----------------------------------
 

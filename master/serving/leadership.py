@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cellar.coord.redirect import redirect_details
 from cellar.heap import release_frozen
@@ -80,6 +80,7 @@ class Leadership:
         self._expired_seen = 0
         self._node_replicas: dict[str, int] = {}
         self._single_rebuild_logged = False
+        self.kv_events: Any = None  # the KvEventHub when --kv-events-bind is set (observe)
         self.service = self._new_service(None)
         self._published_nodes: frozenset[str] | None = None
         self._publishing: asyncio.Task[bool] | None = None
@@ -101,15 +102,22 @@ class Leadership:
         if records and self.removal_log is not None:
             await self.removal_log.append(records, tombstones.snapshot)
 
+    def observe(self, observer: Any) -> None:
+        """Attach the lifecycle observer (master/state/lifecycle.py) to this service and every
+        service after it (a takeover replaces the service; the observer stays)."""
+        self.kv_events = observer
+        self.service.objects.observer = observer
+
     def _new_service(self, epoch: int | None) -> MasterService:
         self.service_started_monotonic = time.monotonic()  # its rebuild window opens now
         if not self.ha:
             service = MasterService(self.config, self._secret)
             service.role = SINGLE
-            return service
-        # A standby's service is never served; epoch 0 keeps its ids apart from any leader's.
-        service = MasterService(self.config, self._secret, epoch=epoch if epoch is not None else 0)
-        service.role = LEADER if epoch is not None else STANDBY
+        else:
+            # A standby's service is never served; epoch 0 keeps its ids apart from any leader's.
+            service = MasterService(self.config, self._secret, epoch=epoch if epoch is not None else 0)
+            service.role = LEADER if epoch is not None else STANDBY
+        service.objects.observer = self.kv_events if service.role != STANDBY else None
         return service
 
     # ---- what the servicer asks on every request ----------------------------------------

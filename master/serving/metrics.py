@@ -46,6 +46,7 @@ RPC_METRIC_NAMES = {
     "Heartbeat": "heartbeat",
     "ReportObjects": "report_objects",
     "ClusterStatus": "cluster_status",
+    "Lookup": "lookup",
 }
 LATENCY_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

@@ -33,10 +33,13 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cellar.coord.redirect import LEADER_METADATA
+from cellar.master.lookup import lookup
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
 from cellar.master.serving.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
 from cellar.master.serving.cluster_summary import summarize
 from cellar.master.serving.fastrpc import FAST_PORT_METADATA
+from cellar.master.serving.kv_stream import METHOD as KV_WATCH
+from cellar.master.serving.kv_stream import watch_handler
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.proto import cellar_pb2 as pb
@@ -199,6 +202,13 @@ class MasterServicer:
         stats.keys += len(req.keys)
         return pb.PrefixLenReply(header=self._header(), prefix_len=count)
 
+    def Lookup(self, req: pb.KeysRequest, stats: RpcStats) -> pb.LookupReply:
+        outcome = lookup(self.service, req.header.tenant, req.keys)
+        stats.keys += len(req.keys)
+        return pb.LookupReply(header=self._header(), prefix_len=outcome.prefix_len,
+                              prefix_bytes=outcome.prefix_bytes,
+                              tiers=[pb.TierRun(tier=t, keys=k, bytes=b) for t, k, b in outcome.tiers])
+
     def Remove(self, req: pb.KeysRequest, stats: RpcStats) -> pb.RemoveReply:
         results = self.service.remove(req.header.tenant, req.keys)
         return self._key_reply(pb.RemoveReply, results, stats)
@@ -208,7 +218,12 @@ class MasterServicer:
         return pb.RemoveCountReply(header=self._header(), removed=removed)
 
     def RemoveAll(self, req: pb.RemoveAllRequest, stats: RpcStats) -> pb.RemoveCountReply:
-        removed = self.service.remove_all(req.header.tenant)
+        hub = self.leadership.kv_events
+        if hub is None:
+            removed = self.service.remove_all(req.header.tenant)
+        else:  # one AllBlocksCleared rather than a BlockRemoved per object
+            with hub.clearing(self.service.tenant(req.header.tenant).name):
+                removed = self.service.remove_all(req.header.tenant)
         return pb.RemoveCountReply(header=self._header(), removed=removed)
 
     def ListKeys(self, req: pb.ListKeysRequest, stats: RpcStats) -> pb.ListKeysReply:
@@ -397,6 +412,7 @@ class MasterServicer:
             "Heartbeat": (pb.HeartbeatRequest, pb.HeartbeatReply),
             "ReportObjects": (pb.ReportObjectsRequest, pb.ReportObjectsReply),
             "ClusterStatus": (pb.ClusterStatusRequest, pb.ClusterStatusReply),
+            "Lookup": (pb.KeysRequest, pb.LookupReply),
         }
 
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -412,6 +428,7 @@ class MasterServicer:
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         handlers = self.method_handlers()
+        handlers[KV_WATCH] = watch_handler(self.leadership, self.authorizer, rejection)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
 

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cellar.master.state.eviction import Evictor
+    from cellar.master.state.lifecycle import LifecycleObserver
     from cellar.master.state.membership import Membership
     from cellar.master.state.quarantine import Quarantine
     from cellar.master.state.records import Segment
@@ -90,6 +91,7 @@ class ObjectTable:
         self.expired_puts: OrderedDict[int, None] = OrderedDict()
         self.complete_count = 0
         self._soft_lapses: list[tuple[float, int, Obj]] = []  # heap of soft pins with a TTL
+        self.observer: LifecycleObserver | None = None  # told of visible versions (state/lifecycle.py)
 
     def _drop_now(self, obj: Obj) -> int:
         return self.drop(obj, self._clock())
@@ -142,6 +144,8 @@ class ObjectTable:
         self.complete_count += 1
         if obj.pin_kind != HARD_PIN:
             self.evictor.enter(obj)
+        if self.observer is not None:
+            self.observer.stored(obj)
 
     def drop(self, obj: Obj, now: float) -> int:
         """Take a version out of service; returns the bytes given back to allocators at once."""
@@ -153,6 +157,8 @@ class ObjectTable:
             self.complete_count -= 1
             if obj.pool_kind:
                 self.evictor.leave(obj)
+            if self.observer is not None:
+                self.observer.dropped(obj)
         elif state == WRITING:
             del self.puts[obj.put_id]
             if tenant.writing.get(obj.key) is obj:
@@ -252,6 +258,8 @@ class ObjectTable:
         tenant.object_count += 1
         self.complete_count += 1
         self.evictor.enter(obj)
+        if self.observer is not None:
+            self.observer.stored(obj)
 
     def add_replica(self, obj: Obj, replica: Replica) -> None:
         """One more reported replica of a COMPLETE version (its range already reserved)."""
