@@ -25,9 +25,10 @@ from identity_kit import SecurityCluster
 import cellar
 from cellar.client.session_state import grant_from_replica
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto.grant import GRANT_FLAG_COMMIT, GRANT_OP_WRITE
+from cellar.proto.grant import GRANT_FLAG_COMMIT, GRANT_OP_READ, GRANT_OP_WRITE
 from cellar.transfer.frame import (
     OP_COMMIT,
+    OP_READ,
     OP_WRITE,
     RESPONSE,
     ST_BAD_GRANT,
@@ -58,6 +59,23 @@ def _send(address: str, frame: bytes) -> int:
                 raise ConnectionError("node closed")
             head += got
         return decode_response(head, max_payload_bytes=1 << 20).status
+
+
+def _read(address: str, frame: bytes, length: int) -> bytes:
+    """A READ frame's payload (b"" if the node refused it)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(frame)
+        data = b""
+        while len(data) < RESPONSE.size + length:
+            got = sock.recv(1 << 20)
+            if not got:
+                break
+            data += got
+            if len(data) >= RESPONSE.size and decode_response(
+                    data[:RESPONSE.size], max_payload_bytes=length).status != ST_OK:
+                return b""
+        return data[RESPONSE.size:RESPONSE.size + length]
 
 
 def _tcp_address(segments: Any, segment_id: int) -> str:
@@ -141,14 +159,17 @@ def test_commit_without_the_shm_right_reads_no_freed_bytes(cluster: SecurityClus
     ended = stub.PutEnd(pb.PutEndRequest(header=bob, items=[
         pb.PutEndItem(key=k, put_id=r.put_id, checksum=0)
         for k, r in zip(keys, started.results, strict=True)]))
-    with cellar.connect(cluster.address, tenant="bob", token=cluster.bob) as reader:
-        leaked = []
-        for key in keys:
-            try:
-                got = reader.get(key)
-            except cellar.CellarError:
-                continue
-            leaked += [k for k, v in secrets.items() if v in got]
+    # Read raw (the SDK would refuse the checksum 0; an attacker reads the frame itself).
+    got = stub.GetReplicas(pb.GetReplicasRequest(header=bob, keys=keys))
+    leaked = []
+    for result in got.results:
+        if result.status != pb.OK:
+            continue
+        rep = result.replicas[0]
+        frame = RequestHeader(OP_READ, 1, rep.segment_id, rep.offset, rep.length, 0,
+                              grant=grant_from_replica(rep, GRANT_OP_READ)).pack()
+        data = _read(_tcp_address(got.segments, rep.segment_id), frame, rep.length)
+        leaked += [k for k, v in secrets.items() if data == v]
     assert not leaked, f"bob read alice's removed bytes of {leaked}"
     assert commits == [ST_BAD_GRANT] * len(keys)
     assert {r.status for r in ended.results} == {pb.PERMISSION_DENIED}
