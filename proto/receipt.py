@@ -67,7 +67,7 @@ class ReceiptSigner:
     def sign(self, *, alloc_id: int, segment_id: int, offset: int, length: int, epoch: int,
              checksum: int) -> bytes:
         """The receipt's bytes (RECEIPT_BYTES)."""
-        assert 0 < alloc_id and 0 <= offset and 0 <= length, (alloc_id, offset, length)
+        assert alloc_id > 0 and offset >= 0 and length >= 0, (alloc_id, offset, length)
         fields = RECEIPT_FIELDS.pack(RECEIPT_TAG, alloc_id, segment_id, offset, length, epoch,
                                      checksum)
         return fields + self._mac(fields)
