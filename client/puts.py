@@ -226,12 +226,18 @@ class PutBatch:
         they may be retried on other nodes."""
         check_result_count("write", len(results), len(self._op_owner))
         failures: dict[int, list[str]] = {}
+        receipts: dict[int, list[bytes]] = {}
         for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
             if res.ok:
                 if op.meta is not None and (op.want_checksum or self.entries[i].checksum is None):
                     why = self._take_checksum(self.entries[i], op, res)
                     if why:
                         failures.setdefault(i, []).append(f"node {op.route.node_id}: {why}")
+                if res.receipt:  # the master completes the put only with one per replica
+                    receipts.setdefault(i, []).append(res.receipt)
+                else:
+                    failures.setdefault(i, []).append(
+                        f"node {op.route.node_id}: the write returned no receipt")
                 continue
             node = op.route.node_id
             failures.setdefault(i, []).append(f"node {node}: {res}")
@@ -251,7 +257,8 @@ class PutBatch:
                 if not (may_retry and e.attempts < self._max_attempts):
                     e.status = Status.UNAVAILABLE
             else:
-                end_items.append(pb.PutEndItem(key=e.key, put_id=e.put_id, checksum=e.checksum))
+                end_items.append(pb.PutEndItem(key=e.key, put_id=e.put_id, checksum=e.checksum,
+                                               receipts=receipts[i]))
                 self._ending.append(i)
         return end_items or None, revoke_items or None
 

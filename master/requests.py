@@ -68,6 +68,7 @@ class PutEndItem:
     key: str
     put_id: int
     checksum: int = 0
+    receipts: Sequence[bytes] = ()  # one node receipt per replica (master/receipts.py)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class PutEndLike(Protocol):
     key: str
     put_id: int
     checksum: int
+    receipts: Sequence[bytes]
 
 
 class PutRefLike(Protocol):

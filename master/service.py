@@ -40,6 +40,7 @@ from cellar.master.grace import RebuildGrace
 from cellar.master.listing import check_list_request, key_page
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.quota import SpaceMaker
+from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import (
     GetOutcome,
     GetResult,
@@ -91,7 +92,13 @@ from cellar.master.state.records import (
 )
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tombstones import Tombstones
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, key_tag_prefix
+from cellar.proto.grant import (
+    GRANT_OP_READ,
+    GRANT_OP_WRITE,
+    GRANT_OP_WRITE_COMMIT,
+    key_tag,
+    key_tag_prefix,
+)
 
 OK = Status.OK
 INVALID = Status.INVALID
@@ -113,6 +120,7 @@ class MasterService:
         self.clock = clock or SystemClock()
         self.epoch = epoch if epoch is not None else self.clock.wall_ms()
         self.grants = GrantIssuer(secret, self.epoch)
+        self.receipts = ReceiptChecker(secret, self.epoch)  # PutEnd believes nodes, not clients
         self.role = "single"
         rng = rng or random.Random()
         self._next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
@@ -186,8 +194,12 @@ class MasterService:
 
     # ---------------------------------------------------------------- put
 
-    def put_start(self, tenant_name: str, client_id: str, items: Sequence[PutItemLike]) -> PutStartOutcome:
+    def put_start(self, tenant_name: str, client_id: str, items: Sequence[PutItemLike], *,
+                  may_commit: bool = False) -> PutStartOutcome:
+        """`may_commit`: the caller has the shm right, so its write grants carry the COMMIT
+        right (GRANT_FLAG_COMMIT); without it a node refuses its COMMITs."""
         tenant = self.tenant(tenant_name)
+        write_op = GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE
         self.check_batch(len(items))
         now = self.clock.monotonic()
         wall_ms = self.clock.wall_ms()
@@ -236,12 +248,12 @@ class MasterService:
                     or (key in objects and not item.upsert) or item.avoid_node_ids
                     or item.preferred_host_id or limited
                     or tenant.writing_bytes + reserved > writing_cap):
-                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap))
+                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op))
                 continue
             # The checks of _put_one, all passed: a valid key, a size that fits a segment, one
             # replica, no pin, nothing to avoid or prefer, no quota.
             if not self.membership.active_node_ids:
-                append(self._put_one(tenant, item, now, wall_ms, segments))  # says UNAVAILABLE
+                append(self._put_one(tenant, item, now, wall_ms, segments, -1, write_op))  # UNAVAILABLE
                 continue
             spot = place_one(size, NO_NODES, now)
             if spot is None:  # as in _put_one: evict for room, else NO_SPACE
@@ -256,12 +268,12 @@ class MasterService:
                       xxh64_intdigest(tag_prefix + key.encode()))
             replica = begin_one(obj, spot[0], spot[1], next_alloc_id())
             append(PutStartResult(OK, "", put_id,
-                                  [grant_one(obj, replica, GRANT_OP_WRITE, expiry_ms, segments)]))
+                                  [grant_one(obj, replica, write_op, expiry_ms, segments)]))
         return PutStartOutcome(results, list(segments.values()))
 
     def _put_one(
         self, tenant: Tenant, item: PutItemLike, now: float, wall_ms: int,
-        segments: dict[int, Segment], writing_cap: int = -1,
+        segments: dict[int, Segment], writing_cap: int = -1, write_op: int = GRANT_OP_WRITE,
     ) -> PutStartResult:
         """One key of a PutStart, every check spelled out (`writing_cap` < 0: compute it)."""
         config = self.config
@@ -332,7 +344,7 @@ class MasterService:
         if pin_kind == SOFT_PIN and item.soft_pin_ttl_ms:
             self.objects.lapse_soft_pin(obj, now + item.soft_pin_ttl_ms / 1000)
         expiry_ms = wall_ms + int(ttl_s * 1000)
-        granted = self.grants.all(obj, GRANT_OP_WRITE, expiry_ms, segments)
+        granted = self.grants.all(obj, write_op, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)
 
     def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
@@ -345,6 +357,11 @@ class MasterService:
             obj = puts.get(item.put_id)
             if obj is None or obj.tenant is not tenant or obj.key != item.key:
                 results.append(self._put_end_miss(tenant, item))
+                continue
+            why = self.receipts.why_not(obj, item.checksum, item.receipts)
+            if why:  # no node saw every byte: the put is revoked (its ranges quarantined)
+                self.objects.drop(obj, now)
+                results.append((Status.PERMISSION_DENIED, f"put revoked: {why}"))
                 continue
             if item.key in tenant.objects:  # an upsert: every older value of the key is dead
                 self.tombstones.remember_removed(

@@ -46,14 +46,16 @@ NODE_STATE_EXPIRED: NodeState
 NODE_STATE_DRAINING: NodeState
 
 class RequestHeader(_message.Message):
-    __slots__ = ("tenant", "client_id", "token")
+    __slots__ = ("tenant", "client_id", "token", "request_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     client_id: str
     token: str
-    def __init__(self, tenant: _Optional[str] = ..., client_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+    request_id: int
+    def __init__(self, tenant: _Optional[str] = ..., client_id: _Optional[str] = ..., token: _Optional[str] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class ReplyHeader(_message.Message):
     __slots__ = ("epoch", "master_time_ms")
@@ -178,14 +180,16 @@ class PutStartReply(_message.Message):
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class PutEndItem(_message.Message):
-    __slots__ = ("key", "put_id", "checksum")
+    __slots__ = ("key", "put_id", "checksum", "receipts")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PUT_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     key: str
     put_id: int
     checksum: int
-    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+    receipts: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., checksum: _Optional[int] = ..., receipts: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
     __slots__ = ("header", "items")

@@ -23,6 +23,13 @@ from cellar.proto._fastinit import fast_frozen_init
 
 GRANT_OP_READ = 1
 GRANT_OP_WRITE = 2
+# A write grant whose op carries this bit also lets its holder COMMIT (say "the bytes already
+# landed in your memory" after an shm memcpy or an rdma WRITE). The master sets it only for
+# identities with the shm right; a node refuses a COMMIT under a grant without it, on every
+# transport (issue 19: a COMMIT without data made a range "written" that held another
+# tenant's freed bytes). A plain WRITE accepts either form of write grant.
+GRANT_FLAG_COMMIT = 0x80
+GRANT_OP_WRITE_COMMIT = GRANT_OP_WRITE | GRANT_FLAG_COMMIT
 GRANT_MAC_BYTES = 16
 MIN_SECRET_BYTES = 16
 
@@ -165,7 +172,7 @@ def _check(expected_mac: bytes, grant: Grant, op: int, segment_id: int, offset: 
     """The checks of `verify` once the expected MAC is known."""
     if not hmac.compare_digest(expected_mac, grant.mac):
         raise GrantRejected(GrantRejected.BAD_MAC)
-    if grant.op != op:
+    if grant.op != op and grant.op != op | GRANT_FLAG_COMMIT:  # see GRANT_FLAG_COMMIT
         raise GrantRejected(GrantRejected.WRONG_OP, f"grant op {grant.op}, request op {op}")
     if grant.epoch < min_epoch:
         raise GrantRejected(GrantRejected.STALE_EPOCH, f"{grant.epoch} < {min_epoch}")

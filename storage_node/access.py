@@ -19,8 +19,18 @@ view, every request passes, in this order:
    the bytes are the reader's object, not merely that the range was once granted.
 
 shm and rdma clients copy payloads into segment memory themselves and then send a COMMIT
-(`commit`): it runs checks 1-4 exactly as for a WRITE, plus one: the segment file the client
-copied into is this node's current one (same st_dev/st_ino), and only then records the range.
+(`commit`): it runs checks 1-4 exactly as for a WRITE, plus two: the grant carries the COMMIT
+right (GRANT_FLAG_COMMIT, which the master sets only for identities with the shm right; a
+COMMIT under any other grant is refused with ST_BAD_GRANT, whatever the transport), and the
+segment file the client copied into is this node's current one (same st_dev/st_ino: a guard
+against a restarted node, not a secret, since any local user can stat the file). Only then is
+the range recorded.
+
+Receipts (issue 19): the write or commit that completes an allocation seals it (`seal`) and
+gets back a receipt (cellar.proto.receipt: a MAC under the cluster secret over alloc id,
+segment, offset, length, epoch and the checksum received), which the data server returns in
+the OK reply and the client hands to the master in PutEnd. `seal` is the one way to seal and
+issue a receipt: another writer on this node (a node-to-node copy) calls it the same way.
 
 Invariant: no byte of segment memory is handed out for a request that failed any check, and
 `written` is the only way an allocation's received ranges (and so its sealing) advance.
@@ -35,7 +45,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from cellar.proto.grant import Grant, GrantRejected, GrantVerifier, key_tag
+from cellar.proto.grant import GRANT_FLAG_COMMIT, Grant, GrantRejected, GrantVerifier, key_tag
+from cellar.proto.receipt import ReceiptSigner
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import ObjectIndex, ReadRefused, WriteRefused
 from cellar.storage_node.segment import Segment
@@ -85,6 +96,7 @@ class NodeAccess:
         self.index = index
         self.clock = clock
         self._verifier = GrantVerifier(secret)
+        self._receipts = ReceiptSigner(secret)
         self._allowed_skew_ms = allowed_skew_ms
         # shm/rdma COMMIT: (st_dev, st_ino) of each segment's file, the memory a commit names
         self._file_ids: dict[int, tuple[int, int]] = {}
@@ -127,20 +139,35 @@ class NodeAccess:
         offset = request.offset  # inside the segment: _check made sure
         return segment.memory[offset:offset + request.length]
 
-    def written(self, request: RequestHeader, meta: WriteMeta) -> None:
+    def written(self, request: RequestHeader, meta: WriteMeta) -> bytes:
+        """Record the request's range as received; the receipt if it completed the
+        allocation, else b""."""
         grant = request.grant
         assert grant is not None  # writable() accepted this request
         start = request.offset - grant.offset
-        self.index.record_written(grant.alloc_id, start, start + request.length)
+        return self.seal(grant.alloc_id, start, start + request.length)
+
+    def seal(self, alloc_id: int, rel_start: int, rel_end: int) -> bytes:
+        """Bytes [rel_start, rel_end) of allocation `alloc_id` (admitted by `admit_write`)
+        arrived; when that completes it, the index seals it and this returns its receipt (the
+        one place a receipt is signed), else b"". Any writer on this node calls it."""
+        entry = self.index.record_written(alloc_id, rel_start, rel_end)
+        if entry is None:
+            return b""
+        return self._receipts.sign(alloc_id=entry.alloc_id, segment_id=entry.segment_id,
+                                   offset=entry.offset, length=entry.length, epoch=entry.epoch,
+                                   checksum=entry.checksum)
 
     def commit(self, request: RequestHeader, meta: WriteMeta, file_dev: int,
-               file_ino: int) -> None:
+               file_ino: int) -> bytes:
         """shm/rdma: the payload of [offset, +length) was copied into segment memory by the
         client itself; run exactly the WRITE checks (grant, range, key tag, not sealed), then
         record the range as written. Refused with ST_UNKNOWN_SEGMENT when the client copied
         into another file than this node's current one (the node restarted, file replaced)."""
         if request.op != OP_COMMIT:
             raise FrameError(ST_BAD_FRAME, "not a commit")
+        if request.grant is None or not request.grant.op & GRANT_FLAG_COMMIT:
+            raise FrameError(ST_BAD_GRANT, "the grant does not carry the COMMIT (shm) right")
         want = self._file_ids.get(request.segment_id)
         if want is not None and want != (file_dev, file_ino):
             raise FrameError(ST_UNKNOWN_SEGMENT, f"segment {request.segment_id}: the bytes went "
@@ -150,7 +177,7 @@ class NodeAccess:
                                  request.offset, request.length, request.meta_len,
                                  request.flags, request.grant)
         self.writable(as_write, meta)
-        self.written(as_write, meta)
+        return self.written(as_write, meta)
 
     def flush(self) -> None:
         """Make every write completed so far durable in the index journal; the data server

@@ -14,10 +14,13 @@ The sealing rule (why the master may reuse a completed object's range at once)
     (`apply_freed`) the entry is dropped but leaves a tombstone alloc_id -> grant expiry: writes
     under that allocation stay refused until its grant has expired (plus the allowed clock
     skew), after which the grant check refuses them anyway and the tombstone is purged. A first
-    write of a new allocation that overlaps an entry proves the master freed that entry (it
-    never hands out a live range twice), so the old entry is tombstoned the same way even if
-    its FreedRange has not arrived yet. Together: a late write from a timed-out writer never
-    lands in someone else's object.
+    write of a *newer* allocation (alloc ids only grow, across epochs too: master/state/ids.py)
+    that overlaps an entry proves the master freed that entry (it never hands out a live range
+    twice), so the old entry is tombstoned the same way even if its FreedRange has not arrived
+    yet. A first write of an *older* allocation that overlaps an entry is refused (FREED): it
+    can only come from a dead grant whose range the master has handed out again, and it must
+    never drop the newer entry (issue 19, the ghost write). Together: a late write from a
+    timed-out writer never lands in someone else's object.
 
 Invariants
     Entries of one segment never overlap (zero-length objects hold no bytes and are not in the
@@ -212,12 +215,12 @@ class ObjectIndex:
                 raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
             entry = self._entries.get(alloc_id)
             if entry is None:
-                entry = IndexEntry(alloc_id, segment_id, object_offset, object_size, tenant, key,
-                                   checksum, epoch, grant_expiry_ms)
-                self._entries[alloc_id] = entry
                 if object_size > 0:
                     self._insert_dropping_overlaps(segment_id, object_offset, object_size,
                                                    alloc_id)
+                self._entries[alloc_id] = IndexEntry(
+                    alloc_id, segment_id, object_offset, object_size, tenant, key, checksum,
+                    epoch, grant_expiry_ms)
                 return
             if entry.state is AllocState.SEALED:
                 raise WriteRefused(WriteRefused.SEALED, f"allocation {alloc_id} is complete")
@@ -232,12 +235,13 @@ class ObjectIndex:
             if grant_expiry_ms > entry.write_grant_expiry_ms:
                 entry.write_grant_expiry_ms = grant_expiry_ms
 
-    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> bool:
-        """Bytes [rel_start, rel_end) of the object arrived; True if this completed it."""
+    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> IndexEntry | None:
+        """Bytes [rel_start, rel_end) of the object arrived; the entry (now SEALED, so its
+        fields no longer change) if this completed it, else None."""
         with self._lock:
             entry = self._entries.get(alloc_id)
             if entry is None or entry.state is AllocState.SEALED:
-                return False  # freed meanwhile, or a concurrent duplicate chunk
+                return None  # freed meanwhile, or a concurrent duplicate chunk
             assert 0 <= rel_start <= rel_end <= entry.length, (rel_start, rel_end, entry.length)
             if rel_start == 0 and rel_end == entry.length:  # the whole object (one frame)
                 entry.received_bytes = entry.length
@@ -249,8 +253,8 @@ class ObjectIndex:
                 entry.ranges = []
                 if self._journal is not None:
                     self._journal.sealed(entry, defer=self._defer_journal)
-                return True
-            return False
+                return entry
+            return None
 
     def flush_journal(self) -> None:
         """Write the journal records of seals deferred so far (see `defer_journal`)."""
@@ -489,6 +493,13 @@ class ObjectIndex:
         prev, after = order.neighbours((offset, -1))
         if ((prev is not None and self._entries[prev[1]].end() > offset)
                 or (after is not None and after[0] < end)):
+            newer = [e.alloc_id for e in self._overlapping(order, offset, end)
+                     if e.alloc_id > alloc_id]
+            if newer:  # a dead grant: the master freed this range before it granted `newer`
+                raise WriteRefused(
+                    WriteRefused.FREED,
+                    f"allocation {alloc_id} overlaps the newer allocation {newer[0]}: the "
+                    "master freed this range since that grant was issued")
             self._drop_overlapping(segment_id, offset, length)
             if not self._defer_journal:  # else the data server's flush writes the drops
                 self._flush_drops()

@@ -70,6 +70,9 @@ class TransferResult:
     status: int = ST_OK
     message: str = ""
     checksum: int | None = None  # xxh3_64 of a read's bytes, when the op asked and it was done
+    # Writes: the node's receipt (cellar.proto.receipt) from the frame or COMMIT that
+    # completed the allocation; b"" if no reply carried one (e.g. a server that signs none).
+    receipt: bytes = b""
 
     @property
     def ok(self) -> bool:
@@ -161,8 +164,10 @@ class SegmentAccess(Protocol):
         """The segment memory [offset, offset+length) to receive a write's payload."""
         ...
 
-    def written(self, request: RequestHeader, meta: WriteMeta) -> None:
-        """The payload of `request` landed completely (called once per successful write)."""
+    def written(self, request: RequestHeader, meta: WriteMeta) -> bytes | None:
+        """The payload of `request` landed completely (called once per successful write).
+        Non-empty bytes (a write receipt, cellar.proto.receipt) go back as the OK reply's
+        payload: a storage node returns one from the write that completed an allocation."""
         ...
 
     def readable(self, request: RequestHeader) -> memoryview:

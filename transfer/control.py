@@ -45,6 +45,7 @@ from cellar.transfer.frame import (
     RESPONSE_MAGIC,
     ST_OK,
     VERSION,
+    grant_flags,
 )
 from cellar.transfer.tls_sock import dial
 
@@ -96,7 +97,7 @@ def _pack(call: ControlCall, rid: int) -> bytes:
         head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, 0, len(call.meta), rid,
                             call.segment_id, 0, 0, 0, 0, 0, 0, _ZERO_MAC, call.offset, call.length)
     else:
-        head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, 0, len(call.meta), rid,
+        head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, grant_flags(g), len(call.meta), rid,
                             g.segment_id, g.offset, g.length, g.alloc_id, g.epoch, g.expiry_ms,
                             g.key_tag, g.mac, call.offset, call.length)
     return head + call.meta

@@ -19,7 +19,13 @@ import struct
 from dataclasses import dataclass
 
 from cellar.proto._fastinit import fast_frozen_init
-from cellar.proto.grant import GRANT_MAC_BYTES, GRANT_OP_READ, GRANT_OP_WRITE, Grant
+from cellar.proto.grant import (
+    GRANT_FLAG_COMMIT,
+    GRANT_MAC_BYTES,
+    GRANT_OP_READ,
+    GRANT_OP_WRITE,
+    Grant,
+)
 
 REQUEST_MAGIC = b"CLRQ"
 RESPONSE_MAGIC = b"CLRP"
@@ -74,6 +80,9 @@ RESPONSE = struct.Struct("<4sBBHIQQ")
 # Response flags. CLOSE: the server closes the connection after this response (it could not
 # keep the stream in sync, e.g. a malformed header), so requests pipelined behind it are lost.
 RESP_FLAG_CLOSE = 0x1
+# Request flags. MAY_COMMIT: the grant's op carries GRANT_FLAG_COMMIT (the frame carries no
+# grant op of its own: the request's op stands for it), so the MAC covers the right.
+REQ_FLAG_MAY_COMMIT = 0x1
 # Byte offset of request_id in a REQUEST header, so an error reply to a header that failed to
 # decode can still name the request it answers.
 REQUEST_ID_OFFSET = 12
@@ -88,6 +97,11 @@ class FrameError(Exception):
         super().__init__(message or STATUS_NAMES.get(status, str(status)))
         self.status = status
         self.message = message or STATUS_NAMES.get(status, str(status))
+
+
+def grant_flags(grant: Grant) -> int:
+    """The request flags that carry what of `grant` the header has no field for."""
+    return REQ_FLAG_MAY_COMMIT if grant.op & GRANT_FLAG_COMMIT else 0
 
 
 @dataclass(slots=True)
@@ -107,8 +121,8 @@ class RequestHeader:
             return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags, self.meta_len,
                                 self.request_id, self.segment_id, 0, 0, 0, 0, 0, 0,
                                 bytes(GRANT_MAC_BYTES), self.offset, self.length)
-        return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags, self.meta_len,
-                            self.request_id, g.segment_id, g.offset, g.length, g.alloc_id,
+        return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags | grant_flags(g),
+                            self.meta_len, self.request_id, g.segment_id, g.offset, g.length, g.alloc_id,
                             g.epoch, g.expiry_ms, g.key_tag, g.mac, self.offset, self.length)
 
 
@@ -131,6 +145,8 @@ def decode_request(header: bytes | memoryview, *, max_payload_bytes: int) -> Req
     grant = None
     if op not in OPS_WITHOUT_GRANT:
         grant_op = OP_WRITE if op == OP_COMMIT else op  # a commit finishes a granted write
+        if flags & REQ_FLAG_MAY_COMMIT:
+            grant_op |= GRANT_FLAG_COMMIT
         grant = Grant(grant_op, segment_id, grant_offset, grant_length, alloc_id, epoch,
                       expiry_ms, tag, mac)
     return RequestHeader(op, request_id, segment_id, offset, length, meta_len, flags, grant)

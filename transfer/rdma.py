@@ -458,7 +458,9 @@ class RdmaTransport(Transport):
         refused = 0
         for tcp, indexes in which.items():
             for i, reply in zip(indexes, replies[tcp], strict=True):
-                if reply.status != ST_OK:
+                if reply.status == ST_OK:
+                    results[i].receipt = reply.payload
+                else:
                     results[i] = TransferResult(reply.status, reply.message)
                     refused += 1
         with self._lock:

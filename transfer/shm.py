@@ -248,7 +248,7 @@ class ShmTransport(Transport):
         calls, which = group_commits(commits)
         replies = self._control.call(calls, max(0.0, deadline - time.monotonic()))
         return self.finish_write(ops, results, which,
-                                 {a: [(r.status, r.message) for r in rs]
+                                 {a: [(r.status, r.message, r.payload) for r in rs]
                                   for a, rs in replies.items()})
 
     def prepare_write(self, ops: Sequence[TransferOp], deadline: float
@@ -267,13 +267,15 @@ class ShmTransport(Transport):
 
     def finish_write(self, ops: Sequence[TransferOp], results: list[TransferResult],
                      which: dict[str, list[int]],
-                     replies: dict[str, list[tuple[int, str]]]) -> list[TransferResult]:
-        """Apply the nodes' (status, message) replies to the commits of `which` (per address,
-        the op indexes in the order their commits were sent)."""
+                     replies: dict[str, list[tuple[int, str, bytes]]]) -> list[TransferResult]:
+        """Apply the nodes' (status, message, receipt) replies to the commits of `which` (per
+        address, the op indexes in the order their commits were sent)."""
         refused = 0
         for address, indexes in which.items():
-            for i, (status, message) in zip(indexes, replies[address], strict=True):
-                if status != ST_OK:
+            for i, (status, message, receipt) in zip(indexes, replies[address], strict=True):
+                if status == ST_OK:
+                    results[i].receipt = receipt
+                else:
                     results[i] = TransferResult(status, message)
                     refused += 1
                     if status == ST_UNKNOWN_SEGMENT:  # the node's file changed under us

@@ -64,7 +64,7 @@ class AsyncShmTransport(AsyncTransport):
         deadline = time.monotonic() + timeout_s
         results, commits = self._shm.prepare_write(ops, deadline)
         calls, which = group_commits(commits)
-        replies: dict[str, list[tuple[int, str]]] = {}
+        replies: dict[str, list[tuple[int, str, bytes]]] = {}
         if calls:
             replies = await self._control.commit(calls, max(0.0, deadline - time.monotonic()))
         return self._shm.finish_write(ops, results, which, replies)

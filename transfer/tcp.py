@@ -308,7 +308,7 @@ class TcpTransport(Transport):
             t0 = time.perf_counter()
             send_all(sock, (REQUEST.pack(REQUEST_MAGIC, VERSION, OP_PING, 0, 0, rid, 0, 0, 0, 0,
                                          0, 0, 0, _ZERO_MAC, 0, 0),))
-            status, _, _ = check_response(conn.inbox.take(RESPONSE_SIZE), rid, 0, False)
+            status, _, _, _ = check_response(conn.inbox.take(RESPONSE_SIZE), rid, 0, False)
             rtt = time.perf_counter() - t0
             if status != ST_OK:
                 raise ConnectionError(f"{address}: bad ping reply (status {status})")
@@ -417,6 +417,7 @@ class TcpTransport(Transport):
         """Pipelined requests and in-order responses; True if the connection is still in sync."""
         sock, inbox = conn.sock, conn.inbox
         metas, fail, hashed, sums = plan.metas, plan.fail, plan.hashed, plan.sums
+        receipts = plan.receipts
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
@@ -448,9 +449,12 @@ class TcpTransport(Transport):
                     head, early = inbox.take(RESPONSE_SIZE), 0
                 else:  # header into the inbox, payload straight into the destination
                     head, early = inbox.take_scatter(RESPONSE_SIZE, view)
-                status, flags, msg_len = check_response(head, rid, size, not is_write)
+                status, flags, msg_len, length = check_response(head, rid, size, not is_write)
                 if status == ST_OK:
-                    if not is_write:
+                    if is_write:
+                        if length:  # this frame completed the allocation: its receipt
+                            receipts[op_i] = bytes(inbox.take(length))
+                    else:
                         if len(views) == 1:
                             inbox.read_into(view[early:])
                             if hashed[op_i]:

@@ -92,7 +92,7 @@ SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and d
 RETIRED_DRAIN_S = 10.0
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 RESPONSE_SIZE = RESPONSE.size
-_HEADER, _PAYLOAD, _MESSAGE = 0, 1, 2  # the stages of reading one reply (`_Channel._advance`)
+_HEADER, _PAYLOAD, _MESSAGE, _RECEIPT = 0, 1, 2, 3  # the stages of reading one reply (`_Channel._advance`)
 
 
 class _Channel:
@@ -289,6 +289,15 @@ class _Channel:
             if flags & RESP_FLAG_CLOSE:
                 raise PeerClosed(f"node closed the connection after: {msg}")
             return True
+        if self._stage == _RECEIPT:  # a write's OK reply that carries its receipt
+            try:
+                receipt = bytes(self.inbox.take(self._error[1]))
+            except BlockingIOError:
+                return False
+            self._stage = _HEADER
+            frame.plan.receipts[frame.chunk[0]] = receipt
+            frame.finish()
+            return True
         return True  # a write's reply: the header was all of it
 
     def _read_header(self, frame: Frame) -> bool:
@@ -304,13 +313,16 @@ class _Channel:
                 head, early = inbox.take(RESPONSE_SIZE), 0
         except BlockingIOError:
             return False
-        status, flags, msg_len = check_response(head, frame.rid, size, is_read)
+        status, flags, msg_len, length = check_response(head, frame.rid, size, is_read)
         self.load_bytes -= size
         if status == ST_OK:
             if is_read:
                 self._rest = [] if frame.cancelled else inbox.drain_into(views, early)
                 self._left = size - early if frame.cancelled else sum(len(v) for v in self._rest)
                 self._stage = _PAYLOAD
+            elif length:
+                self._error = (status, length, flags)
+                self._stage = _RECEIPT
             else:
                 frame.finish()
             return True
@@ -468,12 +480,14 @@ class AsyncTcpTransport(AsyncTransport):
     # -- a batch ---------------------------------------------------------------------------
 
     async def commit(self, calls: dict[str, list[ControlCall]],
-                     timeout_s: float) -> dict[str, list[tuple[int, str]]]:
+                     timeout_s: float) -> dict[str, list[tuple[int, str, bytes]]]:
         """Header-only control frames (shm/rdma COMMIT) to node tcp addresses, pipelined on the
-        same channels as payload frames; (status, message) per call, per address, in order."""
+        same channels as payload frames; (status, message, receipt) per call, per address, in
+        order."""
         order = [(address, call) for address, batch in calls.items() for call in batch]
         n = len(order)
-        plan = Plan([None] * n, [call.meta for _, call in order], [False] * n, [None] * n)
+        plan = Plan([None] * n, [call.meta for _, call in order], [False] * n, [None] * n,
+                    [b""] * n)
         for k, (address, call) in enumerate(order):
             plan.by_address.setdefault(address, []).append(
                 (k, call.offset, (), call.length, call.grant))  # type: ignore[arg-type]
@@ -481,9 +495,9 @@ class AsyncTcpTransport(AsyncTransport):
         op_codes = {call.op for _, call in order}
         assert len(op_codes) <= 1 and OP_READ not in op_codes and OP_WRITE not in op_codes
         results = await self._run(plan, op_codes.pop() if op_codes else OP_COMMIT, timeout_s)
-        out: dict[str, list[tuple[int, str]]] = {address: [] for address in calls}
+        out: dict[str, list[tuple[int, str, bytes]]] = {address: [] for address in calls}
         for (address, _), r in zip(order, results, strict=True):
-            out[address].append((r.status, r.message))
+            out[address].append((r.status, r.message, r.receipt))
         return out
 
     async def _batch(self, ops: Sequence[TransferOp], timeout_s: float,

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cellar.proto.grant import Grant
+from cellar.proto.receipt import RECEIPT_BYTES
 from cellar.transfer.base import TransferOp, TransferResult, op_views, slice_views
 from cellar.transfer.frame import (
     OP_READ,
@@ -39,6 +40,7 @@ from cellar.transfer.frame import (
     VERSION,
     FrameError,
     decode_response,
+    grant_flags,
 )
 
 # Striping policy, measured on 2-core loopback (see tcp.py's docstring): frames much smaller
@@ -60,7 +62,8 @@ def add_request(parts: list[bytes | memoryview], op_code: int, rid: int, chunk: 
     0.90 us per chunk against 0.40 to 0.72 us for the copy each client had inlined, so at most
     0.5 us of a TCP op's ~60 us (bench/results/2026-11-29-vm.md): one source wins."""
     _op_i, offset, views, size, g = chunk
-    head = REQUEST.pack(REQUEST_MAGIC, VERSION, op_code, 0, len(meta), rid, g.segment_id,
+    head = REQUEST.pack(REQUEST_MAGIC, VERSION, op_code, grant_flags(g), len(meta), rid,
+                        g.segment_id,
                         g.offset, g.length, g.alloc_id, g.epoch, g.expiry_ms, g.key_tag, g.mac,
                         offset, size)
     parts.append(head + meta if meta else head)
@@ -73,25 +76,26 @@ class Desync(Exception):
 
 
 def check_response(head: bytes | memoryview, rid: int, size: int,
-                   is_read: bool) -> tuple[int, int, int]:
-    """(status, flags, message length) of the reply to request `rid` for a chunk of `size`
-    bytes: `decode_response`'s checks (magic, version, limits), then the match (its id, an OK
-    read carries exactly `size` bytes, an OK write and an error none). Desync otherwise.
+                   is_read: bool) -> tuple[int, int, int, int]:
+    """(status, flags, message length, payload length) of the reply to request `rid` for a
+    chunk of `size` bytes: `decode_response`'s checks (magic, version, limits), then the match
+    (its id, an OK read carries exactly `size` bytes, an OK write none or a receipt of exactly
+    RECEIPT_BYTES, an error none). Desync otherwise.
     Measured (timeit, Python 3.11, 2-core dev box, min of 21 runs of 100,000): 0.55 us per
     chunk against 0.26 us for the copy of these checks both clients had inlined, i.e. 0.3 us
     of a TCP op's ~60 us (bench/results/2026-11-29-vm.md, 64 KiB x128): one source wins."""
     try:
-        header = decode_response(head, max_payload_bytes=size)
+        header = decode_response(head, max_payload_bytes=size if is_read else RECEIPT_BYTES)
     except FrameError as exc:
         raise Desync(f"bad response header: {exc}") from None
     if header.request_id != rid:
         raise Desync(f"response to request {header.request_id}, expected {rid}")
     if header.status == ST_OK:
-        if header.length != (size if is_read else 0):
+        if header.length != size if is_read else header.length not in (0, RECEIPT_BYTES):
             raise Desync(f"response length {header.length} for {size} bytes")
     elif header.length:
         raise Desync("error response with a payload")
-    return header.status, header.flags, header.msg_len
+    return header.status, header.flags, header.msg_len, header.length
 
 
 @dataclass(slots=True)
@@ -100,6 +104,7 @@ class Plan:
     metas: list[bytes]                     # per op: packed WriteMeta (writes)
     hashed: list[bool]                     # per op: the lane hashes it (one-frame reads)
     sums: list[int | None]                 # per op: the lane's xxh3_64 of a hashed read
+    receipts: list[bytes]                  # per op: the write receipt a reply carried
     by_address: dict[str, list[Chunk]] = field(default_factory=dict)
     bytes_by_address: dict[str, int] = field(default_factory=dict)
 
@@ -108,7 +113,7 @@ def plan_batch(ops: Sequence[TransferOp], transport_name: str, op_code: int,
                chunk_bytes: int) -> Plan:
     """Check every op and cut it into chunks grouped by node address."""
     n_ops = len(ops)
-    plan = Plan([None] * n_ops, [b""] * n_ops, [False] * n_ops, [None] * n_ops)
+    plan = Plan([None] * n_ops, [b""] * n_ops, [False] * n_ops, [None] * n_ops, [b""] * n_ops)
     fail, by_address, bytes_by_address = plan.fail, plan.by_address, plan.bytes_by_address
     is_read = op_code == OP_READ
     for i, op in enumerate(ops):
@@ -183,6 +188,6 @@ def fail_chunks(fail: list[TransferResult | None], chunks: Sequence[Chunk], stat
 
 
 def finish(plan: Plan) -> list[TransferResult]:
-    sums = plan.sums
-    return [r if r is not None else TransferResult(checksum=sums[i])
+    sums, receipts = plan.sums, plan.receipts
+    return [r if r is not None else TransferResult(checksum=sums[i], receipt=receipts[i])
             for i, r in enumerate(plan.fail)]

@@ -9,7 +9,8 @@ Per request: the fixed header is read through a preallocated per-connection buff
 with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTES), then:
 - WRITE: `access.writable()` returns a memoryview of segment memory and the payload is received
   straight into it (only the few KiB that arrived with the header pass through the buffer);
-  only when every byte arrived is `access.written()` called, then OK.
+  only when every byte arrived is `access.written()` called, then OK (its payload: the write
+  receipt `written()` returns when this write completed the allocation, RECEIPT_BYTES).
 - READ: `access.readable()` returns a memoryview of segment memory; the reply header and that
   view are sent with `sendmsg` (no copy into bytes).
 - PING: OK.
@@ -411,11 +412,14 @@ class _Connection:
         del view
         self.counters.bytes_in += req.length
         try:
-            self.access.written(req, wmeta)
+            receipt = self.access.written(req, wmeta)
         except Exception as e:
             self.refuse(req, e)
             return
-        self.outbox.add(pack_response(ST_OK, req.request_id))
+        if receipt:  # the write that completed the allocation: its receipt is the payload
+            self.outbox.add(pack_response(ST_OK, req.request_id, len(receipt)) + receipt)
+        else:
+            self.outbox.add(pack_response(ST_OK, req.request_id))
 
     def control(self, req: RequestHeader, meta: bytes) -> None:
         """COMMIT (shm/rdma: the payload already landed; check and record it) and RDMA_CONNECT
@@ -427,7 +431,7 @@ class _Connection:
                 if commit is None:
                     raise FrameError(ST_UNSUPPORTED, "this server takes no commits")
                 wmeta, dev, ino = decode_commit_meta(meta)
-                commit(req, wmeta, dev, ino)
+                reply = commit(req, wmeta, dev, ino) or b""  # the receipt, if it sealed
             else:
                 accept = getattr(self.access, "rdma_connect", None)
                 if accept is None:

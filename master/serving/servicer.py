@@ -129,7 +129,8 @@ class MasterServicer:
 
     def PutStart(self, req: pb.PutStartRequest, stats: RpcStats) -> pb.PutStartReply:
         h = req.header
-        outcome = self.service.put_start(h.tenant, h.client_id, req.items)
+        outcome = self.service.put_start(h.tenant, h.client_id, req.items,
+                                         may_commit=_trusted_on_host())
         reply = pb.PutStartReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0

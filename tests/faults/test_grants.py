@@ -14,6 +14,7 @@ import cellar
 from cellar.client.session_state import grant_from_replica
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_WRITE, sign
+from tests.support.receipts import receipts_for
 
 
 def put_start(stub, key: str, size: int, avoid: list[str]) -> pb.PutStartReply:
@@ -56,7 +57,8 @@ def test_forged_expired_and_reused_grants_change_nothing(fault_cluster):
         # The real grant works once; the object becomes visible.
         assert write_with(rep, started.segments, "a", data, digest).ok
         assert stub.PutEnd(pb.PutEndRequest(header=header(), items=[pb.PutEndItem(
-            key="a", put_id=started.results[0].put_id, checksum=digest)])).results[0].status == pb.OK
+            key="a", put_id=started.results[0].put_id, checksum=digest,
+            receipts=receipts_for(secret, started.results[0], digest))])).results[0].status == pb.OK
         # Visible, checked through the raw stub and unpinned at once: a pin held by the SDK
         # (its unpin rides on a later call) would delay the free and "b" would land elsewhere.
         assert locations(stub, ["a"])["a"][0].offset == rep.offset
@@ -72,7 +74,8 @@ def test_forged_expired_and_reused_grants_change_nothing(fault_cluster):
         brep = b.results[0].replicas[0]
         assert write_with(brep, b.segments, "b", other, other_digest).ok
         assert stub.PutEnd(pb.PutEndRequest(header=header(), items=[pb.PutEndItem(
-            key="b", put_id=b.results[0].put_id, checksum=other_digest)])).results[0].status == pb.OK
+            key="b", put_id=b.results[0].put_id, checksum=other_digest,
+            receipts=receipts_for(secret, b.results[0], other_digest))])).results[0].status == pb.OK
         assert (brep.segment_id, brep.offset) == (rep.segment_id, rep.offset), \
             "the range of a was not reused: the test would prove nothing"
         bregion = slice(brep.offset, brep.offset + len(other))

@@ -88,11 +88,12 @@ def test_stopped_node_is_expired_its_grants_die_and_it_rejoins(fault_cluster):
         fresh = stub.PutStart(pb.PutStartRequest(header=header(), items=[
             pb.PutItem(key="fresh", size_bytes=len(data), avoid_node_ids=["node-1"])]))
         assert fresh.results[0].status == pb.OK
-        assert write_with(fresh.results[0].replicas[0], fresh.segments, "fresh", data,
-                          xxhash.xxh3_64_intdigest(data)).ok
+        wrote = write_with(fresh.results[0].replicas[0], fresh.segments, "fresh", data,
+                           xxhash.xxh3_64_intdigest(data))
+        assert wrote.ok and wrote.receipt  # the node's receipt for the whole object
         assert stub.PutEnd(pb.PutEndRequest(header=header(), items=[pb.PutEndItem(
-            key="fresh", put_id=fresh.results[0].put_id,
-            checksum=xxhash.xxh3_64_intdigest(data))])).results[0].status == pb.OK
+            key="fresh", put_id=fresh.results[0].put_id, checksum=xxhash.xxh3_64_intdigest(data),
+            receipts=[wrote.receipt])])).results[0].status == pb.OK
         assert client.get("fresh") == data
         rest = [k for k in values if k not in on_node0]
         assert client.get_many(rest) == [values[k] for k in rest]

@@ -28,6 +28,7 @@ from cellar.master.serving.servicer import MasterServicer
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import node_credential
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
+from tests.support.receipts import receipts_for
 
 SECRET = bytes(range(32))
 MAX_DEPTH = 3
@@ -137,7 +138,7 @@ def seeded_servicer(**settings: Any) -> MasterServicer:
         for i in range(3):
             r = service.put_start(tenant, "seed", [PutItem(f"k{i}", 4096 * (i + 1))]).results[0]
             assert r.status == 0, r.message
-            service.put_end(tenant, "seed", [PutEndItem(f"k{i}", r.put_id, i)])
+            service.put_end(tenant, "seed", [PutEndItem(f"k{i}", r.put_id, i, receipts_for(SECRET, r, i))])
         service.put_start(tenant, "seed", [PutItem("w0", 8192)])  # left WRITING
         service.get_replicas(tenant, "seed", ["k0"])  # left pinned
     return servicer

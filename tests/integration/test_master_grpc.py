@@ -17,6 +17,7 @@ from master_harness import TEST_ADMIN_TOKEN, MasterProcess, admin_header, runnin
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, node_credential, verify
+from tests.support.receipts import receipts_for
 
 MiB = 1 << 20
 # long liveness timeouts: the simulated nodes of this module never heartbeat
@@ -76,7 +77,8 @@ def put(stub: pb_grpc.MasterStub, keys: list[str], size: int = 4096, tenant: str
                                                items=[pb.PutItem(key=k, size_bytes=size, **kw) for k in keys]))
     assert [r.status for r in started.results] == [pb.OK] * len(keys), started.results
     ended = stub.PutEnd(pb.PutEndRequest(header=header(tenant), items=[
-        pb.PutEndItem(key=k, put_id=r.put_id, checksum=len(k)) for k, r in zip(keys, started.results, strict=True)
+        pb.PutEndItem(key=k, put_id=r.put_id, checksum=len(k),
+                      receipts=receipts_for(SECRET, r, len(k))) for k, r in zip(keys, started.results, strict=True)
     ]))
     assert [r.status for r in ended.results] == [pb.OK] * len(keys)
     return [r.put_id for r in started.results]
@@ -118,8 +120,10 @@ def test_put_get_unpin_flow(master: MasterProcess, stub: pb_grpc.MasterStub, nod
     got = stub.GetReplicas(pb.GetReplicasRequest(header=header(), keys=["flow/a"]))
     assert got.results[0].status == pb.NOT_READY
     ended = stub.PutEnd(pb.PutEndRequest(header=header(), items=[
-        pb.PutEndItem(key="flow/a", put_id=a.put_id, checksum=0xABC),
-        pb.PutEndItem(key="flow/b", put_id=b.put_id, checksum=0xDEF),
+        pb.PutEndItem(key="flow/a", put_id=a.put_id, checksum=0xABC,
+                      receipts=receipts_for(SECRET, a, 0xABC)),
+        pb.PutEndItem(key="flow/b", put_id=b.put_id, checksum=0xDEF,
+                      receipts=receipts_for(SECRET, b, 0xDEF)),
     ]))
     assert [r.status for r in ended.results] == [pb.OK, pb.OK]
     got = stub.GetReplicas(pb.GetReplicasRequest(header=header(), keys=["flow/a", "flow/b", "flow/none"]))

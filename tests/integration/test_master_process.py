@@ -20,6 +20,7 @@ from master_harness import running_master
 
 from cellar.master.config import MasterConfig
 from cellar.proto import cellar_pb2 as pb
+from tests.support.receipts import receipts_for
 
 MiB = 1 << 20
 FAST_LIVENESS = (
@@ -157,8 +158,10 @@ def test_silent_node_goes_suspect_then_expires() -> None:
             pb.PutItem(key="on-quiet", size_bytes=1000, avoid_node_ids=["alive"]),
         ]))
         stub.PutEnd(pb.PutEndRequest(items=[
-            pb.PutEndItem(key="on-both", put_id=started.results[0].put_id),
-            pb.PutEndItem(key="on-quiet", put_id=started.results[1].put_id),
+            pb.PutEndItem(key="on-both", put_id=started.results[0].put_id,
+                          receipts=receipts_for(master.secret, started.results[0], 0)),
+            pb.PutEndItem(key="on-quiet", put_id=started.results[1].put_id,
+                          receipts=receipts_for(master.secret, started.results[1], 0)),
         ]))
         quiet.stop()
         wait_for(lambda: segment_states(stub).get("quiet") == pb.NODE_STATE_SUSPECT)
@@ -212,7 +215,8 @@ def test_quota_from_config_file(tmp_path: Path) -> None:
         tenant = next(t for t in status.tenants if t.name == "small")
         assert (tenant.used_bytes, tenant.quota_bytes, tenant.object_count) == (2 * MiB, 2 * MiB, 2)
         stub.PutEnd(pb.PutEndRequest(header=small, items=[
-            pb.PutEndItem(key=f"k{i}", put_id=started.results[i].put_id) for i in range(2)]))
+            pb.PutEndItem(key=f"k{i}", put_id=started.results[i].put_id,
+                          receipts=receipts_for(master.secret, started.results[i], 0)) for i in range(2)]))
         again = stub.PutStart(pb.PutStartRequest(header=small, items=[pb.PutItem(key="k2", size_bytes=MiB)]))
         assert again.results[0].status == pb.OK  # its own LRU object made room
         assert list(stub.Exists(pb.KeysRequest(header=small, keys=["k0", "k1"])).statuses) == [

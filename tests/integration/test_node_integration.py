@@ -37,6 +37,7 @@ from cellar.transfer.frame import (
 from cellar.transfer.tcp import TcpTransport
 from tests.integration.master_harness import MasterProcess, admin_header, start_master
 from tests.integration.node_harness import NodeProcess, kill_node, start_node
+from tests.support.receipts import receipts_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,7 +104,8 @@ class Cluster:
         results = self.transport.write(ops, timeout_s=10)
         assert all(r.ok for r in results), [str(r) for r in results]
         end = self.stub.PutEnd(pb.PutEndRequest(header=self.header(), items=[
-            pb.PutEndItem(key=key, put_id=result.put_id, checksum=checksum)]), timeout=5)
+            pb.PutEndItem(key=key, put_id=result.put_id, checksum=checksum,
+                          receipts=receipts_for(SECRET, result, checksum))]), timeout=5)
         assert end.results[0].status == pb.OK, end.results[0].message
         return result, segments
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from xxhash import xxh3_64_intdigest
 
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, sign
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE_COMMIT, key_tag, sign
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
@@ -44,7 +44,7 @@ def node(tmp_path: Path) -> Iterator[tuple[Segment, NodeAccess, SegmentRoute]]:
 def _write(route: SegmentRoute, offset: int, parts: list[bytes], key: str, alloc: int,
            secret: bytes = SECRET) -> TransferOp:
     n = sum(len(p) for p in parts)
-    g = sign(secret, op=GRANT_OP_WRITE, segment_id=route.segment_id, offset=offset, length=n,
+    g = sign(secret, op=GRANT_OP_WRITE_COMMIT, segment_id=route.segment_id, offset=offset, length=n,
              alloc_id=alloc, epoch=0, expiry_ms=wall_ms() + 60_000, tag=key_tag("t", key))
     return TransferOp(route, g, offset, parts=tuple(memoryview(p) for p in parts),
                       meta=WriteMeta(xxh3_64_intdigest(b"".join(parts)), n, "t", key))

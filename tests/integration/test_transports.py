@@ -29,7 +29,7 @@ import pytest
 
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
-from cellar.proto.grant import GRANT_OP_WRITE, key_tag, sign
+from cellar.proto.grant import GRANT_OP_WRITE_COMMIT, key_tag, sign
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
@@ -136,7 +136,7 @@ def test_shm_commit_with_forged_or_expired_grant_is_refused(
     epoch = status["epoch"]
 
     def op(secret_: bytes, expiry_ms: int, key: str) -> TransferOp:
-        g = sign(secret_, op=GRANT_OP_WRITE, segment_id=route.segment_id, offset=offset,
+        g = sign(secret_, op=GRANT_OP_WRITE_COMMIT, segment_id=route.segment_id, offset=offset,
                  length=4096, alloc_id=(1 << 62) + len(key), epoch=epoch, expiry_ms=expiry_ms,
                  tag=key_tag("default", key))
         return TransferOp(route, g, offset, memoryview(b"f" * 4096),
@@ -215,7 +215,7 @@ def test_connection_broken_mid_transfer_fails_that_item_and_retry_succeeds(
     alloc = {"a": 11, "b": 12}
 
     def op(i: int, key: str) -> TransferOp:
-        g = sign(SECRET, op=GRANT_OP_WRITE, segment_id=segment.segment_id, offset=i * size,
+        g = sign(SECRET, op=GRANT_OP_WRITE_COMMIT, segment_id=segment.segment_id, offset=i * size,
                  length=size, alloc_id=alloc[key], epoch=0,
                  expiry_ms=wall_ms() + 60_000, tag=key_tag("t", key))
         return TransferOp(route, g, i * size, memoryview(data[i]), WriteMeta(1, size, "t", key))

@@ -24,6 +24,7 @@ from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_READ
 from cellar.transfer.base import SegmentRoute, TransferOp
 from cellar.transfer.tcp import TcpTransport
+from tests.support.receipts import receipts_for
 
 TRIES = 20
 VALUE_BYTES = 64 * 1024
@@ -104,7 +105,9 @@ def test_put_ids_are_unguessable_and_bound_to_the_tenant(cluster: SecurityCluste
     assert revoke.results[0].status != pb.OK
     # alice's put is still hers to finish
     assert list(stub.Exists(pb.KeysRequest(header=alice, keys=["bind/0"])).statuses) == [pb.NOT_READY]
-    ended = stub.PutEnd(pb.PutEndRequest(header=alice, items=[pb.PutEndItem(key="bind/0", put_id=ref)]))
+    ended = stub.PutEnd(pb.PutEndRequest(header=alice, items=[pb.PutEndItem(
+        key="bind/0", put_id=ref,
+        receipts=receipts_for(bytes.fromhex(cluster.secret), started.results[0], 0))]))
     assert ended.results[0].status == pb.OK
     stub.PutRevoke(pb.PutRevokeRequest(header=alice, items=[
         pb.PutRef(key=f"bind/{i}", put_id=ids[i]) for i in range(1, 50)]))

@@ -14,6 +14,7 @@ from cellar.errors import Status
 from cellar.master.config import MasterConfig
 from cellar.master.service import MasterService, PutEndItem, PutItem
 from cellar.proto import cellar_pb2 as pb
+from tests.support.receipts import receipts_for
 
 SECRET = bytes(range(32))
 KiB = 1 << 10
@@ -34,7 +35,7 @@ def _service(segment_bytes: int, **settings: Any) -> MasterService:
 def _put(svc: MasterService, key: str, size: int, tenant: str = "", **kw: Any) -> None:
     r = svc.put_start(tenant, "w", [PutItem(key, size, **kw)]).results[0]
     assert r.status == Status.OK, r.message
-    assert svc.put_end(tenant, "w", [PutEndItem(key, r.put_id, 1)]) == [(Status.OK, "")]
+    assert svc.put_end(tenant, "w", [PutEndItem(key, r.put_id, 1, receipts_for(SECRET, r, 1))]) == [(Status.OK, "")]
 
 
 def test_a_put_that_cannot_fit_evicts_nothing() -> None:

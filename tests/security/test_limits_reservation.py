@@ -19,6 +19,7 @@ from cellar.errors import Status
 from cellar.master.config import MasterConfig, TenantQuota
 from cellar.master.service import MasterService, PutEndItem, PutItem
 from cellar.proto import cellar_pb2 as pb
+from tests.support.receipts import receipts_for
 
 SECRET = bytes(range(32))
 MiB = 1 << 20
@@ -41,7 +42,7 @@ def _fill(svc: MasterService, tenant: str, count: int) -> None:
     for i in range(count):
         r = svc.put_start(tenant, "w", [PutItem(f"v{i}", MiB)]).results[0]
         assert r.status == Status.OK, r.message
-        assert svc.put_end(tenant, "w", [PutEndItem(f"v{i}", r.put_id, 1)]) == [(Status.OK, "")]
+        assert svc.put_end(tenant, "w", [PutEndItem(f"v{i}", r.put_id, 1, receipts_for(SECRET, r, 1))]) == [(Status.OK, "")]
 
 
 def _snapshot(svc: MasterService, tenant: str) -> tuple[int, int, int]:
@@ -82,7 +83,7 @@ def test_a_refused_reservation_changes_nothing() -> None:
     assert refused.status == Status.QUOTA_EXCEEDED
     assert (_snapshot(svc, "t"), svc.tenant("t").writing_bytes, len(svc.objects.puts)) == before
     # ending a put frees its WRITING bytes (they are now plain used bytes)
-    assert svc.put_end("t", "w", [PutEndItem("k0", ok[0].put_id, 1)]) == [(Status.OK, "")]
+    assert svc.put_end("t", "w", [PutEndItem("k0", ok[0].put_id, 1, receipts_for(SECRET, ok[0], 1))]) == [(Status.OK, "")]
     assert svc.put_start("t", "w", [PutItem("k8", MiB)]).results[0].status == Status.OK
 
 
@@ -109,7 +110,7 @@ def test_hard_pinned_bytes_have_their_own_quota() -> None:
     for i in range(4):
         r = svc.put_start("t", "w", [PutItem(f"h{i}", MiB, hard_pin=True)]).results[0]
         assert r.status == Status.OK
-        assert svc.put_end("t", "w", [PutEndItem(f"h{i}", r.put_id, 1)]) == [(Status.OK, "")]
+        assert svc.put_end("t", "w", [PutEndItem(f"h{i}", r.put_id, 1, receipts_for(SECRET, r, 1))]) == [(Status.OK, "")]
     tenant = svc.tenant("t")
     assert tenant.hard_pinned_bytes == 4 * MiB
     refused = svc.put_start("t", "w", [PutItem("h4", MiB, hard_pin=True)]).results[0]

@@ -52,8 +52,8 @@ class OpenIndex:
     def admit_write(self, **_: object) -> None:
         return None
 
-    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> bool:
-        return False
+    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> None:
+        return None  # never seals: no receipt
 
     def admit_read(self, *, alloc_id: int, **_: object) -> tuple[str, str]:
         return TENANT, _KEY_OF_ALLOC.get(alloc_id, "")
@@ -78,12 +78,13 @@ class TransferNode(NodeAccess):
         self.written_calls: list[tuple[int, int, int, str]] = []  # alloc, offset, length, key
         self.delay_s = 0.0  # every read waits this long before its reply (a slow node)
 
-    def written(self, request: RequestHeader, meta: WriteMeta) -> None:
-        super().written(request, meta)
+    def written(self, request: RequestHeader, meta: WriteMeta) -> bytes:
+        receipt = super().written(request, meta)
         assert request.grant is not None
         with self.lock:
             self.written_calls.append((request.grant.alloc_id, request.offset, request.length,
                                        meta.key))
+        return receipt
 
     def readable(self, request: RequestHeader) -> memoryview:
         view = super().readable(request)

@@ -40,7 +40,7 @@ def replica(segment_id: int, node: str, offset: int, length: int) -> pb.Replica:
                                      mac=b"m" * 16))
 
 
-OK = TransferResult()
+OK = TransferResult(receipt=b"r" * 68)  # a node receipt (the master checks it, not the SDK)
 REFUSED = TransferResult(ST_CONNECT_FAILED, "refused")
 
 

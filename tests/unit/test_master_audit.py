@@ -8,13 +8,24 @@ import random
 from dataclasses import dataclass
 
 import pytest
-from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, mount, put, segment_info
+from test_master_support import (
+    EPOCH,
+    SECRET,
+    Entry,
+    FakeClock,
+    MiB,
+    make_service,
+    mount,
+    put,
+    segment_info,
+)
 
 from cellar.errors import Status
 from cellar.master.service import MasterService, PutEndItem, PutItem, PutRef
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.ids import ID_EPOCH_SHIFT
 from cellar.master.state.objects import charge
+from tests.support.receipts import receipts_for
 
 
 @dataclass
@@ -41,7 +52,7 @@ def busy_service(seed: int) -> tuple[MasterService, FakeClock]:
                                                      upsert=rng.random() < 0.3, hard_pin=rng.random() < 0.1)])
             first = result.results[0]
             if first.status == Status.OK and rng.random() < 0.8:
-                svc.put_end("", "c", [PutEndItem(key, first.put_id, 7)])
+                svc.put_end("", "c", [PutEndItem(key, first.put_id, 7, receipts_for(SECRET, first, 7))])
             elif first.status == Status.OK and rng.random() < 0.5:
                 svc.put_revoke("", "c", [PutRef(key, first.put_id)])
         elif op < 0.6:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_master_support import FakeClock, make_service, mount, put, put_start
+from test_master_support import SECRET, FakeClock, make_service, mount, put, put_start
 
 from cellar.master.listing import key_page
 from cellar.master.service import MasterService, PutEndItem, RequestRejected
+from tests.support.receipts import receipts_for
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_a_page_is_the_visible_keys_in_str_order(svc: MasterService) -> None:
 def test_the_writing_key_appears_once_its_put_ends(svc: MasterService) -> None:
     started = put_start(svc, "w", 64)
     assert svc.list_keys("", "", "", 5) == ([], False)
-    svc.put_end("", "writer", [PutEndItem("w", started.put_id, 1)])
+    svc.put_end("", "writer", [PutEndItem("w", started.put_id, 1, receipts_for(SECRET, started, 1))])
     assert svc.list_keys("", "", "", 5) == (["w"], False)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from test_master_support import (
+    SECRET,
     FakeClock,
     MiB,
     exists,
@@ -18,6 +19,7 @@ from test_master_support import (
 from cellar.errors import Status
 from cellar.master.service import PutEndItem, PutItem, PutRef, RequestRejected
 from cellar.master.state.records import ACTIVE, SUSPECT
+from tests.support.receipts import receipts_for
 
 
 def test_suspect_after_3s_expired_after_10s_replicas_dropped() -> None:
@@ -27,7 +29,7 @@ def test_suspect_after_3s_expired_after_10s_replicas_dropped() -> None:
     mount(svc, "n2", 2)
     put(svc, "both", MiB, replicas=2)
     only1 = svc.put_start("", "w", [PutItem("only-n1", MiB, avoid_node_ids=["n2"])]).results[0]
-    svc.put_end("", "w", [PutEndItem("only-n1", only1.put_id, 1)])
+    svc.put_end("", "w", [PutEndItem("only-n1", only1.put_id, 1, receipts_for(SECRET, only1, 1))])
     for _ in range(20):  # n2 heartbeats, n1 falls silent
         clock.advance(0.5)
         svc.heartbeat("n2", 1, 0)
@@ -119,7 +121,7 @@ def test_freed_ranges_outbox_and_ack() -> None:
     assert svc.heartbeat("n1", 1, 0).freed == []
     for i, result in enumerate(started[:4]):
         if i < 2:
-            svc.put_end("", "w", [PutEndItem(f"k{i}", result.put_id, 1)])
+            svc.put_end("", "w", [PutEndItem(f"k{i}", result.put_id, 1, receipts_for(SECRET, result, 1))])
             svc.remove("", [f"k{i}"])
         else:
             svc.put_revoke("", "w", [PutRef(f"k{i}", result.put_id)])

@@ -27,6 +27,7 @@ from cellar.proto.grant import (
     key_tag,
     verify,
 )
+from tests.support.receipts import receipts_for
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def test_writing_is_invisible_until_put_end(svc) -> None:  # type: ignore[no-unt
     assert exists(svc, "k") == Status.NOT_READY
     assert get(svc, "k").status == Status.NOT_READY
     assert svc.prefix_len("", ["k"]) == 0
-    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 99)]) == [(Status.OK, "")]
+    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 99, receipts_for(SECRET, started, 99))]) == [(Status.OK, "")]
     assert exists(svc, "k") == Status.OK
     got = get(svc, "k")
     assert got.status == Status.OK
@@ -62,9 +63,9 @@ def test_put_end_is_idempotent_and_checks_the_writer(svc) -> None:  # type: igno
     wrong = svc.put_end("", "w", [PutEndItem("k", started.put_id + 12345, 1)])
     assert wrong[0][0] == Status.INVALID and "not the writer" in wrong[0][1]
     assert exists(svc, "k") == Status.NOT_READY  # nothing changed
-    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)]) == [(Status.OK, "")]
-    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)]) == [(Status.OK, "")]
-    assert svc.put_end("", "w", [PutEndItem("other", started.put_id, 1)])[0][0] == Status.NOT_FOUND
+    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 1, receipts_for(SECRET, started, 1))]) == [(Status.OK, "")]
+    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 1, receipts_for(SECRET, started, 1))]) == [(Status.OK, "")]
+    assert svc.put_end("", "w", [PutEndItem("other", started.put_id, 1, receipts_for(SECRET, started, 1))])[0][0] == Status.NOT_FOUND
 
 
 def test_put_end_of_unknown_key_is_not_found(svc) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +76,7 @@ def test_existing_key_is_already_exists_and_being_written_too(svc) -> None:  # t
     first = put_start(svc, "k", 1000)
     second = put_start(svc, "k", 1000)
     assert second.status == Status.ALREADY_EXISTS and "being written" in second.message
-    svc.put_end("", "w", [PutEndItem("k", first.put_id, 1)])
+    svc.put_end("", "w", [PutEndItem("k", first.put_id, 1, receipts_for(SECRET, first, 1))])
     third = put_start(svc, "k", 1000)
     assert third.status == Status.ALREADY_EXISTS and "exists" in third.message
 
@@ -85,7 +86,7 @@ def test_revoke_drops_a_writing_put(svc) -> None:  # type: ignore[no-untyped-def
     assert svc.put_revoke("", "w", [PutRef("k", started.put_id + 1)])[0][0] == Status.INVALID
     assert svc.put_revoke("", "w", [PutRef("k", started.put_id)]) == [(Status.OK, "")]
     assert exists(svc, "k") == Status.NOT_FOUND
-    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)])[0][0] == Status.NOT_FOUND
+    assert svc.put_end("", "w", [PutEndItem("k", started.put_id, 1, receipts_for(SECRET, started, 1))])[0][0] == Status.NOT_FOUND
     assert svc.tenant("").used_bytes == 0 and svc.tenant("").object_count == 0
     assert put_start(svc, "k", 1000).status == Status.OK  # the key is free again
 
@@ -99,7 +100,7 @@ def test_writer_timeout_revokes_and_put_end_says_expired(svc, clock) -> None:  #
     svc.tick()
     assert exists(svc, "k") == Status.NOT_FOUND
     assert svc.nodes.puts_timed_out == 1
-    late = svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)])
+    late = svc.put_end("", "w", [PutEndItem("k", started.put_id, 1, receipts_for(SECRET, started, 1))])
     assert late[0][0] == Status.EXPIRED
 
 
@@ -111,7 +112,7 @@ def test_upsert_keeps_old_version_visible_until_put_end(svc) -> None:  # type: i
     old = get(svc, "k")
     assert (old.size_bytes, old.checksum) == (1000, 1)
     assert svc.tenant("").object_count == 2  # both versions hold memory meanwhile
-    svc.put_end("", "w", [PutEndItem("k", started.put_id, 2)])
+    svc.put_end("", "w", [PutEndItem("k", started.put_id, 2, receipts_for(SECRET, started, 2))])
     new = get(svc, "k")
     assert (new.size_bytes, new.checksum) == (2000, 2)
     # the old version is pinned by the first get: its range is freed only on unpin
@@ -190,7 +191,7 @@ def test_write_and_read_grants_verify(svc, clock) -> None:  # type: ignore[no-un
             verify(SECRET, grant, op=GRANT_OP_WRITE, segment_id=replica.segment_id,
                    offset=replica.offset, length=5001, now_ms=now_ms)
     assert len(alloc_ids) == 2
-    svc.put_end("", "w", [PutEndItem("k", started.put_id, 1)])
+    svc.put_end("", "w", [PutEndItem("k", started.put_id, 1, receipts_for(SECRET, started, 1))])
     got = get(svc, "k")
     for replica in got.replicas:
         grant = replica.grant()

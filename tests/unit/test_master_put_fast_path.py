@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import random
 
-from test_master_support import FakeClock, make_service, mount
+from test_master_support import SECRET, FakeClock, make_service, mount
 
 from cellar.master.service import MasterService, PutEndItem, PutItem, PutStartOutcome
+from tests.support.receipts import receipts_for
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -73,7 +74,7 @@ def test_fast_path_equals_put_one_on_mixed_batches() -> None:
         assert state(fast) == state(slow)
         # finish some puts on both, so keys exist (ALREADY_EXISTS, upserts) and space runs out
         for svc, outcome in ((fast, got), (slow, want)):
-            ends = [PutEndItem(item.key, r.put_id, 1)
+            ends = [PutEndItem(item.key, r.put_id, 1, receipts_for(SECRET, r, 1))
                     for i, (item, r) in enumerate(zip(items, outcome.results, strict=True))
                     if r.status == 0 and i % 7]
             svc.put_end("default", "c", ends)
@@ -85,7 +86,7 @@ def test_fast_path_evicts_for_room_like_put_one() -> None:
         for n in range(3):  # fill every segment with complete (evictable) objects
             items = [PutItem(key=f"fill{n}/{i}", size_bytes=MiB) for i in range(8)]
             outcome = svc.put_start("default", "c", items)
-            svc.put_end("default", "c", [PutEndItem(it.key, r.put_id, 1)
+            svc.put_end("default", "c", [PutEndItem(it.key, r.put_id, 1, receipts_for(SECRET, r, 1))
                                          for it, r in zip(items, outcome.results, strict=True)
                                          if r.status == 0])
     items = [PutItem(key=f"more/{i}", size_bytes=MiB) for i in range(6)]

@@ -14,6 +14,7 @@ from cellar.errors import Status
 from cellar.master.config import MasterConfig
 from cellar.master.service import MasterService, PutEndItem, PutItem
 from cellar.proto import cellar_pb2 as pb
+from tests.support.receipts import receipts_for
 
 SECRET = bytes(range(32))
 EPOCH = 1_700_000_000_000
@@ -73,7 +74,7 @@ def put(svc: MasterService, key: str, size: int, tenant: str = "", checksum: int
     """PutStart + PutEnd; returns the put id (asserts both succeed)."""
     result = put_start(svc, key, size, tenant, **kw)
     assert result.status == Status.OK, (key, result.status, result.message)
-    ends = svc.put_end(tenant, "writer", [PutEndItem(key, result.put_id, checksum)])
+    ends = svc.put_end(tenant, "writer", [PutEndItem(key, result.put_id, checksum, receipts_for(SECRET, result, checksum))])
     assert ends == [(Status.OK, "")], ends
     return int(result.put_id)
 

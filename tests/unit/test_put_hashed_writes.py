@@ -17,6 +17,7 @@ from cellar.transfer.base import SegmentRoute, TransferResult, Transport
 HEADER = pb.RequestHeader(tenant="t", client_id="c")
 PARTS = (memoryview(b"ab" * 100), memoryview(b"c" * 7), memoryview(b"d" * 50))
 DIGEST = xxhash.xxh3_64_intdigest(b"".join(PARTS))
+RECEIPT = b"r" * 68  # what a node returns once it sealed; only the master checks it
 
 
 def _placed(request: pb.PutStartRequest, nodes: list[str]) -> pb.PutStartReply:
@@ -42,7 +43,7 @@ def test_left_to_the_transport_when_every_replica_hashes_writes() -> None:
     ops = batch.on_start_reply(_placed(batch.start_request(HEADER), ["n1", "n2"]))
     assert [op.want_checksum for op in ops] == [True, True]
     assert batch.entries[0].checksum is None  # not hashed beforehand
-    end, revoke = batch.on_write_results([TransferResult(checksum=DIGEST)] * 2, may_retry=True)
+    end, revoke = batch.on_write_results([TransferResult(checksum=DIGEST, receipt=RECEIPT)] * 2, may_retry=True)
     assert revoke is None and [i.checksum for i in end] == [DIGEST]
 
 
@@ -54,8 +55,8 @@ def test_hashed_before_the_copy_when_one_replica_cannot() -> None:
 
 
 def test_replicas_that_disagree_or_a_missing_digest_fail_the_write() -> None:
-    for results in ([TransferResult(checksum=DIGEST), TransferResult(checksum=DIGEST + 1)],
-                    [TransferResult(checksum=None), TransferResult(checksum=DIGEST)]):
+    for results in ([TransferResult(checksum=DIGEST, receipt=RECEIPT), TransferResult(checksum=DIGEST + 1, receipt=RECEIPT)],
+                    [TransferResult(checksum=None, receipt=RECEIPT), TransferResult(checksum=DIGEST, receipt=RECEIPT)]):
         batch = _batch({"n1", "n2"})
         batch.on_start_reply(_placed(batch.start_request(HEADER), ["n1", "n2"]))
         end, revoke = batch.on_write_results(results, may_retry=False)
@@ -85,5 +86,5 @@ def test_a_deferred_write_routed_to_a_plain_transport_is_hashed_before_it_leaves
                           can_fall_back=False)  # ... but only a plain one reaches them now
     assert [op.want_checksum for op in rnd.ops] == [False, False]
     assert [op.meta.checksum for op in rnd.ops] == [DIGEST, DIGEST]
-    end, _ = batch.on_write_results([TransferResult()] * 2, may_retry=True)
+    end, _ = batch.on_write_results([TransferResult(receipt=b"r" * 68)] * 2, may_retry=True)
     assert [i.checksum for i in end] == [DIGEST]

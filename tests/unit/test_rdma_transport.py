@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag, sign
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE_COMMIT, Grant, key_tag, sign
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
@@ -230,7 +230,7 @@ def grant(op: int, offset: int, length: int, *, key: str = "k",
 
 def wop(node: Node, offset: int, data: bytes | bytearray | memoryview, *, key: str = "k",
         g: Grant | None = None) -> TransferOp:
-    g = g or grant(GRANT_OP_WRITE, offset, len(data), key=key)
+    g = g or grant(GRANT_OP_WRITE_COMMIT, offset, len(data), key=key)
     return TransferOp(node.route, g, offset, memoryview(data), WriteMeta(1, len(data), "t", key))
 
 
@@ -282,7 +282,7 @@ def test_write_commit_read_round_trip_chunked(node: Node, rdma: RdmaTransport) -
 def test_parts_write_commit_read_round_trip(node: Node, rdma: RdmaTransport) -> None:
     parts = [os.urandom(n) for n in (3, 0, 100_000, 70_000)]
     data = b"".join(parts)
-    g = grant(GRANT_OP_WRITE, 4096, len(data))
+    g = grant(GRANT_OP_WRITE_COMMIT, 4096, len(data))
     op = TransferOp(node.route, g, 4096, parts=tuple(memoryview(p) for p in parts),
                     meta=WriteMeta(1, len(data), "t", "k"))
     assert [r.ok for r in rdma.write([op], 5.0)] == [True]
@@ -301,9 +301,9 @@ def test_batch_in_order_with_per_op_failures(node: Node, rdma: RdmaTransport) ->
     ops = [wop(node, off, b, key=f"k{i}") for i, (off, b) in
            enumerate(zip(offsets, blobs, strict=True))]
     ops[1] = wop(node, offsets[1], blobs[1], key="k1",
-                 g=grant(GRANT_OP_WRITE, offsets[1], 10, key="k1"))  # range outside the grant
+                 g=grant(GRANT_OP_WRITE_COMMIT, offsets[1], 10, key="k1"))  # range outside the grant
     ops[2] = wop(node, offsets[2], blobs[2], key="k2",
-                 g=grant(GRANT_OP_WRITE, offsets[2], 5000, key="k2", secret=b"f" * 32))  # forged
+                 g=grant(GRANT_OP_WRITE_COMMIT, offsets[2], 5000, key="k2", secret=b"f" * 32))  # forged
     posted_before = rdma.stats["chunks"]
     results = rdma.write(ops, 5.0)
     assert [r.status for r in results[:3]] == [0, ST_OUT_OF_RANGE, ST_BAD_GRANT]

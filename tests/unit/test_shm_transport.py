@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag, sign
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE_COMMIT, Grant, key_tag, sign
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.config import default_host_id
@@ -93,7 +93,7 @@ def grant(node: Node, op: int, offset: int, length: int, *, key: str = "k",
 
 def write_op(node: Node, offset: int, data: bytes | memoryview, *, key: str = "k",
              g: Grant | None = None) -> TransferOp:
-    g = g or grant(node, GRANT_OP_WRITE, offset, len(data), key=key)
+    g = g or grant(node, GRANT_OP_WRITE_COMMIT, offset, len(data), key=key)
     return TransferOp(node.route, g, offset, memoryview(data), WriteMeta(1, len(data), "t", key))
 
 
@@ -140,7 +140,7 @@ def test_batch_results_in_order_and_parallel_copy(node: Node) -> None:
         ops = [write_op(node, off, b, key=f"k{i}") for i, (off, b) in
                enumerate(zip(offsets, blobs, strict=True))]
         ops[2] = write_op(node, offsets[2], blobs[2], key="k2",
-                          g=grant(node, GRANT_OP_WRITE, offsets[2], 10, key="k2"))  # too small
+                          g=grant(node, GRANT_OP_WRITE_COMMIT, offsets[2], 10, key="k2"))  # too small
         results = shm.write(ops, 5.0)
         assert [r.ok for r in results] == [True, True, False, True, True]
         assert results[2].status == ST_OUT_OF_RANGE
@@ -156,11 +156,11 @@ def test_batch_results_in_order_and_parallel_copy(node: Node) -> None:
 
 def test_forged_expired_and_sealed_commits_are_refused(node: Node, shm: ShmTransport) -> None:
     data = b"z" * 1000
-    forged = write_op(node, 0, data, g=grant(node, GRANT_OP_WRITE, 0, 1000, secret=b"x" * 32))
-    expired = write_op(node, 8192, data, g=grant(node, GRANT_OP_WRITE, 8192, 1000,
+    forged = write_op(node, 0, data, g=grant(node, GRANT_OP_WRITE_COMMIT, 0, 1000, secret=b"x" * 32))
+    expired = write_op(node, 8192, data, g=grant(node, GRANT_OP_WRITE_COMMIT, 8192, 1000,
                                                  expiry_ms=wall_ms() - 60_000))
     wrong_key = write_op(node, 16384, data, key="other",
-                         g=grant(node, GRANT_OP_WRITE, 16384, 1000, key="k"))
+                         g=grant(node, GRANT_OP_WRITE_COMMIT, 16384, 1000, key="k"))
     results = shm.write([forged, expired, wrong_key], 5.0)
     assert [r.status for r in results] == [ST_BAD_GRANT, ST_EXPIRED, ST_BAD_GRANT]
     assert shm.stats["commits_refused"] == 3
@@ -196,7 +196,7 @@ def test_replaced_file_is_remapped_and_stale_commit_refused(
         mapping = shm._maps[str(node.segment.path)]
         mapping.ino += 1  # as if we still held the old file's mapping (node restarted after
         monkeypatch.setattr(Mapping, "current", lambda self: True)  # our stat)
-        res = shm.write([TransferOp(route, grant(node, GRANT_OP_WRITE, 8192, 100), 8192,
+        res = shm.write([TransferOp(route, grant(node, GRANT_OP_WRITE_COMMIT, 8192, 100), 8192,
                                     memoryview(b"q" * 100), stale.meta)], 5.0)
         assert res[0].status == ST_UNKNOWN_SEGMENT
         assert str(node.segment.path) not in shm._maps  # dropped after the refusal
@@ -239,7 +239,7 @@ def test_forget_drops_a_mapping_of_a_replaced_file(tmp_path: Path, shm: ShmTrans
 
 def test_checks_before_copy(node: Node, shm: ShmTransport) -> None:
     node.segment.view(0, 64)[:] = b"\x07" * 64
-    g = grant(node, GRANT_OP_WRITE, 0, 64)
+    g = grant(node, GRANT_OP_WRITE_COMMIT, 0, 64)
     past_grant = TransferOp(node.route, g, 32, memoryview(b"x" * 64), WriteMeta(1, 64, "t", "k"))
     no_meta = TransferOp(node.route, g, 0, memoryview(b"x" * 64))
     readonly_dst = TransferOp(node.route, grant(node, GRANT_OP_READ, 0, 4), 0, memoryview(b"abcd"))

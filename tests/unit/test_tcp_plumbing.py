@@ -268,19 +268,24 @@ def test_take_scatter_and_unread() -> None:
 
 def test_check_response_matches_a_reply_to_its_request_or_desyncs() -> None:
     """Both TCP clients match replies with tcp_plan.check_response (one source of the rule)."""
+    from cellar.proto.receipt import RECEIPT_BYTES
     from cellar.transfer.frame import RESPONSE, pack_response
     from cellar.transfer.tcp_plan import Desync, check_response
 
     ok_read = pack_response(0, 7, 4096)
-    assert check_response(ok_read, 7, 4096, True) == (0, 0, 0)
-    assert check_response(pack_response(0, 7), 7, 4096, False) == (0, 0, 0)
+    assert check_response(ok_read, 7, 4096, True) == (0, 0, 0, 4096)
+    assert check_response(pack_response(0, 7), 7, 4096, False) == (0, 0, 0, 0)
+    # a write's OK that completed the allocation carries its receipt, and only that
+    assert check_response(pack_response(0, 7, RECEIPT_BYTES), 7, 16, False) == \
+        (0, 0, 0, RECEIPT_BYTES)
     refused = pack_response(5, 7, 0, "no")
-    status, _flags, msg_len = check_response(refused[:RESPONSE.size], 7, 4096, True)
+    status, _flags, msg_len, _ = check_response(refused[:RESPONSE.size], 7, 4096, True)
     assert status == 5 and msg_len == 2
     bad = [
         (ok_read, 8, 4096, True, "expected 8"),                 # another request's reply
         (ok_read, 7, 4095, True, "response over the limits|response length"),
-        (pack_response(0, 7, 4096), 7, 4096, False, "response length"),  # a write's OK
+        (pack_response(0, 7, 4096), 7, 4096, False, "over the limits"),  # a write's OK
+        (pack_response(0, 7, RECEIPT_BYTES - 1), 7, 4096, False, "response length"),
         (pack_response(5, 7, 16), 7, 4096, True, "error response with a payload"),
         (b"\0" * len(ok_read), 7, 4096, True, "bad response header"),
     ]

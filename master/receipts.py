@@ -1,0 +1,72 @@
+"""Receipt checks at PutEnd: the master believes what the nodes saw, not what a client says.
+
+What it owns
+    The rule that makes a put COMPLETE (issue 19): every replica the master counts must come
+    with a write receipt (cellar.proto.receipt) that names exactly the allocation the master
+    granted for it: alloc id, segment, offset, the object's size, this master's epoch, and the
+    checksum the PutEnd declares, under a MAC with the cluster secret. Only a node signs
+    receipts, and only when it sealed the allocation (every byte arrived by WRITE, or by a
+    COMMIT under a grant with the shm right), so a PutEnd that skipped the writes, wrote
+    part of the bytes, or names another put's allocation is refused and its put revoked.
+
+Why it matters
+    A COMPLETE version's ranges are freed at once when it goes (objects.py: the node sealed
+    them, so no grant can write there again). That was only true if the node had in fact seen
+    the allocation; a client could declare a put complete without a byte written, remove it,
+    and keep a live write grant into a range the master handed to another tenant (the ghost
+    write), or fill the cluster with objects no node holds. A revoked put's ranges go to
+    quarantine until its grants expire (objects.release_ranges), so nothing is freed early.
+
+Cost: one keyed BLAKE2b per replica (the copy of a pre-keyed state, as for grants), measured
+in bench/results/receipts-2026-12-03-vm.md. It holds the cluster secret and never logs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from cellar.proto.receipt import (
+    MAX_RECEIPTS_PER_ITEM,
+    Receipt,
+    ReceiptRejected,
+    ReceiptSigner,
+    peek_alloc_id,
+)
+
+if TYPE_CHECKING:
+    from cellar.master.state.records import Obj
+
+
+class ReceiptChecker:
+    """Checks a PutEnd item's receipts against the put's granted replicas."""
+
+    def __init__(self, secret: bytes, epoch: int) -> None:
+        self._signer = ReceiptSigner(secret)
+        self.epoch = epoch
+        self.refused = 0  # PutEnd items refused for want of a valid receipt
+
+    def why_not(self, obj: Obj, checksum: int, receipts: Sequence[bytes]) -> str:
+        """"" if `receipts` prove every replica of `obj` sealed with `checksum`, else why not."""
+        if len(receipts) > MAX_RECEIPTS_PER_ITEM:
+            return self._refuse(f"more than {MAX_RECEIPTS_PER_ITEM} receipts")
+        if len(receipts) == 1 and len(obj.replicas) == 1:  # the common put: no dict
+            by_alloc = {obj.replicas[0].alloc_id: receipts[0]}
+        else:
+            by_alloc = {peek_alloc_id(raw): raw for raw in receipts}
+        for rep in obj.replicas:
+            raw = by_alloc.get(rep.alloc_id)
+            if raw is None:
+                return self._refuse(f"no node receipt for allocation {rep.alloc_id} "
+                                    f"(segment {rep.segment.segment_id}): its bytes were not all "
+                                    "written")
+            try:
+                self._signer.check(raw, Receipt(rep.alloc_id, rep.segment.segment_id, rep.offset,
+                                                obj.size, self.epoch, checksum))
+            except ReceiptRejected as exc:
+                return self._refuse(f"allocation {rep.alloc_id}: {exc}")
+        return ""
+
+    def _refuse(self, why: str) -> str:
+        self.refused += 1
+        return why
