@@ -10,6 +10,7 @@ from pathlib import Path
 
 from test_master_support import (
     EPOCH,
+    SECRET,
     Entry,
     FakeClock,
     MiB,
@@ -24,6 +25,7 @@ from cellar.errors import Status
 from cellar.master.service import ID_EPOCH_SHIFT, PutEndItem, PutItem
 from cellar.master.serving import removal_log
 from cellar.master.serving.removal_log import FileRemovalLog, decode, encode
+from tests.support.receipts import receipts_for
 
 
 def replica_ids(svc, key: str) -> list[int]:
@@ -79,7 +81,7 @@ def test_a_remove_spares_a_put_of_the_key_in_flight() -> None:
     started = put_start(svc, "k", 4096, upsert=True)
     v2 = started.replicas[0].alloc_id
     assert svc.remove("", ["k"]) == [(Status.OK, "")]
-    assert svc.put_end("", "writer", [PutEndItem("k", started.put_id, 9)]) == [(Status.OK, "")]
+    assert svc.put_end("", "writer", [PutEndItem("k", started.put_id, 9, receipts_for(SECRET, started, 9))]) == [(Status.OK, "")]
     new = restarted(svc)
     out = new.report_objects("n1", 2, 1, [Entry("k", v1, 0, 4096), Entry("k", v2, 4096, 4096, 9)],
                              last=True)
@@ -163,7 +165,7 @@ def test_nodes_that_mount_together_share_writes_from_the_first_put() -> None:
     for i in range(300):
         result = put_start(svc, f"k{i}", 64 * 1024)
         placed[result.replicas[0].node_id] += 1
-        svc.put_end("", "writer", [PutEndItem(f"k{i}", result.put_id, 7)])
+        svc.put_end("", "writer", [PutEndItem(f"k{i}", result.put_id, 7, receipts_for(SECRET, result, 7))])
     assert 120 <= placed["first"] <= 180 and 120 <= placed["second"] <= 180, placed
     # a third node joining nodes that hold data still ramps
     mount(svc, "late", 3)
