@@ -114,6 +114,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+        "engine_hash",
     )
 
     def __init__(
@@ -138,6 +139,9 @@ class Obj:
         self.gslot = 0
         self.tslot = 0
         self.pool_kind = 0
+        # The engine's own page/chunk hash, encoded (proto/engine_hash.py), for KV events;
+        # b"" when the writer gave none (and after a rebuild: nodes do not keep it).
+        self.engine_hash = b""
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""
