@@ -5,27 +5,18 @@ unreproducible queries are refused with 400, missing or foreign tokens with 401/
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import cellar
 from cellar.client import PutHints
 from cellar.master.serving.prefix_query import sglang_page_hashes
+from tests.support.http import post_json
 
 PAGE = 16
 
 
 def _post(cluster: Any, path: str, body: dict[str, Any], token: str | None) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{cluster.http_port}{path}", data=json.dumps(body).encode(),
-        method="POST", headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return post_json(cluster, path, body, token)
 
 
 def _matched(reply: Any, tenant: str, instance: str = "cellar") -> dict[str, Any]:
