@@ -141,10 +141,11 @@ def markdown(report: dict[str, Any]) -> str:
     from cellar.bench import tls
 
     lines += tls.markdown_rows(report["results"])
-    from cellar.bench import removes
+    from cellar.bench import events, removes
 
     lines += removes.markdown_rows(report["results"])
-    lines += ["", "| target (issues 4, 11) | measured | met |", "|---|---|---|"]
+    lines += events.markdown_rows(report["results"])
+    lines += ["", "| target (issues 4, 11, 24) | measured | met |", "|---|---|---|"]
     for name, measured, met in targets(report):
         lines.append(f"| {name} | {measured} | {'yes' if met else '**no**'} |")
     return "\n".join(lines) + "\n"
@@ -198,9 +199,9 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
             out.append((f"metadata {pair} >= 50k keys/s at batch 128 (objects: {levels})",
                         f"lowest {low['keys_per_s']:,} keys/s at {low['objects']:,}",
                         low["keys_per_s"] >= 50_000))
-    from cellar.bench import sdk
+    from cellar.bench import events, sdk
 
-    return out + sdk.targets(results)
+    return out + sdk.targets(results) + events.targets(results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         results += run_worker(cluster.address, ["--transports", ",".join(sdk_transports),
                                                 *(["--quick"] if args.quick else [])],
                               module="cellar.bench.sdk")
+        say("KV events: 128 x 64 KiB put rate, events off vs on (two clusters of its own)")
+        results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
+                              module="cellar.bench.events")
         if "tcp" in transport_list(args.transports):
             say("TLS data plane beside plaintext (tcp, a TLS cluster of its own)")
             results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],

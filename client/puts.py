@@ -17,7 +17,7 @@ What it must never do
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from cellar.client.session_state import NodeHealth, replica_grant, routes_from_s
 from cellar.client.statuses import check_result_count, status_error, to_status
 from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
+from cellar.proto import engine_hash
 from cellar.proto.grant import GRANT_OP_WRITE
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult, hash_views
 from cellar.transfer.frame import WriteMeta
@@ -39,11 +40,17 @@ class PutHints:
     """What a write may ask of the master beyond replicas and soft pin (carried in each
     PutStart item): a soft pin that lapses `soft_pin_ttl_ms` after the write (0: it does
     not lapse), a hard pin (never evicted; the tenant needs the hard-pin right), and the host
-    whose node should take the first replica when it has room (a preference, not a rule)."""
+    whose node should take the first replica when it has room (a preference, not a rule).
+
+    `engine_hashes` maps keys of the call to the engine's own hash of the page or chunk each
+    holds (an int in [-2**63, 2**64) or 1..32 bytes; proto/engine_hash.py): the master keeps
+    it with the object and KV events carry it in `block_hashes` instead of the key's hash, so
+    a router that hashes tokens as the engine does can match them (docs/events.md)."""
 
     soft_pin_ttl_ms: int = 0
     hard_pin: bool = False
     preferred_host_id: str = ""
+    engine_hashes: Mapping[str, int | bytes] | None = None
 
     def check(self, soft_pin: bool) -> PutHints:
         """This, or InvalidArgument for values the master would refuse anyway."""
@@ -58,7 +65,20 @@ class PutHints:
         if not isinstance(host, str) or len(host) > MAX_PREFERRED_HOST_CHARS:
             raise InvalidArgument(f"preferred_host_id must be a str of at most "
                                   f"{MAX_PREFERRED_HOST_CHARS} characters")
+        if self.engine_hashes is not None:
+            if not isinstance(self.engine_hashes, Mapping):
+                raise InvalidArgument("engine_hashes must be a mapping of key -> int or bytes")
+            for key, value in self.engine_hashes.items():
+                try:
+                    engine_hash.encode(value)
+                except ValueError as e:
+                    raise InvalidArgument(f"engine_hashes[{key!r}]: {e}") from None
         return self
+
+    def engine_hash_of(self, key: str) -> bytes:
+        """The encoded engine hash of `key` (b"": none given)."""
+        value = None if self.engine_hashes is None else self.engine_hashes.get(key)
+        return b"" if value is None else engine_hash.encode(value)
 
     def fields(self) -> dict[str, Any]:
         """The PutItem fields these hints set (defaults are left out: not serialized)."""
@@ -142,10 +162,14 @@ class PutBatch:
                                                              ("upsert", self._upsert)) if on}
         if self._hints is not None:
             flags.update(self._hints.fields())
+        engine_hash_of = (self._hints.engine_hash_of if self._hints is not None
+                          and self._hints.engine_hashes else None)
         replicas = self._replicas
         for i in pending:
             e = self.entries[i]
             e.attempts += 1
+            if engine_hash_of is not None:
+                flags["engine_hash"] = engine_hash_of(e.key)
             if not e.avoid_node_ids and not unhealthy:  # the common case, kept lean
                 e.health_avoided = False
                 items.append(PutItem(key=e.key, size_bytes=e.nbytes, replicas=replicas,

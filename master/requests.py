@@ -61,6 +61,7 @@ class PutItem:
     preferred_host_id: str = ""
     avoid_node_ids: Sequence[str] = field(default_factory=list)
     soft_pin_ttl_ms: int = 0
+    engine_hash: bytes = b""
 
 
 @dataclass
@@ -87,6 +88,7 @@ class PutItemLike(Protocol):
     preferred_host_id: str
     avoid_node_ids: Sequence[str]
     soft_pin_ttl_ms: int
+    engine_hash: bytes
 
 
 class PutEndLike(Protocol):

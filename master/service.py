@@ -92,6 +92,7 @@ from cellar.master.state.records import (
 )
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tombstones import Tombstones
+from cellar.proto.engine_hash import error as engine_hash_error
 from cellar.proto.grant import (
     GRANT_OP_READ,
     GRANT_OP_WRITE,
@@ -246,7 +247,7 @@ class MasterService:
                     or (item.replicas or default_replicas) != 1
                     or item.soft_pin or item.hard_pin or key in writing
                     or (key in objects and not item.upsert) or item.avoid_node_ids
-                    or item.preferred_host_id or limited
+                    or item.preferred_host_id or limited or item.engine_hash
                     or tenant.writing_bytes + reserved > writing_cap):
                 append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op))
                 continue
@@ -310,6 +311,8 @@ class MasterService:
         preferred_host = item.preferred_host_id
         if len(preferred_host) > MAX_PREFERRED_HOST_CHARS:
             return PutStartResult(INVALID, "preferred_host_id is too long")
+        if error := engine_hash_error(item.engine_hash):
+            return PutStartResult(INVALID, error)
         live = membership.active_node_ids
         eligible = len(live.difference(avoid)) if avoid else len(live)
         if replicas > eligible:
@@ -340,6 +343,7 @@ class MasterService:
         pin_kind = HARD_PIN if item.hard_pin else SOFT_PIN if item.soft_pin else NO_PIN
         tag = key_tag(tenant.name, key)
         obj = Obj(tenant, key, size, reserved, put_id, pin_kind, now + ttl_s, tag)
+        obj.engine_hash = bytes(item.engine_hash)
         self.objects.begin(obj, placements, self.alloc_ids.next)
         if pin_kind == SOFT_PIN and item.soft_pin_ttl_ms:
             self.objects.lapse_soft_pin(obj, now + item.soft_pin_ttl_ms / 1000)

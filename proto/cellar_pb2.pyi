@@ -128,7 +128,7 @@ class KeyResult(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PutItem(_message.Message):
-    __slots__ = ("key", "size_bytes", "replicas", "soft_pin", "hard_pin", "upsert", "preferred_host_id", "avoid_node_ids", "soft_pin_ttl_ms")
+    __slots__ = ("key", "size_bytes", "replicas", "soft_pin", "hard_pin", "upsert", "preferred_host_id", "avoid_node_ids", "soft_pin_ttl_ms", "engine_hash")
     KEY_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class PutItem(_message.Message):
     PREFERRED_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     AVOID_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     SOFT_PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_HASH_FIELD_NUMBER: _ClassVar[int]
     key: str
     size_bytes: int
     replicas: int
@@ -147,7 +148,8 @@ class PutItem(_message.Message):
     preferred_host_id: str
     avoid_node_ids: _containers.RepeatedScalarFieldContainer[str]
     soft_pin_ttl_ms: int
-    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., soft_pin: _Optional[bool] = ..., hard_pin: _Optional[bool] = ..., upsert: _Optional[bool] = ..., preferred_host_id: _Optional[str] = ..., avoid_node_ids: _Optional[_Iterable[str]] = ..., soft_pin_ttl_ms: _Optional[int] = ...) -> None: ...
+    engine_hash: bytes
+    def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., soft_pin: _Optional[bool] = ..., hard_pin: _Optional[bool] = ..., upsert: _Optional[bool] = ..., preferred_host_id: _Optional[str] = ..., avoid_node_ids: _Optional[_Iterable[str]] = ..., soft_pin_ttl_ms: _Optional[int] = ..., engine_hash: _Optional[bytes] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("header", "items")

@@ -88,6 +88,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 import cellar
+from cellar.client import PutHints
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
 from cellar.integrations.lmcache.session import FAILURES, KEY_MISSES, CellarSession, read_into
@@ -101,6 +102,15 @@ ADAPTER_NAME = "lmcache"
 ADAPTER_VERSION = 1
 DEFAULT_TIMEOUT_S = 5.0
 MAX_TIMEOUT_S = 600.0
+
+
+def chunk_event_hash(chunk_hash: Any) -> int | None:
+    """LMCache's chunk hash as the block hash of Cellar's KV events (docs/events.md): the
+    `CacheEngineKey.chunk_hash` int when it fits the 64-bit engine hash, else None."""
+    if isinstance(chunk_hash, int) and not isinstance(chunk_hash, bool) \
+            and -(1 << 63) <= chunk_hash < 1 << 64:
+        return chunk_hash
+    return None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -398,15 +408,19 @@ class CellarConnector(RemoteConnector):
     async def _write(self, client: cellar.AsyncClient, keys: Sequence[CacheEngineKey],
                      objs: Sequence[MemoryObj]) -> None:
         items = []
+        hashes: dict[str, int] = {}  # LMCache's chunk hash rides in the KV events
         for key, obj in zip(keys, objs, strict=True):
             if not self._payload_ok(obj.get_size()):
                 log.warning("Cellar: chunk %s of %d bytes is not whole tokens of this format; "
                             "not stored", key.to_string(), obj.get_size())
                 continue
-            items.append((self._name(key), self._value_parts(obj)))
+            name = self._name(key)
+            items.append((name, self._value_parts(obj)))
+            if (value := chunk_event_hash(key.chunk_hash)) is not None:
+                hashes[name] = value
         if not items:
             return
-        statuses = await client.put_many_parts(items)
+        statuses = await client.put_many_parts(items, hints=PutHints(engine_hashes=hashes))
         failed = [s for s in statuses if s not in (Status.OK, Status.ALREADY_EXISTS)]
         if failed:
             log.warning("Cellar: %d of %d chunks not stored (%s)", len(failed), len(items),

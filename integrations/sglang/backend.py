@@ -56,6 +56,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
+from cellar.client import PutHints
 from cellar.client.lookup import advise, check_rate
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
@@ -71,10 +72,22 @@ TARGET_SGLANG = "0.5.23"
 POLICY_BUDGET_FRACTION = 0.9
 # get_stats() samples kept between two reads (SGLang reads them every few seconds).
 MAX_STATS_SAMPLES = 4096
+_HEX = frozenset("0123456789abcdefABCDEF")
 _STORED = (Status.OK, Status.ALREADY_EXISTS)
 _DEFAULTS: dict[str, Any] = {"tenant": "default", "token": None, "transport": "auto",
                              "timeout_s": 30.0, "replicas": 1, "soft_pin": False, "model": None,
                              "get_timeout_base_s": None, "get_timeout_per_ki_token_s": 0.0}
+
+
+def page_event_hash(page_hash: str) -> int | None:
+    """SGLang's own event hash of a page (its `hash_str_to_int64`: the first 16 hex digits of
+    the page's SHA-256 hash string as a signed 64-bit int), which SGLang's KV events and the
+    routers that read them use; None for a key that is not such a hash string."""
+    head = page_hash[:16]
+    if len(head) < 16 or not all(c in _HEX for c in head):
+        return None
+    value = int(head, 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def settings_from(extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -198,6 +211,18 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         _, fmt = self._ready()
         return [fmt.key(f"{h}.{tag}") for h in page_hashes for tag in self._tags]
 
+    def engine_hashes(self, page_hashes: Sequence[str], names: Sequence[str]) -> dict[str, int]:
+        """Each object's page as SGLang's own event hash (`page_event_hash`), recorded with the
+        object so Cellar's KV events name pages as SGLang's do: every object of a page (K and
+        V of each rank) carries its page's hash (docs/events.md)."""
+        per = len(self._tags)
+        out: dict[str, int] = {}
+        for i, page in enumerate(page_hashes):
+            value = page_event_hash(page)
+            if value is not None:
+                out.update((name, value) for name in names[i * per:(i + 1) * per])
+        return out
+
     # ---- zero-copy v1 ---------------------------------------------------------------------
 
     def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
@@ -213,7 +238,8 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             self.link.warn("backup-args", f"backup refused: {e}")
             return [False] * len(keys)
         started = time.monotonic()
-        statuses = self.link.call("backup", lambda c: self._put(c, names, objects),
+        hashes = self.engine_hashes(keys, names)
+        statuses = self.link.call("backup", lambda c: self._put(c, names, objects, hashes),
                                   [Status.UNAVAILABLE] * len(names))
         per = pages.geometry.objects_per_page
         done = [all(s in _STORED for s in statuses[i * per:(i + 1) * per])
@@ -306,7 +332,8 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             self.link.warn("backup-args", f"backup refused: {e}")
             return False
         started = time.monotonic()
-        statuses = self.link.call("backup", lambda c: self._put(c, names, objects),
+        hashes = self.engine_hashes(keys, names)
+        statuses = self.link.call("backup", lambda c: self._put(c, names, objects, hashes),
                                   [Status.UNAVAILABLE])
         stored = len(statuses) == len(names) and all(s in _STORED for s in statuses)
         self._record("backup", len(keys) if stored else 0, pages.geometry.page_bytes, started)
@@ -370,10 +397,12 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         tokens = page_count * pages.page_size_tokens
         return started + float(base) + tokens / 1024 * float(self.settings["get_timeout_per_ki_token_s"])
 
-    def _put(self, client: Any, names: list[str], objects: list[list[memoryview]]) -> list[Status]:
+    def _put(self, client: Any, names: list[str], objects: list[list[memoryview]],
+             hashes: dict[str, int]) -> list[Status]:
         return list(client.put_many_parts(list(zip(names, objects, strict=True)),
                                           replicas=self.settings["replicas"],
-                                          soft_pin=bool(self.settings["soft_pin"])))
+                                          soft_pin=bool(self.settings["soft_pin"]),
+                                          hints=PutHints(engine_hashes=hashes)))
 
     def _get_pages(self, client: Any, names: list[str], views: list[list[list[memoryview]]],
                    filled: list[bool], deadline: float | None) -> None:

@@ -14,6 +14,7 @@ Routes:
                            "label": ...}: a new token, returned once                    [admin]
   POST /api/v1/tokens/revoke  JSON {"id": ...}                                          [admin]
   POST /api/v1/lookup      the leading run of ordered keys, per tier (serving/lookup_http.py)  [tenant]
+  POST /query_by_hash, /query  Mooncake's indexer prefix query (serving/prefix_query.py)  [tenant]
   GET  /api/v1/invariants  the full O(n) check of the tables (state/audit.py), for the soak:
                            200 {"ok": true, "objects_checked": N}, 500 {"ok": false, "error"} [admin]
 
@@ -44,6 +45,7 @@ from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused,
 from cellar.master.serving.cluster_summary import summarize
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.lookup_http import add_lookup_route
+from cellar.master.serving.prefix_query import add_prefix_query_routes
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
 from cellar.master.state.records import Tenant
@@ -237,6 +239,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     server.route("GET", "/api/v1/invariants", _guard(check_invariants))
     add_token_routes(server, leadership, authorizer, _guard)
     add_lookup_route(server, leadership, authorizer)
+    add_prefix_query_routes(server, leadership, authorizer)
     return server
 
 

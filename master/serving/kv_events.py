@@ -12,8 +12,10 @@ and LMCache's controller read; Cellar's own code)
         ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
         ["BlockRemoved", block_hashes, medium]
         ["AllBlocksCleared"]
-    Cellar fills block_hashes with one 64-bit hash per object (`key_hash`: the first 8 bytes
-    of BLAKE2b of the key, big-endian, unsigned), parent_block_hash None, token_ids [],
+    Cellar fills block_hashes with one hash per object: the engine's own page or chunk hash
+    when the writer recorded one at put time (the SGLang and LMCache adapters do; an int, or
+    bytes for a bytes digest: proto/engine_hash.py), else `key_hash` (the first 8 bytes of
+    BLAKE2b of the key, big-endian, unsigned); parent_block_hash None, token_ids [],
     block_size 0, lora_id None, medium "CPU" (the DRAM tier; a disk tier will say "DISK").
     Replay: a ROUTER socket. A DEALER sends [b"", start_seq (8 bytes)] (vLLM's request) and may
     add a third frame, the topic; the answer is [b"", seq, payload] for every retained batch of
@@ -55,6 +57,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cellar.master.state.records import Obj
+from cellar.proto.engine_hash import decode as decode_engine_hash
 
 log = logging.getLogger("cellar.master")
 
@@ -70,6 +73,12 @@ ZMQ_LAST_ENDPOINT = 32  # zmq.LAST_ENDPOINT (the module is imported lazily)
 def key_hash(key: str) -> int:
     """The stable 64-bit block hash of a key (see the module docstring)."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+def block_hash(obj: Obj) -> int | bytes:
+    """The block hash events carry for an object: the engine's own hash when its writer
+    recorded one (`PutItem.engine_hash`, proto/engine_hash.py), else `key_hash`."""
+    return decode_engine_hash(obj.engine_hash) if obj.engine_hash else key_hash(obj.key)
 
 
 def topic_of(tenant: str) -> bytes:
@@ -105,13 +114,13 @@ class KvEventHub:
         tenant = obj.tenant.name
         if tenant in self._muted:
             return
-        self._note(tenant, ("BlockStored", [key_hash(obj.key)], None, [], 0, None, MEDIUM_DRAM))
+        self._note(tenant, ("BlockStored", [block_hash(obj)], None, [], 0, None, MEDIUM_DRAM))
 
     def dropped(self, obj: Obj) -> None:
         tenant = obj.tenant.name
         if tenant in self._muted:
             return
-        self._note(tenant, ("BlockRemoved", [key_hash(obj.key)], MEDIUM_DRAM))
+        self._note(tenant, ("BlockRemoved", [block_hash(obj)], MEDIUM_DRAM))
 
     def clearing(self, tenant: str) -> _Clearing:
         """`with hub.clearing(tenant): service.remove_all(...)`: the drops inside are one

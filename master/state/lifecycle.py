@@ -8,7 +8,8 @@ the table only sees one drop per object), with the drops inside it muted.
 
 The contract: an observer is called on the master's one loop in the middle of a transition, so
 it must only note the event and return (no I/O, no blocking, no exception, no table access
-beyond reading the object's tenant name, key and size); it never changes what the table does.
+beyond reading the object's tenant name, key, size and engine hash); it never changes what
+the table does.
 KV events (master/serving/kv_events.py) are the one observer today.
 """
 

@@ -144,6 +144,8 @@ class ObjectTable:
         self.complete_count += 1
         if obj.pin_kind != HARD_PIN:
             self.evictor.enter(obj)
+        if obj.engine_hash:
+            tenant.index_engine_hash(obj.engine_hash)
         if self.observer is not None:
             self.observer.stored(obj)
 
@@ -157,6 +159,8 @@ class ObjectTable:
             self.complete_count -= 1
             if obj.pool_kind:
                 self.evictor.leave(obj)
+            if obj.engine_hash:
+                tenant.unindex_engine_hash(obj.engine_hash)
             if self.observer is not None:
                 self.observer.dropped(obj)
         elif state == WRITING:

@@ -55,7 +55,7 @@ class Tenant:
     __slots__ = (
         "name", "quota_bytes", "quota_objects", "quota_writing_bytes", "may_hard_pin",
         "quota_hard_pin_bytes", "used_bytes", "object_count", "writing_bytes",
-        "hard_pinned_bytes", "objects", "writing", "pools",
+        "hard_pinned_bytes", "objects", "writing", "pools", "engine_hashes",
     )
 
     def __init__(self, name: str, quota: TenantQuota) -> None:
@@ -66,10 +66,27 @@ class Tenant:
         self.hard_pinned_bytes = 0
         self.objects: dict[str, Obj] = {}  # COMPLETE, visible
         self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
+        # visible versions per engine hash (PutItem.engine_hash, encoded): the prefix query's
+        # index (master/serving/prefix_query.py); an entry exists while its count is > 0
+        self.engine_hashes: dict[bytes, int] = {}
         # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none.
         # None while the tenant has no quota (module docstring).
         self.pools: tuple[Pool, Pool, Pool] | None = None
         self.set_quota(quota)
+
+    def index_engine_hash(self, engine_hash: bytes) -> None:
+        """One more visible version carries `engine_hash` (non-empty)."""
+        assert engine_hash
+        self.engine_hashes[engine_hash] = self.engine_hashes.get(engine_hash, 0) + 1
+
+    def unindex_engine_hash(self, engine_hash: bytes) -> None:
+        """A visible version with `engine_hash` (non-empty) left."""
+        left = self.engine_hashes[engine_hash] - 1
+        assert left >= 0, engine_hash
+        if left:
+            self.engine_hashes[engine_hash] = left
+        else:
+            del self.engine_hashes[engine_hash]
 
     @property
     def limited(self) -> bool:
@@ -114,6 +131,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+        "engine_hash",
     )
 
     def __init__(
@@ -138,6 +156,9 @@ class Obj:
         self.gslot = 0
         self.tslot = 0
         self.pool_kind = 0
+        # The engine's own page/chunk hash, encoded (proto/engine_hash.py), for KV events;
+        # b"" when the writer gave none (and after a rebuild: nodes do not keep it).
+        self.engine_hash = b""
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""

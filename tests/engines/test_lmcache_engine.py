@@ -86,6 +86,29 @@ def test_store_lookup_retrieve_bytes_exact(tmp_path: Path, cluster: LocalCluster
         kit.destroy(engine)
 
 
+def test_block_stored_hashes_are_lmcaches_chunk_hashes(tmp_path: Path) -> None:
+    """The KV events of the chunks LMCache stores carry LMCache's own chunk hashes
+    (`CacheEngineKey.chunk_hash`), in chunk order; the format descriptor keeps its key hash."""
+    from events_kit import event_flags, wait_hashes
+
+    from cellar.master.serving.kv_events import key_hash
+
+    flags, replay = event_flags()
+    with LocalCluster(2, "64MiB", master_flags=flags) as events_cluster:
+        engine = _engine(tmp_path, events_cluster, model="test/events")
+        try:
+            conn = kit.cellar_connector(engine)
+            tokens = kit.tokens_for(4 * CHUNK + 3, seed=31)
+            engine.store(tokens, kv=kit.random_kv(len(tokens), seed=32))
+            assert kit.wait_stored(engine, tokens) == 5
+            keys = [k for _s, _e, k in engine.token_database.process_tokens(tokens)]
+            descriptor = key_hash(conn.format.key("format"))
+            want = [k.chunk_hash for k in keys]
+            assert wait_hashes(replay, "BlockStored", len(want), exclude=descriptor) == want
+        finally:
+            kit.destroy(engine)
+
+
 def _run_kit(*args: str) -> dict:
     env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_LOG_LEVEL="WARNING")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])

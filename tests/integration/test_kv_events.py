@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 import cellar
+from cellar.client import PutHints
 from cellar.devtools.local_cluster import LocalCluster
 from cellar.master.serving.kv_events import key_hash
 from cellar.proto import cellar_pb2 as pb
@@ -37,7 +38,7 @@ class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
+    block_hashes: list[int | bytes]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
@@ -46,7 +47,7 @@ class BlockStored(KVCacheEvent):
 
 
 class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
+    block_hashes: list[int | bytes]
     medium: str | None
 
 
@@ -270,3 +271,54 @@ def test_grpc_stream_is_per_tenant_and_resumable(events_cluster):
         channel.close()
         alice.close()
         bob.close()
+
+
+def test_engine_hashes_ride_in_block_hashes(events_cluster):
+    """An object put with an engine hash (PutHints.engine_hashes) is told by that hash in its
+    BlockStored and BlockRemoved: signed and unsigned 64-bit ints and a bytes digest alike;
+    a key without one keeps its key hash; a malformed one is refused by the SDK and by the
+    master (raw PutStart), and the refused put stores nothing and publishes nothing."""
+    cluster, ctx = events_cluster
+    token = cluster.token_for("engine")
+    sub = Subscriber(ctx, cluster.events_address, b"kv/engine/")
+    client = cellar.connect(cluster.address, tenant="engine", token=token, timeout_s=30.0)
+    channel = grpc.insecure_channel(cluster.address)
+    try:
+        last = _joined(sub, client, "eh")
+        digest = bytes(range(32))
+        hashes: dict[str, int | bytes] = {"eh/signed": -(1 << 63), "eh/unsigned": (1 << 64) - 1,
+                                          "eh/digest": digest}
+        keys = [*hashes, "eh/plain"]
+        statuses = client.put_many([(k, b"v" * 1000) for k in keys],
+                                   hints=PutHints(engine_hashes=hashes))
+        assert statuses == [cellar.Status.OK] * 4
+        stored: list[int | bytes] = []
+        while len(stored) < 4:
+            seq, batch = sub.next()
+            assert seq == last + 1
+            last = seq
+            stored += [h for ev in batch.events for h in ev.block_hashes]
+        assert stored == [-(1 << 63), (1 << 64) - 1, digest, key_hash("eh/plain")]
+
+        assert client.remove("eh/digest")
+        seq, batch = sub.next()
+        assert seq == last + 1
+        last = seq
+        assert [(type(ev), ev.block_hashes) for ev in batch.events] == [(BlockRemoved, [digest])]
+
+        for bad in (1 << 64, b"", b"x" * 33, "text", True):
+            with pytest.raises(cellar.InvalidArgument, match="engine_hashes"):
+                client.put("eh/bad", b"v", hints=PutHints(engine_hashes={"eh/bad": bad}))
+        stub = pb_grpc.MasterStub(channel)
+        header = pb.RequestHeader(tenant="engine", token=token)
+        for raw in (b"\x07" + b"1" * 8, b"\x02" + b"x" * 33, b"\x01" + b"1" * 3):
+            reply = stub.PutStart(pb.PutStartRequest(header=header, items=[
+                pb.PutItem(key="eh/raw", size_bytes=10, engine_hash=raw)]), timeout=10)
+            assert reply.results[0].status == pb.INVALID, raw
+            assert "engine_hash" in reply.results[0].message
+        assert not client.exists("eh/raw") and not client.exists("eh/bad")
+        assert not sub.sock.poll(300)  # the refused puts published nothing
+    finally:
+        channel.close()
+        client.close()
+        sub.close()

@@ -11,6 +11,7 @@ import pytest
 import cellar
 from cellar.advice import LOAD, RECOMPUTE
 from tests.support.faces import FACES, connect_face
+from tests.support.http import post_json
 
 KIB = 1 << 10
 PAGE_BYTES = 64 * KIB
@@ -92,17 +93,7 @@ def test_lookup_refuses_bad_input_and_changes_nothing(module_cluster):
 
 
 def _post(cluster, body: dict, token: str | None) -> tuple[int, dict]:
-    import json
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{cluster.http_port}/api/v1/lookup", data=json.dumps(body).encode(),
-        method="POST", headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return post_json(cluster, "/api/v1/lookup", body, token)
 
 
 def test_http_lookup_with_a_tenant_token(module_cluster):
