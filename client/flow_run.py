@@ -100,10 +100,13 @@ class FlowRun(Generic[T]):
             if error is not None:
                 metrics.record_error(self._op, error)
             return
+        wait_s = time.perf_counter() - self._started
         metrics.record_request(
             self._op, keys=rec.keys, hits=rec.hits, nbytes=rec.nbytes,
             lookup_s=self._lookup_s, load_s=self._load_s if self._load_s else None,
-            wait_s=time.perf_counter() - self._started, late_deadline=rec.late)
+            wait_s=wait_s, late_deadline=rec.late)
+        if self._op == "get" and self._costs is not None and error is None:
+            self._costs.load(rec.nbytes, wait_s)
 
 
 def _record_read(costs: LoadCosts, move: Move, seconds: float) -> None:

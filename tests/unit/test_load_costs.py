@@ -1,0 +1,37 @@
+"""The load estimate's rules (client/load_costs.py): prior, transport rounds, whole loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from cellar.client.load_costs import PRIOR_BYTES_PER_S, PRIOR_RTT_S, LoadCosts
+
+
+def test_before_anything_the_prior_says_so() -> None:
+    est = LoadCosts().estimate(1 << 30)
+    assert est.basis == "prior" and est.rtt_s == PRIOR_RTT_S
+    assert est.load_s == pytest.approx(PRIOR_RTT_S + 1.0)
+    assert LoadCosts().estimate(0).load_s == 0.0
+
+
+def test_transport_rounds_give_rtt_plus_bytes_over_their_rate() -> None:
+    costs = LoadCosts()
+    costs.rpc("GetReplicas", 0.001)
+    costs.rpc("Put", 5.0)  # not a load's round trip: ignored
+    costs.read("tcp", 1_000_000, 0.01)
+    est = costs.estimate(2_000_000)
+    assert (est.basis, est.transport) == ("measured", "tcp")
+    assert est.load_s == pytest.approx(0.001 + 0.02)
+    assert est.bytes_per_s != PRIOR_BYTES_PER_S
+
+
+def test_whole_loads_win_and_take_the_median_so_one_stall_does_not_skew_it() -> None:
+    costs = LoadCosts()
+    costs.rpc("GetReplicas", 0.001)
+    costs.read("tcp", 1_000_000, 0.001)       # the wire alone: 1 GB/s
+    for seconds in (0.004, 0.005, 0.006, 0.5):  # whole calls of 1 MB, one of them stalled
+        costs.load(1_000_000, seconds)
+    est = costs.estimate(3_000_000)
+    assert est.load_s == pytest.approx(3 * 0.006)  # upper median of 4: the stall is ignored
+    costs.load(0, 1.0)  # an empty get teaches nothing
+    assert costs.estimate(3_000_000).load_s == pytest.approx(est.load_s)
