@@ -114,6 +114,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+        "wanted",
     )
 
     def __init__(
@@ -138,6 +139,10 @@ class Obj:
         self.gslot = 0
         self.tslot = 0
         self.pool_kind = 0
+        # The replica count the object was written with (a put's `replicas`; for an adopted
+        # object, what the nodes reported during the master's start): re-replication keeps
+        # it (state/repair.py).
+        self.wanted = 1
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""
@@ -180,7 +185,7 @@ class Segment:
 class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
-        "outbox_dropped",
+        "outbox_dropped", "draining",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -193,6 +198,9 @@ class Node:
         # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
         self.outbox: deque[tuple[int, int, int, int, int]] = deque()
         self.outbox_dropped = 0
+        # An admin drains it (state/repair.py): no new placements, its replicas are copied to
+        # other nodes and no longer count towards an object's replica count.
+        self.draining = False
 
 class Pool:
     """A flat list of evictable objects; each object knows its index (gslot or tslot).
