@@ -13,6 +13,7 @@ Routes:
   POST /api/v1/tokens      JSON {"kind": "tenant"|"admin", "tenant": ..., "shm": bool,
                            "label": ...}: a new token, returned once                    [admin]
   POST /api/v1/tokens/revoke  JSON {"id": ...}                                          [admin]
+  POST /api/v1/nodes/drain  JSON {"node_id": ...}; GET ?node_id=...: drain a node (drain_api.py) [admin]
   GET  /api/v1/invariants  the full O(n) check of the tables (state/audit.py), for the soak:
                            200 {"ok": true, "objects_checked": N}, 500 {"ok": false, "error"} [admin]
 
@@ -41,6 +42,7 @@ from cellar.master.config import TENANT_NAME, parse_tenant_quota
 from cellar.master.serving import status_page
 from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
 from cellar.master.serving.cluster_summary import summarize
+from cellar.master.serving.drain_api import add_drain_routes
 from cellar.master.serving.leadership import Leadership
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
@@ -234,6 +236,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     server.route("PUT", "/api/v1/tenants", _guard(set_tenant))
     server.route("GET", "/api/v1/invariants", _guard(check_invariants))
     add_token_routes(server, leadership, authorizer, _guard)
+    add_drain_routes(server, leadership, _guard)  # POST/GET /api/v1/nodes/drain (drain_api.py)
     return server
 
 
