@@ -48,7 +48,7 @@ def _line(status: dict[str, Any]) -> str:
 
 
 def drain(args: argparse.Namespace) -> int:
-    deadline = time.monotonic() + args.timeout
+    deadline = args.deadline = time.monotonic() + args.timeout
     status = _ask(args, "POST", "/api/v1/nodes/drain", {"node_id": args.node_id})
     last = ""
     query = "/api/v1/nodes/drain?" + urllib.parse.urlencode({"node_id": args.node_id})
@@ -69,7 +69,16 @@ def drain(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace, method: str, path: str, body: Any = None) -> dict[str, Any]:
-    answer = admin_call(args, method, path, body)
+    """One admin call; while no master answers as the leader (a standby behind the Service, a
+    master restarting) it is asked again every `--interval` until `--timeout`."""
+    while True:
+        try:
+            answer = admin_call(args, method, path, body)
+            break
+        except TokenCommandError as exc:
+            if not str(exc).startswith("no master answered") or time.monotonic() >= args.deadline:
+                raise
+            time.sleep(args.interval)
     if not isinstance(answer, dict) or "remaining_objects" not in answer:
         raise TokenCommandError(f"unexpected answer from the master: {answer!r}")
     return answer

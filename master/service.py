@@ -78,7 +78,6 @@ from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
 from cellar.master.state.placement import NO_NODES, Placement
 from cellar.master.state.quarantine import Quarantine
-from cellar.master.state.repair import RepairQueue
 from cellar.master.state.records import (
     ACTIVE,
     COMPLETE,
@@ -90,6 +89,7 @@ from cellar.master.state.records import (
     Segment,
     Tenant,
 )
+from cellar.master.state.repair import RepairQueue
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, key_tag_prefix

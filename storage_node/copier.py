@@ -84,7 +84,12 @@ class Copier:
                 continue
             task = asyncio.create_task(self._copy(order), name=f"cellar-copy-{alloc_id}")
             self._running[alloc_id] = task
-            task.add_done_callback(lambda _t, a=alloc_id: self._running.pop(a, None))
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        for alloc_id, running in list(self._running.items()):
+            if running is task:
+                del self._running[alloc_id]
 
     def take_done(self) -> list[pb.CopyDone]:
         out, self._done = self._done[:MAX_DONE_PER_HEARTBEAT], self._done[MAX_DONE_PER_HEARTBEAT:]

@@ -91,6 +91,15 @@ def _leadership_json(leadership: Leadership) -> dict[str, Any]:
     }
 
 
+def repair_json(service: Any) -> dict[str, Any]:
+    """Re-replication and drain (master/repair.py), for the status page and /api/v1/status."""
+    queue = service.repair.queue
+    return {"under_replicated": queue.under_replicated(), "copies_in_flight": len(queue.tasks),
+            "copies_done": queue.copies_done, "bytes_copied": queue.bytes_copied,
+            "copy_failures": queue.copy_failures, "replicas_trimmed": queue.replicas_trimmed,
+            "draining": sorted(n.node_id for n in service.membership.nodes.values() if n.draining)}
+
+
 def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, Any]:
     service = leadership.service
     config = service.config
@@ -117,6 +126,7 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
         "nodes": status_page.nodes_of(segments),  # the segments per node, as the page shows them
+        "repair": repair_json(service),
         "limits": {
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
