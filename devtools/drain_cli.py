@@ -13,13 +13,12 @@ The Helm chart runs it in the node pods' preStop hook (docs/deploy.md).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import urllib.parse
 from typing import Any
 
-from cellar.devtools.token_cli import TokenCommandError, admin_call
+from cellar.devtools.token_cli import TokenCommandError, admin_arguments, admin_call
 from cellar.units import format_size, parse_duration_s
 
 DEFAULT_TIMEOUT = "10m"
@@ -29,12 +28,7 @@ DEFAULT_INTERVAL = "1s"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cellar node drain", description=__doc__.split("\n\n")[0])
     parser.add_argument("node_id", help="the node to drain (its --node-id)")
-    parser.add_argument("--master", default=os.environ.get("CELLAR_MASTER", "127.0.0.1:50051"),
-                        help="the cluster's gRPC address (names its credentials file)")
-    parser.add_argument("--http", default="", help="the masters' HTTP address(es) HOST:PORT, "
-                        "comma-separated (default: from the credentials file of --master)")
-    parser.add_argument("--token", default=None, help="admin token (default: $CELLAR_ADMIN_TOKEN "
-                        "or the credentials file)")
+    admin_arguments(parser)
     parser.add_argument("--timeout", default=DEFAULT_TIMEOUT, type=parse_duration_s,
                         help=f"give up after this long (default: {DEFAULT_TIMEOUT})")
     parser.add_argument("--interval", default=DEFAULT_INTERVAL, type=parse_duration_s,

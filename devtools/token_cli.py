@@ -34,13 +34,7 @@ class TokenCommandError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cellar token", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--master", default=os.environ.get("CELLAR_MASTER", "127.0.0.1:50051"),
-                        help="the cluster's gRPC address (names its credentials file)")
-    common.add_argument("--http", default="", help="the master's HTTP address HOST:PORT "
-                        "(default: from the credentials file of --master)")
-    common.add_argument("--token", default=None, help="admin token (default: $CELLAR_ADMIN_TOKEN "
-                        "or the credentials file)")
+    common = admin_arguments(argparse.ArgumentParser(add_help=False))
     common.add_argument("--store", default="", help="edit this token store file directly "
                         "instead of asking a master")
     create = sub.add_parser("create", parents=[common], help="create a token; prints it once")
@@ -53,6 +47,17 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", parents=[common], help="list tokens (ids, kinds, tenants; never a token)")
     revoke = sub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     revoke.add_argument("id", help="the token id (12 hex digits, from `list` or `create`)")
+    return parser
+
+
+def admin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--master, --http and --token: how an admin command finds a master and proves itself."""
+    parser.add_argument("--master", default=os.environ.get("CELLAR_MASTER", "127.0.0.1:50051"),
+                        help="the cluster's gRPC address (names its credentials file)")
+    parser.add_argument("--http", default="", help="the masters' HTTP address(es) HOST:PORT, "
+                        "comma-separated (default: from the credentials file of --master)")
+    parser.add_argument("--token", default=None, help="admin token (default: $CELLAR_ADMIN_TOKEN "
+                        "or the credentials file)")
     return parser
 
 
