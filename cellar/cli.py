@@ -12,7 +12,7 @@ import sys
 # subcommand -> (module, function, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "master": ("cellar.master.main", "main", "run the metadata master"),
-    "node": ("cellar.storage_node.main", "main", "run a storage node contributing a DRAM segment"),
+    "node": ("cellar.storage_node.main", "main", "run a storage node contributing a DRAM segment; `node drain ID` takes one out"),
     "up": ("cellar.devtools.up", "main", "start a local cluster (master + nodes) on 127.0.0.1"),
     "status": ("cellar.client.cli", "status_main", "print the cluster's capacity, nodes and tenants"),
     "top": ("cellar.client.top", "main", "live view of the cluster (the status page in the terminal)"),
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cellar: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module_name, func_name, _ = entry
+    if argv[:2] == ["node", "drain"]:  # an admin command, not a node process
+        module_name, func_name, argv = "cellar.devtools.drain_cli", "main", argv[1:]
     func = getattr(importlib.import_module(module_name), func_name)
     result = func(argv[1:])
     return int(result or 0)

@@ -34,13 +34,7 @@ class TokenCommandError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cellar token", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--master", default=os.environ.get("CELLAR_MASTER", "127.0.0.1:50051"),
-                        help="the cluster's gRPC address (names its credentials file)")
-    common.add_argument("--http", default="", help="the master's HTTP address HOST:PORT "
-                        "(default: from the credentials file of --master)")
-    common.add_argument("--token", default=None, help="admin token (default: $CELLAR_ADMIN_TOKEN "
-                        "or the credentials file)")
+    common = admin_arguments(argparse.ArgumentParser(add_help=False))
     common.add_argument("--store", default="", help="edit this token store file directly "
                         "instead of asking a master")
     create = sub.add_parser("create", parents=[common], help="create a token; prints it once")
@@ -56,9 +50,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def admin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--master, --http and --token: how an admin command finds a master and proves itself."""
+    parser.add_argument("--master", default=os.environ.get("CELLAR_MASTER", "127.0.0.1:50051"),
+                        help="the cluster's gRPC address (names its credentials file)")
+    parser.add_argument("--http", default="", help="the masters' HTTP address(es) HOST:PORT, "
+                        "comma-separated (default: from the credentials file of --master)")
+    parser.add_argument("--token", default=None, help="admin token (default: $CELLAR_ADMIN_TOKEN "
+                        "or the credentials file)")
+    return parser
+
+
 def _http_addresses(args: argparse.Namespace) -> list[str]:
     if args.http:
-        return [args.http]
+        return [a for a in args.http.split(",") if a]
     creds = read_credentials(args.master) or {}
     found = creds.get("http") or []
     if isinstance(found, str):
@@ -69,7 +74,7 @@ def _http_addresses(args: argparse.Namespace) -> list[str]:
     return [str(a) for a in found]
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+def admin_call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
     token = args.token if args.token is not None else default_admin_token(args.master)
     if not token:
         raise TokenCommandError("no admin token: pass --token or set CELLAR_ADMIN_TOKEN")
@@ -87,6 +92,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
                 detail = json.loads(exc.read()).get("error", "")
             except ValueError:
                 detail = ""
+            if exc.code == 503:  # a standby: the next address may be the leader
+                last = f"{http}: {detail}"
+                continue
             raise TokenCommandError(f"master {http} refused ({exc.code}): {detail}") from None
         except OSError as exc:
             last = f"{http}: {exc}"
@@ -99,7 +107,7 @@ def _create(args: argparse.Namespace) -> dict[str, Any]:
         store = TokenStore(args.store)
         record, token = store.create(kind, args.tenant or "", shm=args.shm, label=args.label)
         return {**record.public(), "token": token}
-    made: dict[str, Any] = _call(args, "POST", "/api/v1/tokens", {
+    made: dict[str, Any] = admin_call(args, "POST", "/api/v1/tokens", {
         "kind": kind, "tenant": args.tenant or "", "shm": args.shm, "label": args.label})
     return made
 
@@ -107,7 +115,7 @@ def _create(args: argparse.Namespace) -> dict[str, Any]:
 def _list(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.store:
         return [r.public() for r in TokenStore(args.store).records()]
-    listed: list[dict[str, Any]] = _call(args, "GET", "/api/v1/tokens")
+    listed: list[dict[str, Any]] = admin_call(args, "GET", "/api/v1/tokens")
     return listed
 
 
@@ -116,7 +124,7 @@ def _revoke(args: argparse.Namespace) -> None:
         if not TokenStore(args.store).revoke(args.id):
             raise TokenCommandError(f"no token {args.id!r} in {args.store}")
         return
-    _call(args, "POST", "/api/v1/tokens/revoke", {"id": args.id})
+    admin_call(args, "POST", "/api/v1/tokens/revoke", {"id": args.id})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,6 +168,14 @@ class MasterConfig:
         unit="ranges",
     )
     max_segments_per_node: int = setting(64, "most segments one node may mount", unit="segments")
+    repair_bytes_per_s: int = setting(
+        64 << 20, "re-replication and drain pace: most bytes per second one node reads (as a "
+        "source) or writes (as a target) for copies of lost replicas (accepts 64MiB)",
+        unit=UNIT_BYTES,
+    )
+    repair_copies_per_heartbeat: int = setting(
+        256, "most copy orders one heartbeat reply hands a node", unit="copies"
+    )
     grpc_max_message_bytes: int = setting(
         4 << 20, "largest gRPC message the master sends or accepts", unit=UNIT_BYTES
     )
@@ -309,6 +317,10 @@ class MasterConfig:
         require(self.max_freed_per_heartbeat >= 1, "max_freed_per_heartbeat", "must be >= 1")
         require(self.max_freed_backlog >= 1, "max_freed_backlog", "must be >= 1")
         require(self.max_segments_per_node >= 1, "max_segments_per_node", "must be >= 1")
+        require(1 << 10 <= self.repair_bytes_per_s <= 1 << 40, "repair_bytes_per_s",
+                "must be in [1KiB, 1TiB] per second")
+        require(1 <= self.repair_copies_per_heartbeat <= 4096, "repair_copies_per_heartbeat",
+                "must be in [1, 4096]")
         require(0 <= self.fast_port <= 65535, "fast_port", "must be in [0, 65535]")
         require(
             64 << 10 <= self.grpc_max_message_bytes <= 1 << 30, "grpc_max_message_bytes",

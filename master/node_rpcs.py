@@ -19,7 +19,10 @@ segment by segment, in batches; each reported entry becomes master state:
   index, so adopted objects are plain (unpinned) objects;
 - (tenant, key) known with the same size and checksum: the entry becomes one more replica of
   it (replicas of one object live on different nodes; a second one on the same node is
-  refused, the very same replica reported twice is accepted again);
+  refused, the very same replica reported twice is accepted again). While the master's own
+  start may still be missing reports (its rebuild grace) each such replica raises the count
+  the object is kept at (`Obj.wanted`); after it the count is fixed, and a returning node's
+  extra copy is surplus that the repair queue drops (master/repair.py);
 - (tenant, key) known with another value: the newest version wins, by alloc id. Alloc ids
   are (epoch << 22) + counter, so that order is (master epoch, issue order). A losing existing
   version is dropped the usual way (its nodes hear of it through the freed-range outbox); a
@@ -111,6 +114,7 @@ class NodeRpcs:
         self.alloc_ids = alloc_ids
         self._next_put_id = next_put_id
         self._watermark_evicting = False
+        self.on_tick: Callable[[], None] | None = None  # the repair round (master/repair.py)
         self.nodes_expired = 0
         self.puts_timed_out = 0
         self.objects_adopted = 0
@@ -260,6 +264,8 @@ class NodeRpcs:
                         return False  # one replica per node
                 if not _reserve(segment, offset, length):
                     return False
+                if self.grace.recovering(0, self.membership.nodes, now):
+                    existing.wanted = max(existing.wanted, len(existing.replicas) + 1)
                 self.objects.add_replica(existing, Replica(segment, offset, alloc_id))
                 return True
             newest = max((rep.alloc_id for rep in existing.replicas), default=0)
@@ -290,6 +296,8 @@ class NodeRpcs:
         self.objects.sweep_soft_pins(now)
         self.quarantine.release_due(now)
         self.evict_to_watermark()
+        if self.on_tick is not None:
+            self.on_tick()
 
     def evict_to_watermark(self) -> int:
         capacity, used = self.membership.usage()

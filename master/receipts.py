@@ -67,6 +67,18 @@ class ReceiptChecker:
                 return self._refuse(f"allocation {rep.alloc_id}: {exc}")
         return ""
 
+    def proves(self, raw: bytes, alloc_id: int, segment_id: int, offset: int, length: int,
+               checksum: int) -> bool:
+        """Whether `raw` is a node's receipt of exactly this sealed range (a node's own copy,
+        master/repair.py)."""
+        try:
+            self._signer.check(raw, Receipt(alloc_id, segment_id, offset, length, self.epoch,
+                                            checksum))
+        except ReceiptRejected:
+            self.refused += 1
+            return False
+        return True
+
     def _refuse(self, why: str) -> str:
         self.refused += 1
         return why

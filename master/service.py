@@ -41,6 +41,7 @@ from cellar.master.listing import check_list_request, key_page
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
+from cellar.master.repair import Repairer
 from cellar.master.replies import (
     GetOutcome,
     GetResult,
@@ -90,6 +91,7 @@ from cellar.master.state.records import (
     Segment,
     Tenant,
 )
+from cellar.master.state.repair import RepairQueue
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.engine_hash import error as engine_hash_error
@@ -164,6 +166,12 @@ class MasterService:
             tombstones=self.tombstones, grace=self.grace, alloc_ids=self.alloc_ids,
             next_put_id=self._next_put_id,
         )
+        self.repair = Repairer(config, self.clock, self.grants, self.membership, RepairQueue(
+            objects=self.objects, membership=self.membership, placement=self.placement,
+            quarantine=self.quarantine, next_alloc_id=self.alloc_ids.next,
+            bytes_per_s=config.repair_bytes_per_s, grant_ttl_s=config.write_grant_ttl_s,
+            grant_skew_s=config.grant_skew_s), self.recovering, self.receipts)  # re-replication
+        self.nodes.on_tick = self.repair.tick
         # The node calls, answered by `self.nodes` (the servicer and the tests call them here).
         self.mount_segment = self.nodes.mount_segment
         self.report_objects = self.nodes.report_objects

@@ -511,31 +511,85 @@ class FreedRange(_message.Message):
     length: int
     def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
+class CopyTask(_message.Message):
+    __slots__ = ("alloc_id", "tenant", "key", "length", "checksum", "source_address", "source_node_id", "source_grant", "source_segment_id", "source_offset", "target_grant", "target_segment_id", "target_offset")
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_GRANT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_GRANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    alloc_id: int
+    tenant: str
+    key: str
+    length: int
+    checksum: int
+    source_address: str
+    source_node_id: str
+    source_grant: Grant
+    source_segment_id: int
+    source_offset: int
+    target_grant: Grant
+    target_segment_id: int
+    target_offset: int
+    def __init__(self, alloc_id: _Optional[int] = ..., tenant: _Optional[str] = ..., key: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., source_address: _Optional[str] = ..., source_node_id: _Optional[str] = ..., source_grant: _Optional[_Union[Grant, _Mapping]] = ..., source_segment_id: _Optional[int] = ..., source_offset: _Optional[int] = ..., target_grant: _Optional[_Union[Grant, _Mapping]] = ..., target_segment_id: _Optional[int] = ..., target_offset: _Optional[int] = ...) -> None: ...
+
+class CopyDone(_message.Message):
+    __slots__ = ("alloc_id", "segment_id", "offset", "length", "checksum", "status", "message", "receipt")
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    alloc_id: int
+    segment_id: int
+    offset: int
+    length: int
+    checksum: int
+    status: Status
+    message: str
+    receipt: bytes
+    def __init__(self, alloc_id: _Optional[int] = ..., segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., receipt: _Optional[bytes] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq", "lost")
+    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq", "lost", "copied")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     FREED_ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    COPIED_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     node_id: str
     incarnation: int
     freed_ack_seq: int
     lost: _containers.RepeatedCompositeFieldContainer[FreedRange]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ..., lost: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ...) -> None: ...
+    copied: _containers.RepeatedCompositeFieldContainer[CopyDone]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ..., lost: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., copied: _Optional[_Iterable[_Union[CopyDone, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("header", "remount", "freed", "freed_seq")
+    __slots__ = ("header", "remount", "freed", "freed_seq", "copies")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     FREED_FIELD_NUMBER: _ClassVar[int]
     FREED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     remount: bool
     freed: _containers.RepeatedCompositeFieldContainer[FreedRange]
     freed_seq: int
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ...) -> None: ...
+    copies: _containers.RepeatedCompositeFieldContainer[CopyTask]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("header",)

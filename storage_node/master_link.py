@@ -42,7 +42,8 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
     nothing is reported.
   Either way the mount reply's master time becomes the index's write floor: write grants
   issued before it are refused from now on (see index.py).
-- Objects the verifier finds corrupt after a restart ride on the next heartbeat (`lost`).
+- Objects the verifier finds corrupt after a restart ride on the next heartbeat (`lost`), so
+  do the reports of finished copies (`copied`); copy orders come back in the reply (copier.py).
 - The master unreachable: the node keeps serving the data plane with the grants it can check
   (clock estimate runs on the local clock), retries at the heartbeat interval (mount attempts
   back off, bounded at MAX_BACKOFF_S) and logs each state change once, never per attempt.
@@ -74,6 +75,7 @@ from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
+from cellar.storage_node.copier import Copier
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.mount_report import report_batches, segment_infos
 from cellar.storage_node.segment import Segment
@@ -102,6 +104,14 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", int(MAX_BACKOFF_S * 1000)),
     ("grpc.enable_retries", 0),
 ]
+
+
+STATUS_FIELDS = (
+    "master", "master_source", "configured_master", "leader_id", "leader_epoch",
+    "master_changes", "connected", "mounted", "mount_count", "incarnation",
+    "heartbeat_interval_s", "freed_ack_seq", "freed_applied", "reported", "report_refused",
+    "lost_reported", "last_error",
+)
 
 
 class MountRefused(Exception):
@@ -173,6 +183,7 @@ class ControlLoop:
         self.last_error = ""
         self.first_mount = asyncio.Event()
         self.verifier = verifier
+        self.copier: Copier | None = None  # re-replication orders (storage_node/copier.py)
         self.reported = 0          # entries reported in the last rebuild
         self.report_refused = 0    # of which the master refused
         self.lost_reported = 0
@@ -486,12 +497,16 @@ class ControlLoop:
         lost = self.verifier.take_lost() if self.verifier is not None else []
         for segment_id, alloc_id, offset, length in lost:
             request.lost.add(segment_id=segment_id, alloc_id=alloc_id, offset=offset, length=length)
+        copied = self.copier.take_done() if self.copier is not None else []
+        request.copied.extend(copied)
         sent = wall_ms()
         try:
             reply = await self._ensure_channel().Heartbeat(request, timeout=self._heartbeat_timeout_s())
         except grpc.aio.AioRpcError as exc:
             if lost and self.verifier is not None:
                 self.verifier.requeue_lost(lost)
+            if copied and self.copier is not None:
+                self.copier.requeue(copied)
             self._rpc_failed(exc, waiting=False)
             return
         self.lost_reported += len(lost)
@@ -518,6 +533,8 @@ class ControlLoop:
             self.freed_applied += self.index.apply_freed(reply.freed, self.clock.now_ms())
         if reply.freed_seq > self.freed_ack_seq:
             self.freed_ack_seq = reply.freed_seq
+        if reply.copies and self.copier is not None:
+            self.copier.start(reply.copies)
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 
     def _rpc_failed(self, exc: grpc.aio.AioRpcError, *, waiting: bool) -> None:
@@ -562,27 +579,9 @@ class ControlLoop:
             log.log(level, message, *args)
 
     def status(self) -> dict[str, Any]:
-        return {
-            "master": self.master,
-            "master_source": self.master_source,
-            "configured_master": self.configured_master,
-            "leader_id": self.leader_id,
-            "leader_epoch": self.leader_epoch,
-            "master_changes": self.master_changes,
-            "connected": self.connected,
-            "mounted": self.mounted,
-            "mount_count": self.mount_count,
-            "epoch": self.clock.epoch,
-            "incarnation": self.incarnation,
-            "heartbeat_interval_s": self.heartbeat_interval_s,
-            "freed_ack_seq": self.freed_ack_seq,
-            "freed_applied": self.freed_applied,
-            "reported": self.reported,
-            "report_refused": self.report_refused,
-            "lost_reported": self.lost_reported,
-            "clock_offset_ms": self.clock.offset_ms,
-            "last_error": self.last_error,
-        }
+        out = {name: getattr(self, name) for name in STATUS_FIELDS}
+        out.update(epoch=self.clock.epoch, clock_offset_ms=self.clock.offset_ms)
+        return out
 
 
 def _etcd_discovery(url: str) -> LeaderSource:

@@ -30,6 +30,7 @@ from cellar.refusals import RefusalLog
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
+from cellar.storage_node.copier import Copier
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.journal import IndexJournal, journal_path
 from cellar.storage_node.master_link import ControlLoop
@@ -118,6 +119,7 @@ class StorageNode:
             verifier=self.verifier, credential=node_credential(self.secret, cfg.node_id),
             client_cert_file=cfg.master_tls_cert_file, client_key_file=cfg.master_tls_key_file,
         )
+        self.control.copier = Copier(self.access)  # re-replication orders (copier.py)
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)
 
@@ -190,6 +192,8 @@ class StorageNode:
                 await task
             await control.unmount()
             await control.close()
+            if control.copier is not None:
+                await control.copier.aclose()
             if self.http is not None:
                 await self.http.stop()
 

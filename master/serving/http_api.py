@@ -15,6 +15,7 @@ Routes:
   POST /api/v1/tokens/revoke  JSON {"id": ...}                                          [admin]
   POST /api/v1/lookup      the leading run of ordered keys, per tier (serving/lookup_http.py)  [tenant]
   POST /query_by_hash, /query  Mooncake's indexer prefix query (serving/prefix_query.py)  [tenant]
+  POST /api/v1/nodes/drain  JSON {"node_id": ...}; GET ?node_id=...: drain a node (drain_api.py) [admin]
   GET  /api/v1/invariants  the full O(n) check of the tables (state/audit.py), for the soak:
                            200 {"ok": true, "objects_checked": N}, 500 {"ok": false, "error"} [admin]
 
@@ -43,6 +44,7 @@ from cellar.master.config import TENANT_NAME, parse_tenant_quota
 from cellar.master.serving import status_page
 from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused, Identity
 from cellar.master.serving.cluster_summary import summarize
+from cellar.master.serving.drain_api import add_drain_routes
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.lookup_http import add_lookup_route
 from cellar.master.serving.prefix_query import add_prefix_query_routes
@@ -93,6 +95,15 @@ def _leadership_json(leadership: Leadership) -> dict[str, Any]:
     }
 
 
+def repair_json(service: Any) -> dict[str, Any]:
+    """Re-replication and drain (master/repair.py), for the status page and /api/v1/status."""
+    queue = service.repair.queue
+    return {"under_replicated": queue.under_replicated(), "copies_in_flight": len(queue.tasks),
+            "copies_done": queue.copies_done, "bytes_copied": queue.bytes_copied,
+            "copy_failures": queue.copy_failures, "replicas_trimmed": queue.replicas_trimmed,
+            "draining": sorted(n.node_id for n in service.membership.nodes.values() if n.draining)}
+
+
 def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, Any]:
     service = leadership.service
     config = service.config
@@ -119,6 +130,7 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
         "pins": len(service.pins),
         "tenants": [_tenant_json(t) for t in service.tenants.all()],
         "nodes": status_page.nodes_of(segments),  # the segments per node, as the page shows them
+        "repair": repair_json(service),
         "limits": {
             "max_key_bytes": config.max_key_bytes,
             "max_batch_keys": config.max_batch_keys,
@@ -240,6 +252,7 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
     add_token_routes(server, leadership, authorizer, _guard)
     add_lookup_route(server, leadership, authorizer)
     add_prefix_query_routes(server, leadership, authorizer)
+    add_drain_routes(server, leadership, _guard)  # POST/GET /api/v1/nodes/drain (drain_api.py)
     return server
 
 

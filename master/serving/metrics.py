@@ -171,6 +171,21 @@ class MasterCollector(Collector):
                      service.nodes.objects_refused)
         yield _total("master_replicas_lost", "replicas dropped after a node found them corrupt",
                      service.nodes.replicas_lost)
+        queue = service.repair.queue
+        yield GaugeMetricFamily("master_objects_under_replicated", "objects with fewer live replicas "
+                                "than they were written with (re-replication pending)",
+                                value=queue.under_replicated())
+        yield GaugeMetricFamily("master_repair_copies_in_flight", "node-to-node copies planned or "
+                                "running", value=len(queue.tasks))
+        yield _total("master_repair_copies", "copies that became replicas", queue.copies_done)
+        yield _total("master_repair_bytes_copied", "bytes of copies that became replicas",
+                     queue.bytes_copied)
+        yield _total("master_repair_copy_failures", "copies failed or not reported in time",
+                     queue.copy_failures)
+        yield _total("master_repair_replicas_trimmed", "surplus replicas dropped (a returning node)",
+                     queue.replicas_trimmed)
+        yield GaugeMetricFamily("master_nodes_draining", "nodes being drained (no new placements)",
+                                value=sum(1 for n in service.membership.nodes.values() if n.draining))
         yield GaugeMetricFamily("master_segments_rebuilding", "segments whose index report is not "
                                 "complete (no new placements)", value=service.membership.rebuilding_count)
         recovering = leadership.serving() and service.recovering()

@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 
 from cellar.coord.redirect import LEADER_METADATA
 from cellar.master.lookup import lookup
+from cellar.master.repair import CopyOrder
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
 from cellar.master.serving.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
 from cellar.master.serving.cluster_summary import summarize
@@ -91,6 +92,25 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
         g.expiry_ms = r.expiry_ms
         g.key_tag = r.key_tag
         g.mac = r.mac
+
+
+def _grant_pb(r: GrantedReplica) -> pb.Grant:
+    return pb.Grant(op=r.op, alloc_id=r.alloc_id, epoch=r.epoch, expiry_ms=r.expiry_ms,
+                    key_tag=r.key_tag, mac=r.mac)
+
+
+def copy_tasks(orders: list[CopyOrder]) -> list[pb.CopyTask]:
+    """Copy orders (master/repair.py) as the proto a target node receives in its heartbeat."""
+    out = []
+    for o in orders:
+        address = next((e.address for e in o.source_segment.info.endpoints if e.transport == "tcp"), "")
+        out.append(pb.CopyTask(
+            alloc_id=o.target.alloc_id, tenant=o.tenant, key=o.key, length=o.length,
+            checksum=o.checksum, source_address=address, source_node_id=o.source.node_id,
+            source_grant=_grant_pb(o.source), source_segment_id=o.source.segment_id,
+            source_offset=o.source.offset, target_grant=_grant_pb(o.target),
+            target_segment_id=o.target.segment_id, target_offset=o.target.offset))
+    return out
 
 
 def _trusted_on_host() -> bool:
@@ -267,8 +287,11 @@ class MasterServicer:
             FreedRange(segment_id=seg, alloc_id=alloc, offset=off, length=length)
             for (_seq, seg, alloc, off, length) in outcome.freed
         ]
+        copies = [] if outcome.remount else copy_tasks(
+            self.service.repair.on_heartbeat(req.node_id, req.incarnation, req.copied))
         return pb.HeartbeatReply(
-            header=self._header(), remount=outcome.remount, freed=freed, freed_seq=outcome.freed_seq
+            header=self._header(), remount=outcome.remount, freed=freed, freed_seq=outcome.freed_seq,
+            copies=copies,
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:

@@ -82,6 +82,15 @@ def _leader_text(status: Mapping[str, Any]) -> str:
     return f"{leader['master_id']} at {leader['address']} (epoch {leader['epoch']})"
 
 
+def repair_line(repair: Mapping[str, Any]) -> str:
+    """Re-replication and drain in one line (master/repair.py)."""
+    draining = ", ".join(repair.get("draining") or []) or "none"
+    return (f"re-replication: {repair.get('under_replicated', 0)} objects under-replicated, "
+            f"{repair.get('copies_in_flight', 0)} copies in flight, {repair.get('copies_done', 0)} "
+            f"done ({format_size(int(repair.get('bytes_copied', 0)))}), "
+            f"{repair.get('copy_failures', 0)} failed; draining: {draining}")
+
+
 def render(status: Mapping[str, Any], events: Iterable[Event], *, refresh_s: int = REFRESH_S) -> str:
     high = float(status.get("limits", {}).get("eviction_high_watermark", 0.9))
     capacity, used = int(status.get("capacity", 0)), int(status.get("used", 0))
@@ -106,6 +115,7 @@ def render(status: Mapping[str, Any], events: Iterable[Event], *, refresh_s: int
         f"<div class=card>objects<b id=objects>{_e(status.get('objects', 0))}</b></div>",
         f"<div class=card>writing<b>{_e(status.get('writing', 0))}</b></div>",
         f"<div class=card>pins<b>{_e(status.get('pins', 0))}</b></div></div>",
+        f"<div class=sub id=repair>{_e(repair_line(status.get('repair') or {}))}</div>",
         "<h2>Storage nodes</h2><table id=nodes><thead><tr><th>node</th><th>state</th>"
         "<th>segments</th><th>objects</th><th>used / capacity</th><th>use</th></tr></thead><tbody>",
     ]

@@ -18,6 +18,11 @@ a restarted node, or any node after a master restart) gets its segments marked `
 until its ReportObjects says `last` for each (`finish_rebuild`). A rebuilding segment is not a
 placement candidate: its allocator does not know yet which ranges the reported objects hold.
 
+Draining nodes (`drain`, an admin's `cellar node drain`): a draining node stays mounted and
+serves its replicas, but none of its segments is a placement candidate; the repair queue
+(state/repair.py) copies its objects elsewhere. A new incarnation of the node is a new `Node`,
+not draining.
+
 Invariant: a segment id belongs to at most one node; a forgotten segment is marked `gone` and
 its allocator is never touched again. This module never decides which objects exist: dropping
 replicas is the service's job.
@@ -135,6 +140,12 @@ class Membership:
             segment.rebuilding = False
             self._refresh()
 
+    def drain(self, node: Node) -> None:
+        """No new placements on `node` from now on (its replicas stay readable)."""
+        if not node.draining:
+            node.draining = True
+            self._refresh()
+
     def detach_segment(self, segment: Segment) -> None:
         """Forget one segment (its replicas were already dropped by the service)."""
         segment.gone = True
@@ -168,7 +179,7 @@ class Membership:
             for segment in node.segments.values():
                 largest = max(largest, segment.size_bytes)
                 rebuilding += segment.rebuilding
-                if node.state == ACTIVE and not segment.rebuilding:
+                if node.state == ACTIVE and not segment.rebuilding and not node.draining:
                     active.append(segment)
                     by_host.setdefault(segment.host_id, []).append(segment)
                     placeable_nodes.add(node.node_id)

@@ -21,6 +21,12 @@ COMPLETE version's ranges are freed immediately: storage nodes seal an allocatio
 bytes were written and refuse further writes to it. Either way the node is told (freed-range
 outbox) so it drops the range from its own index.
 
+Replica counts (re-replication, state/repair.py): every version keeps `wanted`, the count it
+was written with. Whenever a COMPLETE version may have fewer or more replicas than that (a
+replica lost, one added by a report, a PutEnd of a version that lost one while WRITING) the
+table calls `watch(obj)`, which the repair queue sets; `drop_replica` takes one surplus
+replica away.
+
 This module never chooses placements or victims and never touches payload bytes.
 """
 
@@ -92,6 +98,9 @@ class ObjectTable:
         self.complete_count = 0
         self._soft_lapses: list[tuple[float, int, Obj]] = []  # heap of soft pins with a TTL
         self.observer: LifecycleObserver | None = None  # told of visible versions (state/lifecycle.py)
+        # Called with a COMPLETE version whose replica count may differ from `wanted`
+        # (state/repair.py sets it; the default ignores it).
+        self.watch: Callable[[Obj], None] = _ignore
 
     def _drop_now(self, obj: Obj) -> int:
         return self.drop(obj, self._clock())
@@ -105,6 +114,7 @@ class ObjectTable:
         assert obj.state == WRITING and obj.key not in tenant.writing and obj.reserved > 0
         assert placements and obj.put_id not in self.puts, "begin without placements or a fresh id"
         obj.replicas = tuple([Replica(segment, offset, alloc_ids()) for segment, offset in placements])
+        obj.wanted = len(placements)
         for segment, _offset in placements:
             segment.objects.add(obj)
         tenant.writing[obj.key] = obj
@@ -148,6 +158,8 @@ class ObjectTable:
             tenant.index_engine_hash(obj.engine_hash)
         if self.observer is not None:
             self.observer.stored(obj)
+        if len(obj.replicas) < obj.wanted:
+            self.watch(obj)  # it lost a replica while being written
 
     def drop(self, obj: Obj, now: float) -> int:
         """Take a version out of service; returns the bytes given back to allocators at once."""
@@ -272,6 +284,21 @@ class ObjectTable:
         obj.replicas += (replica,)
         replica.segment.objects.add(obj)
         charge(obj, obj.reserved)
+        self.watch(obj)
+
+    def drop_replica(self, obj: Obj, replica: Replica) -> None:
+        """Take one replica of a COMPLETE, unpinned version away (a surplus copy): its range is
+        freed at once (the node sealed it, so no late write can land) and its node told."""
+        assert obj.state == COMPLETE and not obj.pins and len(obj.replicas) > 1, "drop_replica"
+        assert replica in obj.replicas, "drop_replica of a replica the object does not have"
+        self.evictor.resize(obj, -1)
+        obj.replicas = tuple([rep for rep in obj.replicas if rep is not replica])
+        charge(obj, -obj.reserved)
+        segment = replica.segment
+        segment.objects.discard(obj)
+        if not segment.gone:
+            self.membership.notify_freed(segment, replica.alloc_id, replica.offset, obj.size)
+            segment.allocator.free(replica.offset)
 
     def lose_replicas(self, segment: Segment, alloc_ids: set[int], now: float) -> int:
         """A node found these replicas corrupt and dropped them: forget them, free their ranges
@@ -293,6 +320,8 @@ class ObjectTable:
                 lost += 1
             if not keep and obj.state != DROPPED:
                 self.drop(obj, now)
+            elif obj.state == COMPLETE:
+                self.watch(obj)
         return lost
 
     def lose_segment(self, segment: Segment, now: float) -> int:
@@ -309,5 +338,11 @@ class ObjectTable:
             if not remaining and obj.state != DROPPED:
                 self.drop(obj, now)
                 lost += 1
+            elif obj.state == COMPLETE:
+                self.watch(obj)
         segment.objects.clear()
         return lost
+
+
+def _ignore(obj: Obj) -> None:
+    """The default `watch`: no repair queue listens."""

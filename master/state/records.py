@@ -132,6 +132,7 @@ class Obj:
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
         "engine_hash",
+        "wanted",
     )
 
     def __init__(
@@ -159,6 +160,10 @@ class Obj:
         # The engine's own page/chunk hash, encoded (proto/engine_hash.py), for KV events;
         # b"" when the writer gave none (and after a rebuild: nodes do not keep it).
         self.engine_hash = b""
+        # The replica count the object was written with (a put's `replicas`; for an adopted
+        # object, what the nodes reported during the master's start): re-replication keeps
+        # it (state/repair.py).
+        self.wanted = 1
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""
@@ -201,7 +206,7 @@ class Segment:
 class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
-        "outbox_dropped", "ramps",
+        "outbox_dropped", "ramps", "draining",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -215,6 +220,9 @@ class Node:
         # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
         self.outbox: deque[tuple[int, int, int, int, int]] = deque()
         self.outbox_dropped = 0
+        # An admin drains it (state/repair.py): no new placements, its replicas are copied to
+        # other nodes and no longer count towards an object's replica count.
+        self.draining = False
 
 class Pool:
     """A flat list of evictable objects; each object knows its index (gslot or tslot).

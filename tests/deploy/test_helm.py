@@ -7,7 +7,10 @@ nodes' container args (with their env, $(VAR) expanded as the kubelet does) run 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +219,36 @@ def test_values_yaml_documents_every_key() -> None:
             continue  # a mapping header: its leaves carry the docs
         above = lines[i - 1].strip() if i else ""
         assert above.startswith("#"), f"values.yaml:{i + 1} {key} has no comment above it"
+
+
+def test_node_pods_drain_in_pre_stop_within_the_grace_period(tmp_path: Path) -> None:
+    """With node.drain.adminTokenSecret the node pods run `cellar node drain $POD_NAME` in
+    preStop, bounded 10 s under terminationGracePeriodSeconds; the manifest validates and the
+    hook's command line parses for real (it reaches for the master and gives up, exit 1)."""
+    values = {"node": {"drain": {"adminTokenSecret": "cellar-admin"},
+                       "terminationGracePeriodSeconds": 120}}
+    out = helm.Chart.load(str(CHART)).render(values, name="cellar", namespace="kv", is_install=True)
+    docs = [d for t, text in out.items() if not t.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+    node = one(docs, "StatefulSet", "-node")
+    kubernetes_validate.validate(node, K8S_VERSION, strict=True)
+    spec = node["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 120
+    container = spec["containers"][0]
+    assert {"name": "CELLAR_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "cellar-admin", "key": "admin-token"}}} in container["env"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["sh", "-c"]
+    script = command[2]
+    assert script.startswith('exec cellar node drain "$POD_NAME"') and "--timeout 110s" in script
+    assert "--http cellar-master:9400" in script
+    # Without the secret: no hook (a drain needs an admin token).
+    default = one(render("default"), "StatefulSet", "-node")["spec"]["template"]["spec"]
+    assert "lifecycle" not in default["containers"][0]
+    # The hook's command line, run as the kubelet would (cellar = this interpreter's module),
+    # against a master that is not there: it parses, asks, and fails with exit 1.
+    script = script.replace("exec cellar ", f"exec {sys.executable} -m cellar ")
+    script = script.replace("cellar-master:9400", "127.0.0.1:9").replace("--timeout 110s", "--timeout 1s")
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "POD_NAME": "cellar-node-0", "CELLAR_ADMIN_TOKEN": "x"})
+    assert proc.returncode == 1 and "no master answered" in proc.stderr, proc.stderr

@@ -1,0 +1,171 @@
+"""Copier: this node's side of re-replication and drain, one copy order at a time.
+
+What it owns: the copies the master ordered in heartbeat replies (proto CopyTask, signed by the
+master in master/repair.py), running on the node's event loop, at most MAX_COPIES_IN_FLIGHT at
+once, and the reports (proto CopyDone) waiting for the next heartbeat.
+
+One copy, told as a story: the master placed a new replica of an object in this node's segment
+and signed two grants, a read grant on a surviving replica of another node (the source) and a
+write grant on the new range here. The copier
+1. opens the target range exactly as a client's WRITE would (`NodeAccess.writable`: the write
+   grant is authentic, current, unexpired, its key tag is the tenant and key the order names,
+   and the index admits the allocation), so an order is only as good as its grant;
+2. reads the source over the data plane (tcp, `cellar.transfer.tcp_async`) with the read grant,
+   straight into that range of segment memory (no staging copy), with the xxh3 computed as
+   the bytes land;
+3. seals the allocation (`NodeAccess.written`, journal flushed) only when the xxh3 equals the
+   object's checksum; otherwise it reports the failure and leaves the allocation unsealed (the
+   master frees it and this node drops it from its index at the freed notice);
+4. reports (alloc id, segment, offset, length, checksum, status) in the next heartbeat. The
+   master adds the replica only if those are exactly the allocation it granted.
+The source keeps serving readers meanwhile: a copy is one more grant-checked read.
+
+Pacing is the master's (`repair_bytes_per_s`: it hands out orders at that rate per source and
+per target); this module bounds what it holds: MAX_COPIES_IN_FLIGHT copies, MAX_DONE_KEPT
+reports. Every field of an order is checked (lengths against the segment, the grant by
+NodeAccess) before memory is touched. It never talks to the master itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xxhash import xxh3_64_intdigest
+
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto.grant import Grant
+from cellar.storage_node.access import NodeAccess
+from cellar.transfer.base import AsyncTransport, SegmentRoute, TransferOp
+from cellar.transfer.frame import OP_WRITE, FrameError, RequestHeader, WriteMeta
+
+log = logging.getLogger("cellar.node.copier")
+
+MAX_COPIES_IN_FLIGHT = 64     # copies running at once on this node
+MAX_DONE_KEPT = 4096          # reports kept for the next heartbeats (oldest dropped beyond)
+MAX_DONE_PER_HEARTBEAT = 1024  # reports one heartbeat carries (the master's max_batch_keys)
+COPY_TIMEOUT_S = 30.0         # one copy's read; the write grant's expiry bounds it anyway
+MAX_ADDRESS_CHARS = 4096
+
+
+class CopyFailed(Exception):
+    pass
+
+
+def _grant(g: Any, segment_id: int, offset: int, length: int) -> Grant:
+    return Grant(int(g.op), segment_id, offset, length, int(g.alloc_id), int(g.epoch),
+                 int(g.expiry_ms), int(g.key_tag), bytes(g.mac))
+
+
+class Copier:
+    def __init__(self, access: NodeAccess,
+                 transport_factory: Callable[[], AsyncTransport] | None = None) -> None:
+        self._access = access
+        self._factory = transport_factory or _tcp_transport
+        self._transport: AsyncTransport | None = None
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._done: list[pb.CopyDone] = []
+        self.copies_ok = 0
+        self.copies_failed = 0
+        self.bytes_copied = 0
+        self.orders_refused = 0
+
+    def start(self, orders: Sequence[Any]) -> None:
+        """Start the copies of one heartbeat reply (on the running loop)."""
+        for order in orders:
+            alloc_id = int(order.alloc_id)
+            if alloc_id in self._running:
+                continue  # the same order again (a reply delivered twice)
+            if len(self._running) >= MAX_COPIES_IN_FLIGHT:
+                self.orders_refused += 1
+                self._report(order, 0, pb.UNAVAILABLE, "copier busy")
+                continue
+            task = asyncio.create_task(self._copy(order), name=f"cellar-copy-{alloc_id}")
+            self._running[alloc_id] = task
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        for alloc_id, running in list(self._running.items()):
+            if running is task:
+                del self._running[alloc_id]
+
+    def take_done(self) -> list[pb.CopyDone]:
+        out, self._done = self._done[:MAX_DONE_PER_HEARTBEAT], self._done[MAX_DONE_PER_HEARTBEAT:]
+        return out
+
+    def requeue(self, done: list[pb.CopyDone]) -> None:
+        """The heartbeat carrying these failed: send them with the next one."""
+        self._done[:0] = done
+        del self._done[MAX_DONE_KEPT:]
+
+    async def aclose(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
+
+    def status(self) -> dict[str, int]:
+        return {"copies_running": len(self._running), "copies_ok": self.copies_ok,
+                "copies_failed": self.copies_failed, "bytes_copied": self.bytes_copied}
+
+    # ---- one copy ----------------------------------------------------------------------
+
+    async def _copy(self, order: Any) -> None:
+        try:
+            checksum, receipt = await self._run(order)
+        except CopyFailed as exc:
+            self.copies_failed += 1
+            log.warning("copy of allocation %d from %s failed: %s", order.alloc_id,
+                        order.source_node_id, exc)
+            self._report(order, 0, pb.INTERNAL, str(exc))
+            return
+        self.copies_ok += 1
+        self.bytes_copied += int(order.length)
+        self._report(order, checksum, pb.OK, "", receipt)
+
+    async def _run(self, order: Any) -> tuple[int, bytes]:
+        length = int(order.length)
+        address = str(order.source_address)
+        if length <= 0 or not address or len(address) > MAX_ADDRESS_CHARS:
+            raise CopyFailed("an order without a length or a source address")
+        target = RequestHeader(OP_WRITE, 0, int(order.target_segment_id), int(order.target_offset),
+                               length, grant=_grant(order.target_grant, int(order.target_segment_id),
+                                                    int(order.target_offset), length))
+        meta = WriteMeta(int(order.checksum), length, str(order.tenant), str(order.key))
+        try:
+            view = self._access.writable(target, meta)  # every check of a client's WRITE
+        except FrameError as exc:
+            raise CopyFailed(f"target range refused: {exc}") from None
+        if self._transport is None:
+            self._transport = self._factory()
+        route = SegmentRoute(int(order.source_segment_id), str(order.source_node_id), "",
+                             {"tcp": address})
+        source = TransferOp(route, _grant(order.source_grant, int(order.source_segment_id),
+                                          int(order.source_offset), length),
+                            int(order.source_offset), view, want_checksum=True)
+        (result,) = await self._transport.read([source], COPY_TIMEOUT_S)
+        if not result.ok:
+            raise CopyFailed(f"read from {address}: {result}")
+        checksum = result.checksum if result.checksum is not None else xxh3_64_intdigest(view)
+        if checksum != int(order.checksum):
+            raise CopyFailed(f"checksum {checksum:#x} is not the object's {int(order.checksum):#x}")
+        receipt = self._access.written(target, meta)  # seals: every byte of the allocation arrived
+        self._access.flush()
+        return checksum, receipt
+
+    def _report(self, order: Any, checksum: int, status: int, message: str,
+                receipt: bytes = b"") -> None:
+        self._done.append(pb.CopyDone(
+            alloc_id=int(order.alloc_id), segment_id=int(order.target_segment_id),
+            offset=int(order.target_offset), length=int(order.length), checksum=checksum,
+            status=status, message=message[:256], receipt=receipt))  # type: ignore[arg-type]
+        del self._done[:-MAX_DONE_KEPT]
+
+
+def _tcp_transport() -> AsyncTransport:
+    from cellar.transfer.tcp_async import AsyncTcpTransport
+
+    return AsyncTcpTransport(connections_per_node=2)

@@ -1,0 +1,162 @@
+"""Re-replication and drain with real processes (master/repair.py, storage_node/copier.py).
+
+- kill -9 one of 3 nodes for good: every object written with replicas=2 gets its second copy
+  back on another live node (node to node), while gets keep succeeding; the lost node comes
+  back with its old replicas: the surplus copies are dropped, no object keeps more than 2.
+- drain one of 3 nodes under a get loop: no get fails, the drain reports done, then the node
+  stops and every object reads back byte-exact.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from faultkit import TEST_ADMIN_TOKEN, locations, raw_stub, wait_until
+
+import cellar
+from cellar.errors import Status
+
+KIB = 1 << 10
+OBJECTS = 500
+
+
+def values_for(prefix: str, count: int, seed: int) -> dict[str, bytes]:
+    rng = np.random.default_rng(seed)
+    return {f"{prefix}/{i}": rng.integers(0, 256, int(rng.integers(1, 32 * KIB)),
+                                          dtype=np.uint8).tobytes() for i in range(count)}
+
+
+class GetLoop:
+    """Gets of random keys in a thread, each checked byte for byte, until stopped."""
+
+    def __init__(self, address: str, values: dict[str, bytes]) -> None:
+        self.address = address
+        self.values = values
+        self.gets = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GetLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        keys = list(self.values)
+        rng = random.Random(7)
+        with cellar.connect(self.address, timeout_s=20, transport="tcp") as client:
+            while not self._stop.is_set():
+                key = rng.choice(keys)
+                try:
+                    got = client.get(key)
+                except cellar.CellarError as exc:
+                    self.failures.append(f"{key}: {type(exc).__name__}: {exc}")
+                    continue
+                if got != self.values[key]:
+                    self.failures.append(f"{key}: wrong bytes")
+                self.gets += 1
+
+
+def replica_nodes(stub: Any, keys: list[str]) -> dict[str, list[str]]:
+    where: dict[str, list[str]] = {}
+    for start in range(0, len(keys), 256):
+        batch = keys[start:start + 256]
+        found = locations(stub, batch)
+        for key in batch:
+            where[key] = [r.node_id for r in found.get(key, [])]
+    return where
+
+
+@pytest.mark.timeout(150)
+def test_kill_9_a_node_for_good_replicas_come_back_and_a_returning_node_adds_none(fault_cluster):
+    cluster = fault_cluster(nodes=3, segment_size="64MiB", rebuild_grace_s=1)
+    channel, stub = raw_stub(cluster)
+    values = values_for("r", OBJECTS, 11)
+    keys = list(values)
+    with channel, cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        assert client.put_many(values, replicas=2) == [Status.OK] * OBJECTS
+        before = replica_nodes(stub, keys)
+        assert all(len(set(n)) == 2 for n in before.values())
+        victim = "node-1"
+        on_victim = [k for k in keys if victim in before[k]]
+        assert len(on_victim) > OBJECTS // 3
+        with GetLoop(cluster.address, values) as loop:
+            killed_at = time.monotonic()
+            cluster.kill_node(1)
+
+            def restored() -> bool:
+                where = replica_nodes(stub, keys)
+                return all(len(n) == 2 and len(set(n)) == 2 and victim not in n
+                           for n in where.values())
+
+            wait_until("every object to have 2 live replicas again", restored, timeout_s=30,
+                       interval_s=0.25)
+            took_s = time.monotonic() - killed_at
+            loop_gets = loop.gets
+        print(f"\nre-replication: {len(on_victim)} objects back to 2 replicas {took_s:.1f}s "
+              f"after kill -9 (node expiry {cluster.master_flags['node_expire_after_s']}s "
+              f"included); {loop_gets} gets meanwhile", file=sys.stderr)
+        assert loop.failures == [] and loop_gets > 0
+        # The lost node comes back with its old replicas (same id, journal, segment file).
+        cluster.restart_node(1)
+        wait_until("the returning node to report its objects",
+                   lambda: "reported" in cluster.node_log(1))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            where = replica_nodes(stub, keys)
+            counts = [len(n) for n in where.values()]
+            assert max(counts) <= 3
+            if max(counts) == 2 == min(counts):
+                break
+            time.sleep(0.25)
+        where = replica_nodes(stub, keys)
+        assert all(len(n) == 2 and len(set(n)) == 2 for n in where.values()), \
+            {k: n for k, n in where.items() if len(n) != 2}
+        assert client.get_many(keys) == [values[k] for k in keys]
+
+
+@pytest.mark.timeout(150)
+def test_drain_a_node_under_a_get_loop_then_stop_it_nothing_is_lost(fault_cluster):
+    cluster = fault_cluster(nodes=3, segment_size="64MiB")
+    channel, stub = raw_stub(cluster)
+    ones = values_for("one", OBJECTS // 2, 21)
+    twos = values_for("two", OBJECTS // 2, 22)
+    values = {**ones, **twos}
+    keys = list(values)
+    with channel, cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        assert client.put_many(ones, replicas=1) == [Status.OK] * len(ones)
+        assert client.put_many(twos, replicas=2) == [Status.OK] * len(twos)
+        before = replica_nodes(stub, keys)
+        on_node = [k for k in keys if "node-2" in before[k]]
+        assert len(on_node) > OBJECTS // 5
+        with GetLoop(cluster.address, values) as loop:
+            drain = subprocess.run(
+                [sys.executable, "-m", "cellar", "node", "drain", "node-2",
+                 "--http", f"{cluster.host}:{cluster.http_port}", "--token", TEST_ADMIN_TOKEN,
+                 "--timeout", "60s", "--interval", "0.2s"],
+                capture_output=True, text=True, timeout=90)
+            assert drain.returncode == 0, drain.stdout + drain.stderr
+            assert "drained" in drain.stdout
+            # placements avoid the draining node
+            fresh = values_for("fresh", 20, 23)
+            assert client.put_many(fresh, replicas=2) == [Status.OK] * len(fresh)
+            assert all("node-2" not in n for n in replica_nodes(stub, list(fresh)).values())
+        assert loop.failures == [] and loop.gets > 0
+        where = replica_nodes(stub, keys)
+        for key in keys:
+            wanted = 1 if key in ones else 2
+            assert len([n for n in where[key] if n != "node-2"]) == wanted, (key, where[key])
+        cluster.kill_node(2, sig=15)  # a clean stop (SIGTERM: it unmounts)
+        assert client.get_many(keys) == [values[k] for k in keys]
+        assert client.get_many(list(fresh)) == list(fresh.values())
