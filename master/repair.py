@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from cellar.master.receipts import ReceiptChecker
 from typing import Any
 
 from cellar.errors import Status
 from cellar.master.config import MasterConfig
+from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import GrantedReplica, GrantIssuer
 from cellar.master.requests import Clock, check_batch, valid_id
 from cellar.master.state.membership import Membership
