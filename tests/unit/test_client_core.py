@@ -478,6 +478,38 @@ def test_unpin_queue_wait_due_and_close():
     assert not thread.is_alive() and results == [False]  # close wakes it, with False
 
 
+def test_unpin_queue_wakes_the_flusher_only_when_it_sleeps_with_nothing_due():
+    """A flusher waiting for a due time is not woken by every add (a stream of single gets
+    would pay a thread hand-off each); one asleep on an empty queue is, and still flushes."""
+    q = UnpinQueue()
+    wakes = []
+    notify_all = q._cond.notify_all
+    q._cond.notify_all = lambda: (wakes.append(1), notify_all())[1]
+    results = []
+    thread = threading.Thread(target=lambda: results.append(q.wait_due(0.3)), daemon=True)
+    thread.start()
+
+    def until_waiting() -> None:  # the flusher is inside Condition.wait
+        while True:
+            with q._cond:
+                if q._cond._waiters:
+                    return
+            time.sleep(0.001)
+
+    until_waiting()                # asleep on the empty queue
+    q.add([1])
+    assert wakes == [1]            # asleep with nothing due: woken
+    until_waiting()                # it saw the pin and waits for its due time
+    for pin in range(2, 50):       # gets that ride the last pin and queue their own
+        q.drain()
+        q.add([pin])
+    q.requeue([100])
+    assert wakes == [1]            # waiting for a due time already: no wake-up per add
+    thread.join(5)
+    assert results == [True]       # and it still comes due
+    assert q.drain() == [100, 49]
+
+
 class FakeTransport(Transport):
     def __init__(self, name, reach):
         self.name = name
