@@ -303,6 +303,15 @@ def _mooncake_master_binary() -> str:
     return found
 
 
+def _stop(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 @contextmanager
 def _children(*argvs: list[str], log: Path) -> Iterator[list[subprocess.Popen[Any]]]:
     procs: list[subprocess.Popen[Any]] = []
@@ -314,12 +323,7 @@ def _children(*argvs: list[str], log: Path) -> Iterator[list[subprocess.Popen[An
             yield procs
         finally:
             for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+                _stop(proc)
 
 
 @contextmanager
@@ -339,12 +343,7 @@ def mooncake_server(work: Path) -> Iterator[str]:
                 raise SystemExit("the Mooncake storage node did not start")
             yield address
         finally:
-            node.terminate()
-            try:
-                node.wait(15)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait(10)
+            _stop(node)
 
 
 def mooncake_node_main(address: str) -> None:
