@@ -177,11 +177,12 @@ class UnpinQueue:
     them after `UNPIN_DELAY_S`. Bounded: past `capacity` the oldest are dropped (the master's
     pin TTL releases those), and `add` tells the caller to flush at once.
 
-    `add` wakes the flusher only when it sleeps with nothing due (the queue was empty): a
-    flusher already waiting for a due time wakes then and looks again, so a stream of single
-    gets (each rides the last one's pin and queues its own) costs no thread wake-up per get;
-    with one per get, the GIL hand-off to the flusher and back was about a tenth of a single
-    64 KiB get's client time on 2 cores (bench/results/profiles-peers-*.txt)."""
+    `add` wakes the flusher only when it sleeps with nothing due for a while: a flusher that
+    finds the queue empty first waits one `delay_s` on its own (the queue of a stream of single
+    gets is empty for most of each get: the get rode the last pin and has not queued its own
+    yet), and only then sleeps until an `add` wakes it. A pin queued meanwhile is still due
+    `delay_s` after it was queued (the flusher looks again before then), and the stream costs
+    a wake-up per `delay_s` instead of a GIL hand-off to the flusher and back per get."""
 
     def __init__(self, capacity: int = MAX_QUEUED_UNPINS) -> None:
         self._capacity = capacity
@@ -237,14 +238,21 @@ class UnpinQueue:
     def wait_due(self, delay_s: float = UNPIN_DELAY_S) -> bool:
         """Block until the oldest queued pin is `delay_s` old; False once closed."""
         with self._cond:
+            quiet = False  # a delay_s wait on the empty queue ended with it still empty
             while not self._closed:
                 if self._oldest_t is None:
+                    if not quiet:
+                        self._cond.wait(delay_s)  # adds do not wake this one: see the class
+                        quiet = self._oldest_t is None
+                        continue
                     self._idle_waiters += 1
                     try:
                         self._cond.wait()
                     finally:
                         self._idle_waiters -= 1
+                    quiet = False  # woken by an add: the next empty spell is waited out again
                     continue
+                quiet = False
                 remaining = self._oldest_t + delay_s - time.monotonic()
                 if remaining <= 0:
                     return True
