@@ -77,7 +77,7 @@ bench-parts: venv
 
 # Cellar beside Mooncake Store 0.3.13.post1 (TCP, one storage node) and Valkey 9 (pipelined), same
 # rows, 3 alternated runs with the loopback ceiling (bench/results/peers-<date>-<host>.md; about
-# 6 min). The peers come from PyPI into a venv in the engine cache, keyed by
+# 4 min). The peers come from PyPI into a venv in the engine cache, keyed by
 # tests/engines/recipes/peers; Mooncake needs Debian's ibverbs libraries (installed here if
 # missing) and binds wildcard addresses, so the run is in a network namespace with loopback only.
 PEERS_ARGS ?=
