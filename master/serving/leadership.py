@@ -39,6 +39,7 @@ from cellar.master.serving.events import (
     EventLog,
 )
 from cellar.master.serving.removal_log import EtcdRemovalLog, FileRemovalLog
+from cellar.master.state.tombstones import TombstoneRecord
 
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
@@ -86,6 +87,8 @@ class Leadership:
         self._publishing: asyncio.Task[bool] | None = None
         # cellar.master.serving.removal_log: None only when turned off (removal_log_file = none)
         self.removal_log: FileRemovalLog | EtcdRemovalLog | None = None
+        # Bounds whose write failed, with the service that made them (a takeover drops them).
+        self._unwritten: tuple[MasterService | None, list[TombstoneRecord]] = (None, [])
 
     def attach_removal_log(self, removal_log: FileRemovalLog | EtcdRemovalLog) -> None:
         """Use `removal_log`; a single master loads it now, before it serves anything (a
@@ -100,7 +103,17 @@ class Leadership:
         tombstones = self.service.tombstones
         records = tombstones.take_pending()
         if records and self.removal_log is not None:
-            await self.removal_log.append(records, tombstones.snapshot)
+            if self._unwritten[0] is self.service:
+                records = self._unwritten[1] + records
+            try:
+                await self.removal_log.append(records, tombstones.snapshot)
+            except BaseException:
+                # The change is in this master's memory though not acknowledged: keep its
+                # bounds (at most `max_remove_tombstones`), so the next remove's or upsert's
+                # write (its retry, or any other) makes them durable too.
+                self._unwritten = (self.service, records[-max(1, self.config.max_remove_tombstones):])
+                raise
+            self._unwritten = (None, [])
 
     def observe(self, observer: Any) -> None:
         """Attach the lifecycle observer (master/state/lifecycle.py) to this service and every

@@ -28,7 +28,8 @@ Two backends, one interface (`append`, awaited; records are (tenant, key, bound)
   reads every value under the prefix when it wins, before it serves (coord/election.py);
   compaction writes the table of bounds as new keys, then deletes the older ones.
 A write that fails answers the request UNAVAILABLE (the remove took effect in this master's
-memory, but is not acknowledged; a retry answers NOT_FOUND). Records off disk or etcd are
+memory, but is not acknowledged); its bounds stay queued and go out with the next remove's or
+upsert's write (serving/leadership.py), so what this master holds becomes durable too. Records off disk or etcd are
 bounds-checked like anything off the wire. This module holds no metadata of its own.
 """
 

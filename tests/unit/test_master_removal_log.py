@@ -8,6 +8,7 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from test_master_support import (
     EPOCH,
     SECRET,
@@ -171,3 +172,41 @@ def test_nodes_that_mount_together_share_writes_from_the_first_put() -> None:
     mount(svc, "late", 3)
     burst = Counter(put_start(svc, f"b{i}", 64 * 1024).replicas[0].node_id for i in range(30))
     assert burst["late"] == 0, burst
+
+
+class _FlakyLog:
+    """A removal log whose first `failures` appends raise (an etcd outage), recording the rest."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.written: list[tuple[str, str, int]] = []
+
+    async def append(self, records, snapshot) -> None:  # noqa: ANN001 - the log's interface
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("etcd unreachable")
+        self.written += records
+
+
+def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
+    from cellar.master.config import MasterConfig
+    from cellar.master.serving.leadership import Leadership
+
+    leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
+    flaky = _FlakyLog(failures=1)
+    leadership.removal_log = flaky  # type: ignore[assignment]
+    svc = leadership.service
+    mount(svc, "n1", 1)
+    for key in "abc":
+        put(svc, key, 4096)
+    assert svc.tombstones.take_pending() == []
+    svc.remove("", ["a"])
+    with pytest.raises(ConnectionError):
+        asyncio.run(leadership.make_durable())  # not acknowledged: its bound is kept
+    assert flaky.written == []
+    svc.remove("", ["b"])
+    asyncio.run(leadership.make_durable())
+    assert [key for _, key, _ in flaky.written] == ["a", "b"]
+    svc.remove("", ["c"])
+    asyncio.run(leadership.make_durable())  # written once: nothing is carried twice
+    assert [key for _, key, _ in flaky.written] == ["a", "b", "c"]
