@@ -114,6 +114,7 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
             "segment_id": int(info.segment_id), "node_id": info.node_id, "host_id": info.host_id,
             "state": state, "size_bytes": int(info.size_bytes), "used_bytes": int(s.used_bytes),
             "object_count": int(s.object_count), "endpoints": endpoints,
+            "tier": "disk" if info.tier == 1 else "dram",
         })
         node = nodes.setdefault(info.node_id, {
             "node_id": info.node_id, "host_id": info.host_id, "state": state, "segments": 0,

@@ -89,6 +89,7 @@ from cellar.master.state.records import (
     Tenant,
 )
 from cellar.master.state.tenants import Tenants
+from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, key_tag, key_tag_prefix
 
@@ -148,11 +149,14 @@ class MasterService:
         self.no_space_count = 0
         self.grace = RebuildGrace(self.clock.monotonic(), config.rebuild_grace_s)
         self.tombstones = Tombstones(config.max_remove_tombstones)
+        self.tiers = Tiers(self.membership, self.objects, self.quarantine,
+                           lambda: self.alloc_ids.next(), config.tier_settings())
+        self.space.spill = self.tiers.spill
         self.nodes = NodeRpcs(
             config, self.clock, self.epoch, tenants=self.tenants, membership=self.membership,
             objects=self.objects, pins=self.pins, quarantine=self.quarantine,
             tombstones=self.tombstones, grace=self.grace, alloc_ids=self.alloc_ids,
-            next_put_id=self._next_put_id,
+            next_put_id=self._next_put_id, tiers=self.tiers,
         )
         # The node calls, answered by `self.nodes` (the servicer and the tests call them here).
         self.mount_segment = self.nodes.mount_segment
@@ -421,6 +425,8 @@ class MasterService:
                 ))
                 continue
             obj.last_access = now
+            if self.tiers.enabled:
+                self.tiers.on_read(obj, now)
             if len(obj.replicas) > 1:
                 obj.replicas = tuple(sorted(obj.replicas, key=_replica_health))
             granted = self.grants.all(obj, GRANT_OP_READ, expiry_ms, segments)

@@ -74,6 +74,7 @@ from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
+from cellar.storage_node.disk_tier import TierMover
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.mount_report import report_batches, segment_infos
 from cellar.storage_node.segment import Segment
@@ -135,6 +136,7 @@ class ControlLoop:
         credential: str = "",
         client_cert_file: str = "",
         client_key_file: str = "",
+        mover: TierMover | None = None,
     ) -> None:
         self.node_id = node_id
         # The node credential (cellar.proto.grant.node_credential): every RPC's header token,
@@ -173,6 +175,7 @@ class ControlLoop:
         self.last_error = ""
         self.first_mount = asyncio.Event()
         self.verifier = verifier
+        self.mover = mover  # the disk tier's moves (storage_node/disk_tier.py), if any
         self.reported = 0          # entries reported in the last rebuild
         self.report_refused = 0    # of which the master refused
         self.lost_reported = 0
@@ -486,12 +489,17 @@ class ControlLoop:
         lost = self.verifier.take_lost() if self.verifier is not None else []
         for segment_id, alloc_id, offset, length in lost:
             request.lost.add(segment_id=segment_id, alloc_id=alloc_id, offset=offset, length=length)
+        moved = self.mover.take_done() if self.mover is not None else []
+        for segment_id, alloc_id, ok in moved:
+            request.moved.add(dst_segment_id=segment_id, dst_alloc_id=alloc_id, ok=ok)
         sent = wall_ms()
         try:
             reply = await self._ensure_channel().Heartbeat(request, timeout=self._heartbeat_timeout_s())
         except grpc.aio.AioRpcError as exc:
             if lost and self.verifier is not None:
                 self.verifier.requeue_lost(lost)
+            if moved and self.mover is not None:
+                self.mover.requeue_done(moved)
             self._rpc_failed(exc, waiting=False)
             return
         self.lost_reported += len(lost)
@@ -518,6 +526,8 @@ class ControlLoop:
             self.freed_applied += self.index.apply_freed(reply.freed, self.clock.now_ms())
         if reply.freed_seq > self.freed_ack_seq:
             self.freed_ack_seq = reply.freed_seq
+        if reply.moves and self.mover is not None:  # after the freed ranges they may reuse
+            self.mover.submit(reply.moves)
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 
     def _rpc_failed(self, exc: grpc.aio.AioRpcError, *, waiting: bool) -> None:

@@ -30,13 +30,14 @@ from cellar.refusals import RefusalLog
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
+from cellar.storage_node.disk_tier import TierMover, open_disk_segment
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.journal import IndexJournal, journal_path
 from cellar.storage_node.master_link import ControlLoop
 from cellar.storage_node.metrics import NodeCollector, build_http, build_registry
 from cellar.storage_node.rdma import NodeRdma
 from cellar.storage_node.rdma import attach as attach_rdma
-from cellar.storage_node.segment import Segment
+from cellar.storage_node.segment import TIER_DRAM, Segment
 from cellar.storage_node.verifier import Verifier
 from cellar.transfer.tcp_server import TcpDataServer
 from cellar.transfer.tls_sock import server_context, tls_endpoint
@@ -70,6 +71,7 @@ class StorageNode:
         self.server: TcpDataServer | None = None
         self.control: ControlLoop | None = None
         self.rdma: NodeRdma | None = None
+        self.mover: TierMover | None = None  # the disk tier's moves (None without a disk tier)
         self.http: HttpServer | None = None
         self.tcp_address = ""
         self.http_address = ""
@@ -85,9 +87,15 @@ class StorageNode:
                     cfg.shm_dir, cfg.node_id, i, cfg.segment_size_bytes,
                     hugepages=cfg.hugepages, mlock=cfg.mlock,
                 ))
+            if cfg.disk_dir:
+                self.segments.append(open_disk_segment(cfg.disk_dir, cfg.node_id,
+                                                       cfg.disk_size_bytes))
             by_id = {s.segment_id: s for s in self.segments}
             assert len(by_id) == len(self.segments), "segment id collision"
             self._restore_index(by_id)
+            if cfg.disk_dir:
+                self.mover = TierMover(by_id, self.index)
+                self.mover.start()
             self.access = NodeAccess(by_id, self.index, self.secret, self.clock,
                                      allowed_skew_ms=int(cfg.grant_skew_s * 1000))
             host, port = cfg.listen_host_port
@@ -117,6 +125,7 @@ class StorageNode:
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
             verifier=self.verifier, credential=node_credential(self.secret, cfg.node_id),
             client_cert_file=cfg.master_tls_cert_file, client_key_file=cfg.master_tls_key_file,
+            mover=self.mover,
         )
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)
@@ -199,6 +208,8 @@ class StorageNode:
         """Stop the data server and release the segments. Safe to call twice."""
         if self.verifier is not None:
             self.verifier.stop()
+        if self.mover is not None:
+            self.mover.stop()
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -206,11 +217,11 @@ class StorageNode:
             self.rdma.close()
             self.rdma = None
         keep = self.cfg.keep_segments_on_exit
-        for segment in self.segments:
-            segment.close(unlink=not keep)
+        for segment in self.segments:  # the disk tier's file outlives every stop
+            segment.close(unlink=not keep and segment.tier == TIER_DRAM)
         self.segments = []
-        if self.journal is not None:
-            self.journal.close(unlink=not keep)
+        if self.journal is not None:  # ... and so does the journal that describes it
+            self.journal.close(unlink=not keep and not self.cfg.disk_dir)
             self.journal = None
 
     # ---- views -------------------------------------------------------------------------
@@ -247,4 +258,5 @@ class StorageNode:
             "verify": self.verifier.status() if self.verifier else {},
             "master": self.control.status() if self.control else {},
             "data_plane": self.server.stats.snapshot() if self.server else {},
+            "disk_tier": self.mover.status() if self.mover else {},
         }

@@ -56,6 +56,8 @@ PREFAULT_DONE_LOG = "segment %d pre-faulted"
 PREFAULT_SKIPPED_LOG = "segment %d not pre-faulted"
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels answer EINVAL and pages fault lazily
 PREFAULT_CHUNK_BYTES = 16 << 20
+TIER_DRAM = 0  # SegmentInfo.tier values (cellar.proto)
+TIER_DISK = 1
 
 
 class SegmentError(Exception):
@@ -165,6 +167,7 @@ class Segment:
         self.reattached = False  # True when an earlier process's file was mapped as it was
         self._prefault: threading.Thread | None = None
         self._closing = False
+        self.tier = TIER_DRAM  # TIER_DISK for the disk tier's file (storage_node/disk_tier.py)
 
     @classmethod
     def create(
@@ -176,6 +179,7 @@ class Segment:
         *,
         hugepages: bool = False,
         mlock: bool = False,
+        prefault: bool = True,
     ) -> Segment:
         """Create (or open, if a previous process of this node left it) and map the file."""
         path = segment_path(shm_dir, node_id, index)
@@ -236,7 +240,7 @@ class Segment:
             raise
         segment = cls(segment_id_for(node_id, index), index, size_bytes, buf, path, fd)
         segment.reattached = reattached
-        if not mlock:  # mlock has faulted every page in already
+        if prefault and not mlock:  # mlock has faulted every page in already
             segment._start_prefault()
         return segment
 
@@ -287,6 +291,13 @@ class Segment:
                 f"[{offset}, +{length}) is outside segment {self.segment_id} ({self.size_bytes} bytes)"
             )
         return self.memory[offset:offset + length]
+
+    def sync(self, offset: int, length: int) -> None:
+        """msync(MS_SYNC) the pages holding [offset, offset+length): on a disk file they are on
+        the device when this returns (a no-op for memory without a file)."""
+        if isinstance(self._buf, mmap.mmap) and length > 0:
+            start = offset - offset % mmap.PAGESIZE
+            self._buf.flush(start, offset + length - start)
 
     def close(self, *, unlink: bool) -> None:
         """Unmap and, when `unlink`, delete the file. Safe to call twice."""

@@ -159,6 +159,8 @@ class MasterCollector(Collector):
         yield _total("master_attempted_evictions", "eviction runs started", evictor.attempts)
         yield _total("master_successful_evictions", "eviction runs that evicted something",
                      evictor.successes)
+        for name, value in service.tiers.counters().items():  # the disk tier (state/tiers.py)
+            yield _untyped(f"master_tier_{name}", f"disk tier: {name.replace('_', ' ')}", value)
         yield _total("master_put_start_alloc_failures", "put keys refused NO_SPACE",
                      service.no_space_count)
         yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)

@@ -261,6 +261,20 @@ class ObjectTable:
         replica.segment.objects.add(obj)
         charge(obj, obj.reserved)
 
+    def swap_replica(self, obj: Obj, old: Replica, new: Replica) -> None:
+        """A tier move is durable (state/tiers.py): `new` (its range already allocated) takes
+        `old`'s place and `old`'s range is freed at once (a COMPLETE, unpinned object: no late
+        write, no reader), the node told. Charges and pools do not change: same size, same
+        replica count."""
+        assert obj.state == COMPLETE and not obj.pins, "swap on a busy object"
+        assert old in obj.replicas and new not in obj.replicas, "swap of an unknown replica"
+        obj.replicas = tuple([new if rep is old else rep for rep in obj.replicas])
+        if not any(rep.segment is old.segment for rep in obj.replicas):
+            old.segment.objects.discard(obj)
+        new.segment.objects.add(obj)
+        self.membership.notify_freed(old.segment, old.alloc_id, old.offset, obj.size)
+        old.segment.allocator.free(old.offset)
+
     def lose_replicas(self, segment: Segment, alloc_ids: set[int], now: float) -> int:
         """A node found these replicas corrupt and dropped them: forget them, free their ranges
         (the node already did), drop a version left with none. Returns the replicas lost."""

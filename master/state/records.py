@@ -31,6 +31,9 @@ NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kin
 SOFT_PIN = 2
 HARD_PIN = 3
 
+TIER_DRAM = 0  # segment tiers, the numbers of SegmentInfo.tier (state/tiers.py)
+TIER_DISK = 1
+
 ACTIVE = 1  # node states, the same numbers as the proto NodeState enum (membership.py)
 SUSPECT = 2
 EXPIRED = 3
@@ -144,7 +147,7 @@ class Segment:
 
     __slots__ = (
         "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
-        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info",
+        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info", "tier",
     )
 
     def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
@@ -158,6 +161,7 @@ class Segment:
         self.quarantined_bytes = 0
         self.gone = False
         self.rebuilding = False  # the node's report has not ended yet: no new placements
+        self.tier = TIER_DRAM  # or TIER_DISK: the node's disk tier (state/tiers.py)
         self._untrusted_info: Any = None
 
     def untrusted_info(self) -> Any:

@@ -1,0 +1,153 @@
+"""The disk tier (docs/disk-tier.md): a node with 64 MiB of DRAM and a 512 MiB disk file.
+
+400 x 1 MiB puts all read back byte-exact (most of them from disk), disk use never passes its
+size by more than one object; a kill -9 of the node or of the master keeps every disk object
+readable without a put; a disk object read twice within the window goes back to DRAM.
+Negative control: the same 400 puts on the same node without `--disk-dir` lose most of them
+(eviction), which is what the first test would see on the code before the disk tier.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import cellar
+from cellar.errors import Status
+
+MIB = 1 << 20
+DRAM = 64 * MIB
+DISK = 512 * MIB
+COUNT = 400
+MASTER_FLAGS = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05, "node_suspect_after_s": 5,
+                "node_expire_after_s": 30}
+
+
+def _metric(cluster, name: str) -> float:
+    with urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    match = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def _values(count: int, seed: int) -> dict[str, bytes]:
+    rng = np.random.default_rng(seed)
+    return {f"page/{i:04d}": rng.integers(0, 256, MIB, dtype=np.uint8).tobytes()
+            for i in range(count)}
+
+
+def _wait(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def _disk_cluster(make_cluster, tmp_path, **flags):
+    disk = tmp_path / "disk"
+    disk.mkdir(exist_ok=True)
+    return make_cluster(nodes=1, segment_size=DRAM,
+                        node_flags={"disk_dir": str(disk), "disk_size": DISK},
+                        **{**MASTER_FLAGS, **flags})
+
+
+def _put_all(client, values: dict[str, bytes], status_of) -> int:
+    """Put every value, one batch of 8 at a time; the most disk bytes seen in use."""
+    keys = list(values)
+    worst = 0
+    for start in range(0, len(keys), 8):
+        batch = {k: values[k] for k in keys[start:start + 8]}
+        assert client.put_many(batch) == [Status.OK] * len(batch)
+        worst = max(worst, status_of())
+    return worst
+
+
+def _disk_used(client) -> int:
+    segments = client.status()["segments"]
+    return sum(s["used_bytes"] for s in segments if s["tier"] == "disk")
+
+
+@pytest.mark.timeout(180)
+def test_400_pages_over_64mib_dram_all_read_back_most_from_disk(make_cluster, tmp_path):
+    cluster = _disk_cluster(make_cluster, tmp_path)
+    values = _values(COUNT, 22)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        worst = _put_all(client, values, lambda: _disk_used(client))
+        assert worst <= DISK + MIB + 4096, "disk use passed its size by more than one object"
+        for start in range(0, COUNT, 16):
+            keys = list(values)[start:start + 16]
+            got = client.get_many(keys)
+            assert [g == values[k] for k, g in zip(keys, got, strict=True)] == [True] * len(keys)
+    disk_hits = _metric(cluster, "master_tier_disk_hits")
+    print(f"\n400 x 1 MiB over 64 MiB DRAM + 512 MiB disk: {int(disk_hits)} reads from disk, "
+          f"{int(_metric(cluster, 'master_tier_demotions'))} demotions, "
+          f"{int(_metric(cluster, 'master_tier_spills'))} spills")
+    assert disk_hits >= 300
+
+
+@pytest.mark.timeout(180)
+def test_without_disk_tier_the_same_puts_lose_most_pages(make_cluster):
+    """The negative control of the test above: DRAM alone keeps under 64 of the 400."""
+    cluster = make_cluster(nodes=1, segment_size=DRAM, **MASTER_FLAGS)
+    values = _values(COUNT, 22)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _put_all(client, values, lambda: 0)
+        kept = sum(1 for k in values if client.exists(k))
+    assert kept < 64
+
+
+@pytest.mark.timeout(240)
+def test_disk_objects_survive_kill_9_of_node_and_of_master(make_cluster, tmp_path):
+    cluster = _disk_cluster(make_cluster, tmp_path)
+    values = _values(160, 5)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _put_all(client, values, lambda: 0)
+        _wait(lambda: _metric(cluster, "master_tier_demotions") > 0)
+        on_disk = _disk_used(client)
+        assert on_disk >= 64 * MIB
+    cluster.restart_node(0)  # kill -9, same --node-id and disk dir
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _wait(lambda: _disk_used(client) >= on_disk)
+        keys = list(values)
+        for start in range(0, len(keys), 16):
+            chunk = keys[start:start + 16]
+            got = client.get_many(chunk)
+            for k, g in zip(chunk, got, strict=True):
+                assert g is None or g == values[k], k
+        # every object the disk held came back without a put
+        assert _disk_used(client) >= on_disk
+    cluster.restart_master()
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _wait(lambda: _disk_used(client) >= on_disk)
+        present = 0
+        for start in range(0, len(keys), 16):
+            chunk = keys[start:start + 16]
+            for k, g in zip(chunk, client.get_many(chunk), strict=True):
+                assert g is None or g == values[k], k
+                present += g is not None
+        assert present * MIB >= on_disk
+
+
+@pytest.mark.timeout(180)
+def test_disk_object_read_twice_in_window_is_promoted(make_cluster, tmp_path):
+    cluster = _disk_cluster(make_cluster, tmp_path)
+    values = _values(120, 9)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _put_all(client, values, lambda: 0)
+        _wait(lambda: _metric(cluster, "master_tier_demotions") > 0)
+        first = next(iter(values))  # the oldest page: demoted first
+        disk_hits = _metric(cluster, "master_tier_disk_hits")
+        assert client.get(first) == values[first]
+        assert _metric(cluster, "master_tier_disk_hits") == disk_hits + 1, "not read from disk"
+        assert _metric(cluster, "master_tier_promotions") == 0
+        assert client.get(first) == values[first]  # the second read within the window
+        # the switch waits for this reader's pin, whose unpin rides on its next call
+        _wait(lambda: client.get(first) == values[first] and _metric(cluster, "master_tier_promotions") == 1)
+        disk_hits = _metric(cluster, "master_tier_disk_hits")
+        assert client.get(first) == values[first]
+        assert _metric(cluster, "master_tier_disk_hits") == disk_hits, "read from disk again"
