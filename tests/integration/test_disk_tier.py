@@ -147,7 +147,12 @@ def test_disk_object_read_twice_in_window_is_promoted(make_cluster, tmp_path):
         assert _metric(cluster, "master_tier_promotions") == 0
         assert client.get(first) == values[first]  # the second read within the window
         # the switch waits for this reader's pin, whose unpin rides on its next call
-        _wait(lambda: client.get(first) == values[first] and _metric(cluster, "master_tier_promotions") == 1)
+        def promoted() -> bool:  # read (retries a promotion DRAM had no room for), then unpin
+            assert client.get(first) == values[first]
+            client.exists("no-such-key")  # carries the unpin: the switch waits for no pins
+            time.sleep(0.3)
+            return _metric(cluster, "master_tier_promotions") == 1
+        _wait(promoted)
         disk_hits = _metric(cluster, "master_tier_disk_hits")
         assert client.get(first) == values[first]
         assert _metric(cluster, "master_tier_disk_hits") == disk_hits, "read from disk again"
