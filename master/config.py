@@ -385,7 +385,7 @@ class MasterConfig:
         return TierSettings(self.demote_high_watermark, self.demote_low_watermark,
                             self.disk_high_watermark, self.disk_low_watermark,
                             self.promote_window_s, self.max_tier_moves_per_tick,
-                            self.tier_move_timeout_s)
+                            self.tier_move_timeout_s, self.pin_ttl_s + self.grant_skew_s)
 
     def tenant_quotas(self) -> dict[str, TenantQuota]:
         """The configured tenants, parsed; `default` is always present."""

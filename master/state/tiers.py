@@ -13,10 +13,15 @@ The policy, per node with a disk tier (settings in master/config.py, docs/disk-t
       under a new alloc id, and the node is asked to copy them there (a `Move` in its heartbeat
       reply: node-local, no network). The object keeps its DRAM replica and stays readable.
     - The switch: only when the node reports the copy durable (`MoveDone`, ok) does the replica
-      become the disk one and the DRAM range get freed (`ObjectTable.swap_replica`). A reader
-      holding a pin then keeps its replica: the switch waits until the pins are gone (or the
-      move times out and is abandoned, its target range quarantined so a late copy lands in
-      nothing live). A dropped object's target is freed and the node told.
+      become the new one (`ObjectTable.swap_replica`), at once, pins or not: every later read
+      gets the new replica. The old range is *retired*, not freed: it stays allocated and in
+      the node's index (so a reader holding a grant for it keeps reading valid, sealed bytes)
+      until no pin is left on the object or `retire_hold_s` (the pin and read-grant TTL plus
+      the clock-skew margin: no grant handed out before the switch is valid after it) has
+      passed; only then is it freed and the node told. A switch never waits on readers, so a
+      key read continuously still moves. A move not reported within `move_timeout_s` is
+      abandoned, its target range quarantined so a late copy lands in nothing live. A dropped
+      object's target is freed and the node told.
     - Spill: a put that finds no DRAM room goes to a disk with room (`spill`) before anything
       is evicted, so nothing is thrown away while disk has room.
     - Disk eviction (every tick): above `disk_high_watermark`, down to `disk_low_watermark`, the
@@ -31,7 +36,9 @@ The policy, per node with a disk tier (settings in master/config.py, docs/disk-t
     in that segment) per round, and a round runs only above a watermark.
 
 Invariant: an object has at most one move in flight; every pending move's target range is
-allocated in its segment and in no replica until the switch. It never touches payload bytes
+allocated in its segment and in no replica until the switch; a retired range is allocated, in
+no replica, and freed exactly once (or forgotten with its segment). Retired ranges are bounded
+by the moves finished within one `retire_hold_s` (each holds its bytes in its allocator). It never touches payload bytes
 and never talks to a node (node_rpcs.py carries the moves).
 """
 
@@ -70,10 +77,11 @@ class TierSettings:
     promote_window_s: float = 30.0
     max_moves_per_tick: int = 256
     move_timeout_s: float = 30.0
+    retire_hold_s: float = 11.0  # pin_ttl_s + grant_skew_s: an old range outlives its grants
 
 
 class Move:
-    __slots__ = ("obj", "src", "dst", "node_id", "started", "ready")
+    __slots__ = ("obj", "src", "dst", "node_id", "started")
 
     def __init__(self, obj: Obj, src: Replica, dst: Replica, started: float) -> None:
         self.obj = obj
@@ -81,7 +89,6 @@ class Move:
         self.dst = dst
         self.node_id = src.segment.node.node_id
         self.started = started
-        self.ready = False  # the node reported it durable; the switch waits for the pins
 
     @property
     def to_disk(self) -> bool:
@@ -100,6 +107,8 @@ class Tiers:
         self.moving: dict[Obj, Move] = {}
         self._reads: OrderedDict[Obj, float] = OrderedDict()
         self._disk_evicting: set[str] = set()
+        # old ranges of switched moves, kept for readers' grants: (free after, object, replica)
+        self.retired: list[tuple[float, Obj, Replica]] = []
         self.demotions = 0
         self.promotions = 0
         self.disk_evictions = 0
@@ -161,14 +170,14 @@ class Tiers:
     # ---------------------------------------------------------------- background
 
     def tick(self, now: float) -> None:
-        """Abandon overdue moves, finish ready ones, evict full disks, demote full DRAM."""
+        """Free retired ranges, abandon overdue moves, evict full disks, demote full DRAM."""
+        if self.retired:
+            self._release_retired(now)
         if not self.enabled and not self.pending:
             return
         timeout = self.settings.move_timeout_s
         for move in list(self.pending.values()):
-            if move.ready:
-                self._finish(move, now)
-            elif now - move.started > timeout:
+            if now - move.started > timeout:
                 self.moves_timed_out += 1
                 self._abandon(move, now, late_write_possible=True)
         budget = self.settings.max_moves_per_tick
@@ -239,7 +248,7 @@ class Tiers:
         """The moves a node still has to carry out (re-sent until it reports them)."""
         out = []
         for move in self.pending.values():
-            if move.node_id == node_id and not move.ready:
+            if move.node_id == node_id:
                 out.append(move)
                 if len(out) >= MAX_MOVES_PER_HEARTBEAT:
                     break
@@ -249,31 +258,52 @@ class Tiers:
         """The node reports moves carried out (`MoveDone`): switch, or abandon the failed ones."""
         for item in done:
             move = self.pending.get(int(item.dst_alloc_id))
-            if (move is None or move.node_id != node_id or move.ready
+            if (move is None or move.node_id != node_id
                     or move.dst.segment.segment_id != int(item.dst_segment_id)):
                 continue  # unknown, another node's, or reported twice: nothing to do
             if not item.ok:
                 self.moves_failed += 1
                 self._abandon(move, now, late_write_possible=False)
                 continue
-            move.ready = True
             self._finish(move, now)
 
     def _finish(self, move: Move, now: float) -> None:
+        """Switch the replica at once; the old range is retired until its readers are done."""
         obj = move.obj
         if obj.state != COMPLETE or move.src not in obj.replicas or move.src.segment.gone:
             self._abandon(move, now, late_write_possible=False)
             return
-        if obj.pins:
-            return  # a reader holds the old replica: switch once it is done (next tick)
         del self.pending[move.dst.alloc_id]
         del self.moving[obj]
         self.objects.swap_replica(obj, move.src, move.dst)
+        if obj.pins:
+            self.retired.append((now + self.settings.retire_hold_s, obj, move.src))
+        else:
+            self._free_retired(obj, move.src)
         if move.to_disk:
             self.demotions += 1
         else:
             self.promotions += 1
             self._reads.pop(obj, None)
+
+    def _release_retired(self, now: float) -> None:
+        """Free the retired ranges no grant can still read: the object's pins are all gone
+        (those taken since the switch too), or the hold ran out (every older grant expired)."""
+        keep = []
+        for entry in self.retired:
+            until, obj, rep = entry
+            if rep.segment.gone:
+                continue  # its memory went with the segment
+            if obj.pins and now < until:
+                keep.append(entry)
+            else:
+                self._free_retired(obj, rep)
+        self.retired = keep
+
+    def _free_retired(self, obj: Obj, rep: Replica) -> None:
+        segment = rep.segment
+        self.membership.notify_freed(segment, rep.alloc_id, rep.offset, obj.size)
+        segment.allocator.free(rep.offset)
 
     def _abandon(self, move: Move, now: float, *, late_write_possible: bool) -> None:
         """Give the target range back: at once if the node's copy is over (or never was), else
