@@ -31,6 +31,7 @@ from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
 from cellar.storage_node.disk_tier import TierMover, open_disk_segment
+from cellar.storage_node.heartbeat_cargo import HeartbeatCargo
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.journal import IndexJournal, journal_path
 from cellar.storage_node.master_link import ControlLoop
@@ -123,9 +124,9 @@ class StorageNode:
             node_id=cfg.node_id, host_id=cfg.host_id, master=cfg.master, segments=self.segments,
             tcp_address=self.tcp_address, index=self.index, clock=self.clock,
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
-            verifier=self.verifier, credential=node_credential(self.secret, cfg.node_id),
+            credential=node_credential(self.secret, cfg.node_id),
             client_cert_file=cfg.master_tls_cert_file, client_key_file=cfg.master_tls_key_file,
-            mover=self.mover,
+            cargo=HeartbeatCargo(self.verifier, self.mover),
         )
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)
