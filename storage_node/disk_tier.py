@@ -42,8 +42,9 @@ from typing import Any
 
 import xxhash
 
+from cellar.proto.tiers import TIER_DISK
 from cellar.storage_node.index import AllocState, ObjectIndex
-from cellar.storage_node.segment import TIER_DISK, Segment
+from cellar.storage_node.segment import Segment
 
 log = logging.getLogger("cellar.node.disk")
 

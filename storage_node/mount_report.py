@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cellar.proto import cellar_pb2 as pb
-from cellar.storage_node.segment import TIER_DRAM, Segment
+from cellar.proto.tiers import TIER_DRAM
+from cellar.storage_node.segment import Segment
 
 REPORT_BATCH_ENTRIES = 2000
 REPORT_BATCH_BYTES = 2 << 20

@@ -26,6 +26,7 @@ from typing import Any
 from cellar.heap import freeze_survivors
 from cellar.http import HttpServer
 from cellar.proto.grant import node_credential
+from cellar.proto.tiers import TIER_DRAM
 from cellar.refusals import RefusalLog
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
@@ -38,7 +39,7 @@ from cellar.storage_node.master_link import ControlLoop
 from cellar.storage_node.metrics import NodeCollector, build_http, build_registry
 from cellar.storage_node.rdma import NodeRdma
 from cellar.storage_node.rdma import attach as attach_rdma
-from cellar.storage_node.segment import TIER_DRAM, Segment
+from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
 from cellar.transfer.tcp_server import TcpDataServer
 from cellar.transfer.tls_sock import server_context, tls_endpoint

@@ -47,6 +47,8 @@ from pathlib import Path
 
 import xxhash
 
+from cellar.proto.tiers import TIER_DRAM
+
 log = logging.getLogger("cellar.node.segment")
 
 HUGETLBFS = "hugetlbfs"
@@ -56,8 +58,6 @@ PREFAULT_DONE_LOG = "segment %d pre-faulted"
 PREFAULT_SKIPPED_LOG = "segment %d not pre-faulted"
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels answer EINVAL and pages fault lazily
 PREFAULT_CHUNK_BYTES = 16 << 20
-TIER_DRAM = 0  # SegmentInfo.tier values (cellar.proto)
-TIER_DISK = 1
 
 
 class SegmentError(Exception):

@@ -31,7 +31,9 @@ NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kin
 SOFT_PIN = 2
 HARD_PIN = 3
 
-TIER_DRAM = 0  # segment tiers, the numbers of SegmentInfo.tier (state/tiers.py)
+# Segment tiers: the numbers of cellar.proto.tiers (this room imports no proto; the unit test
+# tests/unit/test_master_tiers.py checks they agree).
+TIER_DRAM = 0
 TIER_DISK = 1
 
 ACTIVE = 1  # node states, the same numbers as the proto NodeState enum (membership.py)

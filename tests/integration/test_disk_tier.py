@@ -160,3 +160,27 @@ def test_disk_object_read_twice_in_window_is_promoted(make_cluster, tmp_path):
         disk_hits = _metric(cluster, "master_tier_disk_hits")
         assert client.get(first) == values[first]
         assert _metric(cluster, "master_tier_disk_hits") == disk_hits, "read from disk again"
+
+
+@pytest.mark.timeout(180)
+def test_a_budgeted_prefix_get_counts_a_slow_disk_replica_late(make_cluster, tmp_path):
+    """get_many_into(timeout_s=, prefix=True) does not start a disk read the client expects
+    to miss the budget: the run stops there (LATE) instead of holding the prefetch. Negative
+    control: the same call from a client with no slow disk measured reads all three."""
+    cluster = _disk_cluster(make_cluster, tmp_path)
+    values = _values(60, 13)  # 60 MiB: above the high watermark, never full (no spill)
+    keys = list(values)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _put_all(client, values, lambda: 0)
+        _wait(lambda: _metric(cluster, "master_tier_demotions") > 0
+              and _dram_fraction(client) <= 0.80)
+        node_id = client.status()["nodes"][0]["node_id"]
+        client._s.disk_rates.observe(node_id, MIB, 10.0)  # this client saw 100 KiB/s from it
+        wanted = [keys[-1], keys[0], keys[-2]]  # DRAM, disk (the oldest, demoted), DRAM
+        buffers = [bytearray(MIB) for _ in wanted]
+        assert client.get_many_into(wanted, buffers, timeout_s=5.0, prefix=True) == [MIB]
+        assert client.get_many_into(wanted, buffers, timeout_s=5.0) == [MIB, cellar.LATE, MIB]
+        assert bytes(buffers[2]) == values[keys[-2]]
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as fresh:
+        assert fresh.get_many_into(wanted, buffers, timeout_s=5.0, prefix=True) == [MIB] * 3
+        assert [bytes(b) for b in buffers] == [values[k] for k in wanted]

@@ -17,6 +17,7 @@ from test_master_support import FakeClock, MiB, get, make_service, put, segment_
 from cellar.errors import Status
 from cellar.master.state.records import TIER_DISK, TIER_DRAM
 from cellar.proto import cellar_pb2 as pb
+from cellar.proto import tiers
 
 DRAM = 16 * MiB
 
@@ -77,6 +78,10 @@ def _read(svc, key: str, client: str = "reader") -> int:  # type: ignore[no-unty
     tier = _tier(svc, key)
     svc.unpin("", client, [got.pin_id])
     return tier
+
+
+def test_the_master_tiers_are_the_wire_tiers() -> None:
+    assert (TIER_DRAM, TIER_DISK) == (tiers.TIER_DRAM, tiers.TIER_DISK)
 
 
 def test_nothing_moves_below_the_high_watermark(clock) -> None:  # type: ignore[no-untyped-def]
