@@ -50,7 +50,7 @@ from cellar.client.statuses import check_result_count
 from cellar.coord.link import EpochFence as EpochFence  # its home is the master link
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
-from cellar.proto.tiers import TIER_NAMES
+from cellar.proto.tiers import TIER_NAMES, tier_totals
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
     ST_CONNECTION_LOST,
@@ -145,6 +145,8 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
         "max_batch_keys": int(reply.max_batch_keys),
         "max_list_keys": int(reply.max_list_keys),
         "segments": segments, "nodes": list(nodes.values()), "tenants": tenants,
+        "tiers": tier_totals((int(s.info.tier), int(s.info.size_bytes), int(s.used_bytes),
+                              int(s.object_count)) for s in reply.segments),
     }
 
 

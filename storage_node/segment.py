@@ -168,6 +168,10 @@ class Segment:
         self._prefault: threading.Thread | None = None
         self._closing = False
         self.tier = TIER_DRAM  # TIER_DISK for the disk tier's file (storage_node/disk_tier.py)
+        # Dropped as corrupt (node_corrupt_dropped): a file of another size found at start
+        # (torn or truncated: discarded with its objects), restored objects failing their checksum.
+        self.dropped_files = 0
+        self.dropped_objects = 0
 
     @classmethod
     def create(
@@ -199,7 +203,8 @@ class Segment:
         fd = _open_locked(path, node_id)
         try:
             existing = os.fstat(fd).st_size
-            if existing not in (0, size_bytes):
+            dropped = existing not in (0, size_bytes)
+            if dropped:
                 log.warning("segment file %s has %d bytes, not the configured %d: discarding it "
                             "and its objects", path, existing, size_bytes)
                 path.unlink()
@@ -240,6 +245,7 @@ class Segment:
             raise
         segment = cls(segment_id_for(node_id, index), index, size_bytes, buf, path, fd)
         segment.reattached = reattached
+        segment.dropped_files = int(dropped)
         if prefault and not mlock:  # mlock has faulted every page in already
             segment._start_prefault()
         return segment

@@ -9,6 +9,8 @@ Negative control: the same 400 puts on the same node without `--disk-dir` lose m
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 import urllib.request
@@ -184,3 +186,61 @@ def test_a_budgeted_prefix_get_counts_a_slow_disk_replica_late(make_cluster, tmp
     with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as fresh:
         assert fresh.get_many_into(wanted, buffers, timeout_s=5.0, prefix=True) == [MIB] * 3
         assert [bytes(b) for b in buffers] == [values[k] for k in wanted]
+
+
+def _node_metric(cluster, pattern: str) -> float:
+    """A sample of node 0's /metrics (the node's http address from its log)."""
+    log = cluster.nodes[0].log_path.read_text(errors="replace")
+    found = re.findall(r"serving tcp \S+ \(http (\S+?),", log)
+    assert found and found[-1] != "off", "the node serves no /metrics"
+    with urllib.request.urlopen(f"http://{found[-1]}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    match = re.search(rf"^{pattern} (\S+)$", text, re.M)
+    assert match, f"{pattern} not in the node's /metrics"
+    return float(match.group(1))
+
+
+@pytest.mark.timeout(180)
+def test_tiers_shown_apart_and_a_truncated_disk_file_dropped_not_served(make_cluster, tmp_path):
+    """ClusterStatus (client.status), `cellar status`, /api/v1/status, the status page and
+    /metrics show DRAM and disk apart; a disk file truncated while the node is down is dropped
+    with its objects (none served, the node's node_corrupt_dropped counts it), DRAM survives."""
+    from cellar.client.cli import render_status
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    cluster = make_cluster(nodes=1, segment_size=DRAM, **MASTER_FLAGS,
+                           node_flags={"disk_dir": str(disk), "disk_size": DISK,
+                                       "http": "127.0.0.1:0"})
+    values = _values(100, 3)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _put_all(client, values, lambda: 0)
+        _wait(lambda: _dram_fraction(client) <= 0.80
+              and _metric(cluster, "master_tier_moves_pending") == 0)
+        tiers = client.status()["tiers"]
+        assert set(tiers) == {"dram", "disk"}
+        assert (tiers["dram"]["capacity_bytes"], tiers["disk"]["capacity_bytes"]) == (DRAM, DISK)
+        assert tiers["disk"]["objects"] > 0
+        assert tiers["dram"]["objects"] + tiers["disk"]["objects"] == len(values)
+        for name in ("dram", "disk"):
+            assert _metric(cluster, f'master_tier_objects{{tier="{name}"}}') == tiers[name]["objects"]
+            assert _metric(cluster, f'master_tier_used_bytes{{tier="{name}"}}') == \
+                tiers[name]["used_bytes"]
+        text = render_status(cluster.address, client.status())
+        assert re.search(r"^disk\s+1\s+512MiB\s", text, re.M), text
+        with urllib.request.urlopen(cluster.http_url + "/api/v1/status", timeout=10) as reply:
+            assert json.loads(reply.read())["tiers"]["disk"]["objects"] == tiers["disk"]["objects"]
+        with urllib.request.urlopen(cluster.http_url + "/", timeout=10) as reply:
+            assert "<table id=tiers>" in reply.read().decode()
+        on_dram = tiers["dram"]["objects"]
+    assert _node_metric(cluster, 'node_corrupt_dropped_total{segment="\\d+",tier="disk",what="file"}') == 0
+    (disk_file,) = disk.glob("*.seg")
+    cluster.restart_node(0, before_start=lambda: os.truncate(disk_file, DISK // 2))
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        _wait(lambda: len(client.status()["segments"]) == 2)
+        keys = list(values)
+        got = [g for start in range(0, len(keys), 16) for g in client.get_many(keys[start:start + 16])]
+        assert all(g is None or g == values[k] for k, g in zip(keys, got, strict=True))
+        assert sum(g is not None for g in got) == on_dram, "a dropped disk object was served"
+        assert client.status()["tiers"]["disk"]["objects"] == 0
+    assert _node_metric(cluster, 'node_corrupt_dropped_total{segment="\\d+",tier="disk",what="file"}') == 1
