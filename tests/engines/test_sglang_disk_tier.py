@@ -1,0 +1,52 @@
+"""SGLang's real HiCacheController over a node whose DRAM (1 MiB) is a quarter of the working
+set (8 sequences x 32 pages of 16 KiB = 4 MiB): with a disk tier under it every page comes back
+byte-exact; with DRAM alone (the negative control, same cluster shape without --disk-dir) most
+are evicted. The test prints both counts (docs/disk-tier.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sglang_harness import Engine, Shape
+
+from cellar.devtools.local_cluster import LocalCluster
+
+SEQUENCES = range(101, 109)
+PAGES = 32
+DRAM = "1MiB"
+DISK_BYTES = 64 << 20
+FAST = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05}
+
+
+def _pages_back(tmp_path: Path, disk: bool) -> tuple[int, int]:
+    """(pages prefetched back, of which byte-exact) after backing up every sequence."""
+    flags = {}
+    if disk:
+        (tmp_path / "disk").mkdir()
+        flags = {"disk_dir": str(tmp_path / "disk"), "disk_size": DISK_BYTES}
+    with LocalCluster(1, DRAM, node_flags=flags, master_flags=FAST) as cluster:
+        engine = Engine(cluster.address, model=f"disk-tier-{disk}", shape=Shape())
+        try:
+            for seed in SEQUENCES:
+                assert engine.backup(PAGES, seed) == PAGES * engine.shape.page_size
+            back = exact = 0
+            for seed in SEQUENCES:
+                engine.wipe()
+                got = engine.prefetch(PAGES, seed)
+                back += got.completed_pages
+                if got.completed_pages:
+                    exact += engine.exact_pages(got.host_indices, seed, got.completed_pages)
+            return back, exact
+        finally:
+            engine.close()
+
+
+def test_sglang_prefetches_more_pages_with_a_disk_tier_byte_exact(tmp_path: Path) -> None:
+    dram_back, dram_exact = _pages_back(tmp_path, disk=False)
+    disk_back, disk_exact = _pages_back(tmp_path, disk=True)
+    total = len(SEQUENCES) * PAGES
+    print(f"\nSGLang HiCache, {total} pages of 16 KiB over 1 MiB DRAM: {dram_back} pages back "
+          f"with DRAM alone, {disk_back} with DRAM + disk")
+    assert (dram_exact, disk_exact) == (dram_back, disk_back)  # every page back is byte-exact
+    assert disk_back == total
+    assert dram_back < total // 2
