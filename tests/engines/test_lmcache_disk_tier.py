@@ -18,43 +18,32 @@ from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
 
 PROMPTS = range(201, 209)
 TOKENS = 16 * kit.CHUNK_TOKENS
-DRAM = "1MiB"
-DISK_BYTES = 64 << 20
-FAST = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05}
 
 
-def _tokens_back(tmp_path: Path, disk: bool) -> tuple[int, int]:
+def _tokens_back(cluster: LocalCluster, config: Path) -> tuple[int, int]:
     """(tokens retrieved, of which byte-exact) after storing every prompt."""
-    flags = {}
-    if disk:
-        (tmp_path / "disk").mkdir()
-        flags = {"disk_dir": str(tmp_path / "disk"), "disk_size": DISK_BYTES}
-    with LocalCluster(1, DRAM, node_flags=flags, master_flags=FAST) as cluster:
-        config = kit.write_config(tmp_path / f"lmcache-{disk}.yaml", cluster.address)
-        engine = kit.make_engine(config, model=f"test/disk-tier-{disk}")
-        try:
-            for seed in PROMPTS:
-                tokens = kit.tokens_for(TOKENS, seed=seed)
-                engine.store(tokens, kv=kit.random_kv(TOKENS, seed=seed + 1000))
-                kit.wait_stored(engine, tokens)
-            kit.drop_local(engine)
-            back = exact = 0
-            for seed in PROMPTS:
-                tokens = kit.tokens_for(TOKENS, seed=seed)
-                kv = kit.random_kv(TOKENS, seed=seed + 1000)
-                out = torch.zeros_like(kv)
-                mask = engine.retrieve(tokens, kv=out)
-                got = int(mask.sum())
-                back += got
-                exact += got if torch.equal(out[:, :, :got], kv[:, :, :got]) else 0
-            return back, exact
-        finally:
-            kit.destroy(engine)
+    engine = kit.make_engine(kit.write_config(config, cluster.address), model="test/disk-tier")
+    try:
+        for seed in PROMPTS:
+            tokens = kit.tokens_for(TOKENS, seed=seed)
+            engine.store(tokens, kv=kit.random_kv(TOKENS, seed=seed + 1000))
+            kit.wait_stored(engine, tokens)
+        kit.drop_local(engine)
+        back = exact = 0
+        for seed in PROMPTS:
+            kv = kit.random_kv(TOKENS, seed=seed + 1000)
+            out = torch.zeros_like(kv)
+            got = int(engine.retrieve(kit.tokens_for(TOKENS, seed=seed), kv=out).sum())
+            back += got
+            exact += got if torch.equal(out[:, :, :got], kv[:, :, :got]) else 0
+        return back, exact
+    finally:
+        kit.destroy(engine)
 
 
-def test_lmcache_retrieves_more_with_a_disk_tier_byte_exact(tmp_path: Path) -> None:
-    dram_back, dram_exact = _tokens_back(tmp_path, disk=False)
-    disk_back, disk_exact = _tokens_back(tmp_path, disk=True)
+def test_lmcache_retrieves_more_with_a_disk_tier_byte_exact(tmp_path: Path, tier_cluster) -> None:  # type: ignore[no-untyped-def]
+    dram_back, dram_exact = _tokens_back(tier_cluster(disk=False), tmp_path / "dram.yaml")
+    disk_back, disk_exact = _tokens_back(tier_cluster(disk=True), tmp_path / "disk.yaml")
     total = len(PROMPTS) * TOKENS
     print(f"\nLMCache, {total} tokens in {total // kit.CHUNK_TOKENS} chunks of 32 KiB over 1 MiB "
           f"DRAM: {dram_back} tokens back with DRAM alone, {disk_back} with DRAM + disk")

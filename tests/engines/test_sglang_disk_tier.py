@@ -5,45 +5,35 @@ are evicted. The test prints both counts (docs/disk-tier.md)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sglang_harness import Engine, Shape
 
 from cellar.devtools.local_cluster import LocalCluster
 
 SEQUENCES = range(101, 109)
 PAGES = 32
-DRAM = "1MiB"
-DISK_BYTES = 64 << 20
-FAST = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05}
 
 
-def _pages_back(tmp_path: Path, disk: bool) -> tuple[int, int]:
+def _pages_back(cluster: LocalCluster) -> tuple[int, int]:
     """(pages prefetched back, of which byte-exact) after backing up every sequence."""
-    flags = {}
-    if disk:
-        (tmp_path / "disk").mkdir()
-        flags = {"disk_dir": str(tmp_path / "disk"), "disk_size": DISK_BYTES}
-    with LocalCluster(1, DRAM, node_flags=flags, master_flags=FAST) as cluster:
-        engine = Engine(cluster.address, model=f"disk-tier-{disk}", shape=Shape())
-        try:
-            for seed in SEQUENCES:
-                assert engine.backup(PAGES, seed) == PAGES * engine.shape.page_size
-            back = exact = 0
-            for seed in SEQUENCES:
-                engine.wipe()
-                got = engine.prefetch(PAGES, seed)
-                back += got.completed_pages
-                if got.completed_pages:
-                    exact += engine.exact_pages(got.host_indices, seed, got.completed_pages)
-            return back, exact
-        finally:
-            engine.close()
+    engine = Engine(cluster.address, model="disk-tier", shape=Shape())
+    try:
+        for seed in SEQUENCES:
+            assert engine.backup(PAGES, seed) == PAGES * engine.shape.page_size
+        back = exact = 0
+        for seed in SEQUENCES:
+            engine.wipe()
+            got = engine.prefetch(PAGES, seed)
+            back += got.completed_pages
+            if got.completed_pages:
+                exact += engine.exact_pages(got.host_indices, seed, got.completed_pages)
+        return back, exact
+    finally:
+        engine.close()
 
 
-def test_sglang_prefetches_more_pages_with_a_disk_tier_byte_exact(tmp_path: Path) -> None:
-    dram_back, dram_exact = _pages_back(tmp_path, disk=False)
-    disk_back, disk_exact = _pages_back(tmp_path, disk=True)
+def test_sglang_prefetches_more_pages_with_a_disk_tier_byte_exact(tier_cluster) -> None:  # type: ignore[no-untyped-def]
+    dram_back, dram_exact = _pages_back(tier_cluster(disk=False))
+    disk_back, disk_exact = _pages_back(tier_cluster(disk=True))
     total = len(SEQUENCES) * PAGES
     print(f"\nSGLang HiCache, {total} pages of 16 KiB over 1 MiB DRAM: {dram_back} pages back "
           f"with DRAM alone, {disk_back} with DRAM + disk")
