@@ -53,12 +53,12 @@ def cluster() -> Iterator[LocalCluster]:
         c.stop()
 
 
-@pytest.fixture
-def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
+def _owned(start: Callable[..., LocalCluster]) -> Iterator[Callable[..., LocalCluster]]:
+    """A factory of clusters started by `start`, every one stopped when the test ends."""
     made: list[LocalCluster] = []
 
-    def make(nodes: int = 2, **master_flags: Any) -> LocalCluster:
-        c = _start(nodes, master_flags)
+    def make(*args: Any, **kwargs: Any) -> LocalCluster:
+        c = start(*args, **kwargs)
         made.append(c)
         return c
 
@@ -67,6 +67,11 @@ def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
     finally:
         for c in made:
             c.stop()
+
+
+@pytest.fixture
+def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
+    yield from _owned(lambda nodes=2, **master_flags: _start(nodes, master_flags))
 
 
 TIER_DRAM = "1MiB"
@@ -76,22 +81,13 @@ TIER_FLAGS = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05}
 
 @pytest.fixture
 def tier_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalCluster]]:
-    made: list[LocalCluster] = []
-
-    def make(*, disk: bool) -> LocalCluster:
+    def start(*, disk: bool) -> LocalCluster:
         flags: dict[str, Any] = {}
         if disk:
             flags = {"disk_dir": str(tmp_path_factory.mktemp("disk")), "disk_size": TIER_DISK_BYTES}
-        c = LocalCluster(1, TIER_DRAM, node_flags=flags, master_flags=TIER_FLAGS)
-        made.append(c)
-        c.start()
-        return c
+        return LocalCluster(1, TIER_DRAM, node_flags=flags, master_flags=TIER_FLAGS).start()
 
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.stop()
+    yield from _owned(start)
 
 
 @pytest.fixture
