@@ -424,7 +424,7 @@ class MasterService:
                     f"client holds max_pins_per_client ({self.config.max_pins_per_client}) pins; unpin first",
                 ))
                 continue
-            obj.last_access = now
+            obj.prev_access, obj.last_access = obj.last_access, now
             if self.tiers.enabled:
                 self.tiers.on_read(obj, now)
             if len(obj.replicas) > 1:

@@ -118,7 +118,7 @@ class Obj:
 
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
-        "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+        "last_access", "prev_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
     )
 
     def __init__(
@@ -135,6 +135,7 @@ class Obj:
         self.checksum = 0
         self.put_id = put_id
         self.last_access = 0.0
+        self.prev_access = 0.0  # the read before the last (0: read at most once): tiers.py LRU-2
         self.pins = 0
         self.pin_kind = pin_kind
         # Monotonic time the write grants expire; 0.0 once COMPLETE (no late write possible).

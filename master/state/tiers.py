@@ -8,8 +8,12 @@ What it owns
 
 The policy, per node with a disk tier (settings in master/config.py, docs/disk-tier.md)
     - Demotion (every tick): while the node's DRAM is above `demote_high_watermark`, down to
-      `demote_low_watermark`, its least recently accessed DRAM objects (COMPLETE, unpinned, not
-      soft- or hard-pinned: those stay in DRAM as long as today) get a range on the node's disk
+      `demote_low_watermark`, its coldest DRAM objects by LRU-2 (the smallest second-to-last
+      access, `Obj.prev_access`, the put counting as an access: an object read once since its
+      put, as a scan reads it, goes before an object read twice since, however recent the
+      scan's read; ties by last access)
+      (COMPLETE, unpinned, not soft- or hard-pinned: those stay in DRAM as long as today) get a
+      range on the node's disk
       under a new alloc id, and the node is asked to copy them there (a `Move` in its heartbeat
       reply: node-local, no network). The object keeps its DRAM replica and stays readable.
     - The switch: only when the node reports the copy durable (`MoveDone`, ok) does the replica
@@ -32,7 +36,8 @@ The policy, per node with a disk tier (settings in master/config.py, docs/disk-t
       finds an object only on disk notes the time; a second one within `promote_window_s`
       asks the node to copy it back to DRAM, the switch again on the node's report. A one-pass
       scan reads each cold key once and promotes nothing, so it cannot flush the hot set.
-    Candidates are found by a partial sort of the segment's objects on last access: O(objects
+    Candidates are found by a partial sort of the segment's objects (LRU-2 for demotion, last
+    access for disk eviction): O(objects
     in that segment) per round, and a round runs only above a watermark.
 
 Invariant: an object has at most one move in flight; every pending move's target range is
@@ -221,7 +226,7 @@ class Tiers:
             return 0
         started = 0
         candidates = (o for o in segment.objects if self._movable(o) and o.pin_kind == NO_PIN)
-        for obj in heapq.nsmallest(budget, candidates, key=_last_access):
+        for obj in heapq.nsmallest(budget, candidates, key=_lru2):
             if excess <= 0 or len(self.pending) >= MAX_MOVES_IN_FLIGHT:
                 break
             offset = disk.allocator.alloc(obj.size)
@@ -339,3 +344,10 @@ class Tiers:
 
 def _last_access(obj: Obj) -> float:
     return obj.last_access
+
+
+def _lru2(obj: Obj) -> tuple[float, float]:
+    """Demotion order: the second-to-last access first (the put time for an object read once,
+    0 for one adopted and never read), then the last: a one-pass scan's objects leave DRAM
+    before the ones read again."""
+    return obj.prev_access, obj.last_access

@@ -17,7 +17,7 @@ import random
 
 import numpy as np
 import pytest
-from test_disk_tier import DISK, DRAM, MASTER_FLAGS, MIB, _metric
+from test_disk_tier import DISK, DRAM, MASTER_FLAGS, MIB, _metric, _wait
 
 import cellar
 
@@ -114,6 +114,7 @@ def _hot_set_run(make_cluster, tmp_path, promote_window_s: float) -> tuple[int, 
             keys = cold_keys[start:start + 8]
             assert client.get_many(keys) == [cold[k] for k in keys]
             assert client.get_many(list(hot)) == list(hot.values())
+        _wait(lambda: _metric(cluster, "master_tier_moves_pending") == 0)  # the last round's moves
         before = _metric(cluster, "master_tier_disk_hits")
         assert client.get_many(list(hot)) == list(hot.values())
         return (int(_metric(cluster, "master_tier_disk_hits") - before),

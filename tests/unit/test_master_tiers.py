@@ -109,6 +109,22 @@ def test_above_the_high_watermark_the_oldest_move_down_to_the_low(clock) -> None
     assert svc.tiers.counters()["demotions"] == 4
 
 
+def test_demotion_takes_a_scan_before_objects_read_twice_lru2(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    keys = _fill(svc, clock, 14)
+    for _ in range(2):  # the hot four: read twice, early
+        for key in keys[:4]:
+            _read(svc, key)
+        clock.advance(1)
+    for key in keys[4:]:  # a scan: every other key read once, later than the hot reads
+        _read(svc, key)
+        clock.advance(1)
+    svc.tick()
+    # by last access the hot four would go (their reads are the oldest); LRU-2 takes the scan's
+    # oldest (their access before the scan's read is their put)
+    assert _moving_keys(svc) == set(keys[4:8])
+
+
 def test_soft_hard_and_read_pinned_objects_stay_in_dram(clock) -> None:  # type: ignore[no-untyped-def]
     svc = _service(clock, pin_ttl_s=100.0)
     put(svc, "soft", MiB, soft_pin=True)
