@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-parts bench-peers bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -68,6 +68,11 @@ bench: venv
 
 bench-quick: venv
 	$(VENV)/bin/cellar bench --quick
+
+# The disk tier against this machine's disk (buffered and O_DIRECT) and the hit ratio of a
+# replayed trace, DRAM alone vs DRAM + disk (bench/results/disk-<date>-<host>.md; about 1 min).
+bench-disk: venv
+	$(PY) -m cellar.bench.disk
 
 # Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
 # over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).

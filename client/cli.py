@@ -135,6 +135,13 @@ def render_status(address: str, status: dict[str, Any]) -> str:
         f"{format_size(status['max_object_bytes'])}",
         "",
     ]
+    tiers = status.get("tiers") or {}
+    if set(tiers) - {"dram"}:  # DRAM and disk apart (docs/disk-tier.md)
+        lines.append(format_table(["TIER", "SEGMENTS", "CAPACITY", "USED", "USE", "OBJECTS"], [
+            [name, t["segments"], format_size(t["capacity_bytes"]), format_size(t["used_bytes"]),
+             _pct(t["used_bytes"], t["capacity_bytes"]), t["objects"]]
+            for name, t in tiers.items()]))
+        lines.append("")
     nodes = status["nodes"]
     if nodes:
         rows = [[n["node_id"], n["state"], n["segments"], format_size(n["capacity_bytes"]),

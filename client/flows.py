@@ -31,6 +31,7 @@ from cellar.client.load_costs import LoadCosts
 from cellar.client.pointers import PointerRegistry
 from cellar.client.puts import PutBatch, PutEntry, PutHints, hash_values
 from cellar.client.session_state import (
+    DiskReadRates,
     NodeHealth,
     TransferRound,
     TransportSet,
@@ -117,6 +118,7 @@ class Session:
     pointers: PointerRegistry = field(default_factory=PointerRegistry)
     unpins: UnpinQueue = field(default_factory=UnpinQueue)
     health: NodeHealth = field(default_factory=NodeHealth)
+    disk_rates: DiskReadRates = field(default_factory=DiskReadRates)  # LATE estimates
     limits: Limits = field(default_factory=Limits)
     costs: LoadCosts = field(default_factory=LoadCosts)  # measured load costs (lookup's estimate)
 
@@ -279,7 +281,7 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
         generation = s.master.generation
         batch = GetBatch([keys[i] for i in index],
                          None if dests is None else [dests[i] for i in index],
-                         health=s.health, budgeted=budget_at is not None,
+                         health=s.health, budgeted=budget_at is not None, prefix=prefix,
                          **({} if allocate is None else {"allocate": allocate}))
         try:
             try:
@@ -291,8 +293,10 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
                 # of a lookup abandoned in flight are released by the master's pin TTL
             if prefix:
                 batch.keep_prefix()
-            while ops := batch.next_ops():
-                if budget_at is not None and time.monotonic() >= budget_at:
+            while ops := batch.next_ops(
+                    None if budget_at is None else budget_at - time.monotonic(), s.disk_rates):
+                started = time.monotonic()
+                if budget_at is not None and started >= budget_at:
                     batch.settle_late()
                     break
                 try:
@@ -303,6 +307,9 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
                     batch.settle_late()  # the budget ended between the check and the round
                     break
                 batch.on_read_results(results)
+                elapsed = time.monotonic() - started
+                for node_id, nbytes in batch.round_disk_bytes.items():
+                    s.disk_rates.observe(node_id, nbytes, elapsed)
         except GeneratorExit:
             s.release(batch.pin_ids)
             raise

@@ -1,8 +1,11 @@
 """The get state machine: one batch of keys through GetReplicas -> one replica read per key.
 
 What it owns
-    `GetBatch` (records pins and sizes, orders replicas healthy-first, plans one read per
-    unsettled key, falls back to the next replica on a transfer error or checksum mismatch),
+    `GetBatch` (records pins and sizes, orders replicas healthy-first and DRAM before disk,
+    plans one read per unsettled key, falls back to the next replica on a transfer error or
+    checksum mismatch; in a deadline-bounded get, a disk read that the client's estimate says
+    cannot arrive within what is left of the budget is not started: the key is LATE at once,
+    and in prefix mode the keys after it are not read either),
     the per-key `GetEntry`, and turning finished entries into results: bytes, sizes, MISS or
     LATE (a key not read within a deadline-bounded call's budget).
 
@@ -24,7 +27,12 @@ from typing import Any
 
 from cellar.client.buffers import as_bytes, fresh_bytes, reserve_result_memory
 from cellar.client.checks import NODE_TROUBLE, checksum
-from cellar.client.session_state import NodeHealth, replica_grant, routes_from_segments
+from cellar.client.session_state import (
+    DiskReadRates,
+    NodeHealth,
+    replica_grant,
+    routes_from_segments,
+)
 from cellar.client.statuses import (
     LATE,
     MISS,
@@ -36,6 +44,7 @@ from cellar.client.statuses import (
 from cellar.errors import BufferTooSmall, CellarError, IntegrityError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, Grant
+from cellar.proto.tiers import TIER_DISK
 from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult, hash_views
 
 
@@ -75,7 +84,8 @@ class GetBatch:
 
     def __init__(self, keys: Sequence[str],
                  dests: Sequence[memoryview | tuple[memoryview, ...]] | None, *,
-                 health: NodeHealth, allocate: Any = fresh_bytes, budgeted: bool = False) -> None:
+                 health: NodeHealth, allocate: Any = fresh_bytes, budgeted: bool = False,
+                 prefix: bool = False) -> None:
         if dests is not None and len(dests) != len(keys):
             raise InvalidArgument(f"{len(keys)} keys but {len(dests)} buffers")
         if dests is None:
@@ -87,6 +97,9 @@ class GetBatch:
         self._health = health
         self._allocate = allocate
         self._budgeted = budgeted  # a key whose reads ran out of time is LATE, not a miss
+        self._prefix = prefix  # a key settled LATE before its read cuts the keys after it
+        self.disk_segments: frozenset[int] = frozenset()  # the reply's disk-tier segments
+        self.round_disk_bytes: dict[str, int] = {}  # node -> disk bytes the last round read
         self._op_owner: list[int] = []
         self._planned: list[TransferOp] = []
 
@@ -100,6 +113,8 @@ class GetBatch:
         check_result_count("GetReplicas", len(results), len(self.entries))
         self.pin_ids = [r.pin_id for r in results if r.pin_id]
         routes = routes_from_segments(reply.segments)
+        disk = self.disk_segments = frozenset(
+            int(seg.segment_id) for seg in reply.segments if seg.tier == TIER_DISK)
         bad = self._health.unhealthy()  # once per batch, not per key
         too_small: GetEntry | None = None
         for e, res in zip(self.entries, results, strict=True):
@@ -120,6 +135,8 @@ class GetBatch:
                     continue
                 route, grant = checked
                 candidates.append((route, grant, grant.offset))
+            if disk and len(candidates) > 1:  # DRAM first (a stable sort keeps health order)
+                candidates.sort(key=lambda c: c[0].segment_id in disk)
             if not candidates:
                 e.status = Status.UNAVAILABLE
                 e.message = "no usable replica" + (f" ({'; '.join(e.failures)})" if e.failures else "")
@@ -141,12 +158,20 @@ class GetBatch:
                 if e.size == 0:
                     e.status = Status.OK
 
-    def next_ops(self) -> list[TransferOp]:
-        """One read per unsettled key from its next untried replica; [] when all are settled."""
+    def next_ops(self, budget_left_s: float | None = None,
+                 rates: DiskReadRates | None = None) -> list[TransferOp]:
+        """One read per unsettled key from its next untried replica; [] when all are settled.
+        With `budget_left_s` (seconds) and `rates`, a disk read expected to take longer (this
+        round's disk reads from the same node queued before it) settles its key LATE."""
         ops: list[TransferOp] = []
         owners: list[int] = []
+        disk_queued: dict[str, int] = {}  # node -> disk bytes this round reads before this key
+        cut = False
         for i, e in enumerate(self.entries):
             if e.status is not None:
+                continue
+            if cut:
+                e.status, e.message = Status.NOT_FOUND, "after a late key (prefix mode)"
                 continue
             if e.tried >= len(e.candidates):
                 if self._budgeted and e.timed_out:
@@ -156,6 +181,13 @@ class GetBatch:
                 e.message = "no replica could be read: " + "; ".join(e.failures)
                 continue
             route, grant, offset = e.candidates[e.tried]
+            if route.segment_id in self.disk_segments and budget_left_s is not None:
+                queued = disk_queued.get(route.node_id, 0) + e.size
+                if rates is None or rates.seconds(route.node_id, queued) > budget_left_s:
+                    self._settle_late(e)  # later candidates are disk too (DRAM sorts first)
+                    cut = self._prefix
+                    continue
+                disk_queued[route.node_id] = queued
             if e.parts:
                 ops.append(TransferOp(route, grant, offset, want_checksum=True, parts=e.parts))
             else:
@@ -172,10 +204,13 @@ class GetBatch:
 
     def on_read_results(self, results: Sequence[TransferResult]) -> None:
         check_result_count("read", len(results), len(self._op_owner))
+        disk_bytes: dict[str, int] = {}
         for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
             e = self.entries[i]
             e.tried += 1
             node = op.route.node_id
+            if res.ok and op.route.segment_id in self.disk_segments:
+                disk_bytes[node] = disk_bytes.get(node, 0) + e.size
             if not res.ok:
                 e.timed_out = res.status == ST_TIMEOUT
                 e.failures.append(f"node {node}: {res}")
@@ -195,6 +230,7 @@ class GetBatch:
                 e.corrupt += 1
                 e.failures.append(f"node {node}: checksum mismatch")
         self._planned, self._op_owner = [], []
+        self.round_disk_bytes = disk_bytes
 
     def settle_late(self) -> None:
         """The budget ran out: every key still in flight is LATE (no more reads are planned)."""

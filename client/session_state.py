@@ -5,7 +5,8 @@ two clients share one core):
     - `checks`   argument validation and the client's limits
     - `statuses` per-key statuses, MISS/LATE, status and gRPC code -> exception
     - `core`     (this module) reply decoding (segment routes, grants, the status summary) and
-                 the shared state: `NodeHealth`, `UnpinQueue`, `TransportSet` (`EpochFence`
+                 the shared state: `NodeHealth`, `DiskReadRates`, `UnpinQueue`,
+                 `TransportSet` (`EpochFence`
                  lives with the master link's decisions, `cellar.coord.link`)
                  (which transport moves which op, and how one transfer round is budgeted)
     - `puts`     the put state machine (`PutBatch`)
@@ -33,8 +34,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cellar.client.checks import (
+    DISK_RATE_WEIGHT,
+    DISK_READ_LATENCY_S,
+    DISK_READ_PRIOR_BYTES_PER_S,
+    MAX_DISK_RATE_NODES,
     MAX_QUEUED_UNPINS,
     MAX_UNPINS_PER_CALL,
+    MIN_DISK_ROUND_S,
     NODE_TROUBLE,
     NODE_UNHEALTHY_S,
     UNPIN_DELAY_S,
@@ -44,6 +50,7 @@ from cellar.client.statuses import check_result_count
 from cellar.coord.link import EpochFence as EpochFence  # its home is the master link
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
+from cellar.proto.tiers import TIER_NAMES, tier_totals
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
     ST_CONNECTION_LOST,
@@ -114,6 +121,7 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
             "segment_id": int(info.segment_id), "node_id": info.node_id, "host_id": info.host_id,
             "state": state, "size_bytes": int(info.size_bytes), "used_bytes": int(s.used_bytes),
             "object_count": int(s.object_count), "endpoints": endpoints,
+            "tier": TIER_NAMES.get(int(info.tier), "unknown"),
         })
         node = nodes.setdefault(info.node_id, {
             "node_id": info.node_id, "host_id": info.host_id, "state": state, "segments": 0,
@@ -137,6 +145,8 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
         "max_batch_keys": int(reply.max_batch_keys),
         "max_list_keys": int(reply.max_list_keys),
         "segments": segments, "nodes": list(nodes.values()), "tenants": tenants,
+        "tiers": tier_totals((int(s.info.tier), int(s.info.size_bytes), int(s.used_bytes),
+                              int(s.object_count)) for s in reply.segments),
     }
 
 
@@ -170,6 +180,37 @@ class NodeHealth:
             return list(replicas)
         return ([r for r in replicas if r.node_id not in bad]
                 + [r for r in replicas if r.node_id in bad])
+
+
+class DiskReadRates:
+    """How fast this client has seen each node's disk tier deliver reads: a deadline-bounded
+    get counts a disk replica LATE at once when `seconds(node, bytes)` does not fit what is
+    left of its budget (docs/disk-tier.md). Until a node's disk is measured the prior is
+    optimistic (DISK_READ_PRIOR_BYTES_PER_S: a disk read is tried, and so measured); each read
+    round then moves the estimate by DISK_RATE_WEIGHT toward what it saw (bytes read from that
+    node's disk over the round's wall time, a lower bound: the round may have waited on other
+    reads). At most MAX_DISK_RATE_NODES nodes are remembered (the oldest forgotten first)."""
+
+    def __init__(self) -> None:
+        self._rates: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def seconds(self, node_id: str, nbytes: int) -> float:
+        """The expected time for `nbytes` from `node_id`'s disk, in seconds."""
+        with self._lock:
+            rate = self._rates.get(node_id, DISK_READ_PRIOR_BYTES_PER_S)
+        return DISK_READ_LATENCY_S + nbytes / rate
+
+    def observe(self, node_id: str, nbytes: int, seconds: float) -> None:
+        """`nbytes` came from `node_id`'s disk in `seconds` of wall time."""
+        if nbytes <= 0:
+            return
+        seen = nbytes / max(seconds - DISK_READ_LATENCY_S, MIN_DISK_ROUND_S)
+        with self._lock:
+            old = self._rates.pop(node_id, None)
+            self._rates[node_id] = seen if old is None else old + DISK_RATE_WEIGHT * (seen - old)
+            if len(self._rates) > MAX_DISK_RATE_NODES:
+                self._rates.popitem(last=False)
 
 
 class UnpinQueue:

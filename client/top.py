@@ -75,6 +75,13 @@ def render(http: str, status: dict[str, Any], events: list[dict[str, Any]]) -> s
         f"pins {status.get('pins', 0)}",
         "",
     ]
+    tiers = status.get("tiers") or {}
+    if set(tiers) - {"dram"}:  # DRAM and disk apart (docs/disk-tier.md)
+        lines.append(format_table(["TIER", "SEGMENTS", "OBJECTS", "USED", "USE"], [
+            [name, t["segments"], t["objects"],
+             f"{format_size(t['used_bytes'])}/{format_size(t['capacity_bytes'])}",
+             bar(t["used_bytes"], t["capacity_bytes"])] for name, t in tiers.items()]))
+        lines.append("")
     nodes = status.get("nodes", [])
     if nodes:
         lines.append(format_table(["NODE", "STATE", "SEGMENTS", "OBJECTS", "USED", "USE"], [

@@ -17,6 +17,7 @@ from cellar.coord.target import check_cluster_name, parse_endpoints
 from cellar.errors import ConfigError, InvalidArgument
 from cellar.master.state.records import TenantQuota
 from cellar.master.state.tenants import DEFAULT_TENANT, TENANT_NAME
+from cellar.master.state.tiers import TierSettings
 from cellar.units import parse_host_port, parse_size_bytes
 
 ENV_PREFIX = "CELLAR_MASTER_"
@@ -137,6 +138,30 @@ class MasterConfig:
     )
     eviction_low_watermark: float = setting(
         0.85, "background eviction stops at this used/capacity", unit="fraction"
+    )
+    demote_high_watermark: float = setting(
+        0.80, "disk tier: demote a node's coldest DRAM objects to its disk above this "
+        "used/capacity of its DRAM", unit="fraction"
+    )
+    demote_low_watermark: float = setting(
+        0.65, "disk tier: demotion stops at this used/capacity of the node's DRAM", unit="fraction"
+    )
+    disk_high_watermark: float = setting(
+        0.95, "disk tier: evict the disk's oldest objects above this used/capacity", unit="fraction"
+    )
+    disk_low_watermark: float = setting(
+        0.90, "disk tier: disk eviction stops at this used/capacity", unit="fraction"
+    )
+    promote_window_s: float = setting(
+        30.0, "disk tier: a disk object read twice within this window is promoted to DRAM",
+        unit=UNIT_SECONDS,
+    )
+    max_tier_moves_per_tick: int = setting(
+        256, "disk tier: most demotions, promotions or disk evictions started per tick",
+        unit="objects",
+    )
+    tier_move_timeout_s: float = setting(
+        30.0, "disk tier: a move the node has not reported by then is abandoned", unit=UNIT_SECONDS
     )
     eviction_samples: int = setting(16, "objects sampled per eviction (approximate LRU)", unit="objects")
     max_evictions_per_put: int = setting(
@@ -310,6 +335,15 @@ class MasterConfig:
             f"{self.eviction_high_watermark} is below eviction_low_watermark "
             f"{self.eviction_low_watermark}",
         )
+        for low, high in (("demote_low_watermark", "demote_high_watermark"),
+                          ("disk_low_watermark", "disk_high_watermark")):
+            require(0 < getattr(self, low) <= getattr(self, high) <= 1, high,
+                    f"need 0 < {low} <= {high} <= 1")
+        require(0 < self.promote_window_s <= 86400, "promote_window_s", "must be in (0, 1 day]")
+        require(1 <= self.max_tier_moves_per_tick <= 65536, "max_tier_moves_per_tick",
+                "must be in [1, 65536]")
+        require(0.1 <= self.tier_move_timeout_s <= 3600, "tier_move_timeout_s",
+                "must be in [0.1s, 1 hour]")
         require(1 <= self.eviction_samples <= 1024, "eviction_samples", "must be in [1, 1024]")
         require(self.max_evictions_per_put >= 0, "max_evictions_per_put", "must be >= 0")
         require(self.max_evictions_per_tick >= 1, "max_evictions_per_tick", "must be >= 1")
@@ -382,6 +416,13 @@ class MasterConfig:
                 f"{len(self.tenants)} tenants configured; max_tenants is {self.max_tenants}")
         for name, raw in self.tenants.items():
             parse_tenant_quota(name, raw)
+
+    def tier_settings(self) -> TierSettings:
+        """The disk tier's policy settings (master/state/tiers.py)."""
+        return TierSettings(self.demote_high_watermark, self.demote_low_watermark,
+                            self.disk_high_watermark, self.disk_low_watermark,
+                            self.promote_window_s, self.max_tier_moves_per_tick,
+                            self.tier_move_timeout_s, self.pin_ttl_s + self.grant_skew_s)
 
     def tenant_quotas(self) -> dict[str, TenantQuota]:
         """The configured tenants, parsed; `default` is always present."""

@@ -68,6 +68,7 @@ from cellar.master.state.pins import PinTable
 from cellar.master.state.quarantine import Quarantine
 from cellar.master.state.records import NO_PIN, Node, Obj, Replica, Segment
 from cellar.master.state.tenants import Tenants
+from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.grant import key_tag
 
@@ -98,7 +99,7 @@ class NodeRpcs:
         self, config: MasterConfig, clock: Clock, epoch: int, *, tenants: Tenants,
         membership: Membership, objects: ObjectTable, pins: PinTable, quarantine: Quarantine,
         tombstones: Tombstones, grace: RebuildGrace, alloc_ids: AllocIds,
-        next_put_id: Callable[[], int],
+        next_put_id: Callable[[], int], tiers: Tiers | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -113,6 +114,7 @@ class NodeRpcs:
         self.grace = grace
         self.alloc_ids = alloc_ids
         self._next_put_id = next_put_id
+        self.tiers = tiers  # the disk tier's moves (state/tiers.py); None in bare tests
         self._watermark_evicting = False
         self.on_tick: Callable[[], None] | None = None  # the repair round (master/repair.py)
         self.nodes_expired = 0
@@ -179,6 +181,8 @@ class NodeRpcs:
             if segment is None or segment.node.node_id != node_id:
                 results.append((Status.NOT_FOUND, f"segment {segment_id} is not mounted by {node_id!r}"))
                 continue
+            if self.tiers is not None:
+                self.tiers.forget_segment(segment, now)
             self.objects.lose_segment(segment, now)
             self.quarantine.forget_segment(segment)
             self.membership.detach_segment(segment)
@@ -186,7 +190,8 @@ class NodeRpcs:
         return results
 
     def heartbeat(
-        self, node_id: str, incarnation: int, freed_ack_seq: int, lost: Sequence[Any] = ()
+        self, node_id: str, incarnation: int, freed_ack_seq: int, lost: Sequence[Any] = (),
+        moved: Sequence[Any] = (),
     ) -> HeartbeatOutcome:
         now = self.clock.monotonic()
         node = self.membership.heartbeat(node_id, incarnation, now)
@@ -204,11 +209,18 @@ class NodeRpcs:
                 if segment is not None:
                     self.replicas_lost += self.objects.lose_replicas(segment, alloc_ids, now)
         freed = self.membership.take_freed(node, freed_ack_seq, self.config.max_freed_per_heartbeat)
-        return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq)
+        moves: list[Any] = []
+        if self.tiers is not None:
+            check_batch(len(moved), self.config.max_batch_keys, "moved ranges")
+            self.tiers.moved(node_id, moved, now)
+            moves = self.tiers.moves_for(node_id)
+        return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq, moves)
 
     def expire_node(self, node: Node) -> None:
         now = self.clock.monotonic()
         for segment in list(node.segments.values()):
+            if self.tiers is not None:
+                self.tiers.forget_segment(segment, now)
             self.objects.lose_segment(segment, now)
             self.quarantine.forget_segment(segment)
         self.membership.forget(node)
@@ -295,12 +307,14 @@ class NodeRpcs:
         self.puts_timed_out += self.objects.sweep_writers(now)
         self.objects.sweep_soft_pins(now)
         self.quarantine.release_due(now)
+        if self.tiers is not None:
+            self.tiers.tick(now)
         self.evict_to_watermark()
         if self.on_tick is not None:
             self.on_tick()
 
     def evict_to_watermark(self) -> int:
-        capacity, used = self.membership.usage()
+        capacity, used = self.membership.evicting_usage()
         if not capacity:
             return 0
         config = self.config

@@ -19,7 +19,7 @@ It never places, allocates or frees a range itself (placement.py and objects.py 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from cellar.errors import Status
@@ -44,6 +44,8 @@ class SpaceMaker:
         self.placement = placement
         self.membership = membership
         self.refused_before_evicting = 0  # puts refused because eviction could not help
+        # A disk-tier range for a put no DRAM could take (state/tiers.py `Tiers.spill`).
+        self.spill: Callable[[int, Sequence[str]], tuple[Segment, int] | None] | None = None
 
     # ---------------------------------------------------------------- admission
 
@@ -138,6 +140,10 @@ class SpaceMaker:
         reserved: int,
     ) -> list[tuple[Segment, int]] | None:
         """Evict until `replicas` ranges of `size` can be placed; the placements, or None."""
+        if self.spill is not None and replicas == 1:  # a disk tier with room: nothing evicted
+            spot = self.spill(size, avoid)
+            if spot is not None:
+                return [spot]
         budget = self.config.max_evictions_per_put
         if budget <= 0:
             return None
@@ -154,4 +160,8 @@ class SpaceMaker:
             placements = self.placement.place(size, replicas, avoid, preferred_host, now)
             if placements is not None:
                 return placements
+            if self.spill is not None and replicas == 1:  # the evicted bytes were on a disk
+                spot = self.spill(size, avoid)
+                if spot is not None:
+                    return [spot]
         return None

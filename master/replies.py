@@ -12,7 +12,7 @@ alloc id, this master's epoch and the key tag; nothing here allocates, frees or 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cellar.errors import Status
 from cellar.master.grant_issuer import GrantSigner
@@ -96,6 +96,7 @@ class HeartbeatOutcome:
     remount: bool
     freed: list[tuple[int, int, int, int, int]]  # (seq, segment_id, alloc_id, offset, length)
     freed_seq: int
+    moves: list[Any] = field(default_factory=list)  # state/tiers.py Move: node-local copies
 
 
 @dataclass

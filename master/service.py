@@ -93,6 +93,7 @@ from cellar.master.state.records import (
 )
 from cellar.master.state.repair import RepairQueue
 from cellar.master.state.tenants import Tenants
+from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
 from cellar.proto.engine_hash import error as engine_hash_error
 from cellar.proto.grant import (
@@ -160,11 +161,14 @@ class MasterService:
         self.no_space_count = 0
         self.grace = RebuildGrace(self.clock.monotonic(), config.rebuild_grace_s)
         self.tombstones = Tombstones(config.max_remove_tombstones)
+        self.tiers = Tiers(self.membership, self.objects, self.quarantine,
+                           lambda: self.alloc_ids.next(), config.tier_settings())
+        self.space.spill = self.tiers.spill
         self.nodes = NodeRpcs(
             config, self.clock, self.epoch, tenants=self.tenants, membership=self.membership,
             objects=self.objects, pins=self.pins, quarantine=self.quarantine,
             tombstones=self.tombstones, grace=self.grace, alloc_ids=self.alloc_ids,
-            next_put_id=self._next_put_id,
+            next_put_id=self._next_put_id, tiers=self.tiers,
         )
         self.repair = Repairer(config, self.clock, self.grants, self.membership, RepairQueue(
             objects=self.objects, membership=self.membership, placement=self.placement,
@@ -453,7 +457,9 @@ class MasterService:
                     f"client holds max_pins_per_client ({self.config.max_pins_per_client}) pins; unpin first",
                 ))
                 continue
-            obj.last_access = now
+            obj.prev_access, obj.last_access = obj.last_access, now
+            if self.tiers.enabled:
+                self.tiers.on_read(obj, now)
             if len(obj.replicas) > 1:
                 obj.replicas = tuple(sorted(obj.replicas, key=_replica_health))
             granted = self.grants.all(obj, GRANT_OP_READ, expiry_ms, segments)

@@ -76,18 +76,20 @@ class Endpoint(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., address: _Optional[str] = ..., extra: _Optional[bytes] = ...) -> None: ...
 
 class SegmentInfo(_message.Message):
-    __slots__ = ("segment_id", "node_id", "size_bytes", "host_id", "endpoints")
+    __slots__ = ("segment_id", "node_id", "size_bytes", "host_id", "endpoints", "tier")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     node_id: str
     size_bytes: int
     host_id: str
     endpoints: _containers.RepeatedCompositeFieldContainer[Endpoint]
-    def __init__(self, segment_id: _Optional[int] = ..., node_id: _Optional[str] = ..., size_bytes: _Optional[int] = ..., host_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ...) -> None: ...
+    tier: int
+    def __init__(self, segment_id: _Optional[int] = ..., node_id: _Optional[str] = ..., size_bytes: _Optional[int] = ..., host_id: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., tier: _Optional[int] = ...) -> None: ...
 
 class Grant(_message.Message):
     __slots__ = ("op", "alloc_id", "epoch", "expiry_ms", "key_tag", "mac")
@@ -562,34 +564,66 @@ class CopyDone(_message.Message):
     def __init__(self, alloc_id: _Optional[int] = ..., segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., receipt: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq", "lost", "copied")
+    __slots__ = ("header", "node_id", "incarnation", "freed_ack_seq", "lost", "copied", "moved")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     FREED_ACK_SEQ_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     COPIED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     node_id: str
     incarnation: int
     freed_ack_seq: int
     lost: _containers.RepeatedCompositeFieldContainer[FreedRange]
     copied: _containers.RepeatedCompositeFieldContainer[CopyDone]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ..., lost: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., copied: _Optional[_Iterable[_Union[CopyDone, _Mapping]]] = ...) -> None: ...
+    moved: _containers.RepeatedCompositeFieldContainer[MoveDone]
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ..., lost: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., copied: _Optional[_Iterable[_Union[CopyDone, _Mapping]]] = ..., moved: _Optional[_Iterable[_Union[MoveDone, _Mapping]]] = ...) -> None: ...
+
+class Move(_message.Message):
+    __slots__ = ("src_segment_id", "src_alloc_id", "src_offset", "length", "dst_segment_id", "dst_alloc_id", "dst_offset")
+    SRC_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DST_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    src_segment_id: int
+    src_alloc_id: int
+    src_offset: int
+    length: int
+    dst_segment_id: int
+    dst_alloc_id: int
+    dst_offset: int
+    def __init__(self, src_segment_id: _Optional[int] = ..., src_alloc_id: _Optional[int] = ..., src_offset: _Optional[int] = ..., length: _Optional[int] = ..., dst_segment_id: _Optional[int] = ..., dst_alloc_id: _Optional[int] = ..., dst_offset: _Optional[int] = ...) -> None: ...
+
+class MoveDone(_message.Message):
+    __slots__ = ("dst_segment_id", "dst_alloc_id", "ok")
+    DST_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    dst_segment_id: int
+    dst_alloc_id: int
+    ok: bool
+    def __init__(self, dst_segment_id: _Optional[int] = ..., dst_alloc_id: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("header", "remount", "freed", "freed_seq", "copies")
+    __slots__ = ("header", "remount", "freed", "freed_seq", "copies", "moves")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     FREED_FIELD_NUMBER: _ClassVar[int]
     FREED_SEQ_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     remount: bool
     freed: _containers.RepeatedCompositeFieldContainer[FreedRange]
     freed_seq: int
     copies: _containers.RepeatedCompositeFieldContainer[CopyTask]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ...) -> None: ...
+    moves: _containers.RepeatedCompositeFieldContainer[Move]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("header",)

@@ -10,8 +10,10 @@ Modules: `config` (NodeConfig), `segment` (the mapped memory, re-attached after 
 `index` (objects held, sealing, tombstones, the write floor), `journal` (the index persisted
 beside the segments), `verifier` (re-checks restored objects' checksums), `clock` (the
 master's clock and epoch as this node sees them), `access` (the `SegmentAccess` the transfer
-server calls), `master_link` (the link to the master: mount, index report, heartbeat loop), `metrics` (Prometheus and
-HTTP), `node` (wiring, start/stop order), `main` (`cellar node`).
+server calls), `master_link` (the link to the master: mount, index report, heartbeat loop),
+`heartbeat_cargo` (what rides on a heartbeat: lost replicas, tier moves), `disk_tier` (the disk
+file and the node-local moves), `metrics` (Prometheus and HTTP), `node` (wiring, start/stop
+order), `main` (`cellar node`).
 
 It never imports `cellar.client` or `cellar.master`: the only contract with the master is
 `cellar.proto`.

@@ -70,6 +70,14 @@ class NodeConfig:
     keep_segments_on_exit: bool = setting(
         False, "keep the segment files on shutdown (for restart re-attach)"
     )
+    disk_dir: str = setting(
+        "", "directory of the disk tier's file (a real disk: hostPath or PVC); '' = no disk tier "
+        "(docs/disk-tier.md)"
+    )
+    disk_size_bytes: int = setting(
+        0, "size of the disk tier (also --disk-size, e.g. 64GiB); 0 = no disk tier",
+        unit=UNIT_BYTES,
+    )
     journal_dir: str = setting(
         "", "directory of the index journal (restart re-attach); '' = shm_dir "
         "(/dev/shm with hugepages, since hugetlbfs files take no write())"
@@ -181,6 +189,14 @@ class NodeConfig:
         )
         require(self.verify_rate_bytes_per_s >= 1 << 20, "verify_rate_bytes_per_s",
                 "must be at least 1MiB")
+        require(bool(self.disk_dir) == bool(self.disk_size_bytes), "disk_dir",
+                "disk_dir and disk_size_bytes go together (both set, or neither)")
+        if self.disk_dir:
+            require(os.path.isdir(self.disk_dir), "disk_dir", f"{self.disk_dir} is not a directory")
+            require(self.disk_size_bytes >= MIN_SEGMENT_BYTES
+                    and self.disk_size_bytes % PAGE_BYTES == 0, "disk_size_bytes",
+                    f"{self.disk_size_bytes} bytes: must be at least {MIN_SEGMENT_BYTES} and a "
+                    f"multiple of the page size {PAGE_BYTES}")
         if self.journal_dir:
             require(os.path.isdir(self.journal_dir), "journal_dir",
                     f"{self.journal_dir} is not a directory")
@@ -210,6 +226,8 @@ class NodeConfig:
     def journal_directory(self) -> str:
         if self.journal_dir:
             return self.journal_dir
+        if self.disk_dir:  # the disk tier's objects outlive the machine's tmpfs
+            return self.disk_dir
         return "/dev/shm" if self.hugepages and os.path.isdir("/dev/shm") else self.shm_dir
 
     @property

@@ -372,6 +372,24 @@ class ObjectIndex:
             self._flush_drops()
             return [entry.copy() for entry in self._entries.values()]
 
+    def seal_copy(self, source: IndexEntry, alloc_id: int, segment_id: int, offset: int) -> bool:
+        """Enter a SEALED copy of `source` (a tier move, storage_node/disk_tier.py) under the
+        master's new allocation, journaled before this returns. Refused (False) if the id is
+        known or tombstoned; entries it overlaps were freed by the master (as for a write)."""
+        with self._lock:
+            if alloc_id in self._entries or alloc_id in self._tombstones:
+                return False
+            entry = IndexEntry(alloc_id, segment_id, offset, source.length, source.tenant,
+                               source.key, source.checksum, source.epoch,
+                               source.write_grant_expiry_ms, AllocState.SEALED, source.length)
+            assert entry.length > 0, "a tier move of an empty object"
+            self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
+            self._entries[alloc_id] = entry
+            if self._journal is not None:
+                self._journal.sealed(entry)
+            self._flush_drops()
+            return True
+
     def drop_alloc_ids(self, alloc_ids: Iterable[int]) -> int:
         """Drop these entries (the master refused them in a rebuild); returns how many."""
         dropped = 0

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(parser, NodeConfig)
     parser.add_argument("--segment-size", dest="cfg_segment_size_bytes", default=None,
                         help="alias of --segment-size-bytes (e.g. 4GiB)")
+    parser.add_argument("--disk-size", dest="cfg_disk_size_bytes", default=None,
+                        help="alias of --disk-size-bytes (e.g. 64GiB)")
     return parser
 
 

@@ -42,8 +42,9 @@ States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) 
     nothing is reported.
   Either way the mount reply's master time becomes the index's write floor: write grants
   issued before it are refused from now on (see index.py).
-- Objects the verifier finds corrupt after a restart ride on the next heartbeat (`lost`), so
-  do the reports of finished copies (`copied`); copy orders come back in the reply (copier.py).
+- Objects the verifier finds corrupt after a restart (`lost`), the disk tier's finished moves
+  (`moved`) and finished copies (`copied`) ride on the next heartbeat; its reply's `moves` and
+  `copies` go to the mover and the copier (heartbeat_cargo.py).
 - The master unreachable: the node keeps serving the data plane with the grants it can check
   (clock estimate runs on the local clock), retries at the heartbeat interval (mount attempts
   back off, bounded at MAX_BACKOFF_S) and logs each state change once, never per attempt.
@@ -75,11 +76,10 @@ from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
-from cellar.storage_node.copier import Copier
+from cellar.storage_node.heartbeat_cargo import HeartbeatCargo
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.mount_report import report_batches, segment_infos
 from cellar.storage_node.segment import Segment
-from cellar.storage_node.verifier import Verifier
 from cellar.tls import read_pem
 
 log = logging.getLogger("cellar.node.control")
@@ -140,11 +140,11 @@ class ControlLoop:
         heartbeat_interval_s: float,
         master_timeout_s: float,
         incarnation: int | None = None,
-        verifier: Verifier | None = None,
         discovery: LeaderSource | None = None,
         credential: str = "",
         client_cert_file: str = "",
         client_key_file: str = "",
+        cargo: HeartbeatCargo | None = None,
     ) -> None:
         self.node_id = node_id
         # The node credential (cellar.proto.grant.node_credential): every RPC's header token,
@@ -182,8 +182,7 @@ class ControlLoop:
         self.freed_applied = 0
         self.last_error = ""
         self.first_mount = asyncio.Event()
-        self.verifier = verifier
-        self.copier: Copier | None = None  # re-replication orders (storage_node/copier.py)
+        self.cargo = cargo or HeartbeatCargo(None, None)  # lost replicas, tier moves
         self.reported = 0          # entries reported in the last rebuild
         self.report_refused = 0    # of which the master refused
         self.lost_reported = 0
@@ -494,22 +493,15 @@ class ControlLoop:
             header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
             freed_ack_seq=self.freed_ack_seq,
         )
-        lost = self.verifier.take_lost() if self.verifier is not None else []
-        for segment_id, alloc_id, offset, length in lost:
-            request.lost.add(segment_id=segment_id, alloc_id=alloc_id, offset=offset, length=length)
-        copied = self.copier.take_done() if self.copier is not None else []
-        request.copied.extend(copied)
+        load = self.cargo.load(request)
         sent = wall_ms()
         try:
             reply = await self._ensure_channel().Heartbeat(request, timeout=self._heartbeat_timeout_s())
         except grpc.aio.AioRpcError as exc:
-            if lost and self.verifier is not None:
-                self.verifier.requeue_lost(lost)
-            if copied and self.copier is not None:
-                self.copier.requeue(copied)
+            self.cargo.undelivered(load)
             self._rpc_failed(exc, waiting=False)
             return
-        self.lost_reported += len(lost)
+        self.lost_reported += len(load.lost)
         self.clock.observe(reply.header.master_time_ms, sent, wall_ms())
         self.connected = True
         self._succeeded()
@@ -533,8 +525,7 @@ class ControlLoop:
             self.freed_applied += self.index.apply_freed(reply.freed, self.clock.now_ms())
         if reply.freed_seq > self.freed_ack_seq:
             self.freed_ack_seq = reply.freed_seq
-        if reply.copies and self.copier is not None:
-            self.copier.start(reply.copies)
+        self.cargo.unload(reply)  # after the freed ranges its moves may reuse
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 
     def _rpc_failed(self, exc: grpc.aio.AioRpcError, *, waiting: bool) -> None:

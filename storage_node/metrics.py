@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cellar.http import HttpServer, Request, Response
+from cellar.proto.tiers import TIER_NAMES
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import (
@@ -110,6 +111,15 @@ class NodeCollector(Collector):
         yield capacity
         yield sealed
         yield objects
+        dropped = CounterMetricFamily("node_corrupt_dropped", "dropped as corrupt, never served: "
+                                      "a segment or disk-tier file of the wrong size at start "
+                                      "(what=file), restored objects failing their checksum "
+                                      "(what=objects)", labels=["segment", "tier", "what"])
+        for seg_id, segment in sorted(self._segments.items()):
+            tier = TIER_NAMES.get(segment.tier, "unknown")
+            dropped.add_metric([str(seg_id), tier, "file"], segment.dropped_files)
+            dropped.add_metric([str(seg_id), tier, "objects"], segment.dropped_objects)
+        yield dropped
         yield GaugeMetricFamily("node_index_tombstones",
                                 "freed allocations still refusing writes",
                                 value=self._index.counts()["tombstones"])

@@ -26,11 +26,14 @@ from typing import Any
 from cellar.heap import freeze_survivors
 from cellar.http import HttpServer
 from cellar.proto.grant import node_credential
+from cellar.proto.tiers import TIER_DRAM
 from cellar.refusals import RefusalLog
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.config import NodeConfig
 from cellar.storage_node.copier import Copier
+from cellar.storage_node.disk_tier import TierMover, open_disk_segment
+from cellar.storage_node.heartbeat_cargo import HeartbeatCargo
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.journal import IndexJournal, journal_path
 from cellar.storage_node.master_link import ControlLoop
@@ -71,6 +74,7 @@ class StorageNode:
         self.server: TcpDataServer | None = None
         self.control: ControlLoop | None = None
         self.rdma: NodeRdma | None = None
+        self.mover: TierMover | None = None  # the disk tier's moves (None without a disk tier)
         self.http: HttpServer | None = None
         self.tcp_address = ""
         self.http_address = ""
@@ -86,9 +90,15 @@ class StorageNode:
                     cfg.shm_dir, cfg.node_id, i, cfg.segment_size_bytes,
                     hugepages=cfg.hugepages, mlock=cfg.mlock,
                 ))
+            if cfg.disk_dir:
+                self.segments.append(open_disk_segment(cfg.disk_dir, cfg.node_id,
+                                                       cfg.disk_size_bytes))
             by_id = {s.segment_id: s for s in self.segments}
             assert len(by_id) == len(self.segments), "segment id collision"
             self._restore_index(by_id)
+            if cfg.disk_dir:
+                self.mover = TierMover(by_id, self.index)
+                self.mover.start()
             self.access = NodeAccess(by_id, self.index, self.secret, self.clock,
                                      allowed_skew_ms=int(cfg.grant_skew_s * 1000))
             host, port = cfg.listen_host_port
@@ -116,10 +126,10 @@ class StorageNode:
             node_id=cfg.node_id, host_id=cfg.host_id, master=cfg.master, segments=self.segments,
             tcp_address=self.tcp_address, index=self.index, clock=self.clock,
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
-            verifier=self.verifier, credential=node_credential(self.secret, cfg.node_id),
+            credential=node_credential(self.secret, cfg.node_id),
             client_cert_file=cfg.master_tls_cert_file, client_key_file=cfg.master_tls_key_file,
+            cargo=HeartbeatCargo(self.verifier, self.mover, Copier(self.access)),
         )
-        self.control.copier = Copier(self.access)  # re-replication orders (copier.py)
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)
 
@@ -192,8 +202,7 @@ class StorageNode:
                 await task
             await control.unmount()
             await control.close()
-            if control.copier is not None:
-                await control.copier.aclose()
+            await control.cargo.aclose()
             if self.http is not None:
                 await self.http.stop()
 
@@ -203,6 +212,8 @@ class StorageNode:
         """Stop the data server and release the segments. Safe to call twice."""
         if self.verifier is not None:
             self.verifier.stop()
+        if self.mover is not None:
+            self.mover.stop()
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -210,11 +221,11 @@ class StorageNode:
             self.rdma.close()
             self.rdma = None
         keep = self.cfg.keep_segments_on_exit
-        for segment in self.segments:
-            segment.close(unlink=not keep)
+        for segment in self.segments:  # the disk tier's file outlives every stop
+            segment.close(unlink=not keep and segment.tier == TIER_DRAM)
         self.segments = []
-        if self.journal is not None:
-            self.journal.close(unlink=not keep)
+        if self.journal is not None:  # ... and so does the journal that describes it
+            self.journal.close(unlink=not keep and not self.cfg.disk_dir)
             self.journal = None
 
     # ---- views -------------------------------------------------------------------------
@@ -251,4 +262,5 @@ class StorageNode:
             "verify": self.verifier.status() if self.verifier else {},
             "master": self.control.status() if self.control else {},
             "data_plane": self.server.stats.snapshot() if self.server else {},
+            "disk_tier": self.mover.status() if self.mover else {},
         }

@@ -47,6 +47,8 @@ from pathlib import Path
 
 import xxhash
 
+from cellar.proto.tiers import TIER_DRAM
+
 log = logging.getLogger("cellar.node.segment")
 
 HUGETLBFS = "hugetlbfs"
@@ -165,6 +167,11 @@ class Segment:
         self.reattached = False  # True when an earlier process's file was mapped as it was
         self._prefault: threading.Thread | None = None
         self._closing = False
+        self.tier = TIER_DRAM  # TIER_DISK for the disk tier's file (storage_node/disk_tier.py)
+        # Dropped as corrupt (node_corrupt_dropped): a file of another size found at start
+        # (torn or truncated: discarded with its objects), restored objects failing their checksum.
+        self.dropped_files = 0
+        self.dropped_objects = 0
 
     @classmethod
     def create(
@@ -176,6 +183,7 @@ class Segment:
         *,
         hugepages: bool = False,
         mlock: bool = False,
+        prefault: bool = True,
     ) -> Segment:
         """Create (or open, if a previous process of this node left it) and map the file."""
         path = segment_path(shm_dir, node_id, index)
@@ -195,7 +203,8 @@ class Segment:
         fd = _open_locked(path, node_id)
         try:
             existing = os.fstat(fd).st_size
-            if existing not in (0, size_bytes):
+            dropped = existing not in (0, size_bytes)
+            if dropped:
                 log.warning("segment file %s has %d bytes, not the configured %d: discarding it "
                             "and its objects", path, existing, size_bytes)
                 path.unlink()
@@ -236,7 +245,8 @@ class Segment:
             raise
         segment = cls(segment_id_for(node_id, index), index, size_bytes, buf, path, fd)
         segment.reattached = reattached
-        if not mlock:  # mlock has faulted every page in already
+        segment.dropped_files = int(dropped)
+        if prefault and not mlock:  # mlock has faulted every page in already
             segment._start_prefault()
         return segment
 
@@ -287,6 +297,13 @@ class Segment:
                 f"[{offset}, +{length}) is outside segment {self.segment_id} ({self.size_bytes} bytes)"
             )
         return self.memory[offset:offset + length]
+
+    def sync(self, offset: int, length: int) -> None:
+        """msync(MS_SYNC) the pages holding [offset, offset+length): on a disk file they are on
+        the device when this returns (a no-op for memory without a file)."""
+        if isinstance(self._buf, mmap.mmap) and length > 0:
+            start = offset - offset % mmap.PAGESIZE
+            self._buf.flush(start, offset + length - start)
 
     def close(self, *, unlink: bool) -> None:
         """Unmap and, when `unlink`, delete the file. Safe to call twice."""

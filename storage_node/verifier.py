@@ -101,6 +101,7 @@ class Verifier:
                 continue
             if self._index.drop_if_matches(alloc_id, entry.segment_id, entry.offset, entry.length):
                 self.corrupt += 1
+                segment.dropped_objects += 1
                 log.warning("object %r/%r (allocation %d, %d bytes at %d of segment %d) failed "
                             "its checksum after the restart: dropped", entry.tenant, entry.key,
                             alloc_id, entry.length, entry.offset, entry.segment_id)

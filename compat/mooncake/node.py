@@ -83,12 +83,14 @@ def free_port(host: str, low: int = SEGMENT_PORT_RANGE[0], high: int = SEGMENT_P
 class EmbeddedNode:
     """One `cellar node` child serving `segment_bytes` for the cluster at `master`."""
 
-    def __init__(self, master: str, segment_bytes: int, host: str, port: int = 0) -> None:
+    def __init__(self, master: str, segment_bytes: int, host: str, port: int = 0, *,
+                 disk_dir: str = "", disk_bytes: int = 0) -> None:
         # Segments are whole pages; Mooncake takes any size, so round down rather than refuse.
         self.segment_bytes = segment_bytes - segment_bytes % mmap.PAGESIZE
         self.master = master
         self.host = host
         self.port = port  # the data-plane port (0: any), get_hostname()'s port
+        self.disk_dir, self.disk_bytes = disk_dir, disk_bytes  # enable_ssd_offload's disk tier
         hostname = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0])[:48]
         self.node_id = f"{NODE_ID_PREFIX}-{hostname}-{os.getpid()}-{secrets.token_hex(3)}"
         self._dir = Path(tempfile.mkdtemp(prefix="cellar-mooncake-node-",
@@ -141,6 +143,8 @@ class EmbeddedNode:
                 "--listen", f"[{self.host}]:{self.port}" if ":" in self.host
                 else f"{self.host}:{self.port}", "--segment-size", str(self.segment_bytes),
                 "--shm-dir", str(self._dir), "--node-id", self.node_id]
+        if self.disk_dir:
+            argv += ["--disk-dir", self.disk_dir, "--disk-size", str(self.disk_bytes)]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         try:
             # mode 0600 (a fresh file in a fresh 0700 directory): logs name peers and node ids

@@ -18,6 +18,11 @@ Mooncake's rules kept here
       NOT_SUPPORTED.
     - The dict form requires `local_hostname` and `metadata_server`, and ignores keys it does
       not know (as Mooncake does; they are logged).
+    - `enable_ssd_offload` gives the embedded node (so `global_segment_size > 0`) a disk tier
+      (docs/disk-tier.md): its directory is `ssd_offload_path`, else Mooncake's
+      MOONCAKE_OFFLOAD_FILE_STORAGE_PATH; its size MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES,
+      else DISK_PER_SEGMENT x the global segment (whole pages, at least 1 MiB). Without a
+      segment or a directory it is INVALID_PARAMS (Cellar's disk tier belongs to a node).
     `SetupError` carries the code setup returns.
 
 What it must never do
@@ -27,6 +32,7 @@ What it must never do
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +48,11 @@ DEFAULT_PROTOCOL = "tcp"
 DEFAULT_MASTER = "127.0.0.1:50051"
 DEFAULT_TENANT = "default"
 MAX_SIZE_BYTES = 1 << 50                # refuses absurd sizes before anything allocates
+OFFLOAD_PATH_ENV = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"      # Mooncake's SSD-offload directory
+OFFLOAD_SIZE_ENV = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"  # and its byte limit
+DISK_PER_SEGMENT = 4          # disk tier = this many global segments when no limit is given
+MIN_DISK_BYTES = 1 << 20      # the node's minimum disk-tier size
+PAGE_BYTES = 4096
 # Mooncake's names, plus Cellar's own: "auto" (shm for same-host nodes, rdma, tcp) and "shm".
 PROTOCOL_TRANSPORTS = {"tcp": "tcp", "rdma": "rdma", "auto": "auto", "shm": "shm"}
 
@@ -73,6 +84,8 @@ class SetupConfig:
     local_buffer_bytes: int
     transport: str
     tenant: str = DEFAULT_TENANT
+    disk_dir: str = ""        # enable_ssd_offload: the embedded node's disk tier (docs/disk-tier.md)
+    disk_bytes: int = 0
 
 
 def parse_size_bytes(value: Any, what: str) -> int:
@@ -142,15 +155,33 @@ def build(local_hostname: Any, metadata_server: Any, global_segment_size: Any,
     if engine is not None:
         # a Mooncake TransferEngine cannot carry Cellar's frames; Cellar opens its own
         log.warning("setup: the `engine` argument (a Mooncake TransferEngine) is not used")
+    disk_dir, disk_bytes = "", 0
     if _flag(enable_ssd_offload, "enable_ssd_offload"):
-        raise SetupError(ErrorCode.NOT_SUPPORTED, "enable_ssd_offload: Cellar keeps objects in DRAM")
-    if ssd_offload_path:
-        log.warning("setup: ssd_offload_path is ignored (no SSD offload in Cellar)")
+        disk_dir, disk_bytes = _ssd_offload(_text(ssd_offload_path, "ssd_offload_path"), segment)
+    elif ssd_offload_path:
+        log.warning("setup: ssd_offload_path is ignored without enable_ssd_offload")
     if _flag(enable_client_http_server, "enable_client_http_server"):
         raise SetupError(ErrorCode.NOT_SUPPORTED,
                          "enable_client_http_server: use cellar.client.metrics instead")
     tenant = str(tenant_id).strip() or DEFAULT_TENANT
-    return SetupConfig(hostname, master, segment, local_buffer, transport, tenant)
+    return SetupConfig(hostname, master, segment, local_buffer, transport, tenant,
+                       disk_dir, disk_bytes)
+
+
+def _ssd_offload(path: str, segment_bytes: int) -> tuple[str, int]:
+    """enable_ssd_offload -> the embedded node's disk tier: (directory, size in bytes)."""
+    directory = path.strip() or os.environ.get(OFFLOAD_PATH_ENV, "").strip()
+    if not segment_bytes:
+        raise SetupError(ErrorCode.INVALID_PARAMS,
+                         "enable_ssd_offload needs global_segment_size > 0: Cellar's disk tier "
+                         "sits under the DRAM of the node this client embeds")
+    if not directory:
+        raise SetupError(ErrorCode.INVALID_PARAMS,
+                         f"enable_ssd_offload needs ssd_offload_path (or {OFFLOAD_PATH_ENV})")
+    limit = os.environ.get(OFFLOAD_SIZE_ENV, "").strip()
+    size = (parse_size_bytes(limit, OFFLOAD_SIZE_ENV) if limit
+            else DISK_PER_SEGMENT * segment_bytes)
+    return directory, max(MIN_DISK_BYTES, size - size % PAGE_BYTES)
 
 
 def from_dict(config: Mapping[Any, Any]) -> SetupConfig:

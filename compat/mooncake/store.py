@@ -132,7 +132,8 @@ class MooncakeDistributedStore:
             node = None
             if config.global_segment_bytes > 0:
                 node = EmbeddedNode(config.master_address, config.global_segment_bytes,
-                                    _listen_host(host), port)
+                                    _listen_host(host), port, disk_dir=config.disk_dir,
+                                    disk_bytes=config.disk_bytes)
                 try:
                     node.start(lambda: [n["node_id"] for n in client.status()["nodes"]])
                 except SetupError as exc:

@@ -27,6 +27,7 @@ _CUDA = "GPU memory: the SDK moves host memory only"
 _TASKS = "replica copy/move tasks: the Cellar master places replicas itself"
 _REPLICAS = "replica descriptors are Mooncake's transfer-engine handles; Cellar's are grants"
 
+_DISK = "the disk tier is the node's (enable_ssd_offload), mounted and read by the node, never by hand"
 UNSUPPORTED: dict[str, str] = {
     "alloc_from_mem_pool": "no client-side memory pool (Cellar sends from the caller's buffers)",
     "init_all": _SEGMENTS,
@@ -34,8 +35,8 @@ UNSUPPORTED: dict[str, str] = {
     "unmount_segment": _SEGMENTS,
     "allocate_and_mount_segment": _SEGMENTS,
     "unmount_and_free_segment": _SEGMENTS,
-    "unmount_local_disk_segment": "no SSD offload in Cellar",
-    "get_offload_rpc_read_count": "no SSD offload in Cellar",
+    "unmount_local_disk_segment": _DISK,
+    "get_offload_rpc_read_count": _DISK,
     "bind_to_numa_node": "Cellar nodes take NUMA placement from their own configuration",
     "get_alloc_func_addr": "no Mooncake host allocator",
     "get_free_func_addr": "no Mooncake host allocator",

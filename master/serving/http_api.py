@@ -51,6 +51,7 @@ from cellar.master.serving.prefix_query import add_prefix_query_routes
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
 from cellar.master.state.records import Tenant
+from cellar.proto.tiers import TIER_NAMES, tier_totals
 from cellar.tokens import KINDS
 from cellar.units import format_size
 
@@ -117,11 +118,14 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
         "used": s.used_bytes,
         "quarantined": s.segment.quarantined_bytes,
         "objects": s.object_count,
+        "tier": TIER_NAMES.get(s.segment.tier, "unknown"),
         "endpoints": [{"transport": e.transport, "address": e.address} for e in s.info.endpoints],
     } for s in summary.segments]
     return {
         **_leadership_json(leadership),
         "segments": segments,
+        "tiers": tier_totals((s.segment.tier, s.segment.allocator.capacity_bytes, s.used_bytes,
+                              s.object_count) for s in summary.segments),
         "capacity": summary.capacity_bytes,
         "used": summary.used_bytes,
         "quarantined": service.quarantine.held_bytes,
@@ -160,7 +164,7 @@ def _status_text(leadership: Leadership) -> str:
     ]
     for s in status["segments"]:
         lines.append(
-            f"  {s['id']:>20} node={s['node']} state={s['state']} "
+            f"  {s['id']:>20} node={s['node']} tier={s['tier']} state={s['state']} "
             f"used={format_size(s['used'])}/{format_size(s['capacity'])} objects={s['objects']}"
         )
     lines += ["", "tenants:"]

@@ -24,8 +24,10 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 
 from cellar.master.state.membership import STATE_NAMES
+from cellar.proto.tiers import tier_totals
 
 if TYPE_CHECKING:
+    from cellar.master.service import MasterService
     from cellar.master.serving.leadership import Leadership
 
 # RPC name -> metric stem (Mooncake's stem where the meaning is the same)
@@ -83,6 +85,20 @@ def _total(stem: str, doc: str, value: float) -> Metric:
     metric = Metric(stem, doc, "counter")
     metric.add_sample(stem + "_total", {}, value)
     return metric
+
+
+def _tier_gauges(service: MasterService) -> Iterator[Metric]:
+    """Capacity, use and objects per tier (dram, disk): docs/disk-tier.md."""
+    totals = tier_totals((s.tier, s.allocator.capacity_bytes, s.allocator.used_bytes,
+                          len(s.objects)) for s in service.membership.segments.values())
+    families = [GaugeMetricFamily(f"master_tier_{what}", doc, labels=["tier"]) for what, doc in (
+        ("capacity_bytes", "bytes of the mounted segments of the tier"),
+        ("used_bytes", "bytes allocated in the tier (incl. quarantine and retired ranges)"),
+        ("objects", "object replicas held in the tier"))]
+    for name, row in totals.items():
+        for family, key in zip(families, ("capacity_bytes", "used_bytes", "objects"), strict=True):
+            family.add_metric([name], row[key])
+    yield from families
 
 
 class MasterCollector(Collector):
@@ -160,6 +176,9 @@ class MasterCollector(Collector):
         yield _total("master_attempted_evictions", "eviction runs started", evictor.attempts)
         yield _total("master_successful_evictions", "eviction runs that evicted something",
                      evictor.successes)
+        for name, value in service.tiers.counters().items():  # the disk tier (state/tiers.py)
+            yield _untyped(f"master_tier_{name}", f"disk tier: {name.replace('_', ' ')}", value)
+        yield from _tier_gauges(service)
         yield _total("master_put_start_alloc_failures", "put keys refused NO_SPACE",
                      service.no_space_count)
         yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)

@@ -281,7 +281,8 @@ class MasterServicer:
         return self._key_reply(pb.UnmountSegmentReply, results, stats)
 
     def Heartbeat(self, req: pb.HeartbeatRequest, stats: RpcStats) -> pb.HeartbeatReply:
-        outcome = self.service.heartbeat(req.node_id, req.incarnation, req.freed_ack_seq, req.lost)
+        outcome = self.service.heartbeat(req.node_id, req.incarnation, req.freed_ack_seq, req.lost,
+                                         req.moved)
         FreedRange = pb.FreedRange
         freed = [
             FreedRange(segment_id=seg, alloc_id=alloc, offset=off, length=length)
@@ -292,6 +293,7 @@ class MasterServicer:
         return pb.HeartbeatReply(
             header=self._header(), remount=outcome.remount, freed=freed, freed_seq=outcome.freed_seq,
             copies=copies,
+            moves=[tier_move(m) for m in outcome.moves],
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:
@@ -514,3 +516,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             checked, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def tier_move(move: Any) -> pb.Move:
+    """A state/tiers.py Move as the node reads it."""
+    src, dst = move.src, move.dst
+    return pb.Move(src_segment_id=src.segment.segment_id, src_alloc_id=src.alloc_id,
+                   src_offset=src.offset, length=move.obj.size,
+                   dst_segment_id=dst.segment.segment_id, dst_alloc_id=dst.alloc_id,
+                   dst_offset=dst.offset)

@@ -73,6 +73,22 @@ def nodes_of(segments: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted(nodes.values(), key=lambda r: r["node"])
 
 
+def _tiers_table(tiers: Mapping[str, Mapping[str, int]], high: float) -> list[str]:
+    """DRAM and disk apart, when a node has a disk tier (docs/disk-tier.md); else nothing."""
+    if set(tiers) <= {"dram"}:
+        return []
+    out = ["<h2>Tiers</h2><table id=tiers><thead><tr><th>tier</th><th>segments</th>"
+           "<th>objects</th><th>used / capacity</th><th>use</th></tr></thead><tbody>"]
+    for name, row in tiers.items():
+        used, capacity = int(row["used_bytes"]), int(row["capacity_bytes"])
+        out.append(f"<tr><td>{_e(name)}</td><td>{int(row['segments'])}</td>"
+                   f"<td>{int(row['objects'])}</td><td>{_e(format_size(used))} / "
+                   f"{_e(format_size(capacity))}</td><td>{_bar(use_fraction(used, capacity), high)}"
+                   "</td></tr>")
+    out.append("</tbody></table>")
+    return out
+
+
 def _leader_text(status: Mapping[str, Any]) -> str:
     if status.get("role") == "single":
         return "this master (single, no etcd)"
@@ -116,6 +132,7 @@ def render(status: Mapping[str, Any], events: Iterable[Event], *, refresh_s: int
         f"<div class=card>writing<b>{_e(status.get('writing', 0))}</b></div>",
         f"<div class=card>pins<b>{_e(status.get('pins', 0))}</b></div></div>",
         f"<div class=sub id=repair>{_e(repair_line(status.get('repair') or {}))}</div>",
+        *_tiers_table(status.get("tiers") or {}, high),
         "<h2>Storage nodes</h2><table id=nodes><thead><tr><th>node</th><th>state</th>"
         "<th>segments</th><th>objects</th><th>used / capacity</th><th>use</th></tr></thead><tbody>",
     ]

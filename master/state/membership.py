@@ -33,7 +33,15 @@ from __future__ import annotations
 from typing import Any
 
 from cellar.errors import Status
-from cellar.master.state.records import ACTIVE, EXPIRED, SUSPECT, Node, Segment
+from cellar.master.state.records import (
+    ACTIVE,
+    EXPIRED,
+    SUSPECT,
+    TIER_DISK,
+    TIER_DRAM,
+    Node,
+    Segment,
+)
 
 STATE_NAMES = {ACTIVE: "ACTIVE", SUSPECT: "SUSPECT", EXPIRED: "EXPIRED"}
 
@@ -66,6 +74,8 @@ class Membership:
         self.active_segments: list[Segment] = []
         self.active_node_ids: frozenset[str] = frozenset()
         self.by_host: dict[str, list[Segment]] = {}
+        self.disk_of: dict[str, Segment] = {}  # an ACTIVE node's disk-tier segment, by node id
+        self.tiered: frozenset[str] = frozenset()  # nodes with a disk tier (any state)
         self.max_segment_bytes = 0  # largest mounted segment (ACTIVE or SUSPECT)
         self.rebuilding_count = 0   # mounted segments whose node's report has not ended
         self.lag_credited_s = 0.0
@@ -111,6 +121,12 @@ class Membership:
             return Status.INVALID, f"host_id longer than {MAX_HOST_ID_CHARS} characters"
         if info.node_id and info.node_id != node.node_id:
             return Status.INVALID, "segment node_id differs from the request's node_id"
+        tier = int(info.tier)
+        if tier not in (TIER_DRAM, TIER_DISK):
+            return Status.INVALID, f"tier must be {TIER_DRAM} (DRAM) or {TIER_DISK} (disk)"
+        if tier == TIER_DISK and any(s.tier == TIER_DISK for s in node.segments.values()
+                                     if s.segment_id != segment_id):
+            return Status.INVALID, "a node has at most one disk-tier segment"
         if len(info.endpoints) > MAX_ENDPOINTS:
             return Status.INVALID, f"more than {MAX_ENDPOINTS} endpoints"
         for endpoint in info.endpoints:
@@ -130,6 +146,7 @@ class Membership:
         stored.node_id = node.node_id
         segment = Segment(segment_id, node, size, host_id, stored)
         segment.rebuilding = rebuilding
+        segment.tier = tier
         self.segments[segment_id] = segment
         node.segments[segment_id] = segment
         return Status.OK, ""
@@ -175,15 +192,23 @@ class Membership:
         largest = 0
         placeable_nodes: set[str] = set()
         rebuilding = 0
+        disk_of: dict[str, Segment] = {}
         for node in self.nodes.values():
             for segment in node.segments.values():
-                largest = max(largest, segment.size_bytes)
                 rebuilding += segment.rebuilding
+                if segment.tier == TIER_DISK:  # placed by state/tiers.py, never directly
+                    if node.state == ACTIVE and not segment.rebuilding and not node.draining:
+                        disk_of[node.node_id] = segment
+                    continue
+                largest = max(largest, segment.size_bytes)
                 if node.state == ACTIVE and not segment.rebuilding and not node.draining:
                     active.append(segment)
                     by_host.setdefault(segment.host_id, []).append(segment)
                     placeable_nodes.add(node.node_id)
         self.active_segments = active
+        self.disk_of = disk_of
+        self.tiered = frozenset(node.node_id for node in self.nodes.values()
+                                if any(s.tier == TIER_DISK for s in node.segments.values()))
         self.by_host = by_host
         self.active_node_ids = frozenset(placeable_nodes)
         self.rebuilding_count = rebuilding
@@ -193,8 +218,18 @@ class Membership:
 
     def usage(self) -> tuple[int, int]:
         """(capacity, used) bytes over mounted segments; used includes quarantined ranges."""
+        return self._usage(frozenset())
+
+    def evicting_usage(self) -> tuple[int, int]:
+        """`usage` without the nodes that have a disk tier: state/tiers.py keeps their
+        watermarks (demotion, disk eviction), watermark eviction the others'."""
+        return self._usage(self.tiered)
+
+    def _usage(self, skip: frozenset[str]) -> tuple[int, int]:
         capacity = used = 0
         for segment in self.segments.values():
+            if skip and segment.node.node_id in skip:
+                continue
             capacity += segment.allocator.capacity_bytes
             used += segment.allocator.used_bytes
         return capacity, used

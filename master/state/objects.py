@@ -300,6 +300,18 @@ class ObjectTable:
             self.membership.notify_freed(segment, replica.alloc_id, replica.offset, obj.size)
             segment.allocator.free(replica.offset)
 
+    def swap_replica(self, obj: Obj, old: Replica, new: Replica) -> None:
+        """A tier move is durable (state/tiers.py): `new` (its range already allocated) takes
+        `old`'s place in the object. `old`'s range stays allocated and in its node's index: the
+        caller frees it once no reader's grant can still name it (readers may hold pins now).
+        Charges and pools do not change: same size, same replica count."""
+        assert obj.state == COMPLETE, "swap on an object that is not COMPLETE"
+        assert old in obj.replicas and new not in obj.replicas, "swap of an unknown replica"
+        obj.replicas = tuple([new if rep is old else rep for rep in obj.replicas])
+        if not any(rep.segment is old.segment for rep in obj.replicas):
+            old.segment.objects.discard(obj)
+        new.segment.objects.add(obj)
+
     def lose_replicas(self, segment: Segment, alloc_ids: set[int], now: float) -> int:
         """A node found these replicas corrupt and dropped them: forget them, free their ranges
         (the node already did), drop a version left with none. Returns the replicas lost."""

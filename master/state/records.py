@@ -31,6 +31,11 @@ NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kin
 SOFT_PIN = 2
 HARD_PIN = 3
 
+# Segment tiers: the numbers of cellar.proto.tiers (this room imports no proto; the unit test
+# tests/unit/test_master_tiers.py checks they agree).
+TIER_DRAM = 0
+TIER_DISK = 1
+
 ACTIVE = 1  # node states, the same numbers as the proto NodeState enum (membership.py)
 SUSPECT = 2
 EXPIRED = 3
@@ -130,9 +135,8 @@ class Obj:
 
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
-        "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
-        "engine_hash",
-        "wanted",
+        "last_access", "prev_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot",
+        "pool_kind", "engine_hash", "wanted",
     )
 
     def __init__(
@@ -149,6 +153,7 @@ class Obj:
         self.checksum = 0
         self.put_id = put_id
         self.last_access = 0.0
+        self.prev_access = 0.0  # the read before the last (0: read at most once): tiers.py LRU-2
         self.pins = 0
         self.pin_kind = pin_kind
         # Monotonic time the write grants expire; 0.0 once COMPLETE (no late write possible).
@@ -170,7 +175,7 @@ class Segment:
 
     __slots__ = (
         "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
-        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info",
+        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info", "tier",
     )
 
     def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
@@ -184,6 +189,7 @@ class Segment:
         self.quarantined_bytes = 0
         self.gone = False
         self.rebuilding = False  # the node's report has not ended yet: no new placements
+        self.tier = TIER_DRAM  # or TIER_DISK: the node's disk tier (state/tiers.py)
         self._untrusted_info: Any = None
 
     def untrusted_info(self) -> Any:

@@ -68,3 +68,28 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_enable_ssd_offload_mounts_a_disk_tier_under_the_embedded_segment(
+        make_cluster, connect_to, monkeypatch, tmp_path):
+    """Mooncake's enable_ssd_offload + ssd_offload_path: the embedded node gets a disk tier
+    (4 x its segment by default); puts past its DRAM stay readable (demoted or spilled), where
+    without it a DRAM-only node would have evicted most of them."""
+    cluster = make_cluster(nodes=0, heartbeat_interval_s=0.1, tick_interval_s=0.05)
+    monkeypatch.setenv("CELLAR_CLUSTER_SECRET", cluster.secret)
+    monkeypatch.delenv("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", raising=False)
+    reader = connect_to(cluster)
+    store = MooncakeDistributedStore()
+    args = setup_args(cluster, segment="8MB")
+    assert store.setup(*args, enable_ssd_offload=True, ssd_offload_path=str(tmp_path)) == 0
+    try:
+        tiers = reader.status()["tiers"]
+        assert (tiers["dram"]["capacity_bytes"], tiers["disk"]["capacity_bytes"]) == (8 * MIB, 32 * MIB)
+        assert list(tmp_path.glob("*.seg")), "no disk-tier file in ssd_offload_path"
+        values = {f"ssd/{i:02d}": os.urandom(MIB) for i in range(24)}  # 3x the DRAM
+        for key, value in values.items():
+            assert store.put(key, value) == 0
+        assert [reader.get(k) for k in values] == list(values.values())
+        assert reader.status()["tiers"]["disk"]["objects"] > 0
+    finally:
+        assert store.close() == 0

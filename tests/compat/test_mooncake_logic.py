@@ -79,8 +79,22 @@ def test_setup_refusals_carry_mooncake_codes():
     assert code(local_hostname="") == ErrorCode.INVALID_PARAMS
     assert code(master_server_addr=" ") == ErrorCode.INVALID_PARAMS
     assert code(metadata_server=5) == ErrorCode.INVALID_PARAMS
-    assert code(enable_ssd_offload=True) == ErrorCode.NOT_SUPPORTED
+    assert code(enable_ssd_offload=True, ssd_offload_path="/x") == ErrorCode.INVALID_PARAMS  # no segment
+    assert code(enable_ssd_offload=True, global_segment_size="8MB") == ErrorCode.INVALID_PARAMS  # no path
     assert code(enable_client_http_server="true") == ErrorCode.NOT_SUPPORTED
+
+
+def test_enable_ssd_offload_gives_the_embedded_node_a_disk_tier(monkeypatch):
+    args = ("h", "P2PHANDSHAKE", "8MB", "1MB", "tcp", "", "127.0.0.1:1")
+    monkeypatch.delenv("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", raising=False)
+    cfg = build(*args, enable_ssd_offload=True, ssd_offload_path="/ssd/a")
+    assert (cfg.disk_dir, cfg.disk_bytes) == ("/ssd/a", 32 * MIB)  # 4 x the segment
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "/ssd/env")
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "1GB")
+    cfg = from_dict({"local_hostname": "h", "metadata_server": "m", "global_segment_size": "8MB",
+                     "enable_ssd_offload": "true"})
+    assert (cfg.disk_dir, cfg.disk_bytes) == ("/ssd/env", 1 << 30)
+    assert build(*args, ssd_offload_path="/ssd/a").disk_dir == ""  # not enabled: no disk tier
 
 
 def test_setup_signature_errors_are_type_errors_naming_the_argument():

@@ -1,6 +1,7 @@
 """deploy/helm/cellar: rendered with the Helm v4 SDK for Python (helm-python-sdk, no helm binary),
 linted, every manifest validated offline against the Kubernetes schemas (kubernetes-validate),
-for the default values and for deploy/helm/values-ha-hugepages.yaml; then the masters' and
+for the default values, deploy/helm/values-ha-hugepages.yaml (a disk tier on a PVC) and
+deploy/helm/values-disk-hostpath.yaml (a disk tier on a hostPath); then the masters' and
 nodes' container args (with their env, $(VAR) expanded as the kubelet does) run through
 `cellar master|node --print-config` for real, so every flag the chart passes exists.
 """
@@ -22,7 +23,8 @@ from deploykit import DEPLOY, print_config
 
 CHART = DEPLOY / "helm" / "cellar"
 K8S_VERSION = "1.31.0"
-VALUE_SETS = {"default": None, "ha-hugepages": DEPLOY / "helm" / "values-ha-hugepages.yaml"}
+VALUE_SETS = {"default": None, "ha-hugepages": DEPLOY / "helm" / "values-ha-hugepages.yaml",
+              "disk-hostpath": DEPLOY / "helm" / "values-disk-hostpath.yaml"}
 FAKE_FIELDS = {"metadata.name": "cellar-node-0", "metadata.namespace": "kv",
                "status.podIP": "10.1.2.3"}
 
@@ -252,3 +254,23 @@ def test_node_pods_drain_in_pre_stop_within_the_grace_period(tmp_path: Path) -> 
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "POD_NAME": "cellar-node-0", "CELLAR_ADMIN_TOKEN": "x"})
     assert proc.returncode == 1 and "no master answered" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_the_disk_tier_volume_is_a_pvc_or_a_hostpath_or_absent(name: str) -> None:
+    nodes = one(render(name), "StatefulSet", "-node")
+    spec = nodes["spec"]["template"]["spec"]
+    args = spec["containers"][0]["args"]
+    disk_volumes = [v for v in spec["volumes"] if v["name"] == "disk"]
+    claims = [c["metadata"]["name"] for c in nodes["spec"].get("volumeClaimTemplates", [])]
+    if name == "default":
+        assert "--disk-dir" not in args and not disk_volumes and not claims
+        return
+    assert args[args.index("--disk-dir") + 1] == "/disk"
+    assert args[args.index("--journal-dir") + 1] == "/disk"  # the journal lives with the disk
+    size_mib = values_of(name)["node"]["disk"]["sizeMiB"]
+    assert args[args.index("--disk-size") + 1] == str(size_mib << 20)
+    if name == "disk-hostpath":
+        assert disk_volumes[0]["hostPath"]["path"] == "/var/lib/cellar" and not claims
+    else:
+        assert claims == ["disk"] and not disk_volumes

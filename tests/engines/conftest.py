@@ -8,6 +8,9 @@ Fixtures
     `cluster`       a `LocalCluster` (master + 2 nodes, 128 MiB segments) for one module
     `fresh_cluster` a factory of clusters owned by one test (for tests that kill processes):
                     `fresh_cluster(nodes=2, **master_flags)`
+    `tier_cluster`  a factory of one test's master + 1 node with 1 MiB of DRAM, and with
+                    `disk=True` a 64 MiB disk tier under it (docs/disk-tier.md):
+                    `tier_cluster(disk=False)`
     `outage_cluster` one test's master + 2 nodes (64 MiB) with fast liveness (`OUTAGE_FLAGS`:
                     a killed node's replicas drop and a restarted one re-attaches quickly),
                     every stopped (SIGSTOP) process resumed before it is stopped
@@ -50,12 +53,12 @@ def cluster() -> Iterator[LocalCluster]:
         c.stop()
 
 
-@pytest.fixture
-def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
+def _owned(start: Callable[..., LocalCluster]) -> Iterator[Callable[..., LocalCluster]]:
+    """A factory of clusters started by `start`, every one stopped when the test ends."""
     made: list[LocalCluster] = []
 
-    def make(nodes: int = 2, **master_flags: Any) -> LocalCluster:
-        c = _start(nodes, master_flags)
+    def make(*args: Any, **kwargs: Any) -> LocalCluster:
+        c = start(*args, **kwargs)
         made.append(c)
         return c
 
@@ -64,6 +67,27 @@ def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
     finally:
         for c in made:
             c.stop()
+
+
+@pytest.fixture
+def fresh_cluster() -> Iterator[Callable[..., LocalCluster]]:
+    yield from _owned(lambda nodes=2, **master_flags: _start(nodes, master_flags))
+
+
+TIER_DRAM = "1MiB"
+TIER_DISK_BYTES = 64 << 20
+TIER_FLAGS = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05}
+
+
+@pytest.fixture
+def tier_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalCluster]]:
+    def start(*, disk: bool) -> LocalCluster:
+        flags: dict[str, Any] = {}
+        if disk:
+            flags = {"disk_dir": str(tmp_path_factory.mktemp("disk")), "disk_size": TIER_DISK_BYTES}
+        return LocalCluster(1, TIER_DRAM, node_flags=flags, master_flags=TIER_FLAGS).start()
+
+    yield from _owned(start)
 
 
 @pytest.fixture

@@ -1,0 +1,259 @@
+"""The disk tier against this machine's own disk, and what it does for the hit ratio.
+
+    python -m cellar.bench.disk [--reps 5] [--dir DIR] [--out bench/results]   (make bench-disk)
+
+Part 1, throughput (docs/disk-tier.md): the same batches to a DRAM-only node over TCP as the
+baseline (what the data plane does without a disk), then one node whose 4 MiB of DRAM is held by a soft-pinned
+filler, so every put spills to its disk tier (a file in DIR, default the system temp dir, on a
+real disk here), and every get is served from that file over TCP. Per object size (1 and 4
+MiB) and rep: `put_many` of a batch of 16, `get_many_into` of the same 16 (the master's
+disk-hit counter confirms the reads came from disk), then `remove_prefix`. Against, in the
+same run, the machine's disk ceiling with the node's own flags: sequential `pwrite` then
+`pread` of 16 ranges of the same size in one file, buffered (no O_DIRECT, no sync on put, as
+the node's spilled puts), and the device underneath: the same with O_DIRECT (page-aligned
+buffers; where the filesystem refuses O_DIRECT the row says so), and the loopback TCP
+ceiling every disk-tier byte also crosses (bench/ceilings.py `tcp_cold_GBps`: 16 x 4 MiB
+spans). Target: >= 0.7x of the buffered ceiling for reads and writes; the table also gives
+the ratio to min(buffered, TCP), what a TCP data plane over this disk could reach, and to the
+device. Median GB/s over the reps after the first.
+
+Part 2, hit ratio: a seeded trace (`trace`: Zipf(s) popularity over a working set 4x the
+node's DRAM, 256 KiB objects, key ids shuffled) replayed as a cache does it: get, and on a
+miss put. The same trace over the same DRAM alone and over DRAM + a disk tier.
+
+Results: bench/results/disk-<date>-<host>.md (and .json). Figures only, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import mmap
+import os
+import re
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import cellar
+from cellar.bench.ceilings import COLD_SPAN_BYTES, tcp_loopback_GBps
+
+MIB = 1 << 20
+BATCH = 16
+SIZES = (MIB, 4 * MIB)
+FILLER_BYTES = 4 * MIB  # the node's whole DRAM, soft-pinned: every bench put spills to disk
+DISK_BYTES = 512 * MIB
+TRACE_DRAM = 32 * MIB
+TRACE_OBJECT = 256 << 10
+TRACE_ACCESSES = 4000
+TRACE_SKEW = 0.9
+TRACE_SEED = 2212
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+TARGET = 0.7
+
+
+def trace(seed: int, keys: int, accesses: int, skew: float) -> list[int]:
+    """`accesses` key ids in [0, keys): Zipf(`skew`) popularity, ids shuffled (seeded)."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, keys + 1) ** skew
+    ranks = rng.choice(keys, size=accesses, p=weights / weights.sum())
+    order = rng.permutation(keys)
+    return [int(order[r]) for r in ranks]
+
+
+def _aligned(nbytes: int) -> mmap.mmap:
+    buf = mmap.mmap(-1, nbytes)
+    buf.write(os.urandom(min(nbytes, MIB)) * max(1, nbytes // MIB))
+    return buf
+
+
+def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[str, float] | str:
+    """Sequential write then read of BATCH ranges of `size` in one file, GB/s medians."""
+    flags = os.O_RDWR | os.O_CREAT | (getattr(os, "O_DIRECT", 0) if direct else 0)
+    buf = _aligned(size)
+    writes, reads = [], []
+    for rep in range(reps + 1):
+        path = directory / f"ceiling-{size}-{rep}-{int(direct)}.bin"
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            return f"O_DIRECT refused: {exc.strerror}"
+        try:
+            os.posix_fallocate(fd, 0, BATCH * size)  # as the node reserves its disk file
+            started = time.perf_counter()
+            for i in range(BATCH):
+                os.pwrite(fd, buf, i * size)
+            writes.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+            started = time.perf_counter()
+            for i in range(BATCH):
+                os.preadv(fd, [buf], i * size)
+            reads.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+        except OSError as exc:
+            return f"O_DIRECT refused: {exc.strerror}"
+        finally:
+            os.close(fd)
+            path.unlink()
+    return {"write": statistics.median(writes[1:]), "read": statistics.median(reads[1:])}
+
+
+def _metric(http_url: str, name: str) -> float:
+    with urllib.request.urlopen(http_url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    match = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _cellar(directory: Path | None, reps: int) -> dict[int, dict[str, Any]]:
+    """Batches over TCP to the disk tier in `directory`, or (None) to a DRAM-only node."""
+    from cellar.devtools.local_cluster import LocalCluster
+
+    out: dict[int, dict[str, Any]] = {}
+    node_flags: dict[str, Any] = {}
+    dram: int | str = "1GiB"
+    if directory is not None:
+        (directory / "tier").mkdir()
+        node_flags = {"disk_dir": str(directory / "tier"), "disk_size": DISK_BYTES}
+        dram = FILLER_BYTES
+    with (LocalCluster(1, dram, node_flags=node_flags) as cluster,
+          cellar.connect(cluster.address, transport="tcp") as client):
+        if directory is not None:
+            client.put("bench-disk/filler", bytes(FILLER_BYTES), soft_pin=True)
+        for size in SIZES:
+            values = [os.urandom(size) for _ in range(BATCH)]
+            buffers = [bytearray(size) for _ in range(BATCH)]
+            puts, gets, from_disk = [], [], 0.0
+            for rep in range(reps + 1):
+                keys = [f"bench-disk/{size}/{rep}/{i}" for i in range(BATCH)]
+                started = time.perf_counter()
+                assert client.put_many(list(zip(keys, values, strict=True))) == \
+                    [cellar.Status.OK] * BATCH
+                puts.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+                hits = _metric(cluster.http_url, "master_tier_disk_hits")
+                started = time.perf_counter()
+                assert client.get_many_into(keys, buffers) == [size] * BATCH
+                gets.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+                from_disk += _metric(cluster.http_url, "master_tier_disk_hits") - hits
+                assert buffers[-1] == values[-1]
+                client.remove_prefix(f"bench-disk/{size}/{rep}/")
+            out[size] = {"put": statistics.median(puts[1:]), "get": statistics.median(gets[1:]),
+                         "from_disk": int(from_disk), "reads": (reps + 1) * BATCH}
+    return out
+
+
+def _hit_ratio(directory: Path | None) -> dict[str, Any]:
+    """Replay the trace as a cache: get, put on a miss. `directory`: the disk tier, or None."""
+    from cellar.devtools.local_cluster import LocalCluster
+
+    keys = 4 * TRACE_DRAM // TRACE_OBJECT
+    accesses = trace(TRACE_SEED, keys, TRACE_ACCESSES, TRACE_SKEW)
+    node_flags: dict[str, Any] = {}
+    if directory is not None:
+        (directory / "trace").mkdir()
+        node_flags = {"disk_dir": str(directory / "trace"), "disk_size": DISK_BYTES}
+    value = os.urandom(TRACE_OBJECT)
+    buffer = bytearray(TRACE_OBJECT)
+    hits = 0
+    with (LocalCluster(1, TRACE_DRAM, node_flags=node_flags) as cluster,
+          cellar.connect(cluster.address) as client):
+        for key in accesses:
+            name = f"trace/{key:05d}"
+            if client.get_many_into([name], [buffer]) == [TRACE_OBJECT]:
+                hits += 1
+            else:
+                client.put_many([(name, value)])
+        from_disk = _metric(cluster.http_url, "master_tier_disk_hits")
+    return {"hits": hits, "accesses": len(accesses), "ratio": hits / len(accesses),
+            "from_disk": int(from_disk)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    when, host = result["when"], result["host"]
+    lines = [f"Cellar disk-tier bench, {when} on {host} (`make bench-disk`): batch of {BATCH}, "
+             f"GB/s medians of {result['reps']} reps after a warm-up; the disk file in "
+             f"`{result['dir_fs']}`.", "",
+             f"TCP loopback ceiling (16 x 4 MiB spans): {result['tcp_GBps']:.2f} GB/s.", "",
+             "| object | op | Cellar disk tier | Cellar DRAM tier (TCP) | buffered ceiling "
+             "| ratio (target >= 0.7) | ratio to min(buffered, TCP) | O_DIRECT (device) "
+             "| ratio to device |", "|---|---|---|---|---|---|---|---|---|"]
+    for size in SIZES:
+        cel = result["cellar"][str(size)]
+        buffered = result["buffered"][str(size)]
+        direct = result["direct"][str(size)]
+        for op, ceiling_op in (("put", "write"), ("get", "read")):
+            dev, dev_ratio = (f"{direct[ceiling_op]:.2f}", f"{cel[op] / direct[ceiling_op]:.2f}") \
+                if isinstance(direct, dict) else (direct, "-")
+            reach = min(buffered[ceiling_op], result["tcp_GBps"])
+            lines.append(f"| {size // MIB} MiB | {op} | {cel[op]:.2f} "
+                         f"| {result['dram'][str(size)][op]:.2f} | {buffered[ceiling_op]:.2f} "
+                         f"| {cel[op] / buffered[ceiling_op]:.2f} | {cel[op] / reach:.2f} "
+                         f"| {dev} | {dev_ratio} |")
+    lines.append("")
+    lines.append("Reads served from the disk tier (master_tier_disk_hits): "
+                 + ", ".join(f"{result['cellar'][str(s)]['from_disk']}/"
+                             f"{result['cellar'][str(s)]['reads']} at {s // MIB} MiB" for s in SIZES)
+                 + ".")
+    dram, tiered = result["trace"]["dram"], result["trace"]["disk"]
+    lines += ["", f"Hit ratio of a replayed trace (Zipf {TRACE_SKEW}, {TRACE_ACCESSES} accesses, "
+              f"seed {TRACE_SEED}, {4 * TRACE_DRAM // TRACE_OBJECT} keys of "
+              f"{TRACE_OBJECT >> 10} KiB = 4x the node's {TRACE_DRAM // MIB} MiB DRAM; get, put on "
+              "a miss):", "", "| cache | hits | hit ratio | hits served from disk |",
+              "|---|---|---|---|",
+              f"| DRAM alone | {dram['hits']}/{dram['accesses']} | {dram['ratio']:.3f} | - |",
+              f"| DRAM + {DISK_BYTES // MIB} MiB disk | {tiered['hits']}/{tiered['accesses']} | "
+              f"{tiered['ratio']:.3f} | {tiered['from_disk']} |"]
+    return "\n".join(lines) + "\n"
+
+
+def _filesystem(path: Path) -> str:
+    best, fs = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+                best, fs = parts[1], f"{parts[2]} on {parts[0]}"
+    except OSError:
+        pass
+    return fs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the disk files go (default: the system temp dir)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    directory = Path(tempfile.mkdtemp(prefix="cellar-bench-disk-", dir=args.dir))
+    try:
+        result: dict[str, Any] = {
+            "when": f"{dt.datetime.now():%Y-%m-%d %H:%M}", "host": socket.gethostname(),
+            "reps": args.reps, "dir_fs": f"{directory} ({_filesystem(directory)})",
+            "buffered": {str(s): _file_ceiling(directory, s, args.reps, False) for s in SIZES},
+            "direct": {str(s): _file_ceiling(directory, s, args.reps, True) for s in SIZES},
+            "tcp_GBps": statistics.median(tcp_loopback_GBps(1 << 30, COLD_SPAN_BYTES)
+                                          for _ in range(3)),
+            "cellar": {str(k): v for k, v in _cellar(directory, args.reps).items()},
+            "dram": {str(k): v for k, v in _cellar(None, args.reps).items()},
+            "trace": {"dram": _hit_ratio(None), "disk": _hit_ratio(directory)},
+        }
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    text = markdown(result)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"disk-{dt.datetime.now():%Y-%m-%d}-{socket.gethostname()}"
+    (args.out / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The disk tier under random traffic and under a scan (docs/disk-tier.md).
+
+- 10,000 random put/get/exists/remove operations over one node (64 MiB DRAM, 512 MiB disk)
+  while demotion and promotion run: zero phantom hits (`exists` true, then a `get` that misses
+  with no remove or eviction in between) and zero corrupt reads. The working set (~110 MiB)
+  is above DRAM and far below DRAM + disk, so nothing may be evicted at all: every key the
+  model holds must read back, byte-exact, whichever tier it is on or moving between.
+- A one-pass scan over 2x DRAM of cold keys leaves a hot set of 32 keys (read every round) in
+  DRAM: the hot set is pushed to disk first, comes back on its second read within the window,
+  and the scan (one read per cold key) promotes nothing. Negative control: with a promotion
+  window too short for two reads the hot set stays on disk (the second test below).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from test_disk_tier import DISK, DRAM, MASTER_FLAGS, MIB, _metric, _wait
+
+import cellar
+
+OPS = 10_000
+KEYS = 1500
+KIB = 1024
+
+
+def _cluster(make_cluster, tmp_path, **flags):  # type: ignore[no-untyped-def]
+    disk = tmp_path / "disk"
+    disk.mkdir(exist_ok=True)
+    return make_cluster(nodes=1, segment_size=DRAM,
+                        node_flags={"disk_dir": str(disk), "disk_size": DISK},
+                        **{**MASTER_FLAGS, **flags})
+
+
+def _value(key: int, generation: int) -> bytes:
+    rng = np.random.default_rng((key, generation))
+    size = int(rng.integers(32 * KIB, 160 * KIB))
+    return rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.timeout(300)
+def test_10000_random_ops_no_phantom_hit_no_corrupt_read(make_cluster, tmp_path):
+    cluster = _cluster(make_cluster, tmp_path)
+    rng = random.Random(2212)
+    held: dict[int, int] = {}  # key -> generation of the value stored
+    generations: dict[int, int] = {}
+    seen_present: set[int] = set()  # `exists` said true, no remove since
+    phantoms, corrupt, misses, counts = 0, 0, 0, dict.fromkeys(("put", "get", "exists", "remove"), 0)
+    with cellar.connect(cluster.address, timeout_s=30) as client:
+        for _ in range(OPS):
+            key = rng.randrange(KEYS)
+            name = f"op/{key:05d}"
+            roll = rng.random()
+            if roll < 0.35:
+                counts["put"] += 1
+                generation = generations.get(key, 0) + 1
+                try:
+                    client.put(name, _value(key, generation))
+                    generations[key] = generation
+                    assert key not in held, f"{name}: a put over a held key succeeded"
+                    held[key] = generation
+                except cellar.AlreadyExists:
+                    assert key in held, f"{name}: ALREADY_EXISTS for a key not held"
+            elif roll < 0.70:
+                counts["get"] += 1
+                try:
+                    got = client.get(name)
+                except cellar.NotFound:
+                    phantoms += key in seen_present
+                    misses += key in held
+                    continue
+                if key not in held or got != _value(key, held[key]):
+                    corrupt += 1
+            elif roll < 0.90:
+                counts["exists"] += 1
+                present = client.exists(name)
+                assert present == (key in held), f"{name}: exists {present}, model {key in held}"
+                if present:
+                    seen_present.add(key)
+            else:
+                counts["remove"] += 1
+                assert client.remove(name) == (key in held)
+                held.pop(key, None)
+                seen_present.discard(key)
+        live = sum(len(_value(k, g)) for k, g in held.items())
+    demotions = _metric(cluster, "master_tier_demotions")
+    promotions = _metric(cluster, "master_tier_promotions")
+    disk_hits = _metric(cluster, "master_tier_disk_hits")
+    print(f"\n{OPS} ops {counts}: {len(held)} keys held ({live / MIB:.0f} MiB live), "
+          f"{int(demotions)} demotions, {int(promotions)} promotions, {int(disk_hits)} disk hits")
+    assert (phantoms, corrupt, misses) == (0, 0, 0)
+    assert _metric(cluster, "master_tier_disk_evictions") == 0  # so every miss would be a bug
+    assert demotions > 0 and promotions > 0 and disk_hits > 0, "the tiers did not move"
+
+
+def _hot_set_run(make_cluster, tmp_path, promote_window_s: float) -> tuple[int, int]:
+    """Hot set pushed to disk, then 16 rounds of (8 cold keys read once + the hot set);
+    returns (disk hits of a last read of the hot set, promotions)."""
+    cluster = _cluster(make_cluster, tmp_path, promote_window_s=promote_window_s)
+    rng = np.random.default_rng(7)
+    hot = {f"hot/{i:02d}": rng.integers(0, 256, MIB, dtype=np.uint8).tobytes() for i in range(32)}
+    cold_count = 2 * DRAM // MIB  # a scan over 2x DRAM
+    cold = {f"cold/{i:03d}": rng.integers(0, 256, MIB, dtype=np.uint8).tobytes()
+            for i in range(cold_count)}
+    with cellar.connect(cluster.address, timeout_s=30) as client:
+        for chunk in (list(hot.items()), list(cold.items())):
+            for start in range(0, len(chunk), 8):
+                assert client.put_many(chunk[start:start + 8]) == [cellar.Status.OK] * len(
+                    chunk[start:start + 8])
+        cold_keys = list(cold)
+        for start in range(0, cold_count, 8):  # one pass, 8 cold keys a round
+            keys = cold_keys[start:start + 8]
+            assert client.get_many(keys) == [cold[k] for k in keys]
+            assert client.get_many(list(hot)) == list(hot.values())
+        _wait(lambda: _metric(cluster, "master_tier_moves_pending") == 0)  # the last round's moves
+        before = _metric(cluster, "master_tier_disk_hits")
+        assert client.get_many(list(hot)) == list(hot.values())
+        return (int(_metric(cluster, "master_tier_disk_hits") - before),
+                int(_metric(cluster, "master_tier_promotions")))
+
+
+@pytest.mark.timeout(240)
+def test_a_cold_scan_over_2x_dram_leaves_the_hot_set_in_dram(make_cluster, tmp_path):
+    from_disk, promotions = _hot_set_run(make_cluster, tmp_path, promote_window_s=30.0)
+    print(f"\nhot set after the scan: {from_disk} of 32 read from disk, {promotions} promotions")
+    assert from_disk == 0
+    assert promotions <= 32 + 8, "the scan promoted cold keys"
+
+
+@pytest.mark.timeout(240)
+def test_without_a_second_read_in_the_window_the_hot_set_stays_on_disk(make_cluster, tmp_path):
+    """The negative control of the test above: the same run, a window shorter than a round."""
+    from_disk, promotions = _hot_set_run(make_cluster, tmp_path, promote_window_s=0.001)
+    assert promotions == 0
+    assert from_disk > 16

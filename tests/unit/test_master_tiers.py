@@ -1,0 +1,238 @@
+"""The disk tier's policy (master/state/tiers.py), on a master with a fake clock and no node.
+
+One node: 16 MiB of DRAM (segment 1) and a disk segment (2). The node's side of a move is
+played by `_report` (MoveDone for every move the master asks for). Each test names what a
+wrong policy would do differently: demote below the watermark, demote a pinned or recent
+object, wait on a reader before switching, free an old range under a reader's grant, evict a
+recent disk object first, promote on one read or on reads further apart than the window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_master_support import FakeClock, MiB, get, make_service, put, segment_info
+
+from cellar.errors import Status
+from cellar.master.state.records import TIER_DISK, TIER_DRAM
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto import tiers
+
+DRAM = 16 * MiB
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def _service(clock: FakeClock, disk: int = 64 * MiB, **settings: Any):  # type: ignore[no-untyped-def]
+    svc = make_service(clock, node_suspect_after_s=1000, node_expire_after_s=2000, **settings)
+    disk_info = segment_info(2, disk)
+    disk_info.tier = TIER_DISK
+    outcome = svc.mount_segment("n1", 1, [segment_info(1, DRAM), disk_info])
+    assert outcome.results == [(Status.OK, "")] * 2, outcome.results
+    return svc
+
+
+def _fill(svc, clock: FakeClock, count: int, prefix: str = "k") -> list[str]:  # type: ignore[no-untyped-def]
+    keys = []
+    for i in range(count):
+        key = f"{prefix}{i:03d}"
+        put(svc, key, MiB)
+        clock.advance(1)  # distinct last-access times, oldest first
+        keys.append(key)
+    return keys
+
+
+def _obj(svc, key: str):  # type: ignore[no-untyped-def]
+    return svc.tenant("").objects[key]
+
+
+def _tier(svc, key: str) -> int:  # type: ignore[no-untyped-def]
+    (replica,) = _obj(svc, key).replicas
+    return int(replica.segment.tier)
+
+
+def _segment(svc, segment_id: int):  # type: ignore[no-untyped-def]
+    return svc.membership.nodes["n1"].segments[segment_id]
+
+
+def _moving_keys(svc) -> set[str]:  # type: ignore[no-untyped-def]
+    return {move.obj.key for move in svc.tiers.moves_for("n1")}
+
+
+def _report(svc, clock: FakeClock, ok: bool = True) -> int:  # type: ignore[no-untyped-def]
+    moves = svc.tiers.moves_for("n1")
+    svc.tiers.moved("n1", [pb.MoveDone(dst_segment_id=m.dst.segment.segment_id,
+                                       dst_alloc_id=m.dst.alloc_id, ok=ok) for m in moves],
+                    clock.monotonic())
+    return len(moves)
+
+
+def _read(svc, key: str, client: str = "reader") -> int:  # type: ignore[no-untyped-def]
+    """GetReplicas then Unpin (a read that ends); returns the tier it was served from."""
+    got = get(svc, key, client=client)
+    assert got.status == Status.OK
+    tier = _tier(svc, key)
+    svc.unpin("", client, [got.pin_id])
+    return tier
+
+
+def test_the_master_tiers_are_the_wire_tiers() -> None:
+    assert (TIER_DRAM, TIER_DISK) == (tiers.TIER_DRAM, tiers.TIER_DISK)
+
+
+def test_nothing_moves_below_the_high_watermark(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    _fill(svc, clock, 12)  # 12/16 = 0.75 < 0.80
+    svc.tick()
+    assert _moving_keys(svc) == set()
+    assert svc.tiers.counters()["moves_pending"] == 0
+
+
+def test_above_the_high_watermark_the_oldest_move_down_to_the_low(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    keys = _fill(svc, clock, 14)  # 14/16 = 0.875 > 0.80; the low mark 0.65 is 10.4 MiB
+    _read(svc, keys[0])  # the oldest put, read since: now the most recent
+    clock.advance(1)
+    svc.tick()
+    # 14 - 10.4 = 3.6 MiB: four objects, the least recently accessed, not the one just read
+    assert _moving_keys(svc) == set(keys[1:5])
+    svc.tick()  # the outgoing bytes count: the next tick asks for nothing more
+    assert len(svc.tiers.moves_for("n1")) == 4
+    assert _report(svc, clock) == 4
+    assert [_tier(svc, k) for k in keys[1:5]] == [TIER_DISK] * 4
+    assert _tier(svc, keys[0]) == TIER_DRAM
+    assert _segment(svc, 1).allocator.used_bytes == 10 * MiB  # the DRAM ranges were freed
+    assert svc.tiers.counters()["demotions"] == 4
+
+
+def test_demotion_takes_a_scan_before_objects_read_twice_lru2(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    keys = _fill(svc, clock, 14)
+    for _ in range(2):  # the hot four: read twice, early
+        for key in keys[:4]:
+            _read(svc, key)
+        clock.advance(1)
+    for key in keys[4:]:  # a scan: every other key read once, later than the hot reads
+        _read(svc, key)
+        clock.advance(1)
+    svc.tick()
+    # by last access the hot four would go (their reads are the oldest); LRU-2 takes the scan's
+    # oldest (their access before the scan's read is their put)
+    assert _moving_keys(svc) == set(keys[4:8])
+
+
+def test_soft_hard_and_read_pinned_objects_stay_in_dram(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock, pin_ttl_s=100.0)
+    put(svc, "soft", MiB, soft_pin=True)
+    put(svc, "hard", MiB, hard_pin=True)
+    clock.advance(1)
+    put(svc, "read-pinned", MiB)
+    held = get(svc, "read-pinned", client="r")  # a pin never released in this test
+    clock.advance(1)
+    _fill(svc, clock, 13)  # 16/16: far above the watermark
+    svc.tick()
+    moving = _moving_keys(svc)
+    assert moving and not moving & {"soft", "hard", "read-pinned"}
+    assert held.status == Status.OK
+
+
+def test_the_switch_happens_at_once_under_a_reader_and_the_old_range_waits(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    keys = _fill(svc, clock, 14)
+    svc.tick()
+    victim = keys[0]
+    assert victim in _moving_keys(svc)
+    held = get(svc, victim, client="slow")  # a reader holds the DRAM replica's grant
+    (old,) = _obj(svc, victim).replicas
+    used = _segment(svc, 1).allocator.used_bytes
+    _report(svc, clock)
+    assert _tier(svc, victim) == TIER_DISK, "the switch waited for the reader"
+    # the old range is still allocated and the node not told: the held grant reads valid bytes
+    assert _segment(svc, 1).allocator.used_bytes == used - 3 * MiB  # the three unpinned ones
+    node = svc.membership.nodes["n1"]
+    assert old.alloc_id not in {f[2] for f in svc.membership.take_freed(node, 0, 1000)}
+    clock.advance(1)
+    svc.tick()
+    assert _segment(svc, 1).allocator.used_bytes == used - 3 * MiB
+    svc.unpin("", "slow", [held.pin_id])  # the reader is done: the next tick frees it
+    svc.tick()
+    assert _segment(svc, 1).allocator.used_bytes <= used - 4 * MiB
+    assert old.alloc_id in {f[2] for f in svc.membership.take_freed(node, 0, 1000)}
+    assert not svc.tiers.retired
+
+
+def test_a_retired_range_is_freed_after_the_grant_ttl_even_if_pins_continue(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock, pin_ttl_s=10.0, grant_skew_s=1.0)
+    keys = _fill(svc, clock, 14)
+    svc.tick()
+    get(svc, keys[0], client="slow")
+    _report(svc, clock)
+    assert len(svc.tiers.retired) == 1
+    for _ in range(12):  # a key read continuously: a new pin each second, always one held
+        clock.advance(1)
+        get(svc, keys[0], client="busy")
+        svc.tiers.tick(clock.monotonic())
+    assert _obj(svc, keys[0]).pins > 0
+    assert not svc.tiers.retired, "a retired range outlived every grant that could name it"
+
+
+def test_a_failed_move_changes_nothing_and_frees_its_target(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    keys = _fill(svc, clock, 14)
+    svc.tick()
+    assert _report(svc, clock, ok=False) == 4
+    assert [_tier(svc, k) for k in keys] == [TIER_DRAM] * 14
+    assert _segment(svc, 2).allocator.used_bytes == 0
+    assert svc.tiers.counters()["moves_failed"] == 4
+
+
+def test_disk_evicts_its_least_recently_accessed_first_skipping_pins(clock) -> None:  # type: ignore[no-untyped-def]
+    # 16 MiB disk: above 0.95 (15.2 MiB) it evicts down to 0.90 (14.4 MiB): two objects
+    svc = _service(clock, disk=16 * MiB, demote_high_watermark=0.5, demote_low_watermark=0.01)
+    keys = _fill(svc, clock, 16)  # DRAM full; every one goes down
+    svc.tick()
+    assert _report(svc, clock) == 16
+    assert _segment(svc, 2).allocator.used_bytes == 16 * MiB
+    _read(svc, keys[1])  # recent again
+    held = get(svc, keys[2], client="r")  # pinned: skipped
+    clock.advance(1)
+    svc.tick()
+    tenant_objects = svc.tenant("").objects
+    gone = [k for k in keys if k not in tenant_objects]
+    assert gone == [keys[0], keys[3]], gone
+    assert svc.tiers.counters()["disk_evictions"] == 2
+    assert held.status == Status.OK
+
+
+def test_promotion_needs_a_second_read_within_the_window(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock, promote_window_s=5.0)
+    keys = _fill(svc, clock, 14)
+    svc.tick()
+    _report(svc, clock)
+    cold, warm = keys[0], keys[1]
+    assert _read(svc, cold) == TIER_DISK  # a one-pass scan reads once: nothing moves
+    assert _moving_keys(svc) == set()
+    clock.advance(6)
+    assert _read(svc, cold) == TIER_DISK  # again, but outside the window
+    assert _moving_keys(svc) == set()
+    _read(svc, warm)
+    clock.advance(4)
+    _read(svc, warm)  # the second read within 5 s
+    assert _moving_keys(svc) == {warm}
+    _report(svc, clock)
+    assert _tier(svc, warm) == TIER_DRAM
+    assert _tier(svc, cold) == TIER_DISK
+    counters = svc.tiers.counters()
+    assert (counters["promotions"], counters["disk_hits"]) == (1, 4)
+
+
+def test_a_put_with_no_dram_room_spills_to_disk(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    keys = _fill(svc, clock, 17)  # no tick in between: the 17th finds DRAM full
+    assert _tier(svc, keys[-1]) == TIER_DISK
+    assert [_tier(svc, k) for k in keys[:16]] == [TIER_DRAM] * 16
+    assert svc.tiers.counters()["spills"] == 1
