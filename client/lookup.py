@@ -77,7 +77,7 @@ def lookup_flow(s: Session, keys: Sequence[Any], prefill_tokens_per_s: float | N
             entry[1] += t.bytes
         if n < len(chunk):
             break
-    yield Record(len(names), count, 0)
+    yield Record(len(names), count, 0, tokens_per_key=tokens_per_key or s.tokens_per_key)
     est = s.costs.estimate(nbytes)
     tokens = saved = advice = None
     if tokens_per_key is not None:

@@ -47,6 +47,7 @@ from cellar.client.checks import (
     resolve_token,
     validate_tenant,
     validate_timeout,
+    validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
 from cellar.client.flow_run import FlowRun
@@ -168,6 +169,18 @@ class Client:
     @property
     def limits(self) -> Limits:
         return self._s.limits
+
+    @property
+    def tokens_per_key(self) -> int | None:
+        """Tokens one key stands for (a KV page object's tokens), for the token series of
+        `cellar.client.metrics` (tokens asked, reused, found but not used); None (the default)
+        leaves them out. Set once, as the engine adapters do; `lookup(tokens_per_key=)` wins
+        for its own call."""
+        return self._s.tokens_per_key
+
+    @tokens_per_key.setter
+    def tokens_per_key(self, value: int | None) -> None:
+        self._s.tokens_per_key = validate_tokens_per_key(value)
 
     # ---- context manager and lifecycle -----------------------------------------------------
 
