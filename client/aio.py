@@ -47,11 +47,13 @@ from cellar.client.checks import (
     UNPIN_DELAY_S,
     Limits,
     validate_key,
+    validate_nbytes,
     validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, opened
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints
 from cellar.client.session_state import TransportSet
@@ -322,6 +324,12 @@ class AsyncClient:
         """As `Client.lookup`."""
         return await self._run(lookup_flow(self._session(), keys, prefill_tokens_per_s,
                                            tokens_per_key), "lookup")
+
+    def load_estimate(self, nbytes: int) -> LoadEstimate:
+        """As `Client.load_estimate` (no I/O, so not a coroutine: callable from any thread)."""
+        if self._s is None:
+            raise ClientClosed("this cellar.AsyncClient is not connected")
+        return self._s.costs.estimate(validate_nbytes(nbytes))
 
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""

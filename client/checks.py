@@ -102,6 +102,18 @@ def validate_keys(keys: Any, max_key_bytes: int) -> list[str]:
     return [validate_key(k, max_key_bytes, f"keys[{i}]") for i, k in enumerate(keys)]
 
 
+MAX_ESTIMATE_BYTES = 1 << 50  # bytes one load estimate may be asked about (1 PiB)
+
+
+def validate_nbytes(nbytes: Any) -> int:
+    """A byte count in 0..MAX_ESTIMATE_BYTES (bool refused)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) \
+            or not 0 <= nbytes <= MAX_ESTIMATE_BYTES:
+        raise InvalidArgument(f"nbytes must be an int in 0..{MAX_ESTIMATE_BYTES} (bytes), got "
+                              f"{nbytes!r}")
+    return nbytes
+
+
 def validate_tokens_per_key(tokens_per_key: Any) -> int | None:
     """None (unknown) or the tokens one key stands for, 1..MAX_TOKENS_PER_KEY."""
     if tokens_per_key is not None:

@@ -45,6 +45,7 @@ from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
     Limits,
     resolve_token,
+    validate_nbytes,
     validate_tenant,
     validate_timeout,
     validate_tokens_per_key,
@@ -52,6 +53,7 @@ from cellar.client.checks import (
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
@@ -304,6 +306,12 @@ class Client:
         trip per max_batch_keys keys; never pins."""
         return self._run(lookup_flow(self._s, keys, prefill_tokens_per_s, tokens_per_key),
                          "lookup")
+
+    def load_estimate(self, nbytes: int) -> LoadEstimate:
+        """This client's estimate of loading `nbytes` payload bytes (what `lookup` reports as
+        `load_s`, from its own measured round trips and reads; no I/O): for a caller that
+        sizes a wait, e.g. an engine's prefetch timeout (docs/lookup.md)."""
+        return self._s.costs.estimate(validate_nbytes(nbytes))
 
     def remove(self, key: str) -> bool:
         """Remove `key`; True if it was there, False if not."""

@@ -88,6 +88,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 import cellar
+from cellar.advice import MAX_TOKENS_PER_KEY
 from cellar.client import PutHints
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
@@ -189,7 +190,10 @@ class CellarConnector(RemoteConnector):
         return self.format.key(key.to_string())
 
     async def _describe_format(self, client: cellar.AsyncClient) -> None:
-        """Store the format's descriptor once, so an operator can tell what a namespace holds."""
+        """Store the format's descriptor once, so an operator can tell what a namespace holds;
+        a chunk's tokens per key for the SDK's token metrics (a short last chunk counts whole)."""
+        if 0 < self.format.page_size_tokens <= MAX_TOKENS_PER_KEY:
+            client.tokens_per_key = self.format.page_size_tokens
         try:
             await client.put(self.format.descriptor_key(), self.format.descriptor())
         except AlreadyExists:

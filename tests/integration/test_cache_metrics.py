@@ -123,3 +123,23 @@ def test_found_but_unreadable_is_refused(make_cluster, face):
                        "unused_tokens_refused": 4 * TOKENS}, got
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_load_estimate_is_the_lookups(cluster, face):
+    """`load_estimate(nbytes)` is the estimate `lookup` reports (no I/O); bad sizes refused."""
+    client = connect_face(face, cluster.address, tenant=f"cm-est-{face}",
+                          token=cluster.token_for(f"cm-est-{face}"), timeout_s=30.0)
+    try:
+        client.put_many({f"e/{i}": b"e" * (64 * KIB) for i in range(4)})
+        assert len(client.get_many([f"e/{i}" for i in range(4)])) == 4
+        result = client.lookup([f"e/{i}" for i in range(4)])
+        estimate = client.load_estimate(result.prefix_bytes)
+        assert estimate.basis == "measured" and estimate.bytes_per_s == result.bytes_per_s
+        assert estimate.load_s > 0
+        for bad in (-1, True, 1.5, 1 << 51):
+            with pytest.raises(cellar.InvalidArgument):
+                client.load_estimate(bad)
+    finally:
+        client.remove_prefix("e/")
+        client.close()
