@@ -67,6 +67,8 @@ def test_ids_are_unique_and_the_grid_fits(dashboard: dict[str, Any]) -> None:
     "cellar_client_request_hits_total", "cellar_client_key_hits_total",
     "cellar_client_request_bytes_bucket", "cellar_client_lookup_seconds_bucket",
     "cellar_client_load_seconds_bucket", "cellar_client_wait_seconds_bucket",
+    "cellar_client_unused_keys_total", "cellar_client_tokens_reused_total",
+    "cellar_client_tokens_total", "cellar_client_unused_tokens_total",
 ])
 def test_dashboard_charts(dashboard: dict[str, Any], needle: str) -> None:
     exprs = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
