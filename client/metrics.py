@@ -206,9 +206,8 @@ def record_request(op: str, *, keys: int, hits: int, nbytes: int = 0,
         return
     c = _series(op)
     assert 0 <= hits <= keys, "hits must lie in [0, keys]"
-    unused = (("deadline", late_deadline), ("refused", refused), ("prefix", cut),
-              ("vanished", late_vanished))
-    assert all(n >= 0 for _, n in unused) and hits + sum(n for _, n in unused) <= keys, \
+    unused = late_deadline + refused + cut + late_vanished
+    assert min(late_deadline, refused, cut, late_vanished) >= 0 and hits + unused <= keys, \
         "hits and unused keys must not exceed the keys asked"
     with c.lock:
         c.requests += 1
@@ -223,13 +222,16 @@ def record_request(op: str, *, keys: int, hits: int, nbytes: int = 0,
             c.load.add(load_s)
         if wait_s is not None:
             c.wait.add(wait_s)
-        for reason, n in unused:
-            c.unused[reason] += n
         if tokens_per_key:
             c.tokens += keys * tokens_per_key
             c.tokens_reused += hits * tokens_per_key
-            for reason, n in unused:
-                c.unused_tokens[reason] += n * tokens_per_key
+        if unused:  # the common call leaves none: skip the per-reason work
+            for reason, n in (("deadline", late_deadline), ("refused", refused),
+                              ("prefix", cut), ("vanished", late_vanished)):
+                if n:
+                    c.unused[reason] += n
+                    if tokens_per_key:
+                        c.unused_tokens[reason] += n * tokens_per_key
 
 
 def record_requests(op: str, nbytes: Sequence[int | None], *,
