@@ -325,11 +325,9 @@ class AsyncClient:
         return await self._run(lookup_flow(self._session(), keys, prefill_tokens_per_s,
                                            tokens_per_key), "lookup")
 
-    def load_estimate(self, nbytes: int) -> LoadEstimate:
-        """As `Client.load_estimate` (no I/O, so not a coroutine: callable from any thread)."""
-        if self._s is None:
-            raise ClientClosed("this cellar.AsyncClient is not connected")
-        return self._s.costs.estimate(validate_nbytes(nbytes))
+    async def load_estimate(self, nbytes: int) -> LoadEstimate:
+        """As `Client.load_estimate` (no I/O; a coroutine like every method of this face)."""
+        return self._session().costs.estimate(validate_nbytes(nbytes))
 
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""

@@ -88,8 +88,8 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 import cellar
-from cellar.advice import MAX_TOKENS_PER_KEY
 from cellar.client import PutHints
+from cellar.client.lookup import MAX_TOKENS_PER_KEY
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
 from cellar.integrations.lmcache.session import FAILURES, KEY_MISSES, CellarSession, read_into

@@ -61,9 +61,8 @@ from typing import Any
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from cellar.advice import MAX_TOKENS_PER_KEY
 from cellar.client import PutHints
-from cellar.client.lookup import advise, check_rate
+from cellar.client.lookup import MAX_TOKENS_PER_KEY, advise, check_rate
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
 from cellar.integrations.sglang.link import Link, connect_from, log
