@@ -42,10 +42,18 @@ from typing import Any, TypeVar
 
 from cellar.client import buffer_operations, flows, metrics, operations
 from cellar.client.aio_rpc import AsyncMasterChannel
-from cellar.client.checks import DEFAULT_MAX_LIST_KEYS, UNPIN_DELAY_S, Limits, validate_key
+from cellar.client.checks import (
+    DEFAULT_MAX_LIST_KEYS,
+    UNPIN_DELAY_S,
+    Limits,
+    validate_key,
+    validate_nbytes,
+    validate_tokens_per_key,
+)
 from cellar.client.connect_args import ConnectArgs, opened
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints
 from cellar.client.session_state import TransportSet
@@ -89,6 +97,7 @@ class AsyncClient:
         self._master: AsyncMasterChannel | None = None
         self._transports = TransportSet([])
         self._s: Session | None = None
+        self._tokens_per_key: int | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
         self._get_queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
@@ -117,7 +126,8 @@ class AsyncClient:
             self._transports = TransportSet(opened(open_async_transports, args.transport, args.address))
             self._master = AsyncMasterChannel(master_address, resolve=resolve)
             self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
-                              self._transports, self._release)
+                              self._transports, self._release,
+                              tokens_per_key=self._tokens_per_key)
             reply = await self._master.call("ClusterStatus",
                                             pb.ClusterStatusRequest(header=self._s.header),
                                             deadline)
@@ -139,6 +149,17 @@ class AsyncClient:
     @property
     def limits(self) -> Limits:
         return self._s.limits if self._s is not None else Limits()
+
+    @property
+    def tokens_per_key(self) -> int | None:
+        """As `Client.tokens_per_key` (settable before or after connecting)."""
+        return self._s.tokens_per_key if self._s is not None else self._tokens_per_key
+
+    @tokens_per_key.setter
+    def tokens_per_key(self, value: int | None) -> None:
+        self._tokens_per_key = validate_tokens_per_key(value)
+        if self._s is not None:
+            self._s.tokens_per_key = self._tokens_per_key
 
     # ---- context manager and lifecycle -----------------------------------------------------
 
@@ -254,7 +275,8 @@ class AsyncClient:
             return
         # each caller is a request of its own; one recorder call counts them all
         metrics.record_requests("get", [e.size if e.status == Status.OK else None
-                                        for e in entries], wait_s=wait_s)
+                                        for e in entries], wait_s=wait_s,
+                                tokens_per_key=self._s.tokens_per_key)
         for (_, waiter), entry in zip(waiting, entries, strict=True):
             try:
                 value = operations.value_or_raise(entry)
@@ -302,6 +324,10 @@ class AsyncClient:
         """As `Client.lookup`."""
         return await self._run(lookup_flow(self._session(), keys, prefill_tokens_per_s,
                                            tokens_per_key), "lookup")
+
+    async def load_estimate(self, nbytes: int) -> LoadEstimate:
+        """As `Client.load_estimate` (no I/O; a coroutine like every method of this face)."""
+        return self._session().costs.estimate(validate_nbytes(nbytes))
 
     async def remove(self, key: str) -> bool:
         """As `Client.remove`."""

@@ -203,7 +203,7 @@ def _tensor_of(entry: GetEntry) -> Any:
 def get_tensor(s: Session, key: Any) -> Flow[Any]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = yield from flows.run_gets(s, [key], None, s.deadline(), allocate=_aligned)
-    yield operations.get_record([entry])
+    yield operations.get_record([entry], s.tokens_per_key)
     if entry.status != Status.OK:
         release_views([entry])
         raise entry.error()

@@ -21,6 +21,7 @@ from typing import Any
 
 import xxhash
 
+from cellar.advice import check_rate
 from cellar.client.buffers import readable_view
 from cellar.errors import InvalidArgument
 from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST, ST_TIMEOUT
@@ -104,6 +105,25 @@ def validate_keys(keys: Any, max_key_bytes: int) -> list[str]:
     if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
         raise InvalidArgument(f"keys must be a sequence of str, not {type(keys).__name__}")
     return [validate_key(k, max_key_bytes, f"keys[{i}]") for i, k in enumerate(keys)]
+
+
+MAX_ESTIMATE_BYTES = 1 << 50  # bytes one load estimate may be asked about (1 PiB)
+
+
+def validate_nbytes(nbytes: Any) -> int:
+    """A byte count in 0..MAX_ESTIMATE_BYTES (bool refused)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) \
+            or not 0 <= nbytes <= MAX_ESTIMATE_BYTES:
+        raise InvalidArgument(f"nbytes must be an int in 0..{MAX_ESTIMATE_BYTES} (bytes), got "
+                              f"{nbytes!r}")
+    return nbytes
+
+
+def validate_tokens_per_key(tokens_per_key: Any) -> int | None:
+    """None (unknown) or the tokens one key stands for, 1..MAX_TOKENS_PER_KEY."""
+    if tokens_per_key is not None:
+        check_rate(None, tokens_per_key)
+    return tokens_per_key  # type: ignore[no-any-return]
 
 
 def validate_replicas(replicas: Any) -> int:

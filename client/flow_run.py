@@ -15,7 +15,8 @@ face is then
 
 Metrics (op = get | put | exists | prefix_len, `cellar.client.metrics`, sdk-buffers' recorder):
 lookup = the time of every `Rpc`, load = of every `Move`, wait = the whole call; keys, hits,
-bytes and late keys come from the flow's `Record`. A call that finished, or that raised after
+bytes, keys found but not used (late, refused, cut by a prefix) and tokens per key come from
+the flow's `Record`. A call that finished, or that raised after
 its keys were settled (a `get` miss is NotFound, and still a request that missed), counts as a
 request; one that raised before counts as an error of its exception's class.
 """
@@ -104,7 +105,8 @@ class FlowRun(Generic[T]):
         metrics.record_request(
             self._op, keys=rec.keys, hits=rec.hits, nbytes=rec.nbytes,
             lookup_s=self._lookup_s, load_s=self._load_s if self._load_s else None,
-            wait_s=wait_s, late_deadline=rec.late)
+            wait_s=wait_s, late_deadline=rec.late, refused=rec.refused, cut=rec.cut,
+            tokens_per_key=rec.tokens_per_key)
         if self._op == "get" and self._costs is not None and error is None:
             self._costs.load(rec.nbytes, wait_s)
 

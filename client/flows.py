@@ -82,13 +82,18 @@ class Sleep:
 @dataclass(slots=True)
 class Record:
     """What one public call did, for the client metrics (`cellar.client.metrics`): keys asked,
-    keys that hit, payload bytes moved, keys found but not read within the budget. The face
-    adds the times it measured (lookup = its Rpc waits, load = its Move waits, wait = all)."""
+    keys that hit, payload bytes moved, keys found but not used (late: not read within the
+    budget; refused: no replica could be read; cut: after an unreadable key in a prefix get),
+    and the tokens each key stands for when known. The face adds the times it measured
+    (lookup = its Rpc waits, load = its Move waits, wait = all)."""
 
     keys: int
     hits: int
     nbytes: int = 0
     late: int = 0
+    refused: int = 0
+    cut: int = 0
+    tokens_per_key: int | None = None
 
 
 Effect = Rpc | Move | Sleep | Record
@@ -121,6 +126,7 @@ class Session:
     disk_rates: DiskReadRates = field(default_factory=DiskReadRates)  # LATE estimates
     limits: Limits = field(default_factory=Limits)
     costs: LoadCosts = field(default_factory=LoadCosts)  # measured load costs (lookup's estimate)
+    tokens_per_key: int | None = None  # tokens one key stands for (the token metrics), if known
 
     def deadline(self) -> float:
         return time.monotonic() + self.timeout_s

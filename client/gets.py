@@ -64,6 +64,7 @@ class GetEntry:
     failures: list[str] = field(default_factory=list)
     timed_out: bool = False           # the last read attempt ran out of time
     late: bool = False                # not read within a deadline-bounded call's budget
+    cut: bool = False                 # found, but after an unreadable key (prefix mode)
     parts: tuple[memoryview, ...] = ()  # scatter-gather destination (dest is None then)
 
     def error(self) -> CellarError:
@@ -76,6 +77,13 @@ class GetEntry:
     @property
     def is_miss(self) -> bool:
         return self.status in MISS_STATUSES and not self.corrupt
+
+    @property
+    def refused(self) -> bool:
+        """Found (the master gave its replicas) but none could be read, for a reason other
+        than the budget or a prefix cut: a node refused, a transfer failed, a checksum."""
+        return self.status not in (None, Status.OK) and self.size >= 0 and not self.late \
+            and not self.cut
 
 
 class GetBatch:
@@ -249,6 +257,7 @@ class GetBatch:
         for e in self.entries:
             if cut and e.status is None:
                 e.status, e.message = Status.NOT_FOUND, "after a miss (prefix mode)"
+                e.cut = e.size >= 0  # the master had it: found but not used
             elif e.status is not None and e.status != Status.OK:
                 cut = True
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cellar.advice import advise, check_rate
+from cellar.advice import MAX_TOKENS_PER_KEY, advise, check_rate
 from cellar.client.checks import batch_ranges, validate_keys
 from cellar.client.flows import Flow, Record, Rpc, Session
 from cellar.errors import CellarError
@@ -77,7 +77,7 @@ def lookup_flow(s: Session, keys: Sequence[Any], prefill_tokens_per_s: float | N
             entry[1] += t.bytes
         if n < len(chunk):
             break
-    yield Record(len(names), count, 0)
+    yield Record(len(names), count, 0, tokens_per_key=tokens_per_key or s.tokens_per_key)
     est = s.costs.estimate(nbytes)
     tokens = saved = advice = None
     if tokens_per_key is not None:
@@ -93,4 +93,5 @@ def lookup_flow(s: Session, keys: Sequence[Any], prefill_tokens_per_s: float | N
         prefill_saved_s=saved, advice=advice)
 
 
-__all__ = ["LookupResult", "TierRun", "advise", "check_rate", "lookup_flow"]  # the adapters' rule
+__all__ = ["MAX_TOKENS_PER_KEY", "LookupResult", "TierRun", "advise", "check_rate",
+           "lookup_flow"]  # the adapters' rule

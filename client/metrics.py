@@ -5,7 +5,8 @@ What it owns
     application's exporter, e.g. `make_wsgi_app(REGISTRY)`, or expose it with
     `serve_metrics(port)`), the metric families below, and the small recorder API the SDK's
     faces call once per operation (`record_request`, `record_error`; `record_requests` for a
-    batch of one-key calls answered together). Nothing else writes them.
+    batch of one-key calls answered together; `record_vanished` for a caller that probed keys,
+    found them, and then could not read them). Nothing else writes them.
 
 Names (label `op` = get | put | exists | prefix_len | lookup)
     cellar_client_requests_total{op}            requests
@@ -14,15 +15,26 @@ Names (label `op` = get | put | exists | prefix_len | lookup)
     cellar_client_key_hits_total{op}            keys found (get: read; exists/prefix_len: present)
     cellar_client_bytes_total{op}               payload bytes moved
     cellar_client_request_bytes{op}             histogram: payload bytes per request
-    cellar_client_late_keys_total{op,reason}    keys found but not read in time:
-                                                reason=deadline (the budget ran out) or
-                                                vanished (gone between exists and get)
+    cellar_client_unused_keys_total{op,reason}  keys found but not used: reason=deadline
+                                                (not read within the call's budget), refused
+                                                (found, but no replica could be read: node
+                                                refused, transfer failed, checksum), prefix
+                                                (found, but after a key that could not be read
+                                                in a prefix-mode get) or vanished (a caller's
+                                                probe found it, its get did not)
+    cellar_client_tokens_total{op}              tokens asked for (keys x tokens_per_key)
+    cellar_client_tokens_reused_total{op}       tokens of the keys that hit (get: loaded;
+                                                exists/prefix_len/lookup: found)
+    cellar_client_unused_tokens_total{op,reason} tokens of the unused keys, by the same reasons
     cellar_client_lookup_seconds{op}            histogram: metadata time (master round trips)
     cellar_client_load_seconds{op}              histogram: data-plane time (moving the bytes)
     cellar_client_wait_seconds{op}              histogram: the whole call as its caller waited
     cellar_client_errors_total{op,kind}         calls that raised, by exception class name
     Hit ratios: key_hits_total / keys_total (by key), request_hits_total / requests_total (by
-    request); by byte: bytes_total{op="get"} over what was asked (the caller knows its sizes).
+    request), tokens_reused_total / tokens_total (by token); by byte: bytes_total{op="get"} over
+    what was asked (the caller knows its sizes). The token series count only the calls whose
+    tokens per key are known: `lookup(..., tokens_per_key=)`, or the client's `tokens_per_key`
+    (set once, as the engine adapters do: tokens per page object); a call without it adds 0.
 
 Cost on the hot path: the series are plain numbers (one small lock per op), turned into
 Prometheus families only when scraped (`_Collector`): one call is a lock and a handful of
@@ -44,7 +56,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 OPS = ("get", "put", "exists", "prefix_len", "lookup")
-LATE_REASONS = ("deadline", "vanished")
+UNUSED_REASONS = ("deadline", "refused", "prefix", "vanished")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -59,6 +71,17 @@ _COUNTERS = (
     ("cellar_client_keys", "Keys asked for", "keys"),
     ("cellar_client_key_hits", "Keys found", "key_hits"),
     ("cellar_client_bytes", "Payload bytes moved", "nbytes"),
+    ("cellar_client_tokens", "Tokens asked for (calls whose tokens per key are known)",
+     "tokens"),
+    ("cellar_client_tokens_reused", "Tokens of the keys that hit", "tokens_reused"),
+)
+# (name, help, attribute) of the by-reason families (label `reason` in UNUSED_REASONS)
+_UNUSED = (
+    ("cellar_client_unused_keys", "Keys found but not used: not read within the budget "
+     "(deadline), unreadable (refused), after an unreadable key in a prefix get (prefix), gone "
+     "between a probe and the get (vanished)", "unused"),
+    ("cellar_client_unused_tokens", "Tokens of the keys found but not used, by the same reasons",
+     "unused_tokens"),
 )
 _HISTOGRAMS = (
     ("cellar_client_request_bytes", "Payload bytes per request", "request_bytes"),
@@ -95,13 +118,16 @@ class _Histogram:
 class _Series:
     """Every number of one op; `lock` guards them all (the sync face records from threads)."""
 
-    __slots__ = ("lock", "requests", "request_hits", "keys", "key_hits", "nbytes", "late",
-                 "request_bytes", "lookup", "load", "wait")
+    __slots__ = ("lock", "requests", "request_hits", "keys", "key_hits", "nbytes", "tokens",
+                 "tokens_reused", "unused", "unused_tokens", "request_bytes", "lookup", "load",
+                 "wait")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests = self.request_hits = self.keys = self.key_hits = self.nbytes = 0
-        self.late = dict.fromkeys(LATE_REASONS, 0)
+        self.tokens = self.tokens_reused = 0
+        self.unused = dict.fromkeys(UNUSED_REASONS, 0)
+        self.unused_tokens = dict.fromkeys(UNUSED_REASONS, 0)
         self.request_bytes = _Histogram(_BYTES_BUCKETS)
         self.lookup = _Histogram(_SECONDS_BUCKETS)
         self.load = _Histogram(_SECONDS_BUCKETS)
@@ -122,7 +148,8 @@ class _Collector(Collector):
         for op, series in _SERIES.items():
             with series.lock:
                 snapshot[op] = {name: getattr(series, name) for _, _, name in _COUNTERS}
-                snapshot[op]["late"] = dict(series.late)
+                for _, _, name in _UNUSED:
+                    snapshot[op][name] = dict(getattr(series, name))
                 for _, _, name in _HISTOGRAMS:
                     hist = getattr(series, name)
                     snapshot[op][name] = (hist.buckets(), hist.total)
@@ -131,13 +158,12 @@ class _Collector(Collector):
             for op in OPS:
                 counter.add_metric([op], snapshot[op][name])
             yield counter
-        late = CounterMetricFamily("cellar_client_late_keys",
-                                   "Keys found but not read in time (deadline) or gone before "
-                                   "the read (vanished)", labels=["op", "reason"])
-        for op in OPS:
-            for reason in LATE_REASONS:
-                late.add_metric([op, reason], snapshot[op]["late"][reason])
-        yield late
+        for family_name, doc, name in _UNUSED:
+            unused = CounterMetricFamily(family_name, doc, labels=["op", "reason"])
+            for op in OPS:
+                for reason in UNUSED_REASONS:
+                    unused.add_metric([op, reason], snapshot[op][name][reason])
+            yield unused
         for family_name, doc, name in _HISTOGRAMS:
             histogram = HistogramMetricFamily(family_name, doc, labels=["op"])
             for op in OPS:
@@ -171,13 +197,18 @@ def _series(op: str) -> _Series:
 def record_request(op: str, *, keys: int, hits: int, nbytes: int = 0,
                    lookup_s: float | None = None, load_s: float | None = None,
                    wait_s: float | None = None, late_deadline: int = 0,
-                   late_vanished: int = 0) -> None:
+                   late_vanished: int = 0, refused: int = 0, cut: int = 0,
+                   tokens_per_key: int | None = None) -> None:
     """One finished call of `op` over `keys` keys of which `hits` hit, moving `nbytes` payload
-    bytes; the phase times that apply; keys found but not read in time, by reason."""
+    bytes; the phase times that apply; keys found but not used, by reason (late_deadline,
+    late_vanished, refused, cut = prefix); with `tokens_per_key`, the same in tokens."""
     if not _enabled:
         return
     c = _series(op)
     assert 0 <= hits <= keys, "hits must lie in [0, keys]"
+    unused = late_deadline + refused + cut + late_vanished
+    assert min(late_deadline, refused, cut, late_vanished) >= 0 and hits + unused <= keys, \
+        "hits and unused keys must not exceed the keys asked"
     with c.lock:
         c.requests += 1
         c.request_hits += hits == keys
@@ -191,12 +222,20 @@ def record_request(op: str, *, keys: int, hits: int, nbytes: int = 0,
             c.load.add(load_s)
         if wait_s is not None:
             c.wait.add(wait_s)
-        c.late["deadline"] += late_deadline
-        c.late["vanished"] += late_vanished
+        if tokens_per_key:
+            c.tokens += keys * tokens_per_key
+            c.tokens_reused += hits * tokens_per_key
+        if unused:  # the common call leaves none: skip the per-reason work
+            for reason, n in (("deadline", late_deadline), ("refused", refused),
+                              ("prefix", cut), ("vanished", late_vanished)):
+                if n:
+                    c.unused[reason] += n
+                    if tokens_per_key:
+                        c.unused_tokens[reason] += n * tokens_per_key
 
 
 def record_requests(op: str, nbytes: Sequence[int | None], *,
-                    wait_s: float | None = None) -> None:
+                    wait_s: float | None = None, tokens_per_key: int | None = None) -> None:
     """len(nbytes) finished one-key calls of `op` answered together: each hit moving its
     `nbytes[i]` payload bytes, or missed (None); each caller waited `wait_s`. The same series
     as one `record_request(op, keys=1, ...)` per caller."""
@@ -220,6 +259,22 @@ def record_requests(op: str, nbytes: Sequence[int | None], *,
                 c.request_bytes.add(n)
         if wait_s is not None:
             c.wait.add(wait_s, len(nbytes))
+        if tokens_per_key:
+            c.tokens += len(nbytes) * tokens_per_key
+            c.tokens_reused += len(hit_sizes) * tokens_per_key
+
+
+def record_vanished(op: str, keys: int, tokens_per_key: int | None = None) -> None:
+    """`keys` keys that the caller's own probe (exists, prefix_len, lookup) found and its
+    following `op` call did not (evicted or removed in between): unused, reason=vanished. The
+    SDK cannot tell this from an ordinary miss; a caller that probes then reads can."""
+    if not _enabled or keys <= 0:
+        return
+    c = _series(op)
+    with c.lock:
+        c.unused["vanished"] += keys
+        if tokens_per_key:
+            c.unused_tokens["vanished"] += keys * tokens_per_key
 
 
 def record_error(op: str, error: BaseException | str) -> None:

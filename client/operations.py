@@ -50,10 +50,12 @@ def _put_record(entries: list[PutEntry]) -> Record:
                                                  if e.status == Status.OK))
 
 
-def get_record(entries: list[GetEntry]) -> Record:
+def get_record(entries: list[GetEntry], tokens_per_key: int | None = None) -> Record:
     hits = [e for e in entries if e.status == Status.OK]
     return Record(len(entries), len(hits), sum(e.size for e in hits),
-                  sum(1 for e in entries if e.late))
+                  late=sum(1 for e in entries if e.late),
+                  refused=sum(1 for e in entries if e.refused),
+                  cut=sum(1 for e in entries if e.cut), tokens_per_key=tokens_per_key)
 
 
 # ---- put ----------------------------------------------------------------------------------
@@ -121,7 +123,7 @@ def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False
 def get(s: Session, key: Any) -> Flow[bytes]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = yield from flows.run_gets(s, [key], None, s.deadline())
-    yield get_record([entry])
+    yield get_record([entry], s.tokens_per_key)
     return value_or_raise(entry)
 
 
@@ -130,7 +132,7 @@ def get_each(s: Session, names: list[str]) -> Flow[list[GetEntry]]:
     each into its own `get` result (`value_or_raise`): the asyncio face coalesces the `get`
     calls made in one loop turn into one of these batches."""
     entries = yield from flows.run_gets(s, names, None, s.deadline())
-    yield get_record(entries)
+    yield get_record(entries, s.tokens_per_key)
     return entries
 
 
@@ -145,7 +147,7 @@ def value_or_raise(entry: GetEntry) -> bytes:
 def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...]) -> Flow[int]:
     """One key into a checked view, or into parts (a tuple of views)."""
     (entry,) = yield from flows.run_gets(s, [key], [dest], s.deadline())
-    yield get_record([entry])
+    yield get_record([entry], s.tokens_per_key)
     if entry.status != Status.OK:
         raise entry.error()
     return entry.size
@@ -166,7 +168,7 @@ def get_many_as(s: Session, keys: Any, take: Callable[[GetEntry], T],
     a tensor, ...); None for a miss; the entries' buffers are released either way."""
     names = validate_keys(keys, s.limits.max_key_bytes)
     entries = yield from flows.run_gets(s, names, None, s.deadline(), allocate=allocate)
-    yield get_record(entries)
+    yield get_record(entries, s.tokens_per_key)
     try:
         for entry in entries:
             miss_or_raise(entry)
@@ -188,7 +190,7 @@ def get_many_into_views(s: Session, names: list[str], dests: list[Any], *,
     budget_s = validate_budget(timeout_s)
     prefix = bool(prefix)
     if budget_s == 0:  # nothing is asked, nothing is read: every key is LATE at once
-        yield Record(len(names), 0)
+        yield Record(len(names), 0, tokens_per_key=s.tokens_per_key)
         return [] if prefix else [LATE] * len(names)
     deadline = s.deadline()
     budget_at = None if budget_s is None else time.monotonic() + budget_s
@@ -196,7 +198,7 @@ def get_many_into_views(s: Session, names: list[str], dests: list[Any], *,
         deadline = max(deadline, budget_at)  # the budget, not the client timeout, bounds it
     entries = yield from flows.run_gets(s, names, dests, deadline, budget_at=budget_at,
                                         prefix=prefix)
-    yield get_record(entries)
+    yield get_record(entries, s.tokens_per_key)
     out = [into_result(e) for e in entries]
     if prefix:
         run = 0
@@ -223,21 +225,21 @@ def size(s: Session, key: Any) -> Flow[int]:
 
 def exists_many(s: Session, keys: Any) -> Flow[list[bool]]:
     found = yield from flows.exists_many(s, validate_keys(keys, s.limits.max_key_bytes))
-    yield Record(len(found), sum(found))
+    yield Record(len(found), sum(found), tokens_per_key=s.tokens_per_key)
     return found
 
 
 def exists(s: Session, key: Any) -> Flow[bool]:
     key = validate_key(key, s.limits.max_key_bytes)
     (found,) = yield from flows.exists_many(s, [key])
-    yield Record(1, int(found))
+    yield Record(1, int(found), tokens_per_key=s.tokens_per_key)
     return found
 
 
 def prefix_len(s: Session, keys: Sequence[Any]) -> Flow[int]:
     names = validate_keys(keys, s.limits.max_key_bytes)
     n = yield from flows.prefix_len(s, names)
-    yield Record(len(names), n)
+    yield Record(len(names), n, tokens_per_key=s.tokens_per_key)
     return n
 
 

@@ -45,12 +45,15 @@ from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
     Limits,
     resolve_token,
+    validate_nbytes,
     validate_tenant,
     validate_timeout,
+    validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel
@@ -168,6 +171,18 @@ class Client:
     @property
     def limits(self) -> Limits:
         return self._s.limits
+
+    @property
+    def tokens_per_key(self) -> int | None:
+        """Tokens one key stands for (a KV page object's tokens), for the token series of
+        `cellar.client.metrics` (tokens asked, reused, found but not used); None (the default)
+        leaves them out. Set once, as the engine adapters do; `lookup(tokens_per_key=)` wins
+        for its own call."""
+        return self._s.tokens_per_key
+
+    @tokens_per_key.setter
+    def tokens_per_key(self, value: int | None) -> None:
+        self._s.tokens_per_key = validate_tokens_per_key(value)
 
     # ---- context manager and lifecycle -----------------------------------------------------
 
@@ -291,6 +306,12 @@ class Client:
         trip per max_batch_keys keys; never pins."""
         return self._run(lookup_flow(self._s, keys, prefill_tokens_per_s, tokens_per_key),
                          "lookup")
+
+    def load_estimate(self, nbytes: int) -> LoadEstimate:
+        """This client's estimate of loading `nbytes` payload bytes (what `lookup` reports as
+        `load_s`, from its own measured round trips and reads; no I/O): for a caller that
+        sizes a wait, e.g. an engine's prefetch timeout (docs/lookup.md)."""
+        return self._s.costs.estimate(validate_nbytes(nbytes))
 
     def remove(self, key: str) -> bool:
         """Remove `key`; True if it was there, False if not."""

@@ -89,6 +89,7 @@ from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 import cellar
 from cellar.client import PutHints
+from cellar.client.lookup import MAX_TOKENS_PER_KEY
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import HEADER_BYTES, FormatMismatch, KVFormat
 from cellar.integrations.lmcache.session import FAILURES, KEY_MISSES, CellarSession, read_into
@@ -189,7 +190,10 @@ class CellarConnector(RemoteConnector):
         return self.format.key(key.to_string())
 
     async def _describe_format(self, client: cellar.AsyncClient) -> None:
-        """Store the format's descriptor once, so an operator can tell what a namespace holds."""
+        """Store the format's descriptor once, so an operator can tell what a namespace holds;
+        a chunk's tokens per key for the SDK's token metrics (a short last chunk counts whole)."""
+        if 0 < self.format.page_size_tokens <= MAX_TOKENS_PER_KEY:
+            client.tokens_per_key = self.format.page_size_tokens
         try:
             await client.put(self.format.descriptor_key(), self.format.descriptor())
         except AlreadyExists:

@@ -2,7 +2,8 @@
 
 SGLang loads it by configuration (`"module_path": "cellar.integrations.sglang",
 "class_name": "CellarHiCacheStorage"`). `backend.py` is the class, `link.py` its one SDK
-client (never raising), `pages.py` where a page's bytes live in SGLang's host pool.
+client (never raising), `pages.py` where a page's bytes live in SGLang's host pool, `timeout.py` SGLang's timeout
+prefetch budget sized from Cellar's load estimate.
 The backend's names are resolved lazily here, so that `link` and `pages` stay importable (and
 testable) in an interpreter without SGLang: only `backend` imports the engine.
 """

@@ -42,6 +42,11 @@ Settings (keys of `--hicache-storage-backend-extra-config`, beside SGLang's own)
     model (override of SGLang's model name in the format), get_timeout_base_s (none: follow
     SGLang's timeout policy, else no deadline) and get_timeout_per_ki_token_s (0).
 
+Sizing SGLang's timeout from Cellar's estimate
+    `prefetch_timeout_config()` answers `prefetch_timeout_base` and
+    `prefetch_timeout_per_ki_token` from this client's measured load costs (`sglang.timeout`),
+    for the extra config of the next launch or attach: SGLang takes them only from there.
+
 Statistics
     `get_stats()` hands SGLang's `StorageMetrics` the pages and GB/s of every backup and
     prefetch call since the last call (both interfaces; a call that moved no page adds no
@@ -57,11 +62,12 @@ from typing import Any
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 from cellar.client import PutHints
-from cellar.client.lookup import advise, check_rate
+from cellar.client.lookup import MAX_TOKENS_PER_KEY, advise, check_rate
 from cellar.errors import AlreadyExists, InvalidArgument, Status
 from cellar.integrations.kvformat import KVFormat
 from cellar.integrations.sglang.link import Link, connect_from, log
 from cellar.integrations.sglang.pages import PoolPages
+from cellar.integrations.sglang.timeout import DEFAULT_MARGIN, DEFAULT_MIN_BASE_S, timeout_config
 
 ADAPTER = "sglang-hicache"
 ADAPTER_VERSION = 1
@@ -184,6 +190,11 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         # SDK's pointer and RDMA paths may use it.
         ptr, nbytes = self.pages.base_ptr, self.pages.raw.nbytes
         self.link.on_connect(lambda c: c.register_buffer(ptr, nbytes))
+        # The SDK's token metrics: a page's tokens spread over its objects (K and V each count
+        # half a page, so a whole page counts its tokens once); unset when they do not divide.
+        per_key, rest = divmod(self.pages.page_size_tokens, self.pages.geometry.objects_per_page)
+        if not rest and 0 < per_key <= MAX_TOKENS_PER_KEY:
+            self.link.on_connect(lambda c: setattr(c, "tokens_per_key", per_key))
         self.format = page_format(mem_pool_host, self.pages, model=str(model),
                                   tp_size=int(getattr(cfg, "tp_size", 1)))
         rank = int(getattr(cfg, "tp_rank", 0))
@@ -305,6 +316,23 @@ class CellarHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
             out.update(tokens_reused=verdict.tokens_reused, prefill_saved_s=verdict.prefill_saved_s,
                        advice=verdict.advice)
         return out
+
+    def prefetch_timeout_config(self, *, margin: float = DEFAULT_MARGIN,
+                                min_base_s: float = DEFAULT_MIN_BASE_S) -> dict[str, float] | None:
+        """SGLang's `prefetch_timeout_base` and `prefetch_timeout_per_ki_token` sized from this
+        client's load estimate for one page (`sglang.timeout`: SGLang reads them only from its
+        extra config, at launch or attach; no call lets a backend set them live). None before
+        `register_mem_pool_host` or when the cluster cannot be reached."""
+        try:
+            pages, _ = self._ready()
+        except InvalidArgument:
+            return None
+        page_bytes = pages.geometry.page_bytes
+        estimate = self.link.call("estimate", lambda c: c.load_estimate(page_bytes), None)
+        if estimate is None:
+            return None
+        return timeout_config(estimate, page_bytes, pages.page_size_tokens, margin=margin,
+                              min_base_s=min_base_s)
 
     # ---- generic interface (SGLang without interface_v1) -----------------------------------
 

@@ -8,6 +8,7 @@ grid that fits, and a panel for each thing the dashboard must show.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,7 +68,18 @@ def test_ids_are_unique_and_the_grid_fits(dashboard: dict[str, Any]) -> None:
     "cellar_client_request_hits_total", "cellar_client_key_hits_total",
     "cellar_client_request_bytes_bucket", "cellar_client_lookup_seconds_bucket",
     "cellar_client_load_seconds_bucket", "cellar_client_wait_seconds_bucket",
+    "cellar_client_unused_keys_total", "cellar_client_tokens_reused_total",
+    "cellar_client_tokens_total", "cellar_client_unused_tokens_total",
 ])
 def test_dashboard_charts(dashboard: dict[str, Any], needle: str) -> None:
     exprs = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
     assert any(needle in e for e in exprs), needle
+
+
+def test_docs_list_every_panel(dashboard: dict[str, Any]) -> None:
+    """docs/deploy.md's panel table names every panel of the dashboard (and no other)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    table = text.split("### Dashboard panels", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("|")[2].strip() for line in table.splitlines()
+              if line.startswith("| ") and not line.startswith("| row")}
+    assert listed == {p["title"] for p in panels(dashboard)}

@@ -84,15 +84,20 @@ def _traffic(client: Any, stop: threading.Event) -> None:
         missing = f"missing-{i}"
         # each call on its own: a put of a key stored already raises, and must not skip the rest
         # (it did, and after the first 400 keys only PutStart moved)
-        calls: list[tuple[Any, tuple[Any, ...]]] = [
+        calls: list[tuple[Any, ...]] = [
             (client.put, (key, value)), (client.get, (key,)),
             (client.exists_many, ([key, missing],)), (client.prefix_len, ([key, missing],)),
-            (client.get, (missing,))]
+            (client.get, (missing,)),
+            # a prefix get whose first key misses: the stored key after it is found but not
+            # used (cellar_client_unused_keys_total{reason="prefix"}), in tokens too
+            (client.get_many_into, ([missing, key], [bytearray(VALUE_BYTES)] * 2),
+             {"prefix": True}),
+            (client.lookup, ([key, missing],))]
         if i % 50 == 0:  # bad input, refused by the SDK: cellar_client_errors_total{kind}
             calls.append((client.get, ("",)))
-        for call, args in calls:
+        for call, args, *kwargs in calls:
             with contextlib.suppress(cellar.CellarError):
-                call(*args)
+                call(*args, **(kwargs[0] if kwargs else {}))
         time.sleep(0.005)
 
 
@@ -121,6 +126,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prom, Loca
         # tcp: the node's byte counters (node_bytes_*, on the dashboard) count its data
         # server's payload; shm copies bypass it and would leave them at 0
         client = cellar.connect(cluster.address, transport="tcp")
+        client.tokens_per_key = 16  # as the engine adapters do: the token series move
         thread = threading.Thread(target=_traffic, args=(client, stop), daemon=True)
         thread.start()
 
@@ -218,7 +224,12 @@ def test_the_sdk_records_its_traffic(stack: tuple[Prom, LocalCluster]) -> None:
                  'sum(cellar_client_key_hits_total{op="get"}) > 0',
                  'sum(cellar_client_keys_total{op="exists"}) > sum(cellar_client_key_hits_total{op="exists"})',
                  'sum(cellar_client_bytes_total{op="get"}) > 0',
-                 'sum(cellar_client_wait_seconds_count{op="get"}) > 0'):
+                 'sum(cellar_client_wait_seconds_count{op="get"}) > 0',
+                 'sum(cellar_client_tokens_reused_total{op="get"}) > 0',
+                 'sum(cellar_client_tokens_total{op="lookup"}) > '
+                 'sum(cellar_client_tokens_reused_total{op="lookup"})',
+                 'sum(cellar_client_unused_keys_total{op="get",reason="prefix"}) > 0',
+                 'sum(cellar_client_unused_tokens_total{op="get",reason="prefix"}) > 0'):
         assert prom.wait_for_data(expr), f"the SDK did not record: {expr}"
 
 

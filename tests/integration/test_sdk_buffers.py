@@ -138,7 +138,7 @@ def test_client_metrics_are_recorded_by_the_face(client):
     before = {op: _sample("cellar_client_requests_total", op=op)
               for op in ("get", "put", "exists", "prefix_len")}
     hits_before = _sample("cellar_client_key_hits_total", op="get")
-    late_before = _sample("cellar_client_late_keys_total", op="get", reason="deadline")
+    late_before = _sample("cellar_client_unused_keys_total", op="get", reason="deadline")
     client.put_many({"m/a": b"x" * 100, "m/b": b"y" * 50})
     assert client.get("m/a") == b"x" * 100
     assert client.get_many(["m/a", "m/none"]) == [b"x" * 100, None]
@@ -150,7 +150,7 @@ def test_client_metrics_are_recorded_by_the_face(client):
     assert _sample("cellar_client_requests_total", op="exists") == before["exists"] + 1
     assert _sample("cellar_client_requests_total", op="prefix_len") == before["prefix_len"] + 1
     assert _sample("cellar_client_key_hits_total", op="get") == hits_before + 2
-    assert _sample("cellar_client_late_keys_total", op="get", reason="deadline") == late_before
+    assert _sample("cellar_client_unused_keys_total", op="get", reason="deadline") == late_before
     port = metrics.serve_metrics(0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:

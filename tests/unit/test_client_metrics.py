@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.request
 
 import pytest
@@ -20,11 +21,15 @@ def test_every_documented_series_is_exposed_from_the_start() -> None:
     for name in ("cellar_client_requests_total", "cellar_client_request_hits_total",
                  "cellar_client_keys_total", "cellar_client_key_hits_total",
                  "cellar_client_bytes_total", "cellar_client_request_bytes_bucket",
-                 "cellar_client_late_keys_total", "cellar_client_lookup_seconds_bucket",
-                 "cellar_client_load_seconds_bucket", "cellar_client_wait_seconds_bucket"):
+                 "cellar_client_unused_keys_total", "cellar_client_lookup_seconds_bucket",
+                 "cellar_client_load_seconds_bucket", "cellar_client_wait_seconds_bucket",
+                 "cellar_client_tokens_total", "cellar_client_tokens_reused_total",
+                 "cellar_client_unused_tokens_total"):
         for op in metrics.OPS:
-            assert f'{name}{{' in text and f'op="{op}"' in text, (name, op)
-    assert 'reason="deadline"' in text and 'reason="vanished"' in text
+            assert re.search(rf'^{name}{{[^}}]*op="{op}"', text, re.M), (name, op)
+    for reason in ("deadline", "refused", "prefix", "vanished"):
+        assert f'cellar_client_unused_keys_total{{op="get",reason="{reason}"}}' in text
+        assert f'cellar_client_unused_tokens_total{{op="get",reason="{reason}"}}' in text
 
 
 def test_recording_moves_the_counters_and_histograms() -> None:
@@ -33,8 +38,8 @@ def test_recording_moves_the_counters_and_histograms() -> None:
         "cellar_client_keys_total", "cellar_client_key_hits_total", "cellar_client_bytes_total",
         "cellar_client_request_bytes_count", "cellar_client_lookup_seconds_count",
         "cellar_client_load_seconds_sum", "cellar_client_wait_seconds_count")}
-    late_before = _value("cellar_client_late_keys_total", op="get", reason="deadline")
-    vanished_before = _value("cellar_client_late_keys_total", op="get", reason="vanished")
+    late_before = _value("cellar_client_unused_keys_total", op="get", reason="deadline")
+    vanished_before = _value("cellar_client_unused_keys_total", op="get", reason="vanished")
     metrics.record_request("get", keys=8, hits=8, nbytes=8 << 16, lookup_s=0.001,
                            load_s=0.25, wait_s=0.3)
     metrics.record_request("get", keys=4, hits=2, nbytes=1 << 16, late_deadline=1,
@@ -49,9 +54,9 @@ def test_recording_moves_the_counters_and_histograms() -> None:
     assert delta["cellar_client_lookup_seconds_count"] == 1
     assert delta["cellar_client_load_seconds_sum"] == pytest.approx(0.25)
     assert delta["cellar_client_wait_seconds_count"] == 1
-    assert _value("cellar_client_late_keys_total", op="get", reason="deadline") == \
+    assert _value("cellar_client_unused_keys_total", op="get", reason="deadline") == \
         late_before + 1
-    assert _value("cellar_client_late_keys_total", op="get", reason="vanished") == \
+    assert _value("cellar_client_unused_keys_total", op="get", reason="vanished") == \
         vanished_before + 1
     assert _value("cellar_client_requests_total", op="put") == _value(
         "cellar_client_requests_total", op="put")  # other ops untouched
@@ -136,3 +141,33 @@ def test_bucket_bounds_follow_prometheus_le_rule() -> None:
     before = _value("cellar_client_request_bytes_bucket", op="put", le="1024.0")
     metrics.record_request("put", keys=1, hits=1, nbytes=1024)
     assert _value("cellar_client_request_bytes_bucket", op="put", le="1024.0") == before + 1
+
+
+def test_tokens_and_unused_keys_by_reason() -> None:
+    """§7.2's token hit ratio and 'found but not used': tokens follow the keys at the given
+    tokens per key; a call without it moves no token series; each reason has its own series."""
+    def tokens() -> dict[str, float]:
+        out = {n: _value(n, op="get") for n in ("cellar_client_tokens_total",
+                                                 "cellar_client_tokens_reused_total")}
+        for reason in metrics.UNUSED_REASONS:
+            out[f"keys_{reason}"] = _value("cellar_client_unused_keys_total", op="get",
+                                           reason=reason)
+            out[f"tokens_{reason}"] = _value("cellar_client_unused_tokens_total", op="get",
+                                             reason=reason)
+        return out
+
+    start = tokens()
+    metrics.record_request("get", keys=10, hits=4, late_deadline=1, refused=2, cut=3,
+                           tokens_per_key=64)
+    metrics.record_vanished("get", 2, tokens_per_key=64)
+    metrics.record_request("get", keys=5, hits=5)  # tokens unknown: no token series moves
+    metrics.record_requests("get", [1, None, 1], tokens_per_key=16)
+    d = _delta(start, tokens())
+    assert d["cellar_client_tokens_total"] == 10 * 64 + 3 * 16
+    assert d["cellar_client_tokens_reused_total"] == 4 * 64 + 2 * 16
+    assert (d["keys_deadline"], d["keys_refused"], d["keys_prefix"], d["keys_vanished"]) == \
+        (1, 2, 3, 2)
+    assert (d["tokens_deadline"], d["tokens_refused"], d["tokens_prefix"],
+            d["tokens_vanished"]) == (64, 128, 192, 128)
+    with pytest.raises(AssertionError):  # more keys accounted for than were asked
+        metrics.record_request("get", keys=2, hits=1, refused=1, cut=1)
