@@ -7,8 +7,9 @@ objects unevictable or look hot, as for `prefix_len`). The SDK turns the bytes i
 estimate from its own measurements and, given the caller's prefill rate, into load-or-recompute
 advice (client/lookup.py); the master only says what it holds.
 
-Tiers: every object lives in DRAM today (`TIER_DRAM`). The tier is a field of the answer, not
-an assumption of it, so a disk tier adds a name here (`tier_of`) and nothing on the wire.
+Tiers: an object is served from its fastest replica's tier (`tier_of`): "dram" when any replica
+sits in a DRAM segment, "disk" when all of them are on nodes' disk tiers (state/tiers.py). The
+tier is a field of the answer, so the disk tier added a name here and nothing on the wire.
 Readable means COMPLETE (in `tenant.objects`): a put in flight or a removed key ends the run.
 
 Invariants: the counts of `tiers` add up to `prefix_len`, their bytes to `prefix_bytes`; the
@@ -23,16 +24,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cellar.master.service import MasterService
-from cellar.master.state.records import Obj
+from cellar.master.state.records import TIER_DISK, Obj
 
 TIER_DRAM = "dram"
-TIERS = (TIER_DRAM,)  # fastest first; the order replies list them in
+TIER_DISK_NAME = "disk"
+TIERS = (TIER_DRAM, TIER_DISK_NAME)  # fastest first; the order replies list them in
 
 
 def tier_of(obj: Obj) -> str:
-    """The tier a read of `obj` is served from (its fastest replica's): DRAM until a disk
-    tier exists."""
-    return TIER_DRAM
+    """The tier a read of `obj` is served from: its fastest replica's."""
+    for rep in obj.replicas:
+        if rep.segment.tier != TIER_DISK:
+            return TIER_DRAM
+    return TIER_DISK_NAME if obj.replicas else TIER_DRAM
 
 
 @dataclass(slots=True)

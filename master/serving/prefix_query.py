@@ -20,7 +20,7 @@ What it answers
     The index is per tenant and across models (an engine hash names its prefix, and SGLang's
     and LMCache's hash their tokens without the model): `model`, `lora_name` and `instance_id`
     are accepted and not used to scope. Every object is in DRAM ("CPU", the medium KV events
-    use); "DISK" stays 0 until the disk tier lands.
+    use); "DISK" is 0: pages on a node's disk tier count under "CPU" (not split by medium yet).
 
 Token ids (`/query`)
     Answered for the adapter formats whose page hash Cellar can reproduce: `sglang` (SGLang's

@@ -86,6 +86,11 @@ def test_400_pages_over_64mib_dram_all_read_back_most_from_disk(make_cluster, tm
     with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
         worst = _put_all(client, values, lambda: _disk_used(client))
         assert worst <= DISK + MIB + 4096, "disk use passed its size by more than one object"
+        # lookup says where the run is served from: most of it on disk, the rest in DRAM
+        found = client.lookup(list(values))
+        assert found.prefix_len == COUNT and set(found.tiers) <= {"dram", "disk"}
+        assert found.tiers["disk"].keys >= 300, found.tiers
+        assert sum(run.keys for run in found.tiers.values()) == COUNT
         for start in range(0, COUNT, 16):
             keys = list(values)[start:start + 16]
             got = client.get_many(keys)
