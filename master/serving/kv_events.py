@@ -16,7 +16,9 @@ and LMCache's controller read; Cellar's own code)
     when the writer recorded one at put time (the SGLang and LMCache adapters do; an int, or
     bytes for a bytes digest: proto/engine_hash.py), else `key_hash` (the first 8 bytes of
     BLAKE2b of the key, big-endian, unsigned); parent_block_hash None, token_ids [],
-    block_size 0, lora_id None, medium "CPU" (the DRAM tier; a disk tier will say "DISK").
+    block_size 0, lora_id None, medium "CPU" (DRAM) or "DISK" (every replica on a node's
+    disk tier); a demotion or a promotion is a BlockRemoved on the old medium and a
+    BlockStored on the new.
     Replay: a ROUTER socket. A DEALER sends [b"", start_seq (8 bytes)] (vLLM's request) and may
     add a third frame, the topic; the answer is [b"", seq, payload] for every retained batch of
     that topic with seq >= start_seq, then [b"", -1 (8 bytes, signed), b""].
@@ -56,12 +58,24 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cellar.master.state.records import Obj
+from cellar.master.state.records import TIER_DISK, Obj
 from cellar.proto.engine_hash import decode as decode_engine_hash
 
 log = logging.getLogger("cellar.master")
 
 MEDIUM_DRAM = "CPU"
+MEDIUM_DISK = "DISK"  # an object all of whose replicas sit on nodes' disk tiers
+
+
+def medium_of(obj: Obj) -> str:
+    """The medium a read of `obj` is served from: its fastest replica's."""
+    if obj.replicas and all(rep.segment.tier == TIER_DISK for rep in obj.replicas):
+        return MEDIUM_DISK
+    return MEDIUM_DRAM
+
+
+def _stored(obj: Obj, medium: str) -> tuple[Any, ...]:
+    return ("BlockStored", [block_hash(obj)], None, [], 0, None, medium)
 MAX_EVENTS_PER_BATCH = 4096        # events in one EventBatch (a bigger turn is split)
 DEFAULT_QUEUE_BATCHES = 4096       # batches waiting for the publisher thread
 DEFAULT_REPLAY_BATCHES = 4096      # batches kept per tenant for replay and the gRPC stream
@@ -114,13 +128,22 @@ class KvEventHub:
         tenant = obj.tenant.name
         if tenant in self._muted:
             return
-        self._note(tenant, ("BlockStored", [block_hash(obj)], None, [], 0, None, MEDIUM_DRAM))
+        self._note(tenant, _stored(obj, medium_of(obj)))
 
     def dropped(self, obj: Obj) -> None:
         tenant = obj.tenant.name
         if tenant in self._muted:
             return
-        self._note(tenant, ("BlockRemoved", [block_hash(obj)], MEDIUM_DRAM))
+        self._note(tenant, ("BlockRemoved", [block_hash(obj)], medium_of(obj)))
+
+    def moved(self, obj: Obj, on_disk: bool) -> None:
+        """A demotion (or a promotion): gone from one medium, stored in the other."""
+        tenant = obj.tenant.name
+        if tenant in self._muted:
+            return
+        before, after = (MEDIUM_DRAM, MEDIUM_DISK) if on_disk else (MEDIUM_DISK, MEDIUM_DRAM)
+        self._note(tenant, ("BlockRemoved", [block_hash(obj)], before))
+        self._note(tenant, _stored(obj, after))
 
     def clearing(self, tenant: str) -> _Clearing:
         """`with hub.clearing(tenant): service.remove_all(...)`: the drops inside are one

@@ -2,7 +2,9 @@
 
 The object table (objects.py) tells an observer, if one is attached, when a version becomes
 visible (`stored`: a PutEnd completed it, or a rebuild adopted it from a node's report) and when a
-visible version leaves (`dropped`: remove, eviction, upsert replacement, loss of every replica).
+visible version leaves (`dropped`: remove, eviction, upsert replacement, loss of every replica),
+and when a visible version's serving tier changes (`moved`: a demotion to a node's disk tier, or
+a promotion back, state/tiers.py; `on_disk` says where it is served from now).
 RemoveAll is told as one `cleared` by the serving room around the call (it knows the request;
 the table only sees one drop per object), with the drops inside it muted.
 
@@ -24,3 +26,5 @@ class LifecycleObserver(Protocol):
     def stored(self, obj: Obj) -> None: ...
 
     def dropped(self, obj: Obj) -> None: ...
+
+    def moved(self, obj: Obj, on_disk: bool) -> None: ...

@@ -43,6 +43,7 @@ from cellar.master.state.records import (
     HARD_PIN,
     NO_PIN,
     SOFT_PIN,
+    TIER_DISK,
     WRITING,
     Obj,
     Replica,
@@ -307,7 +308,11 @@ class ObjectTable:
         Charges and pools do not change: same size, same replica count."""
         assert obj.state == COMPLETE, "swap on an object that is not COMPLETE"
         assert old in obj.replicas and new not in obj.replicas, "swap of an unknown replica"
+        was_on_disk = all(rep.segment.tier == TIER_DISK for rep in obj.replicas)
         obj.replicas = tuple([new if rep is old else rep for rep in obj.replicas])
+        on_disk = all(rep.segment.tier == TIER_DISK for rep in obj.replicas)
+        if on_disk != was_on_disk and self.observer is not None:
+            self.observer.moved(obj, on_disk)  # its fastest replica changed tier
         if not any(rep.segment is old.segment for rep in obj.replicas):
             old.segment.objects.discard(obj)
         new.segment.objects.add(obj)

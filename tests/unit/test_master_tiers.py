@@ -236,3 +236,45 @@ def test_a_put_with_no_dram_room_spills_to_disk(clock) -> None:  # type: ignore[
     assert _tier(svc, keys[-1]) == TIER_DISK
     assert [_tier(svc, k) for k in keys[:16]] == [TIER_DRAM] * 16
     assert svc.tiers.counters()["spills"] == 1
+
+
+class _Recorder:
+    """A lifecycle observer that keeps what it is told (state/lifecycle.py)."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, bool]] = []
+
+    def stored(self, obj) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def dropped(self, obj) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def moved(self, obj, on_disk: bool) -> None:  # type: ignore[no-untyped-def]
+        self.moves.append((obj.key, on_disk))
+
+
+def test_demotions_and_promotions_are_told_to_the_lifecycle_observer(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock, promote_window_s=5.0)
+    seen = _Recorder()
+    svc.objects.observer = seen
+    keys = _fill(svc, clock, 14)
+    svc.tick()
+    _report(svc, clock)
+    assert seen.moves == [(k, True) for k in keys[:4]]  # each demoted object, once
+    warm = keys[1]
+    _read(svc, warm)
+    clock.advance(1)
+    _read(svc, warm)
+    _report(svc, clock)
+    assert seen.moves[4:] == [(warm, False)]
+
+
+def test_kv_events_name_the_medium_of_a_move(clock) -> None:  # type: ignore[no-untyped-def]
+    from cellar.master.serving.kv_events import MEDIUM_DISK, MEDIUM_DRAM, medium_of
+
+    svc = _service(clock)
+    keys = _fill(svc, clock, 14)
+    svc.tick()
+    _report(svc, clock)
+    assert [medium_of(_obj(svc, k)) for k in keys[:5]] == [MEDIUM_DISK] * 4 + [MEDIUM_DRAM]
