@@ -118,6 +118,17 @@ class MasterConfig:
     max_remove_tombstones: int = setting(
         262_144, "most removed keys remembered (with the allocation they removed) so that a node's "
         "late index report cannot bring them back; oldest forgotten first", unit="keys")
+    request_id_memory_entries: int = setting(
+        65_536, "most replies of mutating calls remembered by request id, so that a call carried "
+        "twice (a lost reply, fast line then gRPC, a retry) gets the first call's result; oldest "
+        "forgotten first (master/serving/request_memory.py). 0: off", unit="replies")
+    request_id_memory_s: float = setting(
+        120.0, "a remembered reply is forgotten this long after the call it answered (a repeat "
+        "later than this runs again); keep it above the clients' call timeout", unit=UNIT_SECONDS)
+    request_id_memory_bytes: int = setting(
+        256 << 20, "most bytes of remembered replies (estimated: 128 bytes + 256 per key result); "
+        "oldest forgotten first",
+        unit=UNIT_BYTES)
     removal_log_file: str = setting(
         "", "a single master's removal log (cellar.master.serving.removal_log): acknowledged "
         "removes and upserts outlive a kill of the master. Empty: ~/.cellar/removals-<listen>.log; "
@@ -288,6 +299,9 @@ class MasterConfig:
             "must be greater than node_suspect_after_s",
         )
         require(self.max_remove_tombstones >= 0, "max_remove_tombstones", "must be >= 0")
+        require(self.request_id_memory_entries >= 0, "request_id_memory_entries", "must be >= 0")
+        require(self.request_id_memory_s > 0, "request_id_memory_s", "must be > 0")
+        require(self.request_id_memory_bytes >= 0, "request_id_memory_bytes", "must be >= 0")
         require(0 <= self.rebuild_grace_s <= 600, "rebuild_grace_s", "must be in [0, 600]")
         require(self.new_node_ramp_s >= 0, "new_node_ramp_s", "must be >= 0")
         require(1 <= self.placement_choices <= 64, "placement_choices", "must be in [1, 64]")

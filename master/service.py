@@ -13,6 +13,8 @@ eviction, quarantine; and beside them, split out of this file:
 - tombstones.py: removed keys and freed-while-down ids a late report must not revive (the
   serving room's removal log makes them outlive this process);
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
+- removals.py: `Removals`, Remove/RemovePrefix/RemoveAll and the removal log's bounds (bound
+  here as `self.remove`, ... like the node calls);
 - listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
 - node_rpcs.py: `NodeRpcs`, an object of its own over the tables it is given: the node-facing
   RPCs, the rebuild from the nodes' reports and the background `tick`. The service builds it
@@ -41,6 +43,7 @@ from cellar.master.listing import check_list_request, key_page
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
+from cellar.master.removals import Removals
 from cellar.master.replies import (
     GetOutcome,
     GetResult,
@@ -67,7 +70,6 @@ from cellar.master.requests import (
     RequestRejected,
     SystemClock,
     check_batch,
-    check_key_bound,
     key_error,
 )
 from cellar.master.state.allocator import SegmentAllocator
@@ -171,6 +173,12 @@ class MasterService:
         self.expire_node = self.nodes.expire_node
         self.tick = self.nodes.tick
         self.evict_to_watermark = self.nodes.evict_to_watermark
+        self.removals = Removals(self)  # Remove, RemovePrefix, RemoveAll (master/removals.py)
+        self.remove = self.removals.remove
+        self.remove_prefix = self.removals.remove_prefix
+        self.remove_all = self.removals.remove_all
+        self.load_removals = self.removals.load_removals
+        self.removed_alloc_id = self.removals.removed_alloc_id
         self.capacity = self.membership.usage
         self.largest_placeable_bytes = self.membership.largest_placeable_bytes
 
@@ -431,7 +439,7 @@ class MasterService:
         for key in keys:
             obj = objects.get(key)
             if obj is None:
-                status, message = self._miss(tenant, key)
+                status, message = self.miss(tenant, key)
                 results.append(GetResult(status, message))
                 continue
             pin_id = pin(obj, tenant, client_id, now)
@@ -448,7 +456,7 @@ class MasterService:
             results.append(GetResult(OK, "", obj.size, obj.checksum, pin_id, granted))
         return GetOutcome(results, list(segments.values()))
 
-    def _miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:
+    def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:
         error = self.key_error(key)
         if error:
             return INVALID, error
@@ -468,7 +476,7 @@ class MasterService:
         tenant = self.tenant(tenant_name)
         self.check_batch(len(keys))
         objects = tenant.objects
-        statuses: list[int] = [OK if key in objects else self._miss(tenant, key)[0] for key in keys]
+        statuses: list[int] = [OK if key in objects else self.miss(tenant, key)[0] for key in keys]
         if Status.NOT_FOUND in statuses and self.recovering():
             raise self.grace.error()
         return statuses
@@ -490,65 +498,8 @@ class MasterService:
             raise self.grace.error()
         return count
 
-    def remove(self, tenant_name: str, keys: Sequence[str]) -> KeyResults:
-        tenant = self.tenant(tenant_name)
-        self.check_batch(len(keys))
-        now = self.clock.monotonic()
-        if self.recovering() and any(key not in tenant.objects for key in keys):
-            raise self.grace.error()
-        results: KeyResults = []
-        for key in keys:
-            obj = tenant.objects.get(key)
-            if obj is None:
-                status, message = self._miss(tenant, key)
-                if status == Status.NOT_READY:
-                    message = "key is being written; its writer must revoke it"
-                elif status == Status.NOT_FOUND:
-                    self._tombstone(tenant, key)  # a node that is away may still hold a value
-                results.append((status, message))
-                continue
-            self._remove(obj, now)
-            results.append((OK, ""))
-        return results
-
-    def _remove(self, obj: Obj, now: float) -> None:
-        """Drop a value a client removed, remembering it so a late report cannot revive it."""
-        self._tombstone(obj.tenant, obj.key)
-        self.objects.drop(obj, now)
-
-    def _tombstone(self, tenant: Tenant, key: str) -> None:
-        """Every allocation of the key issued so far is dead, except a put of it still in
-        flight (state/tombstones.py); queued for the removal log."""
-        writing = tenant.writing.get(key)
-        bound = (min(rep.alloc_id for rep in writing.replicas) - 1 if writing is not None
-                 else self.alloc_ids.next())
-        self.tombstones.remember_removed(tenant.name, key, bound)
-
-    def load_removals(self, records: list[tuple[str, str, int]]) -> None:
-        """The removal log's bounds, before any report is adopted (master/serving/removal_log.py)."""
-        highest = self.tombstones.load(records)
-        if highest:
-            self.alloc_ids.ensure_above(highest)
-
-    def removed_alloc_id(self, tenant_name: str, key: str) -> int:
-        """The alloc id drawn when the key was last removed (0: none remembered)."""
-        return self.tombstones.removed_alloc_id(tenant_name, key)
-
-    def remove_prefix(self, tenant_name: str, prefix: str) -> int:
-        tenant = self.tenant(tenant_name)
-        if self.recovering():
-            raise self.grace.error()
-        if not prefix:
-            raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
-        check_key_bound("prefix", prefix, self.config.max_key_bytes)
-        victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
-        return self._drop_all(victims)
-
-    def remove_all(self, tenant_name: str) -> int:
-        tenant = self.tenant(tenant_name)
-        if self.recovering():
-            raise self.grace.error()
-        return self._drop_all(list(tenant.objects.values()))
+    # Remove, RemovePrefix, RemoveAll and the removal log's bounds: master/removals.py
+    # (`self.removals`; the methods are bound in __init__).
 
     def list_keys(self, tenant_name: str, prefix: str, start_after: str,
                   limit: int) -> tuple[list[str], bool]:
@@ -561,12 +512,6 @@ class MasterService:
         if self.recovering():  # keys not reported yet would be missing from the page
             raise self.grace.error()
         return key_page(tenant.objects, prefix, start_after, limit)
-
-    def _drop_all(self, victims: list[Obj]) -> int:
-        now = self.clock.monotonic()
-        for obj in victims:
-            self._remove(obj, now)
-        return len(victims)
 
     # ---------------------------------------------------------------- rebuild
 
