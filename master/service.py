@@ -128,7 +128,8 @@ class MasterService:
         self._next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
         self.alloc_ids = AllocIds(self.epoch)
         self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
-                              max_tenants=config.max_tenants)
+                              max_tenants=config.max_tenants,
+                              default_quota_fraction=config.default_tenant_quota_fraction)
         self.membership = Membership(
             suspect_after_s=config.node_suspect_after_s,
             expire_after_s=config.node_expire_after_s,
@@ -219,8 +220,10 @@ class MasterService:
         config = self.config
         max_key_bytes = config.max_key_bytes
         max_segment_bytes = self.membership.max_segment_bytes
+        capacity_bytes = self.space.capacity_bytes()
+        self.tenants.follow_capacity(tenant, capacity_bytes)  # a default quota follows it
         limited = tenant.limited
-        writing_cap = self.space.writing_cap(tenant, self.space.capacity_bytes())
+        writing_cap = self.space.writing_cap(tenant, capacity_bytes)
         tag_prefix = key_tag_prefix(tenant.name)
         write_ttl_s = config.write_grant_ttl_s
         deadline = now + write_ttl_s
@@ -255,7 +258,7 @@ class MasterService:
                     or item.soft_pin or item.hard_pin or key in writing
                     or (key in objects and not item.upsert) or item.avoid_node_ids
                     or item.preferred_host_id or limited
-                    or tenant.writing_bytes + reserved > writing_cap):
+                    or tenant.writing_bytes + tenant.quarantined_bytes + reserved > writing_cap):
                 append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op))
                 continue
             # The checks of _put_one, all passed: a valid key, a size that fits a segment, one
@@ -540,7 +543,9 @@ class MasterService:
 
     def set_tenant_quota(self, name: str, quota: TenantQuota) -> Tenant:
         """Create a tenant or change its quotas; QuotaExceeded past max_tenants."""
-        return self.tenants.configure(name, quota)
+        tenant = self.tenants.configure(name, quota)
+        self.tenants.follow_capacity(tenant, self.space.capacity_bytes())
+        return tenant
 
     def status_tenants(self, caller: str) -> list[Tenant]:
         """The tenants a ClusterStatus reply lists: the caller's first, at most
