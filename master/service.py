@@ -204,9 +204,13 @@ class MasterService:
     # ---------------------------------------------------------------- put
 
     def put_start(self, tenant_name: str, client_id: str, items: Sequence[PutItemLike], *,
-                  may_commit: bool = False) -> PutStartOutcome:
+                  may_commit: bool = False,
+                  request: tuple[str, str, int] | None = None) -> PutStartOutcome:
         """`may_commit`: the caller has the shm right, so its write grants carry the COMMIT
-        right (GRANT_FLAG_COMMIT); without it a node refuses its COMMITs."""
+        right (GRANT_FLAG_COMMIT); without it a node refuses its COMMITs. `request`: (token
+        id, client id, request id) of a call with a request id: kept on each WRITING object it
+        begins, so a repeat of the call finds its own put, not ALREADY_EXISTS, even once the
+        serving room's reply memory forgot it (proto/request_id.py)."""
         tenant = self.tenant(tenant_name)
         write_op = GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE
         self.check_batch(len(items))
@@ -259,7 +263,8 @@ class MasterService:
                     or (key in objects and not item.upsert) or item.avoid_node_ids
                     or item.preferred_host_id or limited
                     or tenant.writing_bytes + tenant.quarantined_bytes + reserved > writing_cap):
-                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op))
+                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op,
+                                     request))
                 continue
             # The checks of _put_one, all passed: a valid key, a size that fits a segment, one
             # replica, no pin, nothing to avoid or prefer, no quota.
@@ -277,6 +282,7 @@ class MasterService:
             put_id = next_put_id()
             obj = Obj(tenant, key, size, reserved, put_id, NO_PIN, deadline,
                       xxh64_intdigest(tag_prefix + key.encode()))
+            obj.request = request
             replica = begin_one(obj, spot[0], spot[1], next_alloc_id())
             append(PutStartResult(OK, "", put_id,
                                   [grant_one(obj, replica, write_op, expiry_ms, segments)]))
@@ -285,6 +291,7 @@ class MasterService:
     def _put_one(
         self, tenant: Tenant, item: PutItemLike, now: float, wall_ms: int,
         segments: dict[int, Segment], writing_cap: int = -1, write_op: int = GRANT_OP_WRITE,
+        request: tuple[str, str, int] | None = None,
     ) -> PutStartResult:
         """One key of a PutStart, every check spelled out (`writing_cap` < 0: compute it)."""
         config = self.config
@@ -313,7 +320,10 @@ class MasterService:
             return PutStartResult(INVALID, f"soft_pin_ttl_ms above {MAX_SOFT_PIN_TTL_MS}")
         if key in tenant.objects and not item.upsert:
             return PutStartResult(Status.ALREADY_EXISTS, "key exists (use upsert to replace it)")
-        if key in tenant.writing:
+        writing = tenant.writing.get(key)
+        if writing is not None:
+            if request is not None and writing.request == request:
+                return self._same_put(writing, write_op, now, wall_ms, segments)
             return PutStartResult(Status.ALREADY_EXISTS, "key is being written by another put")
         avoid = item.avoid_node_ids
         if len(avoid) > MAX_AVOID_NODES:
@@ -351,12 +361,21 @@ class MasterService:
         pin_kind = HARD_PIN if item.hard_pin else SOFT_PIN if item.soft_pin else NO_PIN
         tag = key_tag(tenant.name, key)
         obj = Obj(tenant, key, size, reserved, put_id, pin_kind, now + ttl_s, tag)
+        obj.request = request
         self.objects.begin(obj, placements, self.alloc_ids.next)
         if pin_kind == SOFT_PIN and item.soft_pin_ttl_ms:
             self.objects.lapse_soft_pin(obj, now + item.soft_pin_ttl_ms / 1000)
         expiry_ms = wall_ms + int(ttl_s * 1000)
         granted = self.grants.all(obj, write_op, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)
+
+    def _same_put(self, obj: Obj, write_op: int, now: float, wall_ms: int,
+                  segments: dict[int, Segment]) -> PutStartResult:
+        """A repeated PutStart's answer: the put it began, its grants signed again for the time
+        its writer has left (the grants' expiry never moves past the put's deadline)."""
+        assert obj.request is not None and obj.deadline > 0
+        expiry_ms = wall_ms + max(0, int((obj.deadline - now) * 1000))
+        return PutStartResult(OK, "", obj.put_id, self.grants.all(obj, write_op, expiry_ms, segments))
 
     def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
         tenant = self.tenant(tenant_name)
@@ -378,6 +397,7 @@ class MasterService:
                 self.tombstones.remember_removed(
                     tenant.name, obj.key, min(rep.alloc_id for rep in obj.replicas) - 1)
             self.objects.complete(obj, item.checksum, now)
+            obj.request = None  # only a WRITING object answers a repeated PutStart
             results.append((OK, ""))
         return results
 

@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from cellar.master.requests import RequestRejected
 from cellar.proto.request_id import MUTATING_METHODS
@@ -61,6 +64,11 @@ class RequestMemory:
 
     def __len__(self) -> int:
         return len(self._replies)
+
+    def collector(self) -> Collector:
+        """master_request_ids_remembered{,_bytes}, master_request_repeats_total and
+        master_request_ids_forgotten_total (by a bound)."""
+        return _Figures(self)
 
     def serve(self, owner: object) -> None:
         """Forget everything when the service answering changed (a new term: its replies
@@ -105,6 +113,22 @@ class RequestMemory:
             replies.popitem(last=False)
             self.bytes -= size
             self.forgotten += 1
+
+
+class _Figures(Collector):
+    def __init__(self, memory: RequestMemory) -> None:
+        self._memory = memory
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._memory
+        yield GaugeMetricFamily("master_request_ids_remembered", "replies of mutating calls "
+                                "remembered by request id", value=len(m))
+        yield GaugeMetricFamily("master_request_ids_remembered_bytes", "their estimated size",
+                                value=m.bytes)
+        yield CounterMetricFamily("master_request_repeats", "calls carried twice, answered with "
+                                  "the first call's reply", value=m.repeats)
+        yield CounterMetricFamily("master_request_ids_forgotten", "remembered replies dropped by "
+                                  "a bound (count, bytes or age)", value=m.forgotten)
 
 
 __all__ = ["RequestMemory"]

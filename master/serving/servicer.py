@@ -134,8 +134,11 @@ class MasterServicer:
 
     def PutStart(self, req: pb.PutStartRequest, stats: RpcStats) -> pb.PutStartReply:
         h = req.header
+        identity = CURRENT_IDENTITY.get()
+        request = ((identity.token_id if identity is not None else "", h.client_id, h.request_id)
+                   if h.request_id else None)
         outcome = self.service.put_start(h.tenant, h.client_id, req.items,
-                                         may_commit=_trusted_on_host())
+                                         may_commit=_trusted_on_host(), request=request)
         reply = pb.PutStartReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0

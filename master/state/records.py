@@ -119,6 +119,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot", "pool_kind",
+        "request",
     )
 
     def __init__(
@@ -143,6 +144,9 @@ class Obj:
         self.gslot = 0
         self.tslot = 0
         self.pool_kind = 0
+        # WRITING only: (token id, client id, request id) of the PutStart that began it, so a
+        # repeat of that call gets this same put back (master/service.py `_same_put`)
+        self.request: tuple[str, str, int] | None = None
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""

@@ -60,12 +60,16 @@ def proxy(cluster: LocalCluster) -> Iterator[LostReplies]:
         p.close()
 
 
-def _pins(cluster: LocalCluster) -> float:
+def _metric(cluster: LocalCluster, name: str) -> float:
     with urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10) as reply:
         for line in reply.read().decode().splitlines():
-            if line.startswith("master_pin_count "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
-    raise AssertionError("no master_pin_count")
+    raise AssertionError(f"no {name}")
+
+
+def _pins(cluster: LocalCluster) -> float:
+    return _metric(cluster, "master_pin_count")
 
 
 def _await_no_pins(cluster: LocalCluster, wait_s: float = 60.0) -> None:
@@ -97,6 +101,7 @@ def test_every_call_survives_its_lost_first_reply(cluster: LocalCluster,
     for method in ("PutStart", "PutEnd", "Remove", "RemovePrefix", "RemoveAll"):
         assert proxy.calls.get(method, 0) >= 2, (method, proxy.calls)
     assert proxy.calls.get("Unpin", 0) + proxy.calls.get("fast:5", 0) >= 2, proxy.calls
+    assert _metric(cluster, "master_request_repeats_total") > 0
 
 
 def test_the_asyncio_face_too(cluster: LocalCluster, proxy: LostReplies) -> None:

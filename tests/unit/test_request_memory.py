@@ -78,3 +78,30 @@ def test_a_new_term_forgets_everything() -> None:
     assert _runs(memory, "Remove", _req(1)) == 0
     memory.serve("term 2")
     assert _runs(memory, "Remove", _req(1)) == 1
+
+
+def test_a_repeated_put_start_finds_its_own_put_after_the_memory_forgot_it() -> None:
+    """The reply memory is bounded; the WRITING object keeps the request that began it, so a
+    repeat still gets its put (same put id, grants for the same ranges), never ALREADY_EXISTS;
+    another request (or none) still does."""
+    from test_master_support import make_service, mount
+
+    from cellar.errors import Status
+    from cellar.master.service import PutItem
+
+    svc = make_service()
+    mount(svc, "n1", 1)
+    mine = ("tok", "client", 41)
+    first = svc.put_start("", "client", [PutItem("k", 4096), PutItem("big", 1 << 20)],
+                          request=mine).results
+    again = svc.put_start("", "client", [PutItem("k", 4096), PutItem("big", 1 << 20)],
+                          request=mine).results
+    for a, b in zip(first, again, strict=True):
+        assert a.status == b.status == Status.OK
+        assert a.put_id == b.put_id
+        assert [(r.segment_id, r.offset, r.alloc_id) for r in a.replicas] == \
+            [(r.segment_id, r.offset, r.alloc_id) for r in b.replicas]
+    for other in (("tok", "client", 42), ("tok2", "client", 41), None):
+        result = svc.put_start("", "client", [PutItem("k", 4096)], request=other).results[0]
+        assert result.status == Status.ALREADY_EXISTS
+    svc.check_invariants()
