@@ -23,10 +23,8 @@ Steps are shrinkable: a failure reports the shortest sequence hypothesis finds.
 from __future__ import annotations
 
 import os
-import socket
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,22 +38,19 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from identity_kit import SecurityCluster
-from test_write_receipts import _read, _tcp_address
+from identity_kit import SecurityCluster, running
+from test_write_receipts import _read_granted, _send
 
 import cellar
 from cellar.client.session_state import grant_from_replica
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE
+from cellar.proto.grant import GRANT_OP_WRITE
 from cellar.transfer.frame import (
     OP_COMMIT,
-    OP_READ,
     OP_WRITE,
-    RESPONSE,
     RequestHeader,
     WriteMeta,
-    decode_response,
     pack_commit_meta,
 )
 
@@ -70,16 +65,8 @@ STATS: Counter[str] = Counter()  # what the examples did (asserted: the test pro
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SecurityCluster]:
-    c = SecurityCluster(2, "16MiB")
-    try:
-        c.start()
+    with running(SecurityCluster(2, "16MiB")) as c:
         yield c
-    except BaseException:
-        for path in sorted(Path(c.run_dir).glob("*.log")):
-            print(f"---- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-20:]))
-        raise
-    finally:
-        c.stop()
 
 
 class World:
@@ -121,34 +108,13 @@ def world(cluster: SecurityCluster) -> Iterator[World]:
         w.close()
 
 
-def _send(address: str, frame: bytes) -> int:
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(frame)
-        head = b""
-        while len(head) < RESPONSE.size:
-            got = sock.recv(RESPONSE.size - len(head))
-            if not got:
-                return -1
-            head += got
-        return decode_response(head, max_payload_bytes=1 << 20).status
-
-
 def _read_all(world: World, tenant: str, keys: list[str]) -> list[bytes | None]:
     """Each key's bytes as its first replica's node serves them to a read grant (None: no such
     key); b"" when the node refused the read (the allocation is not held: destroyed)."""
     header = world.header(tenant)
     got = world.stub.GetReplicas(pb.GetReplicasRequest(header=header, keys=keys))
-    out: list[bytes | None] = []
-    for result in got.results:
-        if result.status == pb.NOT_FOUND:
-            out.append(None)
-            continue
-        assert result.status == pb.OK, result
-        rep = result.replicas[0]
-        frame = RequestHeader(OP_READ, 1, rep.segment_id, rep.offset, rep.length, 0,
-                              grant=grant_from_replica(rep, GRANT_OP_READ)).pack()
-        out.append(_read(_tcp_address(got.segments, rep.segment_id), frame, rep.length))
+    assert {r.status for r in got.results} <= {pb.OK, pb.NOT_FOUND}, got.results
+    out = _read_granted(got)
     world.stub.Unpin(pb.UnpinRequest(header=header,
                                      pin_ids=[r.pin_id for r in got.results if r.pin_id]))
     return out

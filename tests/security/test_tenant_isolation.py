@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from identity_kit import SecurityCluster
-from test_write_receipts import _header, _read, _reads_back, _send, _tcp_address
+from test_write_receipts import _header, _read, _read_granted, _reads_back, _send, _tcp_address
 
 import cellar
 from cellar.client.session_state import grant_from_replica
@@ -81,14 +81,8 @@ def _attack(stub: Any, bob: pb.RequestHeader, keys: list[str], size: int,
         for k, r in zip(keys, started.results, strict=True) if r.status == pb.OK]))
     assert all(r.status != pb.OK for r in ended.results), "PutEnd without a receipt"
     got = stub.GetReplicas(pb.GetReplicasRequest(header=bob, keys=keys))
-    for result in got.results:
-        if result.status != pb.OK:
-            continue
-        rep = result.replicas[0]
-        frame = RequestHeader(OP_READ, 1, rep.segment_id, rep.offset, rep.length, 0,
-                              grant=grant_from_replica(rep, GRANT_OP_READ)).pack()
-        data = _read(_tcp_address(got.segments, rep.segment_id), frame, rep.length)
-        seen += [k for k, v in secrets.items() if v[1:] in data]
+    seen += [k for data in _read_granted(got) if data
+             for k, v in secrets.items() if v[1:] in data]
     return seen
 
 
