@@ -21,8 +21,8 @@ from cellar.proto import cellar_pb2_grpc as pb_grpc
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SecurityCluster]:
     with running(SecurityCluster(2, "64MiB")) as c:
-        c.alice = c.token_for("alice")
-        c.bob = c.token_for("bob")
+        c.alice = c.token_for("alice", unlimited=False)  # no quota set: the default quota
+        c.bob = c.token_for("bob", unlimited=False)
         yield c
 
 

@@ -73,7 +73,7 @@ class World:
     """What lives for the module: a client and a raw stub per tenant, the segment file ids."""
 
     def __init__(self, cluster: SecurityCluster) -> None:
-        self.tokens = {t: cluster.token_for(t) for t in TENANTS}
+        self.tokens = {t: cluster.token_for(t, unlimited=False) for t in TENANTS}  # default quota
         self.clients = {t: cellar.connect(cluster.address, tenant=t, token=self.tokens[t])
                         for t in TENANTS}
         self.channel = grpc.insecure_channel(cluster.address)

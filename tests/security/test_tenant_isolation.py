@@ -3,7 +3,7 @@ tenant's freed bytes (after eviction, after a failed put; after a remove is in
 test_write_receipts.py).
 
 The cluster (conftest.py) has two 64 MiB nodes; alice and bob were created by the admin API
-without a quota (`LocalCluster.token_for`), as is carol, so each gets
+without a quota (`LocalCluster.token_for(..., unlimited=False)`), as is carol, so each gets
 `default_tenant_quota_fraction` (0.5) of the 128 MiB. Before: such a tenant was unlimited, and
 carol's real writes of twice the capacity evicted every object of alice's; and bob's puts
 refused at PutEnd (no receipt) held their ranges in quarantine on nobody's account, so a loop
@@ -37,7 +37,7 @@ def test_a_tenant_without_a_quota_cannot_fill_the_cluster(cluster: SecurityClust
                                                           stub: Any) -> None:
     """Real writes of twice the capacity by carol, a tenant nobody set a quota for."""
     values = {f"stay/{i}": os.urandom(512 * KiB) for i in range(40)}  # 20 MiB of alice's
-    carol_token = cluster.token_for("carol")  # created by the admin API, no quota given
+    carol_token = cluster.token_for("carol", unlimited=False)  # the admin gave no quota
     blob = os.urandom(MiB)
     with cellar.connect(cluster.address, tenant="alice", token=cluster.alice) as alice:
         for key, value in values.items():
