@@ -57,12 +57,14 @@ def master_rss_bytes(pid: int) -> int:
     return 0
 
 
-def run_worker(address: str, extra: list[str],
-               module: str = "cellar.bench.worker") -> list[dict[str, Any]]:
+def run_worker(address: str, extra: list[str], module: str = "cellar.bench.worker",
+               secret: str = "") -> list[dict[str, Any]]:
     """The worker's results; on a failure the ones it printed before failing, and a warning
-    (one broken transport must not cost the figures of the others)."""
+    (one broken transport must not cost the figures of the others). `secret`: the cluster
+    secret (hex), for the metadata bench, which signs the receipts a node would."""
     command = [sys.executable, "-m", module, "--address", address, *extra]
-    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    env = {**os.environ, "CELLAR_CLUSTER_SECRET": secret} if secret else None
+    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False, env=env)
     if proc.returncode != 0:
         say(f"WARNING: bench worker failed (exit {proc.returncode}): {' '.join(command)}; "
             "its remaining rows are missing from the table")
@@ -283,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             say("metadata")
             assert cluster.master is not None
             rss_before = master_rss_bytes(cluster.master.pid)
-            results += run_worker(cluster.address, [*worker_args, "--skip", "data,latency"])
+            results += run_worker(cluster.address, [*worker_args, "--skip", "data,latency"],
+                                  secret=cluster.secret)
             rss_after = master_rss_bytes(cluster.master.pid)
             objects = max((r.get("objects_in_table", r["objects"]) for r in results
                            if r["kind"] == "metadata"), default=0)  # what it holds
