@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -29,13 +30,16 @@ MiB = 1 << 20
 DEFAULT_LEVELS = "10000,1000000,10000000"
 
 
-def run(address: str, master_pid: int, levels: str, seconds: float) -> list[dict[str, Any]]:
-    """The worker's metadata results, each with the master's RSS when it was reported."""
+def run(address: str, master_pid: int, levels: str, seconds: float,
+        secret: str = "") -> list[dict[str, Any]]:
+    """The worker's metadata results, each with the master's RSS when it was reported
+    (`secret`: the cluster secret, hex, so the worker can sign the receipts a node would)."""
     command = [sys.executable, "-m", "cellar.bench.worker", "--address", address,
                "--skip", "data,latency", "--metadata-levels", levels,
                "--metadata-seconds", str(seconds)]
     results = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+    env = {**os.environ, "CELLAR_CLUSTER_SECRET": secret} if secret else None
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             record = json.loads(line)
@@ -74,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         assert cluster.master is not None
         say(f"cluster up at {cluster.address}; metadata bench at {args.levels} objects")
         rss_before = master_rss_bytes(cluster.master.pid)
-        results = run(cluster.address, cluster.master.pid, args.levels, args.seconds)
+        results = run(cluster.address, cluster.master.pid, args.levels, args.seconds,
+                      cluster.secret)
     command = "python -m cellar.bench.metadata " + " ".join(argv if argv is not None else sys.argv[1:])
     header = f"{time.strftime('%Y-%m-%d %H:%M')} on {socket.gethostname()}"
     table = markdown(results, rss_before, command.strip(), header)

@@ -2,6 +2,7 @@
 
     cellar bench [--quick] [--out bench/results] [--nodes 1] [--segment-size 6GiB]
                  [--transports auto] [--metadata-levels 10000,1000000]
+                 [--only data,latency,sdk,tls,removes,metadata] [--sizes ...] [--batches ...]
 
 Steps (a progress line for each): measure the ceilings (loopback TCP, aligned memcpy); start
 a master and the nodes as child processes; run bench/worker.py in a third process for each
@@ -16,7 +17,9 @@ zero-copy API x every transport that opens here, medians of 3 reps; metadata at 
 objects): about 3 minutes on the 2-core machines, after the nodes' segment pre-fault. The
 10^7 level has its own target, `make bench-metadata` (bench/metadata.py: 10^4, 10^6 and 10^7
 objects, about 7 minutes, the master grows to ~6.6 GiB); added here with `--metadata-levels
-10000,1000000,10000000` it would take the whole run past the 10-minute budget.
+10000,1000000,10000000` it would take the whole run past the 10-minute budget. `--only`
+runs some steps (with `--sizes`/`--batches`, some rows of the data step): a figure measured for
+one change, beside the same row of another build.
 """
 
 from __future__ import annotations
@@ -54,12 +57,14 @@ def master_rss_bytes(pid: int) -> int:
     return 0
 
 
-def run_worker(address: str, extra: list[str],
-               module: str = "cellar.bench.worker") -> list[dict[str, Any]]:
+def run_worker(address: str, extra: list[str], module: str = "cellar.bench.worker",
+               secret: str = "") -> list[dict[str, Any]]:
     """The worker's results; on a failure the ones it printed before failing, and a warning
-    (one broken transport must not cost the figures of the others)."""
+    (one broken transport must not cost the figures of the others). `secret`: the cluster
+    secret (hex), for the metadata bench, which signs the receipts a node would."""
     command = [sys.executable, "-m", module, "--address", address, *extra]
-    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
+    env = {**os.environ, "CELLAR_CLUSTER_SECRET": secret} if secret else None
+    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False, env=env)
     if proc.returncode != 0:
         say(f"WARNING: bench worker failed (exit {proc.returncode}): {' '.join(command)}; "
             "its remaining rows are missing from the table")
@@ -204,6 +209,9 @@ def targets(report: dict[str, Any]) -> list[tuple[str, str, bool]]:
     return out + sdk.targets(results) + events.targets(results)
 
 
+STEPS = ("data", "latency", "sdk", "events", "tls", "removes", "metadata")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cellar bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,7 +227,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="objects in the table for the metadata bench (10^7: `make "
                              "bench-metadata`, about 7 minutes and ~6.6 GiB of master RSS on "
                              "its own, so it is not in the default run)")
+    parser.add_argument("--only", default=",".join(STEPS),
+                        help=f"comma list of the steps to run, of: {', '.join(STEPS)} (e.g. "
+                             "`--only data --transports tcp --sizes 65536 --batches 128` for "
+                             "one row; the ceilings are always measured)")
+    parser.add_argument("--sizes", default="", help="data step: object sizes in bytes, comma "
+                                                    "list (default: the worker's matrix)")
+    parser.add_argument("--batches", default="", help="data step: batch sizes, comma list")
     args = parser.parse_args(argv)
+    only = {step for step in args.only.split(",") if step}
+    if only - set(STEPS):
+        parser.error(f"--only: unknown step(s) {sorted(only - set(STEPS))}; steps: {STEPS}")
     from cellar.devtools.local_cluster import LocalCluster
 
     started = time.monotonic()
@@ -233,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                         "--metadata-levels", "10000", "--metadata-seconds", "1"]
     else:
         worker_args += ["--metadata-levels", args.metadata_levels]
+    worker_args += [*(["--sizes", args.sizes] if args.sizes else []),
+                    *(["--batches", args.batches] if args.batches else [])]
+    skip = ",".join(["metadata", *(step for step in ("data", "latency") if step not in only)])
     results: list[dict[str, Any]] = []
     rss_per_million = 0.0
     with LocalCluster(nodes=args.nodes, segment_size=args.segment_size, port=0,
@@ -242,34 +263,40 @@ def main(argv: list[str] | None = None) -> int:
         if not cluster.wait_prefaulted():
             say("WARNING: the nodes' segment pre-fault did not end in time; the first rows "
                 "may measure page faults")
-        for transport in transport_list(args.transports):
+        for transport in transport_list(args.transports) if only & {"data", "latency"} else ():
             say(f"data plane and latency over {transport}")
             results += run_worker(cluster.address, [*worker_args, "--transport", transport,
-                                                    "--skip", "metadata"])
-        say("SDK: prefix_len (fast line vs gRPC), 64 concurrent async gets vs sync batched")
-        sdk_transports = [t for t in transport_list(args.transports) if t in ("tcp", "shm")]
-        results += run_worker(cluster.address, ["--transports", ",".join(sdk_transports),
-                                                *(["--quick"] if args.quick else [])],
-                              module="cellar.bench.sdk")
-        say("KV events: 128 x 64 KiB put rate, events off vs on (two clusters of its own)")
-        results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
-                              module="cellar.bench.events")
-        if "tcp" in transport_list(args.transports):
+                                                    "--skip", skip])
+        if "sdk" in only:
+            say("SDK: prefix_len (fast line vs gRPC), 64 concurrent async gets vs sync batched")
+            sdk_transports = [t for t in transport_list(args.transports) if t in ("tcp", "shm")]
+            results += run_worker(cluster.address, ["--transports", ",".join(sdk_transports),
+                                                    *(["--quick"] if args.quick else [])],
+                                  module="cellar.bench.sdk")
+        if "events" in only:
+            say("KV events: 128 x 64 KiB put rate, events off vs on (two clusters of its own)")
+            results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
+                                  module="cellar.bench.events")
+        if "tls" in only and "tcp" in transport_list(args.transports):
             say("TLS data plane beside plaintext (tcp, a TLS cluster of its own)")
             results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
                                   module="cellar.bench.tls")
-        say("durable removes: single, remove_many and remove_prefix of 128 (cellar.bench.removes)")
-        results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
-                              module="cellar.bench.removes")
-        say("metadata")
-        assert cluster.master is not None
-        rss_before = master_rss_bytes(cluster.master.pid)
-        results += run_worker(cluster.address, [*worker_args, "--skip", "data,latency"])
-        rss_after = master_rss_bytes(cluster.master.pid)
-        objects = max((r.get("objects_in_table", r["objects"]) for r in results  # what it holds
-                       if r["kind"] == "metadata"), default=0)
-        if objects >= 100_000 and rss_after > rss_before:
-            rss_per_million = (rss_after - rss_before) / objects * 1e6
+        if "removes" in only:
+            say("durable removes: single, remove_many and remove_prefix of 128 "
+                "(cellar.bench.removes)")
+            results += run_worker(cluster.address, [*(["--quick"] if args.quick else [])],
+                                  module="cellar.bench.removes")
+        if "metadata" in only:
+            say("metadata")
+            assert cluster.master is not None
+            rss_before = master_rss_bytes(cluster.master.pid)
+            results += run_worker(cluster.address, [*worker_args, "--skip", "data,latency"],
+                                  secret=cluster.secret)
+            rss_after = master_rss_bytes(cluster.master.pid)
+            objects = max((r.get("objects_in_table", r["objects"]) for r in results
+                           if r["kind"] == "metadata"), default=0)  # what it holds
+            if objects >= 100_000 and rss_after > rss_before:
+                rss_per_million = (rss_after - rss_before) / objects * 1e6
     # Once more after the cluster is gone: on a shared machine one measurement can land in a
     # neighbour's burst. Each ceiling is the better of the two (the most this machine moved).
     say("measuring the ceilings again")

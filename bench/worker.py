@@ -22,6 +22,7 @@ import cellar
 from cellar.client.rpc import MasterChannel
 from cellar.credentials import default_token
 from cellar.proto import cellar_pb2 as pb
+from cellar.proto.receipt import ReceiptSigner
 
 KiB, MiB = 1 << 10, 1 << 20
 RPC_TIMEOUT_S = 30.0
@@ -188,11 +189,27 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
     in_table = preloaded = 0  # objects in the table; how many of them are meta/pre/<i>
     next_progress = PROGRESS_EVERY_OBJECTS
 
+    # The master alone is measured: no byte is written, so no node seals anything; the bench
+    # signs the receipt a node would (it is given the cluster secret), or every PutEnd is
+    # refused, nothing enters the table and every get misses.
+    secret = os.environ.get("CELLAR_CLUSTER_SECRET", "")
+    signer = ReceiptSigner(bytes.fromhex(secret)) if secret else None
+    if signer is None:
+        progress("metadata: WARNING: no CELLAR_CLUSTER_SECRET: PutEnd carries no receipts, so "
+                 "every put is refused and every get misses")
+
+    def receipts(result: Any) -> list[bytes]:
+        if signer is None:
+            return []
+        return [signer.sign(alloc_id=rep.grant.alloc_id, segment_id=rep.segment_id,
+                            offset=rep.offset, length=rep.length, epoch=rep.grant.epoch,
+                            checksum=0) for rep in result.replicas]
+
     def put_round(keys: list[str]) -> None:
         reply = master.call("PutStart", pb.PutStartRequest(header=header, items=[
             pb.PutItem(key=k, size_bytes=64, replicas=1) for k in keys]),
             time.monotonic() + RPC_TIMEOUT_S)
-        ends = [pb.PutEndItem(key=k, put_id=r.put_id, checksum=0)
+        ends = [pb.PutEndItem(key=k, put_id=r.put_id, checksum=0, receipts=receipts(r))
                 for k, r in zip(keys, reply.results, strict=True) if r.status == pb.OK]
         master.call("PutEnd", pb.PutEndRequest(header=header, items=ends),
                     time.monotonic() + RPC_TIMEOUT_S)

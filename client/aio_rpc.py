@@ -32,6 +32,7 @@ import grpc
 import grpc.aio
 
 from cellar.client.connect_args import master_channel, tls_context
+from cellar.client.request_ids import stamp
 from cellar.client.rpc import (
     CHANNEL_OPTIONS,
     FAST_METHODS,
@@ -210,6 +211,7 @@ class AsyncMasterChannel(LinkFace):
         self._resolve = resolve
 
     async def call(self, method: str, request: Any, deadline: float) -> Any:
+        stamp(method, request)  # one id for every attempt of this call (client/request_ids.py)
         fast = FAST_METHODS.get(method)
         if fast is not None:
             line = self._fast

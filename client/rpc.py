@@ -8,10 +8,10 @@ What it owns
     with capped exponential backoff while the deadline allows; everything else is mapped at once
     to a typed exception by `statuses.grpc_error` (INVALID_ARGUMENT keeps the server's message).
 
-Retrying UNAVAILABLE is safe for every master RPC in practice: gRPC reports it when the
-request did not reach the server. In the rare case where a reply was lost after the master
-acted, a repeated PutStart sees the key as being written (the first attempt is revoked by the
-writer timeout) and a repeated Unpin or Remove finds nothing left to do.
+Retrying UNAVAILABLE is safe for every master RPC: a mutating call carries one request id
+(`cellar.client.request_ids`, stamped when `call` starts) on every attempt, so when a reply was
+lost after the master acted, the repeat gets the first call's reply (the master remembers it,
+cellar.proto.request_id) instead of ALREADY_EXISTS or NOT_FOUND for its own earlier attempt.
 
 Every reply's epoch goes through an `EpochFence`: a reply from a master older than one this
 client already heard from (a deposed leader) raises `cellar.Unavailable`.
@@ -56,6 +56,7 @@ from typing import Any
 import grpc
 
 from cellar.client.connect_args import master_channel, tls_context
+from cellar.client.request_ids import stamp
 from cellar.client.statuses import grpc_error, retryable_grpc
 from cellar.coord import link as plans
 from cellar.coord.follow import MIN_LOOKUP_INTERVAL_S
@@ -350,6 +351,7 @@ class MasterChannel(LinkFace):
         self._retired: list[grpc.Channel] = []
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
+        stamp(method, request)  # one id for every attempt of this call (client/request_ids.py)
         fast = FAST_METHODS.get(method)
         if fast is not None and self._use_fast:
             line = self._fast

@@ -291,16 +291,20 @@ class LocalCluster:
         self._write_credentials()
         return self
 
-    def token_for(self, tenant: str, *, shm: bool = False, admin: bool = False) -> str:
+    def token_for(self, tenant: str, *, shm: bool = False, admin: bool = False,
+                  unlimited: bool = True) -> str:
         """A new token of `tenant` (or an admin token), valid at once on the running master;
-        a tenant the master does not know is created (unlimited) through the admin API."""
+        a tenant the master does not know is created through the admin API: unlimited
+        (`quota_bytes` 0, explicit), or with `unlimited=False` with no quota set, so the
+        master gives it its default quota (`default_tenant_quota_fraction` of capacity)."""
         self._tokens.refresh()
         if admin:
             return self._tokens.create(KIND_ADMIN, label="LocalCluster.token_for")[1]
         token = self._tokens.create(KIND_TENANT, tenant, shm=shm, label="LocalCluster.token_for")[1]
         known = self.admin_request("GET", "/api/v1/tenants")
         if not any(t.get("name") == tenant for t in known):
-            self.admin_request("POST", "/api/v1/tenants", {"name": tenant})
+            self.admin_request("POST", "/api/v1/tenants",
+                               {"name": tenant, **({"quota_bytes": 0} if unlimited else {})})
         return token
 
     def admin_request(self, method: str, path: str, body: Any = None, *,

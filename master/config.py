@@ -45,6 +45,11 @@ def parse_tenant_quota(name: str, raw: Any, field: str = "tenants") -> TenantQuo
     unknown = set(raw) - _QUOTA_KEYS
     if unknown:
         raise ConfigError(field, f"tenant {name!r}: unknown keys {sorted(unknown)}")
+    # no quota_bytes: the default quota (a fraction of capacity); "unlimited" (or 0) is explicit.
+    # `default` is unlimited unless given one: it is the one tenant of a cluster without tenants.
+    default_bytes = name != DEFAULT_TENANT and raw.get("quota_bytes") is None
+    if raw.get("quota_bytes") == "unlimited":
+        raw = {**raw, "quota_bytes": 0}
     try:
         sizes = {key: parse_size_bytes(raw.get(key, 0) or 0) for key in _QUOTA_SIZES}
         quota_objects = raw.get("quota_objects", 0) or 0
@@ -61,7 +66,7 @@ def parse_tenant_quota(name: str, raw: Any, field: str = "tenants") -> TenantQuo
     if max(max(sizes.values()), quota_objects) > MAX_QUOTA:
         raise ConfigError(field, f"tenant {name!r}: quotas must be <= {MAX_QUOTA}")
     return TenantQuota(sizes["quota_bytes"], quota_objects, sizes["quota_writing_bytes"], hard_pin,
-                       sizes["quota_hard_pin_bytes"])
+                       sizes["quota_hard_pin_bytes"], default_bytes)
 
 
 @dataclass
@@ -119,6 +124,17 @@ class MasterConfig:
     max_remove_tombstones: int = setting(
         262_144, "most removed keys remembered (with the allocation they removed) so that a node's "
         "late index report cannot bring them back; oldest forgotten first", unit="keys")
+    request_id_memory_entries: int = setting(
+        65_536, "most replies of mutating calls remembered by request id, so that a call carried "
+        "twice (a lost reply, fast line then gRPC, a retry) gets the first call's result; oldest "
+        "forgotten first (master/serving/request_memory.py). 0: off", unit="replies")
+    request_id_memory_s: float = setting(
+        120.0, "a remembered reply is forgotten this long after the call it answered (a repeat "
+        "later than this runs again); keep it above the clients' call timeout", unit=UNIT_SECONDS)
+    request_id_memory_bytes: int = setting(
+        256 << 20, "most bytes of remembered replies (estimated: 128 bytes + 256 per key result); "
+        "oldest forgotten first",
+        unit=UNIT_BYTES)
     removal_log_file: str = setting(
         "", "a single master's removal log (cellar.master.serving.removal_log): acknowledged "
         "removes and upserts outlive a kill of the master. Empty: ~/.cellar/removals-<listen>.log; "
@@ -252,6 +268,13 @@ class MasterConfig:
         0.5, "most bytes one tenant may hold WRITING (reserved by PutStart, not yet PutEnd), as "
         "a fraction of the cluster's capacity, whatever its quotas", unit="fraction"
     )
+    default_tenant_quota_fraction: float = setting(
+        0.5, "byte quota of a tenant nobody set one for (admin API or `tenants` without "
+        "quota_bytes, or created implicitly), as a fraction of the cluster's capacity; it follows "
+        "the capacity. Unlimited is explicit (quota_bytes: 0 or 'unlimited'). 0: no default "
+        "(such tenants are unlimited, as before). The `default` tenant is unlimited unless "
+        "given a quota_bytes", unit="fraction"
+    )
     max_tenants: int = setting(
         10_000, "most tenants, configured, created by the admin API or implicitly", unit="tenants"
     )
@@ -261,7 +284,8 @@ class MasterConfig:
     )
     tenants: dict[str, Any] = setting(
         None, "tenant quotas: {name: {quota_bytes: '4GiB', quota_objects: N, quota_writing_bytes: "
-        "'1GiB', hard_pin: false, quota_hard_pin_bytes: '1GiB'}}; 0 = unlimited",
+        "'1GiB', hard_pin: false, quota_hard_pin_bytes: '1GiB'}}; 0 = unlimited; without "
+        "quota_bytes: default_tenant_quota_fraction of the capacity",
         flag=False, default_factory=dict,
     )
     allow_unknown_tenants: bool = setting(
@@ -321,6 +345,9 @@ class MasterConfig:
             "must be greater than node_suspect_after_s",
         )
         require(self.max_remove_tombstones >= 0, "max_remove_tombstones", "must be >= 0")
+        require(self.request_id_memory_entries >= 0, "request_id_memory_entries", "must be >= 0")
+        require(self.request_id_memory_s > 0, "request_id_memory_s", "must be > 0")
+        require(self.request_id_memory_bytes >= 0, "request_id_memory_bytes", "must be >= 0")
         require(0 <= self.rebuild_grace_s <= 600, "rebuild_grace_s", "must be in [0, 600]")
         require(self.new_node_ramp_s >= 0, "new_node_ramp_s", "must be >= 0")
         require(1 <= self.placement_choices <= 64, "placement_choices", "must be in [1, 64]")
@@ -399,6 +426,8 @@ class MasterConfig:
                     "must be at most 128 characters, without '/'")
         require(0 < self.max_tenant_writing_fraction <= 1, "max_tenant_writing_fraction",
                 "must be in (0, 1]")
+        require(0 <= self.default_tenant_quota_fraction <= 1, "default_tenant_quota_fraction",
+                "must be in [0, 1]")
         require(1 <= self.max_tenants <= 1_000_000, "max_tenants", "must be in [1, 1000000]")
         require(1 <= self.max_status_tenants <= 10_000, "max_status_tenants",
                 "must be in [1, 10000]")

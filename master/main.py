@@ -98,6 +98,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
     registry.register(authorizer.collector())
+    registry.register(servicer.requests.collector())
 
     limit = config.grpc_max_message_bytes
     server = grpc.aio.server(interceptors=[AuthInterceptor(servicer, mtls=bool(config.node_listen))], options=[

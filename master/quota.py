@@ -2,12 +2,15 @@
 
 Owns the admission rules of a put beyond its key and size, and the two synchronous eviction
 loops of PutStart (which victim is eviction.py's policy):
-- `admit`: the tenant's WRITING bytes (reserved by PutStart, not yet PutEnd) stay within its
+- `admit`: the tenant's WRITING bytes (reserved by PutStart, not yet PutEnd), plus the bytes of
+  its revoked puts still in quarantine (their grants can still write), stay within its
   `quota_writing_bytes` and within `max_tenant_writing_fraction` of the cluster's capacity,
   whatever its other quotas, so metadata alone (PutStarts with no data) cannot take the store;
   a hard pin needs the tenant's `hard_pin` right and fits its `quota_hard_pin_bytes`;
-- `make_quota_room`: the tenant would go over its byte or object quota: evict only that
-  tenant's own objects, at most `max_evictions_per_put`;
+- `make_quota_room`: the tenant would go over its byte or object quota (its revoked puts'
+  ranges in quarantine count as used: they cannot be evicted, and would otherwise let a tenant
+  push others out by churning puts): evict only that tenant's own objects, at most
+  `max_evictions_per_put`;
 - `evict_for_space`: no segment has room: evict from the global pools, at most
   `max_evictions_per_put`, stopping as soon as placement succeeds.
 Both loops first check that eviction could succeed at all (the free bytes plus every byte
@@ -65,11 +68,13 @@ class SpaceMaker:
         self, tenant: Tenant, need: int, hard_pin: bool, writing_cap: int
     ) -> tuple[Status, str] | None:
         """Why a put of `need` replica bytes may not be reserved, or None (nothing changes)."""
-        if tenant.writing_bytes + need > writing_cap:
+        held = tenant.writing_bytes + tenant.quarantined_bytes
+        if held + need > writing_cap:
             return Status.QUOTA_EXCEEDED, (
-                f"tenant {tenant.name!r} holds {tenant.writing_bytes} bytes WRITING; {need} more "
-                f"would pass its WRITING cap of {writing_cap} bytes (quota_writing_bytes, "
-                f"max_tenant_writing_fraction): end or revoke puts first"
+                f"tenant {tenant.name!r} holds {tenant.writing_bytes} bytes WRITING and "
+                f"{tenant.quarantined_bytes} of revoked puts in quarantine; {need} more would "
+                f"pass its WRITING cap of {writing_cap} bytes (quota_writing_bytes, "
+                f"max_tenant_writing_fraction): end puts, or wait for revoked ones' grants to expire"
             )
         if hard_pin:
             if not tenant.may_hard_pin:
@@ -92,21 +97,23 @@ class SpaceMaker:
         quota_objects = tenant.quota_objects
         if quota_bytes and need > quota_bytes:
             return f"object needs {need} bytes; tenant {tenant.name!r} quota is {quota_bytes} bytes"
-        over_bytes = bool(quota_bytes) and tenant.used_bytes + need > quota_bytes
+        # a revoked put's ranges in quarantine count too: they are still its grants' to write
+        used = tenant.used_bytes + tenant.quarantined_bytes
+        over_bytes = bool(quota_bytes) and used + need > quota_bytes
         over_objects = bool(quota_objects) and tenant.object_count + 1 > quota_objects
         if not over_bytes and not over_objects:
             return ""
         evictor = self.evictor
         pools = tenant.pools
         evictable = 0 if pools is None else pools[NORMAL].evictable() + pools[SOFT].evictable()
-        if (over_bytes and tenant.used_bytes + need - evictor.evictable_bytes(tenant) > quota_bytes) or (
+        if (over_bytes and used + need - evictor.evictable_bytes(tenant) > quota_bytes) or (
                 over_objects and not evictable):
             self.refused_before_evicting += 1
             return self._over_quota(tenant)
         budget = self.config.max_evictions_per_put
         evicted = 0
         evictor.attempts += 1
-        while (quota_bytes and tenant.used_bytes + need > quota_bytes) or (
+        while (quota_bytes and tenant.used_bytes + tenant.quarantined_bytes + need > quota_bytes) or (
             quota_objects and tenant.object_count + 1 > quota_objects
         ):
             if evicted >= budget or evictor.evict_one(tenant) < 0:
@@ -120,7 +127,8 @@ class SpaceMaker:
     def _over_quota(tenant: Tenant) -> str:
         return (
             f"tenant {tenant.name!r} is over its quota ({tenant.used_bytes}/{tenant.quota_bytes or '-'} "
-            f"bytes, {tenant.object_count}/{tenant.quota_objects or '-'} objects) and has nothing "
+            f"bytes, {tenant.quarantined_bytes} more of revoked puts in quarantine, "
+            f"{tenant.object_count}/{tenant.quota_objects or '-'} objects) and has nothing "
             "evictable"
         )
 

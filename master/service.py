@@ -13,6 +13,8 @@ eviction, quarantine; and beside them, split out of this file:
 - tombstones.py: removed keys and freed-while-down ids a late report must not revive (the
   serving room's removal log makes them outlive this process);
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
+- removals.py: `Removals`, Remove/RemovePrefix/RemoveAll and the removal log's bounds (bound
+  here as `self.remove`, ... like the node calls);
 - listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
 - node_rpcs.py: `NodeRpcs`, an object of its own over the tables it is given: the node-facing
   RPCs, the rebuild from the nodes' reports and the background `tick`. The service builds it
@@ -41,6 +43,7 @@ from cellar.master.listing import check_list_request, key_page
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
+from cellar.master.removals import Removals
 from cellar.master.repair import Repairer
 from cellar.master.replies import (
     GetOutcome,
@@ -68,7 +71,6 @@ from cellar.master.requests import (
     RequestRejected,
     SystemClock,
     check_batch,
-    check_key_bound,
     key_error,
 )
 from cellar.master.state.allocator import SegmentAllocator
@@ -130,7 +132,8 @@ class MasterService:
         self._next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
         self.alloc_ids = AllocIds(self.epoch)
         self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
-                              max_tenants=config.max_tenants)
+                              max_tenants=config.max_tenants,
+                              default_quota_fraction=config.default_tenant_quota_fraction)
         self.membership = Membership(
             suspect_after_s=config.node_suspect_after_s,
             expire_after_s=config.node_expire_after_s,
@@ -184,6 +187,12 @@ class MasterService:
         self.expire_node = self.nodes.expire_node
         self.tick = self.nodes.tick
         self.evict_to_watermark = self.nodes.evict_to_watermark
+        self.removals = Removals(self)  # Remove, RemovePrefix, RemoveAll (master/removals.py)
+        self.remove = self.removals.remove
+        self.remove_prefix = self.removals.remove_prefix
+        self.remove_all = self.removals.remove_all
+        self.load_removals = self.removals.load_removals
+        self.removed_alloc_id = self.removals.removed_alloc_id
         self.capacity = self.membership.usage
         self.largest_placeable_bytes = self.membership.largest_placeable_bytes
 
@@ -208,9 +217,13 @@ class MasterService:
     # ---------------------------------------------------------------- put
 
     def put_start(self, tenant_name: str, client_id: str, items: Sequence[PutItemLike], *,
-                  may_commit: bool = False) -> PutStartOutcome:
+                  may_commit: bool = False,
+                  request: tuple[str, str, int] | None = None) -> PutStartOutcome:
         """`may_commit`: the caller has the shm right, so its write grants carry the COMMIT
-        right (GRANT_FLAG_COMMIT); without it a node refuses its COMMITs."""
+        right (GRANT_FLAG_COMMIT); without it a node refuses its COMMITs. `request`: (token
+        id, client id, request id) of a call with a request id: kept on each WRITING object it
+        begins, so a repeat of the call finds its own put, not ALREADY_EXISTS, even once the
+        serving room's reply memory forgot it (proto/request_id.py)."""
         tenant = self.tenant(tenant_name)
         write_op = GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE
         self.check_batch(len(items))
@@ -224,8 +237,10 @@ class MasterService:
         config = self.config
         max_key_bytes = config.max_key_bytes
         max_segment_bytes = self.membership.max_segment_bytes
+        capacity_bytes = self.space.capacity_bytes()
+        self.tenants.follow_capacity(tenant, capacity_bytes)  # a default quota follows it
         limited = tenant.limited
-        writing_cap = self.space.writing_cap(tenant, self.space.capacity_bytes())
+        writing_cap = self.space.writing_cap(tenant, capacity_bytes)
         tag_prefix = key_tag_prefix(tenant.name)
         write_ttl_s = config.write_grant_ttl_s
         deadline = now + write_ttl_s
@@ -260,8 +275,9 @@ class MasterService:
                     or item.soft_pin or item.hard_pin or key in writing
                     or (key in objects and not item.upsert) or item.avoid_node_ids
                     or item.preferred_host_id or limited or item.engine_hash
-                    or tenant.writing_bytes + reserved > writing_cap):
-                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op))
+                    or tenant.writing_bytes + tenant.quarantined_bytes + reserved > writing_cap):
+                append(self._put_one(tenant, item, now, wall_ms, segments, writing_cap, write_op,
+                                     request))
                 continue
             # The checks of _put_one, all passed: a valid key, a size that fits a segment, one
             # replica, no pin, nothing to avoid or prefer, no quota.
@@ -279,6 +295,7 @@ class MasterService:
             put_id = next_put_id()
             obj = Obj(tenant, key, size, reserved, put_id, NO_PIN, deadline,
                       xxh64_intdigest(tag_prefix + key.encode()))
+            obj.request = request
             replica = begin_one(obj, spot[0], spot[1], next_alloc_id())
             append(PutStartResult(OK, "", put_id,
                                   [grant_one(obj, replica, write_op, expiry_ms, segments)]))
@@ -287,6 +304,7 @@ class MasterService:
     def _put_one(
         self, tenant: Tenant, item: PutItemLike, now: float, wall_ms: int,
         segments: dict[int, Segment], writing_cap: int = -1, write_op: int = GRANT_OP_WRITE,
+        request: tuple[str, str, int] | None = None,
     ) -> PutStartResult:
         """One key of a PutStart, every check spelled out (`writing_cap` < 0: compute it)."""
         config = self.config
@@ -315,7 +333,10 @@ class MasterService:
             return PutStartResult(INVALID, f"soft_pin_ttl_ms above {MAX_SOFT_PIN_TTL_MS}")
         if key in tenant.objects and not item.upsert:
             return PutStartResult(Status.ALREADY_EXISTS, "key exists (use upsert to replace it)")
-        if key in tenant.writing:
+        writing = tenant.writing.get(key)
+        if writing is not None:
+            if request is not None and writing.request == request:
+                return self._same_put(writing, write_op, now, wall_ms, segments)
             return PutStartResult(Status.ALREADY_EXISTS, "key is being written by another put")
         avoid = item.avoid_node_ids
         if len(avoid) > MAX_AVOID_NODES:
@@ -356,12 +377,21 @@ class MasterService:
         tag = key_tag(tenant.name, key)
         obj = Obj(tenant, key, size, reserved, put_id, pin_kind, now + ttl_s, tag)
         obj.engine_hash = bytes(item.engine_hash)
+        obj.request = request
         self.objects.begin(obj, placements, self.alloc_ids.next)
         if pin_kind == SOFT_PIN and item.soft_pin_ttl_ms:
             self.objects.lapse_soft_pin(obj, now + item.soft_pin_ttl_ms / 1000)
         expiry_ms = wall_ms + int(ttl_s * 1000)
         granted = self.grants.all(obj, write_op, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)
+
+    def _same_put(self, obj: Obj, write_op: int, now: float, wall_ms: int,
+                  segments: dict[int, Segment]) -> PutStartResult:
+        """A repeated PutStart's answer: the put it began, its grants signed again for the time
+        its writer has left (the grants' expiry never moves past the put's deadline)."""
+        assert obj.request is not None and obj.deadline > 0
+        expiry_ms = wall_ms + max(0, int((obj.deadline - now) * 1000))
+        return PutStartResult(OK, "", obj.put_id, self.grants.all(obj, write_op, expiry_ms, segments))
 
     def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
         tenant = self.tenant(tenant_name)
@@ -383,6 +413,7 @@ class MasterService:
                 self.tombstones.remember_removed(
                     tenant.name, obj.key, min(rep.alloc_id for rep in obj.replicas) - 1)
             self.objects.complete(obj, item.checksum, now)
+            obj.request = None  # only a WRITING object answers a repeated PutStart
             results.append((OK, ""))
         return results
 
@@ -447,7 +478,7 @@ class MasterService:
         for key in keys:
             obj = objects.get(key)
             if obj is None:
-                status, message = self._miss(tenant, key)
+                status, message = self.miss(tenant, key)
                 results.append(GetResult(status, message))
                 continue
             pin_id = pin(obj, tenant, client_id, now)
@@ -466,7 +497,7 @@ class MasterService:
             results.append(GetResult(OK, "", obj.size, obj.checksum, pin_id, granted))
         return GetOutcome(results, list(segments.values()))
 
-    def _miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:
+    def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:
         error = self.key_error(key)
         if error:
             return INVALID, error
@@ -486,7 +517,7 @@ class MasterService:
         tenant = self.tenant(tenant_name)
         self.check_batch(len(keys))
         objects = tenant.objects
-        statuses: list[int] = [OK if key in objects else self._miss(tenant, key)[0] for key in keys]
+        statuses: list[int] = [OK if key in objects else self.miss(tenant, key)[0] for key in keys]
         if Status.NOT_FOUND in statuses and self.recovering():
             raise self.grace.error()
         return statuses
@@ -508,65 +539,8 @@ class MasterService:
             raise self.grace.error()
         return count
 
-    def remove(self, tenant_name: str, keys: Sequence[str]) -> KeyResults:
-        tenant = self.tenant(tenant_name)
-        self.check_batch(len(keys))
-        now = self.clock.monotonic()
-        if self.recovering() and any(key not in tenant.objects for key in keys):
-            raise self.grace.error()
-        results: KeyResults = []
-        for key in keys:
-            obj = tenant.objects.get(key)
-            if obj is None:
-                status, message = self._miss(tenant, key)
-                if status == Status.NOT_READY:
-                    message = "key is being written; its writer must revoke it"
-                elif status == Status.NOT_FOUND:
-                    self._tombstone(tenant, key)  # a node that is away may still hold a value
-                results.append((status, message))
-                continue
-            self._remove(obj, now)
-            results.append((OK, ""))
-        return results
-
-    def _remove(self, obj: Obj, now: float) -> None:
-        """Drop a value a client removed, remembering it so a late report cannot revive it."""
-        self._tombstone(obj.tenant, obj.key)
-        self.objects.drop(obj, now)
-
-    def _tombstone(self, tenant: Tenant, key: str) -> None:
-        """Every allocation of the key issued so far is dead, except a put of it still in
-        flight (state/tombstones.py); queued for the removal log."""
-        writing = tenant.writing.get(key)
-        bound = (min(rep.alloc_id for rep in writing.replicas) - 1 if writing is not None
-                 else self.alloc_ids.next())
-        self.tombstones.remember_removed(tenant.name, key, bound)
-
-    def load_removals(self, records: list[tuple[str, str, int]]) -> None:
-        """The removal log's bounds, before any report is adopted (master/serving/removal_log.py)."""
-        highest = self.tombstones.load(records)
-        if highest:
-            self.alloc_ids.ensure_above(highest)
-
-    def removed_alloc_id(self, tenant_name: str, key: str) -> int:
-        """The alloc id drawn when the key was last removed (0: none remembered)."""
-        return self.tombstones.removed_alloc_id(tenant_name, key)
-
-    def remove_prefix(self, tenant_name: str, prefix: str) -> int:
-        tenant = self.tenant(tenant_name)
-        if self.recovering():
-            raise self.grace.error()
-        if not prefix:
-            raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
-        check_key_bound("prefix", prefix, self.config.max_key_bytes)
-        victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
-        return self._drop_all(victims)
-
-    def remove_all(self, tenant_name: str) -> int:
-        tenant = self.tenant(tenant_name)
-        if self.recovering():
-            raise self.grace.error()
-        return self._drop_all(list(tenant.objects.values()))
+    # Remove, RemovePrefix, RemoveAll and the removal log's bounds: master/removals.py
+    # (`self.removals`; the methods are bound in __init__).
 
     def list_keys(self, tenant_name: str, prefix: str, start_after: str,
                   limit: int) -> tuple[list[str], bool]:
@@ -579,12 +553,6 @@ class MasterService:
         if self.recovering():  # keys not reported yet would be missing from the page
             raise self.grace.error()
         return key_page(tenant.objects, prefix, start_after, limit)
-
-    def _drop_all(self, victims: list[Obj]) -> int:
-        now = self.clock.monotonic()
-        for obj in victims:
-            self._remove(obj, now)
-        return len(victims)
 
     # ---------------------------------------------------------------- rebuild
 
@@ -613,7 +581,9 @@ class MasterService:
 
     def set_tenant_quota(self, name: str, quota: TenantQuota) -> Tenant:
         """Create a tenant or change its quotas; QuotaExceeded past max_tenants."""
-        return self.tenants.configure(name, quota)
+        tenant = self.tenants.configure(name, quota)
+        self.tenants.follow_capacity(tenant, self.space.capacity_bytes())
+        return tenant
 
     def status_tenants(self, caller: str) -> list[Tenant]:
         """The tenants a ClusterStatus reply lists: the caller's first, at most

@@ -31,6 +31,10 @@ gets back a receipt (cellar.proto.receipt: a MAC under the cluster secret over a
 segment, offset, length, epoch and the checksum received), which the data server returns in
 the OK reply and the client hands to the master in PutEnd. `seal` is the one way to seal and
 issue a receipt: another writer on this node (a node-to-node copy) calls it the same way.
+A write of an allocation that is sealed already, under its own grant and describing exactly
+the sealed object (a retried chunk whose reply, receipt included, was lost), is not refused:
+its payload lands in a scratch buffer, never over the sealed bytes, and the OK reply carries
+the allocation's receipt again (the same MAC), so the put does not fail for a lost reply.
 
 Invariant: no byte of segment memory is handed out for a request that failed any check, and
 `written` is the only way an allocation's received ranges (and so its sealing) advance.
@@ -48,7 +52,7 @@ from collections.abc import Callable, Mapping
 from cellar.proto.grant import GRANT_FLAG_COMMIT, Grant, GrantRejected, GrantVerifier, key_tag
 from cellar.proto.receipt import ReceiptSigner
 from cellar.storage_node.clock import MasterClock
-from cellar.storage_node.index import ObjectIndex, ReadRefused, WriteRefused
+from cellar.storage_node.index import IndexEntry, ObjectIndex, ReadRefused, WriteRefused
 from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import (
     OP_COMMIT,
@@ -135,9 +139,25 @@ class NodeAccess:
                 grant_expiry_ms=grant.expiry_ms,
             )
         except WriteRefused as exc:
+            if exc.reason == WriteRefused.SEALED and self._own_sealed(grant, meta) is not None:
+                # A retried chunk of this very allocation (its reply, receipt and all, was
+                # lost): its payload goes to scratch, never over the sealed bytes, and
+                # `written` resends the receipt.
+                return memoryview(bytearray(request.length))
             raise FrameError(REFUSED_STATUS[exc.reason], str(exc)) from None
         offset = request.offset  # inside the segment: _check made sure
         return segment.memory[offset:offset + request.length]
+
+    def _own_sealed(self, grant: Grant, meta: WriteMeta) -> IndexEntry | None:
+        """The sealed entry of the grant's allocation if it is exactly the object this write
+        describes (range, tenant, key, checksum), else None."""
+        entry = self.index.sealed(grant.alloc_id)
+        if entry is None or (entry.segment_id, entry.offset, entry.length, entry.tenant,
+                             entry.key, entry.checksum) != (
+                grant.segment_id, grant.offset, meta.object_size, meta.tenant, meta.key,
+                meta.checksum):
+            return None
+        return entry
 
     def written(self, request: RequestHeader, meta: WriteMeta) -> bytes:
         """Record the request's range as received; the receipt if it completed the
@@ -145,15 +165,21 @@ class NodeAccess:
         grant = request.grant
         assert grant is not None  # writable() accepted this request
         start = request.offset - grant.offset
-        return self.seal(grant.alloc_id, start, start + request.length)
+        receipt = self.seal(grant.alloc_id, start, start + request.length)
+        if not receipt:  # sealed before (a retried chunk, a lost reply): the same receipt again
+            entry = self._own_sealed(grant, meta)
+            if entry is not None:
+                return self._receipt(entry)
+        return receipt
 
     def seal(self, alloc_id: int, rel_start: int, rel_end: int) -> bytes:
         """Bytes [rel_start, rel_end) of allocation `alloc_id` (admitted by `admit_write`)
         arrived; when that completes it, the index seals it and this returns its receipt (the
         one place a receipt is signed), else b"". Any writer on this node calls it."""
         entry = self.index.record_written(alloc_id, rel_start, rel_end)
-        if entry is None:
-            return b""
+        return b"" if entry is None else self._receipt(entry)
+
+    def _receipt(self, entry: IndexEntry) -> bytes:
         return self._receipts.sign(alloc_id=entry.alloc_id, segment_id=entry.segment_id,
                                    offset=entry.offset, length=entry.length, epoch=entry.epoch,
                                    checksum=entry.checksum)

@@ -235,6 +235,12 @@ class ObjectIndex:
             if grant_expiry_ms > entry.write_grant_expiry_ms:
                 entry.write_grant_expiry_ms = grant_expiry_ms
 
+    def sealed(self, alloc_id: int) -> IndexEntry | None:
+        """The SEALED entry of `alloc_id` still held here (its fields no longer change), or None."""
+        with self._lock:
+            entry = self._entries.get(alloc_id)
+            return entry if entry is not None and entry.state is AllocState.SEALED else None
+
     def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> IndexEntry | None:
         """Bytes [rel_start, rel_end) of the object arrived; the entry (now SEALED, so its
         fields no longer change) if this completed it, else None."""

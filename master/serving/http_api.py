@@ -8,7 +8,7 @@ Routes:
   GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:
-  PUT  /api/v1/tenants     create a tenant or change its quotas (0 = unlimited)        [admin]
+  PUT  /api/v1/tenants     create a tenant or change its quotas (no quota_bytes: the master's default quota; 0 or "unlimited" = unlimited)  [admin]
   GET  /api/v1/tokens      the token records (ids, kinds, tenants; never a hash)        [admin]
   POST /api/v1/tokens      JSON {"kind": "tenant"|"admin", "tenant": ..., "shm": bool,
                            "label": ...}: a new token, returned once                    [admin]

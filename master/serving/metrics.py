@@ -160,15 +160,20 @@ class MasterCollector(Collector):
         t_keys = GaugeMetricFamily("master_tenant_key_count", "objects charged to the tenant", labels=["tenant"])
         t_quota_keys = GaugeMetricFamily("master_tenant_quota_keys", "tenant object quota (0 = unlimited)",
                                          labels=["tenant"])
+        t_held = GaugeMetricFamily("master_tenant_quarantined_bytes", "bytes of the tenant's "
+                                   "revoked puts waiting in quarantine (counted against its "
+                                   "WRITING cap and byte quota)", labels=["tenant"])
         for tenant in service.tenants.all():
             t_used.add_metric([tenant.name], tenant.used_bytes)
             t_quota.add_metric([tenant.name], tenant.quota_bytes)
             t_keys.add_metric([tenant.name], tenant.object_count)
             t_quota_keys.add_metric([tenant.name], tenant.quota_objects)
+            t_held.add_metric([tenant.name], tenant.quarantined_bytes)
         yield t_used
         yield t_quota
         yield t_keys
         yield t_quota_keys
+        yield t_held
 
         evictor = service.evictor
         yield _untyped("master_evicted_key_count", "objects evicted", evictor.evicted_keys)

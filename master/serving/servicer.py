@@ -43,6 +43,7 @@ from cellar.master.serving.kv_stream import METHOD as KV_WATCH
 from cellar.master.serving.kv_stream import watch_handler
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
+from cellar.master.serving.request_memory import RequestMemory
 from cellar.proto import cellar_pb2 as pb
 from cellar.refusals import PEER
 
@@ -135,6 +136,10 @@ class MasterServicer:
         self.authorizer = authorizer
         self.stats: dict[str, RpcStats] = {name: RpcStats() for name in RPC_METRIC_NAMES}
         self.fast_port = 0  # the fast line's port once it listens (cellar.master.serving.fastrpc)
+        config = leadership.config
+        # replies of mutating calls by request id, for both lines (request_memory.py)
+        self.requests = RequestMemory(config.request_id_memory_entries,
+                                      config.request_id_memory_s, config.request_id_memory_bytes)
 
     @property
     def service(self) -> MasterService:
@@ -149,8 +154,11 @@ class MasterServicer:
 
     def PutStart(self, req: pb.PutStartRequest, stats: RpcStats) -> pb.PutStartReply:
         h = req.header
+        identity = CURRENT_IDENTITY.get()
+        request = ((identity.token_id if identity is not None else "", h.client_id, h.request_id)
+                   if h.request_id else None)
         outcome = self.service.put_start(h.tenant, h.client_id, req.items,
-                                         may_commit=_trusted_on_host())
+                                         may_commit=_trusted_on_host(), request=request)
         reply = pb.PutStartReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0
@@ -314,6 +322,15 @@ class MasterServicer:
             used_bytes=summary.used_bytes, max_object_bytes=summary.max_object_bytes,
         )
 
+    def _once(self, name: str, body: Callable[[Any, RpcStats], Any], request: Any,
+              stats: RpcStats) -> Any:
+        """`body`'s reply, or for a repeated request id the first call's (request_memory.py)."""
+        memory = self.requests
+        memory.serve(self.leadership.service)
+        identity = CURRENT_IDENTITY.get()
+        return memory.once(name, request, identity.token_id if identity is not None else "",
+                           lambda: body(request, stats))
+
     # ---------------------------------------------------------------- wiring
 
     def _handler(
@@ -340,7 +357,7 @@ class MasterServicer:
                     f"malformed {name} request (strings must be valid UTF-8): {request.reason}",
                 )
             try:
-                reply = body(request, stats)
+                reply = self._once(name, body, request, stats)
             except DOMAIN_ERRORS as exc:
                 stats.failures += 1
                 await context.abort(*rejection(exc))
@@ -398,7 +415,7 @@ class MasterServicer:
         token = None
         try:
             token = CURRENT_IDENTITY.set(self.authorizer.check(name, request))
-            reply = getattr(self, name)(request, stats)
+            reply = self._once(name, getattr(self, name), request, stats)
         except DOMAIN_ERRORS as exc:
             stats.failures += 1
             code, message = rejection(exc)

@@ -8,7 +8,8 @@ can see:
   reserved size in its segment, on a segment that is mounted, one replica per node;
 - a tenant's `used_bytes`, `writing_bytes`, `hard_pinned_bytes` and `object_count` are the sums
   over its versions (what `objects.charge` kept), and the object table's `complete_count` and
-  in-flight puts match the tenants' tables.
+  in-flight puts match the tenants' tables;
+- a tenant's `quarantined_bytes` is the sum of the quarantined ranges charged to it.
 It raises `InvariantBroken` (an AssertionError) naming the first broken rule, and never changes
 anything. It runs on the master's event loop between RPCs, so it sees a consistent snapshot;
 with millions of objects it takes seconds: never on a request path.
@@ -68,6 +69,12 @@ def check_tables(membership: Membership, tenants: Tenants, objects: ObjectTable)
                  f"its versions hold {(used, writing, hard_pinned)}")
         _require(tenant.object_count == len(tenant.objects) + len(tenant.writing),
                  f"tenant {tenant.name}: object_count {tenant.object_count}")
+    held = objects.quarantine.held_by_tenant()
+    for name, tenant in tenants.by_name.items():
+        if name:
+            _require(tenant.quarantined_bytes == held.get(name, 0),
+                     f"tenant {name}: quarantined_bytes {tenant.quarantined_bytes}, its ranges in "
+                     f"quarantine hold {held.get(name, 0)}")
     _require(objects.complete_count == complete,
              f"complete_count {objects.complete_count}, tenants hold {complete}")
     _require(set(objects.puts) == in_flight, "in-flight puts differ from the tenants' WRITING keys")

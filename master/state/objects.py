@@ -203,7 +203,7 @@ class ObjectTable:
             segment.objects.discard(obj)
             notify(segment, rep.alloc_id, rep.offset, obj.size)
             if hold_until > now:
-                self.quarantine.hold(segment, rep.offset, obj.reserved, hold_until)
+                self.quarantine.hold(segment, rep.offset, obj.reserved, hold_until, obj.tenant)
             else:
                 segment.allocator.free(rep.offset)
                 freed += obj.reserved

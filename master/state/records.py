@@ -47,7 +47,9 @@ class TenantQuota:
 
     `quota_writing_bytes` bounds the bytes its puts hold WRITING (reserved, not yet PutEnd);
     `hard_pin` is the right to hard-pin (never evicted), an admin grant, and
-    `quota_hard_pin_bytes` bounds the bytes it keeps hard-pinned.
+    `quota_hard_pin_bytes` bounds the bytes it keeps hard-pinned. `default_bytes`: no byte
+    quota was set, so `quota_bytes` follows the master's `default_tenant_quota_fraction` of the
+    cluster's capacity (`Tenants.follow_capacity`); an explicit 0 is unlimited.
     """
 
     quota_bytes: int = 0
@@ -55,12 +57,14 @@ class TenantQuota:
     quota_writing_bytes: int = 0
     hard_pin: bool = False
     quota_hard_pin_bytes: int = 0
+    default_bytes: bool = False
 
 class Tenant:
     __slots__ = (
         "name", "quota_bytes", "quota_objects", "quota_writing_bytes", "may_hard_pin",
         "quota_hard_pin_bytes", "used_bytes", "object_count", "writing_bytes",
-        "hard_pinned_bytes", "objects", "writing", "pools", "engine_hashes",
+        "hard_pinned_bytes", "objects", "writing", "pools", "engine_hashes", "default_quota",
+        "quarantined_bytes",
     )
 
     def __init__(self, name: str, quota: TenantQuota) -> None:
@@ -69,6 +73,7 @@ class Tenant:
         self.object_count = 0
         self.writing_bytes = 0
         self.hard_pinned_bytes = 0
+        self.quarantined_bytes = 0  # its revoked puts' ranges held in quarantine (quarantine.py)
         self.objects: dict[str, Obj] = {}  # COMPLETE, visible
         self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
         # visible versions per engine hash (PutItem.engine_hash, encoded): the prefix query's
@@ -95,10 +100,11 @@ class Tenant:
 
     @property
     def limited(self) -> bool:
-        return bool(self.quota_bytes or self.quota_objects)
+        return bool(self.quota_bytes or self.quota_objects or self.default_quota)
 
     def set_quota(self, quota: TenantQuota) -> None:
         """Change the quotas; keep own eviction pools exactly while there is a quota."""
+        self.default_quota = quota.default_bytes  # quota_bytes follows the capacity
         self.quota_bytes = quota.quota_bytes
         self.quota_objects = quota.quota_objects
         self.quota_writing_bytes = quota.quota_writing_bytes
@@ -136,7 +142,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "prev_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot",
-        "pool_kind", "engine_hash", "wanted",
+        "pool_kind", "engine_hash", "wanted", "request",
     )
 
     def __init__(
@@ -169,6 +175,9 @@ class Obj:
         # object, what the nodes reported during the master's start): re-replication keeps
         # it (state/repair.py).
         self.wanted = 1
+        # WRITING only: (token id, client id, request id) of the PutStart that began it, so a
+        # repeat of that call gets this same put back (master/service.py `_same_put`)
+        self.request: tuple[str, str, int] | None = None
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""

@@ -12,8 +12,17 @@ Accounting: `used_bytes` is the sum of reserved (rounded) bytes of every replica
 tenant's visible or being-written objects and `object_count` counts those objects; of those
 bytes, `writing_bytes` are held by puts not yet ended (WRITING) and `hard_pinned_bytes` by
 hard-pinned objects (both charged by `cellar.master.state.objects.charge`). Bytes held back in
-quarantine or by a removed-but-still-pinned object are not charged: the tenant already gave
-them up. A quota of 0 means unlimited; `hard_pin` is a right (TenantQuota), off by default.
+quarantine or by a removed-but-still-pinned object are not in `used_bytes`; a revoked put's
+ranges in quarantine are in `quarantined_bytes`, which quota.py counts against the tenant's
+WRITING cap and byte quota (its grants can still write them). A quota of 0 means unlimited; `hard_pin` is a right (TenantQuota), off by default.
+
+Default quota (issue 19, finding 3): a tenant whose byte quota nobody set (created by the admin
+API without `quota_bytes`, configured without one, or created implicitly) gets
+`default_quota_fraction` of the cluster's capacity, following the capacity as nodes come and
+go (`follow_capacity`, called by every PutStart of the tenant), so one tenant alone cannot
+evict every other tenant's objects. Unlimited is explicit (`quota_bytes: 0` or "unlimited").
+The `default` tenant is unlimited unless given a `quota_bytes`: it is the one tenant of a
+cluster without tenants, and the whole cache is its own.
 
 Bound: at most `max_tenants` tenants exist (configured, admin-created or implicit), so the
 table and every listing of it stay bounded; `listing` gives a bounded page for ClusterStatus.
@@ -38,8 +47,10 @@ class Tenants:
 
     def __init__(
         self, quotas: dict[str, TenantQuota], *, allow_unknown: bool,
-        max_tenants: int = DEFAULT_MAX_TENANTS,
+        max_tenants: int = DEFAULT_MAX_TENANTS, default_quota_fraction: float = 0.0,
     ) -> None:
+        assert 0.0 <= default_quota_fraction <= 1.0, default_quota_fraction
+        self.default_quota_fraction = default_quota_fraction
         self.allow_unknown = allow_unknown
         self.max_tenants = max_tenants
         self.count = 0  # tenants (the "" alias of default is not one)
@@ -59,7 +70,27 @@ class Tenants:
             return tenant
         if not TENANT_NAME.match(name) or self.count >= self.max_tenants:
             return None
-        return self.configure(name, TenantQuota())
+        return self.configure(name, self.new_quota())
+
+    def new_quota(self) -> TenantQuota:
+        """The quotas of a tenant nobody set any for: the default byte quota (if one is set)."""
+        return TenantQuota(default_bytes=self.default_quota_fraction > 0)
+
+    def follow_capacity(self, tenant: Tenant, capacity_bytes: int) -> None:
+        """A default-quota tenant's `quota_bytes` as the fraction of `capacity_bytes` (at
+        least 1 byte: 0 would mean unlimited; left as it is while there is no capacity, when
+        nothing can be placed anyway); O(1), pools built the first time."""
+        if not tenant.default_quota:
+            return
+        if not self.default_quota_fraction:  # the setting was switched off: unlimited
+            tenant.default_quota = False
+            tenant.quota_bytes = 0
+        elif capacity_bytes > 0:  # no capacity yet: nothing can be placed, nothing to bound
+            tenant.quota_bytes = max(1, int(capacity_bytes * self.default_quota_fraction))
+        if tenant.pools is None and tenant.limited:
+            tenant.set_quota(TenantQuota(tenant.quota_bytes, tenant.quota_objects,
+                                         tenant.quota_writing_bytes, tenant.may_hard_pin,
+                                         tenant.quota_hard_pin_bytes, tenant.default_quota))
 
     def configure(self, name: str, quota: TenantQuota) -> Tenant:
         """Create a tenant or change its quotas (existing objects stay; later puts evict).

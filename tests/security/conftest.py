@@ -9,30 +9,21 @@ Helpers live in identity_kit.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from identity_kit import SecurityCluster
+from identity_kit import SecurityCluster, running
 
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SecurityCluster]:
-    c = SecurityCluster(2, "64MiB")
-    try:
-        c.start()
-        c.alice = c.token_for("alice")
-        c.bob = c.token_for("bob")
+    with running(SecurityCluster(2, "64MiB")) as c:
+        c.alice = c.token_for("alice", unlimited=False)  # no quota set: the default quota
+        c.bob = c.token_for("bob", unlimited=False)
         yield c
-    except BaseException:
-        for path in sorted(Path(c.run_dir).glob("*.log")):
-            print(f"---- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-20:]))
-        raise
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,6 +18,20 @@ class SecurityCluster(LocalCluster):
 
     alice: str
     bob: str
+
+
+@contextmanager
+def running(c: SecurityCluster) -> Iterator[SecurityCluster]:
+    """`c` started, stopped at the end; on a failure the tail of every process log is printed."""
+    try:
+        c.start()
+        yield c
+    except BaseException:
+        for path in sorted(Path(c.run_dir).glob("*.log")):
+            print(f"---- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-20:]))
+        raise
+    finally:
+        c.stop()
 
 
 def code_of(call: Any) -> grpc.StatusCode:

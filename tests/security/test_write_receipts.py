@@ -78,6 +78,21 @@ def _read(address: str, frame: bytes, length: int) -> bytes:
         return data[RESPONSE.size:RESPONSE.size + length]
 
 
+def _read_granted(got: Any) -> list[bytes | None]:
+    """Per result of a GetReplicas reply: what its first replica's node serves to its read grant
+    (b"" if the node refuses), or None for a result that is not OK."""
+    out: list[bytes | None] = []
+    for result in got.results:
+        if result.status != pb.OK:
+            out.append(None)
+            continue
+        rep = result.replicas[0]
+        frame = RequestHeader(OP_READ, 1, rep.segment_id, rep.offset, rep.length, 0,
+                              grant=grant_from_replica(rep, GRANT_OP_READ)).pack()
+        out.append(_read(_tcp_address(got.segments, rep.segment_id), frame, rep.length))
+    return out
+
+
 def _tcp_address(segments: Any, segment_id: int) -> str:
     for info in segments:
         if info.segment_id == segment_id:
@@ -161,15 +176,8 @@ def test_commit_without_the_shm_right_reads_no_freed_bytes(cluster: SecurityClus
         for k, r in zip(keys, started.results, strict=True)]))
     # Read raw (the SDK would refuse the checksum 0; an attacker reads the frame itself).
     got = stub.GetReplicas(pb.GetReplicasRequest(header=bob, keys=keys))
-    leaked = []
-    for result in got.results:
-        if result.status != pb.OK:
-            continue
-        rep = result.replicas[0]
-        frame = RequestHeader(OP_READ, 1, rep.segment_id, rep.offset, rep.length, 0,
-                              grant=grant_from_replica(rep, GRANT_OP_READ)).pack()
-        data = _read(_tcp_address(got.segments, rep.segment_id), frame, rep.length)
-        leaked += [k for k, v in secrets.items() if data == v]
+    leaked = [k for data in _read_granted(got) if data is not None
+              for k, v in secrets.items() if data == v]
     assert not leaked, f"bob read alice's removed bytes of {leaked}"
     assert commits == [ST_BAD_GRANT] * len(keys)
     assert {r.status for r in ended.results} == {pb.PERMISSION_DENIED}

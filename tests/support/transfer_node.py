@@ -55,6 +55,9 @@ class OpenIndex:
     def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> None:
         return None  # never seals: no receipt
 
+    def sealed(self, alloc_id: int) -> None:
+        return None  # nothing is ever sealed here
+
     def admit_read(self, *, alloc_id: int, **_: object) -> tuple[str, str]:
         return TENANT, _KEY_OF_ALLOC.get(alloc_id, "")
 

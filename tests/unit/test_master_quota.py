@@ -94,7 +94,7 @@ def test_quota_counts_reserved_bytes_of_every_replica() -> None:
 
 
 def test_quota_change_applies_to_later_puts() -> None:
-    svc, _ = service(tenants={"t": {}})
+    svc, _ = service(tenants={"t": {"quota_bytes": "unlimited"}})
     for i in range(4):
         put(svc, f"k{i}", MiB, tenant="t")
     svc.set_tenant_quota("t", TenantQuota(quota_bytes=2 * MiB))
@@ -106,7 +106,7 @@ def test_quota_change_applies_to_later_puts() -> None:
 def test_own_pools_are_built_when_a_quota_is_set_and_dropped_when_it_goes() -> None:
     """A tenant without a quota keeps no eviction pools of its own; setting one builds them from
     its objects (read pins and soft pins included), so quota eviction sees what it should."""
-    svc, clock = service(tenants={"t": {"hard_pin": True}})
+    svc, clock = service(tenants={"t": {"hard_pin": True, "quota_bytes": 0}})
     put(svc, "hard", MiB, tenant="t", hard_pin=True)
     put(svc, "soft", MiB, tenant="t", soft_pin=True)
     put(svc, "old", MiB, tenant="t")
@@ -152,3 +152,29 @@ def test_tenant_config_is_validated() -> None:
     quotas = MasterConfig(tenants={"a": {"quota_bytes": "4GiB", "quota_objects": 10}}).tenant_quotas()
     assert quotas["a"] == TenantQuota(4 << 30, 10)
     assert quotas["default"] == TenantQuota()
+
+
+def test_a_tenant_nobody_set_a_quota_for_gets_the_default_fraction() -> None:
+    """Issue 19, finding 3: a tenant with no quota evicted every other tenant's objects. Now
+    it gets default_tenant_quota_fraction of the capacity, following the capacity; unlimited
+    is explicit; the unconfigured `default` tenant stays unlimited."""
+    svc, _ = service(tenants={"a": {"quota_bytes": "unlimited"}, "b": {}},
+                     allow_unknown_tenants=True, default_tenant_quota_fraction=0.25)
+    capacity = svc.space.capacity_bytes()
+    for i in range(capacity // MiB):  # b puts the whole capacity: it evicts only its own
+        put(svc, f"k{i}", MiB, tenant="b")
+    b = svc.tenant("b")
+    assert b.quota_bytes == capacity // 4 and b.used_bytes <= capacity // 4
+    implicit = svc.tenant("new")  # created by its first request
+    assert implicit.default_quota and implicit.limited
+    assert svc.tenant("a").quota_bytes == 0 and not svc.tenant("a").limited
+    assert not svc.tenant("default").limited
+    svc.set_tenant_quota("b", TenantQuota(quota_bytes=0))  # explicit unlimited
+    assert not svc.tenant("b").limited
+    quotas = MasterConfig(tenants={"x": {}, "y": {"quota_bytes": 0},
+                                   "z": {"quota_bytes": "unlimited"}}).tenant_quotas()
+    assert quotas["x"].default_bytes and not quotas["y"].default_bytes
+    assert quotas["z"] == TenantQuota()
+    with pytest.raises(ConfigError, match="default_tenant_quota_fraction"):
+        MasterConfig(default_tenant_quota_fraction=1.5).validate()
+

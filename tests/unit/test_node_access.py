@@ -157,9 +157,31 @@ def test_object_must_fit_grant(node: NodeAccess) -> None:
 def test_sealed_alloc_refuses_and_keeps_bytes(node: NodeAccess) -> None:
     g = make_grant()
     write(node, g, b"a" * 1000)
-    assert status_of(node.writable, request(g, g.offset, 10), meta()) == frame.ST_SEALED
+    # another object's meta under the same grant: refused
+    assert status_of(node.writable, request(g, g.offset, 10), meta(checksum=8)) == frame.ST_SEALED
     r = make_grant(GRANT_OP_READ)
     assert bytes(node.readable(request(r))) == b"a" * 1000
+
+
+def test_a_retried_chunk_of_a_sealed_alloc_gets_its_receipt_again(node: NodeAccess) -> None:
+    """Issue 19: the reply that carried the receipt was lost and the writer sends the chunk
+    again. Before: ST_SEALED with no receipt, and PutEnd revoked the put. Now the same
+    receipt comes back, and the repeated payload (here other bytes) never lands."""
+    g = make_grant()
+    req = request(g, g.offset, 1000)
+    view = node.writable(req, meta())
+    view[:] = b"a" * 1000
+    receipt = node.written(req, meta())
+    assert receipt
+    again = node.writable(req, meta())  # ST_SEALED before
+    again[:] = b"b" * 1000
+    assert node.written(req, meta()) == receipt
+    assert bytes(node.readable(request(make_grant(GRANT_OP_READ)))) == b"a" * 1000
+    # a chunk of it (a striped write's part) gets the receipt too; another tenant's meta not
+    part = request(g, g.offset + 500, 500)
+    node.writable(part, meta())
+    assert node.written(part, meta()) == receipt
+    assert status_of(node.writable, req, meta(tenant="u")) in (frame.ST_BAD_GRANT, frame.ST_SEALED)
 
 
 def test_freed_alloc_refused_until_grant_expires(node: NodeAccess) -> None:

@@ -167,9 +167,15 @@ def test_forged_expired_and_sealed_commits_are_refused(node: Node, shm: ShmTrans
     for op in (forged, expired, wrong_key):
         assert node.access.index.get(op.grant.alloc_id) is None  # the index never saw them
     ok = write_op(node, 32768, data)
-    assert shm.write([ok], 5.0)[0].ok
+    first = shm.write([ok], 5.0)[0]
+    assert first.ok
+    # the same commit again (its reply lost): the node resends the receipt (issue 19); a
+    # commit of another object under the sealed allocation is refused
     again = shm.write([TransferOp(ok.route, ok.grant, ok.offset, memoryview(data), ok.meta)], 5.0)
-    assert again[0].status == ST_SEALED
+    assert again[0].ok and again[0].receipt == first.receipt
+    other = WriteMeta(ok.meta.checksum ^ 1, ok.meta.object_size, ok.meta.tenant, ok.meta.key)
+    again = shm.write([TransferOp(ok.route, ok.grant, ok.offset, memoryview(data), other)], 5.0)
+    assert again[0].status in (ST_SEALED, ST_BAD_GRANT)
 
 
 def test_replaced_file_is_remapped_and_stale_commit_refused(

@@ -1,0 +1,130 @@
+"""Removals: Remove, RemovePrefix and RemoveAll, and the removal log's bounds.
+
+Split out of `service.MasterService` (which binds these methods as its own, so
+`service.remove(...)` stays one call). What it owns: the rule of a client's removal. A removed
+value is dropped and its key tombstoned with the newest allocation id issued so far (except a
+put of the key still in flight), so that a node's late index report cannot bring it back; a
+remove of a key the master does not hold tombstones it too (a node that is away may still hold
+a value). The tombstones are queued for the serving room's removal log, and the servicer
+acknowledges the call only once they are durable.
+
+It reads and writes the service's tables (objects, tombstones, alloc ids) on the one event
+loop, like every method of the service; it never touches payload bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from cellar.errors import Status
+from cellar.master.config import MasterConfig
+from cellar.master.grace import RebuildGrace
+from cellar.master.replies import KeyResults
+from cellar.master.requests import Clock, RequestRejected, check_key_bound
+from cellar.master.state.ids import AllocIds
+from cellar.master.state.objects import ObjectTable
+from cellar.master.state.records import Obj, Tenant
+from cellar.master.state.tombstones import Tombstones
+
+OK = Status.OK
+
+
+class MasterService(Protocol):
+    """What removal reads of `cellar.master.service.MasterService` (no import: no cycle)."""
+
+    config: MasterConfig
+    clock: Clock
+    grace: RebuildGrace
+    objects: ObjectTable
+    tombstones: Tombstones
+    alloc_ids: AllocIds
+
+    def tenant(self, name: str) -> Tenant: ...
+    def check_batch(self, count: int, what: str = ...) -> Any: ...
+    def recovering(self) -> bool: ...
+    def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]: ...
+
+
+class Removals:
+    """The removal RPCs over one `MasterService`'s tables."""
+
+    def __init__(self, service: MasterService) -> None:
+        self.service = service
+
+    def remove(self, tenant_name: str, keys: Sequence[str]) -> KeyResults:
+        s = self.service
+        tenant = s.tenant(tenant_name)
+        s.check_batch(len(keys))
+        now = s.clock.monotonic()
+        if s.recovering() and any(key not in tenant.objects for key in keys):
+            raise s.grace.error()
+        results: KeyResults = []
+        for key in keys:
+            obj = tenant.objects.get(key)
+            if obj is None:
+                status, message = s.miss(tenant, key)
+                if status == Status.NOT_READY:
+                    message = "key is being written; its writer must revoke it"
+                elif status == Status.NOT_FOUND:
+                    self._tombstone(tenant, key)  # a node that is away may still hold a value
+                results.append((status, message))
+                continue
+            self._remove(obj, now)
+            results.append((OK, ""))
+        return results
+
+    def _remove(self, obj: Obj, now: float) -> None:
+        """Drop a value a client removed, remembering it so a late report cannot revive it."""
+        s = self.service
+        self._tombstone(obj.tenant, obj.key)
+        s.objects.drop(obj, now)
+
+    def _tombstone(self, tenant: Tenant, key: str) -> None:
+        """Every allocation of the key issued so far is dead, except a put of it still in
+        flight (state/tombstones.py); queued for the removal log."""
+        s = self.service
+        writing = tenant.writing.get(key)
+        bound = (min(rep.alloc_id for rep in writing.replicas) - 1 if writing is not None
+                 else s.alloc_ids.next())
+        s.tombstones.remember_removed(tenant.name, key, bound)
+
+    def load_removals(self, records: list[tuple[str, str, int]]) -> None:
+        """The removal log's bounds, before any report is adopted (master/serving/removal_log.py)."""
+        s = self.service
+        highest = s.tombstones.load(records)
+        if highest:
+            s.alloc_ids.ensure_above(highest)
+
+    def removed_alloc_id(self, tenant_name: str, key: str) -> int:
+        """The alloc id drawn when the key was last removed (0: none remembered)."""
+        s = self.service
+        return s.tombstones.removed_alloc_id(tenant_name, key)
+
+    def remove_prefix(self, tenant_name: str, prefix: str) -> int:
+        s = self.service
+        tenant = s.tenant(tenant_name)
+        if s.recovering():
+            raise s.grace.error()
+        if not prefix:
+            raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
+        check_key_bound("prefix", prefix, s.config.max_key_bytes)
+        victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
+        return self._drop_all(victims)
+
+    def remove_all(self, tenant_name: str) -> int:
+        s = self.service
+        tenant = s.tenant(tenant_name)
+        if s.recovering():
+            raise s.grace.error()
+        return self._drop_all(list(tenant.objects.values()))
+
+    def _drop_all(self, victims: list[Obj]) -> int:
+        s = self.service
+        now = s.clock.monotonic()
+        for obj in victims:
+            self._remove(obj, now)
+        return len(victims)
+
+
+__all__ = ["Removals"]
