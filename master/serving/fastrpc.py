@@ -186,9 +186,6 @@ class FastRpcServer:
         dispatch = self.servicer.dispatch
         leadership = self.servicer.leadership
 
-        def tombstones_pending() -> bool:
-            return bool(leadership.service.tombstones.pending)
-
         unpack = FRAME.unpack
         pack = FRAME.pack
         clock = asyncio.get_running_loop().time
@@ -219,7 +216,7 @@ class FastRpcServer:
                 else:
                     body = b""
                 code, out = dispatch(name, body)
-                if tombstones_pending():  # an upsert's PutEnd: acknowledged once durable
+                if leadership.durable_due(name):  # an upsert's PutEnd: acknowledged once durable
                     code, out = await self.servicer.settle(name, code, out)
                 writer.write(pack(len(out), code) + out)
                 if writer.transport.get_write_buffer_size() > DRAIN_ABOVE_BYTES:

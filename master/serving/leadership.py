@@ -64,6 +64,10 @@ class Takeover:
     complete: bool = False
 
 
+# The calls whose reply acknowledges a remove or an upsert (the removal log's subject).
+REMOVING_METHODS = frozenset({"Remove", "RemovePrefix", "RemoveAll", "PutEnd"})
+
+
 class Leadership:
     def __init__(self, config: MasterConfig, secret: bytes, *, ha: bool, master_id: str = "") -> None:
         self.config = config
@@ -97,14 +101,23 @@ class Leadership:
         if isinstance(removal_log, FileRemovalLog):
             self.service.load_removals(removal_log.load())
 
+    def durable_due(self, method: str) -> bool:
+        """Whether the reply to a `method` call must wait for `make_durable`: the call queued
+        bounds, or it is a mutating call while an earlier write failed (its repeat, answered
+        from the reply memory, must not be acknowledged before those bounds are written)."""
+        if self.service.tombstones.pending:
+            return True
+        return bool(self._unwritten[1]) and self._unwritten[0] is self.service \
+            and method in REMOVING_METHODS
+
     async def make_durable(self) -> None:
         """Write the bounds the request just handled queued (state/tombstones.py) to the
         removal log; the caller replies only once this returns (raises: not acknowledged)."""
         tombstones = self.service.tombstones
         records = tombstones.take_pending()
+        if self._unwritten[0] is self.service:
+            records = self._unwritten[1] + records
         if records and self.removal_log is not None:
-            if self._unwritten[0] is self.service:
-                records = self._unwritten[1] + records
             try:
                 await self.removal_log.append(records, tombstones.snapshot)
             except BaseException:

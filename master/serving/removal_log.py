@@ -29,7 +29,9 @@ Two backends, one interface (`append`, awaited; records are (tenant, key, bound)
   compaction writes the table of bounds as new keys, then deletes the older ones.
 A write that fails answers the request UNAVAILABLE (the remove took effect in this master's
 memory, but is not acknowledged); its bounds stay queued and go out with the next remove's or
-upsert's write (serving/leadership.py), so what this master holds becomes durable too. Records off disk or etcd are
+upsert's write (serving/leadership.py), so what this master holds becomes durable too. The
+request's repeat (same request id: the reply memory answers it, the body does not run again)
+waits for that write as well, so it is acknowledged only once its bounds are in the log. Records off disk or etcd are
 bounds-checked like anything off the wire. This module holds no metadata of its own.
 """
 

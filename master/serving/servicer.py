@@ -365,7 +365,7 @@ class MasterServicer:
                 stats.failures += 1
                 log.exception("%s failed", name)
                 await context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc!r}")
-            if self.service.tombstones.pending:  # a remove or upsert: acknowledged once durable
+            if leadership.durable_due(name):  # a remove or upsert: acknowledged once durable
                 failure = await self.make_durable(name)
                 if failure:
                     stats.failures += 1

@@ -204,9 +204,13 @@ def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
     with pytest.raises(ConnectionError):
         asyncio.run(leadership.make_durable())  # not acknowledged: its bound is kept
     assert flaky.written == []
+    # The remove's repeat (answered from the reply memory: no new bound) still waits for the
+    # write, and a read does not.
+    assert leadership.durable_due("Remove") and not leadership.durable_due("GetReplicas")
     svc.remove("", ["b"])
     asyncio.run(leadership.make_durable())
     assert [key for _, key, _ in flaky.written] == ["a", "b"]
     svc.remove("", ["c"])
     asyncio.run(leadership.make_durable())  # written once: nothing is carried twice
     assert [key for _, key, _ in flaky.written] == ["a", "b", "c"]
+    assert not leadership.durable_due("Remove")
