@@ -79,6 +79,25 @@ class ReceiptChecker:
             return False
         return True
 
+    def wrote(self, obj: Obj, checksum: int, receipts: Sequence[bytes]) -> bool:
+        """Whether these receipts prove that their holder wrote the COMPLETE `obj` itself: one
+        authentic receipt (of any epoch: a new master adopted `obj` from the nodes) names one of
+        its replicas exactly, with its checksum. Only the writer of an allocation gets its
+        receipt, so a PutEnd repeated after a master restart or failover, whose first reply was
+        lost, is answered OK rather than NOT_FOUND (and its put is not started over)."""
+        if checksum != obj.checksum:
+            return False
+        for raw in receipts[:MAX_RECEIPTS_PER_ITEM]:
+            try:
+                got = self._signer.open(raw)
+            except ReceiptRejected:
+                continue
+            for rep in obj.replicas:
+                if (got.alloc_id, got.segment_id, got.offset, got.length, got.checksum) == (
+                        rep.alloc_id, rep.segment.segment_id, rep.offset, obj.size, checksum):
+                    return True
+        return False
+
     def _refuse(self, why: str) -> str:
         self.refused += 1
         return why

@@ -423,8 +423,10 @@ class MasterService:
         if error:
             return INVALID, error
         current = tenant.objects.get(key)
-        if current is not None and current.put_id == item.put_id:
-            return OK, ""  # a retried PutEnd whose first reply was lost
+        if current is not None and (current.put_id == item.put_id or self.receipts.wrote(
+                current, item.checksum, getattr(item, "receipts", ()))):
+            return OK, ""  # a retried PutEnd whose first reply was lost (here, or by a master
+            # that died: the receipts prove this caller wrote the object a node reported)
         if key in tenant.writing:
             return INVALID, "not the writer: put_id does not match the put in progress"
         if item.put_id in self.objects.expired_puts:

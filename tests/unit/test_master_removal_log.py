@@ -214,3 +214,28 @@ def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
     asyncio.run(leadership.make_durable())  # written once: nothing is carried twice
     assert [key for _, key, _ in flaky.written] == ["a", "b", "c"]
     assert not leadership.durable_due("Remove")
+
+
+def test_a_put_end_repeated_after_a_restart_is_recognised_by_its_receipt() -> None:
+    """The first PutEnd completed the put and its reply died with the master; the new master
+    adopted the object from the node. The writer's repeat carries the node's receipt: OK, not
+    NOT_FOUND (which made the SDK start the put over and meet AlreadyExists). A receipt for
+    another allocation, a forged one or another checksum proves nothing."""
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    started = put_start(svc, "k", 4096)
+    receipts = receipts_for(SECRET, started, 9)
+    assert svc.put_end("", "writer", [PutEndItem("k", started.put_id, 9, receipts)]) \
+        == [(Status.OK, "")]
+    other = put_start(svc, "other", 4096)
+    new = restarted(svc)
+    rep = started.replicas[0]
+    new.report_objects("n1", 2, 1, [Entry("k", rep.alloc_id, rep.offset, 4096, 9)], last=True)
+    again = PutEndItem("k", started.put_id, 9, receipts)
+    assert new.put_end("", "writer", [again]) == [(Status.OK, "")]
+    forged = bytes(receipts[0][:-1]) + bytes([receipts[0][-1] ^ 1])
+    for item in (PutEndItem("k", started.put_id, 9, []),
+                 PutEndItem("k", started.put_id, 9, [forged]),
+                 PutEndItem("k", started.put_id, 9, receipts_for(SECRET, other, 9)),
+                 PutEndItem("k", started.put_id, 8, receipts_for(SECRET, started, 8))):
+        assert new.put_end("", "writer", [item])[0][0] == Status.NOT_FOUND
