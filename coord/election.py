@@ -104,6 +104,22 @@ class LeaderElection:
         """True while this master leads and its lease is surely still valid in etcd."""
         return self.is_leader and self._monotonic() < self._deadline
 
+    async def _read_removals(self, kv: Any) -> list[bytes]:
+        """Every value under the removal log's prefix, in key order, read in pages."""
+        from etcd3aio import SortOrder, SortTarget  # as Etcd3Client: only where etcd is used
+
+        values: list[bytes] = []
+        start = self.target.removals_prefix
+        end = _prefix_end(self.target.removals_prefix)
+        while True:
+            page = await kv.get(start, range_end=end, limit=REMOVAL_LOG_PAGE_KEYS,
+                                sort_order=SortOrder.ASCEND, sort_target=SortTarget.KEY,
+                                timeout=self.etcd_timeout_s)
+            values += [item.value for item in page.kvs]
+            if not page.more or not page.kvs:
+                return values
+            start = bytes(page.kvs[-1].key) + b"\0"  # the next key after the last one read
+
     def lease_remaining_s(self) -> float:
         return max(0.0, self._deadline - self._monotonic()) if self.is_leader else 0.0
 
@@ -240,10 +256,7 @@ class LeaderElection:
         self.expected_nodes = decode_node_ids(nodes.kvs[0].value) if nodes.kvs else None
         # The removal log (cellar.master.serving.removal_log), read before this master serves
         # anything: no report may be adopted before the removes acknowledged by earlier leaders.
-        removals = await kv.get(self.target.removals_prefix,
-                                range_end=_prefix_end(self.target.removals_prefix),
-                                timeout=self.etcd_timeout_s)
-        self.removal_values = [item.value for item in removals.kvs]
+        self.removal_values = await self._read_removals(kv)
         self.record = record
         self.is_leader = True
         self.epoch = epoch
@@ -353,6 +366,12 @@ class LeaderElection:
         if state != self._state:
             self._state = state
             log.log(level, message, *args)
+
+
+# The removal log is read in pages: one range reply must stay under gRPC's default 4 MiB receive
+# limit (a single read of a grown log failed with RESOURCE_EXHAUSTED and no master could win).
+# Values are at most 512 KiB each (removal_log.MAX_ETCD_VALUE_BYTES), so 4 per page fit.
+REMOVAL_LOG_PAGE_KEYS = 4
 
 
 def _prefix_end(prefix: str) -> bytes:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -101,3 +103,32 @@ def test_removes_acknowledged_just_before_a_leader_kill_stay_removed():
     print(f"{len(removed_all)} removes, {len(upserted_all)} upserts over {rounds} failovers; "
           f"reply-to-kill max {max(gaps) * 1e6:.0f} us")
     assert len(removed_all) == REMOVED_KEYS
+
+
+@pytest.mark.timeout(300)
+def test_a_removal_log_larger_than_one_grpc_reply_is_read_at_election(tmp_path):
+    """The election reads the removal log in pages: 12 values of ~500 KiB (6 MiB, over gRPC's
+    4 MiB receive limit; a soak grew one that large in 6 minutes) no longer stop every standby
+    from winning, and the bounds in them are in force after the takeover."""
+    from cellar.master.serving.removal_log import encode
+
+    with ha_cluster(nodes=1, lease_ttl_s=3) as cluster, \
+            cellar.connect(cluster.etcd_url, timeout_s=30, transport="tcp") as client:
+        client.put("big-log/kept", b"v")
+        prefix = f"/cellar/{cluster.cluster_name}/removals/"
+        filler = [("default", f"filler/{i:06d}/" + "x" * 400, 1) for i in range(1200)]
+        value = encode(filler)
+        assert 400_000 < len(value) < 512 * 1024
+        etcdctl = os.path.join(os.path.dirname(sys.executable), "etcdctl")
+        for i in range(12):
+            path = tmp_path / f"v{i}"
+            path.write_bytes(value)
+            with path.open("rb") as stdin:
+                subprocess.run([etcdctl, "--endpoints", cluster.etcd.client_address, "put",
+                                f"{prefix}zz-filler-{i:02d}"], stdin=stdin, check=True,
+                               capture_output=True, timeout=30)
+        old = cluster.leader()
+        cluster.kill_master(old)
+        wait_until("the standby to take over", lambda: takeover_complete(cluster, 1 - old, 1),
+                   timeout_s=60)
+        assert client.get("big-log/kept") == b"v"
