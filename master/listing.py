@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 from itertools import pairwise
+from typing import Any
 
 from cellar.master.requests import RequestRejected, check_key_bound
 
@@ -53,3 +54,17 @@ def key_page(keys: Iterable[str], prefix: str, start_after: str, limit: int) -> 
         page.pop()
     assert len(page) <= limit and all(a < b for a, b in pairwise(page)), "page out of order"
     return page, more
+
+
+def list_page(service: Any, tenant_name: str, prefix: str, start_after: str,
+              limit: int) -> tuple[list[str], bool]:
+    """ListKeys on the master's tables: the request checked, the rebuild grace kept (keys not
+    reported yet would be missing from the page), then `key_page` (its order, predicate and
+    cost)."""
+    tenant = service.tenant(tenant_name)
+    config = service.config
+    check_list_request(prefix, start_after, limit, max_list_keys=config.max_list_keys,
+                       max_key_bytes=config.max_key_bytes)
+    if service.recovering():
+        raise service.grace.error()
+    return key_page(tenant.objects, prefix, start_after, limit)

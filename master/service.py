@@ -39,7 +39,7 @@ from xxhash import xxh64_intdigest
 from cellar.errors import Status
 from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.grace import RebuildGrace
-from cellar.master.listing import check_list_request, key_page
+from cellar.master.listing import list_page
 from cellar.master.node_rpcs import NodeRpcs
 from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
@@ -409,9 +409,13 @@ class MasterService:
                 self.objects.drop(obj, now)
                 results.append((Status.PERMISSION_DENIED, f"put revoked: {why}"))
                 continue
+            first_alloc = min(rep.alloc_id for rep in obj.replicas)
+            if first_alloc <= self.tombstones.removed_alloc_id(tenant.name, obj.key):
+                self.objects.drop(obj, now)  # a remove acknowledged mid-put wins: the put is
+                results.append((OK, ""))     # ordered before it (master/removals.py)
+                continue
             if item.key in tenant.objects:  # an upsert: every older value of the key is dead
-                self.tombstones.remember_removed(
-                    tenant.name, obj.key, min(rep.alloc_id for rep in obj.replicas) - 1)
+                self.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
             self.objects.complete(obj, item.checksum, now)
             obj.request = None  # only a WRITING object answers a repeated PutStart
             results.append((OK, ""))
@@ -546,15 +550,8 @@ class MasterService:
 
     def list_keys(self, tenant_name: str, prefix: str, start_after: str,
                   limit: int) -> tuple[list[str], bool]:
-        """One page of the tenant's visible keys and whether more match (master/listing.py:
-        the order, the predicate and the cost of its linear scan)."""
-        tenant = self.tenant(tenant_name)
-        config = self.config
-        check_list_request(prefix, start_after, limit, max_list_keys=config.max_list_keys,
-                           max_key_bytes=config.max_key_bytes)
-        if self.recovering():  # keys not reported yet would be missing from the page
-            raise self.grace.error()
-        return key_page(tenant.objects, prefix, start_after, limit)
+        """One page of the tenant's visible keys and whether more match (master/listing.py)."""
+        return list_page(self, tenant_name, prefix, start_after, limit)
 
     # ---------------------------------------------------------------- rebuild
 

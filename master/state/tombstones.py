@@ -3,7 +3,8 @@
 Owns two memories of removal, both consulted by rebuild (master/node_rpcs.py):
 - removed keys: (tenant, key) -> a bound: every allocation of that key with an id at or below
   it is dead. A Remove, RemovePrefix or RemoveAll sets it to the newest id issued when it ran
-  (below a put of the key still in flight, which the remove does not touch); a remove of a key
+  (a put of the key still in flight included: its PutEnd answers OK and stores nothing, the
+  put ordered just before the remove, master/removals.py); a remove of a key
   the master does not hold sets it too (a node that is away may still hold a value); an upsert
   sets it just below the new version's first allocation, so every older value is dead. A node
   that was away (or whose freed notice had not arrived) and still reports such a replica is

@@ -74,19 +74,31 @@ def test_an_upsert_refuses_older_values_only() -> None:
     assert replica_ids(new, "k") == [v2]
 
 
-def test_a_remove_spares_a_put_of_the_key_in_flight() -> None:
+def test_a_remove_acknowledged_mid_put_wins_over_that_put() -> None:
+    """The remove comes after the put's PutStart and is acknowledged before its PutEnd: the put
+    is ordered just before the remove (its PutEnd answers OK, nothing is stored), and after a
+    restart neither the old value nor the put's sealed allocation comes back; a put that never
+    ends (its writer gave up, its bytes sealed on the node) does not either."""
     svc = make_service(FakeClock())
     mount(svc, "n1", 1)
     put(svc, "k", 4096)
     v1 = replica_ids(svc, "k")[0]
     started = put_start(svc, "k", 4096, upsert=True)
     v2 = started.replicas[0].alloc_id
-    assert svc.remove("", ["k"]) == [(Status.OK, "")]
-    assert svc.put_end("", "writer", [PutEndItem("k", started.put_id, 9, receipts_for(SECRET, started, 9))]) == [(Status.OK, "")]
+    put(svc, "j", 4096)
+    v0 = replica_ids(svc, "j")[0]
+    abandoned = put_start(svc, "j", 4096, upsert=True)  # its writer gives up: no PutEnd ever
+    v3 = abandoned.replicas[0].alloc_id
+    assert svc.remove("", ["k", "j"]) == [(Status.OK, "")] * 2
+    end = PutEndItem("k", started.put_id, 9, receipts_for(SECRET, started, 9))
+    assert svc.put_end("", "writer", [end]) == [(Status.OK, "")]
+    assert "k" not in svc.tenant("").objects
+    svc.check_invariants()
     new = restarted(svc)
-    out = new.report_objects("n1", 2, 1, [Entry("k", v1, 0, 4096), Entry("k", v2, 4096, 4096, 9)],
+    out = new.report_objects("n1", 2, 1, [Entry("k", v1, 0, 4096), Entry("k", v2, 4096, 4096, 9),
+                                          Entry("j", v0, 8192, 4096), Entry("j", v3, 12288, 4096, 9)],
                              last=True)
-    assert (out.accepted, out.refused) == (1, [v1])  # the acknowledged later put survives
+    assert (out.accepted, sorted(out.refused)) == (0, sorted([v0, v1, v2, v3]))
 
 
 def test_a_remove_of_a_key_the_master_lost_still_leaves_a_bound() -> None:
