@@ -111,10 +111,17 @@ class LeaderElection:
         values: list[bytes] = []
         start = self.target.removals_prefix
         end = _prefix_end(self.target.removals_prefix)
+        limit = REMOVAL_LOG_PAGE_KEYS
         while True:
-            page = await kv.get(start, range_end=end, limit=REMOVAL_LOG_PAGE_KEYS,
-                                sort_order=SortOrder.ASCEND, sort_target=SortTarget.KEY,
-                                timeout=self.etcd_timeout_s)
+            try:
+                page = await kv.get(start, range_end=end, limit=limit,
+                                    sort_order=SortOrder.ASCEND, sort_target=SortTarget.KEY,
+                                    timeout=self.etcd_timeout_s)
+            except Exception as exc:
+                if limit > 1 and _too_large(exc):
+                    limit //= 2  # this page's reply was over the receive limit: smaller pages
+                    continue
+                raise
             values += [item.value for item in page.kvs]
             if not page.more or not page.kvs:
                 return values
@@ -368,10 +375,17 @@ class LeaderElection:
             log.log(level, message, *args)
 
 
-# The removal log is read in pages: one range reply must stay under gRPC's default 4 MiB receive
-# limit (a single read of a grown log failed with RESOURCE_EXHAUSTED and no master could win).
-# Values are at most 512 KiB each (removal_log.MAX_ETCD_VALUE_BYTES), so 4 per page fit.
-REMOVAL_LOG_PAGE_KEYS = 4
+# The removal log is read in pages that shrink on demand: one range reply must stay under
+# gRPC's default 4 MiB receive limit (a single read of a grown log failed with
+# RESOURCE_EXHAUSTED and no master could win), yet most values are small (one per request batch),
+# so a page of a few keys would take thousands of round trips (a 30 s election). A page starts
+# at REMOVAL_LOG_PAGE_KEYS and halves on RESOURCE_EXHAUSTED (values are at most 512 KiB each,
+# removal_log.MAX_ETCD_VALUE_BYTES, so 8 always fit).
+REMOVAL_LOG_PAGE_KEYS = 1024
+
+
+def _too_large(exc: BaseException) -> bool:
+    return "RESOURCE_EXHAUSTED" in repr(exc) or "larger than max" in str(exc)
 
 
 def _prefix_end(prefix: str) -> bytes:
