@@ -111,15 +111,15 @@ class LeaderElection:
         values: list[bytes] = []
         start = self.target.removals_prefix
         end = _prefix_end(self.target.removals_prefix)
-        limit = REMOVAL_LOG_PAGE_KEYS
+        limit = 0  # first the whole log in one reply, as always; pages only if it is too large
         while True:
             try:
                 page = await kv.get(start, range_end=end, limit=limit,
                                     sort_order=SortOrder.ASCEND, sort_target=SortTarget.KEY,
                                     timeout=self.etcd_timeout_s)
             except Exception as exc:
-                if limit > 1 and _too_large(exc):
-                    limit //= 2  # this page's reply was over the receive limit: smaller pages
+                if limit != 1 and _too_large(exc):  # over the receive limit: smaller pages
+                    limit = REMOVAL_LOG_PAGE_KEYS if limit == 0 else limit // 2
                     continue
                 raise
             values += [item.value for item in page.kvs]
@@ -378,8 +378,9 @@ class LeaderElection:
 # The removal log is read in pages that shrink on demand: one range reply must stay under
 # gRPC's default 4 MiB receive limit (a single read of a grown log failed with
 # RESOURCE_EXHAUSTED and no master could win), yet most values are small (one per request batch),
-# so a page of a few keys would take thousands of round trips (a 30 s election). A page starts
-# at REMOVAL_LOG_PAGE_KEYS and halves on RESOURCE_EXHAUSTED (values are at most 512 KiB each,
+# so a page of a few keys would take thousands of round trips (a 30 s election). The first read
+# asks for the whole log; only if that reply is too large, pages of REMOVAL_LOG_PAGE_KEYS, halved
+# on each further RESOURCE_EXHAUSTED (values are at most 512 KiB each,
 # removal_log.MAX_ETCD_VALUE_BYTES, so 8 always fit).
 REMOVAL_LOG_PAGE_KEYS = 1024
 
