@@ -25,7 +25,7 @@ from cellar.master.requests import Clock, RequestRejected, check_key_bound
 from cellar.master.state.ids import AllocIds
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.records import Obj, Tenant
-from cellar.master.state.tombstones import Tombstones
+from cellar.master.state.tombstones import TombstoneRecord, Tombstones
 
 OK = Status.OK
 
@@ -52,7 +52,11 @@ class Removals:
     def __init__(self, service: MasterService) -> None:
         self.service = service
 
-    def remove(self, tenant_name: str, keys: Sequence[str]) -> KeyResults:
+    def remove(self, tenant_name: str, keys: Sequence[str], by: str = "") -> KeyResults:
+        """`by`: the request's tag (serving/request_memory.request_tag), '' without a request
+        id. It rides with the bounds into the durable removal log, so that after a failover
+        the new master answers this call's repeat (its first reply lost with the old master)
+        OK for a key the call removed, as the first call answered, not NOT_FOUND."""
         s = self.service
         tenant = s.tenant(tenant_name)
         s.check_batch(len(keys))
@@ -67,20 +71,25 @@ class Removals:
                 if status == Status.NOT_READY:
                     message = "key is being written; its writer must revoke it"
                 elif status == Status.NOT_FOUND:
-                    self._tombstone(tenant, key)  # a node that is away may still hold a value
+                    repeat = s.tombstones.removed_by_request(tenant.name, key, by)
+                    if repeat:  # this call's repeat: the first one removed the key
+                        status, message = OK, ""
+                    # a node that is away may still hold a value; the tag names only a call
+                    # that removed something, so a repeat of a miss still misses
+                    self._tombstone(tenant, key, by if repeat else "")
                 results.append((status, message))
                 continue
-            self._remove(obj, now)
+            self._remove(obj, now, by)
             results.append((OK, ""))
         return results
 
-    def _remove(self, obj: Obj, now: float) -> None:
+    def _remove(self, obj: Obj, now: float, by: str = "") -> None:
         """Drop a value a client removed, remembering it so a late report cannot revive it."""
         s = self.service
-        self._tombstone(obj.tenant, obj.key)
+        self._tombstone(obj.tenant, obj.key, by)
         s.objects.drop(obj, now)
 
-    def _tombstone(self, tenant: Tenant, key: str) -> None:
+    def _tombstone(self, tenant: Tenant, key: str, by: str = "") -> None:
         """Every allocation of the key issued so far is dead, a put of it still in flight
         included (state/tombstones.py); queued for the removal log. Such a put's PutEnd then
         answers OK and drops it (service.put_end): the put is ordered just before this remove,
@@ -88,9 +97,9 @@ class Removals:
         given up (its bytes sealed on a node, no PutEnd ever) come back after a master restart,
         over an acknowledged remove (make soak: 3 keys in 10 minutes)."""
         s = self.service
-        s.tombstones.remember_removed(tenant.name, key, s.alloc_ids.next())
+        s.tombstones.remember_removed(tenant.name, key, s.alloc_ids.next(), by)
 
-    def load_removals(self, records: list[tuple[str, str, int]]) -> None:
+    def load_removals(self, records: list[TombstoneRecord]) -> None:
         """The removal log's bounds, before any report is adopted (master/serving/removal_log.py)."""
         s = self.service
         highest = s.tombstones.load(records)

@@ -14,7 +14,8 @@ loads the log before it adopts any report, and rebuild refuses every reported en
 its key's bound. The alternative, waiting for the nodes holding the old allocation to journal
 the drop, would tie a remove's latency to the slowest (or a stopped) node's next heartbeat.
 
-Two backends, one interface (`append`, awaited; records are (tenant, key, bound)):
+Two backends, one interface (`append`, awaited; records are (tenant, key, bound, by), `by`
+the tag of the Remove request that set the bound, so a new master answers its repeat OK):
 - `FileRemovalLog` (a single master): one JSON line per bound, appended with one `write` per
   request before the reply. The bytes are in the kernel's page cache when the reply leaves, so
   they survive a kill -9 of the master (not a crash of the host: no fsync, a few microseconds
@@ -55,6 +56,7 @@ log = logging.getLogger("cellar.master")
 
 MAX_RECORD_TENANT_CHARS = 256      # a tenant name in a record (config caps names lower)
 MAX_RECORD_KEY_BYTES = 64 * 1024   # a key in a record (max_key_bytes is 1 KiB by default)
+MAX_RECORD_TAG_CHARS = 64         # a request tag (request_memory.request_tag: 32 hex digits)
 MAX_LINE_BYTES = 256 * 1024        # one record line of the file
 MAX_ETCD_VALUE_BYTES = 512 * 1024  # one etcd value (etcd's request limit is 1.5 MiB)
 COMPACT_FACTOR = 2                 # rewrite once the log holds this x the live bounds ...
@@ -63,9 +65,11 @@ DISABLED = "none"                  # removal_log_file value that turns the file 
 
 
 def encode(records: Iterable[TombstoneRecord]) -> bytes:
-    """One JSON line per record: ["tenant", "key", bound]."""
-    return b"".join(json.dumps([t, k, b], ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-                    for t, k, b in records)
+    """One JSON line per record: ["tenant", "key", bound] or, when a Remove request set the
+    bound, ["tenant", "key", bound, "request tag"]."""
+    return b"".join(json.dumps([t, k, b, by] if by else [t, k, b], ensure_ascii=False,
+                               separators=(",", ":")).encode() + b"\n"
+                    for t, k, b, by in records)
 
 
 def decode(data: bytes) -> tuple[list[TombstoneRecord], int]:
@@ -90,16 +94,18 @@ def _record(line: bytes) -> TombstoneRecord | None:
         item = json.loads(line)
     except ValueError:
         return None
-    if not (isinstance(item, list) and len(item) == 3):
+    if not (isinstance(item, list) and len(item) in (3, 4)):
         return None
-    tenant, key, bound = item
-    if not (isinstance(tenant, str) and isinstance(key, str) and type(bound) is int):
+    tenant, key, bound = item[:3]
+    by = item[3] if len(item) == 4 else ""
+    if not (isinstance(tenant, str) and isinstance(key, str) and type(bound) is int
+            and isinstance(by, str) and len(by) <= MAX_RECORD_TAG_CHARS):
         return None
     if len(tenant) > MAX_RECORD_TENANT_CHARS or not key or len(key.encode()) > MAX_RECORD_KEY_BYTES:
         return None
     if not 0 < bound <= MAX_ID:
         return None
-    return tenant, key, bound
+    return tenant, key, bound, by
 
 
 def chunks(records: list[TombstoneRecord], limit_bytes: int) -> list[bytes]:

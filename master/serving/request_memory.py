@@ -24,11 +24,14 @@ Bounds (master settings, each enforced on insert; oldest forgotten first)
 What it never does
     It never decides anything about metadata and is not durable: after a master restart or a
     failover the new leader has no memory of the old one's ids. What a repeat then finds is
-    written in docs/architecture.md ("Request ids").
+    written in docs/architecture.md ("Request ids"). One repeat is answered across them: a
+    Remove's, by the tag (`request_tag`) its bounds carry in the durable removal log
+    (master/removals.py), since "NOT_FOUND" for a remove that took effect reads as a lost key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -46,6 +49,17 @@ Key = tuple[str, str, str, int]
 # result with its grant serializes to ~110 bytes; the estimate leaves room for two replicas.
 REPLY_BYTES = 128
 RESULT_BYTES = 256
+
+
+def request_tag(request: Any, token_id: str) -> str:
+    """A fixed-size name of one call for the durable removal log ('' without a request id):
+    a hash of the same identity `RequestMemory` keys replies by, so only the same token's
+    repeat of the same call matches it, and no identity is written to etcd or disk."""
+    header = request.header
+    if not header.request_id:
+        return ""
+    name = f"{token_id}\0{header.tenant}\0{header.client_id}\0{header.request_id}"
+    return hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
 
 
 class RequestMemory:
@@ -131,4 +145,4 @@ class _Figures(Collector):
                                   "a bound (count, bytes or age)", value=m.forgotten)
 
 
-__all__ = ["RequestMemory"]
+__all__ = ["RequestMemory", "request_tag"]

@@ -43,7 +43,7 @@ from cellar.master.serving.kv_stream import METHOD as KV_WATCH
 from cellar.master.serving.kv_stream import watch_handler
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
-from cellar.master.serving.request_memory import RequestMemory
+from cellar.master.serving.request_memory import RequestMemory, request_tag
 from cellar.proto import cellar_pb2 as pb
 from cellar.refusals import PEER
 
@@ -239,7 +239,9 @@ class MasterServicer:
                               tiers=[pb.TierRun(tier=t, keys=k, bytes=b) for t, k, b in outcome.tiers])
 
     def Remove(self, req: pb.KeysRequest, stats: RpcStats) -> pb.RemoveReply:
-        results = self.service.remove(req.header.tenant, req.keys)
+        identity = CURRENT_IDENTITY.get()
+        tag = request_tag(req, identity.token_id if identity is not None else "")
+        results = self.service.remove(req.header.tenant, req.keys, by=tag)
         return self._key_reply(pb.RemoveReply, results, stats)
 
     def RemovePrefix(self, req: pb.RemovePrefixRequest, stats: RpcStats) -> pb.RemoveCountReply:

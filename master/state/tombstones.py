@@ -25,32 +25,40 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-TombstoneRecord = tuple[str, str, int]  # (tenant, key, bound alloc id)
+# (tenant, key, bound alloc id, by): `by` is the request tag (serving/request_memory.py) of
+# the Remove that set the bound, '' for any other; it lets a new master answer that Remove's
+# repeat as the first call was answered (OK) instead of NOT_FOUND after a failover.
+TombstoneRecord = tuple[str, str, int, str]
 
 
 class Tombstones:
     def __init__(self, max_removed: int) -> None:
         self.max_removed = max_removed
         self.removed: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.removed_by: dict[tuple[str, str], str] = {}  # the tag of a bound, when it has one
         self.pending: list[TombstoneRecord] = []  # new bounds not yet in the removal log
         self._freed_while_down: dict[str, set[int]] = {}
 
-    def remember_removed(self, tenant_name: str, key: str, alloc_id: int) -> None:
-        """Every allocation of the key with an id <= `alloc_id` is dead; queue it for the log."""
+    def remember_removed(self, tenant_name: str, key: str, alloc_id: int, by: str = "") -> None:
+        """Every allocation of the key with an id <= `alloc_id` is dead; queue it for the log.
+        `by`: the tag of the Remove request that did it ('' for any other change)."""
         if not self.max_removed or alloc_id <= 0:
             return
-        if self.raise_bound(tenant_name, key, alloc_id):
-            self.pending.append((tenant_name, key, alloc_id))
+        if self.raise_bound(tenant_name, key, alloc_id, by):
+            self.pending.append((tenant_name, key, alloc_id, by))
 
-    def raise_bound(self, tenant_name: str, key: str, alloc_id: int) -> bool:
+    def raise_bound(self, tenant_name: str, key: str, alloc_id: int, by: str = "") -> bool:
         """Keep the larger bound (a log replays in any order); False when nothing changed."""
         name = (tenant_name, key)
         if self.removed.get(name, 0) >= alloc_id:
             return False
         self.removed[name] = alloc_id
         self.removed.move_to_end(name)
+        if by:  # a bound without a tag (a miss, an upsert) keeps the last remover's tag
+            self.removed_by[name] = by
         while len(self.removed) > self.max_removed:
-            self.removed.popitem(last=False)
+            oldest, _bound = self.removed.popitem(last=False)
+            self.removed_by.pop(oldest, None)
         return True
 
     def load(self, records: list[TombstoneRecord]) -> int:
@@ -59,8 +67,8 @@ class Tombstones:
         highest = 0
         if not self.max_removed:
             return 0
-        for tenant_name, key, alloc_id in records:
-            self.raise_bound(tenant_name, key, alloc_id)
+        for tenant_name, key, alloc_id, by in records:
+            self.raise_bound(tenant_name, key, alloc_id, by)
             highest = max(highest, alloc_id)
         return highest
 
@@ -70,11 +78,17 @@ class Tombstones:
 
     def snapshot(self) -> list[TombstoneRecord]:
         """Every bound held, oldest first (what a compacted log keeps)."""
-        return [(tenant, key, bound) for (tenant, key), bound in self.removed.items()]
+        by = self.removed_by
+        return [(tenant, key, bound, by.get((tenant, key), ""))
+                for (tenant, key), bound in self.removed.items()]
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
         """The bound remembered for the key (0: none): ids at or below it are dead."""
         return self.removed.get((tenant_name, key), 0)
+
+    def removed_by_request(self, tenant_name: str, key: str, tag: str) -> bool:
+        """Whether the key's bound was set by the Remove request tagged `tag` (its repeat)."""
+        return bool(tag) and self.removed_by.get((tenant_name, key)) == tag
 
     def freed_while_down(self, node_id: str, alloc_ids: set[int]) -> None:
         self._freed_while_down[node_id] = alloc_ids

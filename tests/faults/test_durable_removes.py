@@ -19,7 +19,7 @@ import sys
 import time
 
 import pytest
-from hakit import ha_cluster, takeover_complete, wait_until
+from hakit import ha_cluster, master_stub, takeover_complete, wait_until
 
 import cellar
 from cellar.errors import Status
@@ -116,7 +116,7 @@ def test_a_removal_log_larger_than_one_grpc_reply_is_read_at_election(tmp_path):
             cellar.connect(cluster.etcd_url, timeout_s=30, transport="tcp") as client:
         client.put("big-log/kept", b"v")
         prefix = f"/cellar/{cluster.cluster_name}/removals/"
-        filler = [("default", f"filler/{i:06d}/" + "x" * 400, 1) for i in range(1200)]
+        filler = [("default", f"filler/{i:06d}/" + "x" * 400, 1, "") for i in range(1200)]
         value = encode(filler)
         assert 400_000 < len(value) < 512 * 1024
         etcdctl = os.path.join(os.path.dirname(sys.executable), "etcdctl")
@@ -132,3 +132,37 @@ def test_a_removal_log_larger_than_one_grpc_reply_is_read_at_election(tmp_path):
         wait_until("the standby to take over", lambda: takeover_complete(cluster, 1 - old, 1),
                    timeout_s=60)
         assert client.get("big-log/kept") == b"v"
+
+
+@pytest.mark.timeout(240)
+def test_a_removes_repeat_after_a_failover_answers_as_the_first_call():
+    """A Remove's first reply is lost with the leader (kill -9 right after it acted); its
+    repeat, the same call (token, client id, request id) carried to the new leader, answers OK
+    for the key it removed, as the first call did, and NOT_FOUND for the key it missed. Without
+    this the soak counted the key lost ("remove returned False"). Negative control: the same
+    remove under another request id (another call) answers NOT_FOUND."""
+    from cellar.proto import cellar_pb2 as pb
+
+    with ha_cluster(nodes=2, lease_ttl_s=3, **SLOW_HEARTBEATS) as cluster, \
+            cellar.connect(cluster.etcd_url, timeout_s=30, transport="tcp") as client:
+        token = cluster.token_for("default")
+        client.put("repeat/gone", b"v" * 4096, replicas=2)
+        old = cluster.leader()
+
+        def remove(index: int, request_id: int) -> list[int]:
+            channel, stub = master_stub(cluster, index)
+            with channel:
+                header = pb.RequestHeader(token=token, client_id="repeat-client",
+                                          request_id=request_id)
+                reply = stub.Remove(pb.KeysRequest(header=header,
+                                                   keys=["repeat/gone", "repeat/never"]), timeout=30)
+                return [r.status for r in reply.results]
+
+        first = remove(old, 41)
+        assert first == [Status.OK, Status.NOT_FOUND]
+        cluster.kill_master(old)
+        new = 1 - old
+        wait_until("the standby to take over", lambda: takeover_complete(cluster, new, 2), timeout_s=30)
+        assert remove(new, 42) == [Status.NOT_FOUND, Status.NOT_FOUND]  # another call
+        assert remove(new, 41) == first  # the repeat
+        assert client.get_many(["repeat/gone"]) == [None]

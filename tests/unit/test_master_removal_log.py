@@ -66,7 +66,7 @@ def test_an_upsert_refuses_older_values_only() -> None:
     v1 = replica_ids(svc, "k")[0]
     put(svc, "k", 4096, upsert=True, checksum=9)
     v2 = replica_ids(svc, "k")[0]
-    assert v1 < v2 and svc.tombstones.pending == [("default", "k", v2 - 1)]
+    assert v1 < v2 and svc.tombstones.pending == [("default", "k", v2 - 1, "")]
     new = restarted(svc)
     out = new.report_objects("n1", 2, 1, [Entry("k", v1, 0, 4096), Entry("k", v2, 4096, 4096, 9)],
                              last=True)
@@ -111,6 +111,23 @@ def test_a_remove_of_a_key_the_master_lost_still_leaves_a_bound() -> None:
     assert out.refused == [old]
 
 
+def test_a_removes_repeat_after_a_restart_answers_as_the_first_call_did() -> None:
+    """The first Remove's reply is lost with its master; its repeat (same request tag) finds
+    the key gone on the new master: OK for what it removed, NOT_FOUND for what it missed, and
+    another call (another tag) removing the same key gets NOT_FOUND."""
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "gone", 4096)
+    first = svc.remove("", ["gone", "absent"], by="tag-1")
+    assert first == [(Status.OK, ""), (Status.NOT_FOUND, "no such key")]
+    new = restarted(svc)
+    new.report_objects("n1", 2, 1, [], last=True)
+    assert new.remove("", ["gone", "absent"], by="tag-1") == first
+    assert new.remove("", ["gone"], by="tag-2") == [(Status.NOT_FOUND, "no such key")]
+    assert new.remove("", ["gone"]) == [(Status.NOT_FOUND, "no such key")]
+    assert new.remove("", ["gone"], by="tag-1") == [(Status.OK, "")]  # misses keep the tag
+
+
 def test_remove_prefix_and_remove_all_queue_every_key() -> None:
     svc = make_service(FakeClock())
     mount(svc, "n1", 1)
@@ -118,7 +135,7 @@ def test_remove_prefix_and_remove_all_queue_every_key() -> None:
         put(svc, f"a/{i}", 4096)
         put(svc, f"b/{i}", 4096)
     assert svc.remove_prefix("", "a/") == 5
-    assert sorted(k for _t, k, _b in svc.tombstones.take_pending()) == [f"a/{i}" for i in range(5)]
+    assert sorted(k for _t, k, _b, _by in svc.tombstones.take_pending()) == [f"a/{i}" for i in range(5)]
     assert svc.remove_all("") == 5
     assert len(svc.tombstones.take_pending()) == 5
     assert svc.put_start("", "w", [PutItem("c", 4096)]).results[0].status == Status.OK
@@ -128,7 +145,7 @@ def test_remove_prefix_and_remove_all_queue_every_key() -> None:
 def test_loaded_bounds_move_the_alloc_id_counter_above_them() -> None:
     svc = make_service(FakeClock(), epoch=EPOCH)
     high = (EPOCH + 10) << ID_EPOCH_SHIFT  # a bound from a master with a later clock
-    svc.load_removals([("default", "k", high)])
+    svc.load_removals([("default", "k", high, "")])
     mount(svc, "n1", 1)
     assert put_start(svc, "k", 4096).replicas[0].alloc_id > high
     assert svc.tombstones.pending == []  # loading queues nothing to write again
@@ -138,7 +155,7 @@ def test_file_log_round_trip_skips_torn_and_hostile_lines(tmp_path: Path) -> Non
     path = tmp_path / "removals.log"
     log = FileRemovalLog(path)
     assert log.load() == []
-    records = [("default", "k\n1", 5), ("t2", "ключ", 1 << 40)]
+    records = [("default", "k\n1", 5, ""), ("t2", "ключ", 1 << 40, "ab" * 16)]
     asyncio.run(log.append(records, list))
     log.close()
     with open(path, "ab") as f:  # hostile or torn lines: all skipped, never raised
@@ -155,17 +172,23 @@ def test_file_log_compacts_to_the_live_bounds(tmp_path: Path, monkeypatch) -> No
     path = tmp_path / "removals.log"
     log = FileRemovalLog(path)
     log.load()
-    live = [("default", "k", 100)]
+    live = [("default", "k", 100, "")]
     for i in range(30):
-        asyncio.run(log.append([("default", "k", i + 1)], lambda: live))
+        asyncio.run(log.append([("default", "k", i + 1, "")], lambda: live))
     log.close()
     lines = path.read_bytes().count(b"\n")
     assert lines < 30 and decode(path.read_bytes())[0][0] == live[0]
 
 
 def test_encode_is_one_line_per_record() -> None:
-    data = encode([("a", "b\nc", 1), ("d", "e", 2)])
-    assert data.count(b"\n") == 2 and decode(data) == ([("a", "b\nc", 1), ("d", "e", 2)], 0)
+    records = [("a", "b\nc", 1, ""), ("d", "e", 2, "9f" * 16)]
+    data = encode(records)
+    assert data.count(b"\n") == 2 and decode(data) == (records, 0)
+
+
+def test_decode_refuses_a_tag_out_of_bounds() -> None:
+    data = b'["a","k",1,"' + b"x" * 65 + b'"]\n["a","k",2,7]\n["a","k",3,"t"]\n'
+    assert decode(data) == ([("a", "k", 3, "t")], 2)
 
 
 def test_nodes_that_mount_together_share_writes_from_the_first_put() -> None:
@@ -221,10 +244,10 @@ def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
     assert leadership.durable_due("Remove") and not leadership.durable_due("GetReplicas")
     svc.remove("", ["b"])
     asyncio.run(leadership.make_durable())
-    assert [key for _, key, _ in flaky.written] == ["a", "b"]
+    assert [key for _, key, _, _ in flaky.written] == ["a", "b"]
     svc.remove("", ["c"])
     asyncio.run(leadership.make_durable())  # written once: nothing is carried twice
-    assert [key for _, key, _ in flaky.written] == ["a", "b", "c"]
+    assert [key for _, key, _, _ in flaky.written] == ["a", "b", "c"]
     assert not leadership.durable_due("Remove")
 
 
