@@ -35,8 +35,19 @@ class RebuildGrace:
             self.fresh_mount_seen = True
 
     def recovering(self, rebuilding_segments: int, mounted: dict[str, object], now: float) -> bool:
-        if rebuilding_segments:
-            return True
+        """Whether a miss may be an object not reported yet."""
+        return bool(rebuilding_segments) or self.starting(rebuilding_segments, mounted, now)
+
+    def starting(self, rebuilding_segments: int, mounted: dict[str, object], now: float) -> bool:
+        """Whether this master's own start may still be missing reports (a segment's report
+        in progress alone does not count: a node that restarts later is not the master's
+        start). Rebuild raises an object's kept replica count (`Obj.wanted`) only then.
+
+        The grace ends for good once it has run `grace_s`, or once every node of the previous
+        leader has mounted here and no segment is still reporting. It must not end while one
+        is: adopting the second replica of an object then left its count at one, and the
+        repair queue dropped that replica as surplus (make soak-ha: acknowledged puts lost
+        when the node of the one replica left expired)."""
         if self.over:
             return False
         if now - self.started_at >= self.grace_s:
@@ -44,6 +55,8 @@ class RebuildGrace:
             return False
         expected = self.expected_nodes
         if expected is not None and expected.issubset(mounted):
+            if rebuilding_segments:
+                return True  # all back, not all reported yet
             self.over = True  # every node of the previous leader is back and reported
             return False
         return self.restart_evidence or not self.fresh_mount_seen

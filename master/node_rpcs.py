@@ -276,7 +276,7 @@ class NodeRpcs:
                         return False  # one replica per node
                 if not _reserve(segment, offset, length):
                     return False
-                if self.grace.recovering(0, self.membership.nodes, now):
+                if self.grace.starting(self.membership.rebuilding_count, self.membership.nodes, now):
                     existing.wanted = max(existing.wanted, len(existing.replicas) + 1)
                 self.objects.add_replica(existing, Replica(segment, offset, alloc_id))
                 return True

@@ -7,7 +7,7 @@ election with a hand-driven lease checks what the master does with its answers.
 from __future__ import annotations
 
 import pytest
-from test_master_support import SECRET, FakeClock, make_service, mount, segment_info
+from test_master_support import EPOCH, SECRET, Entry, FakeClock, make_service, mount, segment_info
 
 from cellar.coord.election import LeaderElection, fence_margin_s
 from cellar.coord.redirect import leader_from_details
@@ -143,6 +143,28 @@ def test_takeover_rebuild_ends_once_the_previous_leaders_nodes_reported() -> Non
                                         previous_epoch=service.epoch - 1)
         assert outcome.results[0][0] == 0
     assert not service.recovering()  # long before the 60 s grace
+
+
+def test_takeover_keeps_both_replicas_when_every_node_mounts_before_reporting() -> None:
+    """Both nodes of the previous leader mount (their reports to follow) before either
+    reports: the grace must not end at the mounts, or the second replica of each object is
+    adopted as surplus (its kept count left at one) and the repair queue drops it."""
+    from cellar.master.state.ids import ID_EPOCH_SHIFT
+
+    clock = FakeClock()
+    service = make_service(clock, rebuild_grace_s=60.0)
+    service.expect_nodes(frozenset({"n1", "n2"}))
+    for node_id, segment_id in (("n1", 1), ("n2", 2)):
+        service.mount_segment(node_id, 1, [segment_info(segment_id, 1 << 26)],
+                              previous_epoch=service.epoch - 1, report_follows=True)
+    old = (EPOCH - 60_000) << ID_EPOCH_SHIFT
+    for node_id, segment_id, alloc_id in (("n1", 1, old + 1), ("n2", 2, old + 2)):
+        assert service.recovering()
+        out = service.report_objects(node_id, 1, segment_id, [Entry("k", alloc_id, 0, 4096)], last=True)
+        assert out.accepted == 1
+    obj = service.tenant("").objects["k"]
+    assert (len(obj.replicas), obj.wanted) == (2, 2)
+    assert not service.recovering()  # every node back and reported: long before 60 s
 
 
 def test_takeover_without_a_node_list_waits_for_the_grace() -> None:
