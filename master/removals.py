@@ -92,7 +92,7 @@ class Removals:
     def _tombstone(self, tenant: Tenant, key: str, by: str = "") -> None:
         """Every allocation of the key issued so far is dead, a put of it still in flight
         included (state/tombstones.py); queued for the removal log. Such a put's PutEnd then
-        answers OK and drops it (service.put_end): the put is ordered just before this remove,
+        answers OK and drops it (put_ends.py): the put is ordered just before this remove,
         which its client saw acknowledged first. Sparing it instead let a put whose writer had
         given up (its bytes sealed on a node, no PutEnd ever) come back after a master restart,
         over an acknowledged remove (make soak: 3 keys in 10 minutes)."""

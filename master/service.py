@@ -13,6 +13,8 @@ eviction, quarantine; and beside them, split out of this file:
 - tombstones.py: removed keys and freed-while-down ids a late report must not revive (the
   serving room's removal log makes them outlive this process);
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
+- put_ends.py: `PutEnds`, PutEnd (the receipts that make a put COMPLETE) and PutRevoke (bound
+  here as `self.put_end`, `self.put_revoke`);
 - removals.py: `Removals`, Remove/RemovePrefix/RemoveAll and the removal log's bounds (bound
   here as `self.remove`, ... like the node calls);
 - listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
@@ -41,6 +43,7 @@ from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.grace import RebuildGrace
 from cellar.master.listing import list_page
 from cellar.master.node_rpcs import NodeRpcs
+from cellar.master.put_ends import PutEnds
 from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
 from cellar.master.removals import Removals
@@ -51,7 +54,6 @@ from cellar.master.replies import (
     GrantedReplica,
     GrantIssuer,
     HeartbeatOutcome,
-    KeyResults,
     MountOutcome,
     PutStartOutcome,
     PutStartResult,
@@ -63,11 +65,9 @@ from cellar.master.requests import (
     MAX_SOFT_PIN_TTL_MS,
     Clock,
     PutEndItem,
-    PutEndLike,
     PutItem,
     PutItemLike,
     PutRef,
-    PutRefLike,
     RequestRejected,
     SystemClock,
     check_batch,
@@ -187,6 +187,9 @@ class MasterService:
         self.expire_node = self.nodes.expire_node
         self.tick = self.nodes.tick
         self.evict_to_watermark = self.nodes.evict_to_watermark
+        self.put_ends = PutEnds(self)  # PutEnd and PutRevoke (master/put_ends.py)
+        self.put_end = self.put_ends.put_end
+        self.put_revoke = self.put_ends.put_revoke
         self.removals = Removals(self)  # Remove, RemovePrefix, RemoveAll (master/removals.py)
         self.remove = self.removals.remove
         self.remove_prefix = self.removals.remove_prefix
@@ -392,72 +395,6 @@ class MasterService:
         assert obj.request is not None and obj.deadline > 0
         expiry_ms = wall_ms + max(0, int((obj.deadline - now) * 1000))
         return PutStartResult(OK, "", obj.put_id, self.grants.all(obj, write_op, expiry_ms, segments))
-
-    def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
-        tenant = self.tenant(tenant_name)
-        self.check_batch(len(items))
-        now = self.clock.monotonic()
-        puts = self.objects.puts
-        results: KeyResults = []
-        for item in items:
-            obj = puts.get(item.put_id)
-            if obj is None or obj.tenant is not tenant or obj.key != item.key:
-                results.append(self._put_end_miss(tenant, item))
-                continue
-            why = self.receipts.why_not(obj, item.checksum, item.receipts)
-            if why:  # no node saw every byte: the put is revoked (its ranges quarantined)
-                self.objects.drop(obj, now)
-                results.append((Status.PERMISSION_DENIED, f"put revoked: {why}"))
-                continue
-            first_alloc = min(rep.alloc_id for rep in obj.replicas)
-            if first_alloc <= self.tombstones.removed_alloc_id(tenant.name, obj.key):
-                self.objects.drop(obj, now)  # a remove acknowledged mid-put wins: the put is
-                results.append((OK, ""))     # ordered before it (master/removals.py)
-                continue
-            if item.key in tenant.objects:  # an upsert: every older value of the key is dead
-                self.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
-            self.objects.complete(obj, item.checksum, now)
-            obj.request = None  # only a WRITING object answers a repeated PutStart
-            results.append((OK, ""))
-        return results
-
-    def _put_end_miss(self, tenant: Tenant, item: PutEndLike) -> tuple[int, str]:
-        key = item.key
-        error = self.key_error(key)
-        if error:
-            return INVALID, error
-        current = tenant.objects.get(key)
-        if current is not None and (current.put_id == item.put_id or self.receipts.wrote(
-                current, item.checksum, getattr(item, "receipts", ()))):
-            return OK, ""  # a retried PutEnd whose first reply was lost (here, or by a master
-            # that died: the receipts prove this caller wrote the object a node reported)
-        if key in tenant.writing:
-            return INVALID, "not the writer: put_id does not match the put in progress"
-        if item.put_id in self.objects.expired_puts:
-            return Status.EXPIRED, "the put was revoked after its writer timeout"
-        return Status.NOT_FOUND, "key is not being written"
-
-    def put_revoke(self, tenant_name: str, client_id: str, items: Sequence[PutRefLike]) -> KeyResults:
-        tenant = self.tenant(tenant_name)
-        self.check_batch(len(items))
-        now = self.clock.monotonic()
-        results: KeyResults = []
-        for item in items:
-            obj = self.objects.puts.get(item.put_id)
-            if obj is None or obj.tenant is not tenant or obj.key != item.key:
-                error = self.key_error(item.key)
-                if error:
-                    results.append((INVALID, error))
-                elif item.key in tenant.writing:
-                    results.append((INVALID, "not the writer: put_id does not match the put in progress"))
-                elif item.put_id in self.objects.expired_puts:
-                    results.append((Status.EXPIRED, "the put was already revoked after its writer timeout"))
-                else:
-                    results.append((Status.NOT_FOUND, "key is not being written"))
-                continue
-            self.objects.drop(obj, now)
-            results.append((OK, ""))
-        return results
 
     # ---------------------------------------------------------------- get
 

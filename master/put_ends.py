@@ -1,0 +1,123 @@
+"""PutEnd and PutRevoke: how a put ends, committed on the nodes' word or revoked.
+
+Split out of `service.MasterService` (which binds these methods as its own, so
+`service.put_end(...)` stays one call), like removals.py. What it owns: the rule that makes a
+WRITING version COMPLETE: every replica comes with a node's write receipt of exactly its
+allocation (master/receipts.py; without it the put is revoked and its ranges quarantined); a
+remove acknowledged while the put was in flight wins (the put answers OK and stores nothing:
+it is ordered just before the remove, master/removals.py); an upsert leaves a tombstone bound
+below its first allocation, so no older value comes back. And what a PutEnd that finds no put
+answers: OK for a repeat of one that completed (here, or under a master that died, proved by
+its receipts), else why not.
+
+It reads and writes the service's tables on the one event loop, like every method of the
+service; it never touches payload bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from cellar.errors import Status
+from cellar.master.receipts import ReceiptChecker
+from cellar.master.replies import KeyResults
+from cellar.master.requests import Clock, PutEndLike, PutRefLike
+from cellar.master.state.objects import ObjectTable
+from cellar.master.state.records import Tenant
+from cellar.master.state.tombstones import Tombstones
+
+OK = Status.OK
+INVALID = Status.INVALID
+
+
+class MasterService(Protocol):
+    """What a put's end reads of `cellar.master.service.MasterService` (no import: no cycle)."""
+
+    clock: Clock
+    objects: ObjectTable
+    receipts: ReceiptChecker
+    tombstones: Tombstones
+
+    def tenant(self, name: str) -> Tenant: ...
+    def check_batch(self, count: int, what: str = ...) -> Any: ...
+    def key_error(self, key: str) -> str: ...
+
+
+class PutEnds:
+    """PutEnd and PutRevoke over one `MasterService`'s tables."""
+
+    def __init__(self, service: MasterService) -> None:
+        self.service = service
+
+    def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
+        s = self.service
+        tenant = s.tenant(tenant_name)
+        s.check_batch(len(items))
+        now = s.clock.monotonic()
+        puts = s.objects.puts
+        results: KeyResults = []
+        for item in items:
+            obj = puts.get(item.put_id)
+            if obj is None or obj.tenant is not tenant or obj.key != item.key:
+                results.append(self._miss(tenant, item))
+                continue
+            why = s.receipts.why_not(obj, item.checksum, item.receipts)
+            if why:  # no node saw every byte: the put is revoked (its ranges quarantined)
+                s.objects.drop(obj, now)
+                results.append((Status.PERMISSION_DENIED, f"put revoked: {why}"))
+                continue
+            first_alloc = min(rep.alloc_id for rep in obj.replicas)
+            if first_alloc <= s.tombstones.removed_alloc_id(tenant.name, obj.key):
+                s.objects.drop(obj, now)  # a remove acknowledged mid-put wins: the put is
+                results.append((OK, ""))  # ordered before it (master/removals.py)
+                continue
+            if item.key in tenant.objects:  # an upsert: every older value of the key is dead
+                s.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
+            s.objects.complete(obj, item.checksum, now)
+            obj.request = None  # only a WRITING object answers a repeated PutStart
+            results.append((OK, ""))
+        return results
+
+    def _miss(self, tenant: Tenant, item: PutEndLike) -> tuple[int, str]:
+        s = self.service
+        key = item.key
+        error = s.key_error(key)
+        if error:
+            return INVALID, error
+        current = tenant.objects.get(key)
+        if current is not None and (current.put_id == item.put_id or s.receipts.wrote(
+                current, item.checksum, getattr(item, "receipts", ()))):
+            return OK, ""  # a retried PutEnd whose first reply was lost (here, or by a master
+            # that died: the receipts prove this caller wrote the object a node reported)
+        if key in tenant.writing:
+            return INVALID, "not the writer: put_id does not match the put in progress"
+        if item.put_id in s.objects.expired_puts:
+            return Status.EXPIRED, "the put was revoked after its writer timeout"
+        return Status.NOT_FOUND, "key is not being written"
+
+    def put_revoke(self, tenant_name: str, client_id: str, items: Sequence[PutRefLike]) -> KeyResults:
+        s = self.service
+        tenant = s.tenant(tenant_name)
+        s.check_batch(len(items))
+        now = s.clock.monotonic()
+        results: KeyResults = []
+        for item in items:
+            obj = s.objects.puts.get(item.put_id)
+            if obj is None or obj.tenant is not tenant or obj.key != item.key:
+                error = s.key_error(item.key)
+                if error:
+                    results.append((INVALID, error))
+                elif item.key in tenant.writing:
+                    results.append((INVALID, "not the writer: put_id does not match the put in progress"))
+                elif item.put_id in s.objects.expired_puts:
+                    results.append((Status.EXPIRED, "the put was already revoked after its writer timeout"))
+                else:
+                    results.append((Status.NOT_FOUND, "key is not being written"))
+                continue
+            s.objects.drop(obj, now)
+            results.append((OK, ""))
+        return results
+
+
+__all__ = ["PutEnds"]
