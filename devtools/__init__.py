@@ -2,7 +2,8 @@
 
 Owns what a developer or an operator runs around a cluster rather than inside it:
 - `local_cluster`: `LocalCluster`, the cluster behind `cellar up` and the tests (a master or
-  etcd + masters, and nodes, on one host; their faults; their credentials);
+  etcd + masters, and nodes, on one host; their faults; their credentials), and
+  `cluster_argv`, the command lines of its children;
 - `children`: one child process (`Child`), starting it, waiting for its ready line, stopping it;
 - `etcd_server`: the throwaway single-member etcd of `cellar up --ha` and the HA tests;
 - `up`: `cellar up`; `token_cli`: `cellar token`;

@@ -81,6 +81,7 @@ from cellar.credentials import (
     write_credentials,
     write_private_json,
 )
+from cellar.devtools import cluster_argv
 from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-exported for callers
     POLL_INTERVAL_S,
     STATUS_PROBE_TIMEOUT_S,
@@ -113,10 +114,6 @@ DEFAULT_LEASE_TTL_S = 3        # HA masters' etcd lease: a dead leader is replac
 DEFAULT_CLUSTER_NAME = "local"
 DEFAULT_LEADER_WAIT_S = 30.0
 MTLS_SPARE_NODES = 4  # tls: client certificates made beyond `nodes`, for add_node (CA key dropped)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 class LocalCluster:
@@ -528,66 +525,23 @@ class LocalCluster:
     # ---- internals -------------------------------------------------------------------------
 
     def _master_argv(self) -> list[str]:
-        argv = ["master", "--listen", f"{self.host}:{self.port}",
-                "--http", f"{self.host}:{self.http_port}", *self._tokens_flag()]
-        if self.tls is not None and self.node_port:
-            argv += ["--tls-client-ca-file", str(self.tls.ca_file),
-                     "--node-listen", f"{self.host}:{self.node_port}"]
-        if "removal_log_file" not in self.master_flags:  # survives the master's restarts
-            argv += ["--removal-log-file", str(self.run_dir / "master-removals.log")]
-        for name, value in self.master_flags.items():
-            argv += [_flag(name), str(value)]
-        return argv
+        return cluster_argv.master_argv(self)
 
     def _ha_master_argv(self, index: int) -> list[str]:
         """Master `index` of an ha cluster: ports fixed at first use (port + index when a base
         port was given, else free ones), since the advertised address must be the real one."""
-        assert self.etcd is not None
         while len(self._ha_ports) <= index:
             i = len(self._ha_ports)
             grpc_port = self.port + i if self.port else free_port(self.host)
             http_port = self.http_port + i if self.http_port else free_port(self.host)
             self._ha_ports.append((grpc_port, http_port))
-        grpc_port, http_port = self._ha_ports[index]
-        address = f"{self.host}:{grpc_port}"
-        argv = ["master", "--listen", address, "--http", f"{self.host}:{http_port}",
-                "--etcd", self.etcd.client_address, "--cluster", self.cluster_name,
-                "--advertise", address, "--master-id", f"master-{index}",
-                "--lease-ttl-s", str(self.lease_ttl_s), *self._tokens_flag()]
-        for name, value in self.master_flags.items():
-            argv += [_flag(name), str(value)]
-        return argv
-
-    def _tokens_flag(self) -> list[str]:
-        """--tokens-file (unless the caller brings its own store) and, with tls, the
-        certificate flags: what every master of this cluster shares."""
-        flags = [] if "tokens_file" in self.master_flags else ["--tokens-file", str(self.tokens_path)]
-        if self.tls is not None:
-            flags += ["--tls-cert-file", str(self.tls.cert_file),
-                      "--tls-key-file", str(self.tls.key_file)]
-        return flags
+        return cluster_argv.ha_master_argv(self, index, *self._ha_ports[index])
 
     def _spawn_node(self, extra_flags: Mapping[str, Any] | None = None) -> Child:
         assert self.masters
         i = self._next_node
         self._next_node += 1
-        flags = {**self.node_flags, **(extra_flags or {})}
-        node_id = str(flags.pop("node_id", f"node-{i}"))
-        master = self.address
-        argv = ["--segment-size", str(self.segment_size_bytes), "--node-id", node_id,
-                "--shm-dir", str(self.shm_dir)]
-        if self.tls is not None:  # the data port over TLS too, from the same throwaway CA
-            argv += ["--tls-cert-file", str(self.tls.node_cert_file),
-                     "--tls-key-file", str(self.tls.node_key_file)]
-            client = self.tls.node_client_files(node_id)
-            if client is not None and self.node_port:  # mutual TLS: no node credential sent
-                master = f"{self.host}:{self.node_port}"
-                argv += ["--master-tls-cert-file", str(client[0]),
-                         "--master-tls-key-file", str(client[1])]
-        argv = ["node", "--master", master, "--listen", f"{self.host}:0", *argv]
-        for name, value in flags.items():
-            argv += [_flag(name), str(value)]
-        return self._spawn(f"node-{i}", argv)
+        return self._spawn(f"node-{i}", cluster_argv.node_argv(self, i, extra_flags or {}))
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         return spawn(name, argv, self.run_dir / f"{name}.log", self._env)
