@@ -474,13 +474,19 @@ class MasterService:
             if key not in objects:
                 break
             count += 1
+        self.check_run_end(tenant, keys, count)
+        return count
+
+    def check_run_end(self, tenant: Tenant, keys: Sequence[str], count: int) -> None:
+        """The checks of a leading-run probe (PrefixLen, Lookup) past its run of `count`
+        stored keys: every later key is valid, and the miss that ended it is not one the
+        rebuild may still bring back (the grace: UNAVAILABLE, retried)."""
         for index in range(count, len(keys)):
             error = self.key_error(keys[index])
             if error:
                 raise RequestRejected(f"key {index}: {error}")
         if count < len(keys) and keys[count] not in tenant.writing and self.recovering():
             raise self.grace.error()
-        return count
 
     # Remove, RemovePrefix, RemoveAll and the removal log's bounds: master/removals.py
     # (`self.removals`; the methods are bound in __init__).
