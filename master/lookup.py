@@ -54,7 +54,16 @@ def lookup(service: MasterService, tenant_name: str, keys: Sequence[str]) -> Loo
     service.check_batch(len(keys))
     get = tenant.objects.get
     dram_keys = dram_bytes = disk_keys = disk_bytes = 0
-    for key in keys:
+    keys_left: Sequence[str] = keys
+    if not service.membership.tiered:  # no node has a disk tier: every replica is in DRAM
+        for key in keys:
+            obj = get(key)
+            if obj is None:
+                break
+            dram_keys += 1
+            dram_bytes += obj.size
+        keys_left = ()  # the loop below has nothing left to do
+    for key in keys_left:
         obj = get(key)
         if obj is None:
             break
