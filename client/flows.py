@@ -174,7 +174,12 @@ def run_puts(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bo
                                  deadline=deadline, hints=hints)
             for i, entry in zip(again, fresh, strict=True):
                 chunk[i].status, chunk[i].message = entry.status, entry.message
-        if not upsert and near_failover(s, generation):
+        # Our own earlier attempt may hold the key: after a leader change, or when a key was
+        # placed more than once (its first PutEnd unanswered: a single master restarted on the
+        # same address, which is no leader change to the link). A key taken at its first
+        # attempt is someone else's: no extra round trip on that path.
+        if not upsert and (near_failover(s, generation) or any(
+                e.status == Status.ALREADY_EXISTS and e.attempts > 1 for e in chunk)):
             yield from settle_own_writes(s, chunk, deadline)
     return entries
 

@@ -147,6 +147,51 @@ def test_a_failed_write_is_revoked_and_reported_per_key():
     assert "PutEnd" not in calls
 
 
+def test_a_put_whose_master_restarted_mid_put_recognises_its_own_write():
+    """The single master restarts (same address: no leader change for the link) after our
+    bytes were sealed and before PutEnd was answered; the new master adopted our write from
+    the nodes. PutEnd there answers NOT_FOUND under a new epoch, the key is placed again and
+    finds itself taken: by our own bytes (size and checksum), so the put is OK, not
+    AlreadyExists. Negative control: the same exchange with other bytes stored raises."""
+    from cellar.client.checks import checksum
+
+    def run(stored_checksum: int) -> tuple[list[Status], list[str]]:
+        s, _ = session()
+        calls: list[str] = []
+        value = b"abc"
+
+        def answer(effect):
+            if isinstance(effect, Rpc):
+                calls.append(effect.method)
+                starts = calls.count("PutStart")
+                if effect.method == "PutStart" and starts == 1:
+                    return pb.PutStartReply(header=pb.ReplyHeader(epoch=1), segments=segments(),
+                                            results=[pb.PutStartResult(put_id=5, replicas=[
+                                                pb.Replica(node_id="n1", segment_id=1, offset=0,
+                                                           length=3, grant=pb.Grant(op=2, mac=b"m" * 16))])])
+                if effect.method == "PutStart":
+                    return pb.PutStartReply(header=pb.ReplyHeader(epoch=2), results=[
+                        pb.PutStartResult(status=pb.ALREADY_EXISTS, message="exists")])
+                if effect.method == "PutEnd":
+                    return pb.PutEndReply(header=pb.ReplyHeader(epoch=2), results=[
+                        pb.KeyResult(status=pb.NOT_FOUND, message="key is not being written")])
+                assert effect.method == "GetReplicas"
+                return pb.GetReplicasReply(header=pb.ReplyHeader(epoch=2), results=[
+                    pb.GetResult(size_bytes=len(value), checksum=stored_checksum, pin_id=0)])
+            return [TransferResult(receipt=b"r" * 8)]
+
+        try:
+            out, _ = drive(operations.put_many(s, {"k": value}), answer)
+        except cellar.AlreadyExists:
+            out = [Status.ALREADY_EXISTS]
+        return out, calls
+
+    out, calls = run(checksum(memoryview(b"abc")))
+    assert out == [Status.OK] and calls == ["PutStart", "PutEnd", "PutStart", "GetReplicas"]
+    out, _ = run(checksum(memoryview(b"abd")))
+    assert out == [Status.ALREADY_EXISTS]
+
+
 def test_each_public_call_records_what_it_did():
     s, _ = session()
     out, seen = drive(operations.prefix_len(s, ["a", "b", "c"]),
