@@ -16,10 +16,34 @@ What it must never do
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from cellar.devtools.local_cluster import LocalCluster
+from cellar.devtools.etcd_server import EtcdServer
+from cellar.tls import TlsFiles
+
+
+class LocalCluster(Protocol):
+    """What the command lines read of `cellar.devtools.local_cluster.LocalCluster` (a
+    protocol, not an import: that module imports this one)."""
+
+    host: str
+    port: int
+    http_port: int
+    node_port: int
+    run_dir: Path
+    shm_dir: Path
+    tokens_path: Path
+    tls: TlsFiles | None
+    etcd: EtcdServer | None
+    cluster_name: str
+    lease_ttl_s: int
+    segment_size_bytes: int
+    master_flags: dict[str, Any]
+    node_flags: dict[str, Any]
+
+    @property
+    def address(self) -> str: ...
 
 
 def flags(settings: Mapping[str, Any]) -> list[str]:
