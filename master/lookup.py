@@ -53,23 +53,17 @@ def lookup(service: MasterService, tenant_name: str, keys: Sequence[str]) -> Loo
     tenant = service.tenant(tenant_name)
     service.check_batch(len(keys))
     get = tenant.objects.get
+    tiered = bool(service.membership.tiered)  # no node with a disk tier: every replica is DRAM
     dram_keys = dram_bytes = disk_keys = disk_bytes = 0
-    keys_left: Sequence[str] = keys
-    if not service.membership.tiered:  # no node has a disk tier: every replica is in DRAM
-        for key in keys:
-            obj = get(key)
-            if obj is None:
-                break
-            dram_keys += 1
-            dram_bytes += obj.size
-        keys_left = ()  # the loop below has nothing left to do
-    for key in keys_left:
+    for key in keys:
         obj = get(key)
         if obj is None:
             break
         replicas = obj.replicas
-        # the fast test first: the first replica in DRAM (almost every object) decides it
-        if not replicas or replicas[0].segment.tier != TIER_DISK or tier_of(obj) == TIER_DRAM:
+        # the fast tests first: no disk tier at all, or the first replica in DRAM (almost
+        # every object) decides it
+        if (not tiered or not replicas or replicas[0].segment.tier != TIER_DISK
+                or tier_of(obj) == TIER_DRAM):
             dram_keys += 1
             dram_bytes += obj.size
         else:

@@ -63,6 +63,13 @@ def rejection(exc: Exception) -> tuple[grpc.StatusCode, str]:
     return code, str(getattr(exc, "message", exc))
 
 
+def _token_id() -> str:
+    """The token id of the call being served ('' without an identity): what request ids are
+    scoped by (request_memory.py)."""
+    identity = CURRENT_IDENTITY.get()
+    return identity.token_id if identity is not None else ""
+
+
 class _Malformed:
     __slots__ = ("reason",)
 
@@ -239,9 +246,8 @@ class MasterServicer:
                               tiers=[pb.TierRun(tier=t, keys=k, bytes=b) for t, k, b in outcome.tiers])
 
     def Remove(self, req: pb.KeysRequest, stats: RpcStats) -> pb.RemoveReply:
-        identity = CURRENT_IDENTITY.get()
-        tag = request_tag(req, identity.token_id if identity is not None else "")
-        results = self.service.remove(req.header.tenant, req.keys, by=tag)
+        results = self.service.remove(req.header.tenant, req.keys,
+                                      by=request_tag(req, _token_id()))
         return self._key_reply(pb.RemoveReply, results, stats)
 
     def RemovePrefix(self, req: pb.RemovePrefixRequest, stats: RpcStats) -> pb.RemoveCountReply:
@@ -329,9 +335,7 @@ class MasterServicer:
         """`body`'s reply, or for a repeated request id the first call's (request_memory.py)."""
         memory = self.requests
         memory.serve(self.leadership.service)
-        identity = CURRENT_IDENTITY.get()
-        return memory.once(name, request, identity.token_id if identity is not None else "",
-                           lambda: body(request, stats))
+        return memory.once(name, request, _token_id(), lambda: body(request, stats))
 
     # ---------------------------------------------------------------- wiring
 
