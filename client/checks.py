@@ -24,7 +24,9 @@ import xxhash
 from cellar.advice import check_rate
 from cellar.client.buffers import readable_view
 from cellar.errors import InvalidArgument
+from cellar.proto.keys import all_plain_keys
 from cellar.transfer.base import ST_CONNECT_FAILED, ST_CONNECTION_LOST, ST_TIMEOUT
+from cellar.transfer.spin_wait import DEFAULT_SPIN_US, MAX_SPIN_US, SPIN_ENV
 
 # ---- limits -------------------------------------------------------------------------------
 
@@ -105,16 +107,7 @@ def validate_keys(keys: Any, max_key_bytes: int) -> list[str]:
     if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
         raise InvalidArgument(f"keys must be a sequence of str, not {type(keys).__name__}")
     names = list(keys)
-    # The common batch in C loops (256 page keys: ~10 us, against ~150 us key by key): every
-    # key a str (join refuses anything else), ASCII (so no lone surrogate, and its UTF-8 size
-    # is its length), none empty, none over the limit. Anything else takes the key-by-key
-    # path below, which names the first bad key.
-    try:
-        joined = "".join(names)
-    except TypeError:
-        joined = None
-    if joined is not None and joined.isascii() and names \
-            and min(map(len, names)) > 0 and max(map(len, names)) <= max_key_bytes:
+    if all_plain_keys(names, max_key_bytes):  # the common batch, in C loops (proto/keys.py)
         return names
     return [validate_key(k, max_key_bytes, f"keys[{i}]") for i, k in enumerate(names)]
 
@@ -265,3 +258,20 @@ def resolve_token(address: str, token: Any) -> str:
 
     found = default_token(address)
     return found if isinstance(found, str) else ""
+
+
+def spin_us_from_env() -> int:
+    """The SDK's spin window in microseconds (transfer/spin_wait.py) from $CELLAR_SPIN_US,
+    DEFAULT_SPIN_US when unset; `cellar.InvalidArgument` for anything but an integer in
+    0..MAX_SPIN_US (0: never spin)."""
+    text = os.environ.get(SPIN_ENV, "").strip()
+    if not text:
+        return DEFAULT_SPIN_US
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SPIN_US:
+        raise InvalidArgument(f"${SPIN_ENV} must be an integer 0..{MAX_SPIN_US} (microseconds), "
+                              f"got {text!r}")
+    return value

@@ -83,15 +83,17 @@ class ConnectArgs:
         return pb.RequestHeader(tenant=self.tenant, client_id=client_id(), token=self.token)
 
 
-def opened(open_all: Callable[..., list[T]], choice: str, address: str) -> list[T]:
+def opened(open_all: Callable[..., list[T]], choice: str, address: str,
+           spin: Any = None) -> list[T]:
     """`cellar.transfer.open_transports` (or its asyncio form) for `transport=choice`, with
     a transport this machine lacks reported as `cellar.InvalidArgument`. Nodes that serve
     their data port over TLS (endpoint `tls://HOST:PORT`) are verified against the CA of the
-    master at `address` (`tls_ca_for`), else the system's trust store: never plaintext."""
+    master at `address` (`tls_ca_for`), else the system's trust store: never plaintext.
+    `spin` (a `cellar.transfer.spin_wait.SpinWait`, sync face only) lets tcp poll for replies."""
     from cellar.transfer import TransportUnavailable
 
     tls_ca = tls_ca_for(address)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {} if spin is None else {"spin": spin}
     if tls_ca:
         from cellar.transfer.tls_sock import client_context
 

@@ -84,6 +84,7 @@ from cellar.coord.redirect import leader_from, valid_address
 from cellar.errors import Timeout
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
+from cellar.transfer.spin_wait import SpinWait
 from cellar.units import parse_host_port
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -111,9 +112,11 @@ class _FastLine:
     """A pool of persistent connections to the master's fast line; one call per connection at
     a time, so any number of threads may call."""
 
-    def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
+    def __init__(self, host: str, port: int, tls_ca: str | None = None,
+                 spin: SpinWait | None = None) -> None:
         self.address = (host, port)
         self._tls = tls_context(tls_ca)  # over TLS when the master's gRPC port is
+        self._spin = spin  # polls for a reply due within microseconds (transfer/spin_wait.py)
         # idle connections with the kernel timeout last set on each (seconds)
         self._idle: list[tuple[socket.socket, float]] = []
         self._lock = threading.Lock()
@@ -140,6 +143,8 @@ class _FastLine:
                 sock.settimeout(timeout_s)
                 set_s = timeout_s
             sock.sendall(FAST_FRAME.pack(len(body), method_id) + body)
+            if self._spin is not None and not isinstance(sock, ssl.SSLSocket):
+                self._spin.wait(sock)  # TLS may buffer a record: readable says nothing there
             if abandon is not None:
                 _await_reply(sock, time.monotonic() + timeout_s, abandon)
             head = _recv_exact(sock, FAST_FRAME.size)
@@ -339,8 +344,9 @@ class MasterChannel(LinkFace):
     """
 
     def __init__(self, address: str, *, fast: bool = True, resolve: Resolver | None = None,
-                 follow: bool = True) -> None:
+                 follow: bool = True, spin: SpinWait | None = None) -> None:
         self.seed = address
+        self._spin = spin  # the fast line's reply wait (transfer/spin_wait.py)
         self._link = LinkState(address, follow=follow, etcd=resolve is not None)
         self._line = _Line(address, 0)
         self._use_fast = fast
@@ -397,7 +403,7 @@ class MasterChannel(LinkFace):
         return self._fast
 
     def _open_fast(self, host: str, port: int) -> _FastLine:
-        return _FastLine(host, port, self._line.tls_ca)
+        return _FastLine(host, port, self._line.tls_ca, self._spin)
 
     def _call_grpc(self, method: str, request: Any, deadline: float, learn: bool = False) -> Any:
         want_call = learn and self._use_fast

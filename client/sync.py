@@ -45,6 +45,7 @@ from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
     Limits,
     resolve_token,
+    spin_us_from_env,
     validate_nbytes,
     validate_tenant,
     validate_timeout,
@@ -63,6 +64,7 @@ from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer import open_transports
 from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
+from cellar.transfer.spin_wait import SpinWait
 
 T = TypeVar("T")
 
@@ -123,6 +125,7 @@ class Client:
     def __init__(self, address: str, *, tenant: str = "default", token: str | None = None,
                  timeout_s: float = 30.0, transport: str = "auto") -> None:
         args = ConnectArgs.check(address, tenant, token, timeout_s, transport)
+        spin_us = spin_us_from_env()  # reply wait window (transfer/spin_wait.py)
         self.address = args.address
         self.tenant = args.tenant
         self.timeout_s = args.timeout_s
@@ -131,7 +134,9 @@ class Client:
         self._hasher_lock = threading.Lock()
         deadline = time.monotonic() + self.timeout_s
         self._discovery: Any = None
-        self._transports = TransportSet(opened(open_transports, args.transport, args.address))
+        spin = SpinWait(spin_us) if spin_us else None
+        self._transports = TransportSet(opened(open_transports, args.transport, args.address,
+                                               spin))
         master_address = args.address
         if args.target is not None:
             # etcd names the leader; it is also asked again whenever the leader stops serving.
@@ -145,7 +150,8 @@ class Client:
                 self._transports.close()
                 raise
         self._master = MasterChannel(
-            master_address, resolve=None if args.target is None else self._leader_from_etcd)
+            master_address, resolve=None if args.target is None else self._leader_from_etcd,
+            spin=spin)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                           self._transports, self._release)
         self._flusher = _UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)

@@ -2,7 +2,7 @@
 
 An engine asks before it schedules a prefill: of these pages (in order), how many leading ones
 can I load, from which tier, and how many bytes is that? `lookup` answers in one pass over the
-keys, on the master's one loop, without pinning or touching last access (a probe must not make
+keys (in C loops where it can), on the master's one loop, without pinning or touching last access (a probe must not make
 objects unevictable or look hot, as for `prefix_len`). The SDK turns the bytes into a load-time
 estimate from its own measurements and, given the caller's prefill rate, into load-or-recompute
 advice (client/lookup.py); the master only says what it holds.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from cellar.master.service import MasterService
 from cellar.master.state.records import TIER_DISK, Obj
@@ -29,6 +30,7 @@ from cellar.master.state.records import TIER_DISK, Obj
 TIER_DRAM = "dram"
 TIER_DISK_NAME = "disk"
 TIERS = (TIER_DRAM, TIER_DISK_NAME)  # fastest first; the order replies list them in
+_size = attrgetter("size")
 
 
 def tier_of(obj: Obj) -> str:
@@ -52,23 +54,22 @@ def lookup(service: MasterService, tenant_name: str, keys: Sequence[str]) -> Loo
     then the same checks as PrefixLen past the run."""
     tenant = service.tenant(tenant_name)
     service.check_batch(len(keys))
-    get = tenant.objects.get
-    tiered = bool(service.membership.tiered)  # no node with a disk tier: every replica is DRAM
-    dram_keys = dram_bytes = disk_keys = disk_bytes = 0
-    for key in keys:
-        obj = get(key)
-        if obj is None:
-            break
-        replicas = obj.replicas
-        # the fast tests first: no disk tier at all, or the first replica in DRAM (almost
-        # every object) decides it
-        if (not tiered or not replicas or replicas[0].segment.tier != TIER_DISK
-                or tier_of(obj) == TIER_DRAM):
-            dram_keys += 1
-            dram_bytes += obj.size
-        else:
-            disk_keys += 1
-            disk_bytes += obj.size
+    found = list(map(tenant.objects.get, keys))  # C loops: the run and its sizes
+    count = found.index(None) if None in found else len(found)
+    run = found[:count] if count < len(found) else found
+    if not service.membership.tiered:  # no node with a disk tier: every replica is DRAM
+        dram_keys, dram_bytes, disk_keys, disk_bytes = count, sum(map(_size, run)), 0, 0
+    else:
+        dram_keys = dram_bytes = disk_keys = disk_bytes = 0
+        for obj in run:
+            replicas = obj.replicas
+            # the fast test first: the first replica in DRAM (almost every object) decides it
+            if not replicas or replicas[0].segment.tier != TIER_DISK or tier_of(obj) == TIER_DRAM:
+                dram_keys += 1
+                dram_bytes += obj.size
+            else:
+                disk_keys += 1
+                disk_bytes += obj.size
     count = dram_keys + disk_keys
     service.check_run_end(tenant, keys, count)
     tiers = [(tier, n, nbytes) for tier, n, nbytes in ((TIER_DRAM, dram_keys, dram_bytes),

@@ -69,13 +69,13 @@ def _tcp(**options: Any) -> Transport:
     return TcpTransport(**options)
 
 
-def _shm(**options: Any) -> Transport:
+def _shm(*, spin: Any = None, **options: Any) -> Transport:
     from cellar.transfer.shm import ShmTransport
 
-    return ShmTransport(**options)
+    return ShmTransport(**options)  # copies in this process: no reply to spin for (`spin`)
 
 
-def _rdma(**options: Any) -> Transport:
+def _rdma(*, spin: Any = None, **options: Any) -> Transport:
     from cellar.transfer.rdma import RdmaTransport
 
     return RdmaTransport(**options)  # raises RdmaUnavailable without pyverbs or a device

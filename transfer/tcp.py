@@ -93,6 +93,7 @@ from cellar.transfer.frame import (
     VERSION,
     FrameError,
 )
+from cellar.transfer.spin_wait import SpinWait
 from cellar.transfer.tcp_plan import (
     Chunk,
     Desync,
@@ -230,7 +231,8 @@ class TcpTransport(Transport):
                  connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
                  max_inflight_per_connection: int = 64, max_threads: int = 16,
                  min_stripe_bytes: int = 8 << 20,
-                 tls_context: ssl.SSLContext | None = None) -> None:
+                 tls_context: ssl.SSLContext | None = None,
+                 spin: SpinWait | None = None) -> None:
         if connections_per_node < 1 or max_inflight_per_connection < 1 or max_threads < 1:
             raise ValueError("connections_per_node, max_inflight_per_connection and "
                              "max_threads must be >= 1")
@@ -245,6 +247,9 @@ class TcpTransport(Transport):
         self.max_threads = max_threads
         self.min_stripe_bytes = min_stripe_bytes
         self.tls_context = tls_context
+        # polls for the first reply of a batch before blocking (transfer/spin_wait.py); not
+        # over TLS, where a readable socket may hold only part of a record
+        self.spin = spin if tls_context is None else None
         self._lock = threading.Lock()
         self._pools: dict[str, _Pool] = {}
         self._executor: ThreadPoolExecutor | None = None
@@ -421,6 +426,7 @@ class TcpTransport(Transport):
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
+        spin = self.spin  # once per pump, before the first reply it would block for
         pending: deque[tuple[int, int, tuple[memoryview, ...], int]] = deque()
         n = len(chunks)
         i = 0
@@ -445,6 +451,9 @@ class TcpTransport(Transport):
                 view = views[0]
                 if time.monotonic() > deadline:
                     raise TimeoutError("deadline passed")
+                if spin is not None and i >= n and inbox.buffered < RESPONSE_SIZE:
+                    spin.wait(sock)
+                    spin = None
                 if is_write:
                     head, early = inbox.take(RESPONSE_SIZE), 0
                 else:  # header into the inbox, payload straight into the destination

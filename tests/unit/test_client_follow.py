@@ -345,7 +345,8 @@ def test_a_redirect_over_the_fast_line_moves_the_call_to_the_leader(masters, mon
     learned: list[tuple[str, int]] = []
 
     class LearnedFast(FakeFastLine):
-        def __init__(self, host: str, port: int, tls_ca: str | None = None) -> None:
+        def __init__(self, host: str, port: int, tls_ca: str | None = None,
+                     spin: Any = None) -> None:
             super().__init__(0, pb.PutStartReply(header=pb.ReplyHeader(epoch=10)).SerializeToString())
             learned.append((host, port))
 

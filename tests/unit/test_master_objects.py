@@ -18,6 +18,7 @@ from test_master_support import (
 
 from cellar.errors import Status
 from cellar.master.grant_issuer import GrantSigner
+from cellar.master.lookup import lookup
 from cellar.master.service import PutEndItem, PutItem, PutRef, RequestRejected
 from cellar.proto.grant import (
     GRANT_OP_READ,
@@ -251,6 +252,34 @@ def test_bad_keys_are_invalid_per_key_and_change_nothing(svc, clock, key, reason
     svc.tick()
     after = (svc.capacity(), svc.tenant("").used_bytes, len(svc.objects.puts), len(svc.pins))
     assert after == before
+
+
+@pytest.mark.parametrize(("key", "reason"), BAD_KEYS)
+def test_batch_probes_find_one_bad_key_among_plain_ones(svc, key, reason) -> None:  # type: ignore[no-untyped-def]
+    """Exists, PrefixLen and Lookup settle a batch of plain ASCII keys in C loops
+    (proto/keys.py); a batch with one bad key must still be judged key by key."""
+    put(svc, "p/0", 100)
+    keys = ["p/0"] + [f"p/{i}" for i in range(1, 40)] + [key, "p/last"]
+    statuses = svc.exists("", keys)
+    assert statuses[0] == Status.OK and statuses[40] == Status.INVALID
+    assert set(statuses[1:40]) == {Status.NOT_FOUND} and statuses[41] == Status.NOT_FOUND
+    with pytest.raises(RequestRejected, match=f"key 40: .*{reason}"):
+        svc.prefix_len("", keys)
+    with pytest.raises(RequestRejected, match=f"key 40: .*{reason}"):
+        lookup(svc, "", keys)
+    assert svc.prefix_len("", keys[:40]) == 1  # the same batch without it: one stored key
+
+
+def test_batch_probes_accept_valid_keys_the_fast_check_cannot_vouch_for(svc) -> None:  # type: ignore[no-untyped-def]
+    put(svc, "p/0", 100)
+    put(svc, "é/1", 100)
+    assert put_start(svc, "w/1", 100).status == Status.OK  # being written
+    keys = ["p/0", "é/1", "w/1", "ü/2"]
+    assert svc.exists("", keys) == [Status.OK, Status.OK, Status.NOT_READY, Status.NOT_FOUND]
+    assert svc.prefix_len("", keys) == 2 and lookup(svc, "", keys).prefix_len == 2
+    plain = ["p/0", "w/1", "p/2"]  # the fast path: a key being written is still NOT_READY
+    assert svc.exists("", plain) == [Status.OK, Status.NOT_READY, Status.NOT_FOUND]
+    assert svc.exists("", ["p/0"] * 3) == [Status.OK] * 3 and svc.exists("", []) == []
 
 
 def test_max_key_bytes_is_inclusive(svc) -> None:  # type: ignore[no-untyped-def]
