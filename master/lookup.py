@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from cellar.master.service import MasterService
-from cellar.master.state.records import TIER_DISK, Obj
+from cellar.master.state.records import Obj, on_disk_only
 
 TIER_DRAM = "dram"
 TIER_DISK_NAME = "disk"
@@ -35,10 +35,7 @@ _size = attrgetter("size")
 
 def tier_of(obj: Obj) -> str:
     """The tier a read of `obj` is served from: its fastest replica's."""
-    for rep in obj.replicas:
-        if rep.segment.tier != TIER_DISK:
-            return TIER_DRAM
-    return TIER_DISK_NAME if obj.replicas else TIER_DRAM
+    return TIER_DISK_NAME if on_disk_only(obj) else TIER_DRAM
 
 
 @dataclass(slots=True)
@@ -62,14 +59,12 @@ def lookup(service: MasterService, tenant_name: str, keys: Sequence[str]) -> Loo
     else:
         dram_keys = dram_bytes = disk_keys = disk_bytes = 0
         for obj in run:
-            replicas = obj.replicas
-            # the fast test first: the first replica in DRAM (almost every object) decides it
-            if not replicas or replicas[0].segment.tier != TIER_DISK or tier_of(obj) == TIER_DRAM:
-                dram_keys += 1
-                dram_bytes += obj.size
-            else:
+            if on_disk_only(obj):
                 disk_keys += 1
                 disk_bytes += obj.size
+            else:
+                dram_keys += 1
+                dram_bytes += obj.size
     count = dram_keys + disk_keys
     service.check_run_end(tenant, keys, count)
     tiers = [(tier, n, nbytes) for tier, n, nbytes in ((TIER_DRAM, dram_keys, dram_bytes),

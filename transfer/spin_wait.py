@@ -27,6 +27,7 @@ over, and the caller's blocking read (with its own timeout) follows either way.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -69,10 +70,12 @@ class SpinWait:
             poller = select.poll()
             poller.register(sock, select.POLLIN)
             poll = poller.poll
+            yield_cpu = os.sched_yield
             clock = time.perf_counter
             end = clock() + self.spin_s
             self.spins += 1
             while not poll(0):
+                yield_cpu()  # a server woken onto this vCPU runs now, not after the window
                 if clock() >= end:
                     self._misses += 1
                     if self._misses >= MISSES_BEFORE_REST:

@@ -58,7 +58,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cellar.master.state.records import TIER_DISK, Obj
+from cellar.master.state.records import Obj, on_disk_only
 from cellar.proto.engine_hash import decode as decode_engine_hash
 
 log = logging.getLogger("cellar.master")
@@ -69,9 +69,7 @@ MEDIUM_DISK = "DISK"  # an object all of whose replicas sit on nodes' disk tiers
 
 def medium_of(obj: Obj) -> str:
     """The medium a read of `obj` is served from: its fastest replica's."""
-    if obj.replicas and all(rep.segment.tier == TIER_DISK for rep in obj.replicas):
-        return MEDIUM_DISK
-    return MEDIUM_DRAM
+    return MEDIUM_DISK if on_disk_only(obj) else MEDIUM_DRAM
 
 
 def _stored(obj: Obj, medium: str) -> tuple[Any, ...]:

@@ -9,7 +9,7 @@ directly how much of a prompt's prefix Cellar holds, per medium.
     POST /query           the same with "token_ids": [...] instead of hashes, and
                           "hash_scheme": "sglang" (Cellar's field; the default)
  -> {"<tenant>": {"<instance_id or 'cellar'>": {"longest_matched": tokens, "CPU": tokens,
-                                                 "DISK": 0, "DP": {"0": tokens}}}}
+                                                 "DISK": tokens, "DP": {"0": tokens}}}}
 
 What it answers
     The leading run of the given block hashes that the tenant holds as engine hashes (the hash
@@ -19,8 +19,10 @@ What it answers
     one of them suffices here; the SDK's `lookup` over the page's keys is the exact answer).
     The index is per tenant and across models (an engine hash names its prefix, and SGLang's
     and LMCache's hash their tokens without the model): `model`, `lora_name` and `instance_id`
-    are accepted and not used to scope. Every object is in DRAM ("CPU", the medium KV events
-    use); "DISK" is 0: pages on a node's disk tier count under "CPU" (not split by medium yet).
+    are accepted and not used to scope. The matched run is split by medium as KV events name
+    it: "DISK" counts the blocks of the run held on nodes' disk tiers only (every version
+    carrying the hash has all its replicas there), "CPU" the rest (at least one version has a
+    replica in DRAM); the two add up to "longest_matched".
 
 Token ids (`/query`)
     Answered for the adapter formats whose page hash Cellar can reproduce: `sglang` (SGLang's
@@ -46,6 +48,7 @@ from typing import Any
 from cellar.http import HttpServer, Request, Response
 from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused
 from cellar.master.serving.leadership import Leadership
+from cellar.master.state.records import Obj, on_disk_only
 from cellar.proto import engine_hash
 
 MAX_QUERY_BLOCKS = 65_536          # hashes (or whole blocks of token ids) per query
@@ -74,14 +77,19 @@ def sglang_page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
     return out
 
 
-def leading_held(held: dict[bytes, int], hashes: Sequence[int]) -> int:
-    """How many leading `hashes` the tenant's engine-hash index holds."""
-    count = 0
+def leading_held(held: dict[bytes, list[Obj]], hashes: Sequence[int]) -> tuple[int, int]:
+    """How many leading `hashes` the tenant's engine-hash index holds, and how many of those
+    are held on disk only (every version carrying the hash has all its replicas on nodes'
+    disk tiers; one version in DRAM makes the block a DRAM block)."""
+    count = on_disk = 0
     for value in hashes:
-        if engine_hash.encode(value) not in held:
+        versions = held.get(engine_hash.encode(value))
+        if not versions:
             break
         count += 1
-    return count
+        if all(on_disk_only(obj) for obj in versions):
+            on_disk += 1
+    return count, on_disk
 
 
 def _int_list(body: dict[str, Any], name: str, low: int, high: int) -> list[int]:
@@ -157,11 +165,12 @@ def add_prefix_query_routes(server: HttpServer, leadership: Leadership,
             if asked != tenant:
                 return Response.json({"error": f"this token is for tenant {tenant!r}"}, 403)
             record = leadership.service.tenants.by_name.get(tenant)  # a query creates none
-            held = leading_held(record.engine_hashes if record is not None else {}, hashes)
+            held, on_disk = leading_held(record.engine_hashes if record is not None else {},
+                                         hashes)
             tokens = held * block_size
             return Response.json({tenant: {instance: {
-                "longest_matched": tokens, MEDIUM_DRAM: tokens, MEDIUM_DISK: 0,
-                "DP": {"0": tokens}}}})
+                "longest_matched": tokens, MEDIUM_DRAM: (held - on_disk) * block_size,
+                MEDIUM_DISK: on_disk * block_size, "DP": {"0": tokens}}}})
         return answer
 
     server.route("POST", "/query_by_hash", route(False))

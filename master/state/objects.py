@@ -156,7 +156,7 @@ class ObjectTable:
         if obj.pin_kind != HARD_PIN:
             self.evictor.enter(obj)
         if obj.engine_hash:
-            tenant.index_engine_hash(obj.engine_hash)
+            tenant.index_engine_hash(obj)
         if self.observer is not None:
             self.observer.stored(obj)
         if len(obj.replicas) < obj.wanted:
@@ -173,7 +173,7 @@ class ObjectTable:
             if obj.pool_kind:
                 self.evictor.leave(obj)
             if obj.engine_hash:
-                tenant.unindex_engine_hash(obj.engine_hash)
+                tenant.unindex_engine_hash(obj)
             if self.observer is not None:
                 self.observer.dropped(obj)
         elif state == WRITING:

@@ -76,27 +76,35 @@ class Tenant:
         self.quarantined_bytes = 0  # its revoked puts' ranges held in quarantine (quarantine.py)
         self.objects: dict[str, Obj] = {}  # COMPLETE, visible
         self.writing: dict[str, Obj] = {}  # WRITING (first puts and pending upserts)
-        # visible versions per engine hash (PutItem.engine_hash, encoded): the prefix query's
-        # index (master/serving/prefix_query.py); an entry exists while its count is > 0
-        self.engine_hashes: dict[bytes, int] = {}
+        # the visible versions carrying each engine hash (PutItem.engine_hash, encoded): the
+        # prefix query's index (master/serving/prefix_query.py), which also asks their tier;
+        # an entry exists while its list is not empty (an MHA page: K and V of each rank)
+        self.engine_hashes: dict[bytes, list[Obj]] = {}
         # eviction pools by kind: [unused, normal, soft-pinned]; hard-pinned objects are in none.
         # None while the tenant has no quota (module docstring).
         self.pools: tuple[Pool, Pool, Pool] | None = None
         self.set_quota(quota)
 
-    def index_engine_hash(self, engine_hash: bytes) -> None:
-        """One more visible version carries `engine_hash` (non-empty)."""
-        assert engine_hash
-        self.engine_hashes[engine_hash] = self.engine_hashes.get(engine_hash, 0) + 1
-
-    def unindex_engine_hash(self, engine_hash: bytes) -> None:
-        """A visible version with `engine_hash` (non-empty) left."""
-        left = self.engine_hashes[engine_hash] - 1
-        assert left >= 0, engine_hash
-        if left:
-            self.engine_hashes[engine_hash] = left
+    def index_engine_hash(self, obj: Obj) -> None:
+        """`obj`, a visible version with an engine hash, joins the index."""
+        assert obj.engine_hash
+        held = self.engine_hashes.get(obj.engine_hash)
+        if held is None:
+            self.engine_hashes[obj.engine_hash] = [obj]
         else:
-            del self.engine_hashes[engine_hash]
+            held.append(obj)
+
+    def unindex_engine_hash(self, obj: Obj) -> None:
+        """`obj`, a visible version with an engine hash, left."""
+        held = self.engine_hashes[obj.engine_hash]
+        for i, other in enumerate(held):
+            if other is obj:
+                del held[i]
+                break
+        else:
+            raise AssertionError(f"{obj.key!r} not indexed under its engine hash")
+        if not held:
+            del self.engine_hashes[obj.engine_hash]
 
     @property
     def limited(self) -> bool:
@@ -135,6 +143,13 @@ class Replica:
         self.segment = segment
         self.offset = offset
         self.alloc_id = alloc_id
+
+def on_disk_only(obj: Obj) -> bool:
+    """Whether every replica of `obj` sits on a node's disk tier (a read is then served from
+    disk); an object with no replica left counts as DRAM, as it did before the disk tier."""
+    replicas = obj.replicas
+    return bool(replicas) and all(rep.segment.tier == TIER_DISK for rep in replicas)
+
 
 class Obj:
     """One version of one object."""

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 import cellar
+from cellar.client import PutHints
 from cellar.errors import Status
+from tests.support.http import post_json
 
 MIB = 1 << 20
 DRAM = 64 * MIB
@@ -167,6 +169,36 @@ def test_disk_object_read_twice_in_window_is_promoted(make_cluster, tmp_path):
         disk_hits = _metric(cluster, "master_tier_disk_hits")
         assert client.get(first) == values[first]
         assert _metric(cluster, "master_tier_disk_hits") == disk_hits, "read from disk again"
+
+
+@pytest.mark.timeout(180)
+def test_lookup_and_the_prefix_query_split_the_run_by_tier(make_cluster, tmp_path):
+    """Pages demoted to disk count under "disk" in `lookup` and under "DISK" in Mooncake's
+    prefix query (which asks the engine-hash index, not the keys): the same split both ways.
+    Negative control: before the query split its run it answered DISK 0 here."""
+    cluster = _disk_cluster(make_cluster, tmp_path)
+    values = _values(60, 17)  # above the high watermark, never full: the oldest go to disk
+    keys = list(values)
+    hashes = {key: (i + 1) * 7_919_000_003 for i, key in enumerate(keys)}
+    token = cluster.token_for("pages")
+    with cellar.connect(cluster.address, tenant="pages", token=token, timeout_s=30,
+                        transport="tcp") as client:
+        for start in range(0, len(keys), 8):
+            batch = {k: values[k] for k in keys[start:start + 8]}
+            assert client.put_many(batch, hints=PutHints(
+                engine_hashes={k: hashes[k] for k in batch})) == [Status.OK] * len(batch)
+        # demotion runs down to the low watermark (0.65), then nothing moves: both answers
+        # below see the same tiers
+        _wait(lambda: _dram_fraction(client) <= 0.65)
+        found = client.lookup(keys)
+        body = {"model": "m", "seq_hashes": [hashes[k] for k in keys], "block_size": 16}
+        status, reply = post_json(cluster, "/query_by_hash", body, token)
+    assert found.prefix_len == len(keys) and set(found.tiers) == {"dram", "disk"}
+    assert status == 200
+    matched = reply["pages"]["cellar"]
+    assert matched["longest_matched"] == 16 * len(keys)
+    assert matched["DISK"] == 16 * found.tiers["disk"].keys > 0
+    assert matched["CPU"] == 16 * found.tiers["dram"].keys > 0
 
 
 @pytest.mark.timeout(180)
