@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,12 @@ bench-quick: venv
 # replayed trace, DRAM alone vs DRAM + disk (bench/results/disk-<date>-<host>.md; about 1 min).
 bench-disk: venv
 	$(PY) -m cellar.bench.disk
+
+# The SDK's reply wait spinning (CELLAR_SPIN_US, transfer/spin_wait.py) on against off, in
+# alternated rounds: probe and single-op p50, batch rates, client CPU per op
+# (bench/results/spin-<date>-<host>.md; about 1.5 min).
+bench-spin: venv
+	$(PY) -m cellar.bench.spin
 
 # Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
 # over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).
