@@ -64,7 +64,7 @@ from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer import open_transports
 from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
-from cellar.transfer.spin_wait import SpinWait
+from cellar.transfer.spin_wait import SpinWait, never_spin_in_this_thread
 
 T = TypeVar("T")
 
@@ -99,6 +99,7 @@ class _UnpinFlusher:
                 self._thread.start()
 
     def _run(self) -> None:
+        never_spin_in_this_thread()  # nobody waits on these calls: block, leave the CPU
         while self._queue.wait_due():
             self.flush()
 

@@ -16,10 +16,18 @@ What it costs and how that is bounded
       MAX_SPIN_US), read once per connect (client/checks.py);
     - one spinner per process, whatever it waits on: a thread that finds another one spinning
       blocks at once (on a 2-core machine two spinning threads would take the CPU the master
-      and node need);
+      and node need), and background threads nobody waits on never spin;
     - a window that keeps expiring turns itself off: after MISSES_BEFORE_REST windows in a row
       ended with no reply (a loaded or remote master), the next REST_CALLS calls block at once,
       then one spins again to see whether replies are back within the window.
+
+The polling runs in the native helper `_spin` with the GIL released (a loop of poll(0) and
+sched_yield: a server the kernel woke onto this vCPU runs at once instead of after the window).
+Spinning in Python would hold the GIL between polls, and the process's other threads (the put
+hasher, the unpin flusher, other callers) would get it only in the gaps; so where the helper
+is not built (no C compiler at install), the SDK does not spin (`NATIVE` False). A tcp batch
+spins only when it is one lane (transfer/tcp.py): beside lanes on other threads, a spinning
+thread would take the CPU they and the node need.
 
 It never reads or consumes a byte: it only returns once the socket is readable or the window is
 over, and the caller's blocking read (with its own timeout) follows either way.
@@ -27,13 +35,11 @@ over, and the caller's blocking read (with its own timeout) follows either way.
 
 from __future__ import annotations
 
-import os
-import select
 import socket
 import threading
-import time
+from collections.abc import Callable
 
-__all__ = ["DEFAULT_SPIN_US", "MAX_SPIN_US", "SPIN_ENV", "SpinWait"]
+__all__ = ["DEFAULT_SPIN_US", "MAX_SPIN_US", "SPIN_ENV", "SpinWait", "never_spin_in_this_thread"]
 
 SPIN_ENV = "CELLAR_SPIN_US"
 DEFAULT_SPIN_US = 300
@@ -43,6 +49,22 @@ REST_CALLS = 64
 
 
 _SPINNER = threading.Lock()  # held by the one thread of this process that spins
+_THREAD = threading.local()   # .never: this thread's calls never spin (background work)
+
+
+def never_spin_in_this_thread() -> None:
+    """Calls made from this thread block at once: for background threads nobody waits on
+    (the SDK's unpin flusher), whose spinning would only take CPU from the callers'."""
+    _THREAD.never = True
+
+_spin: Callable[[int, int], bool] | None = None
+try:  # the native helper (setup.py builds it when a C compiler is there)
+    from cellar.transfer import _spin as _native
+
+    _spin = _native.spin
+except ImportError:  # pragma: no cover - depends on the install
+    pass
+NATIVE = _spin is not None
 
 
 class SpinWait:
@@ -51,7 +73,7 @@ class SpinWait:
     def __init__(self, spin_us: int) -> None:
         if not 0 <= spin_us <= MAX_SPIN_US:
             raise ValueError(f"spin_us must be in 0..{MAX_SPIN_US}, got {spin_us}")
-        self.spin_s = spin_us / 1e6
+        self.window_ns = spin_us * 1000 if NATIVE else 0
         self._misses = 0       # windows in a row that ended with no reply
         self._rest_left = 0    # calls that block at once before the next try
         self.spins = 0         # windows spun (for tests and the bench's notes)
@@ -59,31 +81,24 @@ class SpinWait:
 
     def wait(self, sock: socket.socket) -> bool:
         """Poll `sock` until readable or the window ends; True if it became readable."""
-        if self.spin_s <= 0:
+        if self.window_ns <= 0:
             return False
         if self._rest_left > 0:
             self._rest_left -= 1
             return False
-        if not _SPINNER.acquire(blocking=False):
+        if getattr(_THREAD, "never", False) or not _SPINNER.acquire(blocking=False):
             return False
         try:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            poll = poller.poll
-            yield_cpu = os.sched_yield
-            clock = time.perf_counter
-            end = clock() + self.spin_s
             self.spins += 1
-            while not poll(0):
-                yield_cpu()  # a server woken onto this vCPU runs now, not after the window
-                if clock() >= end:
-                    self._misses += 1
-                    if self._misses >= MISSES_BEFORE_REST:
-                        self._misses = 0
-                        self._rest_left = REST_CALLS
-                    return False
-            self._misses = 0
-            self.hits += 1
-            return True
+            assert _spin is not None
+            if _spin(sock.fileno(), self.window_ns):
+                self._misses = 0
+                self.hits += 1
+                return True
+            self._misses += 1
+            if self._misses >= MISSES_BEFORE_REST:
+                self._misses = 0
+                self._rest_left = REST_CALLS
+            return False
         finally:
             _SPINNER.release()

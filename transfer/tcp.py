@@ -338,7 +338,7 @@ class TcpTransport(Transport):
         # on the executor while the batch waits for the next pool: a batch only ever waits
         # for a pool later in the order than any connection it holds, so no cycle can form.
         futures: list[Future[None]] = []
-        inline: tuple[Any, ...] | None = None
+        inline: tuple[_Pool, _Conn | None, list[Chunk], int, float, Plan] | None = None
         for address in sorted(plan.by_address):
             chunks = plan.by_address[address]
             pool = self._pool(address)
@@ -349,12 +349,15 @@ class TcpTransport(Transport):
                                if got is not None else (ST_CONNECT_FAILED, "transport closed"))
                 fail_chunks(fail, chunks, status, f"{address}: {why}")
                 continue
+            assert pool is not None  # `got` came from it
             for conn, lane_chunks in zip(got, deal(chunks, len(got)), strict=True):
                 if inline is not None:
                     futures.append(self._submit(inline))
                 inline = (pool, conn, lane_chunks, op_code, deadline, plan)
         if inline is not None:  # the last lane runs here: one connection, no thread hop
-            self._run_lane(*inline)
+            # it may spin for its first reply only when it is the batch's one lane: beside
+            # lanes on other threads the spinning would take the CPU they and the node need
+            self._run_lane(*inline, spin=None if futures else self.spin)
         # Every lane has ended (each is bounded by the deadline through kernel timeouts) before
         # this returns: no lane is left that could still receive into a caller's buffer.
         for fut in futures:
@@ -395,7 +398,7 @@ class TcpTransport(Transport):
                      pool.gen)
 
     def _run_lane(self, pool: _Pool, conn: _Conn | None, chunks: list[Chunk], op_code: int,
-                  deadline: float, plan: Plan) -> None:
+                  deadline: float, plan: Plan, spin: SpinWait | None = None) -> None:
         """Drive one connection through its chunks; never raises."""
         reusable = False
         try:
@@ -409,7 +412,7 @@ class TcpTransport(Transport):
                     pool.release_slot()
                     fail_chunks(plan.fail, chunks, ST_CONNECT_FAILED, f"{pool.address}: {e}")
                     return
-            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, plan)
+            reusable = self._pump(conn, pool.address, chunks, op_code, deadline, plan, spin)
         except BaseException as e:  # a bug here must still fail only these ops
             fail_chunks(plan.fail, chunks, ST_CONNECTION_LOST, f"{pool.address}: {e!r}")
             reusable = False
@@ -418,7 +421,7 @@ class TcpTransport(Transport):
                 pool.release(conn, reusable)
 
     def _pump(self, conn: _Conn, address: str, chunks: list[Chunk], op_code: int,
-              deadline: float, plan: Plan) -> bool:
+              deadline: float, plan: Plan, spin: SpinWait | None = None) -> bool:
         """Pipelined requests and in-order responses; True if the connection is still in sync."""
         sock, inbox = conn.sock, conn.inbox
         metas, fail, hashed, sums = plan.metas, plan.fail, plan.hashed, plan.sums
@@ -426,7 +429,7 @@ class TcpTransport(Transport):
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
-        spin = self.spin  # once per pump, before the first reply it would block for
+        # `spin`: once per pump, before the first reply it would block for
         pending: deque[tuple[int, int, tuple[memoryview, ...], int]] = deque()
         n = len(chunks)
         i = 0

@@ -16,7 +16,7 @@ import cellar
 KIB = 1 << 10
 
 
-def _calls(client: cellar.Client, prefix: str) -> tuple[list[bytes | None], int, list[bool]]:
+def _calls(client: cellar.Client, prefix: str) -> tuple[int, list[bool]]:
     values = {f"{prefix}/{i:03d}": os.urandom(64 * KIB) for i in range(40)}
     for key, value in values.items():
         client.put(key, value)
@@ -24,29 +24,29 @@ def _calls(client: cellar.Client, prefix: str) -> tuple[list[bytes | None], int,
     assert got == list(values.values())
     run = client.lookup([*values, f"{prefix}/missing"]).prefix_len
     exists = client.exists_many([*values][:5] + [f"{prefix}/missing"])
-    return [None if v is None else v[:8] for v in got], run, exists
+    return run, exists
 
 
 def test_spinning_waits_on_the_master_and_the_node_and_changes_no_result(
         module_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = module_cluster(nodes=1, segment_size="64MiB")
-    monkeypatch.delenv("CELLAR_SPIN_US", raising=False)
+    # a 5 ms window: even a loaded machine's replies land in it, so the windows do not rest
+    monkeypatch.setenv("CELLAR_SPIN_US", "5000")
     with cellar.connect(cluster.address, transport="tcp") as client:
         spin = client._master._spin
-        assert spin is not None and spin.spin_s == 300e-6
+        assert spin is not None and spin.window_ns == 5_000_000
         tcp = [t for t in client._transports.transports if t.name == "tcp"]
         assert tcp and tcp[0].spin is spin  # one window and rest state per client
         spins_before = spin.spins
-        _, run_on, exists_on = _calls(client, "spin-on")
+        run_on, exists_on = _calls(client, "spin-on")
         # 40 puts (PutStart, write, PutEnd), 40 gets (GetReplicas, read), a lookup, an
-        # exists: ~200 waits. Most replies of a quiet loopback cluster come within 300 us;
-        # a loaded machine may miss some and rest, so only "some of each kind" is required.
-        assert spin.spins - spins_before >= 10 and spin.hits > 0
+        # exists: ~200 waits, each a window of its own unless another thread spins
+        assert spin.spins - spins_before >= 150 and spin.hits >= spin.spins // 2
     monkeypatch.setenv("CELLAR_SPIN_US", "0")
     with cellar.connect(cluster.address, transport="tcp") as client:
         assert client._master._spin is None
         assert all(t.spin is None for t in client._transports.transports if t.name == "tcp")
-        _, run_off, exists_off = _calls(client, "spin-off")
+        run_off, exists_off = _calls(client, "spin-off")
     assert (run_on, exists_on) == (run_off, exists_off) == (40, [True] * 5 + [False])
 
 

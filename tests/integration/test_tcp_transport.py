@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from cellar.transfer.frame import (
     RequestHeader,
     WriteMeta,
 )
+from cellar.transfer.spin_wait import MAX_SPIN_US, SpinWait
 from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
 from tests.integration.cut_proxy import CutProxy
@@ -449,3 +451,35 @@ def test_close_while_batches_run(route: SegmentRoute) -> None:
         assert not th.is_alive()
     assert len(results) == 80
     assert {s for r in results for s in r} <= {0, ST_CONNECT_FAILED, ST_CONNECTION_LOST}
+
+
+class _CountingSpin(SpinWait):
+    def __init__(self) -> None:
+        super().__init__(MAX_SPIN_US)
+        self.asked = 0
+
+    def wait(self, sock: socket.socket) -> bool:
+        self.asked += 1
+        return super().wait(sock)
+
+
+def test_a_batch_spins_for_its_first_reply_only_when_it_is_one_lane(
+        route: SegmentRoute, access: TransferNode) -> None:
+    """transfer/spin_wait.py: the one lane of a batch polls once before its first reply; a
+    striped batch (lanes on other threads) never spins, nor does a transport over TLS."""
+    spin = _CountingSpin()
+    t = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0,
+                     spin=spin)
+    try:
+        data = os.urandom(64 << 10)
+        assert all(r.ok for r in t.write([wop(route, 0, data, key="one")], 30))
+        assert spin.asked == 1
+        out = bytearray(len(data))
+        assert all(r.ok for r in t.read([rop(route, 0, out, key="one")], 30))
+        assert spin.asked == 2 and bytes(out) == data
+        big = os.urandom(1 << 20)  # 16 chunks over 4 lanes
+        assert all(r.ok for r in t.write([wop(route, 0, big, key="big")], 30))
+        assert spin.asked == 2
+    finally:
+        t.close()
+    assert TcpTransport(spin=spin, tls_context=ssl.create_default_context()).spin is None

@@ -18,8 +18,10 @@ from cellar.transfer.spin_wait import (
     DEFAULT_SPIN_US,
     MAX_SPIN_US,
     MISSES_BEFORE_REST,
+    NATIVE,
     REST_CALLS,
     SpinWait,
+    never_spin_in_this_thread,
 )
 
 
@@ -118,3 +120,33 @@ def test_the_window_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setenv("CELLAR_SPIN_US", bad)
         with pytest.raises(InvalidArgument, match="CELLAR_SPIN_US"):
             spin_us_from_env()
+
+
+def test_the_native_helper_is_built_and_checks_its_arguments(pair) -> None:  # type: ignore[no-untyped-def]
+    """Without `_spin` the SDK never spins (make test builds it: a lost build must fail here)."""
+    assert NATIVE
+    from cellar.transfer._spin import spin
+
+    a, _ = pair
+    for fd, window_ns in ((-1, 1000), (a.fileno(), -1), (a.fileno(), MAX_SPIN_US * 1000 + 1)):
+        with pytest.raises(ValueError, match="spin"):
+            spin(fd, window_ns)
+    assert spin(a.fileno(), 0) is False
+
+
+
+def test_a_background_thread_never_spins(pair) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    spin = SpinWait(MAX_SPIN_US)
+    b.sendall(b"x")
+    seen: list[bool] = []
+
+    def background() -> None:
+        never_spin_in_this_thread()
+        seen.append(spin.wait(a))
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    thread.join()
+    assert seen == [False] and spin.spins == 0
+    assert spin.wait(a) is True  # other threads still do
