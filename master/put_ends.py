@@ -25,6 +25,7 @@ from cellar.master.replies import KeyResults
 from cellar.master.requests import Clock, PutEndLike, PutRefLike
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.records import Tenant
+from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
 
 OK = Status.OK
@@ -38,6 +39,7 @@ class MasterService(Protocol):
     objects: ObjectTable
     receipts: ReceiptChecker
     tombstones: Tombstones
+    tiers: Tiers
 
     def tenant(self, name: str) -> Tenant: ...
     def check_batch(self, count: int, what: str = ...) -> Any: ...
@@ -75,6 +77,7 @@ class PutEnds:
             if item.key in tenant.objects:  # an upsert: every older value of the key is dead
                 s.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
             s.objects.complete(obj, item.checksum, now)
+            s.tiers.on_complete(obj)
             obj.request = None  # only a WRITING object answers a repeated PutStart
             results.append((OK, ""))
         return results

@@ -88,6 +88,7 @@ from cellar.master.state.records import (
     HARD_PIN,
     NO_PIN,
     SOFT_PIN,
+    TIER_DRAM,
     Obj,
     Replica,
     Segment,
@@ -419,6 +420,9 @@ class MasterService:
         pin = self.pins.pin
         segments: dict[int, Segment] = {}
         results: list[GetResult] = []
+        tiers = self.tiers
+        tiered = tiers.enabled
+        dram_hits = dram_bytes = 0  # without a disk tier, counted here and added once
         for key in keys:
             obj = objects.get(key)
             if obj is None:
@@ -433,12 +437,18 @@ class MasterService:
                 ))
                 continue
             obj.prev_access, obj.last_access = obj.last_access, now
-            if self.tiers.enabled:
-                self.tiers.on_read(obj, now)
+            if tiered:
+                tiers.on_read(obj, now)
+            else:
+                dram_hits += 1
+                dram_bytes += obj.size
             if len(obj.replicas) > 1:
                 obj.replicas = tuple(sorted(obj.replicas, key=_replica_health))
             granted = self.grants.all(obj, GRANT_OP_READ, expiry_ms, segments)
             results.append(GetResult(OK, "", obj.size, obj.checksum, pin_id, granted))
+        if dram_hits:
+            tiers.hits[TIER_DRAM] += dram_hits
+            tiers.read_bytes[TIER_DRAM] += dram_bytes
         return GetOutcome(results, list(segments.values()))
 
     def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:

@@ -20,11 +20,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from cellar.master.state.membership import STATE_NAMES
-from cellar.proto.tiers import tier_totals
+from cellar.proto.tiers import TIER_NAMES, tier_totals
+
+TIER_IDS = {name: tier for tier, name in TIER_NAMES.items()}
 
 if TYPE_CHECKING:
     from cellar.master.service import MasterService
@@ -99,6 +106,17 @@ def _tier_gauges(service: MasterService) -> Iterator[Metric]:
         for family, key in zip(families, ("capacity_bytes", "used_bytes", "objects"), strict=True):
             family.add_metric([name], row[key])
     yield from families
+    tiers = service.tiers
+    for what, doc, values in (
+            ("hits", "GetReplicas hits served from the tier", tiers.hits),
+            ("read_bytes", "bytes of the objects those hits granted", tiers.read_bytes),
+            ("write_bytes", "bytes written into the tier: completed puts' replicas and "
+                            "demotions or promotions into it", tiers.write_bytes)):
+        counter = CounterMetricFamily(f"master_tier_{what}", doc, labels=["tier"])
+        for tier in totals:  # the tiers mounted now ("dram", and "disk" with one)
+            if tier in TIER_IDS:
+                counter.add_metric([tier], values[TIER_IDS[tier]])
+        yield counter
 
 
 class MasterCollector(Collector):

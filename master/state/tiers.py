@@ -66,6 +66,7 @@ from cellar.master.state.records import (
     Obj,
     Replica,
     Segment,
+    on_disk_only,
 )
 
 MAX_MOVES_IN_FLIGHT = 4096
@@ -121,6 +122,11 @@ class Tiers:
         self.disk_hits = 0
         self.moves_failed = 0
         self.moves_timed_out = 0
+        # per tier (index TIER_DRAM, TIER_DISK): GetReplicas hits served from it and their
+        # bytes; bytes written into it (completed puts' replicas, moves' destinations)
+        self.hits = [0, 0]
+        self.read_bytes = [0, 0]
+        self.write_bytes = [0, 0]
 
     @property
     def enabled(self) -> bool:
@@ -142,11 +148,14 @@ class Tiers:
     # ---------------------------------------------------------------- reads
 
     def on_read(self, obj: Obj, now: float) -> None:
-        """GetReplicas returned `obj`: count a disk hit, promote on a second read in the window."""
-        if not any(rep.segment.tier == TIER_DISK for rep in obj.replicas):
+        """GetReplicas returned `obj`: count the hit in the tier it is read from, and promote
+        a disk object on a second read in the window."""
+        if not on_disk_only(obj):
+            self.hits[TIER_DRAM] += 1
+            self.read_bytes[TIER_DRAM] += obj.size
             return
-        if any(rep.segment.tier == TIER_DRAM for rep in obj.replicas):
-            return
+        self.hits[TIER_DISK] += 1
+        self.read_bytes[TIER_DISK] += obj.size
         self.disk_hits += 1
         reads = self._reads
         last = reads.pop(obj, None)
@@ -272,6 +281,14 @@ class Tiers:
                 continue
             self._finish(move, now)
 
+    def on_complete(self, obj: Obj) -> None:
+        """A put completed: its replicas' bytes were written into their tiers."""
+        if not self.membership.disk_of:  # no disk tier: every replica is DRAM
+            self.write_bytes[TIER_DRAM] += obj.size * len(obj.replicas)
+            return
+        for rep in obj.replicas:
+            self.write_bytes[rep.segment.tier] += obj.size
+
     def _finish(self, move: Move, now: float) -> None:
         """Switch the replica at once; the old range is retired until its readers are done."""
         obj = move.obj
@@ -281,6 +298,7 @@ class Tiers:
         del self.pending[move.dst.alloc_id]
         del self.moving[obj]
         self.objects.swap_replica(obj, move.src, move.dst)
+        self.write_bytes[move.dst.segment.tier] += obj.size
         if obj.pins:
             self.retired.append((now + self.settings.retire_hold_s, obj, move.src))
         else:

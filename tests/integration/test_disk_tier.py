@@ -189,7 +189,8 @@ def test_lookup_and_the_prefix_query_split_the_run_by_tier(make_cluster, tmp_pat
                 engine_hashes={k: hashes[k] for k in batch})) == [Status.OK] * len(batch)
         # demotion runs down to the low watermark (0.65), then nothing moves: both answers
         # below see the same tiers
-        _wait(lambda: _dram_fraction(client) <= 0.65)
+        _wait(lambda: _dram_fraction(client) <= 0.65
+              and _metric(cluster, "master_tier_moves_pending") == 0)
         found = client.lookup(keys)
         body = {"model": "m", "seq_hashes": [hashes[k] for k in keys], "block_size": 16}
         status, reply = post_json(cluster, "/query_by_hash", body, token)
@@ -263,6 +264,22 @@ def test_tiers_shown_apart_and_a_truncated_disk_file_dropped_not_served(make_clu
             assert _metric(cluster, f'master_tier_objects{{tier="{name}"}}') == tiers[name]["objects"]
             assert _metric(cluster, f'master_tier_used_bytes{{tier="{name}"}}') == \
                 tiers[name]["used_bytes"]
+        # hits and bytes per tier: one read from each tier moves exactly its own counters
+        tier_of = {key: next(iter(client.lookup([key]).tiers)) for key in values}
+        on_disk = [key for key, tier in tier_of.items() if tier == "disk"]
+        in_dram = [key for key, tier in tier_of.items() if tier == "dram"]
+        assert (len(on_disk), len(in_dram)) == (tiers["disk"]["objects"], tiers["dram"]["objects"])
+        oldest, newest = on_disk[0], in_dram[-1]
+        before = {(what, name): _metric(cluster, f'master_tier_{what}_total{{tier="{name}"}}')
+                  for what in ("hits", "read_bytes", "write_bytes") for name in ("dram", "disk")}
+        assert before["write_bytes", "dram"] + before["write_bytes", "disk"] >= len(values) * MIB
+        assert before["write_bytes", "disk"] >= tiers["disk"]["objects"] * MIB
+        assert client.get(oldest) == values[oldest] and client.get(newest) == values[newest]
+        for name in ("dram", "disk"):
+            assert _metric(cluster, f'master_tier_hits_total{{tier="{name}"}}') == \
+                before["hits", name] + 1
+            assert _metric(cluster, f'master_tier_read_bytes_total{{tier="{name}"}}') == \
+                before["read_bytes", name] + MIB
         text = render_status(cluster.address, client.status())
         assert re.search(r"^disk\s+1\s+512MiB\s", text, re.M), text
         with urllib.request.urlopen(cluster.http_url + "/api/v1/status", timeout=10) as reply:
