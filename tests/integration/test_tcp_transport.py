@@ -463,10 +463,11 @@ class _CountingSpin(SpinWait):
         return super().wait(sock)
 
 
-def test_a_batch_spins_for_its_first_reply_only_when_it_is_one_lane(
+def test_a_batch_spins_for_its_reply_only_when_it_is_one_chunk(
         route: SegmentRoute, access: TransferNode) -> None:
-    """transfer/spin_wait.py: the one lane of a batch polls once before its first reply; a
-    striped batch (lanes on other threads) never spins, nor does a transport over TLS."""
+    """transfer/spin_wait.py: a batch of one chunk polls once before its reply; a batch of
+    more chunks (one lane or striped over lanes on other threads) never spins, nor does a
+    transport over TLS."""
     spin = _CountingSpin()
     t = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0,
                      spin=spin)
@@ -479,6 +480,8 @@ def test_a_batch_spins_for_its_first_reply_only_when_it_is_one_lane(
         assert spin.asked == 2 and bytes(out) == data
         big = os.urandom(1 << 20)  # 16 chunks over 4 lanes
         assert all(r.ok for r in t.write([wop(route, 0, big, key="big")], 30))
+        two = [wop(route, 0, data, key="a"), wop(route, 1 << 20, data, key="b")]
+        assert all(r.ok for r in TcpTransport(connections_per_node=1, spin=spin).write(two, 30))
         assert spin.asked == 2
     finally:
         t.close()

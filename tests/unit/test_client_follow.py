@@ -332,7 +332,7 @@ class FakeFastLine:
         self.closed = False
 
     def call(self, method_id: int, body: bytes, timeout_s: float,
-             abandon: Any = None) -> tuple[int, bytes]:
+             abandon: Any = None, spin: bool = False) -> tuple[int, bytes]:
         return self.code, self.body
 
     def close(self) -> None:
