@@ -76,7 +76,7 @@ bench-disk: venv
 
 # The SDK's reply wait spinning (CELLAR_SPIN_US, transfer/spin_wait.py) on against off, in
 # alternated rounds: probe and single-op p50, batch rates, client CPU per op
-# (bench/results/spin-<date>-<host>.md; about 1.5 min).
+# (bench/results/spin-<date>-<host>.md; about 2 min).
 bench-spin: venv
 	$(PY) -m cellar.bench.spin
 

@@ -5,8 +5,8 @@ These rows measure that against `CELLAR_SPIN_US=0` on one cluster (a master and 
 child processes), in alternated rounds whose order flips each round, so a neighbour's burst
 lands on both sides: per round and side, a fresh client, then
 - p50 of a 256-key `lookup`, a 1-key `prefix_len`, a single 64 KiB `get` and `put` (tcp);
-- keys/s of 128 x 64 KiB `put_many` and `get_many` (tcp, the median of 7 per round), to
-  show what batches gain or lose;
+- keys/s of 16 and 128 x 64 KiB `put_many` and `get_many` (tcp, the median of 31 and 7
+  batches per round), to show what batches gain or lose (they do not spin);
 - the client's CPU seconds per single operation (what the spinning costs).
 The report gives each row's median over rounds per side and the median of the per-round
 ratios (on / off). Run: `python -m cellar.bench.spin [--rounds 6] [--samples 400]`.
@@ -29,8 +29,7 @@ from cellar.devtools.local_cluster import LocalCluster
 
 KIB = 1 << 10
 PROBE_KEYS = 256
-BATCH = 128
-BATCH_REPS = 7  # batches per round and side (the rate is their median)
+BATCHES = ((16, 31), (128, 7))  # (keys per batch, batches per round and side: rate = median)
 SIDES = {"off": "0", "on": ""}  # "" = the default window
 
 
@@ -64,18 +63,19 @@ def one_side(address: str, side: str, round_no: int, samples: int) -> dict[str, 
         out["get 64 KiB p50 us"] = _p50_us(lambda: client.get(f"{run}/one/{next(singles)}"),
                                            samples)
         out["client CPU us per single op"] = (time.process_time() - cpu) / (2 * samples) * 1e6
-        puts, gets = [], []
-        for rep in range(BATCH_REPS):
-            batch = {f"{run}/many/{rep}/{i:03d}": value for i in range(BATCH)}
-            start = time.perf_counter()
-            client.put_many(batch)
-            puts.append(BATCH / (time.perf_counter() - start))
-            start = time.perf_counter()
-            client.get_many(list(batch))
-            gets.append(BATCH / (time.perf_counter() - start))
-            client.remove_prefix(f"{run}/many/")
-        out["put_many 128 x 64 KiB keys/s"] = statistics.median(puts)
-        out["get_many 128 x 64 KiB keys/s"] = statistics.median(gets)
+        for count, reps in BATCHES:
+            puts, gets = [], []
+            for rep in range(reps):
+                batch = {f"{run}/many/{rep}/{i:03d}": value for i in range(count)}
+                start = time.perf_counter()
+                client.put_many(batch)
+                puts.append(count / (time.perf_counter() - start))
+                start = time.perf_counter()
+                client.get_many(list(batch))
+                gets.append(count / (time.perf_counter() - start))
+                client.remove_prefix(f"{run}/many/")
+            out[f"put_many {count} x 64 KiB keys/s"] = statistics.median(puts)
+            out[f"get_many {count} x 64 KiB keys/s"] = statistics.median(gets)
         client.remove_prefix(f"{run}/")
     return out
 

@@ -6,9 +6,10 @@ Why
     about 50-60 us a wake-up, measured as the gap between a client and master pinned to one
     vCPU and the same pair free to use both. A fast-line call pays it twice (the master woken
     by the request, the client by the reply). A caller that polls its socket for a short
-    window keeps its vCPU running, so the reply lands without the second wake-up (measured on
-    one cluster, p50: a 1-key prefix_len 199-228 -> 122-151 us, a 256-key lookup 317-351 ->
-    265-275 us). The SDK spins on the master's fast line and on the TCP data plane's replies.
+    window keeps its vCPU running, so the reply lands without the second wake-up (`make
+    bench-spin`, p50: a 1-key prefix_len 192-195 -> 107-124 us, a 256-key lookup 327-356 ->
+    250-274 us). The SDK spins where a reply is due within microseconds: the master's probes
+    and one-key requests (client/rpc.py), and tcp transfers of one chunk (transfer/tcp.py).
 
 What it costs and how that is bounded
     CPU of the calling thread, at most the window per call:
@@ -25,9 +26,9 @@ The polling runs in the native helper `_spin` with the GIL released (a loop of p
 sched_yield: a server the kernel woke onto this vCPU runs at once instead of after the window).
 Spinning in Python would hold the GIL between polls, and the process's other threads (the put
 hasher, the unpin flusher, other callers) would get it only in the gaps; so where the helper
-is not built (no C compiler at install), the SDK does not spin (`NATIVE` False). A tcp batch
-spins only when it is one lane (transfer/tcp.py): beside lanes on other threads, a spinning
-thread would take the CPU they and the node need.
+is not built (no C compiler at install), the SDK does not spin (`NATIVE` False). Batches never
+spin: while the master or node works through one, the spinning vCPU is one they need (batches
+of 16 x 64 KiB lost 13-14% when they spun).
 
 It never reads or consumes a byte: it only returns once the socket is readable or the window is
 over, and the caller's blocking read (with its own timeout) follows either way.
