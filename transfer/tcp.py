@@ -247,8 +247,8 @@ class TcpTransport(Transport):
         self.max_threads = max_threads
         self.min_stripe_bytes = min_stripe_bytes
         self.tls_context = tls_context
-        # polls for the first reply of a batch before blocking (transfer/spin_wait.py); not
-        # over TLS, where a readable socket may hold only part of a record
+        # polls for the reply of a one-chunk transfer before blocking (transfer/spin_wait.py);
+        # not over TLS, where a readable socket may hold only part of a record
         self.spin = spin if tls_context is None else None
         self._lock = threading.Lock()
         self._pools: dict[str, _Pool] = {}
