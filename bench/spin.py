@@ -26,6 +26,7 @@ from typing import Any
 
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
+from cellar.transfer.spin_wait import DEFAULT_SPIN_US
 
 KIB = 1 << 10
 PROBE_KEYS = 256
@@ -98,13 +99,7 @@ def measure(rounds: int, samples: int) -> dict[str, Any]:
                      "ratio_on_off": statistics.median(b / a for a, b in zip(off, on, strict=True)),
                      "off_rounds": off, "on_rounds": on})
     return {"rounds": rounds, "samples": samples, "rows": rows,
-            "spin_us_default": cellar_default_spin_us()}
-
-
-def cellar_default_spin_us() -> int:
-    from cellar.transfer.spin_wait import DEFAULT_SPIN_US
-
-    return DEFAULT_SPIN_US
+            "spin_us_default": DEFAULT_SPIN_US}
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -127,6 +127,7 @@ class Client:
                  timeout_s: float = 30.0, transport: str = "auto") -> None:
         args = ConnectArgs.check(address, tenant, token, timeout_s, transport)
         spin_us = spin_us_from_env()  # reply wait window (transfer/spin_wait.py)
+        spin = SpinWait(spin_us) if spin_us else None
         self.address = args.address
         self.tenant = args.tenant
         self.timeout_s = args.timeout_s
@@ -135,7 +136,6 @@ class Client:
         self._hasher_lock = threading.Lock()
         deadline = time.monotonic() + self.timeout_s
         self._discovery: Any = None
-        spin = SpinWait(spin_us) if spin_us else None
         self._transports = TransportSet(opened(open_transports, args.transport, args.address,
                                                spin))
         master_address = args.address

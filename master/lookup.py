@@ -2,8 +2,8 @@
 
 An engine asks before it schedules a prefill: of these pages (in order), how many leading ones
 can I load, from which tier, and how many bytes is that? `lookup` answers in one pass over the
-keys (in C loops where it can), on the master's one loop, without pinning or touching last access (a probe must not make
-objects unevictable or look hot, as for `prefix_len`). The SDK turns the bytes into a load-time
+keys (in C loops where it can), on the master's one loop, without pinning or touching last
+access (a probe must not make objects unevictable or look hot, as for `prefix_len`). The SDK turns the bytes into a load-time
 estimate from its own measurements and, given the caller's prefill rate, into load-or-recompute
 advice (client/lookup.py); the master only says what it holds.
 
@@ -53,7 +53,7 @@ def lookup(service: MasterService, tenant_name: str, keys: Sequence[str]) -> Loo
     service.check_batch(len(keys))
     found = list(map(tenant.objects.get, keys))  # C loops: the run and its sizes
     count = found.index(None) if None in found else len(found)
-    run = found[:count] if count < len(found) else found
+    run = found[:count]
     if not service.membership.tiered:  # no node with a disk tier: every replica is DRAM
         dram_keys, dram_bytes, disk_keys, disk_bytes = count, sum(map(_size, run)), 0, 0
     else:
@@ -65,7 +65,6 @@ def lookup(service: MasterService, tenant_name: str, keys: Sequence[str]) -> Loo
             else:
                 dram_keys += 1
                 dram_bytes += obj.size
-    count = dram_keys + disk_keys
     service.check_run_end(tenant, keys, count)
     tiers = [(tier, n, nbytes) for tier, n, nbytes in ((TIER_DRAM, dram_keys, dram_bytes),
                                                        (TIER_DISK_NAME, disk_keys, disk_bytes)) if n]

@@ -47,6 +47,7 @@ from typing import Any
 
 from cellar.http import HttpServer, Request, Response
 from cellar.master.serving.auth import UNAUTHENTICATED, Authorizer, AuthRefused
+from cellar.master.serving.kv_events import MEDIUM_DISK, MEDIUM_DRAM  # the events' names
 from cellar.master.serving.leadership import Leadership
 from cellar.master.state.records import Obj, on_disk_only
 from cellar.proto import engine_hash
@@ -57,8 +58,6 @@ MAX_NAME_CHARS = 256               # model, lora_name, instance_id, tenant_id, c
 MAX_TOKEN_ID = (1 << 32) - 1       # SGLang's u32 page encoding
 HASH_SCHEMES = ("sglang",)
 INSTANCE = "cellar"
-MEDIUM_DRAM = "CPU"
-MEDIUM_DISK = "DISK"
 
 
 class QueryError(Exception):

@@ -119,7 +119,6 @@ class Tiers:
         self.promotions = 0
         self.disk_evictions = 0
         self.spills = 0
-        self.disk_hits = 0
         self.moves_failed = 0
         self.moves_timed_out = 0
         # per tier (index TIER_DRAM, TIER_DISK): GetReplicas hits served from it and their
@@ -156,7 +155,6 @@ class Tiers:
             return
         self.hits[TIER_DISK] += 1
         self.read_bytes[TIER_DISK] += obj.size
-        self.disk_hits += 1
         reads = self._reads
         last = reads.pop(obj, None)
         if last is not None and now - last <= self.settings.promote_window_s:
@@ -356,7 +354,7 @@ class Tiers:
     def counters(self) -> dict[str, int]:
         return {"demotions": self.demotions, "promotions": self.promotions,
                 "disk_evictions": self.disk_evictions, "spills": self.spills,
-                "disk_hits": self.disk_hits, "moves_failed": self.moves_failed,
+                "disk_hits": self.hits[TIER_DISK], "moves_failed": self.moves_failed,
                 "moves_timed_out": self.moves_timed_out, "moves_pending": len(self.pending)}
 
 
