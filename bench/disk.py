@@ -2,20 +2,22 @@
 
     python -m cellar.bench.disk [--reps 5] [--dir DIR] [--out bench/results]   (make bench-disk)
 
-Part 1, throughput (docs/disk-tier.md): the same batches to a DRAM-only node over TCP as the
-baseline (what the data plane does without a disk), then one node whose 4 MiB of DRAM is held by a soft-pinned
-filler, so every put spills to its disk tier (a file in DIR, default the system temp dir, on a
-real disk here), and every get is served from that file over TCP. Per object size (1 and 4
-MiB) and rep: `put_many` of a batch of 16, `get_many_into` of the same 16 (the master's
-disk-hit counter confirms the reads came from disk), then `remove_prefix`. Against, in the
-same run, the machine's disk ceiling with the node's own flags: sequential `pwrite` then
-`pread` of 16 ranges of the same size in one file, buffered (no O_DIRECT, no sync on put, as
-the node's spilled puts), and the device underneath: the same with O_DIRECT (page-aligned
-buffers; where the filesystem refuses O_DIRECT the row says so), and the loopback TCP
-ceiling every disk-tier byte also crosses (bench/ceilings.py `tcp_cold_GBps`: 16 x 4 MiB
-spans). Target: >= 0.7x of the buffered ceiling for reads and writes; the table also gives
-the ratio to min(buffered, TCP), what a TCP data plane over this disk could reach, and to the
-device. Median GB/s over the reps after the first.
+Part 1, throughput (docs/disk-tier.md): one node whose 4 MiB of DRAM is held by a
+soft-pinned filler, so every put spills to its disk tier (a file in DIR, default the system
+temp dir, on a real disk here) and every get is served from that file: by a same-host client
+over shm (memcpy into and out of the client's own mapping of the file) and by one over TCP
+(through the node's data port, as a remote client). Baselines: the same batches to a
+DRAM-only node over shm and over TCP. Per object size (1 and 4 MiB) and rep: `put_many` of a
+batch of 16, `get_many_into` of the same 16 (the master's disk-hit counter confirms the reads
+came from disk), then `remove_prefix`; values and destinations are page-aligned buffers.
+Against, in the same run, the machine's disk ceiling with the node's own flags: sequential
+`pwrite` then `pread` of 16 ranges of the same size in one file from and into 16 page-aligned
+buffers, buffered (no O_DIRECT, no sync on put, as the node's spilled puts), and the device
+underneath: the same with O_DIRECT (where the filesystem refuses it the row says so), and the
+loopback TCP ceiling every TCP byte also crosses (bench/ceilings.py: 16 x 4 MiB spans).
+Target: >= 0.7x of the buffered ceiling for reads and writes, met or not by the shm column;
+the TCP column's ratio is to min(buffered, TCP), what a TCP data plane over this disk could
+reach. Median GB/s over the reps after the first.
 
 Part 2, hit ratio: a seeded trace (`trace`: Zipf(s) popularity over a working set 4x the
 node's DRAM, 256 KiB objects, key ids shuffled) replayed as a cache does it: get, and on a
@@ -76,9 +78,12 @@ def _aligned(nbytes: int) -> mmap.mmap:
 
 
 def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[str, float] | str:
-    """Sequential write then read of BATCH ranges of `size` in one file, GB/s medians."""
+    """Sequential write then read of BATCH ranges of `size` in one file, GB/s medians: from and
+    into BATCH page-aligned buffers, as Cellar's batches below (one buffer reused for all
+    ranges stayed in the CPU's cache and read 10-17 GB/s, a figure no batch of distinct
+    destinations reaches)."""
     flags = os.O_RDWR | os.O_CREAT | (getattr(os, "O_DIRECT", 0) if direct else 0)
-    buf = _aligned(size)
+    bufs = [_aligned(size) for _ in range(BATCH)]
     writes, reads = [], []
     for rep in range(reps + 1):
         path = directory / f"ceiling-{size}-{rep}-{int(direct)}.bin"
@@ -89,11 +94,11 @@ def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[s
         try:
             os.posix_fallocate(fd, 0, BATCH * size)  # as the node reserves its disk file
             started = time.perf_counter()
-            for i in range(BATCH):
+            for i, buf in enumerate(bufs):
                 os.pwrite(fd, buf, i * size)
             writes.append(BATCH * size / (time.perf_counter() - started) / 1e9)
             started = time.perf_counter()
-            for i in range(BATCH):
+            for i, buf in enumerate(bufs):
                 os.preadv(fd, [buf], i * size)
             reads.append(BATCH * size / (time.perf_counter() - started) / 1e9)
         except OSError as exc:
@@ -111,24 +116,26 @@ def _metric(http_url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def _cellar(directory: Path | None, reps: int) -> dict[int, dict[str, Any]]:
-    """Batches over TCP to the disk tier in `directory`, or (None) to a DRAM-only node."""
+def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict[str, Any]]:
+    """Batches over `transport` to the disk tier in `directory`, or (None) to a DRAM-only
+    node; from and into page-aligned buffers, as the ceiling's."""
     from cellar.devtools.local_cluster import LocalCluster
 
     out: dict[int, dict[str, Any]] = {}
     node_flags: dict[str, Any] = {}
     dram: int | str = "1GiB"
     if directory is not None:
-        (directory / "tier").mkdir()
-        node_flags = {"disk_dir": str(directory / "tier"), "disk_size": DISK_BYTES}
+        tier = directory / f"tier-{transport}"
+        tier.mkdir()
+        node_flags = {"disk_dir": str(tier), "disk_size": DISK_BYTES}
         dram = FILLER_BYTES
     with (LocalCluster(1, dram, node_flags=node_flags) as cluster,
-          cellar.connect(cluster.address, transport="tcp") as client):
+          cellar.connect(cluster.address, transport=transport) as client):
         if directory is not None:
             client.put("bench-disk/filler", bytes(FILLER_BYTES), soft_pin=True)
         for size in SIZES:
-            values = [os.urandom(size) for _ in range(BATCH)]
-            buffers = [bytearray(size) for _ in range(BATCH)]
+            values = [_aligned(size) for _ in range(BATCH)]
+            buffers = [mmap.mmap(-1, size) for _ in range(BATCH)]
             puts, gets, from_disk = [], [], 0.0
             for rep in range(reps + 1):
                 keys = [f"bench-disk/{size}/{rep}/{i}" for i in range(BATCH)]
@@ -141,7 +148,7 @@ def _cellar(directory: Path | None, reps: int) -> dict[int, dict[str, Any]]:
                 assert client.get_many_into(keys, buffers) == [size] * BATCH
                 gets.append(BATCH * size / (time.perf_counter() - started) / 1e9)
                 from_disk += _metric(cluster.http_url, "master_tier_disk_hits") - hits
-                assert buffers[-1] == values[-1]
+                assert buffers[-1][:] == values[-1][:]
                 client.remove_prefix(f"bench-disk/{size}/{rep}/")
             out[size] = {"put": statistics.median(puts[1:]), "get": statistics.median(gets[1:]),
                          "from_disk": int(from_disk), "reads": (reps + 1) * BATCH}
@@ -177,29 +184,29 @@ def _hit_ratio(directory: Path | None) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     when, host = result["when"], result["host"]
     lines = [f"Cellar disk-tier bench, {when} on {host} (`make bench-disk`): batch of {BATCH}, "
-             f"GB/s medians of {result['reps']} reps after a warm-up; the disk file in "
-             f"`{result['dir_fs']}`.", "",
+             f"GB/s medians of {result['reps']} reps after a warm-up, from and into "
+             f"page-aligned buffers; the disk file in `{result['dir_fs']}`.", "",
              f"TCP loopback ceiling (16 x 4 MiB spans): {result['tcp_GBps']:.2f} GB/s.", "",
-             "| object | op | Cellar disk tier | Cellar DRAM tier (TCP) | buffered ceiling "
-             "| ratio (target >= 0.7) | ratio to min(buffered, TCP) | O_DIRECT (device) "
-             "| ratio to device |", "|---|---|---|---|---|---|---|---|---|"]
+             "| object | op | disk tier, shm (same host) | ratio to buffered (target >= 0.7) "
+             "| disk tier, TCP | ratio to min(buffered, TCP) | DRAM tier, shm | DRAM tier, TCP "
+             "| buffered ceiling | O_DIRECT (device) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for size in SIZES:
-        cel = result["cellar"][str(size)]
-        buffered = result["buffered"][str(size)]
-        direct = result["direct"][str(size)]
+        key = str(size)
+        buffered, direct = result["buffered"][key], result["direct"][key]
         for op, ceiling_op in (("put", "write"), ("get", "read")):
-            dev, dev_ratio = (f"{direct[ceiling_op]:.2f}", f"{cel[op] / direct[ceiling_op]:.2f}") \
-                if isinstance(direct, dict) else (direct, "-")
-            reach = min(buffered[ceiling_op], result["tcp_GBps"])
-            lines.append(f"| {size // MIB} MiB | {op} | {cel[op]:.2f} "
-                         f"| {result['dram'][str(size)][op]:.2f} | {buffered[ceiling_op]:.2f} "
-                         f"| {cel[op] / buffered[ceiling_op]:.2f} | {cel[op] / reach:.2f} "
-                         f"| {dev} | {dev_ratio} |")
+            ceiling = buffered[ceiling_op]
+            shm, tcp = result["disk_shm"][key][op], result["disk_tcp"][key][op]
+            dev = f"{direct[ceiling_op]:.2f}" if isinstance(direct, dict) else direct
+            lines.append(f"| {size // MIB} MiB | {op} | {shm:.2f} | {shm / ceiling:.2f} "
+                         f"| {tcp:.2f} | {tcp / min(ceiling, result['tcp_GBps']):.2f} "
+                         f"| {result['dram_shm'][key][op]:.2f} | {result['dram_tcp'][key][op]:.2f} "
+                         f"| {ceiling:.2f} | {dev} |")
     lines.append("")
-    lines.append("Reads served from the disk tier (master_tier_disk_hits): "
-                 + ", ".join(f"{result['cellar'][str(s)]['from_disk']}/"
-                             f"{result['cellar'][str(s)]['reads']} at {s // MIB} MiB" for s in SIZES)
-                 + ".")
+    lines.append("Reads served from the disk tier (master_tier_disk_hits), shm / TCP: "
+                 + ", ".join(f"{result['disk_shm'][str(s)]['from_disk']}/"
+                             f"{result['disk_tcp'][str(s)]['from_disk']} of "
+                             f"{result['disk_shm'][str(s)]['reads']} at {s // MIB} MiB"
+                             for s in SIZES) + ".")
     dram, tiered = result["trace"]["dram"], result["trace"]["disk"]
     lines += ["", f"Hit ratio of a replayed trace (Zipf {TRACE_SKEW}, {TRACE_ACCESSES} accesses, "
               f"seed {TRACE_SEED}, {4 * TRACE_DRAM // TRACE_OBJECT} keys of "
@@ -240,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
             "direct": {str(s): _file_ceiling(directory, s, args.reps, True) for s in SIZES},
             "tcp_GBps": statistics.median(tcp_loopback_GBps(1 << 30, COLD_SPAN_BYTES)
                                           for _ in range(3)),
-            "cellar": {str(k): v for k, v in _cellar(directory, args.reps).items()},
-            "dram": {str(k): v for k, v in _cellar(None, args.reps).items()},
+            **{name: {str(k): v for k, v in _cellar(where, args.reps, transport).items()}
+               for name, where, transport in (("disk_shm", directory, "shm"),
+                                              ("disk_tcp", directory, "tcp"),
+                                              ("dram_shm", None, "shm"),
+                                              ("dram_tcp", None, "tcp"))},
             "trace": {"dram": _hit_ratio(None), "disk": _hit_ratio(directory)},
         }
     finally:

@@ -126,9 +126,12 @@ class PutBatch:
                  hashes_writes: Callable[[SegmentRoute], bool] | None = None,
                  hints: PutHints | None = None) -> None:
         self.entries = entries
-        # Whether the transport that will write to a route hashes as it copies: then a
-        # scatter-gather value is not hashed beforehand (`TransferOp.want_checksum`).
+        # Whether the transport that will write to a route hashes as it copies: then a value
+        # not hashed yet is hashed by that copy (`TransferOp.want_checksum`), not beforehand.
         self._hashes_writes = hashes_writes
+        # Whether every replica of the last PutStart reply went to such a transport: the face
+        # then leaves the next batch's hashing to the copy instead of hashing behind PutStart.
+        self.all_fused = False
         self._tenant = tenant
         self._replicas = replicas
         self._soft_pin = soft_pin
@@ -193,6 +196,8 @@ class PutBatch:
         self._op_owner = []
         self._started = []
         self._bad_placement = {}
+        hashes = self._hashes_writes
+        all_fused = hashes is not None
         tenant = self._tenant
         entries = self.entries
         started, owners = self._started, self._op_owner
@@ -216,14 +221,12 @@ class PutBatch:
                 continue
             value, parts = e.value, e.parts
             size = e.nbytes
-            deferred = False
-            if e.checksum is None:  # not hashed while PutStart was in flight
-                hashes = self._hashes_writes
-                deferred = bool(parts) and hashes is not None and all(
-                    (r := routes.get(rep.segment_id)) is not None and hashes(r[0])
-                    for rep in replicas)
-                if not deferred:
-                    e.checksum = hash_views(parts) if parts else checksum(value)
+            fused = hashes is not None and all(
+                (r := routes.get(rep.segment_id)) is not None and hashes(r[0]) for rep in replicas)
+            all_fused = all_fused and fused
+            deferred = e.checksum is None and fused
+            if e.checksum is None and not fused:  # not hashed while PutStart was in flight
+                e.checksum = hash_views(parts) if parts else checksum(value)
             meta = WriteMeta(0 if e.checksum is None else e.checksum, size, tenant, e.key)
             planned: list[TransferOp] = []
             for rep in replicas:
@@ -238,6 +241,8 @@ class PutBatch:
                 ops.extend(planned)
                 owners.extend([i] * len(planned))
         self._planned = ops
+        if ops:
+            self.all_fused = all_fused
         return ops
 
     def can_retry(self) -> bool:

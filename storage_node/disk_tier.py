@@ -8,11 +8,13 @@ What it owns
     disk replica go through the same grant checks, index and TCP data server as a DRAM one:
     the server sends from the mapping (sendmsg of a memoryview of page-cache pages), so a
     replica in the page cache leaves at memory speed and a cold one at the device's read speed.
-    The node never offers a disk segment over shm (mount_report.py).
+    The file is offered over shm as a DRAM segment is (mount_report.py): a trusted same-host
+    client copies into and out of its own mapping of it, at page-cache speed, bypassing TCP.
 
 Why a mapped file and not O_DIRECT (measured in `make bench-disk`, docs/disk-tier.md)
     One data path for both tiers (grants, index, sealing, journal, verifier, TCP server), and
-    the kernel's page cache is the read cache and the write-back queue. O_DIRECT would bypass
+    the kernel's page cache is the read cache and the write-back queue, and same-host clients
+    can map the file as they map a DRAM segment. O_DIRECT would bypass
     the cache, needs aligned buffers and its own I/O threads, and pays off only when the page
     cache competes with the DRAM tier for memory; the bench measures both against the device.
 

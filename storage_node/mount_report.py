@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cellar.proto import cellar_pb2 as pb
-from cellar.proto.tiers import TIER_DRAM
 from cellar.storage_node.segment import Segment
 
 REPORT_BATCH_ENTRIES = 2000
@@ -29,10 +28,9 @@ def segment_infos(segments: Sequence[Segment], node_id: str, host_id: str, tcp_a
             segment_id=s.segment_id, node_id=node_id, size_bytes=s.size_bytes, host_id=host_id,
             endpoints=[
                 pb.Endpoint(transport="tcp", address=tcp_address),
-                # A disk-tier file is read through the node (or after promotion), never mapped
-                # by a client: its pages would come from the device on the client's time.
-                *([pb.Endpoint(transport="shm", address=str(s.path) if s.path else "")]
-                  if s.tier == TIER_DRAM else []),
+                # a disk-tier file too: a same-host client with the shm right maps it and reads
+                # warm pages at copy speed, not loopback TCP's (docs/disk-tier.md#reads)
+                pb.Endpoint(transport="shm", address=str(s.path) if s.path else ""),
                 *extra_endpoints.get(s.segment_id, []),
             ],
             tier=s.tier,

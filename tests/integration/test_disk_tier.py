@@ -148,6 +148,46 @@ def test_disk_objects_survive_kill_9_of_node_and_of_master(make_cluster, tmp_pat
 
 
 @pytest.mark.timeout(180)
+def test_a_same_host_client_moves_disk_replicas_over_shm(make_cluster, tmp_path):
+    """The disk file is offered over shm like a DRAM segment: a same-host client's spilled puts
+    are copied into it and its reads copied out of it through the client's own mapping (none
+    over the node's TCP port), byte-exact; after a kill -9 of the node, which re-attaches the
+    same file, the same client reads them again by shm without a put. (On the code before, the
+    disk tier had no shm endpoint: every one of these went by TCP and the shm counts stay 0.)"""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    cluster = make_cluster(nodes=1, segment_size=4 * MIB, **MASTER_FLAGS,
+                           node_flags={"disk_dir": str(disk), "disk_size": 64 * MIB})
+    values = _values(24, 7)
+    keys = list(values)
+    with cellar.connect(cluster.address, timeout_s=30) as client:  # auto: shm before tcp
+        shm = next(t for t in client._transports.transports if t.name == "shm")
+        client.put("filler", bytes(4 * MIB), soft_pin=True)  # all of DRAM: every put spills
+        writes = shm.stats["writes"]
+        assert client.put_many(values) == [Status.OK] * len(values)
+        assert shm.stats["writes"] - writes == len(values)
+        # each value was hashed by its copy into the mapping, not beforehand (client/flows.py)
+        assert client._s.writes_fused
+        found = client.lookup(keys)
+        assert found.prefix_len == len(keys) and found.tiers["disk"].keys == len(keys)
+        hits, reads = _metric(cluster, "master_tier_disk_hits"), shm.stats["reads"]
+        got = client.get_many(keys)
+        assert [g == values[k] for k, g in zip(keys, got, strict=True)] == [True] * len(keys)
+        assert shm.stats["reads"] - reads == len(keys)
+        assert _metric(cluster, "master_tier_disk_hits") - hits == len(keys)
+        cluster.restart_node(0)  # kill -9; the same --node-id and disk dir
+        _wait(lambda: client.lookup(keys).prefix_len == len(keys))
+        reads = shm.stats["reads"]
+        got = client.get_many(keys)
+        assert [g == values[k] for k, g in zip(keys, got, strict=True)] == [True] * len(keys)
+        assert shm.stats["reads"] - reads == len(keys)
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as remote:
+        assert remote.put_many({"remote/0": values[keys[0]]}) == [Status.OK]
+        assert not remote._s.writes_fused  # hashed behind PutStart, as before
+        assert remote.get("remote/0") == values[keys[0]]
+
+
+@pytest.mark.timeout(180)
 def test_disk_object_read_twice_in_window_is_promoted(make_cluster, tmp_path):
     """The switch back to DRAM does not wait for readers: the second read's pin is never
     released here (as for a key read continuously, whose pins overlap), yet the object is

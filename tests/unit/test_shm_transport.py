@@ -323,3 +323,32 @@ def test_writes_hashed_as_they_are_copied_commit_the_digest(node: Node,
         assert bytes(node.segment.view(8192, size)) == b"".join(parts)
     finally:
         shm.close()
+
+
+def _filesystem_of(path: Path) -> str:
+    best, fstype = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and str(path).startswith(parts[1]) and len(parts[1]) >= len(best):
+            best, fstype = parts[1], parts[2]
+    return fstype
+
+
+def test_only_memory_backed_files_are_prefaulted(tmp_path: Path) -> None:
+    """A disk-tier file mapped with MAP_POPULATE would be read in whole into the page cache
+    (a 512 MiB one took its first put 0.9 s): only tmpfs/hugetlbfs files are populated."""
+    from cellar.transfer.shm import _memory_backed
+
+    candidates = [Path("/dev/shm"), tmp_path, Path(__file__).resolve().parent]
+    seen = set()
+    for directory in candidates:
+        if not directory.is_dir():
+            continue
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            memory = _filesystem_of(directory.resolve()) in ("tmpfs", "hugetlbfs")
+            assert _memory_backed(fd) is memory, directory
+            seen.add(memory)
+        finally:
+            os.close(fd)
+    assert seen == {True, False}, "no tmpfs and disk directory to compare on this machine"
