@@ -155,6 +155,60 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
     return out
 
 
+SEND_BYTES = 64 * MIB
+SEND_PIECE_BYTES = 4 * MIB
+
+
+def _send_paths(directory: Path, reps: int) -> dict[str, float]:
+    """How the node could send a disk replica over TCP: `sendmsg` of its mapping (what the
+    node does: the kernel copies page-cache pages into the socket once) against `sendfile`
+    (no copy on the sending side), SEND_BYTES of a file in `directory` to a receiver's
+    `recv_into` over loopback, alternated, GB/s medians."""
+    import threading
+
+    path = directory / "send.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    rates: dict[str, list[float]] = {"sendmsg": [], "sendfile": []}
+    try:
+        os.pwrite(fd, os.urandom(MIB) * (SEND_BYTES // MIB), 0)
+        mapped = mmap.mmap(fd, SEND_BYTES, mmap.MAP_SHARED)
+        view = memoryview(mapped)
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            for _ in range(reps + 1):
+                for way in rates:
+                    def serve(way: str = way) -> None:
+                        conn, _ = listener.accept()
+                        with conn:
+                            conn.recv(1)
+                            if way == "sendmsg":
+                                for start in range(0, SEND_BYTES, SEND_PIECE_BYTES):
+                                    conn.sendall(view[start:start + SEND_PIECE_BYTES])
+                            else:
+                                sent = 0
+                                while sent < SEND_BYTES:
+                                    sent += os.sendfile(conn.fileno(), fd, sent,
+                                                        SEND_BYTES - sent)
+
+                    server = threading.Thread(target=serve)
+                    server.start()
+                    into = memoryview(bytearray(SEND_BYTES))
+                    with socket.create_connection(("127.0.0.1", port)) as client:
+                        started = time.perf_counter()
+                        client.send(b"x")
+                        got = 0
+                        while got < SEND_BYTES:
+                            got += client.recv_into(into[got:], SEND_BYTES - got)
+                        rates[way].append(SEND_BYTES / (time.perf_counter() - started) / 1e9)
+                    server.join()
+        view.release()
+        mapped.close()
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {way: statistics.median(r[1:]) for way, r in rates.items()}
+
+
 def _hit_ratio(directory: Path | None) -> dict[str, Any]:
     """Replay the trace as a cache: get, put on a miss. `directory`: the disk tier, or None."""
     from cellar.devtools.local_cluster import LocalCluster
@@ -207,6 +261,10 @@ def markdown(result: dict[str, Any]) -> str:
                              f"{result['disk_tcp'][str(s)]['from_disk']} of "
                              f"{result['disk_shm'][str(s)]['reads']} at {s // MIB} MiB"
                              for s in SIZES) + ".")
+    send = result["send"]
+    lines += ["", f"Sending {SEND_BYTES // MIB} MiB of the disk file over loopback TCP "
+              f"(medians): sendmsg of its mapping (the node's way) {send['sendmsg']:.2f} GB/s, "
+              f"sendfile {send['sendfile']:.2f} GB/s."]
     dram, tiered = result["trace"]["dram"], result["trace"]["disk"]
     lines += ["", f"Hit ratio of a replayed trace (Zipf {TRACE_SKEW}, {TRACE_ACCESSES} accesses, "
               f"seed {TRACE_SEED}, {4 * TRACE_DRAM // TRACE_OBJECT} keys of "
@@ -247,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             "direct": {str(s): _file_ceiling(directory, s, args.reps, True) for s in SIZES},
             "tcp_GBps": statistics.median(tcp_loopback_GBps(1 << 30, COLD_SPAN_BYTES)
                                           for _ in range(3)),
+            "send": _send_paths(directory, args.reps),
             **{name: {str(k): v for k, v in _cellar(where, args.reps, transport).items()}
                for name, where, transport in (("disk_shm", directory, "shm"),
                                               ("disk_tcp", directory, "tcp"),
