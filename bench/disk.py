@@ -47,6 +47,7 @@ import numpy as np
 
 import cellar
 from cellar.bench.ceilings import COLD_SPAN_BYTES, tcp_loopback_GBps
+from cellar.devtools.page_cache import evict
 
 MIB = 1 << 20
 BATCH = 16
@@ -84,7 +85,9 @@ def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[s
     destinations reaches)."""
     flags = os.O_RDWR | os.O_CREAT | (getattr(os, "O_DIRECT", 0) if direct else 0)
     bufs = [_aligned(size) for _ in range(BATCH)]
-    writes, reads = [], []
+    writes: list[float] = []
+    reads: list[float] = []
+    cold: list[float] = []
     for rep in range(reps + 1):
         path = directory / f"ceiling-{size}-{rep}-{int(direct)}.bin"
         try:
@@ -101,12 +104,21 @@ def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[s
             for i, buf in enumerate(bufs):
                 os.preadv(fd, [buf], i * size)
             reads.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+            if not direct:  # the same read once the file's pages left the page cache
+                evict(fd)
+                started = time.perf_counter()
+                for i, buf in enumerate(bufs):
+                    os.preadv(fd, [buf], i * size)
+                cold.append(BATCH * size / (time.perf_counter() - started) / 1e9)
         except OSError as exc:
             return f"O_DIRECT refused: {exc.strerror}"
         finally:
             os.close(fd)
             path.unlink()
-    return {"write": statistics.median(writes[1:]), "read": statistics.median(reads[1:])}
+    out = {"write": statistics.median(writes[1:]), "read": statistics.median(reads[1:])}
+    if cold:
+        out["read_cold"] = statistics.median(cold[1:])
+    return out
 
 
 def _metric(http_url: str, name: str) -> float:
@@ -209,6 +221,53 @@ def _send_paths(directory: Path, reps: int) -> dict[str, float]:
     return {way: statistics.median(r[1:]) for way, r in rates.items()}
 
 
+COLD_DISK_BYTES = 1 << 30  # room for every cold rep's objects at offsets of their own
+
+
+def _cold_gets(directory: Path, reps: int) -> dict[int, dict[str, Any]]:
+    """Cold disk-tier reads. Per object size and rep: BATCH objects spilled to disk by a shm
+    client that then closes (its mapping goes), the file's pages evicted (`_evict`), and the
+    batch read by a new client over shm (the client's copy faults the pages in from the
+    device); evicted again, then over TCP (the node's send faults them in). Nothing is removed
+    between reps, so each rep's objects sit at offsets no process has mapped yet (a page the
+    node mapped once cannot be evicted). GB/s medians, and the smallest share of a batch's
+    bytes an eviction dropped (the check that the reads were cold)."""
+    from cellar.devtools.local_cluster import LocalCluster
+
+    tier = directory / "tier-cold"
+    tier.mkdir()
+    out: dict[int, dict[str, Any]] = {}
+    with LocalCluster(1, FILLER_BYTES, node_flags={"disk_dir": str(tier),
+                                                   "disk_size": COLD_DISK_BYTES}) as cluster:
+        with cellar.connect(cluster.address, transport="shm") as writer:
+            writer.put("bench-disk/filler", bytes(FILLER_BYTES), soft_pin=True)
+        disk_file = next(tier.glob("*.seg"))
+        for size in SIZES:
+            values = [_aligned(size) for _ in range(BATCH)]
+            buffers = [mmap.mmap(-1, size) for _ in range(BATCH)]
+            rates: dict[str, list[float]] = {"shm": [], "tcp": []}
+            evicted = BATCH * size
+            for rep in range(reps + 1):
+                keys = [f"bench-disk/cold/{size}/{rep}/{i}" for i in range(BATCH)]
+                with cellar.connect(cluster.address, transport="shm") as writer:
+                    assert writer.put_many(list(zip(keys, values, strict=True))) == \
+                        [cellar.Status.OK] * BATCH
+                for transport, got in rates.items():
+                    fd = os.open(disk_file, os.O_RDONLY)
+                    try:
+                        evicted = min(evicted, evict(fd))
+                    finally:
+                        os.close(fd)
+                    with cellar.connect(cluster.address, transport=transport) as reader:
+                        started = time.perf_counter()
+                        assert reader.get_many_into(keys, buffers) == [size] * BATCH
+                        got.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+                    assert buffers[-1][:] == values[-1][:]
+            out[size] = {way: statistics.median(r[1:]) for way, r in rates.items()}
+            out[size]["evicted_fraction"] = evicted / (BATCH * size)
+    return out
+
+
 def _hit_ratio(directory: Path | None) -> dict[str, Any]:
     """Replay the trace as a cache: get, put on a miss. `directory`: the disk tier, or None."""
     from cellar.devtools.local_cluster import LocalCluster
@@ -261,6 +320,18 @@ def markdown(result: dict[str, Any]) -> str:
                              f"{result['disk_tcp'][str(s)]['from_disk']} of "
                              f"{result['disk_shm'][str(s)]['reads']} at {s // MIB} MiB"
                              for s in SIZES) + ".")
+    evicted = min(result["cold"][str(s)]["evicted_fraction"] for s in SIZES)
+    lines += ["", "Cold reads (before each read the disk file's pages are evicted: at least "
+              f"{evicted:.0%} of a batch's bytes left the page cache each time):", "",
+              "| object | disk tier get, shm | disk tier get, TCP | buffered cold read ceiling "
+              "| ratio shm / ceiling | O_DIRECT read (device) |", "|---|---|---|---|---|---|"]
+    for size in SIZES:
+        cold, buffered = result["cold"][str(size)], result["buffered"][str(size)]
+        direct = result["direct"][str(size)]
+        dev = f"{direct['read']:.2f}" if isinstance(direct, dict) else direct
+        lines.append(f"| {size // MIB} MiB | {cold['shm']:.2f} | {cold['tcp']:.2f} "
+                     f"| {buffered['read_cold']:.2f} | {cold['shm'] / buffered['read_cold']:.2f} "
+                     f"| {dev} |")
     send = result["send"]
     lines += ["", f"Sending {SEND_BYTES // MIB} MiB of the disk file over loopback TCP "
               f"(medians): sendmsg of its mapping (the node's way) {send['sendmsg']:.2f} GB/s, "
@@ -306,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             "tcp_GBps": statistics.median(tcp_loopback_GBps(1 << 30, COLD_SPAN_BYTES)
                                           for _ in range(3)),
             "send": _send_paths(directory, args.reps),
+            "cold": {str(k): v for k, v in _cold_gets(directory, args.reps).items()},
             **{name: {str(k): v for k, v in _cellar(where, args.reps, transport).items()}
                for name, where, transport in (("disk_shm", directory, "shm"),
                                               ("disk_tcp", directory, "tcp"),

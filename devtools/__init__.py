@@ -7,6 +7,8 @@ Owns what a developer or an operator runs around a cluster rather than inside it
 - `children`: one child process (`Child`), starting it, waiting for its ready line, stopping it;
 - `etcd_server`: the throwaway single-member etcd of `cellar up --ha` and the HA tests;
 - `up`: `cellar up`; `token_cli`: `cellar token`;
+- `page_cache`: what of a file is in the page cache, and dropping it (cold reads for
+  `make bench-disk` and the shm readahead test);
 - `soak/`: `cellar soak`, random traffic under chaos verified read by read, one module per part:
   `settings` (bounds, fault kinds, the command line), `values` (the self-checking value
   format), `worker` (one client process and its model), `watcher` (expiries, evictions, leader

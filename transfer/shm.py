@@ -108,6 +108,13 @@ POPULATE_MAX_BYTES = 8 << 30
 MEMORY_FS_MAGICS = frozenset({0x01021994, 0x958458F6})  # TMPFS_MAGIC, HUGETLBFS_MAGIC
 STATFS_BYTES = 256                 # more than struct statfs (120 bytes on x86-64 and arm64)
 _libc = ctypes.CDLL(None, use_errno=True)
+# Reads of a disk-backed file this long or shorter ask for readahead of their whole range
+# before the batch's copies start (Mapping.will_need), so a batch's cold objects are read by
+# the device together. Measured cold (pages evicted) on this VM, 16 objects, alternated: 1 MiB
+# 0.46-0.63 -> 0.81-1.01 GB/s with it; 4 MiB 1.36-1.68 without, 1.06-1.08 with (the madvise
+# allocates and submits all 64 MiB before the first copy, where the kernel's read-around on
+# each page fault streams a long object as the copy goes).
+WILLNEED_MAX_OP_BYTES = 1 << 20
 
 
 def _memory_backed(fd: int) -> bool:
@@ -128,8 +135,8 @@ def _memory_backed(fd: int) -> bool:
 class Mapping:
     """One segment file mapped MAP_SHARED read/write. Unmapped when the last reference goes."""
 
-    __slots__ = ("path", "dev", "ino", "size", "memory", "address", "_mm", "_fd",
-                 "__weakref__")
+    __slots__ = ("path", "dev", "ino", "size", "memory", "address", "memory_backed", "_mm",
+                 "_fd", "__weakref__")
 
     def __init__(self, path: str) -> None:
         self._fd = -1
@@ -139,17 +146,29 @@ class Mapping:
             if st.st_size <= 0:
                 raise OSError(f"{path} is empty")
             flags = mmap.MAP_SHARED
-            if st.st_size <= POPULATE_MAX_BYTES and _memory_backed(fd):
+            memory_backed = _memory_backed(fd)
+            if st.st_size <= POPULATE_MAX_BYTES and memory_backed:
                 flags |= getattr(mmap, "MAP_POPULATE", 0)
             self._mm = mmap.mmap(fd, st.st_size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd  # kept for the liveness probe (flock)
+        self.memory_backed = memory_backed
         self.path = path
         self.dev, self.ino, self.size = st.st_dev, st.st_ino, st.st_size
         self.memory = memoryview(self._mm)
         self.address = buffer_address(self.memory)
+
+    def will_need(self, offset: int, length: int) -> None:
+        """Start reading [offset, +length) of a disk-backed file into the page cache (readahead,
+        asynchronous): a batch's cold ranges are then read by the device together, not one
+        page fault at a time as the copy reaches them. A hint: a refusal changes nothing."""
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self._mm.madvise(mmap.MADV_WILLNEED, start, length + offset - start)
+        except (OSError, ValueError):
+            pass
 
     def current(self) -> bool:
         """Whether `path` still names the file this maps (same device, inode and size)."""
@@ -389,6 +408,8 @@ class ShmTransport(Transport):
                 commits.append((i, address, ControlCall(OP_COMMIT, grant, route.segment_id,
                                                         op.offset, n, meta)))
             else:
+                if not m.memory_backed and n <= WILLNEED_MAX_OP_BYTES:  # a disk-tier file
+                    m.will_need(op.offset, n)
                 jobs.append((i, CopyJob(views, span, span_address, hashed=op.want_checksum)))
         return results, jobs, commits
 

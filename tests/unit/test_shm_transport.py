@@ -8,6 +8,7 @@ checks, index) and a real `TcpDataServer` for the COMMIT frames; the client maps
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -352,3 +353,33 @@ def test_only_memory_backed_files_are_prefaulted(tmp_path: Path) -> None:
         finally:
             os.close(fd)
     assert seen == {True, False}, "no tmpfs and disk directory to compare on this machine"
+
+
+def test_a_disk_backed_mapping_reads_ahead_on_request() -> None:
+    """Mapping.will_need starts the device reading a cold range (what a shm read of a disk-tier
+    object of up to WILLNEED_MAX_OP_BYTES asks before its copy)."""
+    from cellar.devtools.page_cache import cached_bytes, evict
+    from cellar.transfer.shm import _memory_backed
+
+    directory = Path(__file__).resolve().parent  # the clone: on a disk, not tmpfs
+    size = 1 << 20
+    path = directory / f".willneed-{os.getpid()}.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if _memory_backed(fd):
+            pytest.skip(f"{directory} is on a memory filesystem")
+        os.pwrite(fd, os.urandom(size), 0)
+        evict(fd)
+        if cached_bytes(fd):
+            pytest.skip("this kernel kept the file's pages cached after POSIX_FADV_DONTNEED")
+        mapping = Mapping(str(path))  # unmapped when dropped (Mapping.__del__)
+        assert not mapping.memory_backed and cached_bytes(fd) == 0  # mapping reads nothing
+        mapping.will_need(4096 + 100, size - 8192)  # unaligned: rounded down to a page
+        deadline = time.monotonic() + 10
+        while cached_bytes(fd) < size - 8192 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cached_bytes(fd) >= size - 8192
+        del mapping
+    finally:
+        os.close(fd)
+        path.unlink()
