@@ -352,8 +352,17 @@ def test_tiers_shown_apart_and_a_truncated_disk_file_dropped_not_served(make_clu
                              rf"{hits[name]}\s+{re.escape(format_size(hits[name] * MIB))}\s+"
                              rf"{re.escape(format_size(row['write_bytes']))}$", out.stdout, re.M), \
                 out.stdout
-        assert (f"disk moves: demotions {moves['demotions']}, promotions 0, disk evictions 0, "
-                f"spills {moves['spills']}") in out.stdout.splitlines(), out.stdout
+        moved = (f"disk moves: demotions {moves['demotions']}, promotions 0, disk evictions 0, "
+                 f"spills {moves['spills']}")
+        assert moved in out.stdout.splitlines(), out.stdout
+        top = subprocess.run([sys.executable, "-m", "cellar", "top", "--once", "--http",
+                              cluster.http_url.removeprefix("http://")],
+                             capture_output=True, text=True, timeout=60)
+        assert top.returncode == 0, top.stderr
+        assert re.search(rf"^disk\s.*%\s+{hits['disk']}\s+{re.escape(format_size(hits['disk'] * MIB))}"
+                         rf"\s+{re.escape(format_size(tiers['disk']['write_bytes']))}$",
+                         top.stdout, re.M), top.stdout
+        assert moved in top.stdout.splitlines(), top.stdout
         on_dram = tiers["dram"]["objects"]
     assert _node_metric(cluster, 'node_corrupt_dropped_total{segment="\\d+",tier="disk",what="file"}') == 0
     (disk_file,) = disk.glob("*.seg")
