@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cellar.errors import AlreadyExists, CellarError, NotFound
+from cellar.proto.tiers import moves_text
 from cellar.units import format_size, parse_duration_s
 
 DEFAULT_MASTER = "127.0.0.1:50051"
@@ -137,10 +138,15 @@ def render_status(address: str, status: dict[str, Any]) -> str:
     ]
     tiers = status.get("tiers") or {}
     if set(tiers) - {"dram"}:  # DRAM and disk apart (docs/disk-tier.md)
-        lines.append(format_table(["TIER", "SEGMENTS", "CAPACITY", "USED", "USE", "OBJECTS"], [
-            [name, t["segments"], format_size(t["capacity_bytes"]), format_size(t["used_bytes"]),
-             _pct(t["used_bytes"], t["capacity_bytes"]), t["objects"]]
-            for name, t in tiers.items()]))
+        lines.append(format_table(
+            ["TIER", "SEGMENTS", "CAPACITY", "USED", "USE", "OBJECTS", "HITS", "READ", "WRITTEN"], [
+                [name, t["segments"], format_size(t["capacity_bytes"]),
+                 format_size(t["used_bytes"]), _pct(t["used_bytes"], t["capacity_bytes"]),
+                 t["objects"], t["hits"], format_size(t["read_bytes"]),
+                 format_size(t["write_bytes"])]
+                for name, t in tiers.items()]))
+        if "disk" in tiers:
+            lines.append(moves_text(tiers["disk"]))
         lines.append("")
     nodes = status["nodes"]
     if nodes:

@@ -50,7 +50,7 @@ from cellar.client.statuses import check_result_count
 from cellar.coord.link import EpochFence as EpochFence  # its home is the master link
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
-from cellar.proto.tiers import TIER_NAMES, tier_totals
+from cellar.proto.tiers import MOVE_COUNTERS, TIER_NAMES, merge_tier_stats, tier_totals
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
     ST_CONNECTION_LOST,
@@ -110,7 +110,8 @@ def replica_grant(replica: Any, routes: Mapping[int, tuple[SegmentRoute, int]], 
 
 
 def status_to_dict(reply: Any) -> dict[str, Any]:
-    """ClusterStatusReply as plain data: totals, segments, nodes (aggregated), tenants."""
+    """ClusterStatusReply as plain data: totals, segments, nodes (aggregated), tenants, tiers
+    (use from the segment rows, traffic and moves from tier_stats and tier_moves)."""
     segments = []
     nodes: dict[str, dict[str, Any]] = {}
     for s in reply.segments:
@@ -145,8 +146,12 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
         "max_batch_keys": int(reply.max_batch_keys),
         "max_list_keys": int(reply.max_list_keys),
         "segments": segments, "nodes": list(nodes.values()), "tenants": tenants,
-        "tiers": tier_totals((int(s.info.tier), int(s.info.size_bytes), int(s.used_bytes),
-                              int(s.object_count)) for s in reply.segments),
+        "tiers": merge_tier_stats(
+            tier_totals((int(s.info.tier), int(s.info.size_bytes), int(s.used_bytes),
+                         int(s.object_count)) for s in reply.segments),
+            ((int(t.tier), int(t.hits), int(t.read_bytes), int(t.write_bytes))
+             for t in reply.tier_stats),
+            {name: int(getattr(reply.tier_moves, name)) for name in MOVE_COUNTERS}),
     }
 
 

@@ -354,7 +354,9 @@ class Client:
         return self._run(operations.list_all_keys(self._s, prefix, page_keys))
 
     def status(self) -> dict[str, Any]:
-        """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits."""
+        """A cluster summary: capacity, use, objects, segments, nodes, tenants, limits, and
+        `tiers`: per tier ("dram", "disk") its capacity, use, objects, segments, hits and bytes
+        read and written, the disk row with the moves (docs/disk-tier.md)."""
         return self._run(operations.status(self._s))
 
     # ---- registered memory, parts, tensors (cellar.client.buffer_operations) ---------------------

@@ -1,7 +1,8 @@
 """`cellar top`: the master's status page as a live terminal view.
 
 It shows what the HTML page at the master's `/` shows (master/serving/status_page.py): role, epoch and
-leader, capacity and use, nodes with state and use bars, tenants with quota bars and the recent
+leader, capacity and use, with a disk tier each tier's use, hits and bytes read and written and
+the disk's moves, nodes with state and use bars, tenants with quota bars and the recent
 events, read from the master's `/api/v1/status` and `/api/v1/events` (so both views come from
 one snapshot format). Pointed at a standby, it follows to the leader's HTTP address the
 standby knows. It redraws in place every `--interval` (plain ANSI clear, no curses, so it also
@@ -22,6 +23,7 @@ import urllib.request
 from typing import Any
 
 from cellar.client.cli import MAX_STATUS_BYTES, format_table
+from cellar.proto.tiers import moves_text
 from cellar.units import format_size, parse_duration_s
 
 DEFAULT_HTTP = "127.0.0.1:9400"
@@ -77,10 +79,15 @@ def render(http: str, status: dict[str, Any], events: list[dict[str, Any]]) -> s
     ]
     tiers = status.get("tiers") or {}
     if set(tiers) - {"dram"}:  # DRAM and disk apart (docs/disk-tier.md)
-        lines.append(format_table(["TIER", "SEGMENTS", "OBJECTS", "USED", "USE"], [
-            [name, t["segments"], t["objects"],
-             f"{format_size(t['used_bytes'])}/{format_size(t['capacity_bytes'])}",
-             bar(t["used_bytes"], t["capacity_bytes"])] for name, t in tiers.items()]))
+        lines.append(format_table(
+            ["TIER", "SEGMENTS", "OBJECTS", "USED", "USE", "HITS", "READ", "WRITTEN"], [
+                [name, t["segments"], t["objects"],
+                 f"{format_size(t['used_bytes'])}/{format_size(t['capacity_bytes'])}",
+                 bar(t["used_bytes"], t["capacity_bytes"]), t["hits"],
+                 format_size(t["read_bytes"]), format_size(t["write_bytes"])]
+                for name, t in tiers.items()]))
+        if "disk" in tiers:
+            lines.append(moves_text(tiers["disk"]))
         lines.append("")
     nodes = status.get("nodes", [])
     if nodes:

@@ -657,8 +657,32 @@ class TenantStatus(_message.Message):
     quota_objects: int
     def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., object_count: _Optional[int] = ..., quota_objects: _Optional[int] = ...) -> None: ...
 
+class TierStats(_message.Message):
+    __slots__ = ("tier", "hits", "read_bytes", "write_bytes")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tier: int
+    hits: int
+    read_bytes: int
+    write_bytes: int
+    def __init__(self, tier: _Optional[int] = ..., hits: _Optional[int] = ..., read_bytes: _Optional[int] = ..., write_bytes: _Optional[int] = ...) -> None: ...
+
+class TierMoves(_message.Message):
+    __slots__ = ("demotions", "promotions", "disk_evictions", "spills")
+    DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    DISK_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    SPILLS_FIELD_NUMBER: _ClassVar[int]
+    demotions: int
+    promotions: int
+    disk_evictions: int
+    spills: int
+    def __init__(self, demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., disk_evictions: _Optional[int] = ..., spills: _Optional[int] = ...) -> None: ...
+
 class ClusterStatusReply(_message.Message):
-    __slots__ = ("header", "segments", "tenants", "object_count", "capacity_bytes", "used_bytes", "role", "leader_address", "max_key_bytes", "max_object_bytes", "max_batch_keys", "max_list_keys")
+    __slots__ = ("header", "segments", "tenants", "object_count", "capacity_bytes", "used_bytes", "role", "leader_address", "max_key_bytes", "max_object_bytes", "max_batch_keys", "max_list_keys", "tier_stats", "tier_moves")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
@@ -671,6 +695,8 @@ class ClusterStatusReply(_message.Message):
     MAX_OBJECT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_KEYS_FIELD_NUMBER: _ClassVar[int]
     MAX_LIST_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIER_STATS_FIELD_NUMBER: _ClassVar[int]
+    TIER_MOVES_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStatus]
     tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
@@ -683,4 +709,6 @@ class ClusterStatusReply(_message.Message):
     max_object_bytes: int
     max_batch_keys: int
     max_list_keys: int
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., object_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., role: _Optional[str] = ..., leader_address: _Optional[str] = ..., max_key_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_list_keys: _Optional[int] = ...) -> None: ...
+    tier_stats: _containers.RepeatedCompositeFieldContainer[TierStats]
+    tier_moves: TierMoves
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., object_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., role: _Optional[str] = ..., leader_address: _Optional[str] = ..., max_key_bytes: _Optional[int] = ..., max_object_bytes: _Optional[int] = ..., max_batch_keys: _Optional[int] = ..., max_list_keys: _Optional[int] = ..., tier_stats: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., tier_moves: _Optional[_Union[TierMoves, _Mapping]] = ...) -> None: ...

@@ -2,14 +2,15 @@
 
 One place reads the tables for a status answer, so the two faces cannot disagree: totals,
 each segment with its node's state and use, the tenants a caller may be shown (bounded by
-`max_status_tenants`, the caller's own first), and the limits a client needs. Segment infos
-carry shm endpoints only for a caller trusted on the nodes' hosts (docs/security.md).
+`max_status_tenants`, the caller's own first), the tier counters (state/tiers.py, which
+/metrics reads too), and the limits a client needs. Segment infos carry shm endpoints only for
+a caller trusted on the nodes' hosts (docs/security.md).
 It only reads state and never builds protobuf or JSON itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class ClusterSummary:
     max_object_bytes: int = 0
     segments: tuple[SegmentSummary, ...] = ()
     tenants: tuple[Tenant, ...] = ()
+    tier_stats: tuple[tuple[int, int, int, int], ...] = ()  # (tier, hits, read B, write B)
+    tier_moves: dict[str, int] = field(default_factory=dict)  # demotions, promotions, ...
 
 
 def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool = False) -> ClusterSummary:
@@ -65,4 +68,5 @@ def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool 
         config.max_batch_keys, config.max_list_keys, capacity, used, service.objects.complete_count,
         service.largest_placeable_bytes(), segments,
         tuple(service.status_tenants(caller_tenant)),  # bounded: max_status_tenants
+        tuple(service.tiers.stats()), service.tiers.moves(),
     )

@@ -5,7 +5,8 @@ Routes:
   GET  /health             200 "ok"
   GET  /                   the HTML status page (serving/status_page.py); ?text=1 plain text
   GET  /api/v1/events      JSON: the recent events, newest first (master/serving/events.py)
-  GET  /api/v1/status      JSON: role, epoch, segments, capacity, use, objects, tenants, limits
+  GET  /api/v1/status      JSON: role, epoch, segments, tiers (use and traffic), capacity, use,
+                           objects, tenants, limits
   GET  /api/v1/tenants     JSON list of tenants with use and quotas
   POST /api/v1/tenants     JSON {"name": ..., "quota_bytes": "4GiB", "quota_objects": N}:
   PUT  /api/v1/tenants     create a tenant or change its quotas (no quota_bytes: the master's default quota; 0 or "unlimited" = unlimited)  [admin]
@@ -51,7 +52,7 @@ from cellar.master.serving.prefix_query import add_prefix_query_routes
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
 from cellar.master.state.records import Tenant
-from cellar.proto.tiers import TIER_NAMES, tier_totals
+from cellar.proto.tiers import TIER_NAMES, merge_tier_stats, tier_totals
 from cellar.tokens import KINDS
 from cellar.units import format_size
 
@@ -124,8 +125,10 @@ def status_json(leadership: Leadership, *, show_shm: bool = True) -> dict[str, A
     return {
         **_leadership_json(leadership),
         "segments": segments,
-        "tiers": tier_totals((s.segment.tier, s.segment.allocator.capacity_bytes, s.used_bytes,
-                              s.object_count) for s in summary.segments),
+        "tiers": merge_tier_stats(
+            tier_totals((s.segment.tier, s.segment.allocator.capacity_bytes, s.used_bytes,
+                         s.object_count) for s in summary.segments),
+            summary.tier_stats, summary.tier_moves),
         "capacity": summary.capacity_bytes,
         "used": summary.used_bytes,
         "quarantined": service.quarantine.held_bytes,

@@ -29,9 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from cellar.master.state.membership import STATE_NAMES
-from cellar.proto.tiers import TIER_NAMES, tier_totals
-
-TIER_IDS = {name: tier for tier, name in TIER_NAMES.items()}
+from cellar.proto.tiers import TIER_COUNTERS, merge_tier_stats, tier_totals
 
 if TYPE_CHECKING:
     from cellar.master.service import MasterService
@@ -95,28 +93,30 @@ def _total(stem: str, doc: str, value: float) -> Metric:
 
 
 def _tier_gauges(service: MasterService) -> Iterator[Metric]:
-    """Capacity, use and objects per tier (dram, disk): docs/disk-tier.md."""
-    totals = tier_totals((s.tier, s.allocator.capacity_bytes, s.allocator.used_bytes,
-                          len(s.objects)) for s in service.membership.segments.values())
-    families = [GaugeMetricFamily(f"master_tier_{what}", doc, labels=["tier"]) for what, doc in (
+    """Capacity, use, objects and traffic per tier (dram, disk): docs/disk-tier.md. The rows
+    are ClusterStatus's (cellar.proto.tiers): the same tiers, the same counters."""
+    tiers = service.tiers
+    rows = merge_tier_stats(
+        tier_totals((s.tier, s.allocator.capacity_bytes, s.allocator.used_bytes, len(s.objects))
+                    for s in service.membership.segments.values()),
+        tiers.stats(), tiers.moves())
+    gauges = [(key, GaugeMetricFamily(f"master_tier_{key}", doc, labels=["tier"])) for key, doc in (
         ("capacity_bytes", "bytes of the mounted segments of the tier"),
         ("used_bytes", "bytes allocated in the tier (incl. quarantine and retired ranges)"),
         ("objects", "object replicas held in the tier"))]
-    for name, row in totals.items():
-        for family, key in zip(families, ("capacity_bytes", "used_bytes", "objects"), strict=True):
-            family.add_metric([name], row[key])
+    counters = [(key, CounterMetricFamily(f"master_tier_{key}", doc, labels=["tier"])) for key, doc in (
+        ("hits", "GetReplicas hits served from the tier"),
+        ("read_bytes", "bytes of the objects those hits granted"),
+        ("write_bytes", "bytes written into the tier: completed puts' replicas and "
+                        "demotions or promotions into it"))]
+    assert tuple(key for key, _ in counters) == TIER_COUNTERS
+    for name, row in rows.items():  # the tiers mounted now ("dram", and "disk" with one)
+        for key, gauge in gauges:
+            gauge.add_metric([name], row[key])
+        for key, counter in counters:
+            counter.add_metric([name], row[key])
+    families: list[Metric] = [family for _, family in (*gauges, *counters)]
     yield from families
-    tiers = service.tiers
-    for what, doc, values in (
-            ("hits", "GetReplicas hits served from the tier", tiers.hits),
-            ("read_bytes", "bytes of the objects those hits granted", tiers.read_bytes),
-            ("write_bytes", "bytes written into the tier: completed puts' replicas and "
-                            "demotions or promotions into it", tiers.write_bytes)):
-        counter = CounterMetricFamily(f"master_tier_{what}", doc, labels=["tier"])
-        for tier in totals:  # the tiers mounted now ("dram", and "disk" with one)
-            if tier in TIER_IDS:
-                counter.add_metric([tier], values[TIER_IDS[tier]])
-        yield counter
 
 
 class MasterCollector(Collector):

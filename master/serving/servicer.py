@@ -328,6 +328,9 @@ class MasterServicer:
                      for t in summary.tenants],
             object_count=summary.object_count, capacity_bytes=summary.capacity_bytes,
             used_bytes=summary.used_bytes, max_object_bytes=summary.max_object_bytes,
+            tier_stats=[pb.TierStats(tier=tier, hits=hits, read_bytes=read, write_bytes=written)
+                        for tier, hits, read, written in summary.tier_stats],
+            tier_moves=pb.TierMoves(**summary.tier_moves),
         )
 
     def _once(self, name: str, body: Callable[[Any, RpcStats], Any], request: Any,

@@ -1,7 +1,8 @@
 """The master's `/` page: one self-contained HTML document an operator can leave open.
 
 What it shows (the same view `cellar top` draws in a terminal): this master's role and epoch,
-the leader, the cluster's capacity and use, every storage node with its state and a use bar,
+the leader, the cluster's capacity and use, with a disk tier each tier's use and traffic (hits,
+bytes read and written) and the disk's moves, every storage node with its state and a use bar,
 every tenant with a quota bar, and the master's recent events (master/serving/events.py).
 
 Why it looks like this: it must work where the operator is (a port-forward, a browser with
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cellar.master.serving.events import Event
+from cellar.proto.tiers import moves_text
 from cellar.units import format_size
 
 REFRESH_S = 5
@@ -74,18 +76,25 @@ def nodes_of(segments: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _tiers_table(tiers: Mapping[str, Mapping[str, int]], high: float) -> list[str]:
-    """DRAM and disk apart, when a node has a disk tier (docs/disk-tier.md); else nothing."""
+    """DRAM and disk apart, when a node has a disk tier (docs/disk-tier.md); else nothing.
+    Use and traffic per tier (cellar.proto.tiers.merge_tier_stats), then the disk's moves."""
     if set(tiers) <= {"dram"}:
         return []
     out = ["<h2>Tiers</h2><table id=tiers><thead><tr><th>tier</th><th>segments</th>"
-           "<th>objects</th><th>used / capacity</th><th>use</th></tr></thead><tbody>"]
+           "<th>objects</th><th>used / capacity</th><th>use</th><th>hits</th><th>read</th>"
+           "<th>written</th></tr></thead><tbody>"]
     for name, row in tiers.items():
         used, capacity = int(row["used_bytes"]), int(row["capacity_bytes"])
-        out.append(f"<tr><td>{_e(name)}</td><td>{int(row['segments'])}</td>"
+        out.append(f'<tr data-tier="{_e(name)}"><td>{_e(name)}</td><td>{int(row["segments"])}</td>'
                    f"<td>{int(row['objects'])}</td><td>{_e(format_size(used))} / "
                    f"{_e(format_size(capacity))}</td><td>{_bar(use_fraction(used, capacity), high)}"
-                   "</td></tr>")
+                   f"</td><td>{int(row['hits'])}</td>"
+                   f"<td>{_e(format_size(int(row['read_bytes'])))}</td>"
+                   f"<td>{_e(format_size(int(row['write_bytes'])))}</td></tr>")
     out.append("</tbody></table>")
+    disk = tiers.get("disk")
+    if disk is not None:
+        out.append(f"<div class=sub id=tier-moves>{_e(moves_text(disk))}</div>")
     return out
 
 

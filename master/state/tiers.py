@@ -351,11 +351,24 @@ class Tiers:
 
     # ---------------------------------------------------------------- status
 
-    def counters(self) -> dict[str, int]:
+    # The one source of every tier number the master reports: /metrics (serving/metrics.py)
+    # and ClusterStatus, /api/v1/status and the status page (serving/cluster_summary.py) all
+    # read these three, so no face counts on its own.
+
+    def stats(self) -> list[tuple[int, int, int, int]]:
+        """(tier, hits, read bytes, write bytes) per tier, DRAM then disk: TierStats' rows."""
+        return [(tier, self.hits[tier], self.read_bytes[tier], self.write_bytes[tier])
+                for tier in (TIER_DRAM, TIER_DISK)]
+
+    def moves(self) -> dict[str, int]:
+        """The disk tier's moves (TierMoves' fields, cellar.proto.tiers.MOVE_COUNTERS)."""
         return {"demotions": self.demotions, "promotions": self.promotions,
-                "disk_evictions": self.disk_evictions, "spills": self.spills,
-                "disk_hits": self.hits[TIER_DISK], "moves_failed": self.moves_failed,
-                "moves_timed_out": self.moves_timed_out, "moves_pending": len(self.pending)}
+                "disk_evictions": self.disk_evictions, "spills": self.spills}
+
+    def counters(self) -> dict[str, int]:
+        return {**self.moves(), "disk_hits": self.hits[TIER_DISK],
+                "moves_failed": self.moves_failed, "moves_timed_out": self.moves_timed_out,
+                "moves_pending": len(self.pending)}
 
 
 def _last_access(obj: Obj) -> float:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -21,6 +23,8 @@ import pytest
 import cellar
 from cellar.client import PutHints
 from cellar.errors import Status
+from cellar.proto.tiers import MOVE_COUNTERS, TIER_COUNTERS, moves_text
+from cellar.units import format_size
 from tests.support.http import post_json
 
 MIB = 1 << 20
@@ -106,13 +110,32 @@ def test_400_pages_over_64mib_dram_all_read_back_most_from_disk(make_cluster, tm
 
 @pytest.mark.timeout(180)
 def test_without_disk_tier_the_same_puts_lose_most_pages(make_cluster):
-    """The negative control of the test above: DRAM alone keeps under 64 of the 400."""
+    """The negative control of the test above: DRAM alone keeps under 64 of the 400. Without
+    a disk tier the DRAM row still counts its traffic: every put written, every get a hit."""
     cluster = make_cluster(nodes=1, segment_size=DRAM, **MASTER_FLAGS)
     values = _values(COUNT, 22)
     with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
         _put_all(client, values, lambda: 0)
-        kept = sum(1 for k in values if client.exists(k))
-    assert kept < 64
+        kept = [k for k in values if client.exists(k)]
+        # eviction may still be running down to its low watermark: a get that finds nothing
+        # is no hit, so the hits are the values read back, counted here
+        found = []
+        for start in range(0, len(kept), 16):
+            chunk = kept[start:start + 16]
+            got = client.get_many(chunk)
+            assert all(g is None or g == values[k] for k, g in zip(chunk, got, strict=True))
+            found += [k for k, g in zip(chunk, got, strict=True) if g is not None]
+        assert found
+        last = found[-1]  # just read: the most recently used, not the next one evicted
+        assert client.get(last) == values[last]  # one key twice: two hits
+        reads = len(found) + 1
+        tiers = client.status()["tiers"]
+    assert len(kept) < 64
+    assert set(tiers) == {"dram"}
+    assert {k: tiers["dram"][k] for k in TIER_COUNTERS} == {
+        "hits": reads, "read_bytes": reads * MIB, "write_bytes": COUNT * MIB}
+    for what in TIER_COUNTERS:
+        assert _metric(cluster, f'master_tier_{what}_total{{tier="dram"}}') == tiers["dram"][what]
 
 
 @pytest.mark.timeout(240)
@@ -206,6 +229,7 @@ def test_disk_object_read_twice_in_window_is_promoted(make_cluster, tmp_path):
         holder._s.unpins.add = lambda ids: False  # this reader keeps its pins (until their TTL)
         assert holder.get(first) == values[first]  # the second read within the window
         _wait(lambda: _metric(cluster, "master_tier_promotions") == 1)
+        assert client.status()["tiers"]["disk"]["promotions"] == 1  # ClusterStatus: the same
         disk_hits = _metric(cluster, "master_tier_disk_hits")
         assert client.get(first) == values[first]
         assert _metric(cluster, "master_tier_disk_hits") == disk_hits, "read from disk again"
@@ -287,10 +311,11 @@ def _node_metric(cluster, pattern: str) -> float:
 @pytest.mark.timeout(180)
 def test_tiers_shown_apart_and_a_truncated_disk_file_dropped_not_served(make_cluster, tmp_path):
     """ClusterStatus (client.status), `cellar status`, /api/v1/status, the status page and
-    /metrics show DRAM and disk apart; a disk file truncated while the node is down is dropped
-    with its objects (none served, the node's node_corrupt_dropped counts it), DRAM survives."""
-    from cellar.client.cli import render_status
-
+    /metrics show DRAM and disk apart, use and traffic: hits and bytes read are the gets made
+    here, counted in the tier each was served from, bytes written are the puts' and the
+    moves', the same counters on every face; a disk file truncated while the node is down is
+    dropped with its objects (none served, the node's node_corrupt_dropped counts it), DRAM
+    survives."""
     disk = tmp_path / "disk"
     disk.mkdir()
     cluster = make_cluster(nodes=1, segment_size=DRAM, **MASTER_FLAGS,
@@ -310,6 +335,12 @@ def test_tiers_shown_apart_and_a_truncated_disk_file_dropped_not_served(make_clu
             assert _metric(cluster, f'master_tier_objects{{tier="{name}"}}') == tiers[name]["objects"]
             assert _metric(cluster, f'master_tier_used_bytes{{tier="{name}"}}') == \
                 tiers[name]["used_bytes"]
+        # no get yet (lookup counts no hit): nothing read from either tier; every put written
+        moves = {name: int(_metric(cluster, f"master_tier_{name}")) for name in MOVE_COUNTERS}
+        assert moves["demotions"] > 0 and moves["promotions"] == moves["disk_evictions"] == 0
+        assert [tiers[name]["hits"] for name in ("dram", "disk")] == [0, 0]
+        assert tiers["disk"]["write_bytes"] == (moves["demotions"] + moves["spills"]) * MIB
+        assert tiers["dram"]["write_bytes"] == (len(values) - moves["spills"]) * MIB
         # hits and bytes per tier: one read from each tier moves exactly its own counters
         tier_of = {key: next(iter(client.lookup([key]).tiers)) for key in values}
         on_disk = [key for key, tier in tier_of.items() if tier == "disk"]
@@ -326,12 +357,59 @@ def test_tiers_shown_apart_and_a_truncated_disk_file_dropped_not_served(make_clu
                 before["hits", name] + 1
             assert _metric(cluster, f'master_tier_read_bytes_total{{tier="{name}"}}') == \
                 before["read_bytes", name] + MIB
-        text = render_status(cluster.address, client.status())
-        assert re.search(r"^disk\s+1\s+512MiB\s", text, re.M), text
+        # more reads, counted here: each disk key once (a second read would promote it)
+        disk_reads, dram_reads = on_disk[1:6], in_dram[:3] * 2
+        got = client.get_many(disk_reads + dram_reads)
+        assert got == [values[k] for k in disk_reads + dram_reads]
+        hits = {"disk": 1 + len(disk_reads), "dram": 1 + len(dram_reads)}
+        status = client.status()
+        tiers = status["tiers"]
+        for name in ("dram", "disk"):
+            row = tiers[name]
+            assert (row["hits"], row["read_bytes"]) == (hits[name], hits[name] * MIB), (name, row)
+            for what in TIER_COUNTERS:
+                assert _metric(cluster, f'master_tier_{what}_total{{tier="{name}"}}') == row[what]
+        assert _metric(cluster, "master_tier_disk_hits") == tiers["disk"]["hits"]
+        assert {name: tiers["disk"][name] for name in MOVE_COUNTERS} == moves  # reads move nothing
+        assert "demotions" not in tiers["dram"]
+        assert tiers["dram"]["write_bytes"] + tiers["disk"]["write_bytes"] >= len(values) * MIB
         with urllib.request.urlopen(cluster.http_url + "/api/v1/status", timeout=10) as reply:
-            assert json.loads(reply.read())["tiers"]["disk"]["objects"] == tiers["disk"]["objects"]
+            http_tiers = json.loads(reply.read())["tiers"]
+        assert http_tiers["disk"]["objects"] == tiers["disk"]["objects"]
+        for name in ("dram", "disk"):
+            counted = (*TIER_COUNTERS, *(MOVE_COUNTERS if name == "disk" else ()))
+            assert {k: http_tiers[name][k] for k in counted} == {k: tiers[name][k] for k in counted}
         with urllib.request.urlopen(cluster.http_url + "/", timeout=10) as reply:
-            assert "<table id=tiers>" in reply.read().decode()
+            page = reply.read().decode()
+        assert "<table id=tiers>" in page
+        cells = re.search(r'<tr data-tier="disk">(?:<td>.*?</td>){5}<td>(\d+)</td><td>([^<]+)</td>'
+                          r"<td>([^<]+)</td></tr>", page)
+        assert cells and cells.groups() == (str(hits["disk"]), format_size(hits["disk"] * MIB),
+                                            format_size(tiers["disk"]["write_bytes"])), page
+        assert f"<div class=sub id=tier-moves>{moves_text(tiers['disk'])}</div>" in page
+        # `cellar status`, a process of its own (the cluster's credentials file: no flag)
+        out = subprocess.run([sys.executable, "-m", "cellar", "status", "--master", cluster.address],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert re.search(r"^TIER\s+SEGMENTS\s+CAPACITY\s+USED\s+USE\s+OBJECTS\s+HITS\s+READ\s+"
+                         r"WRITTEN$", out.stdout, re.M), out.stdout
+        for name, capacity in (("dram", "64MiB"), ("disk", "512MiB")):
+            row = tiers[name]
+            assert re.search(rf"^{name}\s+1\s+{capacity}\s+\S+\s+\S+%\s+{row['objects']}\s+"
+                             rf"{hits[name]}\s+{re.escape(format_size(hits[name] * MIB))}\s+"
+                             rf"{re.escape(format_size(row['write_bytes']))}$", out.stdout, re.M), \
+                out.stdout
+        moved = (f"disk moves: demotions {moves['demotions']}, promotions 0, disk evictions 0, "
+                 f"spills {moves['spills']}")
+        assert moved in out.stdout.splitlines(), out.stdout
+        top = subprocess.run([sys.executable, "-m", "cellar", "top", "--once", "--http",
+                              cluster.http_url.removeprefix("http://")],
+                             capture_output=True, text=True, timeout=60)
+        assert top.returncode == 0, top.stderr
+        assert re.search(rf"^disk\s.*%\s+{hits['disk']}\s+{re.escape(format_size(hits['disk'] * MIB))}"
+                         rf"\s+{re.escape(format_size(tiers['disk']['write_bytes']))}$",
+                         top.stdout, re.M), top.stdout
+        assert moved in top.stdout.splitlines(), top.stdout
         on_dram = tiers["dram"]["objects"]
     assert _node_metric(cluster, 'node_corrupt_dropped_total{segment="\\d+",tier="disk",what="file"}') == 0
     (disk_file,) = disk.glob("*.seg")

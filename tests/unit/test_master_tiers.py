@@ -238,6 +238,70 @@ def test_a_put_with_no_dram_room_spills_to_disk(clock) -> None:  # type: ignore[
     assert svc.tiers.counters()["spills"] == 1
 
 
+def test_each_read_and_write_is_counted_once_in_the_tier_it_touched(clock) -> None:  # type: ignore[no-untyped-def]
+    """Hits and read bytes in the tier a GetReplicas is served from, write bytes in the tier a
+    put's replica or a move's copy lands in: the counters ClusterStatus and /metrics report."""
+    svc = _service(clock)
+    keys = _fill(svc, clock, 17)  # 16 MiB into DRAM, the 17th spills to disk
+    svc.tick()  # above the high watermark: the oldest move down to the low (10.4 MiB)
+    demoted = _report(svc, clock)
+    assert demoted == svc.tiers.moves()["demotions"] > 0
+    on_disk = [k for k in keys if _tier(svc, k) == TIER_DISK]
+    in_dram = [k for k in keys if _tier(svc, k) == TIER_DRAM]
+    assert len(on_disk) == demoted + 1
+    for key in (in_dram[0], in_dram[1], in_dram[0], on_disk[0]):
+        _read(svc, key)
+    assert get(svc, "no-such-key").status == Status.NOT_FOUND  # a miss counts nowhere
+    assert svc.tiers.stats() == [(TIER_DRAM, 3, 3 * MiB, 16 * MiB),
+                                 (TIER_DISK, 1, MiB, (1 + demoted) * MiB)]
+    assert svc.tiers.moves() == {"demotions": demoted, "promotions": 0, "disk_evictions": 0,
+                                 "spills": 1}
+
+
+def test_without_a_disk_tier_dram_traffic_reaches_every_status_face() -> None:
+    """No disk tier: GetReplicas counts DRAM hits in locals and adds them to the tier counters
+    once per call. ClusterStatus (as the SDK's status() reads it), /api/v1/status and /metrics
+    all show the same numbers, the ones computed here from the reads made."""
+    from test_master_support import SECRET, mount
+
+    from cellar.client.session_state import status_to_dict
+    from cellar.master.config import MasterConfig
+    from cellar.master.serving.auth import Authorizer
+    from cellar.master.serving.http_api import status_json
+    from cellar.master.serving.leadership import Leadership
+    from cellar.master.serving.metrics import MasterCollector
+    from cellar.master.serving.servicer import MasterServicer
+    from cellar.tokens import TokenStore
+
+    leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
+    svc = leadership.service
+    mount(svc, "n1", 1)
+    sizes = {"a": MiB, "b": 3 * MiB, "c": 4096}
+    for key, size in sizes.items():
+        put(svc, key, size)
+    reads = ["a", "a", "b", "c", "a"]
+    for key in reads[:2]:
+        assert get(svc, key).status == Status.OK
+    outcome = svc.get_replicas("", "reader", [*reads[2:], "missing"])  # one call, many keys
+    assert [r.status for r in outcome.results] == [Status.OK] * 3 + [Status.NOT_FOUND]
+    expected = {"hits": len(reads), "read_bytes": sum(sizes[k] for k in reads),
+                "write_bytes": sum(sizes.values())}
+
+    servicer = MasterServicer(leadership, Authorizer(TokenStore(None), SECRET))
+    reply = servicer.ClusterStatus(pb.ClusterStatusRequest(), servicer.stats["ClusterStatus"])
+    assert [(t.tier, t.hits, t.read_bytes, t.write_bytes) for t in reply.tier_stats] == [
+        (TIER_DRAM, *expected.values()), (TIER_DISK, 0, 0, 0)]
+    sdk = status_to_dict(reply)["tiers"]
+    http = status_json(leadership)["tiers"]
+    assert set(sdk) == set(http) == {"dram"}
+    assert {k: sdk["dram"][k] for k in expected} == {k: http["dram"][k] for k in expected} == expected
+    samples = {(s.name, s.labels.get("tier")): s.value
+               for family in MasterCollector(leadership, servicer.stats).collect()
+               for s in family.samples if s.name.startswith("master_tier_")}
+    assert {k: samples[f"master_tier_{k}_total", "dram"] for k in expected} == expected
+    assert ("master_tier_hits_total", "disk") not in samples  # no disk mounted: no disk row
+
+
 class _Recorder:
     """A lifecycle observer that keeps what it is told (state/lifecycle.py)."""
 
