@@ -78,47 +78,52 @@ def _aligned(nbytes: int) -> mmap.mmap:
     return buf
 
 
-def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[str, float] | str:
-    """Sequential write then read of BATCH ranges of `size` in one file, GB/s medians: from and
-    into BATCH page-aligned buffers, as Cellar's batches below (one buffer reused for all
-    ranges stayed in the CPU's cache and read 10-17 GB/s, a figure no batch of distinct
-    destinations reaches)."""
+def _ceiling_once(directory: Path, bufs: list[mmap.mmap], direct: bool, name: str,
+                  cold: bool = False) -> dict[str, float]:
+    """One sequential write then read of len(bufs) ranges of one file, from and into `bufs`
+    (page-aligned, as Cellar's batches below: one buffer reused for every range stayed in the
+    CPU's cache and read 10-17 GB/s, a figure no batch of distinct destinations reaches); GB/s.
+    With `cold`, the read once more after the file's pages were evicted. OSError if the
+    filesystem refuses the flags."""
+    size = len(bufs[0])
     flags = os.O_RDWR | os.O_CREAT | (getattr(os, "O_DIRECT", 0) if direct else 0)
-    bufs = [_aligned(size) for _ in range(BATCH)]
-    writes: list[float] = []
-    reads: list[float] = []
-    cold: list[float] = []
-    for rep in range(reps + 1):
-        path = directory / f"ceiling-{size}-{rep}-{int(direct)}.bin"
-        try:
-            fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            return f"O_DIRECT refused: {exc.strerror}"
-        try:
-            os.posix_fallocate(fd, 0, BATCH * size)  # as the node reserves its disk file
-            started = time.perf_counter()
-            for i, buf in enumerate(bufs):
-                os.pwrite(fd, buf, i * size)
-            writes.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+    path = directory / f"ceiling-{name}.bin"
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, len(bufs) * size)  # as the node reserves its disk file
+        out = {}
+        started = time.perf_counter()
+        for i, buf in enumerate(bufs):
+            os.pwrite(fd, buf, i * size)
+        out["write"] = len(bufs) * size / (time.perf_counter() - started) / 1e9
+        started = time.perf_counter()
+        for i, buf in enumerate(bufs):
+            os.preadv(fd, [buf], i * size)
+        out["read"] = len(bufs) * size / (time.perf_counter() - started) / 1e9
+        if cold:
+            evict(fd)
             started = time.perf_counter()
             for i, buf in enumerate(bufs):
                 os.preadv(fd, [buf], i * size)
-            reads.append(BATCH * size / (time.perf_counter() - started) / 1e9)
-            if not direct:  # the same read once the file's pages left the page cache
-                evict(fd)
-                started = time.perf_counter()
-                for i, buf in enumerate(bufs):
-                    os.preadv(fd, [buf], i * size)
-                cold.append(BATCH * size / (time.perf_counter() - started) / 1e9)
+            out["read_cold"] = len(bufs) * size / (time.perf_counter() - started) / 1e9
+        return out
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[str, float] | str:
+    """`_ceiling_once` `reps` + 1 times, GB/s medians after the first (buffered: with the cold
+    read too); a string if the filesystem refuses O_DIRECT."""
+    bufs = [_aligned(size) for _ in range(BATCH)]
+    runs: list[dict[str, float]] = []
+    for rep in range(reps + 1):
+        try:
+            runs.append(_ceiling_once(directory, bufs, direct, f"{size}-{rep}-{int(direct)}",
+                                      cold=not direct))
         except OSError as exc:
             return f"O_DIRECT refused: {exc.strerror}"
-        finally:
-            os.close(fd)
-            path.unlink()
-    out = {"write": statistics.median(writes[1:]), "read": statistics.median(reads[1:])}
-    if cold:
-        out["read_cold"] = statistics.median(cold[1:])
-    return out
+    return {what: statistics.median(run[what] for run in runs[1:]) for what in runs[0]}
 
 
 def _metric(http_url: str, name: str) -> float:
@@ -149,8 +154,14 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
             values = [_aligned(size) for _ in range(BATCH)]
             buffers = [mmap.mmap(-1, size) for _ in range(BATCH)]
             puts, gets, from_disk = [], [], 0.0
+            put_ratios, get_ratios = [], []
+            ceiling_dir = directory or Path(tempfile.gettempdir())
             for rep in range(reps + 1):
                 keys = [f"bench-disk/{size}/{rep}/{i}" for i in range(BATCH)]
+                # the ceiling right before each batch, so a ratio compares two moments
+                # seconds apart, not two parts of a run minutes apart (this VM's page-cache
+                # copy rate moved 7-13 GB/s between runs)
+                ceiling = _ceiling_once(ceiling_dir, buffers, False, f"pair-{size}-{rep}")
                 started = time.perf_counter()
                 assert client.put_many(list(zip(keys, values, strict=True))) == \
                     [cellar.Status.OK] * BATCH
@@ -162,7 +173,11 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
                 from_disk += _metric(cluster.http_url, "master_tier_disk_hits") - hits
                 assert buffers[-1][:] == values[-1][:]
                 client.remove_prefix(f"bench-disk/{size}/{rep}/")
+                put_ratios.append(puts[-1] / ceiling["write"])
+                get_ratios.append(gets[-1] / ceiling["read"])
             out[size] = {"put": statistics.median(puts[1:]), "get": statistics.median(gets[1:]),
+                         "put_ratio": statistics.median(put_ratios[1:]),
+                         "get_ratio": statistics.median(get_ratios[1:]),
                          "from_disk": int(from_disk), "reads": (reps + 1) * BATCH}
     return out
 
@@ -300,6 +315,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"GB/s medians of {result['reps']} reps after a warm-up, from and into "
              f"page-aligned buffers; the disk file in `{result['dir_fs']}`.", "",
              f"TCP loopback ceiling (16 x 4 MiB spans): {result['tcp_GBps']:.2f} GB/s.", "",
+             "Ratios pair each batch with the buffered ceiling measured just before it "
+             "(median of the per-rep ratios); the ceiling column is the median of its own "
+             "reps.", "",
              "| object | op | disk tier, shm (same host) | ratio to buffered (target >= 0.7) "
              "| disk tier, TCP | ratio to min(buffered, TCP) | DRAM tier, shm | DRAM tier, TCP "
              "| buffered ceiling | O_DIRECT (device) |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -310,7 +328,8 @@ def markdown(result: dict[str, Any]) -> str:
             ceiling = buffered[ceiling_op]
             shm, tcp = result["disk_shm"][key][op], result["disk_tcp"][key][op]
             dev = f"{direct[ceiling_op]:.2f}" if isinstance(direct, dict) else direct
-            lines.append(f"| {size // MIB} MiB | {op} | {shm:.2f} | {shm / ceiling:.2f} "
+            paired = result["disk_shm"][key][f"{op}_ratio"]
+            lines.append(f"| {size // MIB} MiB | {op} | {shm:.2f} | {paired:.2f} "
                          f"| {tcp:.2f} | {tcp / min(ceiling, result['tcp_GBps']):.2f} "
                          f"| {result['dram_shm'][key][op]:.2f} | {result['dram_tcp'][key][op]:.2f} "
                          f"| {ceiling:.2f} | {dev} |")

@@ -28,6 +28,12 @@ Why fused hashing, and why of the segment's side
     under a pin is never rewritten, so a stale or reused range still fails the caller's check
     (it would have to change and change back during the copy to pass).
 
+Why the fused loop stays in Python (measured 2026-12-03): a native job (every chunk's memmoves
+and its xxh3 in one C call, the GIL released once, xxh3 compiled in from Debian's xxhash.h) read
+16 x 1 MiB and 16 x 4 MiB 8-20% slower than this loop in an alternated A/B: the header's portable
+build hashes with SSE2 at ~28 GB/s, the `xxhash` package dispatches to AVX2 at 42-50 GB/s, and
+the GIL hand-offs it saved were not what the batch waited on.
+
 Why two threads for large batches (measured on the 2-core machines here)
     One core's memcpy reaches about 6-11 GB/s. Batches of `parallel_min_bytes` or more are split
     in two halves by bytes: a helper thread copies the first half, the calling thread the second.

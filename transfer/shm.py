@@ -108,6 +108,8 @@ POPULATE_MAX_BYTES = 8 << 30
 MEMORY_FS_MAGICS = frozenset({0x01021994, 0x958458F6})  # TMPFS_MAGIC, HUGETLBFS_MAGIC
 STATFS_BYTES = 256                 # more than struct statfs (120 bytes on x86-64 and arm64)
 _libc = ctypes.CDLL(None, use_errno=True)
+_mincore = getattr(_libc, "mincore", None)
+_RESIDENT = (ctypes.c_ubyte * 1)()  # mincore's answer for one page (one per process: a hint)
 # Reads of a disk-backed file this long or shorter ask for readahead of their whole range
 # before the batch's copies start (Mapping.will_need), so a batch's cold objects are read by
 # the device together. Measured cold (pages evicted) on this VM, 16 objects, alternated: 1 MiB
@@ -162,9 +164,15 @@ class Mapping:
 
     def will_need(self, offset: int, length: int) -> None:
         """Start reading [offset, +length) of a disk-backed file into the page cache (readahead,
-        asynchronous): a batch's cold ranges are then read by the device together, not one
-        page fault at a time as the copy reaches them. A hint: a refusal changes nothing."""
+        asynchronous) unless its first page is cached (one mincore, ~1 us: the madvise walks
+        every page, ~15 us per MiB even when all are cached): a batch's cold ranges are then
+        read by the device together, not one page fault at a time as the copy reaches them.
+        A hint: a refusal changes nothing."""
         start = offset - offset % mmap.PAGESIZE
+        if _mincore is not None and _mincore(ctypes.c_void_p(self.address + start),
+                                             ctypes.c_size_t(1), _RESIDENT) == 0 \
+                and _RESIDENT[0] & 1:
+            return
         try:
             self._mm.madvise(mmap.MADV_WILLNEED, start, length + offset - start)
         except (OSError, ValueError):
