@@ -151,7 +151,15 @@ class TierMover:
             self.failed += 1
             return False
         dst = dst_seg.view(dst_offset, length)
-        dst[:] = src_seg.view(src_offset, length)
+        try:
+            if dst_seg.tier == TIER_DISK:  # through the file: Segment.write_file says why
+                dst_seg.write_file(dst_offset, src_seg.view(src_offset, length))
+            else:
+                dst[:] = src_seg.view(src_offset, length)
+        except OSError as exc:
+            log.warning("tier move of allocation %d: %s; not moved", source.alloc_id, exc)
+            self.failed += 1
+            return False
         if xxhash.xxh3_64_intdigest(dst) != source.checksum:
             log.warning("tier move of allocation %d: the bytes do not match their checksum; "
                         "not moved", source.alloc_id)

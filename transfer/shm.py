@@ -86,6 +86,7 @@ from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
     OP_COMMIT,
     ST_BAD_FRAME,
+    ST_INTERNAL,
     ST_OK,
     ST_OUT_OF_RANGE,
     ST_UNKNOWN_SEGMENT,
@@ -161,6 +162,11 @@ class Mapping:
         self.dev, self.ino, self.size = st.st_dev, st.st_ino, st.st_size
         self.memory = memoryview(self._mm)
         self.address = buffer_address(self.memory)
+
+    @property
+    def fd(self) -> int:
+        """The open file (read/write) behind the mapping, valid while the mapping is."""
+        return self._fd
 
     def will_need(self, offset: int, length: int) -> None:
         """Start reading [offset, +length) of a disk-backed file into the page cache (readahead,
@@ -339,7 +345,9 @@ class ShmTransport(Transport):
               deadline: float) -> None:
         self._copier.run([job for _, job in jobs], deadline)
         for i, job in jobs:
-            if not job.done:
+            if job.error is not None:
+                results[i] = TransferResult(ST_INTERNAL, job.error)
+            elif not job.done:
                 results[i] = TransferResult(ST_TIMEOUT, "deadline passed before the copy ended")
             elif job.digest is not None:
                 results[i].checksum = job.digest
@@ -411,8 +419,12 @@ class ShmTransport(Transport):
                 except FrameError as e:
                     results[i] = TransferResult(e.status, e.message)
                     continue
+                # a disk-backed file is written with pwritev, not stores into the mapping
+                # (memcopy._write_file says why); the node reads either through its mapping
                 jobs.append((i, CopyJob(views, span, span_address, to_span=True,
-                                        hashed=op.want_checksum)))
+                                        hashed=op.want_checksum,
+                                        file=-1 if m.memory_backed else m.fd,
+                                        file_offset=op.offset)))
                 commits.append((i, address, ControlCall(OP_COMMIT, grant, route.segment_id,
                                                         op.offset, n, meta)))
             else:
