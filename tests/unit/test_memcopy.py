@@ -140,3 +140,57 @@ def test_a_deadline_already_passed_copies_nothing() -> None:
     copier.run([job], deadline=0.0)
     assert not job.done and dsts == [bytearray(10), bytearray(20)]
     copier.close()
+
+
+@pytest.mark.parametrize("hashed", [True, False])
+def test_a_file_write_lands_at_its_offset_through_short_writes(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, hashed: bool) -> None:
+    """A write into a disk-backed file (`CopyJob.file`) is pwritev'd at `file_offset`, part by
+    part in order, each short write resumed where it stopped; hashed, its digest is the
+    bytes'. The kernel may write less than asked: here every call writes at most 100,000."""
+    parts = [os.urandom(n) for n in (3, FUSED_CHUNK_BYTES + 5, 0, 70_000, PIECE_BYTES // 2)]
+    data = b"".join(parts)
+    path = tmp_path / "segment.bin"
+    path.write_bytes(bytes(4096 + len(data) + 4096))
+    real_pwritev, calls = os.pwritev, []
+
+    def short_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        calls.append(len(buffers))
+        budget, kept = 100_000, []
+        for b in buffers:
+            if budget <= 0:
+                break
+            kept.append(b[:budget])
+            budget -= len(kept[-1])
+        return real_pwritev(fd, kept, offset)
+
+    monkeypatch.setattr(memcopy.os, "pwritev", short_pwritev)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        span = memoryview(bytearray(len(data)))  # the mapping's side: never written here
+        job = CopyJob([memoryview(p) for p in parts], span, memcopy.buffer_address(span),
+                      to_span=True, hashed=hashed, file=fd, file_offset=4096)
+        copier = Copier()
+        copier.run([job], deadline=float("inf"))
+        copier.close()
+    finally:
+        os.close(fd)
+    assert job.done and job.error is None
+    assert path.read_bytes() == bytes(4096) + data + bytes(4096)
+    assert job.digest == (xxh3_64_intdigest(data) if hashed else None)
+    assert len(calls) > len(data) // 100_000  # the short writes were resumed, not dropped
+    assert bytes(span) == bytes(len(data))  # nothing went through the mapping's side
+
+
+def test_a_failed_file_write_fails_its_job_with_the_reason(tmp_path) -> None:
+    fd = os.open(tmp_path / "ro.bin", os.O_RDONLY | os.O_CREAT)  # writes refused: EBADF
+    try:
+        span = memoryview(bytearray(10))
+        job = CopyJob([memoryview(b"0123456789")], span, memcopy.buffer_address(span),
+                      to_span=True, file=fd)
+        copier = Copier()
+        copier.run([job], deadline=float("inf"))
+        copier.close()
+    finally:
+        os.close(fd)
+    assert not job.done and job.error is not None and "segment file" in job.error
