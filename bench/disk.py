@@ -9,7 +9,10 @@ over shm (memcpy into and out of the client's own mapping of the file) and by on
 (through the node's data port, as a remote client). Baselines: the same batches to a
 DRAM-only node over shm and over TCP. Per object size (1 and 4 MiB) and rep: `put_many` of a
 batch of 16, `get_many_into` of the same 16 (the master's disk-hit counter confirms the reads
-came from disk), then `remove_prefix`; values and destinations are page-aligned buffers.
+came from disk); nothing is removed, so every batch lands on ranges of the file never written
+before (a cache's steady state: its disk tier takes writes on ranges written back long ago or
+never, not on pages still dirty from a batch just removed); values and destinations are
+page-aligned buffers.
 Against, in the same run, the machine's disk ceiling with the node's own flags: sequential
 `pwrite` then `pread` of 16 ranges of the same size in one file from and into 16 page-aligned
 buffers, buffered (no O_DIRECT, no sync on put, as the node's spilled puts), and the device
@@ -54,6 +57,7 @@ BATCH = 16
 SIZES = (MIB, 4 * MIB)
 FILLER_BYTES = 4 * MIB  # the node's whole DRAM, soft-pinned: every bench put spills to disk
 DISK_BYTES = 512 * MIB
+THROUGHPUT_DISK_BYTES = 1 << 30  # every throughput batch at offsets of its own (480 MiB)
 TRACE_DRAM = 32 * MIB
 TRACE_OBJECT = 256 << 10
 TRACE_ACCESSES = 4000
@@ -144,7 +148,7 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
     if directory is not None:
         tier = directory / f"tier-{transport}"
         tier.mkdir()
-        node_flags = {"disk_dir": str(tier), "disk_size": DISK_BYTES}
+        node_flags = {"disk_dir": str(tier), "disk_size": THROUGHPUT_DISK_BYTES}
         dram = FILLER_BYTES
     with (LocalCluster(1, dram, node_flags=node_flags) as cluster,
           cellar.connect(cluster.address, transport=transport) as client):
@@ -172,7 +176,6 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
                 gets.append(BATCH * size / (time.perf_counter() - started) / 1e9)
                 from_disk += _metric(cluster.http_url, "master_tier_disk_hits") - hits
                 assert buffers[-1][:] == values[-1][:]
-                client.remove_prefix(f"bench-disk/{size}/{rep}/")
                 put_ratios.append(puts[-1] / ceiling["write"])
                 get_ratios.append(gets[-1] / ceiling["read"])
             out[size] = {"put": statistics.median(puts[1:]), "get": statistics.median(gets[1:]),
