@@ -28,6 +28,13 @@ at a time right after copying them (still in cache; `memcopy` says why the segme
 is the one hashed), and returns the digest in
 `TransferResult.checksum`, so the value's bytes cross the memory bus once, not twice.
 
+Disk-backed files (a node's disk tier, docs/disk-tier.md) are mapped the same way, with three
+differences, each measured (the constants below say where): they are never MAP_POPULATEd (that
+would read the whole file in), writes go through the file with pwritev rather than stores into
+the mapping (a store into a page never written, or written back since, faults through the
+filesystem 4 KiB at a time), and a read of up to WILLNEED_MAX_OP_BYTES whose first page is not
+cached asks for readahead of its range before the batch's copies start.
+
 A node that died leaves its file (and its bytes) behind, but its objects are no longer its to
 serve: a running node holds an exclusive flock on its segment file, so before a batch uses a
 mapping the client probes with a non-blocking shared flock (one syscall while the node lives)
