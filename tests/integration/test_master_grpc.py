@@ -350,7 +350,12 @@ def test_tenant_admin_api(master: MasterProcess, stub: pb_grpc.MasterStub, nodes
 
 def test_eviction_under_pressure() -> None:
     # A dedicated small node: puts keep succeeding by evicting the least recently used objects.
-    with running_master(*FLAGS, secret=SECRET) as small, grpc.insecure_channel(small.grpc_address) as ch:
+    # No background eviction (both watermarks 1.0): every eviction is a put's, so the segment is
+    # still full when the last PutStart comes (CI once saw the tick free room after the last
+    # put, and that PutStart placed its object).
+    no_background = ("--eviction-high-watermark", "1.0", "--eviction-low-watermark", "1.0")
+    with running_master(*FLAGS, *no_background, secret=SECRET) as small, \
+            grpc.insecure_channel(small.grpc_address) as ch:
         s = pb_grpc.MasterStub(ch)
         s.MountSegment(pb.MountSegmentRequest(header=NODE_HEADERS["tiny"], node_id="tiny", incarnation=1, segments=[
             pb.SegmentInfo(segment_id=7, size_bytes=8 * MiB)]))
@@ -358,6 +363,7 @@ def test_eviction_under_pressure() -> None:
             put(s, [f"evict/{i}"], size=MiB)
         status = s.ClusterStatus(pb.ClusterStatusRequest(header=header()))
         assert status.object_count <= 8 and status.used_bytes <= 8 * MiB
+        assert status.used_bytes + MiB > 8 * MiB  # full: the next put must evict or fail
         exists = s.Exists(pb.KeysRequest(header=header(), keys=[f"evict/{i}" for i in range(24)])).statuses
         assert list(exists[-status.object_count:]) == [pb.OK] * status.object_count  # newest kept
         pins = s.GetReplicas(pb.GetReplicasRequest(header=header(), keys=[f"evict/{i}" for i in range(24)]))
