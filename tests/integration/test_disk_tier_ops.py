@@ -17,12 +17,20 @@ import random
 
 import numpy as np
 import pytest
-from test_disk_tier import DISK, DRAM, MASTER_FLAGS, MIB, _dram_fraction, _metric, _wait
+from test_disk_tier import (
+    DEMOTE_HIGH_WATERMARK,
+    DISK,
+    DRAM,
+    MASTER_FLAGS,
+    MIB,
+    _dram_fraction,
+    _metric,
+    _wait,
+)
 
 import cellar
 
 OPS = 10_000
-MASTER_DEMOTE_HIGH = 0.80  # the master's default demote_high_watermark
 KEYS = 1500
 KIB = 1024
 
@@ -114,7 +122,7 @@ def _hot_set_run(make_cluster, tmp_path, promote_window_s: float) -> tuple[int, 
         # round but switched after the last (the node copies on its own time) would leave a
         # hot key on disk for the final read whatever the policy (CI's runs with shm reads,
         # which finish the rounds sooner, saw 23 of 32 so)
-        _wait(lambda: _dram_fraction(client) <= MASTER_DEMOTE_HIGH
+        _wait(lambda: _dram_fraction(client) <= DEMOTE_HIGH_WATERMARK
               and _metric(cluster, "master_tier_moves_pending") == 0)
         cold_keys = list(cold)
         for start in range(0, cold_count, 8):  # one pass, 8 cold keys a round
