@@ -7,8 +7,8 @@ access (a probe must not make objects unevictable or look hot, as for `prefix_le
 estimate from its own measurements and, given the caller's prefill rate, into load-or-recompute
 advice (client/lookup.py); the master only says what it holds.
 
-Tiers: an object is served from its fastest replica's tier (`tier_of`): "dram" when any replica
-sits in a DRAM segment, "disk" when all of them are on nodes' disk tiers (state/tiers.py). The
+Tiers: an object is served from its fastest replica's tier (`records.on_disk_only`): "dram"
+when any replica sits in a DRAM segment, "disk" when all of them are on nodes' disk tiers (state/tiers.py). The
 tier is a field of the answer, so the disk tier added a name here and nothing on the wire.
 Readable means COMPLETE (in `tenant.objects`): a put in flight or a removed key ends the run.
 
@@ -25,17 +25,12 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from cellar.master.service import MasterService
-from cellar.master.state.records import Obj, on_disk_only
+from cellar.master.state.records import on_disk_only
 
 TIER_DRAM = "dram"
 TIER_DISK_NAME = "disk"
 TIERS = (TIER_DRAM, TIER_DISK_NAME)  # fastest first; the order replies list them in
 _size = attrgetter("size")
-
-
-def tier_of(obj: Obj) -> str:
-    """The tier a read of `obj` is served from: its fastest replica's."""
-    return TIER_DISK_NAME if on_disk_only(obj) else TIER_DRAM
 
 
 @dataclass(slots=True)

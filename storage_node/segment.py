@@ -48,6 +48,7 @@ from pathlib import Path
 import xxhash
 
 from cellar.proto.tiers import TIER_DRAM
+from cellar.transfer.memcopy import pwritev_all
 
 log = logging.getLogger("cellar.node.segment")
 
@@ -309,12 +310,7 @@ class Segment:
         if self._fd < 0:
             self.memory[offset:offset + len(data)] = data
             return
-        written = 0
-        while written < len(data):
-            n = os.pwrite(self._fd, data[written:], offset + written)
-            if n <= 0:
-                raise OSError(f"pwrite into {self.path} wrote {n} bytes")
-            written += n
+        pwritev_all(self._fd, [data], offset)  # a short write goes on where it stopped
 
     def sync(self, offset: int, length: int) -> None:
         """msync(MS_SYNC) the pages holding [offset, offset+length): on a disk file they are on

@@ -248,7 +248,7 @@ def _write_file(job: CopyJob, deadline: float) -> bool:
         if time.monotonic() > deadline:
             return False
         try:
-            _pwritev_all(job.file, chunk, position)
+            pwritev_all(job.file, chunk, position)
         except OSError as exc:
             job.error = f"write into the segment file: {exc.strerror or exc}"
             return False
@@ -278,7 +278,7 @@ def _chunks(views: Sequence[memoryview], step: int) -> Iterator[tuple[list[memor
         yield chunk, size
 
 
-def _pwritev_all(fd: int, parts: list[memoryview], position: int) -> None:
+def pwritev_all(fd: int, parts: list[memoryview], position: int) -> None:
     """pwritev every byte of `parts` at `position` (a short write goes on where it stopped)."""
     first, head = 0, 0  # the next part to write, and how much of it is written already
     while first < len(parts):

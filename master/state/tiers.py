@@ -281,7 +281,7 @@ class Tiers:
 
     def on_complete(self, obj: Obj) -> None:
         """A put completed: its replicas' bytes were written into their tiers."""
-        if not self.membership.disk_of:  # no disk tier: every replica is DRAM
+        if not self.enabled:  # no disk tier: every replica is DRAM
             self.write_bytes[TIER_DRAM] += obj.size * len(obj.replicas)
             return
         for rep in obj.replicas:
