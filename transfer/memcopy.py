@@ -210,10 +210,11 @@ def _run_items(items: Sequence[_Item], deadline: float) -> None:
     clock = time.monotonic
     for job, runs, k in items:
         if job.file >= 0:
-            if not _write_file(job, deadline):
-                return  # past the deadline (or failed): the rest of the batch is not copied
-            job._pieces[k] = True
-            continue
+            if _write_file(job, deadline):
+                job._pieces[k] = True
+            elif job.error is None:
+                return  # past the deadline: the rest of the batch is not copied
+            continue  # a failed write fails its own op (`error`), not the ops after it
         h = xxhash.xxh3_64() if job.hashed else None
         hashed_to = 0
         for table, mark, _ in runs:

@@ -183,14 +183,20 @@ def test_a_file_write_lands_at_its_offset_through_short_writes(
 
 
 def test_a_failed_file_write_fails_its_job_with_the_reason(tmp_path) -> None:
+    """...and only its own: the job after it in the batch is still written (before, the
+    failure ended the batch's loop, and that job reported a deadline it never met)."""
     fd = os.open(tmp_path / "ro.bin", os.O_RDONLY | os.O_CREAT)  # writes refused: EBADF
     try:
         span = memoryview(bytearray(10))
         job = CopyJob([memoryview(b"0123456789")], span, memcopy.buffer_address(span),
                       to_span=True, file=fd)
+        after_span = memoryview(bytearray(10))
+        after = CopyJob([memoryview(b"abcdefghij")], after_span,
+                        memcopy.buffer_address(after_span), to_span=True)
         copier = Copier()
-        copier.run([job], deadline=float("inf"))
+        copier.run([job, after], deadline=float("inf"))
         copier.close()
     finally:
         os.close(fd)
     assert not job.done and job.error is not None and "segment file" in job.error
+    assert after.done and after.error is None and bytes(after_span) == b"abcdefghij"
