@@ -82,6 +82,38 @@ def _aligned(nbytes: int) -> mmap.mmap:
     return buf
 
 
+CACHE_STEP_BYTES = 4 << 20
+
+
+def _cache_file(path: Path) -> float:
+    """Read all of `path` once, so its pages are in the page cache before the bench writes into
+    it; the seconds it took.
+
+    Why: on the VMs here (Firecracker, with free page reporting) memory the guest has not
+    touched lately is backed by the host only on first touch, and a page-cache folio taken from
+    it fills at ~0.3 GB/s against 6-10 GB/s for one the page cache freed moments ago (measured
+    with plain pwrite outside Cellar: a 64 MiB step fell from ~9 to ~0.3 GB/s once the recently
+    freed folios ran out, the CPUs in copy_folio_from_iter_atomic, no dirty throttling, no
+    device I/O; freed memory goes back to the host within seconds, so warming it earlier does
+    not last). The ceilings' files are deleted right after each measurement and reuse warm
+    folios; a tier's file keeps every folio it takes, so 16 x 4 MiB TCP puts into the disk
+    tier ran 0.3 GB/s in one run and 1.9 in the next. With the tier's file read first, its
+    puts write into folios already there (the extents stay unwritten: reading them costs no
+    device I/O), which is what the machine's memory, not the host's, allows."""
+    buf = bytearray(CACHE_STEP_BYTES)
+    started = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+    return time.perf_counter() - started
+
+
+def _settle_writeback() -> None:
+    """Write back every dirty page (sync) before a phase, so an earlier phase's pages are not
+    written back (flusher CPU, the device) during a later phase's batches on two cores."""
+    os.sync()
+
+
 def _ceiling_once(directory: Path, bufs: list[mmap.mmap], direct: bool, name: str,
                   cold: bool = False) -> dict[str, float]:
     """One sequential write then read of len(bufs) ranges of one file, from and into `bufs`
@@ -142,6 +174,7 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
     node; from and into page-aligned buffers, as the ceiling's."""
     from cellar.devtools.local_cluster import LocalCluster
 
+    _settle_writeback()
     out: dict[int, dict[str, Any]] = {}
     node_flags: dict[str, Any] = {}
     dram: int | str = "1GiB"
@@ -154,6 +187,7 @@ def _cellar(directory: Path | None, reps: int, transport: str) -> dict[int, dict
           cellar.connect(cluster.address, transport=transport) as client):
         if directory is not None:
             client.put("bench-disk/filler", bytes(FILLER_BYTES), soft_pin=True)
+            _cache_file(next(tier.glob("*.seg")))
         for size in SIZES:
             values = [_aligned(size) for _ in range(BATCH)]
             buffers = [mmap.mmap(-1, size) for _ in range(BATCH)]
@@ -252,6 +286,7 @@ def _cold_gets(directory: Path, reps: int) -> dict[int, dict[str, Any]]:
     bytes an eviction dropped (the check that the reads were cold)."""
     from cellar.devtools.local_cluster import LocalCluster
 
+    _settle_writeback()
     tier = directory / "tier-cold"
     tier.mkdir()
     out: dict[int, dict[str, Any]] = {}
@@ -318,6 +353,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"GB/s medians of {result['reps']} reps after a warm-up, from and into "
              f"page-aligned buffers; the disk file in `{result['dir_fs']}`.", "",
              f"TCP loopback ceiling (16 x 4 MiB spans): {result['tcp_GBps']:.2f} GB/s.", "",
+             "Each disk tier's file was read once before its batches (`_cache_file` says why).",
+             "",
              "Ratios pair each batch with the buffered ceiling measured just before it "
              "(median of the per-rep ratios); the ceiling column is the median of its own "
              "reps.", "",

@@ -51,9 +51,11 @@ from collections.abc import Callable, Mapping
 
 from cellar.proto.grant import GRANT_FLAG_COMMIT, Grant, GrantRejected, GrantVerifier, key_tag
 from cellar.proto.receipt import ReceiptSigner
+from cellar.proto.tiers import TIER_DISK
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import IndexEntry, ObjectIndex, ReadRefused, WriteRefused
 from cellar.storage_node.segment import Segment
+from cellar.transfer.base import FileRange
 from cellar.transfer.frame import (
     OP_COMMIT,
     OP_READ,
@@ -112,6 +114,28 @@ class NodeAccess:
         self.rdma_connect: Callable[[bytes], bytes] | None = None
 
     def writable(self, request: RequestHeader, meta: WriteMeta) -> memoryview:
+        segment = self._admit_write(request, meta)
+        if segment is None:
+            # A retried chunk of this very allocation (its reply, receipt and all, was lost):
+            # its payload goes to scratch, never over the sealed bytes, and `written` resends
+            # the receipt.
+            return memoryview(bytearray(request.length))
+        offset = request.offset  # inside the segment: _check made sure
+        return segment.memory[offset:offset + request.length]
+
+    def receiver(self, request: RequestHeader, meta: WriteMeta) -> memoryview | FileRange:
+        """`writable` for the TCP data server: a disk-tier range comes back as its FileRange,
+        received through a buffer and pwrite (FileRange says why); memory as `writable`."""
+        segment = self.segments.get(request.segment_id)
+        if segment is None or segment.tier != TIER_DISK or segment.fd < 0:
+            return self.writable(request, meta)
+        if self._admit_write(request, meta) is None:
+            return memoryview(bytearray(request.length))  # scratch, as `writable` says
+        return FileRange(segment.fd, request.offset, request.length)
+
+    def _admit_write(self, request: RequestHeader, meta: WriteMeta) -> Segment | None:
+        """Every check of a WRITE (grant, key tag, sizes, the index admits the range); the
+        segment, or None for a retried chunk of an allocation this very write sealed."""
         segment, grant = self._check(request, OP_WRITE)
         if key_tag(meta.tenant, meta.key) != grant.key_tag:
             raise FrameError(ST_BAD_GRANT, "the write's tenant/key is not the one the grant names")
@@ -140,13 +164,9 @@ class NodeAccess:
             )
         except WriteRefused as exc:
             if exc.reason == WriteRefused.SEALED and self._own_sealed(grant, meta) is not None:
-                # A retried chunk of this very allocation (its reply, receipt and all, was
-                # lost): its payload goes to scratch, never over the sealed bytes, and
-                # `written` resends the receipt.
-                return memoryview(bytearray(request.length))
+                return None
             raise FrameError(REFUSED_STATUS[exc.reason], str(exc)) from None
-        offset = request.offset  # inside the segment: _check made sure
-        return segment.memory[offset:offset + request.length]
+        return segment
 
     def _own_sealed(self, grant: Grant, meta: WriteMeta) -> IndexEntry | None:
         """The sealed entry of the grant's allocation if it is exactly the object this write

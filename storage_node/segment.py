@@ -299,6 +299,11 @@ class Segment:
             )
         return self.memory[offset:offset + length]
 
+    @property
+    def fd(self) -> int:
+        """The segment file's descriptor (-1: memory without a file)."""
+        return self._fd
+
     def write_file(self, offset: int, data: memoryview) -> None:
         """Write `data` at `offset` through the file (pwrite), not by stores into the mapping:
         on a disk file a store into a page never written, or written back since, faults

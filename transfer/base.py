@@ -152,6 +152,19 @@ class TransportUnavailable(Exception):
     """A transport that cannot be opened here (no device, no asyncio form yet, ...)."""
 
 
+@dataclass(slots=True, frozen=True)
+class FileRange:
+    """Where a write's payload goes when its segment is a disk-backed file (a node's disk
+    tier): `length` bytes at `offset` of the file open as `fd`. A transport server receives it
+    through a small buffer and pwrite, not by stores into the segment's mapping: a store into
+    a page of a disk-backed mapping never written, or written back since, faults through the
+    filesystem 4 KiB at a time (transfer/memcopy.py `_write_file` measured both)."""
+
+    fd: int
+    offset: int
+    length: int
+
+
 class SegmentAccess(Protocol):
     """Implemented by a storage node; called by transport servers from their own threads.
 
@@ -176,6 +189,8 @@ class SegmentAccess(Protocol):
 
     # Optional: `flush()`, called by a server before its replies leave, so that whatever
     # `written` deferred (a storage node's journal appends) is done before a client hears OK.
+    # Optional: `receiver(request, meta)`, `writable` for a server that can write a file: the
+    # same checks, and a `FileRange` instead of memory where the segment is a disk-backed file.
 
 
 def byte_view(buf: Any, *, writable: bool) -> memoryview:

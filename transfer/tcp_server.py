@@ -11,6 +11,12 @@ with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTE
   straight into it (only the few KiB that arrived with the header pass through the buffer);
   only when every byte arrived is `access.written()` called, then OK (its payload: the write
   receipt `written()` returns when this write completed the allocation, RECEIPT_BYTES).
+  Where the access layer has a `receiver` and answers a `FileRange` (a storage node's disk
+  tier), the payload goes through a FILE_CHUNK_BYTES bounce buffer and pwrite instead
+  (`receive_file`; FileRange says why): 16 x 4 MiB TCP puts into the disk tier went ~52 ->
+  ~35 ms a batch in an alternated A/B here. A failed pwrite refuses that write only (its
+  payload is drained). Bound: one bounce buffer per connection receiving such a write,
+  BOUNCES_KEPT kept between writes.
 - READ: `access.readable()` returns a memoryview of segment memory; the reply header and that
   view are sent with `sendmsg` (no copy into bytes).
 - PING: OK.
@@ -64,6 +70,7 @@ exception from one connection reach another or the listener.
 from __future__ import annotations
 
 import logging
+import mmap
 import socket
 import ssl
 import struct
@@ -80,7 +87,7 @@ from cellar.transfer._sockio import (
     set_io_timeout,
     tune_socket,
 )
-from cellar.transfer.base import SegmentAccess
+from cellar.transfer.base import FileRange, SegmentAccess
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
     MAX_META_BYTES,
@@ -103,6 +110,7 @@ from cellar.transfer.frame import (
     decode_write_meta,
     pack_response,
 )
+from cellar.transfer.memcopy import pwritev_all
 from cellar.transfer.tcp_admission import (
     AUTH_TIMEOUT,
     AUTHENTIC_REFUSALS,
@@ -131,6 +139,10 @@ _REQUEST_ID = struct.Struct("<Q")
 # A frame deadline lowers the kernel receive timeout only once it would overshoot by more than
 # this, so a connection that keeps up costs no setsockopt per frame.
 REARM_SLACK_S = 1.0
+# A payload bound for a disk-backed file crosses a buffer of this size (one per connection
+# receiving one; at most BOUNCES_KEPT kept between writes): FileRange says why.
+FILE_CHUNK_BYTES = 1 << 20
+BOUNCES_KEPT = 4
 
 
 class FrameTimeout(TimeoutError):
@@ -167,6 +179,25 @@ class _DeadlineInbox(Inbox):
         return Inbox._recv_into(self, view, flags, mid_payload=mid_payload)
 
 
+class _Bounces:
+    """Page-aligned FILE_CHUNK_BYTES buffers for payloads bound for a file; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[memoryview] = []
+
+    def take(self) -> memoryview:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return memoryview(mmap.mmap(-1, FILE_CHUNK_BYTES))
+
+    def give_back(self, bounce: memoryview) -> None:
+        with self._lock:
+            if len(self._idle) < BOUNCES_KEPT:
+                self._idle.append(bounce)
+
+
 class _Fatal(Exception):
     """Stop serving this connection (after the reply already sent, if any)."""
 
@@ -188,6 +219,7 @@ class TcpDataServer:
                 or (auth_timeout_s is not None and auth_timeout_s <= 0)):
             raise ValueError("limits must be positive")
         self.access = access
+        self.bounces = _Bounces()  # receive_file's buffers
         self.host = host
         self.port = port
         self.max_frame_payload_bytes = max_frame_payload_bytes
@@ -344,12 +376,15 @@ class TcpDataServer:
 class _Connection:
     """One client connection's request loop state."""
 
-    __slots__ = ("access", "max_payload", "sock", "inbox", "outbox", "counters", "idle_timeout_s",
+    __slots__ = ("access", "receiver", "max_payload", "sock", "inbox", "outbox", "counters", "idle_timeout_s",
                  "frame_timeout_s", "server", "slot", "auth_deadline")
 
     def __init__(self, server: TcpDataServer, slot: Slot, inbox: _DeadlineInbox,
                  outbox: Outbox, counters: ConnectionCounters, auth_deadline: float | None) -> None:
         self.access = server.access
+        # the access's `receiver` where it has one (a FileRange for disk-tier ranges)
+        self.receiver: Callable[[RequestHeader, Any], Any] = getattr(
+            server.access, "receiver", server.access.writable)
         self.max_payload = server.max_frame_payload_bytes
         self.idle_timeout_s = server.idle_timeout_s
         self.frame_timeout_s = server.frame_timeout_s
@@ -399,7 +434,13 @@ class _Connection:
     def write(self, req: RequestHeader, meta: memoryview) -> None:
         try:
             wmeta = decode_write_meta(meta)  # before the inbox moves on (meta is its view)
-            view = _byte_view(self.access.writable(req, wmeta), req.length, writable=True)
+            target = self.receiver(req, wmeta)
+            if isinstance(target, FileRange):
+                if target.length != req.length:
+                    raise FrameError(ST_INTERNAL, f"file range is {target.length} bytes, "
+                                     f"request {req.length}")
+            else:
+                target = _byte_view(target, req.length, writable=True)
         except Exception as e:  # refused before the payload: drain it, stay in sync
             self.refuse(req, e)  # counted first: a stranger's drain may be cut short
             self.inbox.expect(self.within(self.frame_timeout_s), arm=self.auth_deadline is not None)
@@ -408,8 +449,14 @@ class _Connection:
         if self.auth_deadline is not None:
             self.proved()
         self.inbox.expect(self.frame_timeout_s, arm=False)
-        self.inbox.read_into(view)  # PeerClosed / timeout here: the write never completes
-        del view
+        if isinstance(target, FileRange):
+            failed = self.receive_file(target)
+            if failed is not None:
+                self.refuse(req, failed)  # the allocation stays unsealed: nothing recorded
+                return
+        else:
+            self.inbox.read_into(target)  # PeerClosed / timeout here: the write never completes
+        del target
         self.counters.bytes_in += req.length
         try:
             receipt = self.access.written(req, wmeta)
@@ -420,6 +467,30 @@ class _Connection:
             self.outbox.add(pack_response(ST_OK, req.request_id, len(receipt)) + receipt)
         else:
             self.outbox.add(pack_response(ST_OK, req.request_id))
+
+    def receive_file(self, target: FileRange) -> FrameError | None:
+        """Receive a payload into a disk-backed file: FILE_CHUNK_BYTES at a time into this
+        connection's bounce buffer, each chunk pwritten while still in cache (FileRange says
+        why not into the mapping). A failed pwrite drains the rest of the payload (the
+        connection stays in sync) and is returned, not raised."""
+        bounce = self.server.bounces.take()
+        failed: FrameError | None = None
+        done = 0
+        try:
+            while done < target.length:
+                n = min(FILE_CHUNK_BYTES, target.length - done)
+                chunk = bounce[:n]
+                self.inbox.read_into(chunk)  # PeerClosed / timeout: the write never completes
+                if failed is None:
+                    try:
+                        pwritev_all(target.fd, [chunk], target.offset + done)
+                    except OSError as exc:
+                        failed = FrameError(ST_INTERNAL, "write into the segment file: "
+                                            f"{exc.strerror or exc}")
+                done += n
+        finally:
+            self.server.bounces.give_back(bounce)
+        return failed
 
     def control(self, req: RequestHeader, meta: bytes) -> None:
         """COMMIT (shm/rdma: the payload already landed; check and record it) and RDMA_CONNECT
