@@ -376,8 +376,8 @@ class TcpDataServer:
 class _Connection:
     """One client connection's request loop state."""
 
-    __slots__ = ("access", "receiver", "max_payload", "sock", "inbox", "outbox", "counters", "idle_timeout_s",
-                 "frame_timeout_s", "server", "slot", "auth_deadline")
+    __slots__ = ("access", "receiver", "max_payload", "sock", "inbox", "outbox", "counters",
+                 "idle_timeout_s", "frame_timeout_s", "server", "slot", "auth_deadline")
 
     def __init__(self, server: TcpDataServer, slot: Slot, inbox: _DeadlineInbox,
                  outbox: Outbox, counters: ConnectionCounters, auth_deadline: float | None) -> None:
