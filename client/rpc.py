@@ -92,6 +92,7 @@ MAX_MESSAGE_BYTES = 4 << 20
 # The fast line's contract (frame, method numbers, port metadata) lives in cellar.proto.fastline.
 FAST_PORT_METADATA = fastline.PORT_METADATA
 FAST_FRAME = fastline.FRAME
+REPLY_READ_BYTES = 64 << 10  # a fast-line reply's first recv (most replies fit whole)
 FAST_METHODS = {name: (fastline.METHOD_IDS[name], reply)
                 for name, reply in fastline.REPLY_TYPES.items()}
 FAST_MAX_IDLE_CONNECTIONS = 8
@@ -128,7 +129,6 @@ class _FastLine:
         # idle connections with the kernel timeout last set on each (seconds)
         self._idle: list[tuple[socket.socket, float]] = []
         self._lock = threading.Lock()
-        self._head = bytearray(FAST_FRAME.size)
         self._closed = False
 
     def call(self, method_id: int, body: bytes, timeout_s: float,
@@ -155,11 +155,7 @@ class _FastLine:
                 self._spin.wait(sock)  # TLS may buffer a record: readable says nothing there
             if abandon is not None:
                 _await_reply(sock, time.monotonic() + timeout_s, abandon)
-            head = _recv_exact(sock, FAST_FRAME.size)
-            length, code = FAST_FRAME.unpack(head)
-            if length > MAX_MESSAGE_BYTES:
-                raise ConnectionError(f"fast line reply of {length} bytes")
-            data = _recv_exact(sock, length) if length else b""
+            code, data = _recv_reply(sock)
         except TimeoutError:
             if sock is not None:
                 sock.close()
@@ -196,6 +192,27 @@ def _await_reply(sock: socket.socket, deadline: float, abandon: Callable[[], boo
             return
         if abandon():
             raise OSError("fast line: another master leads now; call abandoned")
+
+
+def _recv_reply(sock: socket.socket) -> tuple[int, bytes]:
+    """(code, body) of one fast-line reply. One recv takes the header and whatever of the body
+    has arrived (all of it, for a reply under REPLY_READ_BYTES that is there: one syscall, and
+    its poll in timeout mode, instead of two each); the rest is read exactly. More than one
+    reply's bytes is a line out of sync (one request at a time per connection)."""
+    first = sock.recv(REPLY_READ_BYTES)
+    while len(first) < FAST_FRAME.size:
+        if not first:
+            raise ConnectionError("fast line closed mid-reply")
+        first += _recv_exact(sock, FAST_FRAME.size - len(first))
+    length, code = FAST_FRAME.unpack_from(first)
+    if length > MAX_MESSAGE_BYTES:
+        raise ConnectionError(f"fast line reply of {length} bytes")
+    body = first[FAST_FRAME.size:]
+    if len(body) > length:
+        raise ConnectionError("fast line out of sync: bytes past the reply")
+    if len(body) < length:
+        body += _recv_exact(sock, length - len(body))
+    return code, body
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
