@@ -50,6 +50,7 @@ import socket
 import ssl
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -298,9 +299,10 @@ def fast_answer(method: str, address: str, generation: int, code: int, data: byt
     return Replied(address, generation, reply_cls.FromString(data))
 
 
-class LinkFace:
+class LinkFace(ABC):
     """What both faces keep beside their `LinkState`: the fast line in use and when a lost one
-    may be asked for again; the figures `cellar.client.flows` reads (generation, switched_at)."""
+    may be asked for again; the figures `cellar.client.flows` reads (generation, switched_at).
+    Each face says how it opens a fast line (`_open_fast`)."""
 
     _link: LinkState
     _fast: Any
@@ -346,8 +348,9 @@ class LinkFace:
             if fast is not None:
                 fast.close()
 
+    @abstractmethod
     def _open_fast(self, host: str, port: int) -> Any:
-        raise NotImplementedError
+        """This face's fast line to `host`:`port` (sync: `_FastLine`; asyncio: its own)."""
 
 
 def trailing_metadata(exc: grpc.RpcError) -> Any:
