@@ -51,7 +51,6 @@ from collections.abc import Callable, Mapping
 
 from cellar.proto.grant import GRANT_FLAG_COMMIT, Grant, GrantRejected, GrantVerifier, key_tag
 from cellar.proto.receipt import ReceiptSigner
-from cellar.proto.tiers import TIER_DISK
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import IndexEntry, ObjectIndex, ReadRefused, WriteRefused
 from cellar.storage_node.segment import Segment
@@ -127,7 +126,7 @@ class NodeAccess:
         """`writable` for the TCP data server: a disk-tier range comes back as its FileRange,
         received through a buffer and pwrite (FileRange says why); memory as `writable`."""
         segment = self.segments.get(request.segment_id)
-        if segment is None or segment.tier != TIER_DISK or segment.fd < 0:
+        if segment is None or not segment.writes_through_file:
             return self.writable(request, meta)
         if self._admit_write(request, meta) is None:
             return memoryview(bytearray(request.length))  # scratch, as `writable` says

@@ -152,10 +152,7 @@ class TierMover:
             return False
         dst = dst_seg.view(dst_offset, length)
         try:
-            if dst_seg.tier == TIER_DISK:  # through the file: Segment.write_file says why
-                dst_seg.write_file(dst_offset, src_seg.view(src_offset, length))
-            else:
-                dst[:] = src_seg.view(src_offset, length)
+            dst_seg.store(dst_offset, src_seg.view(src_offset, length))  # a disk file: pwrite
         except OSError as exc:
             log.warning("tier move of allocation %d: %s; not moved", source.alloc_id, exc)
             self.failed += 1

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import xxhash
 
-from cellar.proto.tiers import TIER_DRAM
+from cellar.proto.tiers import TIER_DISK, TIER_DRAM
 from cellar.transfer.memcopy import pwritev_all
 
 log = logging.getLogger("cellar.node.segment")
@@ -304,18 +304,24 @@ class Segment:
         """The segment file's descriptor (-1: memory without a file)."""
         return self._fd
 
-    def write_file(self, offset: int, data: memoryview) -> None:
-        """Write `data` at `offset` through the file (pwrite), not by stores into the mapping:
-        on a disk file a store into a page never written, or written back since, faults
-        through the filesystem 4 KiB at a time (~1 GB/s here), where pwrite takes the page
-        cache's write path (transfer/memcopy.py `_write_file` measured both). The mapping
-        sees the bytes at once (one page cache). Without a file it copies into memory."""
+    @property
+    def writes_through_file(self) -> bool:
+        """Whether bytes go into this segment through its file (pwrite) rather than by stores
+        into its mapping: the disk tier's file. On a disk file a store into a page never
+        written, or written back since, faults through the filesystem 4 KiB at a time (~1 GB/s
+        here), where pwrite takes the page cache's write path (transfer/memcopy.py
+        `_write_file` measured both); the mapping sees the bytes at once (one page cache)."""
+        return self.tier == TIER_DISK and self._fd >= 0
+
+    def store(self, offset: int, data: memoryview) -> None:
+        """Put `data` at `offset`: through the file where `writes_through_file`, else by a copy
+        into memory. IndexError outside the segment; OSError if the file write fails."""
         if not self.contains(offset, len(data)):
             raise IndexError(f"[{offset}, +{len(data)}) is outside segment {self.segment_id}")
-        if self._fd < 0:
+        if self.writes_through_file:
+            pwritev_all(self._fd, [data], offset)  # a short write goes on where it stopped
+        else:
             self.memory[offset:offset + len(data)] = data
-            return
-        pwritev_all(self._fd, [data], offset)  # a short write goes on where it stopped
 
     def sync(self, offset: int, length: int) -> None:
         """msync(MS_SYNC) the pages holding [offset, offset+length): on a disk file they are on
