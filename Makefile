@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,12 @@ bench-disk: venv
 # (bench/results/spin-<date>-<host>.md; about 2 min).
 bench-spin: venv
 	$(PY) -m cellar.bench.spin
+
+# Early reads (a get's read under its kept grant, beside GetReplicas; client/early_reads.py) on
+# against off, alternated rounds, tcp and shm, single gets and batches of 16
+# (bench/results/early-reads-<date>-<host>.md; about 2 min).
+bench-early-reads: venv
+	$(PY) -m cellar.bench.early_reads
 
 # Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
 # over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).

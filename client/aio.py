@@ -51,8 +51,9 @@ from cellar.client.checks import (
     validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, opened
+from cellar.client.early_reads import Locations, early_reads_from_env
 from cellar.client.flow_run import FlowRun
-from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints
@@ -127,7 +128,8 @@ class AsyncClient:
             self._master = AsyncMasterChannel(master_address, resolve=resolve)
             self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                               self._transports, self._release,
-                              tokens_per_key=self._tokens_per_key)
+                              tokens_per_key=self._tokens_per_key,
+                              locations=Locations() if early_reads_from_env() else None)
             reply = await self._master.call("ClusterStatus",
                                             pb.ClusterStatusRequest(header=self._s.header),
                                             deadline)
@@ -484,10 +486,24 @@ class AsyncClient:
             return await self._master.call(effect.method, effect.request, effect.deadline)
         if isinstance(effect, Move):
             return await self._move(effect)
+        if isinstance(effect, RpcAndMove):
+            return await self._rpc_and_move(effect)
         if isinstance(effect, Sleep):
             await asyncio.sleep(effect.seconds)
             return None
         raise AssertionError(f"unknown effect {effect!r}")
+
+    async def _rpc_and_move(self, effect: RpcAndMove) -> tuple[Any, list[TransferResult]]:
+        """Both at once; returns (or raises the call's error) only once both ended."""
+        assert self._master is not None
+        rpc = effect.rpc
+        reply, moved = await asyncio.gather(
+            self._master.call(rpc.method, rpc.request, rpc.deadline), self._move(effect.move),
+            return_exceptions=True)
+        for outcome in (reply, moved):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return reply, moved  # type: ignore[return-value]
 
     async def _move(self, effect: Move) -> list[TransferResult]:
         """Every transport's share of the round at once, each by the round's deadline."""

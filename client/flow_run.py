@@ -14,7 +14,8 @@ face is then
     return run.result
 
 Metrics (op = get | put | exists | prefix_len, `cellar.client.metrics`, sdk-buffers' recorder):
-lookup = the time of every `Rpc`, load = of every `Move`, wait = the whole call; keys, hits,
+lookup = the time of every `Rpc` (and `RpcAndMove`: a lookup with early reads beside it), load
+= of every `Move`, wait = the whole call; keys, hits,
 bytes, keys found but not used (late, refused, cut by a prefix) and tokens per key come from
 the flow's `Record`. A call that finished, or that raised after
 its keys were settled (a `get` miss is NotFound, and still a request that missed), counts as a
@@ -28,7 +29,7 @@ from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 from cellar.client import metrics
-from cellar.client.flows import Effect, Move, Record, Rpc
+from cellar.client.flows import Effect, Move, Record, Rpc, RpcAndMove
 from cellar.client.load_costs import LoadCosts
 
 T = TypeVar("T")
@@ -92,6 +93,8 @@ class FlowRun(Generic[T]):
             self._load_s += spent
             if self._costs is not None and last.round.kind == "read":
                 _record_read(self._costs, last, spent)
+        elif isinstance(last, RpcAndMove):  # a lookup with early reads beside it: its wait
+            self._lookup_s += spent
 
     def _finish(self, error: BaseException | None) -> None:
         if self._op is None:

@@ -26,6 +26,7 @@ from itertools import pairwise
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 from cellar.client.checks import MAX_UNPINS_PER_CALL, MIN_RETRY_BUDGET_S, Limits, batch_ranges
+from cellar.client.early_reads import Locations
 from cellar.client.gets import GetBatch, GetEntry, release_views
 from cellar.client.load_costs import LoadCosts
 from cellar.client.pointers import PointerRegistry
@@ -75,6 +76,16 @@ class Move:
 
 
 @dataclass(slots=True)
+class RpcAndMove:
+    """Call `rpc` and run `move` at the same time (a get's early reads beside its GetReplicas,
+    client/early_reads.py); the face sends back (reply, the round's outcome) once both ended,
+    or raises the call's error, also only once the move ended (no byte lands later)."""
+
+    rpc: Rpc
+    move: Move
+
+
+@dataclass(slots=True)
 class Sleep:
     seconds: float
 
@@ -96,7 +107,7 @@ class Record:
     tokens_per_key: int | None = None
 
 
-Effect = Rpc | Move | Sleep | Record
+Effect = Rpc | Move | RpcAndMove | Sleep | Record
 Flow: TypeAlias = Generator[Effect, Any, T]
 
 
@@ -126,6 +137,7 @@ class Session:
     disk_rates: DiskReadRates = field(default_factory=DiskReadRates)  # LATE estimates
     limits: Limits = field(default_factory=Limits)
     costs: LoadCosts = field(default_factory=LoadCosts)  # measured load costs (lookup's estimate)
+    locations: Locations | None = field(default_factory=Locations)  # None: no early reads
     tokens_per_key: int | None = None  # tokens one key stands for (the token metrics), if known
     # Whether the last put batch's replicas all went to transports that hash as they copy (a
     # hint, read and written without a lock: a stale value costs one batch some overlap).
@@ -307,6 +319,7 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
         batch = GetBatch([keys[i] for i in index],
                          None if dests is None else [dests[i] for i in index],
                          health=s.health, budgeted=budget_at is not None, prefix=prefix,
+                         locations=s.locations,
                          **({} if allocate is None else {"allocate": allocate}))
         try:
             try:
@@ -359,13 +372,27 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
 
 
 def get_replicas(s: Session, batch: GetBatch, deadline: float) -> Flow[None]:
+    """GetReplicas for `batch`, with its early reads (client/early_reads.py) beside it."""
     unpins = s.unpins.drain(s.unpin_batch())
+    rpc = Rpc("GetReplicas", batch.request(s.header, unpins), deadline)
+    early = batch.start_early()
     try:
-        reply = yield Rpc("GetReplicas", batch.request(s.header, unpins), deadline)
+        if early:
+            reply, results = yield RpcAndMove(rpc, Move(plan_round(
+                s.transports, "read", early, deadline, can_fall_back=True)))
+        else:
+            reply = yield rpc
     except BaseException:
         s.unpins.requeue(unpins)
+        batch.drop_early()
         raise
-    batch.on_reply(reply)
+    try:
+        batch.on_reply(reply)
+    except BaseException:
+        batch.drop_early()
+        raise
+    if early:
+        batch.on_early(results)
 
 
 def size(s: Session, key: str) -> Flow[int]:

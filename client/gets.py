@@ -2,7 +2,9 @@
 
 What it owns
     `GetBatch` (records pins and sizes, orders replicas healthy-first and DRAM before disk,
-    plans one read per unsettled key, falls back to the next replica on a transfer error or
+    plans the early reads of keys whose last replica it remembers (`early_reads`: read while
+    GetReplicas is in flight, kept only if the reply names that allocation), then one read per
+    unsettled key, falls back to the next replica on a transfer error or
     checksum mismatch; in a deadline-bounded get, a disk read that the client's estimate says
     cannot arrive within what is left of the budget is not started: the key is LATE at once,
     and in prefix mode the keys after it are not read either),
@@ -21,12 +23,14 @@ What it must never do
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cellar.client.buffers import as_bytes, fresh_bytes, reserve_result_memory
 from cellar.client.checks import NODE_TROUBLE, checksum
+from cellar.client.early_reads import Location, Locations
 from cellar.client.session_state import (
     DiskReadRates,
     NodeHealth,
@@ -93,7 +97,7 @@ class GetBatch:
     def __init__(self, keys: Sequence[str],
                  dests: Sequence[memoryview | tuple[memoryview, ...]] | None, *,
                  health: NodeHealth, allocate: Any = fresh_bytes, budgeted: bool = False,
-                 prefix: bool = False) -> None:
+                 prefix: bool = False, locations: Locations | None = None) -> None:
         if dests is not None and len(dests) != len(keys):
             raise InvalidArgument(f"{len(keys)} keys but {len(dests)} buffers")
         if dests is None:
@@ -110,6 +114,104 @@ class GetBatch:
         self.round_disk_bytes: dict[str, int] = {}  # node -> disk bytes the last round read
         self._op_owner: list[int] = []
         self._planned: list[TransferOp] = []
+        self._locations = locations  # where keys were last read (None: no early reads)
+        self._early: list[tuple[int, Location]] = []  # (entry index, where it is read early)
+        self._master_time_ms = 0  # the reply's, for the grants' lifetimes
+
+    def start_early(self, now: float | None = None) -> list[TransferOp]:
+        """The early reads (client/early_reads.py): one per key whose last replica is known and
+        whose destination fits it; call before the reply, hand the results to `on_early`."""
+        locations = self._locations
+        if locations is None or not len(locations):
+            return []
+        now = time.monotonic() if now is None else now
+        ops: list[TransferOp] = []
+        for i, e in enumerate(self.entries):
+            loc = locations.find(e.key, now)
+            if loc is None or (loc.disk and self._budgeted):
+                continue
+            grant = loc.grant
+            if e.parts:
+                if sum(p.nbytes for p in e.parts) != loc.size:
+                    continue
+                ops.append(TransferOp(loc.route, grant, grant.offset, want_checksum=True,
+                                      parts=e.parts))
+            else:
+                if e.dest is not None:
+                    if e.dest.nbytes < loc.size:
+                        continue
+                    e.view = e.dest[:loc.size]
+                else:
+                    e.result, e.view = self._allocate(loc.size)
+                ops.append(TransferOp(loc.route, grant, grant.offset, e.view, None, True))
+            self._early.append((i, loc))
+        return ops
+
+    def on_early(self, results: Sequence[TransferResult]) -> None:
+        """After `on_reply`: keep an early read's bytes only if the reply names the allocation
+        read under, with the size and checksum the bytes hash to; otherwise the key is read
+        from the reply's replicas (and a caller's buffer is first cleared of the early bytes)."""
+        check_result_count("early read", len(results), len(self._early))
+        if self._prefix:
+            self.keep_prefix()  # a key after a miss is not used, early bytes or not
+        kept = 0
+        for (i, loc), res in zip(self._early, results, strict=True):
+            e = self.entries[i]
+            if e.status is None and res.ok and self._confirms(e, loc):
+                got = res.checksum if res.checksum is not None else self._hash(e)
+                if got == e.checksum:
+                    e.status = Status.OK
+                    kept += 1
+                    continue
+            self._scrub(e, loc.size)
+        if self._locations is not None:
+            self._locations.counted(kept, len(self._early) - kept)
+        self._early = []
+
+    def drop_early(self) -> None:
+        """The lookup failed: clear what early reads wrote into the caller's buffers."""
+        for i, loc in self._early:
+            self._scrub(self.entries[i], loc.size)
+        self._early = []
+
+    def _confirms(self, e: GetEntry, loc: Location) -> bool:
+        """Whether the reply names the replica `loc` read from, unchanged; if so, remember its
+        fresh grant (the cached one would expire sooner)."""
+        if e.size != loc.size or e.checksum != loc.checksum:
+            return False
+        old = loc.grant
+        for route, grant, _offset in e.candidates:
+            if (grant.alloc_id == old.alloc_id and grant.segment_id == old.segment_id
+                    and grant.offset == old.offset and grant.length == old.length):
+                self._remember(e, route, grant)
+                return True
+        return False
+
+    @staticmethod
+    def _hash(e: GetEntry) -> int:
+        if e.parts:
+            return hash_views(e.parts)
+        assert e.view is not None
+        return checksum(e.view)
+
+    def _scrub(self, e: GetEntry, nbytes: int) -> None:
+        """An early read of `nbytes` not kept: zero what it may have written into the caller's
+        memory (the key is read again into it, or ends without a value); drop a view it
+        allocated unless the key is still to be read into it."""
+        if self._locations is not None:
+            self._locations.forget(e.key)
+        if e.parts:
+            for part in e.parts:
+                part[:] = bytes(part.nbytes)
+        elif e.dest is not None:
+            e.dest[:nbytes] = bytes(nbytes)
+        elif e.status not in (None, Status.OK):
+            release_views([e])
+
+    def _remember(self, e: GetEntry, route: SegmentRoute, grant: Grant) -> None:
+        if self._locations is not None and e.size > 0:
+            self._locations.remember(e.key, route, grant, e.size, e.checksum,
+                                     self._master_time_ms, route.segment_id in self.disk_segments)
 
     def request(self, header: Any, unpin_ids: Sequence[int] = ()) -> Any:
         return pb.GetReplicasRequest(header=header, keys=[e.key for e in self.entries],
@@ -120,6 +222,7 @@ class GetBatch:
         results = reply.results
         check_result_count("GetReplicas", len(results), len(self.entries))
         self.pin_ids = [r.pin_id for r in results if r.pin_id]
+        self._master_time_ms = int(reply.header.master_time_ms)
         routes = routes_from_segments(reply.segments)
         disk = self.disk_segments = frozenset(
             int(seg.segment_id) for seg in reply.segments if seg.tier == TIER_DISK)
@@ -161,7 +264,8 @@ class GetBatch:
             if e.status is None:
                 if e.dest is not None:
                     e.view = e.dest[:e.size]
-                elif not e.parts:
+                elif not e.parts and (e.view is None or e.view.nbytes != e.size):
+                    release_views([e])  # an early read's, sized for the old value
                     e.result, e.view = self._allocate(e.size)
                 if e.size == 0:
                     e.status = Status.OK
@@ -234,6 +338,7 @@ class GetBatch:
                 got = checksum(e.view)
             if got == e.checksum:
                 e.status = Status.OK
+                self._remember(e, op.route, op.grant)
             else:
                 e.corrupt += 1
                 e.failures.append(f"node {node}: checksum mismatch")

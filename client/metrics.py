@@ -30,6 +30,9 @@ Names (label `op` = get | put | exists | prefix_len | lookup)
     cellar_client_load_seconds{op}              histogram: data-plane time (moving the bytes)
     cellar_client_wait_seconds{op}              histogram: the whole call as its caller waited
     cellar_client_errors_total{op,kind}         calls that raised, by exception class name
+    cellar_client_early_reads_total{outcome}    gets' early reads (client/early_reads.py):
+                                                outcome=kept (the reply confirmed the bytes)
+                                                or discarded (the key was read again, or not)
     Hit ratios: key_hits_total / keys_total (by key), request_hits_total / requests_total (by
     request), tokens_reused_total / tokens_total (by token); by byte: bytes_total{op="get"} over
     what was asked (the caller knows its sizes). The token series count only the calls whose
@@ -137,6 +140,8 @@ class _Series:
 _SERIES = {op: _Series() for op in OPS}  # every series exists (at 0) from the start
 _errors: dict[tuple[str, str], int] = {}
 _errors_lock = threading.Lock()
+EARLY_OUTCOMES = ("kept", "discarded")
+_early_reads = dict.fromkeys(EARLY_OUTCOMES, 0)  # guarded by _errors_lock
 _enabled = True
 
 
@@ -175,7 +180,14 @@ class _Collector(Collector):
         with _errors_lock:
             for (op, kind), count in sorted(_errors.items()):
                 errors.add_metric([op, kind], count)
+            early = dict(_early_reads)
         yield errors
+        early_reads = CounterMetricFamily("cellar_client_early_reads", "Gets' early reads "
+                                          "(under a kept grant, beside the lookup), by outcome",
+                                          labels=["outcome"])
+        for outcome in EARLY_OUTCOMES:
+            early_reads.add_metric([outcome], early[outcome])
+        yield early_reads
 
 
 REGISTRY.register(_Collector())
@@ -285,6 +297,15 @@ def record_error(op: str, error: BaseException | str) -> None:
     kind = error if isinstance(error, str) else type(error).__name__
     with _errors_lock:
         _errors[op, kind] = _errors.get((op, kind), 0) + 1
+
+
+def record_early_reads(kept: int, discarded: int) -> None:
+    """A get batch's early reads: `kept` confirmed by the reply, `discarded` not."""
+    if not _enabled or not (kept or discarded):
+        return
+    with _errors_lock:
+        _early_reads["kept"] += kept
+        _early_reads["discarded"] += discarded
 
 
 _server_lock = threading.Lock()

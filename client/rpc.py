@@ -110,6 +110,37 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 log = logging.getLogger("cellar.client")
 
 
+class Meanwhile:
+    """Work to run while a call's request is with the master, exactly once (the sync face's
+    early reads beside GetReplicas, client/early_reads.py): the fast line runs it between its
+    request and the reply; gRPC, before the call. Its error is kept for `outcome`, so the
+    call's own reply is still read off the line."""
+
+    __slots__ = ("_done", "_error", "_run", "_value")
+
+    def __init__(self, run: Callable[[], Any]) -> None:
+        self._run = run
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._value = self._run()
+        except BaseException as exc:  # noqa: BLE001 - raised by outcome(), after the reply
+            self._error = exc
+
+    def outcome(self) -> Any:
+        """What the work returned (run now if the call never got to it); raises its error."""
+        self()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class _FastLineDown(Exception):
     """The fast line could not carry this call; gRPC will."""
 
@@ -133,10 +164,12 @@ class _FastLine:
         self._closed = False
 
     def call(self, method_id: int, body: bytes, timeout_s: float,
-             abandon: Callable[[], bool] | None = None, spin: bool = False) -> tuple[int, bytes]:
+             abandon: Callable[[], bool] | None = None, spin: bool = False,
+             meanwhile: Meanwhile | None = None) -> tuple[int, bytes]:
         """(numeric gRPC code, reply bytes). _FastLineDown if nothing could be exchanged, or
         if `abandon()` said to give up on a master that has not answered for
-        LEADER_CHECK_AFTER_S (another one leads); TimeoutError if it did not answer in time."""
+        LEADER_CHECK_AFTER_S (another one leads); TimeoutError if it did not answer in time.
+        `meanwhile` runs once the request is sent (instead of spinning)."""
         with self._lock:
             sock, set_s = self._idle.pop() if self._idle else (None, 0.0)
         try:
@@ -152,7 +185,9 @@ class _FastLine:
                 sock.settimeout(timeout_s)
                 set_s = timeout_s
             sock.sendall(FAST_FRAME.pack(len(body), method_id) + body)
-            if spin and self._spin is not None and not isinstance(sock, ssl.SSLSocket):
+            if meanwhile is not None:
+                meanwhile()
+            elif spin and self._spin is not None and not isinstance(sock, ssl.SSLSocket):
                 self._spin.wait(sock)  # TLS may buffer a record: readable says nothing there
             if abandon is not None:
                 _await_reply(sock, time.monotonic() + timeout_s, abandon)
@@ -384,7 +419,9 @@ class MasterChannel(LinkFace):
         self._switch_lock = threading.Lock()
         self._retired: list[grpc.Channel] = []
 
-    def call(self, method: str, request: Any, deadline: float) -> Any:
+    def call(self, method: str, request: Any, deadline: float,
+             meanwhile: Meanwhile | None = None) -> Any:
+        """The reply; `meanwhile` runs once while the master works on the request."""
         stamp(method, request)  # one id for every attempt of this call (client/request_ids.py)
         fast = FAST_METHODS.get(method)
         if fast is not None and self._use_fast:
@@ -392,13 +429,15 @@ class MasterChannel(LinkFace):
             if line is None and time.monotonic() >= self._fast_relearn_at:
                 line = self._relearn(request, deadline)
             if line is not None:
-                reply = self._call_fast(line, method, fast, request, deadline)
+                reply = self._call_fast(line, method, fast, request, deadline, meanwhile)
                 if reply is not None:
                     return reply
+        if meanwhile is not None:
+            meanwhile()
         return self._call_grpc(method, request, deadline, learn=method == "ClusterStatus")
 
     def _call_fast(self, line: _FastLine, method: str, fast: tuple[int, Any], request: Any,
-                   deadline: float) -> Any | None:
+                   deadline: float, meanwhile: Meanwhile | None = None) -> Any | None:
         """The reply over the fast line, or None when gRPC should carry the call."""
         origin = self._line
         remaining_s = deadline - time.monotonic()
@@ -414,7 +453,7 @@ class MasterChannel(LinkFace):
         spin = method in SPIN_METHODS or (field is not None and len(getattr(request, field)) <= 1)
         try:
             code, data = line.call(method_id, request.SerializeToString(), remaining_s, abandon,
-                                   spin)
+                                   spin, meanwhile)
         except TimeoutError:
             raise Timeout(f"{method} to master {origin.address}: timed out") from None
         except _FastLineDown:
@@ -541,6 +580,6 @@ class MasterChannel(LinkFace):
 __all__ = [
     "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "CHANNEL_OPTIONS", "FAST_METHODS", "FAST_RELEARN_S",
     "LEADER_CHECK_AFTER_S", "MAX_KNOWN_MASTERS", "MAX_MESSAGE_BYTES", "MAX_RPC_ATTEMPTS",
-    "RESOLVE_MIN_INTERVAL_S", "RESOLVE_TIMEOUT_S", "MasterChannel", "fast_line_address",
+    "RESOLVE_MIN_INTERVAL_S", "RESOLVE_TIMEOUT_S", "MasterChannel", "Meanwhile", "fast_line_address",
     "fast_line_refusal", "trailing_metadata", "valid_address",
 ]

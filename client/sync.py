@@ -52,12 +52,13 @@ from cellar.client.checks import (
     validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
+from cellar.client.early_reads import Locations, early_reads_from_env
 from cellar.client.flow_run import FlowRun
-from cellar.client.flows import Move, Rpc, Session, Sleep
+from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
-from cellar.client.rpc import MasterChannel
+from cellar.client.rpc import MasterChannel, Meanwhile
 from cellar.client.session_state import TransportSet, UnpinQueue
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, InvalidArgument, Status
@@ -127,6 +128,7 @@ class Client:
                  timeout_s: float = 30.0, transport: str = "auto") -> None:
         args = ConnectArgs.check(address, tenant, token, timeout_s, transport)
         spin_us = spin_us_from_env()  # reply wait window (transfer/spin_wait.py)
+        early_reads = early_reads_from_env()  # client/early_reads.py
         spin = SpinWait(spin_us) if spin_us else None
         self.address = args.address
         self.tenant = args.tenant
@@ -154,7 +156,8 @@ class Client:
             master_address, resolve=None if args.target is None else self._leader_from_etcd,
             spin=spin)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
-                          self._transports, self._release)
+                          self._transports, self._release,
+                          locations=Locations() if early_reads else None)
         self._flusher = _UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)
         self._finalizer = weakref.finalize(self, _UnpinFlusher.stop, self._flusher)
         try:
@@ -472,10 +475,20 @@ class Client:
             return self._master.call(effect.method, effect.request, effect.deadline)
         if isinstance(effect, Move):
             return self._move(effect)
+        if isinstance(effect, RpcAndMove):
+            return self._rpc_and_move(effect)
         if isinstance(effect, Sleep):
             time.sleep(effect.seconds)
             return None
         raise AssertionError(f"unknown effect {effect!r}")
+
+    def _rpc_and_move(self, effect: RpcAndMove) -> tuple[Any, list[TransferResult]]:
+        """The move runs while the master works on the call: between the fast line's request
+        and its reply (or before a gRPC call); exactly once either way."""
+        meanwhile = Meanwhile(lambda: self._move(effect.move))
+        rpc = effect.rpc
+        reply = self._master.call(rpc.method, rpc.request, rpc.deadline, meanwhile=meanwhile)
+        return reply, meanwhile.outcome()
 
     def _call_hashing(self, effect: Rpc) -> Any:
         """PutStart with the values hashed on a helper thread meanwhile (xxh3 releases the

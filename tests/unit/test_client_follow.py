@@ -332,7 +332,9 @@ class FakeFastLine:
         self.closed = False
 
     def call(self, method_id: int, body: bytes, timeout_s: float,
-             abandon: Any = None, spin: bool = False) -> tuple[int, bytes]:
+             abandon: Any = None, spin: bool = False, meanwhile: Any = None) -> tuple[int, bytes]:
+        if meanwhile is not None:
+            meanwhile()
         return self.code, self.body
 
     def close(self) -> None:

@@ -1,0 +1,124 @@
+"""Early reads: a get starts reading a key under its last grant while GetReplicas is in flight.
+
+Why
+    A get is two round trips one after the other: GetReplicas to the master (where the key
+    lives, its checksum, a read grant and a pin), then the read from the node. A key this
+    client read a moment ago most likely still lives where it did, under a grant that has not
+    expired. So a get of such a key sends GetReplicas and, at once, the read under the grant
+    it kept (`Locations`); the call then costs the longer of the two round trips instead of
+    their sum (docs/benchmarks.md, "validate in parallel"). It saves wall time, not CPU: the
+    master is still asked, and pins and hit counts are still its.
+
+Why keeping the bytes is safe
+    An early read's bytes are kept only if the GetReplicas reply that arrives with them names
+    a replica with the same segment, offset, length and allocation id as the grant read under,
+    with the same size and checksum, and the bytes hash to that checksum. An allocation id is
+    never used twice, and the reply's pin holds the allocation from the moment the master
+    answered; so that allocation was live both when the grant was kept and after the reply,
+    hence when the node served the read (an allocation lives one unbroken span): the bytes
+    were that object's sealed bytes. The read itself is admitted by the node's same checks as
+    any read under an unexpired grant (MAC, epoch, expiry, allocation), a client may already
+    re-read under a grant after unpinning, so nothing is read that a client could not read
+    before. Any difference (the key removed, replaced, moved to another tier or node; a new
+    leader's epoch; a refusal) discards the early bytes and the key is read as usual from the
+    reply; a caller's buffer that an early read wrote into and no later read overwrote is
+    zeroed, so a miss never leaves another allocation's bytes in it.
+
+What it keeps and its limits
+    `Locations`: key -> the replica last read (route, grant, size, checksum, tier), until
+    MARGIN_S before its grant expires by the master's clock (a deadline-bounded get reads
+    only DRAM replicas early: a disk read may be slow, and the budget plans those itself); at
+    most MAX_LOCATIONS keys (the oldest remembered is forgotten first).
+    `$CELLAR_EARLY_READS=0` turns early reads off (read once per client; default on).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from cellar.client import metrics
+from cellar.errors import InvalidArgument
+from cellar.proto.grant import Grant
+from cellar.transfer.base import SegmentRoute
+
+__all__ = ["EARLY_READS_ENV", "MARGIN_S", "MAX_LOCATIONS", "Location", "Locations",
+           "early_reads_from_env"]
+
+EARLY_READS_ENV = "CELLAR_EARLY_READS"
+MAX_LOCATIONS = 4096   # keys remembered per client (about 300 bytes each)
+MARGIN_S = 1.0         # a grant is not used for an early read this close to its expiry
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """The replica a key was last read from, and until when (monotonic s) to try it early."""
+
+    route: SegmentRoute
+    grant: Grant
+    size: int
+    checksum: int
+    good_until: float
+    disk: bool = False  # a disk-tier replica: not read early by a budgeted get
+
+
+class Locations:
+    """Where this client last read each key (bounded; safe from many threads)."""
+
+    def __init__(self, max_keys: int = MAX_LOCATIONS) -> None:
+        if max_keys < 1:
+            raise ValueError("max_keys must be >= 1")
+        self._max_keys = max_keys
+        self._by_key: dict[str, Location] = {}
+        self._lock = threading.Lock()
+        self.kept = 0        # early reads whose bytes the reply confirmed
+        self.discarded = 0   # early reads read again (or not at all) after the reply
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def find(self, key: str, now: float) -> Location | None:
+        found = self._by_key.get(key)
+        if found is None or found.good_until <= now:
+            return None
+        return found
+
+    def remember(self, key: str, route: SegmentRoute, grant: Grant, size: int, checksum: int,
+                 master_time_ms: int, disk: bool = False, now: float | None = None) -> None:
+        """Keep the replica `key` was just read from; `master_time_ms` is the master's clock
+        in the reply that granted it (0: unknown, nothing is kept)."""
+        left_s = (grant.expiry_ms - master_time_ms) / 1000 - MARGIN_S
+        if not master_time_ms or left_s <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        location = Location(route, grant, size, checksum, now + left_s, disk)
+        with self._lock:
+            by_key = self._by_key
+            by_key.pop(key, None)  # re-inserted last: the dict's order is the age order
+            while len(by_key) >= self._max_keys:
+                del by_key[next(iter(by_key))]
+            by_key[key] = location
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._by_key.pop(key, None)
+
+    def counted(self, kept: int, discarded: int) -> None:
+        """One batch's early reads, here and in the client metrics."""
+        with self._lock:
+            self.kept += kept
+            self.discarded += discarded
+        metrics.record_early_reads(kept, discarded)
+
+
+def early_reads_from_env() -> bool:
+    """Whether gets read early ($CELLAR_EARLY_READS: 1 or unset on, 0 off);
+    `cellar.InvalidArgument` for anything else."""
+    text = os.environ.get(EARLY_READS_ENV, "").strip()
+    if text in ("", "1"):
+        return True
+    if text == "0":
+        return False
+    raise InvalidArgument(f"${EARLY_READS_ENV} must be 0 or 1, got {text!r}")
