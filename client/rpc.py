@@ -169,7 +169,7 @@ class _FastLine:
         """(numeric gRPC code, reply bytes). _FastLineDown if nothing could be exchanged, or
         if `abandon()` said to give up on a master that has not answered for
         LEADER_CHECK_AFTER_S (another one leads); TimeoutError if it did not answer in time.
-        `meanwhile` runs once the request is sent (instead of spinning)."""
+        `meanwhile` runs once the request is sent, before the wait for the reply."""
         with self._lock:
             sock, set_s = self._idle.pop() if self._idle else (None, 0.0)
         try:
@@ -187,7 +187,7 @@ class _FastLine:
             sock.sendall(FAST_FRAME.pack(len(body), method_id) + body)
             if meanwhile is not None:
                 meanwhile()
-            elif spin and self._spin is not None and not isinstance(sock, ssl.SSLSocket):
+            if spin and self._spin is not None and not isinstance(sock, ssl.SSLSocket):
                 self._spin.wait(sock)  # TLS may buffer a record: readable says nothing there
             if abandon is not None:
                 _await_reply(sock, time.monotonic() + timeout_s, abandon)
