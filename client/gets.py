@@ -119,16 +119,18 @@ class GetBatch:
         self._master_time_ms = 0  # the reply's, for the grants' lifetimes
 
     def start_early(self, now: float | None = None) -> list[TransferOp]:
-        """The early reads (client/early_reads.py): one per key whose last replica is known and
-        whose destination fits it; call before the reply, hand the results to `on_early`."""
+        """The early reads (client/early_reads.py): one per key whose last replica is known, on
+        a node no read failed on lately, whose destination fits it; call before the reply,
+        hand the results to `on_early`."""
         locations = self._locations
         if locations is None or not len(locations):
             return []
         now = time.monotonic() if now is None else now
+        bad = self._health.unhealthy()  # a node that failed a read lately is not tried early
         ops: list[TransferOp] = []
         for i, e in enumerate(self.entries):
             loc = locations.find(e.key, now)
-            if loc is None or (loc.disk and self._budgeted):
+            if loc is None or (loc.disk and self._budgeted) or loc.route.node_id in bad:
                 continue
             grant = loc.grant
             if e.parts:

@@ -206,3 +206,12 @@ def test_a_prefix_get_uses_no_early_read_after_a_miss() -> None:
     assert batch.next_ops() == []
     gone, k = batch.entries
     assert into_result(gone) == MISS and into_result(k) == MISS and k.cut
+
+
+def test_no_early_read_goes_to_a_node_that_failed_a_read_lately() -> None:
+    locations = Locations()
+    read_once(locations)
+    health = NodeHealth()
+    health.mark_failed("n1")
+    assert GetBatch(["k"], None, health=health, locations=locations).start_early() == []
+    assert len(GetBatch(["k"], None, health=NodeHealth(), locations=locations).start_early()) == 1
