@@ -37,6 +37,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cellar.client import metrics
@@ -52,7 +54,7 @@ MAX_LOCATIONS = 4096   # keys remembered per client (about 300 bytes each)
 MARGIN_S = 1.0         # a grant is not used for an early read this close to its expiry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us more per key read
 class Location:
     """The replica a key was last read from, and until when (monotonic s) to try it early."""
 
@@ -71,7 +73,9 @@ class Locations:
         if max_keys < 1:
             raise ValueError("max_keys must be >= 1")
         self._max_keys = max_keys
-        self._by_key: dict[str, Location] = {}
+        # oldest first; an OrderedDict drops its oldest in O(1), a dict's first key is found
+        # by scanning past deleted slots (3.6 vs 0.4 us per key once full, measured)
+        self._by_key: OrderedDict[str, Location] = OrderedDict()
         self._lock = threading.Lock()
         self.kept = 0        # early reads whose bytes the reply confirmed
         self.discarded = 0   # early reads read again (or not at all) after the reply
@@ -85,21 +89,27 @@ class Locations:
             return None
         return found
 
-    def remember(self, key: str, route: SegmentRoute, grant: Grant, size: int, checksum: int,
-                 master_time_ms: int, disk: bool = False, now: float | None = None) -> None:
-        """Keep the replica `key` was just read from; `master_time_ms` is the master's clock
-        in the reply that granted it (0: unknown, nothing is kept)."""
-        left_s = (grant.expiry_ms - master_time_ms) / 1000 - MARGIN_S
-        if not master_time_ms or left_s <= 0:
+    def remember(self, read: Iterable[tuple[str, SegmentRoute, Grant, int, int, bool]],
+                 master_time_ms: int, now: float | None = None) -> None:
+        """Keep the replicas a batch just read, (key, route, grant, size, checksum, disk) each;
+        `master_time_ms` is the master's clock in the reply that granted them (0: unknown,
+        nothing is kept). One lock for the batch."""
+        if not master_time_ms:
             return
         now = time.monotonic() if now is None else now
-        location = Location(route, grant, size, checksum, now + left_s, disk)
+        base_s = now - master_time_ms / 1000 - MARGIN_S
+        fresh = [(key, Location(route, grant, size, checksum, base_s + grant.expiry_ms / 1000,
+                                disk))
+                 for key, route, grant, size, checksum, disk in read
+                 if grant.expiry_ms - master_time_ms > MARGIN_S * 1000]
+        if not fresh:
+            return
         with self._lock:
             by_key = self._by_key
-            by_key.pop(key, None)  # re-inserted last: the dict's order is the age order
-            while len(by_key) >= self._max_keys:
-                del by_key[next(iter(by_key))]
-            by_key[key] = location
+            for key, location in fresh:
+                if by_key.pop(key, None) is None and len(by_key) >= self._max_keys:
+                    by_key.popitem(last=False)
+                by_key[key] = location
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -156,18 +156,20 @@ class GetBatch:
         check_result_count("early read", len(results), len(self._early))
         if self._prefix:
             self.keep_prefix()  # a key after a miss is not used, early bytes or not
-        kept = 0
+        kept: list[tuple[str, SegmentRoute, Grant, int, int, bool]] = []
         for (i, loc), res in zip(self._early, results, strict=True):
             e = self.entries[i]
-            if e.status is None and res.ok and self._confirms(e, loc):
+            fresh = self._confirms(e, loc) if e.status is None and res.ok else None
+            if fresh is not None:
                 got = res.checksum if res.checksum is not None else self._hash(e)
                 if got == e.checksum:
                     e.status = Status.OK
-                    kept += 1
+                    kept.append((e.key, *fresh))
                     continue
             self._scrub(e, loc.size)
         if self._locations is not None:
-            self._locations.counted(kept, len(self._early) - kept)
+            self._locations.remember(kept, self._master_time_ms)
+            self._locations.counted(len(kept), len(self._early) - len(kept))
         self._early = []
 
     def drop_early(self) -> None:
@@ -176,18 +178,19 @@ class GetBatch:
             self._scrub(self.entries[i], loc.size)
         self._early = []
 
-    def _confirms(self, e: GetEntry, loc: Location) -> bool:
-        """Whether the reply names the replica `loc` read from, unchanged; if so, remember its
-        fresh grant (the cached one would expire sooner)."""
+    def _confirms(self, e: GetEntry, loc: Location) -> tuple[SegmentRoute, Grant, int, int,
+                                                            bool] | None:
+        """The reply's replica that `loc` read from, unchanged, as `Locations.remember` keeps
+        it (with the reply's fresh grant: the kept one would expire sooner); else None."""
         if e.size != loc.size or e.checksum != loc.checksum:
-            return False
+            return None
         old = loc.grant
         for route, grant, _offset in e.candidates:
             if (grant.alloc_id == old.alloc_id and grant.segment_id == old.segment_id
                     and grant.offset == old.offset and grant.length == old.length):
-                self._remember(e, route, grant)
-                return True
-        return False
+                return (route, grant, e.size, e.checksum,
+                        route.segment_id in self.disk_segments)
+        return None
 
     @staticmethod
     def _hash(e: GetEntry) -> int:
@@ -209,11 +212,6 @@ class GetBatch:
             e.dest[:nbytes] = bytes(nbytes)
         elif e.status not in (None, Status.OK):
             release_views([e])
-
-    def _remember(self, e: GetEntry, route: SegmentRoute, grant: Grant) -> None:
-        if self._locations is not None and e.size > 0:
-            self._locations.remember(e.key, route, grant, e.size, e.checksum,
-                                     self._master_time_ms, route.segment_id in self.disk_segments)
 
     def request(self, header: Any, unpin_ids: Sequence[int] = ()) -> Any:
         return pb.GetReplicasRequest(header=header, keys=[e.key for e in self.entries],
@@ -319,6 +317,8 @@ class GetBatch:
     def on_read_results(self, results: Sequence[TransferResult]) -> None:
         check_result_count("read", len(results), len(self._op_owner))
         disk_bytes: dict[str, int] = {}
+        disk = self.disk_segments
+        read: list[tuple[str, SegmentRoute, Grant, int, int, bool]] = []  # for early reads
         for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
             e = self.entries[i]
             e.tried += 1
@@ -340,12 +340,16 @@ class GetBatch:
                 got = checksum(e.view)
             if got == e.checksum:
                 e.status = Status.OK
-                self._remember(e, op.route, op.grant)
+                if e.size:
+                    read.append((e.key, op.route, op.grant, e.size, e.checksum,
+                                 op.route.segment_id in disk))
             else:
                 e.corrupt += 1
                 e.failures.append(f"node {node}: checksum mismatch")
         self._planned, self._op_owner = [], []
         self.round_disk_bytes = disk_bytes
+        if read and self._locations is not None:
+            self._locations.remember(read, self._master_time_ms)
 
     def settle_late(self) -> None:
         """The budget ran out: every key still in flight is LATE (no more reads are planned)."""

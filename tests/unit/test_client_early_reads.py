@@ -173,12 +173,15 @@ def test_locations_expire_before_their_grant_and_stay_bounded() -> None:
     now = found.good_until - good_for_s
     assert locations.find("k", now + good_for_s - 0.01) is not None
     assert locations.find("k", now + good_for_s) is None
-    for key in ("a", "b", "c"):
-        locations.remember(key, route, grant, 4096, 1, MASTER_MS, now=now)
-    assert len(locations) == 2 and locations.find("a", now) is None  # the oldest went first
-    locations.remember("late", route, grant, 4096, 1, grant.expiry_ms - 500, now=now)
+    locations.remember([(key, route, grant, 4096, 1, False) for key in ("a", "b")],
+                       MASTER_MS, now=now)
+    locations.remember([("a", route, grant, 4096, 1, False)], MASTER_MS, now=now)  # a is newest
+    locations.remember([("c", route, grant, 4096, 1, False)], MASTER_MS, now=now)
+    assert len(locations) == 2 and locations.find("b", now) is None  # the oldest went first
+    assert locations.find("a", now) is not None and locations.find("c", now) is not None
+    locations.remember([("late", route, grant, 4096, 1, False)], grant.expiry_ms - 500, now=now)
     assert locations.find("late", now) is None, "a grant within MARGIN_S of expiry is not kept"
-    locations.remember("unknown", route, grant, 4096, 1, 0, now=now)
+    locations.remember([("unknown", route, grant, 4096, 1, False)], 0, now=now)
     assert locations.find("unknown", now) is None, "no master clock, nothing kept"
 
 
