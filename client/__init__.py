@@ -13,6 +13,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
                     health, unpin queue, epoch fence, transport choice per replica and
                     transfer-round budgets)
     - `puts.py`, `gets.py` the put and get state machines (no I/O)
+    - `early_reads.py` where this client last read each key, so a get can read it beside its
+                    GetReplicas (kept only if the reply confirms the allocation)
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
                     retries, pin release, deadline-bounded gets, probes)
     - `operations.py` the public operations: checks + flow + result, shared by both faces

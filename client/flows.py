@@ -4,7 +4,8 @@ Why generators
     `Client` blocks and `AsyncClient` awaits, but what they say to the master and the nodes, in
     which order, with which retries, is the same. Each flow here is a generator that yields
     what it needs done (`Rpc`: call a master RPC by its deadline; `Move`: run a transfer
-    round; `Sleep`: back off) and receives the result, or the exception, back. A face is a
+    round; `RpcAndMove`: both at once, a get's early reads beside its lookup; `Sleep`: back
+    off) and receives the result, or the exception, back. A face is a
     ten-line loop around `send`/`throw` (`Client._run`, `AsyncClient._run`), so the
     protocol (failover rounds, put retries, pin release, deadline-bounded gets, probe
     handling) is written, tested and fixed in one place; the faces own only the waiting.
