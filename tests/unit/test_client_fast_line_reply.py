@@ -88,3 +88,35 @@ def test_bytes_past_the_reply_break_the_line() -> None:
             assert line._idle == []  # that connection is not kept for the next call
         finally:
             line.close()
+
+
+def test_work_meanwhile_runs_once_after_the_request_and_its_error_waits_for_the_reply() -> None:
+    """Early reads (client/early_reads.py) run between a request and its reply: the request is
+    on its way first (the server saw it before the work ended), the reply is still read and
+    the connection kept, and an error of the work is raised by `outcome()`, not by the call."""
+    seen: list[str] = []
+    got_request = threading.Event()
+
+    def reply(conn: socket.socket) -> None:
+        got_request.set()
+        time.sleep(0.05)
+        conn.sendall(FRAME.pack(2, 0) + b"ok")
+
+    def work() -> str:
+        assert got_request.wait(5), "the request was not sent before the work ran"
+        seen.append("ran")
+        raise ValueError("the move failed")
+
+    with scripted_server(reply) as port:
+        line = rpc._FastLine("127.0.0.1", port)
+        meanwhile = rpc.Meanwhile(work)
+        try:
+            assert line.call(1, b"request", 5.0, meanwhile=meanwhile) == (0, b"ok")
+            assert len(line._idle) == 1  # in sync: kept for the next call
+            with pytest.raises(ValueError, match="the move failed"):
+                meanwhile.outcome()
+            meanwhile()  # never twice
+            assert seen == ["ran"]
+        finally:
+            line.close()
+    assert rpc.Meanwhile(lambda: 7).outcome() == 7  # a call that never got to it: run now
