@@ -15,17 +15,18 @@ ratios (on / off; below 1 is faster). Run: `python -m cellar.bench.early_reads [
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import cellar
+from cellar.bench.spin import p50_us
 from cellar.devtools.local_cluster import LocalCluster
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -42,25 +43,17 @@ def row_name(transport: str, size: int, batch: int) -> str:
                                      else f"get_many_into x{batch}")
 
 
-def _p50_us(call: Callable[[int], Any], samples: int) -> float:
-    times = []
-    for i in range(samples):
-        start = time.perf_counter()
-        call(i)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def measure(client: Any, keys: list[str], size: int, batch: int, samples: int) -> float:
     if batch == 1:
-        return _p50_us(lambda i: client.get(keys[i % KEYS]), samples)
+        calls = itertools.count()
+        return p50_us(lambda: client.get(keys[next(calls) % KEYS]), samples)
     buffers = [cellar.alloc_buffer(size) for _ in range(batch)]
 
-    def many(_i: int) -> None:
+    def many() -> None:
         got = client.get_many_into(keys[:batch], buffers)
         assert got == [size] * batch, got
 
-    return _p50_us(many, samples)
+    return p50_us(many, samples)
 
 
 def run(rounds: int, samples: int) -> dict[str, Any]:

@@ -34,7 +34,7 @@ BATCHES = ((16, 31), (128, 7))  # (keys per batch, batches per round and side: r
 SIDES = {"off": "0", "on": ""}  # "" = the default window
 
 
-def _p50_us(call: Callable[[], Any], samples: int) -> float:
+def p50_us(call: Callable[[], Any], samples: int) -> float:
     times = []
     for _ in range(samples):
         start = time.perf_counter()
@@ -54,14 +54,14 @@ def one_side(address: str, side: str, round_no: int, samples: int) -> dict[str, 
     with cellar.connect(address, transport="tcp") as client:
         probe = [f"{run}/probe/{i:03d}" for i in range(PROBE_KEYS)]
         client.put_many(dict.fromkeys(probe, b"p"))
-        out["lookup 256 keys p50 us"] = _p50_us(lambda: client.lookup(probe), samples)
-        out["prefix_len 1 key p50 us"] = _p50_us(lambda: client.prefix_len(probe[:1]), samples)
+        out["lookup 256 keys p50 us"] = p50_us(lambda: client.lookup(probe), samples)
+        out["prefix_len 1 key p50 us"] = p50_us(lambda: client.prefix_len(probe[:1]), samples)
         singles = iter(range(samples))
         cpu = time.process_time()
-        out["put 64 KiB p50 us"] = _p50_us(
+        out["put 64 KiB p50 us"] = p50_us(
             lambda: client.put(f"{run}/one/{next(singles)}", value), samples)
         singles = iter(range(samples))
-        out["get 64 KiB p50 us"] = _p50_us(lambda: client.get(f"{run}/one/{next(singles)}"),
+        out["get 64 KiB p50 us"] = p50_us(lambda: client.get(f"{run}/one/{next(singles)}"),
                                            samples)
         out["client CPU us per single op"] = (time.process_time() - cpu) / (2 * samples) * 1e6
         for count, reps in BATCHES:

@@ -160,12 +160,10 @@ class GetBatch:
         for (i, loc), res in zip(self._early, results, strict=True):
             e = self.entries[i]
             fresh = self._confirms(e, loc) if e.status is None and res.ok else None
-            if fresh is not None:
-                got = res.checksum if res.checksum is not None else self._hash(e)
-                if got == e.checksum:
-                    e.status = Status.OK
-                    kept.append((e.key, *fresh))
-                    continue
+            if fresh is not None and self._digest(e, res) == e.checksum:
+                e.status = Status.OK
+                kept.append((e.key, *fresh))
+                continue
             self._scrub(e, loc.size)
         if self._locations is not None:
             self._locations.remember(kept, self._master_time_ms)
@@ -193,7 +191,11 @@ class GetBatch:
         return None
 
     @staticmethod
-    def _hash(e: GetEntry) -> int:
+    def _digest(e: GetEntry, res: TransferResult) -> int:
+        """The xxh3_64 of what a read of `e` landed: the transport's, if it hashed as it
+        copied, else hashed here."""
+        if res.checksum is not None:
+            return res.checksum
         if e.parts:
             return hash_views(e.parts)
         assert e.view is not None
@@ -318,12 +320,13 @@ class GetBatch:
         check_result_count("read", len(results), len(self._op_owner))
         disk_bytes: dict[str, int] = {}
         disk = self.disk_segments
+        remember = self._locations is not None
         read: list[tuple[str, SegmentRoute, Grant, int, int, bool]] = []  # for early reads
         for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
             e = self.entries[i]
             e.tried += 1
             node = op.route.node_id
-            if res.ok and op.route.segment_id in self.disk_segments:
+            if res.ok and op.route.segment_id in disk:
                 disk_bytes[node] = disk_bytes.get(node, 0) + e.size
             if not res.ok:
                 e.timed_out = res.status == ST_TIMEOUT
@@ -331,16 +334,9 @@ class GetBatch:
                 if res.status in NODE_TROUBLE:
                     self._health.mark_failed(node)
                 continue
-            if res.checksum is not None:
-                got = res.checksum
-            elif e.parts:
-                got = hash_views(e.parts)
-            else:
-                assert e.view is not None
-                got = checksum(e.view)
-            if got == e.checksum:
+            if self._digest(e, res) == e.checksum:
                 e.status = Status.OK
-                if e.size:
+                if remember and e.size:
                     read.append((e.key, op.route, op.grant, e.size, e.checksum,
                                  op.route.segment_id in disk))
             else:
@@ -348,7 +344,8 @@ class GetBatch:
                 e.failures.append(f"node {node}: checksum mismatch")
         self._planned, self._op_owner = [], []
         self.round_disk_bytes = disk_bytes
-        if read and self._locations is not None:
+        if read:
+            assert self._locations is not None
             self._locations.remember(read, self._master_time_ms)
 
     def settle_late(self) -> None:
