@@ -58,9 +58,10 @@ def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool 
                               config.max_batch_keys, config.max_list_keys)
     epoch, wall_ms = service.header()
     capacity, used = service.capacity()
+    writing = service.objects.writing_replicas()  # in-flight versions are not objects yet
     segments = tuple(
         SegmentSummary(s, s.info if trusted else s.untrusted_info(), s.node.state,
-                       s.allocator.used_bytes, len(s.objects))
+                       s.allocator.used_bytes, len(s.objects) - writing[s.segment_id])
         for s in service.membership.segments.values()
     )
     return ClusterSummary(

@@ -96,14 +96,16 @@ def _tier_gauges(service: MasterService) -> Iterator[Metric]:
     """Capacity, use, objects and traffic per tier (dram, disk): docs/disk-tier.md. The rows
     are ClusterStatus's (cellar.proto.tiers): the same tiers, the same counters."""
     tiers = service.tiers
+    writing = service.objects.writing_replicas()  # in-flight versions are not objects yet
     rows = merge_tier_stats(
-        tier_totals((s.tier, s.allocator.capacity_bytes, s.allocator.used_bytes, len(s.objects))
+        tier_totals((s.tier, s.allocator.capacity_bytes, s.allocator.used_bytes,
+                     len(s.objects) - writing[s.segment_id])
                     for s in service.membership.segments.values()),
         tiers.stats(), tiers.moves())
     gauges = [(key, GaugeMetricFamily(f"master_tier_{key}", doc, labels=["tier"])) for key, doc in (
         ("capacity_bytes", "bytes of the mounted segments of the tier"),
         ("used_bytes", "bytes allocated in the tier (incl. quarantine and retired ranges)"),
-        ("objects", "object replicas held in the tier"))]
+        ("objects", "object replicas stored in the tier (not those being written)"))]
     counters = [(key, CounterMetricFamily(f"master_tier_{key}", doc, labels=["tier"])) for key, doc in (
         ("hits", "GetReplicas hits served from the tier"),
         ("read_bytes", "bytes of the objects those hits granted"),
@@ -161,13 +163,15 @@ class MasterCollector(Collector):
         seg_cap = GaugeMetricFamily("master_segment_capacity_bytes", "segment size", labels=["segment", "node"])
         seg_used = GaugeMetricFamily("master_segment_used_bytes", "segment bytes allocated",
                                      labels=["segment", "node"])
-        seg_keys = GaugeMetricFamily("master_segment_key_count", "replicas held in the segment",
+        seg_keys = GaugeMetricFamily("master_segment_key_count",
+                                     "replicas stored in the segment (not those being written)",
                                      labels=["segment", "node"])
+        writing = service.objects.writing_replicas()
         for segment in service.membership.segments.values():
             labels = [str(segment.segment_id), segment.node.node_id]
             seg_cap.add_metric(labels, segment.allocator.capacity_bytes)
             seg_used.add_metric(labels, segment.allocator.used_bytes)
-            seg_keys.add_metric(labels, len(segment.objects))
+            seg_keys.add_metric(labels, len(segment.objects) - writing[segment.segment_id])
         yield seg_cap
         yield seg_used
         yield seg_keys

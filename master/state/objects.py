@@ -33,7 +33,7 @@ This module never chooses placements or victims and never touches payload bytes.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
 from cellar.master.state.expiry import ExpiryRuns
@@ -102,6 +102,13 @@ class ObjectTable:
         # Called with a COMPLETE version whose replica count may differ from `wanted`
         # (state/repair.py sets it; the default ignores it).
         self.watch: Callable[[Obj], None] = _ignore
+
+    def writing_replicas(self) -> Counter[int]:
+        """Replicas of versions being written (put-ahead allocations among them) per segment
+        id: a segment's stored replicas are its `objects` less these. Bounded by the puts in
+        flight (the WRITING caps), so a status or a scrape may walk them."""
+        return Counter(rep.segment.segment_id for obj in self.puts.values()
+                       for rep in obj.replicas)
 
     def _drop_now(self, obj: Obj) -> int:
         return self.drop(obj, self._clock())
