@@ -47,7 +47,8 @@ class ReceiptChecker:
         self.refused = 0  # PutEnd items refused for want of a valid receipt
 
     def why_not(self, obj: Obj, checksum: int, receipts: Sequence[bytes]) -> str:
-        """"" if `receipts` prove every replica of `obj` sealed with `checksum`, else why not."""
+        """"" if `receipts` prove every replica of `obj` sealed for its key (`obj.tag`) with
+        `checksum`, else why not."""
         if len(receipts) > MAX_RECEIPTS_PER_ITEM:
             return self._refuse(f"more than {MAX_RECEIPTS_PER_ITEM} receipts")
         if len(receipts) == 1 and len(obj.replicas) == 1:  # the common put: no dict
@@ -62,7 +63,7 @@ class ReceiptChecker:
                                     "written")
             try:
                 self._signer.check(raw, Receipt(rep.alloc_id, rep.segment.segment_id, rep.offset,
-                                                obj.size, self.epoch, checksum))
+                                                obj.size, self.epoch, obj.tag, checksum))
             except ReceiptRejected as exc:
                 return self._refuse(f"allocation {rep.alloc_id}: {exc}")
         return ""
@@ -70,11 +71,14 @@ class ReceiptChecker:
     def proves(self, raw: bytes, alloc_id: int, segment_id: int, offset: int, length: int,
                checksum: int) -> bool:
         """Whether `raw` is a node's receipt of exactly this sealed range (a node's own copy,
-        master/repair.py)."""
+        master/repair.py; its key is the one the copy order's grant named)."""
         try:
-            self._signer.check(raw, Receipt(alloc_id, segment_id, offset, length, self.epoch,
-                                            checksum))
+            got = self._signer.open(raw)
         except ReceiptRejected:
+            got = None
+        if got is None or (got.alloc_id, got.segment_id, got.offset, got.length, got.epoch,
+                           got.checksum) != (alloc_id, segment_id, offset, length, self.epoch,
+                                             checksum):
             self.refused += 1
             return False
         return True
@@ -87,14 +91,16 @@ class ReceiptChecker:
         lost, is answered OK rather than NOT_FOUND (and its put is not started over)."""
         if checksum != obj.checksum:
             return False
+        tag = obj.tag
         for raw in receipts[:MAX_RECEIPTS_PER_ITEM]:
             try:
                 got = self._signer.open(raw)
             except ReceiptRejected:
                 continue
             for rep in obj.replicas:
-                if (got.alloc_id, got.segment_id, got.offset, got.length, got.checksum) == (
-                        rep.alloc_id, rep.segment.segment_id, rep.offset, obj.size, checksum):
+                if (got.alloc_id, got.segment_id, got.offset, got.length, got.key_tag,
+                        got.checksum) == (rep.alloc_id, rep.segment.segment_id, rep.offset,
+                                          obj.size, tag, checksum):
                     return True
         return False
 

@@ -153,13 +153,25 @@ class PutItem(_message.Message):
     engine_hash: bytes
     def __init__(self, key: _Optional[str] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ..., soft_pin: _Optional[bool] = ..., hard_pin: _Optional[bool] = ..., upsert: _Optional[bool] = ..., preferred_host_id: _Optional[str] = ..., avoid_node_ids: _Optional[_Iterable[str]] = ..., soft_pin_ttl_ms: _Optional[int] = ..., engine_hash: _Optional[bytes] = ...) -> None: ...
 
+class PutAheadAsk(_message.Message):
+    __slots__ = ("count", "size_bytes", "replicas")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    size_bytes: int
+    replicas: int
+    def __init__(self, count: _Optional[int] = ..., size_bytes: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+
 class PutStartRequest(_message.Message):
-    __slots__ = ("header", "items")
+    __slots__ = ("header", "items", "ahead")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     items: _containers.RepeatedCompositeFieldContainer[PutItem]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutItem, _Mapping]]] = ...) -> None: ...
+    ahead: PutAheadAsk
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutItem, _Mapping]]] = ..., ahead: _Optional[_Union[PutAheadAsk, _Mapping]] = ...) -> None: ...
 
 class PutStartResult(_message.Message):
     __slots__ = ("status", "message", "put_id", "replicas")
@@ -174,42 +186,52 @@ class PutStartResult(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., put_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
 
 class PutStartReply(_message.Message):
-    __slots__ = ("header", "results", "segments")
+    __slots__ = ("header", "results", "segments", "ahead")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+    ahead: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., ahead: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
 
 class PutEndItem(_message.Message):
-    __slots__ = ("key", "put_id", "checksum", "receipts")
+    __slots__ = ("key", "put_id", "checksum", "receipts", "bind")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PUT_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
     key: str
     put_id: int
     checksum: int
     receipts: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., checksum: _Optional[int] = ..., receipts: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    bind: PutItem
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., checksum: _Optional[int] = ..., receipts: _Optional[_Iterable[bytes]] = ..., bind: _Optional[_Union[PutItem, _Mapping]] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
-    __slots__ = ("header", "items")
+    __slots__ = ("header", "items", "ahead")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ...) -> None: ...
+    ahead: PutAheadAsk
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ..., ahead: _Optional[_Union[PutAheadAsk, _Mapping]] = ...) -> None: ...
 
 class PutEndReply(_message.Message):
-    __slots__ = ("header", "results")
+    __slots__ = ("header", "results", "ahead", "segments")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
+    ahead: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., ahead: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class PutRef(_message.Message):
     __slots__ = ("key", "put_id")

@@ -38,9 +38,22 @@ MIN_SECRET_BYTES = 16
 SIGNED_FIELDS = struct.Struct("<BQQQQQQQ")
 
 
+# The key a put-ahead write grant names (docs/sdk.md "Putting ahead"): no key can be "\0"
+# (a key with a NUL is refused), so `key_tag(tenant, ANY_KEY)` is no object's tag. A node
+# lets a WRITE under a grant with that tag store one object of ANY key of that tenant (the
+# first write of the allocation names it, and the node's receipt binds it: proto/receipt.py);
+# the master binds the same key at PutEnd only if the receipt names it.
+ANY_KEY = "\0"
+
+
 def key_tag(tenant: str, key: str) -> int:
     """A 64-bit tag binding a grant to one object (tenant and key)."""
     return xxhash.xxh64_intdigest(key_tag_prefix(tenant) + key.encode())
+
+
+def any_key_tag(tenant: str) -> int:
+    """The tag of a put-ahead write grant of `tenant` (ANY_KEY)."""
+    return key_tag(tenant, ANY_KEY)
 
 
 def key_tag_prefix(tenant: str) -> bytes:

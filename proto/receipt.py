@@ -1,17 +1,20 @@
 """Write receipts: a storage node's signed word that every byte of an allocation arrived.
 
 A receipt says "node storage of segment S received every byte of allocation A, the range
-[offset, offset + length), under master epoch E, and the writer declared checksum C". The node
+[offset, offset + length), under master epoch E, for the object whose key tag is T
+(proto/grant.py `key_tag` of its tenant and key), and the writer declared checksum C". The node
 issues it once, when it seals the allocation (storage_node/access.py: the WRITE or the COMMIT
 that completed it); the client hands it, one per replica, to the master in PutEnd; the master
 makes the object COMPLETE only when every replica it counts has a receipt that names exactly
-the allocation it granted, with the checksum the PutEnd declares (master/receipts.py). So the
+the allocation it granted, for the key the PutEnd names, with the checksum the PutEnd declares
+(master/receipts.py). The key tag matters for a put-ahead allocation, whose grant names no key:
+the key the node stored is the one the master binds. So the
 master believes what a node saw, never what a client says (issue 19: a PutEnd without a
 byte written no longer makes an object).
 
 Layout (the one copy, beside the grant's `SIGNED_FIELDS` in proto/grant.py): the fixed
 little-endian `RECEIPT_FIELDS` (a domain tag, alloc_id, segment_id, offset, length, epoch,
-checksum), then the keyed BLAKE2b MAC (GRANT_MAC_BYTES) over those bytes with the cluster
+key tag, checksum), then the keyed BLAKE2b MAC (GRANT_MAC_BYTES) over those bytes with the cluster
 secret, the same primitive and key as a grant. The domain tag keeps a receipt from ever
 verifying as anything else signed with that key (a grant's message is another length and has
 no tag). `RECEIPT_BYTES` in all; it rides as the payload of a WRITE's or COMMIT's OK reply.
@@ -30,9 +33,9 @@ from dataclasses import dataclass
 from cellar.proto.grant import GRANT_MAC_BYTES
 
 RECEIPT_TAG = b"CLRC"
-# tag, alloc_id, segment_id, offset, length, epoch, checksum
-RECEIPT_FIELDS = struct.Struct("<4sQQQQQQ")
-RECEIPT_BYTES = RECEIPT_FIELDS.size + GRANT_MAC_BYTES  # 68
+# tag, alloc_id, segment_id, offset, length, epoch, key_tag, checksum
+RECEIPT_FIELDS = struct.Struct("<4sQQQQQQQ")
+RECEIPT_BYTES = RECEIPT_FIELDS.size + GRANT_MAC_BYTES  # 76
 MAX_RECEIPTS_PER_ITEM = 16  # a PutEnd item carries at most this many (one per replica)
 
 
@@ -43,6 +46,7 @@ class Receipt:
     offset: int
     length: int
     epoch: int
+    key_tag: int
     checksum: int
 
 
@@ -65,11 +69,11 @@ class ReceiptSigner:
         return h.digest()
 
     def sign(self, *, alloc_id: int, segment_id: int, offset: int, length: int, epoch: int,
-             checksum: int) -> bytes:
+             key_tag: int, checksum: int) -> bytes:
         """The receipt's bytes (RECEIPT_BYTES)."""
         assert alloc_id > 0 and offset >= 0 and length >= 0, (alloc_id, offset, length)
         fields = RECEIPT_FIELDS.pack(RECEIPT_TAG, alloc_id, segment_id, offset, length, epoch,
-                                     checksum)
+                                     key_tag, checksum)
         return fields + self._mac(fields)
 
     def check(self, raw: bytes, expected: Receipt) -> None:

@@ -49,7 +49,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from cellar.proto.grant import GRANT_FLAG_COMMIT, Grant, GrantRejected, GrantVerifier, key_tag
+from cellar.proto.grant import (
+    GRANT_FLAG_COMMIT,
+    Grant,
+    GrantRejected,
+    GrantVerifier,
+    any_key_tag,
+    key_tag,
+)
 from cellar.proto.receipt import ReceiptSigner
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import IndexEntry, ObjectIndex, ReadRefused, WriteRefused
@@ -136,7 +143,11 @@ class NodeAccess:
         """Every check of a WRITE (grant, key tag, sizes, the index admits the range); the
         segment, or None for a retried chunk of an allocation this very write sealed."""
         segment, grant = self._check(request, OP_WRITE)
-        if key_tag(meta.tenant, meta.key) != grant.key_tag:
+        # A put-ahead grant (proto/grant.py ANY_KEY) names the tenant only: the first write of
+        # the allocation names the key (the index holds every later chunk to it), and the
+        # receipt binds that key for the master.
+        if (key_tag(meta.tenant, meta.key) != grant.key_tag
+                and any_key_tag(meta.tenant) != grant.key_tag):
             raise FrameError(ST_BAD_GRANT, "the write's tenant/key is not the one the grant names")
         if meta.object_size > grant.length:
             raise FrameError(
@@ -201,6 +212,7 @@ class NodeAccess:
     def _receipt(self, entry: IndexEntry) -> bytes:
         return self._receipts.sign(alloc_id=entry.alloc_id, segment_id=entry.segment_id,
                                    offset=entry.offset, length=entry.length, epoch=entry.epoch,
+                                   key_tag=key_tag(entry.tenant, entry.key),
                                    checksum=entry.checksum)
 
     def commit(self, request: RequestHeader, meta: WriteMeta, file_dev: int,

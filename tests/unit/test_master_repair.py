@@ -60,7 +60,7 @@ def done(order: Any, checksum: int | None = None, status: int = pb.OK,
     t = order.target
     signed = ReceiptSigner(SECRET).sign(alloc_id=t.alloc_id, segment_id=t.segment_id,
                                         offset=t.offset, length=order.length, epoch=EPOCH,
-                                        checksum=checksum) if receipt else b""
+                                        key_tag=t.key_tag, checksum=checksum) if receipt else b""
     return pb.CopyDone(alloc_id=t.alloc_id, segment_id=t.segment_id, offset=t.offset,
                        length=order.length, checksum=checksum, status=status, receipt=signed)
 

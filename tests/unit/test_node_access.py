@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, key_tag, sign
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, any_key_tag, key_tag, sign
+from cellar.proto.receipt import ReceiptSigner
 from cellar.storage_node.access import NodeAccess
 from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
@@ -205,3 +206,31 @@ def test_late_writer_cannot_touch_reused_range(node: NodeAccess) -> None:
     assert bytes(node.readable(request(make_grant(GRANT_OP_READ, alloc=11, key="new")))) == b"n" * 1000
     # a read grant of the old allocation reads nothing: the range holds another object now
     assert status_of(node.readable, request(make_grant(GRANT_OP_READ, alloc=10, key="old"))) == frame.ST_BAD_GRANT
+
+
+def test_put_ahead_grant_takes_any_key_of_its_tenant_only(node: NodeAccess) -> None:
+    """A put-ahead grant (proto/grant.py ANY_KEY) names the tenant: the first write names the
+    key, every later chunk must name the same one, another tenant's write is refused, and the
+    receipt names the key stored (the master binds only that one: master/put_ahead.py)."""
+    g = sign(SECRET, op=GRANT_OP_WRITE, segment_id=SEG, offset=4096, length=1000, alloc_id=7,
+             epoch=EPOCH, expiry_ms=wall_ms() + 60_000, tag=any_key_tag("t"))
+    assert status_of(node.writable, request(g, length=500), meta(tenant="u", key="k")) == \
+        frame.ST_BAD_GRANT
+    first = request(g, length=500)
+    node.writable(first, meta(key="chosen"))[:] = b"a" * 500
+    assert node.written(first, meta(key="chosen")) == b""  # not sealed yet
+    rest = request(g, g.offset + 500, 500)
+    assert status_of(node.writable, rest, meta(key="other")) == frame.ST_BAD_GRANT
+    node.writable(rest, meta(key="chosen"))[:] = b"b" * 500
+    raw = node.written(rest, meta(key="chosen"))
+    got = ReceiptSigner(SECRET).open(raw)
+    assert got.key_tag == key_tag("t", "chosen") and got.alloc_id == 7 and got.length == 1000
+    entry = node.index.get(7)
+    assert entry is not None and entry.key == "chosen"
+    # reads name the real key, never the put-ahead tag
+    r = sign(SECRET, op=GRANT_OP_READ, segment_id=SEG, offset=4096, length=1000, alloc_id=7,
+             epoch=EPOCH, expiry_ms=wall_ms() + 60_000, tag=key_tag("t", "chosen"))
+    assert bytes(node.readable(request(r))) == b"a" * 500 + b"b" * 500
+    r_any = sign(SECRET, op=GRANT_OP_READ, segment_id=SEG, offset=4096, length=1000, alloc_id=7,
+                 epoch=EPOCH, expiry_ms=wall_ms() + 60_000, tag=any_key_tag("t"))
+    assert status_of(node.readable, request(r_any)) == frame.ST_BAD_GRANT
