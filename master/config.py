@@ -106,6 +106,10 @@ class MasterConfig:
     max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)
     max_batch_keys: int = setting(1024, "most keys (or pin ids) in one batched request", unit="keys")
     max_list_keys: int = setting(1000, "most keys one ListKeys page returns (its limit)", unit="keys")
+    max_put_ahead_keys: int = setting(
+        64, "most put-ahead allocations (docs/sdk.md) one PutStart or PutEnd is granted; "
+        "0 grants none", unit="keys"
+    )
     pin_ttl_s: float = setting(10.0, "a read pin (and its read grant) expires after this", unit=UNIT_SECONDS)
     max_pins_per_client: int = setting(65536, "most live pins one client id may hold", unit="pins")
     write_grant_ttl_s: float = setting(
@@ -331,6 +335,7 @@ class MasterConfig:
         require(1 <= self.max_key_bytes <= 1 << 16, "max_key_bytes", "must be in [1, 65536]")
         require(1 <= self.max_batch_keys <= 1 << 16, "max_batch_keys", "must be in [1, 65536]")
         require(1 <= self.max_list_keys <= 1 << 16, "max_list_keys", "must be in [1, 65536]")
+        require(0 <= self.max_put_ahead_keys <= 1 << 16, "max_put_ahead_keys", "must be in [0, 65536]")
         require(self.pin_ttl_s > 0, "pin_ttl_s", "must be > 0")
         require(self.max_pins_per_client >= 1, "max_pins_per_client", "must be >= 1")
         require(self.write_grant_ttl_s > 0, "write_grant_ttl_s", "must be > 0")

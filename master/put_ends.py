@@ -8,7 +8,8 @@ remove acknowledged while the put was in flight wins (the put answers OK and sto
 it is ordered just before the remove, master/removals.py); an upsert leaves a tombstone bound
 below its first allocation, so no older value comes back. And what a PutEnd that finds no put
 answers: OK for a repeat of one that completed (here, or under a master that died, proved by
-its receipts), else why not.
+its receipts), else why not. A PutEnd of a put-ahead allocation binds its key first
+(master/put_ahead.py).
 
 It reads and writes the service's tables on the one event loop, like every method of the
 service; it never touches payload bytes.
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cellar.errors import Status
+from cellar.master.put_ahead import PutAheads, is_ahead
 from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import KeyResults
 from cellar.master.requests import Clock, PutEndLike, PutRefLike
@@ -40,6 +42,7 @@ class MasterService(Protocol):
     receipts: ReceiptChecker
     tombstones: Tombstones
     tiers: Tiers
+    aheads: PutAheads
 
     def tenant(self, name: str) -> Tenant: ...
     def check_batch(self, count: int, what: str = ...) -> Any: ...
@@ -61,14 +64,22 @@ class PutEnds:
         results: KeyResults = []
         for item in items:
             obj = puts.get(item.put_id)
-            if obj is None or obj.tenant is not tenant or obj.key != item.key:
+            if obj is not None and obj.tenant is tenant and is_ahead(obj):
+                # a put-ahead allocation: bound to the item's key (checked there, as are its
+                # receipts) whatever key the item names, its placeholder included
+                refusal = s.aheads.bind(tenant, obj, item, now)
+                if refusal is not None:
+                    results.append(refusal)
+                    continue
+            elif obj is None or obj.tenant is not tenant or obj.key != item.key:
                 results.append(self._miss(tenant, item))
                 continue
-            why = s.receipts.why_not(obj, item.checksum, item.receipts)
-            if why:  # no node saw every byte: the put is revoked (its ranges quarantined)
-                s.objects.drop(obj, now)
-                results.append((Status.PERMISSION_DENIED, f"put revoked: {why}"))
-                continue
+            else:
+                why = s.receipts.why_not(obj, item.checksum, item.receipts)
+                if why:  # no node saw every byte: the put is revoked (its ranges quarantined)
+                    s.objects.drop(obj, now)
+                    results.append((Status.PERMISSION_DENIED, f"put revoked: {why}"))
+                    continue
             first_alloc = min(rep.alloc_id for rep in obj.replicas)
             if first_alloc <= s.tombstones.removed_alloc_id(tenant.name, obj.key):
                 s.objects.drop(obj, now)  # a remove acknowledged mid-put wins: the put is
@@ -107,7 +118,8 @@ class PutEnds:
         results: KeyResults = []
         for item in items:
             obj = s.objects.puts.get(item.put_id)
-            if obj is None or obj.tenant is not tenant or obj.key != item.key:
+            if obj is None or obj.tenant is not tenant or obj.key != item.key and not (
+                    item.key == "" and is_ahead(obj)):  # an unbound put-ahead is named ""
                 error = s.key_error(item.key)
                 if error:
                     results.append((INVALID, error))

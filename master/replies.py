@@ -82,7 +82,8 @@ class GetResult:
 @dataclass
 class PutStartOutcome:
     results: list[PutStartResult]
-    segments: list[Segment]  # every segment the results refer to, once
+    segments: list[Segment]  # every segment the results (and `ahead`) refer to, once
+    ahead: list[PutStartResult] = field(default_factory=list)  # put-ahead allocations granted
 
 
 @dataclass

@@ -70,6 +70,14 @@ class PutEndItem:
     put_id: int
     checksum: int = 0
     receipts: Sequence[bytes] = ()  # one node receipt per replica (master/receipts.py)
+    bind: PutItem | None = None     # a put-ahead allocation's put fields (master/put_ahead.py)
+
+
+@dataclass
+class PutAheadAsk:
+    count: int
+    size_bytes: int
+    replicas: int = 0
 
 
 @dataclass
@@ -101,6 +109,12 @@ class PutEndLike(Protocol):
 class PutRefLike(Protocol):
     key: str
     put_id: int
+
+
+class PutAheadAskLike(Protocol):
+    count: int
+    size_bytes: int
+    replicas: int
 
 
 # ---------------------------------------------------------------- validators

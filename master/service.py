@@ -15,6 +15,8 @@ eviction, quarantine; and beside them, split out of this file:
 - grace.py: `RebuildGrace`, when a miss answers UNAVAILABLE while rebuild may be incomplete;
 - put_ends.py: `PutEnds`, PutEnd (the receipts that make a put COMPLETE) and PutRevoke (bound
   here as `self.put_end`, `self.put_revoke`);
+- put_ahead.py: `PutAheads`, write allocations granted before their key is known (a
+  PutStart's or PutEnd's `ahead` ask, `self.put_ahead`), bound to a key at PutEnd;
 - removals.py: `Removals`, Remove/RemovePrefix/RemoveAll and the removal log's bounds (bound
   here as `self.remove`, ... like the node calls);
 - listing.py: the ListKeys page (which keys, their order, the bound, the scan's cost);
@@ -43,6 +45,7 @@ from cellar.master.config import DEFAULT_TENANT, MasterConfig, TenantQuota
 from cellar.master.grace import RebuildGrace
 from cellar.master.listing import list_page
 from cellar.master.node_rpcs import NodeRpcs
+from cellar.master.put_ahead import PutAheads
 from cellar.master.put_ends import PutEnds
 from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
@@ -64,6 +67,7 @@ from cellar.master.requests import (
     MAX_PREFERRED_HOST_CHARS,
     MAX_SOFT_PIN_TTL_MS,
     Clock,
+    PutAheadAskLike,
     PutEndItem,
     PutItem,
     PutItemLike,
@@ -131,7 +135,7 @@ class MasterService:
         self.receipts = ReceiptChecker(secret, self.epoch)  # PutEnd believes nodes, not clients
         self.role = "single"
         rng = rng or random.Random()
-        self._next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
+        self.next_put_id = SecretIds().next  # unguessable (cellar.master.state.ids)
         self.alloc_ids = AllocIds(self.epoch)
         self.tenants = Tenants(config.tenant_quotas(), allow_unknown=config.allow_unknown_tenants,
                               max_tenants=config.max_tenants,
@@ -173,7 +177,7 @@ class MasterService:
             config, self.clock, self.epoch, tenants=self.tenants, membership=self.membership,
             objects=self.objects, pins=self.pins, quarantine=self.quarantine,
             tombstones=self.tombstones, grace=self.grace, alloc_ids=self.alloc_ids,
-            next_put_id=self._next_put_id, tiers=self.tiers,
+            next_put_id=self.next_put_id, tiers=self.tiers,
         )
         self.repair = Repairer(config, self.clock, self.grants, self.membership, RepairQueue(
             objects=self.objects, membership=self.membership, placement=self.placement,
@@ -189,6 +193,7 @@ class MasterService:
         self.expire_node = self.nodes.expire_node
         self.tick = self.nodes.tick
         self.evict_to_watermark = self.nodes.evict_to_watermark
+        self.aheads = PutAheads(self)  # put-ahead allocations (master/put_ahead.py)
         self.put_ends = PutEnds(self)  # PutEnd and PutRevoke (master/put_ends.py)
         self.put_end = self.put_ends.put_end
         self.put_revoke = self.put_ends.put_revoke
@@ -221,9 +226,21 @@ class MasterService:
 
     # ---------------------------------------------------------------- put
 
+    def put_ahead(self, tenant_name: str, ask: PutAheadAskLike, *, may_commit: bool = False,
+                  segments: dict[int, Segment] | None = None) -> PutStartOutcome:
+        """Put-ahead allocations for a PutStart's or PutEnd's `ahead` ask (master/put_ahead.py);
+        `segments`: the table of the reply they ride in, extended."""
+        tenant = self.tenant(tenant_name)
+        table: dict[int, Segment] = {} if segments is None else segments
+        granted = self.aheads.reserve(
+            tenant, ask, GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE,
+            self.clock.monotonic(), self.clock.wall_ms(), table)
+        return PutStartOutcome([], list(table.values()), granted)
+
     def put_start(self, tenant_name: str, client_id: str, items: Sequence[PutItemLike], *,
                   may_commit: bool = False,
-                  request: tuple[str, str, int] | None = None) -> PutStartOutcome:
+                  request: tuple[str, str, int] | None = None,
+                  ahead: PutAheadAskLike | None = None) -> PutStartOutcome:
         """`may_commit`: the caller has the shm right, so its write grants carry the COMMIT
         right (GRANT_FLAG_COMMIT); without it a node refuses its COMMITs. `request`: (token
         id, client id, request id) of a call with a request id: kept on each WRITING object it
@@ -253,7 +270,7 @@ class MasterService:
         place_one = self.placement.place_one
         default_replicas = config.default_replicas
         fast_ok = config.max_replicas >= 1
-        next_put_id = self._next_put_id
+        next_put_id = self.next_put_id
         page_from = SegmentAllocator.PAGE_ALIGN_THRESHOLD_BYTES
         page_pad = SegmentAllocator.PAGE_BYTES - 1
         granule_pad = SegmentAllocator.SMALL_GRANULARITY_BYTES - 1
@@ -304,7 +321,9 @@ class MasterService:
             replica = begin_one(obj, spot[0], spot[1], next_alloc_id())
             append(PutStartResult(OK, "", put_id,
                                   [grant_one(obj, replica, write_op, expiry_ms, segments)]))
-        return PutStartOutcome(results, list(segments.values()))
+        granted = [] if ahead is None else self.aheads.reserve(tenant, ahead, write_op, now,
+                                                                 wall_ms, segments)
+        return PutStartOutcome(results, list(segments.values()), granted)
 
     def _put_one(
         self, tenant: Tenant, item: PutItemLike, now: float, wall_ms: int,
@@ -376,7 +395,7 @@ class MasterService:
                 self.no_space_count += 1
                 return PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left")
 
-        put_id = self._next_put_id()
+        put_id = self.next_put_id()
         ttl_s = config.write_grant_ttl_s
         pin_kind = HARD_PIN if item.hard_pin else SOFT_PIN if item.soft_pin else NO_PIN
         tag = key_tag(tenant.name, key)

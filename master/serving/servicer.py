@@ -102,6 +102,13 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
         g.mac = r.mac
 
 
+def _add_ahead(target: Any, granted: list[Any]) -> None:
+    """Put-ahead allocations (master/put_ahead.py) into a reply's `ahead` field."""
+    add = target.add
+    for r in granted:
+        _add_replicas(add(put_id=r.put_id).replicas, r.replicas)
+
+
 def _grant_pb(r: GrantedReplica) -> pb.Grant:
     return pb.Grant(op=r.op, alloc_id=r.alloc_id, epoch=r.epoch, expiry_ms=r.expiry_ms,
                     key_tag=r.key_tag, mac=r.mac)
@@ -165,7 +172,8 @@ class MasterServicer:
         request = ((identity.token_id if identity is not None else "", h.client_id, h.request_id)
                    if h.request_id else None)
         outcome = self.service.put_start(h.tenant, h.client_id, req.items,
-                                         may_commit=_trusted_on_host(), request=request)
+                                         may_commit=_trusted_on_host(), request=request,
+                                         ahead=req.ahead if req.HasField("ahead") else None)
         reply = pb.PutStartReply(header=self._header(), segments=_segment_infos(outcome.segments))
         add = reply.results.add
         failures = 0
@@ -175,6 +183,7 @@ class MasterServicer:
                 add(status=r.status, message=r.message)  # type: ignore[arg-type]
             else:
                 _add_replicas(add(put_id=r.put_id).replicas, r.replicas)
+        _add_ahead(reply.ahead, outcome.ahead)
         stats.keys += len(outcome.results)
         stats.key_failures += failures
         return reply
@@ -216,7 +225,13 @@ class MasterServicer:
 
     def PutEnd(self, req: pb.PutEndRequest, stats: RpcStats) -> pb.PutEndReply:
         results = self.service.put_end(req.header.tenant, req.header.client_id, req.items)
-        return self._key_reply(pb.PutEndReply, results, stats)
+        reply = self._key_reply(pb.PutEndReply, results, stats)
+        if req.HasField("ahead"):
+            ahead = self.service.put_ahead(req.header.tenant, req.ahead,
+                                           may_commit=_trusted_on_host())
+            _add_ahead(reply.ahead, ahead.ahead)
+            reply.segments.extend(_segment_infos(ahead.segments))
+        return reply
 
     def PutRevoke(self, req: pb.PutRevokeRequest, stats: RpcStats) -> pb.PutRevokeReply:
         results = self.service.put_revoke(req.header.tenant, req.header.client_id, req.items)
