@@ -56,6 +56,7 @@ from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
+from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
 from cellar.client.puts import PutHints
 from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
@@ -129,7 +130,9 @@ class AsyncClient:
             self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                               self._transports, self._release,
                               tokens_per_key=self._tokens_per_key,
-                              locations=Locations() if early_reads_from_env() else None)
+                              locations=Locations() if early_reads_from_env() else None,
+                              aheads=PutAheadPool(held) if (held := put_ahead_from_env())
+                              else None)
             reply = await self._master.call("ClusterStatus",
                                             pb.ClusterStatusRequest(header=self._s.header),
                                             deadline)
@@ -195,6 +198,7 @@ class AsyncClient:
             await asyncio.gather(*pending, return_exceptions=True)
         if self._s is not None and self._master is not None:
             await self._flush(CLOSE_FLUSH_MAX_CALLS, CLOSE_FLUSH_TIMEOUT_S)
+            await self._revoke_ahead()
         for transport in self._transports.transports:
             await transport.aclose()
         if self._master is not None:
@@ -551,6 +555,15 @@ class AsyncClient:
         self._flush_handle = None
         if self._flush_task is None and not self._closed and self._loop is not None:
             self._flush_task = self._loop.create_task(self._flush(1, UNPIN_FLUSH_TIMEOUT_S))
+
+    async def _revoke_ahead(self) -> None:
+        assert self._s is not None and self._master is not None
+        for effect in flows.hand_back_aheads(self._s, CLOSE_FLUSH_TIMEOUT_S):
+            assert isinstance(effect, Rpc)
+            try:
+                await self._master.call(effect.method, effect.request, effect.deadline)
+            except (CellarError, ValueError, RuntimeError):
+                pass  # best effort, as the flow says
 
     async def _flush(self, max_calls: int, timeout_s: float) -> None:
         assert self._s is not None and self._master is not None

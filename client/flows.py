@@ -31,6 +31,7 @@ from cellar.client.early_reads import Locations
 from cellar.client.gets import GetBatch, GetEntry, release_views
 from cellar.client.load_costs import LoadCosts
 from cellar.client.pointers import PointerRegistry
+from cellar.client.put_ahead import PutAheadPool
 from cellar.client.puts import PutBatch, PutEntry, PutHints, hash_values
 from cellar.client.session_state import (
     DiskReadRates,
@@ -139,6 +140,7 @@ class Session:
     limits: Limits = field(default_factory=Limits)
     costs: LoadCosts = field(default_factory=LoadCosts)  # measured load costs (lookup's estimate)
     locations: Locations | None = field(default_factory=Locations)  # None: no early reads
+    aheads: PutAheadPool | None = None  # held put-ahead allocations (None: puts do not ask)
     tokens_per_key: int | None = None  # tokens one key stands for (the token metrics), if known
     # Whether the last put batch's replicas all went to transports that hash as they copy (a
     # hint, read and written without a lock: a stale value costs one batch some overlap).
@@ -211,7 +213,8 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
     fusing = any(getattr(t, "hashes_writes", False) for t in s.transports.transports)
     batch = PutBatch(entries, tenant=s.tenant, replicas=replicas, soft_pin=soft_pin,
                      upsert=upsert, health=s.health,
-                     hashes_writes=_hashes_writes(s) if fusing else None, hints=hints)
+                     hashes_writes=_hashes_writes(s) if fusing else None, hints=hints,
+                     ahead=s.aheads)
     # A value whose replicas all go to a transport that hashes as it copies (shm) is hashed by
     # that copy, from cache, right after each piece lands: 16 x 4 MiB puts to a same-host node
     # ran 5.4 -> 7.8 GB/s against hashing them on a helper thread behind PutStart, which reads
@@ -226,20 +229,33 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
     else:
         behind = [e for e in batch.entries if not e.parts]
     try:
-        while (request := batch.start_request(s.header)) is not None:
-            reply = yield Rpc("PutStart", request, deadline, hash_behind=behind)
-            ops = batch.on_start_reply(reply)
-            if ops:
-                s.writes_fused = batch.all_fused
+        # Keys that held put-ahead allocations take (client/put_ahead.py) skip PutStart: their
+        # writes join the first round's (alone, when no key needs a PutStart).
+        batch.plan_ahead()
+        while not batch.done:
+            ask = batch.ahead_ask()
+            request = batch.start_request(s.header, ask)
+            if request is not None:
+                reply = yield Rpc("PutStart", request, deadline, hash_behind=behind)
+                ops = batch.on_start_reply(reply)
+                batch.on_ahead(reply, ask)
+                ask = None
+                if ops:
+                    s.writes_fused = batch.all_fused
+            else:
+                ops = batch.ahead_round()
             results = yield from transfer(s, "write", ops, deadline, batch.can_retry())
             may_retry = deadline - time.monotonic() > MIN_RETRY_BUDGET_S
             end_items, revoke_items = batch.on_write_results(results, may_retry=may_retry)
             if revoke_items:
                 yield from revoke(s, revoke_items, deadline)
             if end_items:
-                reply = yield Rpc("PutEnd", pb.PutEndRequest(header=s.header, items=end_items),
-                                  deadline)
+                ask = batch.ahead_ask() if ask is not None else None  # none granted at PutStart
+                end = (pb.PutEndRequest(header=s.header, items=end_items, ahead=ask)
+                       if ask is not None else pb.PutEndRequest(header=s.header, items=end_items))
+                reply = yield Rpc("PutEnd", end, deadline)
                 batch.on_end_reply(reply)
+                batch.on_ahead(reply, ask)
     except GeneratorExit:
         raise
     except BaseException as exc:
@@ -530,6 +546,15 @@ def cluster_status(s: Session) -> Flow[dict[str, Any]]:
     reply = yield Rpc("ClusterStatus", pb.ClusterStatusRequest(header=s.header), s.deadline())
     s.limits = Limits.from_status(reply)
     return status_to_dict(reply)
+
+
+def hand_back_aheads(s: Session, timeout_s: float) -> Flow[None]:
+    """At close: revoke the put-ahead allocations held (client/put_ahead.py), one request at
+    most; what it cannot carry, or a failure, the master revokes when their grants expire."""
+    refs = s.aheads.revoke_refs(s.limits.max_batch_keys) if s.aheads is not None else []
+    if refs:
+        yield Rpc("PutRevoke", pb.PutRevokeRequest(header=s.header, items=refs),
+                  time.monotonic() + min(s.timeout_s, timeout_s))
 
 
 def unpin(s: Session, ids: list[int], timeout_s: float) -> Flow[None]:

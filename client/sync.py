@@ -57,6 +57,7 @@ from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
+from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel, Meanwhile
 from cellar.client.session_state import TransportSet, UnpinQueue
@@ -129,6 +130,7 @@ class Client:
         args = ConnectArgs.check(address, tenant, token, timeout_s, transport)
         spin_us = spin_us_from_env()  # reply wait window (transfer/spin_wait.py)
         early_reads = early_reads_from_env()  # client/early_reads.py
+        ahead_held = put_ahead_from_env()  # client/put_ahead.py
         spin = SpinWait(spin_us) if spin_us else None
         self.address = args.address
         self.tenant = args.tenant
@@ -157,7 +159,8 @@ class Client:
             spin=spin)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                           self._transports, self._release,
-                          locations=Locations() if early_reads else None)
+                          locations=Locations() if early_reads else None,
+                          aheads=PutAheadPool(ahead_held) if ahead_held else None)
         self._flusher = _UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)
         self._finalizer = weakref.finalize(self, _UnpinFlusher.stop, self._flusher)
         try:
@@ -214,6 +217,7 @@ class Client:
         self._closed = True
         self._flusher.stop(join_timeout_s=CLOSE_FLUSH_TIMEOUT_S)
         self._flusher.flush(max_calls=CLOSE_FLUSH_MAX_CALLS)
+        self._revoke_ahead()
         self._transports.close()
         with self._hasher_lock:
             hasher, self._hasher = self._hasher, None
@@ -531,6 +535,14 @@ class Client:
             self._flusher.flush(max_calls=CLOSE_FLUSH_MAX_CALLS)
         else:
             self._flusher.ensure_started()
+
+    def _revoke_ahead(self) -> None:
+        for effect in flows.hand_back_aheads(self._s, CLOSE_FLUSH_TIMEOUT_S):
+            assert isinstance(effect, Rpc)
+            try:
+                self._master.call(effect.method, effect.request, effect.deadline)
+            except (CellarError, ValueError, RuntimeError):
+                pass  # best effort, as the flow says
 
     def _send_unpins(self, ids: list[int]) -> None:
         timeout_s = CLOSE_FLUSH_TIMEOUT_S if self._closed else UNPIN_FLUSH_TIMEOUT_S

@@ -43,7 +43,10 @@ def _route(segments: Any, segment_id: int) -> SegmentRoute:
                         {e.transport: e.address for e in seg.endpoints if e.transport == "tcp"})
 
 
-def test_stale_read_grant_never_reads_the_next_tenants_object(one_node: LocalCluster) -> None:
+def test_stale_read_grant_never_reads_the_next_tenants_object(
+        one_node: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bob's next put must take the range Alice's remove just freed: not one held ahead
+    monkeypatch.setenv("CELLAR_PUT_AHEAD", "0")
     alice_token, bob_token = one_node.token_for("alice"), one_node.token_for("bob")
     alice_h = pb.RequestHeader(tenant="alice", client_id="alice", token=alice_token)
     bob_h = pb.RequestHeader(tenant="bob", client_id="bob", token=bob_token)

@@ -1,0 +1,144 @@
+"""Putting ahead against a real cluster (client/put_ahead.py, master/put_ahead.py).
+
+- Puts of one size write under held allocations: the master answers far fewer PutStarts than
+  there are puts, and every value reads back byte-exact from another client (the node stored
+  each under the key its write named, the one its PutEnd bound). Both faces, tcp and shm.
+- An allocation granted before the key's last version or removal is never bound to it: the
+  upsert and the put after a remove take effect (through PutStart), and a kill -9 of the
+  master, which rebuilds from the nodes, brings back neither the replaced value nor the
+  removed one.
+- Allocations a client holds are handed back when it closes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import cellar
+from cellar.client.put_ahead import PutAheadPool
+from cellar.devtools.local_cluster import LocalCluster
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, AsyncFace, open_face
+
+SIZE = 64 << 10
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(1, "128MiB", master_flags={"allow_unknown_tenants": "true"}) as c:
+        yield c
+
+
+def pool(client: Any) -> PutAheadPool:
+    inner = client.client if isinstance(client, AsyncFace) else client
+    found = inner._s.aheads
+    assert found is not None, "putting ahead is on by default"
+    return found
+
+
+def rpc_count(cluster: LocalCluster, rpc: str) -> int:
+    text = urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10).read().decode()
+    match = re.search(rf'^master_rpc_latency_seconds_count{{rpc="{rpc}"}} ([0-9.e+]+)$', text,
+                      re.MULTILINE)
+    return int(float(match.group(1))) if match else 0
+
+
+def writing_count(cluster: LocalCluster) -> int:
+    text = urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10).read().decode()
+    match = re.search(r"^master_writing_key_count ([0-9.e+]+)$", text, re.MULTILINE)
+    assert match, "the master exports its WRITING objects"
+    return int(float(match.group(1)))
+
+
+@pytest.mark.parametrize("face_transport", FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
+def test_puts_of_one_size_skip_put_start_and_read_back_exact(
+        cluster: LocalCluster, face_transport: tuple[str, str]) -> None:
+    face, transport = face_transport
+    tenant = f"ahead-{face}-{transport}"
+    token = cluster.token_for(tenant, shm=transport == "shm")
+    writer = open_face(face, transport, cluster.address, tenant=tenant, token=token)
+    reader = open_face(face, transport, cluster.address, tenant=tenant, token=token)
+    try:
+        values = {f"k{i}": os.urandom(SIZE) for i in range(52)}
+        items = list(values.items())
+        starts_before = rpc_count(cluster, "PutStart")
+        for key, value in items[:20]:
+            writer.put(key, value)
+        assert writer.put_many(items[20:36]) == [cellar.Status.OK] * 16
+        assert writer.put_many(items[36:]) == [cellar.Status.OK] * 16
+        starts = rpc_count(cluster, "PutStart") - starts_before
+        # 52 puts: the first single put asks for nothing (its size may never come again), the
+        # second asks at its PutStart; puts 3-20 write under held allocations; the first
+        # batch finds 6 held, too few for it, so it goes through PutStart (asking for two
+        # batches' worth), and the last batch writes under held ones
+        assert starts == 3, (starts, pool(writer).used, pool(writer).granted)
+        assert pool(writer).used == 18 + 16
+        assert reader.get_many(list(values)) == list(values.values())
+        for key in ("k0", "k25", "k51"):
+            assert reader.get(key) == values[key]
+        assert reader.exists_many(list(values)) == [True] * len(values)
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_an_older_allocation_never_brings_back_a_replaced_or_removed_value(
+        make_cluster: Any) -> None:
+    cluster = make_cluster(nodes=1, segment_size=64 << 20)
+    ahead = cellar.connect(cluster.address, timeout_s=30, transport="tcp")
+    os.environ["CELLAR_PUT_AHEAD"] = "0"
+    try:
+        plain = cellar.connect(cluster.address, timeout_s=30, transport="tcp")
+    finally:
+        del os.environ["CELLAR_PUT_AHEAD"]
+    try:
+        assert plain._s.aheads is None
+        ahead.put("warm", os.urandom(SIZE))  # the first put of a size asks for nothing,
+        ahead.put("warm2", os.urandom(SIZE))  # the second does: allocations now held
+        held = pool(ahead).held()
+        assert held >= 4
+        old, replaced, removed, fresh = (os.urandom(SIZE) for _ in range(4))
+        plain.put("r", old)  # newer than every allocation `ahead` holds
+        ahead.upsert("r", replaced)
+        plain.put("gone", old)
+        assert plain.remove("gone")
+        ahead.put("gone", removed)  # a put after the remove: it must take effect
+        assert ahead.remove("gone") and not ahead.exists("gone")
+        ahead.put("new", fresh)
+        assert plain.get("r") == replaced and plain.get("new") == fresh
+        assert pool(ahead).used >= 3  # the puts did try their held allocations
+        cluster.restart_master()  # kill -9: the new master rebuilds from the node's index
+        with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as after:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    got = after.get("r")
+                    break
+                except cellar.Unavailable:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert got == replaced
+            assert after.get("new") == fresh
+            assert not after.exists("gone")
+    finally:
+        ahead.close()
+        plain.close()
+
+
+def test_held_allocations_are_handed_back_at_close(cluster: LocalCluster) -> None:
+    tenant = "ahead-close"
+    client = cellar.connect(cluster.address, tenant=tenant, token=cluster.token_for(tenant),
+                            timeout_s=30, transport="tcp")
+    for batch in range(2):  # the second batch of a size asks ahead
+        client.put_many([(f"c{batch}/{i}", os.urandom(SIZE)) for i in range(4)])
+    held = pool(client).held()
+    assert held >= 4
+    assert writing_count(cluster) >= held  # unbound allocations are WRITING versions
+    client.close()
+    assert writing_count(cluster) == 0
