@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-metadata profile soak soak-tls soak-ha failover clean
 
 venv: $(STAMP)
 
@@ -85,6 +85,12 @@ bench-spin: venv
 # (bench/results/early-reads-<date>-<host>.md; about 2 min).
 bench-early-reads: venv
 	$(PY) -m cellar.bench.early_reads
+
+# Putting ahead (a put under a held allocation, no PutStart; client/put_ahead.py) on against
+# CELLAR_PUT_AHEAD=0: p50 of single and batched puts, tcp and shm
+# (bench/results/put-ahead-<date>-<host>.md; about 3 min).
+bench-put-ahead: venv
+	$(PY) -m cellar.bench.put_ahead
 
 # Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
 # over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).
