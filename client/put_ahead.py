@@ -19,16 +19,18 @@ Why it is safe
 What it keeps and its limits
     `PutAheadPool`: per (size, replicas) the allocations granted and not used yet, each until
     MARGIN_S before its grants expire by the master's clock (a write and a PutEnd must still
-    fit); only those of the newest master epoch. An allocation holds node memory (and may have
-    evicted for it), so a client asks only for what it is about to use: for the most common
-    size of a batch, only when an earlier batch put that size too (sizes that do not repeat
-    are never asked for), only for objects of at most MAX_OBJECT_BYTES (a larger put is
-    bounded by its transfer, not its round trips), two such batches' worth (at least
-    ASK_CHUNK), at most `max_held` per size (`$CELLAR_PUT_AHEAD`, default DEFAULT_MAX_HELD; 0
-    turns putting ahead off) and MAX_HELD_BYTES over all sizes and replicas. A hard-pinned
-    put, one with a preferred host, and a retry never use one. Allocations not used are
-    revoked when the client closes, else by the master when their grants expire
-    (`write_grant_ttl_s`).
+    fit); only those of the newest master epoch. A batch uses held allocations only when they
+    cover all its keys: one that needs a PutStart anyway saves no round trip. An allocation
+    holds node memory (and may have evicted for it), so a client asks only for what it is
+    about to use: for a batch all of whose values are of one size, only when an earlier batch
+    put that size too (sizes that do not repeat are never asked for), only for objects of at
+    most MAX_OBJECT_BYTES (a larger put is bounded by its transfer, not its round trips), two
+    such batches' worth (at least ASK_CHUNK), at most `max_held` per size
+    (`$CELLAR_PUT_AHEAD`, default DEFAULT_MAX_HELD; 0 turns putting ahead off) and
+    MAX_HELD_BYTES over all sizes and replicas, and nothing when those bounds could never
+    cover such a batch. A hard-pinned put, one with a preferred host, and a retry never use
+    one. Allocations not used are revoked when the client closes, else by the master when
+    their grants expire (`write_grant_ttl_s`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ What it must never do
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,7 +155,7 @@ class PutBatch:
         # the writes planned under its allocations before this round's PutStart, if any.
         self._ahead = ahead if ahead is not None and _may_put_ahead(hints) else None
         self._pre: tuple[list[TransferOp], list[int], list[int]] = ([], [], [])
-        # The batch's most common (size, replicas) and its count (0: not asked for ahead)
+        # The batch's (size, replicas) and its key count (0: mixed sizes or not asked for)
         self._shape: tuple[Shape, int] | None = None
 
     @property
@@ -165,19 +164,18 @@ class PutBatch:
 
     def ahead_ask(self) -> Any | None:
         """The `PutAheadAsk` a PutStart or PutEnd of this batch carries, or None: enough
-        allocations of the batch's most common size for a batch like it."""
+        allocations for a batch like it, when all its values are of one size (only held
+        allocations covering every key are used, `plan_ahead`) and an earlier batch put it."""
         if self._ahead is None or not self.entries:
             return None
         if self._shape is None:
             entries = self.entries
             size = entries[0].nbytes
-            count = sum(1 for e in entries if e.nbytes == size)
-            if count * 2 < len(entries):  # another size may be more common
-                size, count = Counter(e.nbytes for e in entries).most_common(1)[0]
             shape = size, self._replicas
-            self._shape = (shape, count) if self._ahead.repeats(shape) else (shape, 0)
+            uniform = all(e.nbytes == size for e in entries)
+            self._shape = shape, len(entries) if uniform and self._ahead.repeats(shape) else 0
         if not self._shape[1]:
-            return None  # no earlier batch put this size: it may never come again
+            return None  # mixed sizes, or no earlier batch put this size: it may never come
         return self._ahead.ask(*self._shape)
 
     def on_ahead(self, reply: Any, ask: Any) -> None:

@@ -131,6 +131,15 @@ def test_a_batch_they_do_not_cover_goes_through_put_start_and_leaves_them_held()
     assert pool.held() == 2 and pool.used == 0
 
 
+def test_only_a_batch_of_one_size_that_came_before_asks() -> None:
+    pool = PutAheadPool()
+    assert batch_with(pool, ["a", "b"]).ahead_ask() is None, "the first batch of the size"
+    assert batch_with(pool, ["a", "b"]).ahead_ask().count == ASK_CHUNK
+    mixed = batch_with(pool, ["a", "b"])
+    mixed.entries[1] = PutEntry("b", memoryview(b"y" * (SIZE + 1)), None)
+    assert mixed.ahead_ask() is None, "held ones could never cover a batch of mixed sizes"
+
+
 def test_a_refused_allocation_puts_the_key_again_through_put_start() -> None:
     pool = held_pool(1)
     batch = batch_with(pool, ["a"])
