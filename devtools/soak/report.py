@@ -131,7 +131,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     corrupt: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
     unverified = believed = unknown = 0
-    bytes_written = bytes_read = 0
+    bytes_written = bytes_read = put_ahead = 0
     missing = []
     for i in range(args.clients):
         data = _read_json(work_dir / f"result-{i}.json")
@@ -150,6 +150,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         unknown += data.get("unknown_at_end", 0)
         bytes_written += data.get("bytes_written", 0)
         bytes_read += data.get("bytes_read", 0)
+        put_ahead += data.get("put_ahead", 0)
     causes: Counter[str] = Counter()
     for loss in lost:
         loss["cause"] = classify_loss(loss, chaos, watcher, args.replicas)
@@ -164,6 +165,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "clients": args.clients, "nodes": args.nodes, "replicas": args.replicas,
         "ops_total": sum(ops.values()), "ops": dict(sorted(ops.items())),
         "bytes_written": bytes_written, "bytes_read": bytes_read,
+        "put_ahead": put_ahead,  # writes under put-ahead allocations (client/put_ahead.py)
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),
         "faults_total": len(chaos.faults),
         "faults": dict(sorted(Counter(f.kind for f in chaos.faults).items())),

@@ -103,7 +103,9 @@ def run_soak(args: argparse.Namespace) -> int:
                     "--load-until", repr(load_until), "--seed", str(seed * 1000 + i),
                     "--keys", str(args.keys), "--replicas", str(args.replicas),
                     "--min-size", str(parse_size_bytes(args.min_size)),
-                    "--max-size", str(parse_size_bytes(args.max_size)), "--run-id", run_id]
+                    "--max-size", str(parse_size_bytes(args.max_size)),
+                    "--page-size", str(parse_size_bytes(args.page_size)),
+                    "--page-share", repr(args.page_share), "--run-id", run_id]
             with open(work_dir / f"worker-{i}.log", "wb") as out:
                 workers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                 stderr=subprocess.STDOUT, env=env))
@@ -181,12 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         args.min_size = int(args.min_size)
         args.max_size = int(args.max_size)
+        args.page_size = int(args.page_size)
         return worker_main(args)
     try:
         parse_duration_s(args.duration)
         parse_duration_s(args.chaos_interval)
         parse_size_bytes(args.segment_size)
         min_size, max_size = parse_size_bytes(args.min_size), parse_size_bytes(args.max_size)
+        page_size = parse_size_bytes(args.page_size)
     except ValueError as exc:
         parser.error(str(exc))
     if args.clients < 1 or args.nodes < 1 or args.keys < 1:
@@ -197,4 +201,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--replicas must be between 1 and --nodes")
     if not HEADER.size + 200 <= min_size <= max_size:
         parser.error(f"need {HEADER.size + 200} <= --min-size <= --max-size")
+    if not min_size <= page_size <= max_size or not 0 <= args.page_share <= 1:
+        parser.error("need --min-size <= --page-size <= --max-size and 0 <= --page-share <= 1")
     return run_soak(args)

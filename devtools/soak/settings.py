@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-size", default="1KiB", help="smallest value (default 1KiB)")
     parser.add_argument("--max-size", default="2MiB",
                         help="largest value (default 2MiB; sizes are log-uniform)")
+    parser.add_argument("--page-size", default="64KiB",
+                        help="a share of the writes (--page-share) is exactly this size, as an "
+                             "engine's KV page: such puts write under put-ahead allocations "
+                             "(docs/sdk.md; default 64KiB, within --min-size..--max-size)")
+    parser.add_argument("--page-share", type=float, default=0.5,
+                        help="the share of writes of --page-size (default 0.5; 0: none)")
     parser.add_argument("--report", default="", help="write the counts as JSON to this file")
     parser.add_argument("--ha", action="store_true",
                         help="etcd + --masters masters; the master faults become leader faults "

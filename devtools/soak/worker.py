@@ -97,6 +97,8 @@ class Worker:
     # -- one operation --
 
     def _size(self) -> int:
+        if self.rng.random() < self.args.page_share:  # an engine's page: puts of one size
+            return int(self.args.page_size)
         return int(math.exp(self.rng.uniform(self._log_min, self._log_max)))
 
     def _error(self, op: str, exc: BaseException) -> None:
@@ -293,7 +295,13 @@ class Worker:
             "id": self.args.id, "ops": dict(self.ops), "errors": dict(self.errors),
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
+            "put_ahead": self._put_ahead(),
         }
+
+    def _put_ahead(self) -> int:
+        """Writes that went under a put-ahead allocation (client/put_ahead.py) so far."""
+        aheads = getattr(getattr(self.client, "_s", None), "aheads", None)
+        return int(aheads.used) if aheads is not None else 0
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         tmp = self.dir / f".{name}.tmp"
