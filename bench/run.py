@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cellar.bench import ceilings
+from cellar.units import parse_size_bytes
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -231,13 +232,18 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma list of the steps to run, of: {', '.join(STEPS)} (e.g. "
                              "`--only data --transports tcp --sizes 65536 --batches 128` for "
                              "one row; the ceilings are always measured)")
-    parser.add_argument("--sizes", default="", help="data step: object sizes in bytes, comma "
-                                                    "list (default: the worker's matrix)")
+    parser.add_argument("--sizes", default="", help="data step: object sizes, comma list, in "
+                        "bytes or with a unit (65536 or 64KiB; default: the worker's matrix)")
     parser.add_argument("--batches", default="", help="data step: batch sizes, comma list")
     args = parser.parse_args(argv)
     only = {step for step in args.only.split(",") if step}
     if only - set(STEPS):
         parser.error(f"--only: unknown step(s) {sorted(only - set(STEPS))}; steps: {STEPS}")
+    try:  # checked here, before a cluster starts; the worker takes bytes
+        sizes = ",".join(str(parse_size_bytes(s)) for s in args.sizes.split(",") if s)
+        batches = ",".join(str(int(b)) for b in args.batches.split(",") if b)
+    except ValueError as exc:
+        parser.error(f"--sizes/--batches: {exc}")
     from cellar.devtools.local_cluster import LocalCluster
 
     started = time.monotonic()
@@ -251,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--metadata-levels", "10000", "--metadata-seconds", "1"]
     else:
         worker_args += ["--metadata-levels", args.metadata_levels]
-    worker_args += [*(["--sizes", args.sizes] if args.sizes else []),
-                    *(["--batches", args.batches] if args.batches else [])]
+    worker_args += [*(["--sizes", sizes] if sizes else []),
+                    *(["--batches", batches] if batches else [])]
     skip = ",".join(["metadata", *(step for step in ("data", "latency") if step not in only)])
     results: list[dict[str, Any]] = []
     rss_per_million = 0.0
