@@ -13,9 +13,11 @@ system share is mostly the kernel copying payload bytes), and each process's hot
 frames (self and inclusive shares of its active samples). On the 2-core machines here the sum
 of CPU per op across the processes, against 2 cores, is what bounds a rate.
 
-Put loops remove the previous round's keys after each round (single-key loops: every
-`SINGLE_PUT_GROUP` puts), so a long run never fills the segment; that RemovePrefix shows up in
-the master's and node's profiles, not in the ops count.
+Put loops remove their keys a group at a time (`put_group_rounds`: about PUT_GROUP_KEYS keys,
+at most a quarter of the segment), so a long run never fills the segment and a remove (a gRPC
+call, made durable in the removal log) adds a few percent to the CPU per put, not the half it
+added to batches of 16 when every round removed the one before it. The removes are in the
+master's and node's CPU and profiles, not in the ops count.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from pathlib import Path
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
-SEGMENT_SIZE = "2GiB"
+SEGMENT_BYTES = 2 << 30
 SAMPLE_RATE_HZ = 250
 TOP_FRAMES = 12
-SINGLE_PUT_GROUP = 256   # single-key put loops remove their keys this many at a time
+PUT_GROUP_KEYS = 256     # put loops remove their keys about this many at a time
 # The figures issue 4 sets that a run may leave unmet, as workloads: transport-op-api-size-batch.
 # Then the rows `make bench-peers` shows Cellar short of Mooncake or Valkey (issue 25): single
 # 64 KiB and 1 MiB operations and 64 KiB batches of 16 (x1 runs the single-key calls).
@@ -81,6 +83,14 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 # ---- the client loop (its own process) --------------------------------------------------------
 
+def put_group_rounds(w: Workload) -> int:
+    """Put rounds between two removes: PUT_GROUP_KEYS keys' worth, at most a quarter of the
+    segment (a group and the one before it stay stored), at least one round."""
+    by_keys = PUT_GROUP_KEYS // w.batch
+    by_bytes = SEGMENT_BYTES // 4 // (w.batch * w.size_bytes)
+    return max(1, min(by_keys, by_bytes))
+
+
 def loop(address: str, workload: Workload, seconds: float) -> None:
     """Warm up, say READY, wait for GO on stdin, run `seconds`, print ops, wall and CPU."""
     import cellar
@@ -97,18 +107,18 @@ def loop(address: str, workload: Workload, seconds: float) -> None:
 
     single = w.batch == 1  # the single-key calls (put, get_into / get), as engines make them
 
-    def put_round(r: int) -> None:
-        if single:  # removed SINGLE_PUT_GROUP at a time: a remove per put would be half the work
-            group = r // SINGLE_PUT_GROUP
-            client.put(f"p/{group}/{r}", values[0])
-            if group and r % SINGLE_PUT_GROUP == 0:
-                client.remove_prefix(f"p/{group - 1}/")
-            return
-        client.put_many([(f"p/{r}/{i}", v) for i, v in enumerate(values)])
-        if r:
-            client.remove_prefix(f"p/{r - 1}/")
+    rounds_per_group = put_group_rounds(w)
 
-    read_keys = [f"p/0/{i}" for i in range(w.batch)]
+    def put_round(r: int) -> None:
+        group = r // rounds_per_group
+        if single:
+            client.put(f"p/{group}/{r}/0", values[0])
+        else:
+            client.put_many([(f"p/{group}/{r}/{i}", v) for i, v in enumerate(values)])
+        if group and r % rounds_per_group == 0:
+            client.remove_prefix(f"p/{group - 1}/")
+
+    read_keys = [f"p/0/0/{i}" for i in range(w.batch)]
 
     def get_round(_: int) -> None:
         if single:
@@ -175,7 +185,7 @@ def profile_one(name: str, seconds: float, py_spy: str | None, work_dir: Path) -
 
     workload = Workload.parse(name)
     lines = [f"## {name}"]
-    with LocalCluster(nodes=1, segment_size=SEGMENT_SIZE, port=0, http_port=0) as cluster:
+    with LocalCluster(nodes=1, segment_size=SEGMENT_BYTES, port=0, http_port=0) as cluster:
         if not cluster.wait_prefaulted():
             lines.append("# WARNING: the node's pre-fault did not end; page faults included")
         assert cluster.master is not None
