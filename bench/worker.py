@@ -151,6 +151,26 @@ def latency(client: cellar.Client, transport: str, size: int, samples: int) -> N
     client.remove_prefix(f"lat/{transport}/")
 
 
+def run_threads(bodies: list[Callable[[], None]]) -> None:
+    """Run each body on a thread of its own; once all ended, raise the first one's error (a
+    loader or stream that failed would otherwise leave a figure of 0 keys/s and no error)."""
+    errors: list[BaseException] = []
+
+    def guarded(body: Callable[[], None]) -> None:
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 - raised below, on the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(body,)) for body in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def metadata_stream(master: Any, header: Any, op: str, run: str, stream: int, batch: int,
                     stop_at: float, counts: list[int], misses: list[int], preloaded: int,
                     put_round: Callable[[list[str]], None]) -> None:
@@ -203,7 +223,7 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
             return []
         return [signer.sign(alloc_id=rep.grant.alloc_id, segment_id=rep.segment_id,
                             offset=rep.offset, length=rep.length, epoch=rep.grant.epoch,
-                            checksum=0) for rep in result.replicas]
+                            key_tag=rep.grant.key_tag, checksum=0) for rep in result.replicas]
 
     def put_round(keys: list[str]) -> None:
         reply = master.call("PutStart", pb.PutStartRequest(header=header, items=[
@@ -211,8 +231,12 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
             time.monotonic() + RPC_TIMEOUT_S)
         ends = [pb.PutEndItem(key=k, put_id=r.put_id, checksum=0, receipts=receipts(r))
                 for k, r in zip(keys, reply.results, strict=True) if r.status == pb.OK]
-        master.call("PutEnd", pb.PutEndRequest(header=header, items=ends),
-                    time.monotonic() + RPC_TIMEOUT_S)
+        ended = master.call("PutEnd", pb.PutEndRequest(header=header, items=ends),
+                            time.monotonic() + RPC_TIMEOUT_S)
+        refused = [r.message for r in (*reply.results, *ended.results) if r.status != pb.OK]
+        if refused and signer is not None:  # a count of refused puts is no figure
+            raise RuntimeError(f"metadata: {len(refused)} of {len(keys)} puts refused, e.g. "
+                               f"{refused[0]!r}")
 
     for level in levels:
         level_started = time.perf_counter()
@@ -220,13 +244,9 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
             firsts = [preloaded + k * batch for k in range(streams)
                       if in_table + k * batch < level]
             sizes = [min(batch, level - in_table - k * batch) for k in range(len(firsts))]
-            loaders = [threading.Thread(target=put_round, args=(
-                [f"{META_PREFIX}/pre/{i}" for i in range(first, first + n)],))
-                for first, n in zip(firsts, sizes, strict=True)]
-            for t in loaders:
-                t.start()
-            for t in loaders:
-                t.join()
+            run_threads([functools.partial(
+                put_round, [f"{META_PREFIX}/pre/{i}" for i in range(first, first + n)])
+                for first, n in zip(firsts, sizes, strict=True)])
             in_table += sum(sizes)
             preloaded += sum(sizes)
             if in_table >= next_progress:
@@ -238,16 +258,10 @@ def metadata(address: str, levels: list[int], batch: int, seconds: float, stream
                 counts = [0] * streams
                 misses = [0] * streams
                 stop_at = time.perf_counter() + phase_s
-                threads = [threading.Thread(target=metadata_stream,
-                                            args=(master, header, op, f"{level}-{phase}", s,
-                                                  batch, stop_at,
-                                                  counts, misses, preloaded, put_round))
-                           for s in range(streams)]
                 start = time.perf_counter()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                run_threads([functools.partial(
+                    metadata_stream, master, header, op, f"{level}-{phase}", s, batch,
+                    stop_at, counts, misses, preloaded, put_round) for s in range(streams)])
                 elapsed = time.perf_counter() - start
                 if phase == "warm-up" and op == "put":
                     in_table += sum(counts)
