@@ -29,7 +29,9 @@ segment by segment, in batches; each reported entry becomes master state:
   losing reported entry is refused;
 - alloc ids the master freed while the reporting node was down (the outbox of its previous
   incarnation) and keys removed after the node wrote them (tombstones) are refused, so a
-  remove is not undone by the node's restart.
+  remove is not undone by the node's restart; so are the alloc ids of writes dropped before
+  they completed (dead writes, state/tombstones.py), so a put that was refused or revoked is
+  not adopted in place of the acknowledged value because its allocation is newer.
 Refused entries go back to the node, which drops them from its index. The alloc id counter is
 moved above every adopted id so a new allocation never reuses one. Until the segment's last
 batch the segment is `rebuilding`: no placements (state/membership.py).
@@ -265,6 +267,8 @@ class NodeRpcs:
         key = e.key
         if alloc_id <= self.tombstones.removed_alloc_id(tenant.name, key):
             return False  # a value a client removed since this node wrote it
+        if self.tombstones.dead_write(alloc_id):
+            return False  # a put revoked or refused before it completed (never acknowledged)
         checksum = int(e.checksum)
         existing = tenant.objects.get(key)
         if existing is not None:

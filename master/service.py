@@ -170,6 +170,8 @@ class MasterService:
         self.no_space_count = 0
         self.grace = RebuildGrace(self.clock.monotonic(), config.rebuild_grace_s)
         self.tombstones = Tombstones(config.max_remove_tombstones)
+        self.objects.dead_write = lambda obj: self.tombstones.kill_write(
+            obj.tenant.name, obj.key, [rep.alloc_id for rep in obj.replicas])
         self.tiers = Tiers(self.membership, self.objects, self.quarantine,
                            lambda: self.alloc_ids.next(), config.tier_settings())
         self.space.spill = self.tiers.spill

@@ -15,7 +15,9 @@ its key's bound. The alternative, waiting for the nodes holding the old allocati
 the drop, would tie a remove's latency to the slowest (or a stopped) node's next heartbeat.
 
 Two backends, one interface (`append`, awaited; records are (tenant, key, bound, by), `by`
-the tag of the Remove request that set the bound, so a new master answers its repeat OK):
+the tag of the Remove request that set the bound, so a new master answers its repeat OK, or
+DEAD_WRITE for the one allocation of a write dropped before it completed: a put-ahead write
+refused at PutEnd, a revoked or timed-out put, state/tombstones.py):
 - `FileRemovalLog` (a single master): one JSON line per bound, appended with one `write` per
   request before the reply. The bytes are in the kernel's page cache when the reply leaves, so
   they survive a kill -9 of the master (not a crash of the host: no fsync, a few microseconds

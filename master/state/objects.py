@@ -102,6 +102,10 @@ class ObjectTable:
         # Called with a COMPLETE version whose replica count may differ from `wanted`
         # (state/repair.py sets it; the default ignores it).
         self.watch: Callable[[Obj], None] = _ignore
+        # Called with a version dropped while WRITING, before its ranges go: the service
+        # remembers its alloc ids as dead writes (state/tombstones.py) so that no rebuild
+        # adopts bytes a node sealed for a put that was never acknowledged.
+        self.dead_write: Callable[[Obj], None] = _ignore
 
     def writing_replicas(self) -> Counter[int]:
         """Replicas of versions being written (put-ahead allocations among them) per segment
@@ -187,6 +191,7 @@ class ObjectTable:
             del self.puts[obj.put_id]
             if tenant.writing.get(obj.key) is obj:
                 del tenant.writing[obj.key]
+            self.dead_write(obj)
         else:
             return 0
         charge(obj, -obj.reserved * len(obj.replicas))

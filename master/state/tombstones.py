@@ -10,7 +10,15 @@ Owns two memories of removal, both consulted by rebuild (master/node_rpcs.py):
   that was away (or whose freed notice had not arrived) and still reports such a replica is
   refused. Bounded by `max_remove_tombstones` (oldest forgotten first; 0 keeps none);
 - freed while down: node id -> alloc ids the master told a previous incarnation of that node to
-  free, so a node restart does not undo a remove or an eviction.
+  free, so a node restart does not undo a remove or an eviction;
+- dead writes: alloc ids of versions dropped while WRITING (revoked, timed out, a put-ahead
+  allocation refused at PutEnd or never bound). Such a version was never acknowledged, but a
+  node may have sealed its bytes, and rebuild prefers the newest allocation of a key: without
+  this, a put refused as AlreadyExists under a put-ahead grant (written before the master knew
+  its key, master/put_ahead.py) or an upsert revoked midway would replace the acknowledged
+  value after a master restart (`tests/integration/test_sdk_put_ahead.py`). A key bound cannot
+  say it (the dead version is newer than the live one), so each is remembered by alloc id,
+  bounded like the removed keys by `max_remove_tombstones`.
 
 Durability: a bound is worth something after a master kill only if the next master knows it.
 Every new bound is also queued in `pending`; the serving room (master/serving/removal_log.py)
@@ -27,8 +35,12 @@ from collections import OrderedDict
 
 # (tenant, key, bound alloc id, by): `by` is the request tag (serving/request_memory.py) of
 # the Remove that set the bound, '' for any other; it lets a new master answer that Remove's
-# repeat as the first call was answered (OK) instead of NOT_FOUND after a failover.
+# repeat as the first call was answered (OK) instead of NOT_FOUND after a failover. With `by`
+# DEAD_WRITE the record is one dead write: only that alloc id of the key is dead. (A master
+# from before dead writes reads it as a bound, which kills the key's older versions too: a
+# cache miss, never an older value back.)
 TombstoneRecord = tuple[str, str, int, str]
+DEAD_WRITE = "\0dead-write"
 
 
 class Tombstones:
@@ -38,6 +50,7 @@ class Tombstones:
         self.removed_by: dict[tuple[str, str], str] = {}  # the tag of a bound, when it has one
         self.pending: list[TombstoneRecord] = []  # new bounds not yet in the removal log
         self._freed_while_down: dict[str, set[int]] = {}
+        self.dead_writes: OrderedDict[int, tuple[str, str]] = OrderedDict()  # id -> (tenant, key)
 
     def remember_removed(self, tenant_name: str, key: str, alloc_id: int, by: str = "") -> None:
         """Every allocation of the key with an id <= `alloc_id` is dead; queue it for the log.
@@ -61,14 +74,40 @@ class Tombstones:
             self.removed_by.pop(oldest, None)
         return True
 
+    def kill_write(self, tenant_name: str, key: str, alloc_ids: list[int]) -> None:
+        """Allocations of a version dropped while WRITING: never to be adopted; queued for the
+        log (those a key bound already kills are not)."""
+        if not self.max_removed:
+            return
+        bound = self.removed.get((tenant_name, key), 0)
+        for alloc_id in alloc_ids:
+            if alloc_id > bound and self._remember_dead(alloc_id, tenant_name, key):
+                self.pending.append((tenant_name, key, alloc_id, DEAD_WRITE))
+
+    def _remember_dead(self, alloc_id: int, tenant_name: str, key: str) -> bool:
+        if alloc_id in self.dead_writes:
+            return False
+        self.dead_writes[alloc_id] = (tenant_name, key)
+        while len(self.dead_writes) > self.max_removed:
+            self.dead_writes.popitem(last=False)
+        return True
+
+    def dead_write(self, alloc_id: int) -> bool:
+        """Whether `alloc_id` belonged to a version dropped while WRITING."""
+        return alloc_id in self.dead_writes
+
     def load(self, records: list[TombstoneRecord]) -> int:
-        """Bounds read back from the removal log by a new master (nothing is queued again);
-        returns the highest bound, so the caller can move its alloc id counter above it."""
+        """Bounds and dead writes read back from the removal log by a new master (nothing is
+        queued again); returns the highest id, so the caller can move its alloc id counter
+        above it."""
         highest = 0
         if not self.max_removed:
             return 0
         for tenant_name, key, alloc_id, by in records:
-            self.raise_bound(tenant_name, key, alloc_id, by)
+            if by == DEAD_WRITE:
+                self._remember_dead(alloc_id, tenant_name, key)
+            else:
+                self.raise_bound(tenant_name, key, alloc_id, by)
             highest = max(highest, alloc_id)
         return highest
 
@@ -77,10 +116,12 @@ class Tombstones:
         return pending
 
     def snapshot(self) -> list[TombstoneRecord]:
-        """Every bound held, oldest first (what a compacted log keeps)."""
+        """Every bound and dead write held, oldest first (what a compacted log keeps)."""
         by = self.removed_by
-        return [(tenant, key, bound, by.get((tenant, key), ""))
-                for (tenant, key), bound in self.removed.items()]
+        return [*((tenant, key, bound, by.get((tenant, key), ""))
+                  for (tenant, key), bound in self.removed.items()),
+                *((tenant, key, alloc_id, DEAD_WRITE)
+                  for alloc_id, (tenant, key) in self.dead_writes.items())]
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
         """The bound remembered for the key (0: none): ids at or below it are dead."""

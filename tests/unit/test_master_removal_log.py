@@ -23,9 +23,11 @@ from test_master_support import (
 )
 
 from cellar.errors import Status
+from cellar.master.requests import PutRef
 from cellar.master.service import ID_EPOCH_SHIFT, PutEndItem, PutItem
 from cellar.master.serving import removal_log
 from cellar.master.serving.removal_log import FileRemovalLog, decode, encode
+from cellar.master.state.tombstones import DEAD_WRITE, Tombstones
 from tests.support.receipts import receipts_for
 
 
@@ -330,3 +332,58 @@ def test_etcd_log_stays_small_since_every_election_reads_it_whole() -> None:
     for _tenant, key, b, _by in records:
         newest[key] = max(newest.get(key, 0), b)
     assert newest == live  # nothing the log had to keep was dropped
+
+
+def test_a_write_dropped_before_it_completed_is_never_adopted_after_a_restart() -> None:
+    # An upsert whose bytes a node sealed, revoked before its PutEnd (or, the same for the
+    # table, a put-ahead allocation refused at PutEnd): newer than the acknowledged value, so
+    # a rebuild that prefers the newest allocation would put it in that value's place.
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "k", 4096, checksum=7)
+    acked = replica_ids(svc, "k")[0]
+    started = put_start(svc, "k", 4096, upsert=True)
+    assert started.status == Status.OK
+    revoked = started.replicas[0]
+    assert revoked.alloc_id > acked
+    assert svc.put_revoke("", "writer", [PutRef("k", started.put_id)]) == [(Status.OK, "")]
+    assert [(r[2], r[3]) for r in svc.tombstones.pending] == [(revoked.alloc_id, DEAD_WRITE)]
+    reports = [Entry("k", acked, 0, 4096, checksum=7),
+               Entry("k", revoked.alloc_id, revoked.offset, 4096, checksum=8)]
+    forgetful = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0)
+    forgetful.mount_segment("n1", 2, [segment_info(1, 64 * MiB)], report_follows=True)
+    forgetful.report_objects("n1", 2, 1, reports, last=True)
+    assert forgetful.get_replicas("", "r", ["k"]).results[0].checksum == 8  # what it guards
+    new = restarted(svc)
+    out = new.report_objects("n1", 2, 1, reports, last=True)
+    assert (out.accepted, out.refused) == (1, [revoked.alloc_id])
+    assert new.get_replicas("", "r", ["k"]).results[0].checksum == 7
+
+
+def test_puts_upserts_and_removes_that_complete_leave_no_dead_write() -> None:
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "k", 4096)
+    assert svc.tombstones.pending == []  # the common path writes nothing
+    put(svc, "k", 4096, upsert=True)
+    assert [r[3] for r in svc.tombstones.pending] == [""]  # the upsert's bound alone
+    svc.tombstones.take_pending()
+    assert svc.remove("", ["k"]) == [(Status.OK, "")]
+    assert [r[3] for r in svc.tombstones.pending] == [""]  # the remove's bound alone
+
+
+def test_dead_writes_go_through_the_log_and_its_compaction_and_are_capped() -> None:
+    stones = Tombstones(max_removed=3)
+    stones.kill_write("t", "k", [11, 12])
+    stones.remember_removed("t", "k", 5)
+    stones.kill_write("t", "k", [4])  # at or below the key's bound: dead already, no record
+    records, refused = decode(encode(stones.take_pending()))
+    assert refused == 0 and [r[2:] for r in records] == [(11, DEAD_WRITE), (12, DEAD_WRITE),
+                                                         (5, "")]
+    loaded = Tombstones(max_removed=3)
+    assert loaded.load(records) == 12
+    assert loaded.dead_write(11) and loaded.dead_write(12) and not loaded.dead_write(5)
+    assert loaded.removed_alloc_id("t", "k") == 5 and loaded.pending == []
+    assert sorted(r[2] for r in loaded.snapshot()) == [5, 11, 12]
+    loaded.kill_write("t", "j", [20, 21])  # past the cap: the oldest are forgotten first
+    assert not loaded.dead_write(11) and loaded.dead_write(12) and loaded.dead_write(21)
