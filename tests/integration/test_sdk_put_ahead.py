@@ -49,6 +49,17 @@ def rpc_count(cluster: LocalCluster, rpc: str) -> int:
     return int(float(match.group(1))) if match else 0
 
 
+def get_once_rebuilt(client: cellar.Client, key: str, timeout_s: float = 30.0) -> bytes:
+    """`key`'s value from a master that is still rebuilding (UNAVAILABLE until it is done)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.get(key)
+        except cellar.Unavailable:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+
 def writing_count(cluster: LocalCluster) -> int:
     text = urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10).read().decode()
     match = re.search(r"^master_writing_key_count ([0-9.e+]+)$", text, re.MULTILINE)
@@ -115,15 +126,7 @@ def test_an_older_allocation_never_brings_back_a_replaced_or_removed_value(
         assert pool(ahead).used >= 3  # the puts did try their held allocations
         cluster.restart_master()  # kill -9: the new master rebuilds from the node's index
         with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as after:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    got = after.get("r")
-                    break
-                except cellar.Unavailable:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.2)
-            assert got == replaced
+            assert get_once_rebuilt(after, "r") == replaced
             assert after.get("new") == fresh
             assert not after.exists("gone")
     finally:
@@ -150,15 +153,7 @@ def test_a_put_refused_under_a_held_allocation_is_not_adopted_after_a_restart(
         assert pool(ahead).used == used + 1  # written under a held allocation, then refused
         cluster.restart_master()  # kill -9 before the node hears that the range is free
         with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as after:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    got = after.get("k")
-                    break
-                except cellar.Unavailable:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.2)
-            assert got == acked
+            assert get_once_rebuilt(after, "k") == acked
     finally:
         ahead.close()
 
