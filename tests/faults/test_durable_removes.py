@@ -1,4 +1,5 @@
-"""An acknowledged remove or upsert survives a kill -9 of the master at once after its reply.
+"""An acknowledged remove or upsert survives a kill -9 of the master at once after its reply;
+a put refused under a held put-ahead allocation stays refused across a leader kill.
 
 Each round writes values with two replicas (both nodes hold them sealed), upserts a few of them
 and removes the others one call at a time, then kills the master with SIGKILL right after the
@@ -166,3 +167,24 @@ def test_a_removes_repeat_after_a_failover_answers_as_the_first_call():
         assert remove(new, 42) == [Status.NOT_FOUND, Status.NOT_FOUND]  # another call
         assert remove(new, 41) == first  # the repeat
         assert client.get_many(["repeat/gone"]) == [None]
+
+
+def test_a_put_refused_under_a_held_allocation_stays_refused_after_a_leader_kill():
+    # The removal log in etcd carries the refused write's allocation as a dead write, so the
+    # standby's rebuild does not take the node's sealed copy (newer than the acknowledged
+    # value) for the key's newest version (tests/integration/test_sdk_put_ahead.py: the same
+    # over a single master's file log).
+    size = 64 << 10
+    with ha_cluster(nodes=1, lease_ttl_s=3, **SLOW_HEARTBEATS) as cluster, \
+            cellar.connect(cluster.etcd_url, timeout_s=30, transport="tcp") as client:
+        acked, refused = os.urandom(size), os.urandom(size)
+        client.put("k", acked)
+        for i in range(3):  # from the second put of the size on, allocations are held
+            client.put(f"fill{i}", os.urandom(size))
+        with pytest.raises(cellar.AlreadyExists):
+            client.put("k", refused)
+        old = cluster.leader()
+        cluster.kill_master(old)
+        wait_until("the standby to take over", lambda: takeover_complete(cluster, 1 - old, 1),
+                   timeout_s=30)
+        assert client.get("k") == acked
