@@ -1,6 +1,6 @@
 """Tombstones: what a late index report must not bring back.
 
-Owns two memories of removal, both consulted by rebuild (master/node_rpcs.py):
+Owns three memories of removal, all consulted by rebuild (master/node_rpcs.py):
 - removed keys: (tenant, key) -> a bound: every allocation of that key with an id at or below
   it is dead. A Remove, RemovePrefix or RemoveAll sets it to the newest id issued when it ran
   (a put of the key still in flight included: its PutEnd answers OK and stores nothing, the
