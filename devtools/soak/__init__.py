@@ -2,7 +2,8 @@
 
 What it owns
     A soak run: a `LocalCluster` with short liveness settings, N worker processes
-    (`python -m cellar.devtools.soak --worker ...`) doing random put/upsert/get/remove on their
+    (`python -m cellar.devtools.soak --worker ...`) doing random put/upsert/get/remove (and puts
+    without upsert of present keys, which must be refused) on their
     own key spaces, a chaos loop in this (parent) process injecting one fault at a time, a
     watcher thread polling the master's HTTP API, and the verdict at the end: exit 1 on any
     corrupt read or unexplained loss (and, with `--ha`, a leader stop no standby took over or a

@@ -4,12 +4,14 @@ The model (what a worker knows)
     Every value is self-describing (`cellar.devtools.soak.values`), so any read is verified on
     its own. Each worker owns a disjoint key space and remembers, per key, what it last had
     acknowledged: an acknowledged put/upsert -> that version is expected; an acknowledged
-    remove -> absent; an operation that raised (Unavailable, Timeout, ...) -> "unknown" until
-    the next acknowledged write or remove. A read is then
+    remove -> absent; a put without upsert of a present key refused (AlreadyExists) -> the
+    version before it is still expected; an operation that raised (Unavailable, Timeout, ...)
+    -> "unknown" until the next acknowledged write or remove. A read is then
     - CORRUPT when the digest, the key or the framing is wrong, or the version was never
       written (newer than any attempted): must never happen;
-    - STALE when it returns an older version than the last acknowledged write, or a value for
-      a key whose removal was acknowledged ("resurrected");
+    - STALE when it returns an older version than the last acknowledged write, a newer one
+      that was refused ("refused_write_stored"), or a value for a key whose removal was
+      acknowledged ("resurrected");
     - a LOSS when it answers NotFound (or a remove answers False) for a key whose last
       acknowledged operation was a write.
     After each acknowledged write a worker asks the master where the replicas are (one
@@ -116,8 +118,10 @@ class Worker:
         elif m.state == PRESENT:
             if r < 0.55:
                 self.read(key, m)
-            elif r < 0.85:
+            elif r < 0.80:
                 self.write(key, m, upsert=True)
+            elif r < 0.85:
+                self.put_over(key, m)
             else:
                 self.remove(key, m)
         else:
@@ -156,6 +160,35 @@ class Worker:
             self._error(op, exc)
             self._unknown(m, before | {version})
             return
+        self.bytes_written += len(value)
+        m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
+        m.nodes = self._locate(key)
+
+    def put_over(self, key: str, m: KeyModel) -> None:
+        """A put without upsert of a key whose value is acknowledged: refused (AlreadyExists),
+        and the acknowledged version stays the one expected, through every fault after it (a
+        refused write that a restarted master adopted would read as a newer version: STALE)."""
+        op = "put_over"
+        m.attempted += 1
+        version = m.attempted
+        value = make_value(key, version, self._size(), self.rng)
+        self.ops[op] += 1
+        try:
+            self.client.put(key, value, replicas=self.args.replicas)
+        except self.cellar.AlreadyExists:
+            return
+        except (self.cellar.NoSpace, self.cellar.QuotaExceeded, self.cellar.InvalidArgument) as exc:
+            self._error(op, exc)
+            return
+        except Exception as exc:
+            # unanswered: refused, or (a master killed between the node's seal of a put-ahead
+            # write and its PutEnd, docs/security.md) stored
+            self._error(op, exc)
+            self._unknown(m, {m.version, version})
+            return
+        # Acknowledged over a present value: that same window, with the PutEnd answered by the
+        # next master from the node's receipts. Counted, not failed; the new value is expected.
+        self._error(op, RuntimeError("acknowledged over a present value"))
         self.bytes_written += len(value)
         m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
         m.nodes = self._locate(key)
@@ -199,6 +232,10 @@ class Worker:
         if m.state == PRESENT and version < m.version:
             self.stale.append({"key": key, "kind": "older_version", "t": now,
                                "expected": m.version, "got": version, "ack_time": m.ack_time})
+        elif m.state == PRESENT and version > m.version:  # only a refused put_over is newer
+            self.stale.append({"key": key, "kind": "refused_write_stored", "t": now,
+                               "expected": m.version, "got": version, "ack_time": m.ack_time})
+            m.version = version  # reported once; the value now stored is what later reads see
         elif m.state == ABSENT:
             self.stale.append({"key": key, "kind": "resurrected", "t": now, "got": version,
                                "ack_time": m.removed_at, "removed": m.removed_how})

@@ -43,6 +43,7 @@ def test_soak_short(tmp_path: Path, ha: bool) -> None:
     assert report["corrupt_reads"] == 0
     assert report["stale_reads"] == 0, (report["stale_by_cause"], report["stale_details"][:10])
     assert report["ops"].get("remove", 0) > 0 and report["ops"].get("upsert", 0) > 0
+    assert report["ops"].get("put_over", 0) > 0  # refused puts of present keys, checked after
     assert report["put_ahead"] > 0, "no write went under a put-ahead allocation"
     assert report["lost"]["unexplained"] == 0
     assert len(report["faults"]) >= MIN_FAULT_KINDS, report["faults"]
