@@ -188,7 +188,7 @@ class Worker:
             return
         # Acknowledged over a present value: that same window, with the PutEnd answered by the
         # next master from the node's receipts. Counted, not failed; the new value is expected.
-        self._error(op, RuntimeError("acknowledged over a present value"))
+        self.errors[f"{op}:acknowledged_over_present_value"] += 1
         self.bytes_written += len(value)
         m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
         m.nodes = self._locate(key)
