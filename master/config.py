@@ -127,7 +127,8 @@ class MasterConfig:
     )
     max_remove_tombstones: int = setting(
         262_144, "most removed keys remembered (with the allocation they removed) so that a node's "
-        "late index report cannot bring them back; oldest forgotten first", unit="keys")
+        "late index report cannot bring them back, and as many dead writes (allocations of puts "
+        "dropped before they completed); oldest forgotten first", unit="keys")
     request_id_memory_entries: int = setting(
         65_536, "most replies of mutating calls remembered by request id, so that a call carried "
         "twice (a lost reply, fast line then gRPC, a retry) gets the first call's result; oldest "
