@@ -79,7 +79,7 @@ class Tombstones:
         log (those a key bound already kills are not)."""
         if not self.max_removed:
             return
-        bound = self.removed.get((tenant_name, key), 0)
+        bound = self.removed_alloc_id(tenant_name, key)
         for alloc_id in alloc_ids:
             if alloc_id > bound and self._remember_dead(alloc_id, tenant_name, key):
                 self.pending.append((tenant_name, key, alloc_id, DEAD_WRITE))
