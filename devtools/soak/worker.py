@@ -69,6 +69,8 @@ class Worker:
         import cellar  # the SDK only in workers: the parent never loads it
 
         self.cellar = cellar
+        # errors a write gets before anything is written: the key's state holds
+        self._refused_up_front = (cellar.NoSpace, cellar.QuotaExceeded, cellar.InvalidArgument)
         self.args = args
         self.dir = Path(args.dir)
         self.rng = random.Random(args.seed)
@@ -153,14 +155,18 @@ class Worker:
                                "removed": m.removed_how})
             self._unknown(m, before)
             return
-        except (self.cellar.NoSpace, self.cellar.QuotaExceeded, self.cellar.InvalidArgument) as exc:
+        except self._refused_up_front as exc:
             self._error(op, exc)  # refused before anything was written: the state holds
             return
         except Exception as exc:
             self._error(op, exc)
             self._unknown(m, before | {version})
             return
-        self.bytes_written += len(value)
+        self._acknowledged(key, m, version, len(value))
+
+    def _acknowledged(self, key: str, m: KeyModel, version: int, nbytes: int) -> None:
+        """A write of `version` was acknowledged: it is what reads must return from now on."""
+        self.bytes_written += nbytes
         m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
         m.nodes = self._locate(key)
 
@@ -177,7 +183,7 @@ class Worker:
             self.client.put(key, value, replicas=self.args.replicas)
         except self.cellar.AlreadyExists:
             return
-        except (self.cellar.NoSpace, self.cellar.QuotaExceeded, self.cellar.InvalidArgument) as exc:
+        except self._refused_up_front as exc:
             self._error(op, exc)
             return
         except Exception as exc:
@@ -189,9 +195,7 @@ class Worker:
         # Acknowledged over a present value: that same window, with the PutEnd answered by the
         # next master from the node's receipts. Counted, not failed; the new value is expected.
         self.errors[f"{op}:acknowledged_over_present_value"] += 1
-        self.bytes_written += len(value)
-        m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
-        m.nodes = self._locate(key)
+        self._acknowledged(key, m, version, len(value))
 
     def remove(self, key: str, m: KeyModel) -> None:
         self.ops["remove"] += 1
