@@ -13,9 +13,9 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cellar
@@ -154,21 +154,10 @@ def latency(client: cellar.Client, transport: str, size: int, samples: int) -> N
 def run_threads(bodies: list[Callable[[], None]]) -> None:
     """Run each body on a thread of its own; once all ended, raise the first one's error (a
     loader or stream that failed would otherwise leave a figure of 0 keys/s and no error)."""
-    errors: list[BaseException] = []
-
-    def guarded(body: Callable[[], None]) -> None:
-        try:
-            body()
-        except BaseException as exc:  # noqa: BLE001 - raised below, on the calling thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(body,)) for body in bodies]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    with ThreadPoolExecutor(max(1, len(bodies))) as pool:
+        futures = [pool.submit(body) for body in bodies]
+    for future in futures:  # every body has ended here (the pool's exit waits for them)
+        future.result()
 
 
 def metadata_stream(master: Any, header: Any, op: str, run: str, stream: int, batch: int,
