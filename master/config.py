@@ -200,8 +200,8 @@ class MasterConfig:
     kv_events_replay_batches: int = setting(
         4096, "event batches kept per tenant for replay and the gRPC stream", unit="batches")
     kv_events_queue_batches: int = setting(
-        4096, "event batches waiting for the publisher thread; beyond it a live send is dropped "
-        "(counted; still replayable)", unit="batches")
+        4096, "event batches queued for each subscriber (the PUB socket's high-water mark); "
+        "a subscriber further behind misses live batches (still replayable)", unit="batches")
     tick_interval_s: float = setting(
         0.1, "period of the background sweeps (membership, pins, puts, quarantine, eviction)",
         unit=UNIT_SECONDS,

@@ -39,11 +39,11 @@ def start_kv_events(config: MasterConfig, leadership: Leadership,
         raise SystemExit(2) from None
     from cellar.master.serving.kv_events import KvEventHub, ZmqPublisher
 
-    hub = KvEventHub(replay_batches=config.kv_events_replay_batches,
-                     queue_batches=config.kv_events_queue_batches)
+    hub = KvEventHub(replay_batches=config.kv_events_replay_batches)
     hub.loop = asyncio.get_running_loop()
     try:
-        publisher = ZmqPublisher(hub, config.kv_events_bind, replay_address(config))
+        publisher = ZmqPublisher(hub, config.kv_events_bind, replay_address(config),
+                                 config.kv_events_queue_batches)
     except zmq.ZMQError as exc:
         print(f"cellar master: cannot bind the KV events on {config.kv_events_bind}: {exc}",
               file=sys.stderr)

@@ -148,7 +148,14 @@ def on_disk_only(obj: Obj) -> bool:
     """Whether every replica of `obj` sits on a node's disk tier (a read is then served from
     disk); an object with no replica left counts as DRAM, as it did before the disk tier."""
     replicas = obj.replicas
-    return bool(replicas) and all(rep.segment.tier == TIER_DISK for rep in replicas)
+    if not replicas:
+        return False
+    # a loop, not all() over a generator: 0.06 against 0.34 us for one replica (every KV
+    # event and every lookup asks)
+    for rep in replicas:  # noqa: SIM110
+        if rep.segment.tier != TIER_DISK:
+            return False
+    return True
 
 
 class Obj:

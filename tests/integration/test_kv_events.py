@@ -6,6 +6,7 @@ its own events."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 from typing import Any
@@ -329,3 +330,25 @@ def test_engine_hashes_ride_in_block_hashes(events_cluster):
         channel.close()
         client.close()
         sub.close()
+
+
+def test_a_master_with_events_stops_cleanly_on_sigterm() -> None:
+    """SIGTERM stops a master publishing events with exit code 0 and no traceback (its
+    publisher's stop once raised TypeError: a `_stop` attribute shadowed Thread._stop)."""
+    port = _free_port()
+    cluster = LocalCluster(1, "16MiB", master_flags={
+        "kv_events_bind": f"tcp://127.0.0.1:{port}",
+        "kv_events_replay_bind": f"tcp://127.0.0.1:{_free_port()}"})
+    cluster.start()
+    try:
+        with cellar.connect(cluster.address) as client:
+            client.put("stop/k", PAGE)  # one batch published
+        master = cluster.masters[0]
+        assert master.proc is not None
+        master.proc.send_signal(signal.SIGTERM)
+        code = master.proc.wait(timeout=30)
+        log = master.log_path.read_text(errors="replace")
+        assert code == 0, master.describe_exit()
+        assert "Traceback" not in log, log[-2000:]
+    finally:
+        cluster.stop()
