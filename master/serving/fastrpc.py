@@ -19,9 +19,12 @@ The contract stays gRPC
     gRPC for that call and asks again later.
 
 Single loop
-    The listener runs on the master's one event loop (asyncio streams, no threads), so the
-    metadata code still never needs a lock: a request is handled start to finish between two
-    awaits, exactly like a gRPC handler.
+    The listener runs on the master's one event loop (an asyncio Protocol per connection, no
+    threads), so the metadata code still never needs a lock: a request is handled start to
+    finish inside one callback, exactly like a gRPC handler. A Protocol, not asyncio streams:
+    the frames are cut from the bytes as they arrive, with no coroutine resumed and no future
+    per read; that saved 3-5 us of the master's CPU per request (an echo of 200-byte frames
+    under uvloop, 25-26 against 29-31 us; 2026-12-04), out of a floor of ~24 us per request.
 
 Frames
     The layout and method numbers are the wire contract in `cellar.proto.fastline`. One
@@ -37,9 +40,10 @@ Limits (a closed connection costs a client one fallback to gRPC, never an error)
       its deadline (one loop-time store per frame, no timer per request), so a slow drip
       cannot hold a connection or its buffered bytes;
     - memory: the bodies being received on all connections together are bounded by
-      `max_pending_bytes` (declared lengths, reserved before the first body byte is read); a
-      request that does not fit closes its connection. Each connection's reply buffer is
-      drained past DRAIN_ABOVE_BYTES before the next request is read.
+      `max_pending_bytes` (declared lengths, reserved as soon as a header is read); a request
+      that does not fit closes its connection. A connection stops reading once it holds
+      READ_AHEAD_BYTES past the frame it is receiving, and serves no further request while
+      more than DRAIN_ABOVE_BYTES of its replies wait to be sent.
 
 Security
     Credentials travel in the request header as they do over gRPC and are checked by the same
@@ -53,8 +57,9 @@ import asyncio
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -72,18 +77,162 @@ DEFAULT_MAX_CONNECTIONS_PER_PEER = 64
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 DEFAULT_FRAME_TIMEOUT_S = 10.0
 DEFAULT_MAX_PENDING_BYTES = 64 << 20
-DRAIN_ABOVE_BYTES = 256 << 10  # replies queued past this are drained before the next read
+DRAIN_ABOVE_BYTES = 256 << 10  # replies queued past this are drained before the next request
+READ_AHEAD_BYTES = 64 << 10  # bytes buffered past the frame being received before reading pauses
 
 
-class _Conn:
-    """One connection's deadline (loop time; the sweeper closes it once passed)."""
+class _Connection(asyncio.Protocol):
+    """One fast-line connection: frames cut from the bytes as they arrive, served one at a
+    time, in order (see the module docstring for its limits)."""
 
-    __slots__ = ("writer", "peer", "deadline")
+    def __init__(self, server: FastRpcServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.deadline = float("inf")  # loop time; the sweeper aborts the connection past it
+        self.buf = bytearray()
+        self.reserved = 0        # declared body bytes of the frame being received (pending_bytes)
+        self.settling = False    # a reply waits to be made durable: nothing else is served
+        self.write_paused = False
+        self.read_paused = False
+        self.closed = False
 
-    def __init__(self, writer: asyncio.StreamWriter, peer: str, deadline: float) -> None:
-        self.writer = writer
-        self.peer = peer
-        self.deadline = deadline
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods
+        self.transport = tcp = cast(asyncio.Transport, transport)
+        server = self.server
+        if not server._admit(self):
+            self.closed = True
+            tcp.abort()
+            return
+        sock = tcp.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tcp.set_write_buffer_limits(high=DRAIN_ABOVE_BYTES)
+        self.deadline = server.clock() + server.idle_timeout_s
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.buf += data
+        self._serve()
+
+    def pause_writing(self) -> None:
+        # a client that sends without reading: its replies must drain within frame_timeout_s
+        self.write_paused = True
+        self.deadline = self.server.clock() + self.server.frame_timeout_s
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.deadline = self.server.clock() + self.server.idle_timeout_s
+        self._serve()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._release()
+        self.server._forget(self)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Serve every whole request buffered, then pause or resume reading."""
+        server = self.server
+        buf = self.buf
+        pos = 0
+        head_size = FRAME.size
+        unpack = FRAME.unpack_from
+        token = PEER.set(self.peer)  # refusal lines name it; a settling task inherits it
+        try:
+            while not (self.settling or self.write_paused or self.closed):
+                if len(buf) - pos < head_size:
+                    break
+                length, method = unpack(buf, pos)
+                name = METHOD_NAMES.get(method)
+                if name is None or length > server.max_message_bytes:
+                    server.bad_frames += 1
+                    if server.bad_frames & (server.bad_frames - 1) == 0:  # 1, 2, 4, ...: no flood
+                        log.warning("fast rpc: bad frame (method %d, %d bytes) from %s; closing "
+                                    "(%d so far)", method, length, self.peer, server.bad_frames)
+                    self._close()
+                    return
+                if length and not self.reserved:  # a new body: reserve it, give it a deadline
+                    if server.pending_bytes + length > server.max_pending_bytes:
+                        server.refused_for_memory += 1
+                        self._close()  # the client retries over gRPC
+                        return
+                    server.pending_bytes += length
+                    self.reserved = length
+                    self.deadline = server.clock() + server.frame_timeout_s
+                end = pos + head_size + length
+                if len(buf) < end:
+                    break  # the body is still coming
+                body = bytes(buf[pos + head_size:end])
+                pos = end
+                self._release()
+                self._answer(name, body)
+            if pos:
+                del buf[:pos]
+        except Exception:  # never let one connection take the loop down
+            log.exception("fast rpc connection failed")
+            self._close()
+            return
+        finally:
+            PEER.reset(token)
+        self._flow()
+
+    def _answer(self, name: str, body: bytes) -> None:
+        server = self.server
+        code, out = server.dispatch(name, body)
+        if server.leadership.durable_due(name):  # an upsert's PutEnd: acknowledged once durable
+            self.settling = True
+            asyncio.get_running_loop().create_task(self._settle(name, code, out))
+            return
+        self._reply(code, out)
+
+    async def _settle(self, name: str, code: int, out: bytes) -> None:
+        try:
+            code, out = await self.server.servicer.settle(name, code, out)
+        except Exception:
+            log.exception("fast rpc connection failed")
+            self._close()
+            return
+        self.settling = False
+        if self.closed:
+            return
+        self._reply(code, out)
+        self._serve()
+
+    def _reply(self, code: int, out: bytes) -> None:
+        assert self.transport is not None
+        if not self.write_paused:  # pause_writing (inside write) sets the drain deadline
+            self.deadline = self.server.clock() + self.server.idle_timeout_s
+        self.transport.write(FRAME.pack(len(out), code) + out)
+
+    def _flow(self) -> None:
+        """Read while no more than READ_AHEAD_BYTES past the frame being received are held."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        over = len(self.buf) > FRAME.size + self.reserved + READ_AHEAD_BYTES
+        if over and not self.read_paused:
+            self.read_paused = True
+            transport.pause_reading()
+        elif not over and self.read_paused:
+            self.read_paused = False
+            transport.resume_reading()
+
+    def _release(self) -> None:
+        if self.reserved:
+            self.server.pending_bytes -= self.reserved
+            self.reserved = 0
+
+    def _close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()  # replies already written still go out
+            self._release()
 
 
 class FastRpcServer:
@@ -111,7 +260,10 @@ class FastRpcServer:
         self.refused_for_memory = 0
         self.bad_frames = 0
         self._server: asyncio.AbstractServer | None = None
-        self._conns: dict[asyncio.StreamWriter, _Conn] = {}
+        self._conns: set[_Connection] = set()
+        self.clock = time.monotonic  # replaced by the running loop's clock at start
+        self.leadership = servicer.leadership
+        self.dispatch = servicer.dispatch
         self._per_peer: dict[str, int] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -119,7 +271,10 @@ class FastRpcServer:
                     ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen on `host`:`port` (0: any free port); over TLS when `ssl_context` is given
         (as gRPC is)."""
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl_context)
+        loop = asyncio.get_running_loop()
+        self.clock = loop.time
+        self._server = await loop.create_server(lambda: _Connection(self), host, port,
+                                                ssl=ssl_context)
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return self.port
@@ -134,8 +289,9 @@ class FastRpcServer:
             self._sweeper = None
         if self._server is not None:
             self._server.close()
-            for writer in list(self._conns):
-                writer.close()
+            for conn in list(self._conns):
+                if conn.transport is not None:
+                    conn.transport.close()
             await self._server.wait_closed()
             self._server = None
 
@@ -146,13 +302,15 @@ class FastRpcServer:
         while True:
             await asyncio.sleep(period_s)
             now = loop.time()
-            for conn in [c for c in self._conns.values() if c.deadline < now]:
+            for conn in [c for c in self._conns if c.deadline < now]:
                 self.timed_out_connections += 1
                 conn.deadline = float("inf")  # closed once
-                conn.writer.transport.abort()  # the reader sees the end; its finally cleans up
+                if conn.transport is not None:
+                    conn.transport.abort()  # connection_lost cleans up
 
-    def _admit(self, writer: asyncio.StreamWriter) -> _Conn | None:
-        peer = writer.get_extra_info("peername")
+    def _admit(self, conn: _Connection) -> bool:
+        assert conn.transport is not None
+        peer = conn.transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         mine = self._per_peer.get(host, 0)
         if len(self._conns) >= MAX_CONNECTIONS or mine >= self.max_connections_per_peer:
@@ -160,75 +318,20 @@ class FastRpcServer:
             if self.refused_connections & (self.refused_connections - 1) == 0:  # 1, 2, 4, ...
                 log.warning("fast rpc: refusing a connection from %s (%d open from it, %d in all)",
                             host, mine, len(self._conns))
-            return None
-        conn = _Conn(writer, host, asyncio.get_running_loop().time() + self.idle_timeout_s)
-        self._conns[writer] = conn
+            return False
+        conn.peer = host
+        self._conns.add(conn)
         self._per_peer[host] = mine + 1
-        return conn
+        return True
 
-    def _forget(self, conn: _Conn) -> None:
-        if self._conns.pop(conn.writer, None) is not None:
+    def _forget(self, conn: _Connection) -> None:
+        if conn in self._conns:
+            self._conns.discard(conn)
             left = self._per_peer.get(conn.peer, 1) - 1
             if left > 0:
                 self._per_peer[conn.peer] = left
             else:
                 self._per_peer.pop(conn.peer, None)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = self._admit(writer)
-        if conn is None:
-            writer.transport.abort()
-            return
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        PEER.set(conn.peer)  # refusal lines name it (this connection's own task)
-        dispatch = self.servicer.dispatch
-        leadership = self.servicer.leadership
-
-        unpack = FRAME.unpack
-        pack = FRAME.pack
-        clock = asyncio.get_running_loop().time
-        idle_s = self.idle_timeout_s
-        frame_s = self.frame_timeout_s
-        try:
-            while True:
-                conn.deadline = clock() + idle_s
-                head = await reader.readexactly(FRAME.size)
-                length, method = unpack(head)
-                name = METHOD_NAMES.get(method)
-                if name is None or length > self.max_message_bytes:
-                    self.bad_frames += 1
-                    if self.bad_frames & (self.bad_frames - 1) == 0:  # 1, 2, 4, ...: no flood
-                        log.warning("fast rpc: bad frame (method %d, %d bytes) from %s; closing "
-                                    "(%d so far)", method, length, conn.peer, self.bad_frames)
-                    return
-                if length:
-                    if self.pending_bytes + length > self.max_pending_bytes:
-                        self.refused_for_memory += 1
-                        return  # the client retries over gRPC
-                    conn.deadline = clock() + frame_s
-                    self.pending_bytes += length
-                    try:
-                        body = await reader.readexactly(length)
-                    finally:
-                        self.pending_bytes -= length
-                else:
-                    body = b""
-                code, out = dispatch(name, body)
-                if leadership.durable_due(name):  # an upsert's PutEnd: acknowledged once durable
-                    code, out = await self.servicer.settle(name, code, out)
-                writer.write(pack(len(out), code) + out)
-                if writer.transport.get_write_buffer_size() > DRAIN_ABOVE_BYTES:
-                    conn.deadline = clock() + frame_s
-                    await writer.drain()  # a client that sends without reading waits here
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except Exception:  # never let one connection take the loop down
-            log.exception("fast rpc connection failed")
-        finally:
-            self._forget(conn)
-            writer.close()
 
 
 class _FastLineRefusals(Collector):
