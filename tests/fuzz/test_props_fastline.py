@@ -15,6 +15,7 @@ import asyncio
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -104,4 +105,56 @@ def test_server_still_answers_and_holds_nothing(fast: tuple[int, FastRpcServer])
     body = pb.GetReplicasRequest(header=header, keys=["k1"]).SerializeToString()
     reply = _exchange(port, FRAME.pack(len(body), 4) + body)
     assert _replies(reply) == [0]
+    assert server.pending_bytes == 0
+
+
+def test_pipelined_requests_never_read_meanwhile_are_all_answered_in_order(
+        fast: tuple[int, FastRpcServer]) -> None:
+    """A client that sends thousands of requests before reading one reply: the server stops
+    reading while its replies wait (bounded buffers, no deadlock), and once the client reads,
+    every request is answered, in order, with nothing left reserved."""
+    port, server = fast
+    count = 20_000  # ~7 MB of requests, ~1.5 MB of replies
+    frames = []
+    for i in range(count):  # Exists: no pins to run out of; the key count tells replies apart
+        body = pb.KeysRequest(header=pb.RequestHeader(token=TOKENS["default"]),
+                              keys=[f"k{i % 3}"] * (60 + i % 5)).SerializeToString()
+        frames.append(FRAME.pack(len(body), 6) + body)
+    before = set(server._conns)
+    with socket.socket() as sock:
+        # small kernel buffers both ways, so replies back up into the server's own buffer
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        deadline = time.monotonic() + 5
+        while not set(server._conns) - before:
+            assert time.monotonic() < deadline, "the server never saw the connection"
+            time.sleep(0.01)
+        (conn,) = set(server._conns) - before
+        assert conn.transport is not None
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                           32 << 10)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
+        sender = threading.Thread(target=sock.sendall, args=(b"".join(frames),))
+        sender.start()
+        # no reply is read: the server's reply buffer fills, it stops serving, then reading
+        while not (conn.read_paused and conn.write_paused):
+            assert time.monotonic() < deadline + 5, "the server kept reading"
+            time.sleep(0.001)
+        data = b""
+        answered: list[int] = []
+        while len(answered) < count:
+            chunk = sock.recv(1 << 16)
+            assert chunk, f"closed after {len(answered)} of {count} replies"
+            data += chunk
+            while len(data) >= REPLY.size:
+                length, code = REPLY.unpack_from(data)
+                if len(data) - REPLY.size < length:
+                    break
+                assert code == 0
+                reply = pb.ExistsReply.FromString(data[REPLY.size:REPLY.size + length])
+                answered.append(len(reply.statuses))
+                data = data[REPLY.size + length:]
+        sender.join(10)
+    assert answered == [60 + i % 5 for i in range(count)]
     assert server.pending_bytes == 0
