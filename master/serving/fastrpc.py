@@ -29,7 +29,9 @@ Single loop
 Frames
     The layout and method numbers are the wire contract in `cellar.proto.fastline`. One
     request at a time per connection (a client keeps a small pool of connections). A body
-    over the master's gRPC message limit, or an unknown method, closes the connection.
+    over the master's gRPC message limit, or an unknown method, closes the connection. A
+    client that half-closes after its requests still gets every answer, then the close (on
+    uvloop a transport closed with replies unsent cut the last one short: tested on both loops).
 
 Limits (a closed connection costs a client one fallback to gRPC, never an error)
     - connections: at most MAX_CONNECTIONS in all and `max_connections_per_peer` from one
@@ -95,6 +97,7 @@ class _Connection(asyncio.Protocol):
         self.settling = False    # a reply waits to be made durable: nothing else is served
         self.write_paused = False
         self.read_paused = False
+        self.eof = False  # the client half-closed: answer what it sent, then close
         self.closed = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -118,6 +121,15 @@ class _Connection(asyncio.Protocol):
             return
         self.buf += data
         self._serve()
+
+    def eof_received(self) -> bool:
+        # A client that half-closes after its requests still gets every answer (as it did when
+        # each request was read to the end of the stream): keep the transport open while work
+        # is pending; `_serve` closes it once none is.
+        self.eof = True
+        if self.transport is not None and self.transport.get_extra_info("sslcontext"):
+            return False  # TLS cannot stay half-open (asyncio would warn and close anyway)
+        return self._pending_work()
 
     def pause_writing(self) -> None:
         # a client that sends without reading: its replies must drain within frame_timeout_s
@@ -180,7 +192,19 @@ class _Connection(asyncio.Protocol):
             return
         finally:
             PEER.reset(token)
+        if self.eof and not self._pending_work():
+            self._close()
+            return
         self._flow()
+
+    def _pending_work(self) -> bool:
+        """A reply being made durable or waiting to drain, or a whole request still buffered."""
+        buf = self.buf
+        if self.settling or self.write_paused:
+            return True
+        if len(buf) < FRAME.size:
+            return False
+        return len(buf) >= FRAME.size + FRAME.unpack_from(buf)[0]
 
     def _answer(self, name: str, body: bytes) -> None:
         server = self.server

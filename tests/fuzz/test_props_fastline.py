@@ -12,11 +12,13 @@ connection is answered afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -33,9 +35,10 @@ REPLY = struct.Struct("<IB")
 MAX_MESSAGE_BYTES = 64 << 10
 
 
-@pytest.fixture(scope="module")
-def fast() -> Iterator[tuple[int, FastRpcServer]]:
-    loop = asyncio.new_event_loop()
+@pytest.fixture(scope="module", params=["asyncio", "uvloop"])
+def fast(request: pytest.FixtureRequest) -> Iterator[tuple[int, FastRpcServer]]:
+    # the master serves on uvloop when it is installed, else on asyncio's own loop: both
+    loop = asyncio.new_event_loop() if request.param == "asyncio" else _uvloop().new_event_loop()
     server = FastRpcServer(seeded_servicer(), MAX_MESSAGE_BYTES, max_connections_per_peer=64,
                            idle_timeout_s=2.0, frame_timeout_s=1.0,
                            max_pending_bytes=MAX_MESSAGE_BYTES * 4)
@@ -49,6 +52,10 @@ def fast() -> Iterator[tuple[int, FastRpcServer]]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def _uvloop() -> Any:
+    return pytest.importorskip("uvloop")
 
 
 def _frames() -> st.SearchStrategy[bytes]:
@@ -108,6 +115,26 @@ def test_server_still_answers_and_holds_nothing(fast: tuple[int, FastRpcServer])
     assert server.pending_bytes == 0
 
 
+@contextlib.contextmanager
+def _tight_connection(port: int, server: FastRpcServer) -> Iterator[tuple[socket.socket, Any]]:
+    """A client socket and the server's side of it, with small kernel buffers for the replies
+    on both sides, so they back up into the server's own buffer after a few dozen KiB."""
+    before = set(server._conns)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        deadline = time.monotonic() + 5
+        while not set(server._conns) - before:
+            assert time.monotonic() < deadline, "the server never saw the connection"
+            time.sleep(0.01)
+        (conn,) = set(server._conns) - before
+        assert conn.transport is not None
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                           32 << 10)
+        yield sock, conn
+
+
 def test_pipelined_requests_never_read_meanwhile_are_all_answered_in_order(
         fast: tuple[int, FastRpcServer]) -> None:
     """A client that sends thousands of requests before reading one reply: the server stops
@@ -120,20 +147,8 @@ def test_pipelined_requests_never_read_meanwhile_are_all_answered_in_order(
         body = pb.KeysRequest(header=pb.RequestHeader(token=TOKENS["default"]),
                               keys=[f"k{i % 3}"] * (60 + i % 5)).SerializeToString()
         frames.append(FRAME.pack(len(body), 6) + body)
-    before = set(server._conns)
-    with socket.socket() as sock:
-        # small kernel buffers both ways, so replies back up into the server's own buffer
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
-        sock.settimeout(10)
-        sock.connect(("127.0.0.1", port))
+    with _tight_connection(port, server) as (sock, conn):
         deadline = time.monotonic() + 5
-        while not set(server._conns) - before:
-            assert time.monotonic() < deadline, "the server never saw the connection"
-            time.sleep(0.01)
-        (conn,) = set(server._conns) - before
-        assert conn.transport is not None
-        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
-                                                           32 << 10)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
         sender = threading.Thread(target=sock.sendall, args=(b"".join(frames),))
         sender.start()
@@ -157,4 +172,45 @@ def test_pipelined_requests_never_read_meanwhile_are_all_answered_in_order(
                 data = data[REPLY.size + length:]
         sender.join(10)
     assert answered == [60 + i % 5 for i in range(count)]
+    assert server.pending_bytes == 0
+
+
+def test_a_half_closed_client_gets_every_answer_then_the_close(
+        fast: tuple[int, FastRpcServer]) -> None:
+    """Requests, then a half-close, before any reply is read: the end of the stream reaches
+    the server while its replies still wait to drain; it answers every request anyway (as a
+    server reading each request to the end of the stream did), then closes."""
+    port, server = fast
+    # ~50 KB of requests (under the read-ahead: all read at once, the end of the stream too),
+    # ~0.8 MB of replies (more than the kernel's buffers and the server's drain bound hold)
+    count = 800
+    header = pb.RequestHeader(token=TOKENS["default"], client_id="half-close")
+    body = pb.GetReplicasRequest(header=header, keys=["k1"] * 8).SerializeToString()
+    with _tight_connection(port, server) as (sock, conn):
+        deadline = time.monotonic() + 5
+        sock.sendall((FRAME.pack(len(body), 4) + body) * count)
+        sock.shutdown(socket.SHUT_WR)
+        while not (conn.eof and conn.write_paused):
+            assert time.monotonic() < deadline + 5, "the end of the stream came after the replies"
+            time.sleep(0.001)
+        data = b""
+        while True:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    replies = []
+    while data:
+        length, code = REPLY.unpack_from(data)
+        assert len(data) - REPLY.size >= length, f"reply {len(replies) + 1} was cut short"
+        assert code == 0
+        replies.append(pb.GetReplicasReply.FromString(data[REPLY.size:REPLY.size + length]))
+        data = data[REPLY.size + length:]
+    assert len(replies) == count
+    pins = [r.pin_id for reply in replies for r in reply.results]
+    assert len(pins) == 8 * count and all(pins)
+    unpins = [pb.UnpinRequest(header=header, pin_ids=pins[i:i + 1000]).SerializeToString()
+              for i in range(0, len(pins), 1000)]  # the module's servicer is shared: no pin left
+    assert _replies(_exchange(port, b"".join(FRAME.pack(len(u), 5) + u for u in unpins))) == \
+        [0] * len(unpins)
     assert server.pending_bytes == 0
