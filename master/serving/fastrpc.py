@@ -300,7 +300,7 @@ class FastRpcServer:
         self._server = await loop.create_server(lambda: _Connection(self), host, port,
                                                 ssl=ssl_context)
         self.port = int(self._server.sockets[0].getsockname()[1])
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        self._sweeper = loop.create_task(self._sweep())
         return self.port
 
     def collector(self) -> Collector:
@@ -350,7 +350,7 @@ class FastRpcServer:
 
     def _forget(self, conn: _Connection) -> None:
         if conn in self._conns:
-            self._conns.discard(conn)
+            self._conns.remove(conn)
             left = self._per_peer.get(conn.peer, 1) - 1
             if left > 0:
                 self._per_peer[conn.peer] = left
