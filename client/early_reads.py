@@ -24,11 +24,23 @@ Why keeping the bytes is safe
     reply; a caller's buffer that an early read wrote into and no later read overwrote is
     zeroed, so a miss never leaves another allocation's bytes in it.
 
+Keys this client put
+    A key put through a transport that reads the client's own mapping of the segment (shm:
+    `Transport.reads_own_mapping`) is remembered at its PutEnd under the put's write grant
+    (client/puts.py `PutBatch.written`), so the first get after the put reads early too. No
+    node ever sees that grant: the read is a copy out of the mapping the client may read
+    anyway, and its range is the one the grant covers. The same checks decide whether its
+    bytes are kept (the allocation id of a write grant is the one the read grants of that
+    replica carry; the put's PutEnd answered OK, so the allocation was sealed before the
+    copy began). A tcp or rdma put remembers nothing: a node reads only under read grants.
+
 What it keeps and its limits
     `Locations`: key -> the replica last read (route, grant, size, checksum, tier), until
     MARGIN_S before its grant expires by the master's clock (a deadline-bounded get reads
     only DRAM replicas early: a disk read may be slow, and the budget plans those itself); at
-    most MAX_LOCATIONS keys (the oldest remembered is forgotten first).
+    most MAX_LOCATIONS keys (the oldest remembered is forgotten first). A put's replica
+    whose tier the client does not know (written under a put-ahead allocation) counts as a
+    disk one: a budgeted get does not read it early.
     `$CELLAR_EARLY_READS=0` turns early reads off (read once per client; default on).
 """
 

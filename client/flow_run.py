@@ -95,6 +95,10 @@ class FlowRun(Generic[T]):
                 _record_read(self._costs, last, spent)
         elif isinstance(last, RpcAndMove):  # a lookup with early reads beside it: its wait
             self._lookup_s += spent
+            if self._costs is not None and last.move.round.kind == "read":
+                # the bytes read early arrived within the pair's time (an upper bound on the
+                # read's own): a client whose gets all read early still learns its throughput
+                _record_read(self._costs, last.move, spent)
 
     def _finish(self, error: BaseException | None) -> None:
         if self._op is None:

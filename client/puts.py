@@ -29,10 +29,14 @@ from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import engine_hash
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
+from cellar.proto.tiers import TIER_DISK
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult, hash_views
 from cellar.transfer.frame import WriteMeta
 
 MAX_SOFT_PIN_TTL_MS = 1 << 53          # bound on garbage input (the master has its own maximum)
+# A key this client put, where it may read it early: (key, route, write grant, size, checksum,
+# on disk), as `early_reads.Locations.remember` takes it
+Written = tuple[str, SegmentRoute, Grant, int, int, bool]
 # PutEnd statuses of a put-ahead allocation after which the key is put again through PutStart
 AHEAD_RETRY = frozenset({Status.EXPIRED, Status.NOT_FOUND})
 MAX_PREFERRED_HOST_CHARS = 256         # a host id (machine-id or hostname), as the master bounds it
@@ -129,8 +133,16 @@ class PutBatch:
     def __init__(self, entries: list[PutEntry], *, tenant: str, replicas: int, soft_pin: bool,
                  upsert: bool, health: NodeHealth, max_attempts: int = MAX_PUT_ATTEMPTS,
                  hashes_writes: Callable[[SegmentRoute], bool] | None = None,
-                 hints: PutHints | None = None, ahead: PutAheadPool | None = None) -> None:
+                 hints: PutHints | None = None, ahead: PutAheadPool | None = None,
+                 reads_own_mapping: Callable[[SegmentRoute], bool] | None = None) -> None:
         self.entries = entries
+        # Whether the transport for a route reads from the client's own mapping (shm): a key
+        # written there is `written` once put, so a get of it may read early under the write
+        # grant (client/early_reads.py); None: nothing is kept.
+        self._reads_own_mapping = reads_own_mapping
+        self._readable: dict[int, tuple[SegmentRoute, Grant]] = {}  # ending keys' such replica
+        self._dram_segments: set[int] = set()  # segments a PutStart reply named as DRAM
+        self.written: list[Written] = []  # keys put OK this round with such a replica
         # Whether the transport that will write to a route hashes as it copies: then a value
         # not hashed yet is hashed by that copy (`TransferOp.want_checksum`), not beforehand.
         self._hashes_writes = hashes_writes
@@ -275,6 +287,9 @@ class PutBatch:
         check_result_count("PutStart", len(reply.results), len(self._inflight))
         self._start_epoch = int(reply.header.epoch)
         routes = routes_from_segments(reply.segments)
+        if self._reads_own_mapping is not None:
+            self._dram_segments.update(int(seg.segment_id) for seg in reply.segments
+                                       if seg.tier != TIER_DISK)
         self._begin_round()
         ops = self._planned
         hashes = self._hashes_writes
@@ -343,8 +358,18 @@ class PutBatch:
         check_result_count("write", len(results), len(self._op_owner))
         failures: dict[int, list[str]] = {}
         receipts: dict[int, list[bytes]] = {}
+        readable = self._reads_own_mapping
+        local: dict[int, bool] = {}  # by route id: the ops of a round share a few routes
+        self._readable = {}
         for op, i, res in zip(self._planned, self._op_owner, results, strict=True):
             if res.ok:
+                if readable is not None and i not in self._readable:
+                    route = op.route
+                    here = local.get(id(route))
+                    if here is None:
+                        here = local[id(route)] = readable(route)
+                    if here:
+                        self._readable[i] = (route, op.grant)
                 if op.meta is not None and (op.want_checksum or self.entries[i].checksum is None):
                     why = self._take_checksum(self.entries[i], op, res)
                     if why:
@@ -439,6 +464,11 @@ class PutBatch:
                 e.status = status
                 continue
             e.status, e.message = status, res.message
+            if status == Status.OK and i in self._readable:
+                route, grant = self._readable[i]
+                assert e.checksum is not None  # a PutEnd carries it
+                self.written.append((e.key, route, grant, e.nbytes, e.checksum,
+                                     route.segment_id not in self._dram_segments))
         self._ending = []
 
     def abandon(self, message: str) -> list[Any]:

@@ -97,6 +97,10 @@ class Transport(ABC):
     name: str = ""
     # Whether write ops may leave their checksum to the transport (`TransferOp.want_checksum`).
     hashes_writes: bool = False
+    # Whether a read copies out of the client's own mapping of the segment (shm), so no node
+    # checks its grant: a write grant's range then serves a read as well (client/early_reads.py
+    # reads a key this client just put under its write grant).
+    reads_own_mapping: bool = False
 
     @abstractmethod
     def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
@@ -127,6 +131,7 @@ class AsyncTransport(ABC):
 
     name: str = ""
     hashes_writes: bool = False  # as `Transport.hashes_writes`
+    reads_own_mapping: bool = False  # as `Transport.reads_own_mapping`
 
     @abstractmethod
     async def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:

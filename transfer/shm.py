@@ -239,6 +239,7 @@ class ShmTransport(Transport):
     # the copy, in 256 KiB calls that release the GIL), and its COMMIT carries that digest:
     # scatter-gather puts of many small parts then cost no separate pass over their bytes.
     hashes_writes = True
+    reads_own_mapping = True  # reads are memcpy out of the client's mapping
 
     def __init__(self, *, host_id: str | None = None, control: ControlChannel | None = None,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,

@@ -34,6 +34,7 @@ class AsyncShmTransport(AsyncTransport):
 
     name = "shm"
     hashes_writes = True  # as ShmTransport
+    reads_own_mapping = True  # as ShmTransport
 
     def __init__(self, *, host_id: str | None = None, control: AsyncTcpTransport | None = None,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,

@@ -7,6 +7,9 @@
 - A key removed, its range then holding another tenant's object: a `get_many_into` of it is
   MISS and the caller's buffer holds none of that tenant's bytes (over shm the early copy
   does read the range's new bytes; they are cleared, `GetBatch._scrub`).
+- A key this client put over shm is read early by its first get (the put's write grant
+  covers the range of the client's own mapping); over tcp a put remembers nothing, since a
+  node serves reads only under read grants. The removed-and-reused case holds for it too.
 """
 
 from __future__ import annotations
@@ -120,6 +123,63 @@ def test_a_removed_keys_reused_range_leaves_no_foreign_bytes_in_the_buffer(
         assert mine.get_many_into(["k"], [buffer]) == [cellar.MISS]
         assert locations(mine).discarded == discarded + 1, "the early read ran, was discarded"
         assert secret[:16] not in bytes(buffer)
+        assert bytes(buffer) == bytes(SIZE)
+    finally:
+        theirs.remove_prefix("s")
+
+
+def _over_shm(request: pytest.FixtureRequest) -> bool:
+    return "shm" in request.node.callspec.id
+
+
+def test_a_key_put_over_shm_is_read_early_by_its_first_get(
+        open_client: Any, request: pytest.FixtureRequest) -> None:
+    client = open_client("early-put")
+    values = {f"p{i}": os.urandom(SIZE) for i in range(4)}
+    seen = locations(client)
+    before = seen.kept, seen.discarded
+    assert client.put_many(list(values.items())) == [cellar.Status.OK] * 4
+    known = [key for key in values if seen.find(key, time.monotonic()) is not None]
+    assert client.get_many(list(values)) == list(values.values())
+    if _over_shm(request):
+        assert known == list(values)
+        assert (seen.kept, seen.discarded) == (before[0] + 4, before[1])
+    else:
+        assert known == [], "a tcp put keeps no location: a node reads only under read grants"
+        assert (seen.kept, seen.discarded) == before
+    client.remove_prefix("p")
+
+
+def test_a_put_keys_removed_range_reused_leaves_no_foreign_bytes_in_the_buffer(
+        open_client: Any, request: pytest.FixtureRequest) -> None:
+    if not _over_shm(request):
+        pytest.skip("only a put over shm keeps a location")
+    mine, theirs = open_client("early-put-mine"), open_client("early-put-theirs")
+    mine.put("k", b"m" * SIZE)
+    where = locations(mine).find("k", time.monotonic())
+    assert where is not None, "the put kept where it wrote"
+    mine.remove("k")
+    secret = b"S" * SIZE
+    try:
+        landed = None
+        deadline = time.monotonic() + 20.0
+        n = 0
+        while landed is None and time.monotonic() < deadline:
+            key = f"s{n}"
+            n += 1
+            theirs.put(key, secret)
+            spot = locations(theirs).find(key, time.monotonic())
+            assert spot is not None
+            if (spot.grant.segment_id, spot.grant.offset) == (where.grant.segment_id,
+                                                              where.grant.offset):
+                landed = key
+            elif n % 8 == 0:
+                time.sleep(0.2)
+        assert landed is not None, "the other tenant's object never took the removed range"
+        buffer = bytearray(b"\xee" * SIZE)
+        discarded = locations(mine).discarded
+        assert mine.get_many_into(["k"], [buffer]) == [cellar.MISS]
+        assert locations(mine).discarded == discarded + 1, "the early read ran, was discarded"
         assert bytes(buffer) == bytes(SIZE)
     finally:
         theirs.remove_prefix("s")

@@ -7,18 +7,22 @@ own bytes there. The real-process checks are tests/integration/test_sdk_early_re
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import xxhash
-from test_client_core import fill, get_reply
+from test_client_core import HEADER, fill, get_reply
 
 import cellar
 from cellar.client.early_reads import MARGIN_S, Locations, early_reads_from_env
 from cellar.client.gets import GetBatch, into_result, take_value
+from cellar.client.puts import PutBatch, PutEntry
 from cellar.client.session_state import NodeHealth
 from cellar.client.statuses import MISS
 from cellar.errors import Status
-from cellar.proto.tiers import TIER_DISK
-from cellar.transfer.base import TransferResult
+from cellar.proto import cellar_pb2 as pb
+from cellar.proto.tiers import TIER_DISK, TIER_DRAM
+from cellar.transfer.base import ST_CONNECT_FAILED, TransferResult
 
 MASTER_MS = 1_000_000
 GRANT_TTL_MS = 10_000
@@ -218,3 +222,94 @@ def test_no_early_read_goes_to_a_node_that_failed_a_read_lately() -> None:
     health.mark_failed("n1")
     assert GetBatch(["k"], None, health=health, locations=locations).start_early() == []
     assert len(GetBatch(["k"], None, health=NodeHealth(), locations=locations).start_early()) == 1
+
+
+# ---- keys this client put (PutBatch.written) ---------------------------------------------
+
+def _put_start_reply(placements: list[tuple[str, int, int]]) -> pb.PutStartReply:
+    """One OK result per (node, segment id, tier), each one replica at offset 0 of SIZE."""
+    results, segments = [], {}
+    for n, (node, sid, tier) in enumerate(placements):
+        rep = pb.Replica(node_id=node, segment_id=sid, offset=0, length=len(VALUE),
+                         grant=pb.Grant(op=2, alloc_id=50 + n, epoch=1,
+                                        expiry_ms=MASTER_MS + GRANT_TTL_MS, key_tag=5,
+                                        mac=b"m" * 16))
+        results.append(pb.PutStartResult(status=Status.OK, put_id=100 + n, replicas=[rep]))
+        segments[sid] = pb.SegmentInfo(segment_id=sid, node_id=node, size_bytes=1 << 20,
+                                       host_id="h", tier=tier, endpoints=[
+                                           pb.Endpoint(transport="tcp", address=f"{node}:1")])
+    return pb.PutStartReply(results=results, segments=list(segments.values()))
+
+
+def test_keys_put_through_a_mapping_are_written_with_their_write_grant_and_tier() -> None:
+    """Only keys whose PutEnd was OK and whose replica went to a transport that reads the
+    client's own mapping are handed to `Locations` (the write grant is never shown to a node:
+    such a transport copies out of the mapping); a disk replica is marked so."""
+    keys = ["dram", "remote", "disk", "refused", "failed"]
+    entries = [PutEntry(k, memoryview(VALUE), None) for k in keys]
+    batch = PutBatch(entries, tenant="t", replicas=1, soft_pin=False, upsert=False,
+                     health=NodeHealth(), max_attempts=1,
+                     reads_own_mapping=lambda route: route.node_id == "n1")
+    batch.start_request(HEADER)
+    ops = batch.on_start_reply(_put_start_reply([
+        ("n1", 1, TIER_DRAM), ("n2", 2, TIER_DRAM), ("n1", 3, TIER_DISK), ("n1", 1, TIER_DRAM),
+        ("n1", 1, TIER_DRAM)]))
+    ok = TransferResult(receipt=b"r" * 68)
+    ends, revokes = batch.on_write_results(
+        [ok, ok, ok, ok, TransferResult(ST_CONNECT_FAILED, "refused")], may_retry=False)
+    assert [item.key for item in ends] == ["dram", "remote", "disk", "refused"]
+    assert [ref.key for ref in revokes] == ["failed"]
+    batch.on_end_reply(pb.PutEndReply(results=[
+        pb.KeyResult(status=Status.OK), pb.KeyResult(status=Status.OK),
+        pb.KeyResult(status=Status.OK), pb.KeyResult(status=Status.ALREADY_EXISTS)]))
+    digest = xxhash.xxh3_64_intdigest(VALUE)
+    assert [(key, grant.alloc_id, grant.op, size, checksum, disk)
+            for key, _route, grant, size, checksum, disk in batch.written] == [
+        ("dram", 50, 2, len(VALUE), digest, False), ("disk", 52, 2, len(VALUE), digest, True)]
+    assert batch.written[0][1] is ops[0].route
+
+    locations = Locations()
+    locations.remember(batch.written, MASTER_MS)
+    found = locations.find("dram", time.monotonic())
+    assert found is not None and found.grant.alloc_id == 50 and not found.disk
+    assert locations.find("remote", time.monotonic()) is None
+
+
+def test_without_a_mapping_transport_nothing_put_is_kept() -> None:
+    batch = PutBatch([PutEntry("k", memoryview(VALUE), None)], tenant="t", replicas=1,
+                     soft_pin=False, upsert=False, health=NodeHealth())
+    batch.start_request(HEADER)
+    batch.on_start_reply(_put_start_reply([("n1", 1, TIER_DRAM)]))
+    batch.on_write_results([TransferResult(receipt=b"r" * 68)], may_retry=False)
+    batch.on_end_reply(pb.PutEndReply(results=[pb.KeyResult(status=Status.OK)]))
+    assert batch.written == []
+
+
+def test_a_key_put_is_read_early_and_its_bytes_kept_only_when_the_reply_confirms() -> None:
+    """A location from a put (its write grant, alloc 50) serves the next get early; the bytes
+    are kept when the reply names alloc 50 with the same size and checksum, and cleared and
+    read again from the reply when it names another allocation (the key replaced)."""
+    for alloc_id, kept in ((50, True), (51, False)):
+        batch = PutBatch([PutEntry("k", memoryview(VALUE), None)], tenant="t", replicas=1,
+                         soft_pin=False, upsert=False, health=NodeHealth(),
+                         reads_own_mapping=lambda route: True)
+        batch.start_request(HEADER)
+        batch.on_start_reply(_put_start_reply([("n1", 1, TIER_DRAM)]))
+        batch.on_write_results([TransferResult(receipt=b"r" * 68)], may_retry=False)
+        batch.on_end_reply(pb.PutEndReply(results=[pb.KeyResult(status=Status.OK)]))
+        locations = Locations()
+        locations.remember(batch.written, MASTER_MS)
+        dest = memoryview(bytearray(len(VALUE)))
+        get = GetBatch(["k"], [dest], health=NodeHealth(), locations=locations)
+        (op,) = get.start_early()
+        assert op.grant.alloc_id == 50 and op.route.node_id == "n1"
+        results = early_fill([op], VALUE if kept else OTHER)
+        get.on_reply(reply_for({"k": VALUE}, alloc_id=alloc_id))
+        get.on_early(results)
+        assert (locations.kept, locations.discarded) == ((1, 0) if kept else (0, 1))
+        if kept:
+            assert get.next_ops() == [] and bytes(dest) == VALUE
+        else:
+            assert bytes(dest) == bytes(len(VALUE)), "the early bytes are cleared"
+            (again,) = get.next_ops()
+            assert again.grant.alloc_id == 51

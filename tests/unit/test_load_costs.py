@@ -35,3 +35,31 @@ def test_whole_loads_win_and_take_the_median_so_one_stall_does_not_skew_it() -> 
     assert est.load_s == pytest.approx(3 * 0.006)  # upper median of 4: the stall is ignored
     costs.load(0, 1.0)  # an empty get teaches nothing
     assert costs.estimate(3_000_000).load_s == pytest.approx(est.load_s)
+
+
+def test_reads_made_beside_a_lookup_teach_the_throughput_too() -> None:
+    """A get whose keys were all read early (client/early_reads.py: the reads ran beside
+    GetReplicas, one `RpcAndMove`) still records its read: a client whose every get reads
+    early would otherwise estimate from the prior forever."""
+    from cellar.client.flow_run import FlowRun
+    from cellar.client.flows import Move, Rpc, RpcAndMove
+    from cellar.client.session_state import TransferRound
+    from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult
+
+    class Shm:
+        name = "shm"
+
+    route = SegmentRoute(1, "n1", "h", {"shm": "/dev/shm/x"})
+    op = TransferOp(route, None, 0, memoryview(bytearray(1 << 20)))  # type: ignore[arg-type]
+    rnd = TransferRound("read", [op], 0.0, [(Shm(), [0])], [TransferResult()])
+
+    def flow():  # type: ignore[no-untyped-def]
+        yield RpcAndMove(Rpc("GetReplicas", None, 0.0), Move(rnd))
+
+    costs = LoadCosts()
+    run = FlowRun(flow(), None, costs)
+    assert isinstance(run.next(), RpcAndMove)
+    run.answer((None, rnd.results), 0.0)  # started at 0: a long time ago, a slow read
+    est = costs.estimate(1 << 20)
+    assert (est.basis, est.transport) == ("measured", "shm")
+    assert est.bytes_per_s < PRIOR_BYTES_PER_S
