@@ -63,6 +63,7 @@ from cellar.storage_node.index import IndexEntry, ObjectIndex, ReadRefused, Writ
 from cellar.storage_node.segment import Segment
 from cellar.transfer.base import FileRange
 from cellar.transfer.frame import (
+    OP_CLAIM,
     OP_COMMIT,
     OP_READ,
     OP_WRITE,
@@ -139,9 +140,12 @@ class NodeAccess:
             return memoryview(bytearray(request.length))  # scratch, as `writable` says
         return FileRange(segment.fd, request.offset, request.length)
 
-    def _admit_write(self, request: RequestHeader, meta: WriteMeta) -> Segment | None:
+    def _admit_write(self, request: RequestHeader, meta: WriteMeta,
+                     claim: bool = False) -> Segment | None:
         """Every check of a WRITE (grant, key tag, sizes, the index admits the range); the
-        segment, or None for a retried chunk of an allocation this very write sealed."""
+        segment, or None for a retried chunk of an allocation this very write sealed. With
+        `claim` (a shm/rdma writer about to copy, OP_CLAIM) the index only drops the older
+        entries the range overlaps: the object is admitted, checksum and all, at its COMMIT."""
         segment, grant = self._check(request, OP_WRITE)
         # A put-ahead grant (proto/grant.py ANY_KEY) names the tenant only: the first write of
         # the allocation names the key (the index holds every later chunk to it), and the
@@ -161,6 +165,11 @@ class NodeAccess:
                 f"{grant.offset + meta.object_size}",
             )
         try:
+            if claim:
+                self.index.claim(alloc_id=grant.alloc_id, segment_id=segment.segment_id,
+                                 object_offset=grant.offset, object_size=meta.object_size,
+                                 grant_expiry_ms=grant.expiry_ms)
+                return segment
             self.index.admit_write(
                 alloc_id=grant.alloc_id,
                 segment_id=segment.segment_id,
@@ -221,7 +230,7 @@ class NodeAccess:
         client itself; run exactly the WRITE checks (grant, range, key tag, not sealed), then
         record the range as written. Refused with ST_UNKNOWN_SEGMENT when the client copied
         into another file than this node's current one (the node restarted, file replaced)."""
-        if request.op != OP_COMMIT:
+        if request.op != OP_COMMIT and request.op != OP_CLAIM:
             raise FrameError(ST_BAD_FRAME, "not a commit")
         if request.grant is None or not request.grant.op & GRANT_FLAG_COMMIT:
             raise FrameError(ST_BAD_GRANT, "the grant does not carry the COMMIT (shm) right")
@@ -233,6 +242,9 @@ class NodeAccess:
         as_write = RequestHeader(OP_WRITE, request.request_id, request.segment_id,
                                  request.offset, request.length, request.meta_len,
                                  request.flags, request.grant)
+        if request.op == OP_CLAIM:  # before the copy: the range's older entries go
+            self._admit_write(as_write, meta, claim=True)
+            return b""
         self.writable(as_write, meta)
         return self.written(as_write, meta)
 

@@ -235,6 +235,43 @@ class ObjectIndex:
             if grant_expiry_ms > entry.write_grant_expiry_ms:
                 entry.write_grant_expiry_ms = grant_expiry_ms
 
+    def claim(self, *, alloc_id: int, segment_id: int, object_offset: int, object_size: int,
+              grant_expiry_ms: int) -> None:
+        """A writer that copies into the segment itself (shm, rdma) is about to write this
+        allocation: drop the older entries its range overlaps, as `admit_write` does for a
+        write's first frame, so that no read under a grant of the range's previous allocation
+        (which the master freed; its notice may not be here yet) is served from the bytes the
+        copy is about to put there. Raises WriteRefused where `admit_write` would (a grant from
+        before this mount, a freed allocation, a newer one in the range). Records nothing:
+        the COMMIT admits the object with its checksum."""
+        with self._lock:
+            if grant_expiry_ms - self._write_grant_ttl_ms < self._write_floor_ms:
+                raise WriteRefused(
+                    WriteRefused.FREED,
+                    f"allocation {alloc_id}: the grant was issued before this node's current mount",
+                )
+            if alloc_id in self._tombstones:
+                raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
+            if alloc_id in self._entries:
+                return  # admitted already (a retry; its COMMIT decides): its overlaps went then
+            order = self._order.get(segment_id)
+            if order is None or object_size <= 0:
+                return
+            end = object_offset + object_size
+            overlapping = list(self._overlapping(order, object_offset, end))
+            if not overlapping:
+                return
+            newer = [e.alloc_id for e in overlapping if e.alloc_id > alloc_id]
+            if newer:  # a dead grant: the master freed this range before it granted `newer`
+                raise WriteRefused(
+                    WriteRefused.FREED,
+                    f"allocation {alloc_id} overlaps the newer allocation {newer[0]}: the "
+                    "master freed this range since that grant was issued")
+            for old in overlapping:
+                self._drop(old)
+            if not self._defer_journal:  # else the data server's flush writes the drops
+                self._flush_drops()
+
     def sealed(self, alloc_id: int) -> IndexEntry | None:
         """The SEALED entry of `alloc_id` still held here (its fields no longer change), or None."""
         with self._lock:

@@ -45,7 +45,16 @@ OP_COMMIT = 4
 # RDMA_CONNECT: no grant; meta = the client's queue-pair description; an OK reply carries the
 # node's queue-pair description as `length` payload bytes (at most MAX_META_BYTES).
 OP_RDMA_CONNECT = 5
-OPS = frozenset({OP_WRITE, OP_READ, OP_PING, OP_COMMIT, OP_RDMA_CONNECT})
+# CLAIM: "I am about to copy into [offset, +length) of this allocation myself" (shm, rdma),
+# sent and answered before the copy. Same grant and meta as COMMIT (the checksum is not known
+# yet and is not looked at). The node runs the WRITE checks and drops the older entries the
+# range overlaps, as a tcp write's first frame does, so no read under a grant of the range's
+# previous allocation (freed by the master, its notice not here yet) is served from bytes that
+# the copy is about to overwrite (docs/security.md). It records nothing else.
+OP_CLAIM = 6
+OPS = frozenset({OP_WRITE, OP_READ, OP_PING, OP_COMMIT, OP_RDMA_CONNECT, OP_CLAIM})
+# Ops whose frame carries a WRITE grant and COMMIT meta but no payload
+OPS_COMMIT_LIKE = frozenset({OP_COMMIT, OP_CLAIM})
 OPS_WITHOUT_GRANT = frozenset({OP_PING, OP_RDMA_CONNECT})
 
 # Response statuses (frame level; the SDK maps them to its exceptions).
@@ -140,11 +149,12 @@ def decode_request(header: bytes | memoryview, *, max_payload_bytes: int) -> Req
         raise FrameError(ST_BAD_FRAME, f"unknown op {op}")
     if meta_len > MAX_META_BYTES:
         raise FrameError(ST_TOO_LARGE, f"meta {meta_len} > {MAX_META_BYTES} bytes")
-    if length > max_payload_bytes and op != OP_COMMIT:  # COMMIT: no payload follows
+    if length > max_payload_bytes and op not in OPS_COMMIT_LIKE:  # no payload follows
         raise FrameError(ST_TOO_LARGE, f"length {length} > {max_payload_bytes} bytes")
     grant = None
     if op not in OPS_WITHOUT_GRANT:
-        grant_op = OP_WRITE if op == OP_COMMIT else op  # a commit finishes a granted write
+        # a commit finishes a granted write, a claim starts one
+        grant_op = OP_WRITE if op in OPS_COMMIT_LIKE else op
         if flags & REQ_FLAG_MAY_COMMIT:
             grant_op |= GRANT_FLAG_COMMIT
         grant = Grant(grant_op, segment_id, grant_offset, grant_length, alloc_id, epoch,

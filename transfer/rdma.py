@@ -63,6 +63,7 @@ from cellar.transfer.base import (
 )
 from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
+    OP_CLAIM,
     OP_COMMIT,
     OP_RDMA_CONNECT,
     ST_BAD_FRAME,
@@ -227,6 +228,7 @@ class RdmaTransport(Transport):
         self._closed = False
         self.stats: dict[str, int] = {"connects": 0, "chunks": 0, "reads": 0, "writes": 0,
                                       "bytes_read": 0, "bytes_written": 0, "commits_refused": 0,
+                                      "claims_refused": 0,
                                       "broken_qps": 0}
 
     # -- Transport -------------------------------------------------------------------------
@@ -280,6 +282,11 @@ class RdmaTransport(Transport):
                 tcp, key, chunks = planned
                 keys[i] = key
                 by_peer.setdefault(tcp, []).extend((i,) + c for c in chunks)
+            if writing:  # claimed before any byte lands (shm.WritePlan says why)
+                self.stats["claims_refused"] += self._control_round(
+                    OP_CLAIM, ops, keys, results, deadline)
+                by_peer = {tcp: kept for tcp, chunks in by_peer.items()
+                           if (kept := [c for c in chunks if results[c[0]].ok])}
             peers: dict[str, _Peer] = {}
             for tcp, chunks in by_peer.items():
                 peer = self._peer(tcp, deadline)
@@ -294,7 +301,9 @@ class RdmaTransport(Transport):
                     self._peers.pop(tcp, None)
                     peer.qp.close()
         if writing:
-            self._commit(ops, keys, results, deadline)
+            refused = self._control_round(OP_COMMIT, ops, keys, results, deadline)
+            with self._lock:
+                self.stats["commits_refused"] += refused
         with self._lock:
             done = [(op, r) for op, r in zip(ops, results, strict=True) if r.ok]
             kind = "writes" if writing else "reads"
@@ -435,8 +444,12 @@ class RdmaTransport(Transport):
                 if results[chunk[0]].ok:
                     results[chunk[0]] = TransferResult(status, why)
 
-    def _commit(self, ops: Sequence[TransferOp], keys: list[SegmentKey | None],
-                results: list[TransferResult], deadline: float) -> None:
+    def _control_round(self, op_code: int, ops: Sequence[TransferOp],
+                       keys: list[SegmentKey | None], results: list[TransferResult],
+                       deadline: float) -> int:
+        """A CLAIM (before the writes) or COMMIT (after them) per op still OK, pipelined per
+        node; a refused one fails its op (a COMMIT's receipt goes into its result). Returns
+        how many were refused."""
         calls: dict[str, list[ControlCall]] = {}
         which: dict[str, list[int]] = {}
         for i, op in enumerate(ops):
@@ -450,21 +463,21 @@ class RdmaTransport(Transport):
                 results[i] = TransferResult(e.status, e.message)
                 continue
             calls.setdefault(tcp, []).append(ControlCall(
-                OP_COMMIT, op.grant, op.route.segment_id, op.offset, op_nbytes(op), meta))
+                op_code, op.grant, op.route.segment_id, op.offset, op_nbytes(op), meta))
             which.setdefault(tcp, []).append(i)
         if not calls:
-            return
+            return 0
         replies = self._control.call(calls, max(0.0, deadline - time.monotonic()))
         refused = 0
         for tcp, indexes in which.items():
             for i, reply in zip(indexes, replies[tcp], strict=True):
                 if reply.status == ST_OK:
-                    results[i].receipt = reply.payload
+                    if op_code == OP_COMMIT:
+                        results[i].receipt = reply.payload
                 else:
                     results[i] = TransferResult(reply.status, reply.message)
                     refused += 1
-        with self._lock:
-            self.stats["commits_refused"] += refused
+        return refused
 
 
 def _fail(results: list[TransferResult], chunks: list[_Chunk], result: TransferResult) -> None:

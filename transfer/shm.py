@@ -17,7 +17,12 @@ host, same user) can already write every byte of it, grant or not, so checking b
 copy would protect nothing; what the grant check on COMMIT protects is what matters: the
 node's index only ever records ranges a valid grant covered, an allocation is only sealed by
 committed writes, and a sealed object is never reported rewritten. The client itself never
-writes outside a range its grant covers (checked before the copy). A write that leaves its
+writes outside a range its grant covers (checked before the copy). What the node must know
+before the copy is that the range is no longer its previous object's: a reader that unpinned
+that object still holds a read grant for it, and the node would serve it the new bytes until
+the master's freed notice arrives. So every written allocation is CLAIMed first (OP_CLAIM,
+one pipelined round trip per node per batch, `WritePlan`): the node drops the range's older
+entries, as a tcp write's first frame makes it do. A write that leaves its
 checksum to the transport (`want_checksum`) is hashed as it is copied (the range, 256 KiB at a
 time right after the copy) and its COMMIT carries that digest (`hashes_writes`).
 
@@ -57,9 +62,9 @@ threads; it returns only when every copy it started has ended, so no byte lands 
 destination after `read` returned. Scatter-gather ops (`TransferOp.parts`) copy part by part
 into or out of consecutive ranges of the segment: no staging copy.
 
-`write` is `prepare_write` (checks, copies, the COMMIT calls to send) + the commits +
-`finish_write`; the asyncio face (`shm_async`) runs the same two halves around commits sent on
-its event loop.
+`write` is `plan_write` (checks, the CLAIM and COMMIT calls) + the claims + `copy_write`
+(copies) + the commits + `finish_write`; the asyncio face (`shm_async`) runs the same parts
+around claims and commits sent on its event loop.
 
 It never lets a copy run outside the mapping or outside the op's grant (both checked first),
 and never imports storage-node code (the host id function is duplicated and pinned by a test).
@@ -76,7 +81,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
@@ -89,8 +94,9 @@ from cellar.transfer.base import (
     op_nbytes,
     op_views,
 )
-from cellar.transfer.control import ControlCall, ControlChannel
+from cellar.transfer.control import ControlCall, ControlChannel, ControlReply
 from cellar.transfer.frame import (
+    OP_CLAIM,
     OP_COMMIT,
     ST_BAD_FRAME,
     ST_INTERNAL,
@@ -255,7 +261,8 @@ class ShmTransport(Transport):
         self._unreachable: dict[str, float] = {}  # path -> monotonic time to retry opening
         self._closed = False
         self.stats: dict[str, int] = {"maps": 0, "remaps": 0, "reads": 0, "writes": 0,
-                                      "bytes_read": 0, "bytes_written": 0, "commits_refused": 0}
+                                      "bytes_read": 0, "bytes_written": 0, "commits_refused": 0,
+                                      "claims_refused": 0}
 
     # -- Transport -------------------------------------------------------------------------
 
@@ -305,17 +312,45 @@ class ShmTransport(Transport):
 
     def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
-        results, commits = self.prepare_write(ops, deadline)
+        plan = self.plan_write(ops)
+        claims, claimed = group_commits(plan.claims())
+        if claims:
+            replies = self._control.call(claims, max(0.0, deadline - time.monotonic()))
+            self.on_claims(ops, plan, claimed, _triples(replies))
+        results, commits = self.copy_write(ops, plan, deadline)
         calls, which = group_commits(commits)
         replies = self._control.call(calls, max(0.0, deadline - time.monotonic()))
-        return self.finish_write(ops, results, which,
-                                 {a: [(r.status, r.message, r.payload) for r in rs]
-                                  for a, rs in replies.items()})
+        return self.finish_write(ops, results, which, _triples(replies))
 
-    def prepare_write(self, ops: Sequence[TransferOp], deadline: float
-                      ) -> tuple[list[TransferResult], list[Commit]]:
-        """Check and copy every op; the COMMITs to send for the ops fully copied in time."""
+    def plan_write(self, ops: Sequence[TransferOp]) -> WritePlan:
+        """Check every op and plan its copy and COMMIT; `WritePlan.claims` are the CLAIMs to
+        send (and have answered, `on_claims`) before `copy_write`."""
         results, jobs, commits = self._plan(ops, writing=True)
+        return WritePlan(results, jobs, commits)
+
+    def on_claims(self, ops: Sequence[TransferOp], plan: WritePlan, which: dict[str, list[int]],
+                  replies: dict[str, list[tuple[int, str, bytes]]]) -> None:
+        """Apply the nodes' answers to the CLAIMs of `which` (as `finish_write` does for
+        COMMITs): a refused claim fails its op, nothing is copied for it."""
+        refused = plan.on_claims(which, replies)
+        with self._lock:
+            self.stats["claims_refused"] += refused
+        self._forget_replaced(ops, [i for indexes in which.values() for i in indexes
+                                    if plan.results[i].status == ST_UNKNOWN_SEGMENT])
+
+    def _forget_replaced(self, ops: Sequence[TransferOp], indexes: Sequence[int]) -> None:
+        """The node's file changed under these ops (ST_UNKNOWN_SEGMENT): drop their mappings."""
+        for i in indexes:
+            path = ops[i].route.endpoints.get(self.name, "")
+            with self._lock:
+                self._maps.pop(path, None)
+
+    def copy_write(self, ops: Sequence[TransferOp], plan: WritePlan, deadline: float
+                   ) -> tuple[list[TransferResult], list[Commit]]:
+        """Copy every op whose claim the node answered OK; the COMMITs to send for the ops
+        fully copied in time."""
+        results, commits = plan.results, plan.commits
+        jobs = [(i, job) for i, job in plan.jobs if results[i].ok]
         self._copy(results, jobs, deadline)
         done = [c for c in commits if results[c[0]].ok]
         for i, _, call in done:
@@ -340,9 +375,7 @@ class ShmTransport(Transport):
                     results[i] = TransferResult(status, message)
                     refused += 1
                     if status == ST_UNKNOWN_SEGMENT:  # the node's file changed under us
-                        path = ops[i].route.endpoints.get(self.name, "")
-                        with self._lock:
-                            self._maps.pop(path, None)
+                        self._forget_replaced(ops, [i])
         with self._lock:
             self.stats["commits_refused"] += refused
         self._count("writes", "bytes_written", results,
@@ -475,6 +508,42 @@ class ShmTransport(Transport):
             self._unreachable.pop(path, None)
             self.stats["maps"] += 1
         return new
+
+
+def _triples(replies: dict[str, list[ControlReply]]) -> dict[str, list[tuple[int, str, bytes]]]:
+    return {a: [(r.status, r.message, r.payload) for r in rs] for a, rs in replies.items()}
+
+
+@dataclass(slots=True)
+class WritePlan:
+    """A batch of shm writes as planned: per op its result so far, its copy job and its
+    COMMIT. Before any byte is copied, each written allocation is CLAIMed at its node
+    (frame.OP_CLAIM): the node drops the older entries of the range, so a read under a grant
+    of the range's previous allocation (freed by the master, its notice not at the node yet)
+    is refused rather than served from the bytes being copied there (docs/security.md). One
+    round trip per node per batch, all the batch's claims pipelined."""
+
+    results: list[TransferResult]
+    jobs: list[tuple[int, CopyJob]]
+    commits: list[Commit]
+
+    def claims(self) -> list[Commit]:
+        """A CLAIM per op that will be copied: its COMMIT's frame under the claim op."""
+        return [(i, address, ControlCall(OP_CLAIM, call.grant, call.segment_id, call.offset,
+                                         call.length, call.meta))
+                for i, address, call in self.commits if self.results[i].ok]
+
+    def on_claims(self, which: dict[str, list[int]],
+                  replies: dict[str, list[tuple[int, str, bytes]]]) -> int:
+        """A refused claim fails its op (nothing is copied for it, no COMMIT is sent); how
+        many were refused."""
+        refused = 0
+        for address, indexes in which.items():
+            for i, (status, message, _) in zip(indexes, replies[address], strict=True):
+                if status != ST_OK:
+                    self.results[i] = TransferResult(status, f"claim: {message}")
+                    refused += 1
+        return refused
 
 
 def group_commits(commits: Sequence[Commit]

@@ -63,7 +63,12 @@ class AsyncShmTransport(AsyncTransport):
 
     async def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
-        results, commits = self._shm.prepare_write(ops, deadline)
+        plan = self._shm.plan_write(ops)
+        claims, claimed = group_commits(plan.claims())
+        if claims:  # answered before any byte is copied (ShmTransport.write says why)
+            self._shm.on_claims(ops, plan, claimed, await self._control.commit(
+                claims, max(0.0, deadline - time.monotonic())))
+        results, commits = self._shm.copy_write(ops, plan, deadline)
         calls, which = group_commits(commits)
         replies: dict[str, list[tuple[int, str, bytes]]] = {}
         if calls:

@@ -91,10 +91,10 @@ from cellar.transfer.base import FileRange, SegmentAccess
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
     MAX_META_BYTES,
-    OP_COMMIT,
     OP_RDMA_CONNECT,
     OP_READ,
     OP_WRITE,
+    OPS_COMMIT_LIKE,
     REQUEST,
     REQUEST_ID_OFFSET,
     REQUEST_MAGIC,
@@ -426,7 +426,7 @@ class _Connection:
             self.write(req, meta)
         elif req.op == OP_READ:
             self.read(req)
-        elif req.op == OP_COMMIT or req.op == OP_RDMA_CONNECT:  # shm / rdma control frames
+        elif req.op in OPS_COMMIT_LIKE or req.op == OP_RDMA_CONNECT:  # shm / rdma control
             self.control(req, bytes(meta))
         else:
             self.outbox.add(pack_response(ST_OK, req.request_id))
@@ -493,11 +493,12 @@ class _Connection:
         return failed
 
     def control(self, req: RequestHeader, meta: bytes) -> None:
-        """COMMIT (shm/rdma: the payload already landed; check and record it) and RDMA_CONNECT
-        (queue-pair exchange; the reply's payload is the node's QP description)."""
+        """COMMIT (shm/rdma: the payload already landed; check and record it), CLAIM (the
+        same, before the copy: the range's older entries go) and RDMA_CONNECT (queue-pair
+        exchange; the reply's payload is the node's QP description)."""
         reply = b""
         try:
-            if req.op == OP_COMMIT:
+            if req.op in OPS_COMMIT_LIKE:
                 commit = getattr(self.access, "commit", None)
                 if commit is None:
                     raise FrameError(ST_UNSUPPORTED, "this server takes no commits")
@@ -511,7 +512,7 @@ class _Connection:
         except Exception as e:
             self.refuse(req, e)
             return
-        if self.auth_deadline is not None and req.op == OP_COMMIT:
+        if self.auth_deadline is not None and req.op in OPS_COMMIT_LIKE:
             self.proved()
         self.outbox.add(pack_response(ST_OK, req.request_id, len(reply)) + reply)
 

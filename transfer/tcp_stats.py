@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from cellar.transfer.frame import (
+    OP_CLAIM,
     OP_COMMIT,
     OP_PING,
     OP_RDMA_CONNECT,
@@ -23,7 +24,7 @@ from cellar.transfer.frame import (
 from cellar.transfer.tcp_admission import CONNECTION_REFUSAL_REASONS
 
 OP_NAMES = {OP_READ: "read", OP_WRITE: "write", OP_PING: "ping", OP_COMMIT: "commit",
-            OP_RDMA_CONNECT: "rdma_connect"}
+            OP_RDMA_CONNECT: "rdma_connect", OP_CLAIM: "claim"}
 
 
 class ConnectionCounters:

@@ -34,7 +34,7 @@ with atheris.instrument_imports():
     from cellar.proto import cellar_pb2 as pb  # noqa: E402
     from cellar.transfer.frame import (  # noqa: E402
         MAX_META_BYTES,
-        OP_COMMIT,
+        OPS_COMMIT_LIKE,
         REQUEST,
         FrameError,
         decode_commit_meta,
@@ -53,7 +53,7 @@ def frame(data: bytes) -> None:
         try:
             req = decode_request(head, max_payload_bytes=MAX_PAYLOAD)
             assert req.meta_len <= MAX_META_BYTES
-            assert req.length <= MAX_PAYLOAD or req.op == OP_COMMIT
+            assert req.length <= MAX_PAYLOAD or req.op in OPS_COMMIT_LIKE
         except FrameError:
             pass
     for decode in (decode_write_meta, decode_commit_meta):

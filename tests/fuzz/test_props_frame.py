@@ -16,8 +16,8 @@ from cellar.proto.grant import GRANT_MAC_BYTES, Grant
 from cellar.transfer.frame import (
     MAX_MESSAGE_BYTES,
     MAX_META_BYTES,
-    OP_COMMIT,
     OPS,
+    OPS_COMMIT_LIKE,
     OPS_WITHOUT_GRANT,
     REQUEST,
     REQUEST_MAGIC,
@@ -60,7 +60,7 @@ def test_any_header_decodes_within_limits_or_is_a_frame_error(raw: bytes) -> Non
         return
     assert req.op in OPS
     assert req.meta_len <= MAX_META_BYTES
-    assert req.length <= MAX_PAYLOAD or req.op == OP_COMMIT
+    assert req.length <= MAX_PAYLOAD or req.op in OPS_COMMIT_LIKE
     assert (req.grant is None) == (req.op in OPS_WITHOUT_GRANT)
 
 
@@ -71,7 +71,7 @@ def test_in_range_headers_round_trip(op: int, request_id: int, segment_id: int, 
                                      tag: int, meta_len: int, mac: bytes) -> None:
     length %= MAX_PAYLOAD + 1
     grant = None if op in OPS_WITHOUT_GRANT else Grant(
-        2 if op == OP_COMMIT else op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag,
+        2 if op in OPS_COMMIT_LIKE else op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag,
         mac)
     header = RequestHeader(op, request_id, segment_id, offset, length, meta_len, 0, grant)
     assert decode_request(header.pack(), max_payload_bytes=MAX_PAYLOAD) == header

@@ -356,7 +356,7 @@ def test_ping_and_stats(server: TcpDataServer, route: SegmentRoute,
     transport.write([wop(route, 0, b"x" * 1000)], 5)
     transport.read([rop(route, 0, bytearray(1000)), rop(route, 0, bytearray(10), ttl_ms=-5)], 5)
     s = server.stats.snapshot()
-    assert s["requests"] == {"read": 2, "write": 1, "ping": 20, "commit": 0,
+    assert s["requests"] == {"read": 2, "write": 1, "ping": 20, "commit": 0, "claim": 0,
                              "rdma_connect": 0, "invalid": 0}
     assert s["bytes_in"] == 1000 and s["bytes_out"] == 1000
     assert s["errors"] == {"grant expired": 1}

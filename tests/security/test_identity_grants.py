@@ -130,3 +130,80 @@ def test_pins_are_unguessable_and_only_their_tenant_unpins(cluster: SecurityClus
     assert stub.Unpin(pb.UnpinRequest(header=bob, pin_ids=pins)).released == 0
     assert stub.GetReplicas(pb.GetReplicasRequest(header=bob, keys=["x"], unpin_ids=pins)).results
     assert stub.Unpin(pb.UnpinRequest(header=alice, pin_ids=pins)).released == len(pins)
+
+
+SHM_TRIES = 10
+
+
+def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
+        one_node: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the test above, with Bob writing over shm: his bytes land in the mapping before the
+    node hears his COMMIT, and the node's index still lists Alice's freed allocation until its
+    heartbeat brings the notice. Alice's old grant reads the range right after Bob's copy.
+    Without the CLAIM Bob's transport sends before copying (transfer/shm.py `WritePlan`), 10
+    of 10 tries read Bob's bytes."""
+    import xxhash
+
+    from cellar.proto.grant import GRANT_OP_WRITE
+    from cellar.transfer.frame import WriteMeta
+    from cellar.transfer.shm import ShmTransport
+
+    monkeypatch.setenv("CELLAR_PUT_AHEAD", "0")
+    alice_token = one_node.token_for("alice")
+    bob_token = one_node.token_for("bob", shm=True)
+    alice_h = pb.RequestHeader(tenant="alice", client_id="alice", token=alice_token)
+    bob_h = pb.RequestHeader(tenant="bob", client_id="bob", token=bob_token)
+    transport = TcpTransport(connections_per_node=1)
+    reused = leaked = served = 0
+    late_reads: list[tuple[TransferOp, bytes]] = []  # Alice's read to make once Bob copied
+
+    class CopyThenRead(ShmTransport):
+        def copy_write(self, ops, plan, deadline):  # type: ignore[no-untyped-def]
+            out = super().copy_write(ops, plan, deadline)  # Bob's bytes are in the range now
+            nonlocal leaked, served
+            for op, theirs in late_reads:
+                (late,) = transport.read([op], 10)
+                served += late.ok
+                leaked += bytes(op.buffer) == theirs
+            return out
+
+    bob_shm = CopyThenRead()
+    with grpc.insecure_channel(one_node.address) as channel, \
+            cellar.connect(one_node.address, tenant="alice", token=alice_token) as alice:
+        stub = pb_grpc.MasterStub(channel)
+        try:
+            for i in range(SHM_TRIES):
+                mine, theirs = os.urandom(VALUE_BYTES), os.urandom(VALUE_BYTES)
+                alice.put(f"shm-stale/{i}", mine)
+                got = stub.GetReplicas(pb.GetReplicasRequest(header=alice_h,
+                                                             keys=[f"shm-stale/{i}"]))
+                old = got.results[0].replicas[0]
+                route = _route(got.segments, old.segment_id)
+                grant = grant_from_replica(old, GRANT_OP_READ)
+                stub.Unpin(pb.UnpinRequest(header=alice_h, pin_ids=[got.results[0].pin_id]))
+                alice.remove(f"shm-stale/{i}")
+                started = stub.PutStart(pb.PutStartRequest(header=bob_h, items=[
+                    pb.PutItem(key=f"shm-next/{i}", size_bytes=VALUE_BYTES)]))
+                new = started.results[0].replicas[0]
+                seg = next(s for s in started.segments if s.segment_id == new.segment_id)
+                bob_route = SegmentRoute(seg.segment_id, seg.node_id, seg.host_id,
+                                         {e.transport: e.address for e in seg.endpoints})
+                assert bob_shm.can_reach(bob_route), "Bob writes over shm"
+                late_reads[:] = []
+                if (new.segment_id, new.offset) == (old.segment_id, old.offset):
+                    reused += 1
+                    late_reads.append((TransferOp(route, grant, old.offset,
+                                                  memoryview(bytearray(VALUE_BYTES))), theirs))
+                meta = WriteMeta(xxhash.xxh3_64_intdigest(theirs), VALUE_BYTES, "bob",
+                                 f"shm-next/{i}")
+                (wrote,) = bob_shm.write([TransferOp(
+                    bob_route, grant_from_replica(new, GRANT_OP_WRITE), new.offset,
+                    memoryview(theirs), meta)], 10)
+                assert wrote.ok, wrote  # Bob's own put is unharmed
+                stub.PutRevoke(pb.PutRevokeRequest(header=bob_h, items=[
+                    pb.PutRef(key=f"shm-next/{i}", put_id=started.results[0].put_id)]))
+        finally:
+            transport.close()
+            bob_shm.close()
+    assert reused >= SHM_TRIES // 2, "the ranges were not reused: the test proves nothing"
+    assert (leaked, served) == (0, 0)

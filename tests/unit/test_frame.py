@@ -86,7 +86,7 @@ def test_length_at_the_limit_is_accepted() -> None:
     (_raw(version=VERSION + 1), ST_UNSUPPORTED),
     (_raw(version=0), ST_UNSUPPORTED),
     (_raw(op=0), ST_BAD_FRAME),
-    (_raw(op=6), ST_BAD_FRAME),  # 4, 5: COMMIT, RDMA_CONNECT
+    (_raw(op=7), ST_BAD_FRAME),  # 4, 5, 6: COMMIT, RDMA_CONNECT, CLAIM
     (_raw(op=255), ST_BAD_FRAME),
     (_raw(meta_len=MAX_META_BYTES + 1), ST_TOO_LARGE),
     (_raw(meta_len=2**32 - 1), ST_TOO_LARGE),

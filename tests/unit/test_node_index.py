@@ -12,6 +12,7 @@ from cellar.storage_node.index import (
     TOMBSTONE_GRACE_MS,
     AllocState,
     ObjectIndex,
+    ReadRefused,
     WriteRefused,
     _merge,
 )
@@ -200,3 +201,48 @@ def test_concurrent_chunks_seal_once() -> None:
     assert len(seals) == 1
     entry = index.get(1)
     assert entry is not None and entry.state is AllocState.SEALED
+
+
+def _claim(index: ObjectIndex, alloc: int, offset: int = 0, size: int = 100,
+           expiry: int = 10_000) -> None:
+    index.claim(alloc_id=alloc, segment_id=SEG, object_offset=offset, object_size=size,
+                grant_expiry_ms=expiry)
+
+
+def test_a_claim_drops_the_older_entries_its_range_overlaps_and_records_nothing() -> None:
+    """A shm/rdma writer's CLAIM (before its copy): the older sealed entries in its range go
+    (a read under their grants is refused from then on), nothing else changes, and the COMMIT
+    that follows admits the object as usual."""
+    index = ObjectIndex()
+    admit(index, 1, offset=0, size=100)
+    index.record_written(1, 0, 100)
+    admit(index, 2, offset=100, size=100)
+    index.record_written(2, 0, 100)
+    assert index.admit_read(alloc_id=1, segment_id=SEG, object_offset=0, length=100,
+                            grant_expiry_ms=10_000) == ("t", "k")
+    _claim(index, 5, offset=50, size=100)  # overlaps both
+    assert index.get(1) is None and index.get(2) is None and index.get(5) is None
+    for alloc, offset in ((1, 0), (2, 100)):
+        with pytest.raises(ReadRefused):
+            index.admit_read(alloc_id=alloc, segment_id=SEG, object_offset=offset, length=100,
+                             grant_expiry_ms=10_000)
+    admit(index, 5, offset=50, size=100, checksum=9)  # the COMMIT: any checksum, once
+    assert index.record_written(5, 0, 100) is not None
+    _claim(index, 5, offset=50, size=100)  # a retried write's claim: the COMMIT decides
+    assert index.get(5) is not None and index.get(5).state is AllocState.SEALED
+
+
+def test_a_claim_under_a_dead_grant_is_refused_and_drops_nothing() -> None:
+    index = ObjectIndex()
+    admit(index, 7, offset=0, size=100)
+    index.record_written(7, 0, 100)
+    with pytest.raises(WriteRefused) as exc:
+        _claim(index, 3, offset=0, size=100)  # older than the allocation living there
+    assert exc.value.reason == WriteRefused.FREED
+    assert index.get(7) is not None
+    index.apply_freed([freed(7)], now_ms=0)
+    with pytest.raises(WriteRefused) as exc:
+        _claim(index, 7, offset=0, size=100)  # a freed allocation
+    assert exc.value.reason == WriteRefused.FREED
+    _claim(index, 8, offset=0, size=100)  # in a free range: nothing to drop, nothing kept
+    assert index.get(8) is None

@@ -308,8 +308,10 @@ def test_batch_in_order_with_per_op_failures(node: Node, rdma: RdmaTransport) ->
     results = rdma.write(ops, 5.0)
     assert [r.status for r in results[:3]] == [0, ST_OUT_OF_RANGE, ST_BAD_GRANT]
     assert results[3].ok
-    assert rdma.stats["chunks"] - posted_before == 3  # nothing posted for the out-of-range op
-    assert rdma.stats["commits_refused"] == 1
+    # nothing posted for the out-of-range op, nor for the forged one: the node refused its
+    # CLAIM before any byte went (shm.WritePlan)
+    assert rdma.stats["chunks"] - posted_before == 2
+    assert (rdma.stats["claims_refused"], rdma.stats["commits_refused"]) == (1, 0)
     assert node.access.index.get(ops[2].grant.alloc_id) is None
     again = rdma.write([TransferOp(ops[0].route, ops[0].grant, 0, memoryview(blobs[0]),
                                    ops[0].meta)], 5.0)

@@ -164,7 +164,9 @@ def test_forged_expired_and_sealed_commits_are_refused(node: Node, shm: ShmTrans
                          g=grant(node, GRANT_OP_WRITE_COMMIT, 16384, 1000, key="k"))
     results = shm.write([forged, expired, wrong_key], 5.0)
     assert [r.status for r in results] == [ST_BAD_GRANT, ST_EXPIRED, ST_BAD_GRANT]
-    assert shm.stats["commits_refused"] == 3
+    # refused at their CLAIM, before a byte was copied (WritePlan): no COMMIT was sent
+    assert (shm.stats["claims_refused"], shm.stats["commits_refused"]) == (3, 0)
+    assert bytes(node.segment.view(0, 1000)) != data
     for op in (forged, expired, wrong_key):
         assert node.access.index.get(op.grant.alloc_id) is None  # the index never saw them
     ok = write_op(node, 32768, data)
