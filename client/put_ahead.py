@@ -73,7 +73,8 @@ class Ahead:
     epoch that granted it, and until when (monotonic s) to use it."""
 
     put_id: int
-    targets: tuple[tuple[SegmentRoute, Grant], ...]
+    # (route, write grant, claim: the master flagged the replica, transfer/base.py TransferOp)
+    targets: tuple[tuple[SegmentRoute, Grant, bool], ...]
     epoch: int
     good_until: float
 
@@ -110,7 +111,7 @@ class PutAheadPool:
             while queue and len(out) < count:
                 ahead = queue.popleft()
                 if ahead.good_until <= now or (unhealthy and any(
-                        route.node_id in unhealthy for route, _grant in ahead.targets)):
+                        route.node_id in unhealthy for route, _grant, _claim in ahead.targets)):
                     self.dropped += 1
                     continue
                 out.append(ahead)
@@ -164,10 +165,10 @@ class PutAheadPool:
                 checked = replica_grant(rep, routes, shape[0], GRANT_OP_WRITE)
                 if isinstance(checked, str):
                     break
-                targets.append(checked)
+                targets.append((*checked, rep.claim))
             else:
                 if targets:
-                    expiry_ms = min(grant.expiry_ms for _route, grant in targets)
+                    expiry_ms = min(grant.expiry_ms for _route, grant, _claim in targets)
                     fresh.append(Ahead(int(result.put_id), tuple(targets), epoch,
                                        base_s + expiry_ms / 1000))
         with self._lock:

@@ -324,7 +324,7 @@ class PutBatch:
                 if isinstance(checked, str):
                     self._bad_placement[i] = checked
                     break
-                targets.append(checked)
+                targets.append((*checked, rep.claim))
             else:
                 planned = self._plan(e, targets, fused)
                 ops.extend(planned)
@@ -333,19 +333,19 @@ class PutBatch:
             self.all_fused = all_fused
         return ops
 
-    def _plan(self, e: PutEntry, targets: Sequence[tuple[SegmentRoute, Grant]],
+    def _plan(self, e: PutEntry, targets: Sequence[tuple[SegmentRoute, Grant, bool]],
               fused: bool | None = None) -> list[TransferOp]:
         """One write per replica of `e` (`fused`: every target's transport hashes as it
         copies; None: ask). A value not hashed yet and not hashed by the copy is hashed here."""
         if fused is None:
             hashes = self._hashes_writes
-            fused = hashes is not None and all(hashes(route) for route, _grant in targets)
+            fused = hashes is not None and all(hashes(route) for route, _grant, _claim in targets)
         deferred = e.checksum is None and fused
         if e.checksum is None and not fused:  # not hashed while PutStart was in flight
             e.checksum = hash_views(e.parts) if e.parts else checksum(e.value)
         meta = WriteMeta(0 if e.checksum is None else e.checksum, e.nbytes, self._tenant, e.key)
-        return [TransferOp(route, grant, grant.offset, e.value, meta, deferred, e.parts)
-                for route, grant in targets]
+        return [TransferOp(route, grant, grant.offset, e.value, meta, deferred, e.parts, claim)
+                for route, grant, claim in targets]
 
     def can_retry(self) -> bool:
         """Whether a key of the current round could still be retried after a failed write."""

@@ -211,6 +211,15 @@ class NodeRpcs:
                 if segment is not None:
                     self.replicas_lost += self.objects.lose_replicas(segment, alloc_ids, now)
         freed = self.membership.take_freed(node, freed_ack_seq, self.config.max_freed_per_heartbeat)
+        if freed_ack_seq > node.freed_acked:
+            # the node applied every notice up to its ack (storage_node/master_link.py): the
+            # ranges it freed need no claim before a shm/rdma write any more
+            node.freed_acked = freed_ack_seq
+        for segment in node.segments.values():
+            if segment.read_frees is not None:
+                segment.read_frees.prune(node.freed_acked, now)
+                if not segment.read_frees:
+                    segment.read_frees = None
         moves: list[Any] = []
         if self.tiers is not None:
             check_batch(len(moved), self.config.max_batch_keys, "moved ranges")

@@ -11,12 +11,14 @@ alloc id, this master's epoch and the key tag; nothing here allocates, frees or 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cellar.errors import Status
 from cellar.master.grant_issuer import GrantSigner
-from cellar.proto.grant import Grant
+from cellar.proto.grant import GRANT_FLAG_COMMIT, Grant
 
 if TYPE_CHECKING:
     from cellar.master.state.records import Obj, Replica, Segment
@@ -28,11 +30,11 @@ class GrantedReplica:
     """One replica as returned to a client: where it is and the signed grant for it."""
 
     __slots__ = ("node_id", "segment_id", "offset", "length", "op", "alloc_id", "epoch", "expiry_ms",
-                 "key_tag", "mac")
+                 "key_tag", "mac", "claim")
 
     def __init__(
         self, node_id: str, segment_id: int, offset: int, length: int, op: int, alloc_id: int,
-        epoch: int, expiry_ms: int, key_tag: int, mac: bytes,
+        epoch: int, expiry_ms: int, key_tag: int, mac: bytes, claim: bool = False,
     ) -> None:
         self.node_id = node_id
         self.segment_id = segment_id
@@ -44,6 +46,9 @@ class GrantedReplica:
         self.expiry_ms = expiry_ms
         self.key_tag = key_tag
         self.mac = mac
+        # a shm/rdma write must CLAIM the allocation at the node before copying: the range
+        # overlaps one an old read grant may still reach (state/read_frees.py)
+        self.claim = claim
 
     def grant(self) -> Grant:
         """As a `cellar.proto.grant.Grant` (what a storage node verifies)."""
@@ -119,9 +124,11 @@ class ReportOutcome:
 class GrantIssuer:
     """Signs the grants of one master epoch."""
 
-    def __init__(self, secret: bytes, epoch: int) -> None:
+    def __init__(self, secret: bytes, epoch: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._mac = GrantSigner(secret).mac
         self.epoch = epoch
+        self._clock = clock  # the master's monotonic clock (read_frees' times are on it)
 
     def one(
         self, obj: Obj, rep: Replica, op: int, expiry_ms: int, segments: dict[int, Segment]
@@ -140,6 +147,7 @@ class GrantIssuer:
         return GrantedReplica(
             segment.node.node_id, segment_id, offset, size, op, alloc_id, epoch, expiry_ms, tag,
             self._mac(op, segment_id, offset, size, alloc_id, epoch, expiry_ms, tag),
+            _claim(segment, op, offset, size, self._clock),
         )
 
     def all(
@@ -160,5 +168,16 @@ class GrantIssuer:
             out.append(GrantedReplica(
                 segment.node.node_id, segment_id, rep.offset, size, op, rep.alloc_id, epoch,
                 expiry_ms, tag, mac(op, segment_id, rep.offset, size, rep.alloc_id, epoch, expiry_ms, tag),
+                _claim(segment, op, rep.offset, size, self._clock),
             ))
         return out
+
+
+def _claim(segment: Segment, op: int, offset: int, size: int,
+           clock: Callable[[], float]) -> bool:
+    """Whether a write grant with the COMMIT right (a shm/rdma writer copies itself) covers a
+    range the node may still serve to an old read grant (state/read_frees.py)."""
+    frees = segment.read_frees
+    if frees is None or not op & GRANT_FLAG_COMMIT:
+        return False
+    return frees.overlaps(offset, size, segment.node.freed_acked, clock())

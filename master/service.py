@@ -131,7 +131,7 @@ class MasterService:
         self.config = config
         self.clock = clock or SystemClock()
         self.epoch = epoch if epoch is not None else self.clock.wall_ms()
-        self.grants = GrantIssuer(secret, self.epoch)
+        self.grants = GrantIssuer(secret, self.epoch, self.clock.monotonic)
         self.receipts = ReceiptChecker(secret, self.epoch)  # PutEnd believes nodes, not clients
         self.role = "single"
         rng = rng or random.Random()
@@ -154,6 +154,7 @@ class MasterService:
             evictor_factory=lambda drop: Evictor(config.eviction_samples, drop, rng),
             grant_skew_s=config.grant_skew_s,
             clock=self.clock.monotonic,
+            read_grant_ttl_s=config.pin_ttl_s,
         )
         self.evictor = self.objects.evictor
         self.pins = PinTable(
@@ -458,6 +459,7 @@ class MasterService:
                 ))
                 continue
             obj.prev_access, obj.last_access = obj.last_access, now
+            obj.read_at = now  # this grant names its ranges for pin_ttl_s (read_frees.py)
             if tiered:
                 tiers.on_read(obj, now)
             else:

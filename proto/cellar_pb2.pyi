@@ -108,18 +108,20 @@ class Grant(_message.Message):
     def __init__(self, op: _Optional[int] = ..., alloc_id: _Optional[int] = ..., epoch: _Optional[int] = ..., expiry_ms: _Optional[int] = ..., key_tag: _Optional[int] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class Replica(_message.Message):
-    __slots__ = ("node_id", "segment_id", "offset", "length", "grant")
+    __slots__ = ("node_id", "segment_id", "offset", "length", "grant", "claim")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_id: int
     offset: int
     length: int
     grant: Grant
-    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ...) -> None: ...
+    claim: bool
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., claim: _Optional[bool] = ...) -> None: ...
 
 class KeyResult(_message.Message):
     __slots__ = ("status", "message")

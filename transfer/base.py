@@ -63,6 +63,10 @@ class TransferOp:
     # order (sum of their lengths bytes, starting at `offset`), and `buffer` is not used. No
     # transport stages them into one contiguous copy (tcp: one iovec each; shm: one memcpy each).
     parts: tuple[memoryview, ...] = ()
+    # Writes by a transport that copies into the segment itself (shm, rdma): CLAIM the
+    # allocation at the node before copying (the master flagged the replica: its range may
+    # still be served to an old read grant; transfer/frame.py OP_CLAIM). tcp ignores it.
+    claim: bool = False
 
 
 @dataclass(slots=True)

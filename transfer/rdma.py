@@ -447,14 +447,16 @@ class RdmaTransport(Transport):
     def _control_round(self, op_code: int, ops: Sequence[TransferOp],
                        keys: list[SegmentKey | None], results: list[TransferResult],
                        deadline: float) -> int:
-        """A CLAIM (before the writes) or COMMIT (after them) per op still OK, pipelined per
-        node; a refused one fails its op (a COMMIT's receipt goes into its result). Returns
-        how many were refused."""
+        """A CLAIM (before the writes, for the ops the master flagged: `TransferOp.claim`) or
+        COMMIT (after them) per op still OK, pipelined per node; a refused one fails its op (a
+        COMMIT's receipt goes into its result). Returns how many were refused."""
         calls: dict[str, list[ControlCall]] = {}
         which: dict[str, list[int]] = {}
         for i, op in enumerate(ops):
             key = keys[i]
             if not results[i].ok or key is None or op.meta is None:
+                continue
+            if op_code == OP_CLAIM and not op.claim:
                 continue
             tcp = op.route.endpoints["tcp"]
             try:

@@ -20,9 +20,9 @@ committed writes, and a sealed object is never reported rewritten. The client it
 writes outside a range its grant covers (checked before the copy). What the node must know
 before the copy is that the range is no longer its previous object's: a reader that unpinned
 that object still holds a read grant for it, and the node would serve it the new bytes until
-the master's freed notice arrives. So every written allocation is CLAIMed first (OP_CLAIM,
-one pipelined round trip per node per batch, `WritePlan`): the node drops the range's older
-entries, as a tcp write's first frame makes it do. A write that leaves its
+the master's freed notice arrives. So an allocation the master flags (`TransferOp.claim`) is
+CLAIMed first (OP_CLAIM, one pipelined round trip per node per batch, `WritePlan`): the node
+drops the range's older entries, as a tcp write's first frame makes it do. A write that leaves its
 checksum to the transport (`want_checksum`) is hashed as it is copied (the range, 256 KiB at a
 time right after the copy) and its COMMIT carries that digest (`hashes_writes`).
 
@@ -313,7 +313,7 @@ class ShmTransport(Transport):
     def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
         plan = self.plan_write(ops)
-        claims, claimed = group_commits(plan.claims())
+        claims, claimed = group_commits(plan.claims(ops))
         if claims:
             replies = self._control.call(claims, max(0.0, deadline - time.monotonic()))
             self.on_claims(ops, plan, claimed, _triples(replies))
@@ -517,21 +517,23 @@ def _triples(replies: dict[str, list[ControlReply]]) -> dict[str, list[tuple[int
 @dataclass(slots=True)
 class WritePlan:
     """A batch of shm writes as planned: per op its result so far, its copy job and its
-    COMMIT. Before any byte is copied, each written allocation is CLAIMed at its node
-    (frame.OP_CLAIM): the node drops the older entries of the range, so a read under a grant
-    of the range's previous allocation (freed by the master, its notice not at the node yet)
-    is refused rather than served from the bytes being copied there (docs/security.md). One
-    round trip per node per batch, all the batch's claims pipelined."""
+    COMMIT. Before any byte is copied, each allocation the master flagged (`TransferOp.claim`:
+    its range may still be served to an old read grant, master/state/read_frees.py) is
+    CLAIMed at its node (frame.OP_CLAIM): the node drops the older entries of the range, so a
+    read under a grant of the range's previous allocation (freed by the master, its notice not
+    at the node yet) is refused rather than served from the bytes being copied there
+    (docs/security.md). One round trip per node per batch, all its claims pipelined; none when
+    no op is flagged."""
 
     results: list[TransferResult]
     jobs: list[tuple[int, CopyJob]]
     commits: list[Commit]
 
-    def claims(self) -> list[Commit]:
-        """A CLAIM per op that will be copied: its COMMIT's frame under the claim op."""
+    def claims(self, ops: Sequence[TransferOp]) -> list[Commit]:
+        """A CLAIM per flagged op that will be copied: its COMMIT's frame under the claim op."""
         return [(i, address, ControlCall(OP_CLAIM, call.grant, call.segment_id, call.offset,
                                          call.length, call.meta))
-                for i, address, call in self.commits if self.results[i].ok]
+                for i, address, call in self.commits if ops[i].claim and self.results[i].ok]
 
     def on_claims(self, which: dict[str, list[int]],
                   replies: dict[str, list[tuple[int, str, bytes]]]) -> int:

@@ -64,7 +64,7 @@ class AsyncShmTransport(AsyncTransport):
     async def write(self, ops: Sequence[TransferOp], timeout_s: float) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
         plan = self._shm.plan_write(ops)
-        claims, claimed = group_commits(plan.claims())
+        claims, claimed = group_commits(plan.claims(ops))
         if claims:  # answered before any byte is copied (ShmTransport.write says why)
             self._shm.on_claims(ops, plan, claimed, await self._control.commit(
                 claims, max(0.0, deadline - time.monotonic())))

@@ -93,7 +93,10 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
     """Append replicas to a repeated Replica field, building in place (no nested copies)."""
     add = target.add
     for r in replicas:
-        g = add(node_id=r.node_id, segment_id=r.segment_id, offset=r.offset, length=r.length).grant
+        rep = add(node_id=r.node_id, segment_id=r.segment_id, offset=r.offset, length=r.length)
+        if r.claim:
+            rep.claim = True
+        g = rep.grant
         g.op = r.op
         g.alloc_id = r.alloc_id
         g.epoch = r.epoch

@@ -8,7 +8,9 @@ What it owns: every table the master's decisions read and write, one subsystem a
   place a tenant is charged for bytes (`charge`);
 - tenants: isolated namespaces and their quotas; pins: read leases with a TTL;
 - eviction: approximate LRU pools (Redis's lineage); quarantine: freed ranges a late write could
-  still reach; tombstones: removed keys a late report must not revive;
+  still reach; read_frees: freed ranges an old read grant could still reach through the node
+  until it applies the notice (a shm/rdma write over one claims it first); tombstones: removed
+  keys a late report must not revive;
 - placement: which segment takes a replica (power of n choices over free space);
 - expiry, ids: the deadline runs and the ids the tables share;
 - records: the record types they share (Obj, Replica, Tenant, Node, Segment, Pool), which

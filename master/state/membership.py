@@ -276,7 +276,9 @@ class Membership:
 
     # ---------------------------------------------------------------- freed ranges
 
-    def notify_freed(self, segment: Segment, alloc_id: int, offset: int, length: int) -> None:
+    def notify_freed(self, segment: Segment, alloc_id: int, offset: int, length: int) -> int:
+        """Queue the freed-range notice for the segment's node; its seq (the node acknowledges
+        notices by seq in its heartbeats)."""
         node = segment.node
         self._freed_seq += 1
         outbox = node.outbox
@@ -284,6 +286,7 @@ class Membership:
         if len(outbox) > self.max_freed_backlog:
             outbox.popleft()
             node.outbox_dropped += 1
+        return self._freed_seq
 
     @staticmethod
     def take_freed(node: Node, ack_seq: int, limit: int) -> list[tuple[int, int, int, int, int]]:

@@ -37,6 +37,7 @@ from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
 from cellar.master.state.expiry import ExpiryRuns
+from cellar.master.state.read_frees import RecentReadFrees
 from cellar.master.state.records import (
     COMPLETE,
     DROPPED,
@@ -87,10 +88,14 @@ class ObjectTable:
         evictor_factory: Callable[[Callable[[Obj], int]], Evictor],
         grant_skew_s: float,
         clock: Callable[[], float],
+        read_grant_ttl_s: float = 0.0,
     ) -> None:
         self.membership = membership
         self.quarantine = quarantine
         self.grant_skew_s = grant_skew_s
+        # How long a read grant names its range (the master's pin_ttl_s): a sealed range of a
+        # version read within that time is remembered when freed (free_sealed)
+        self.read_grant_ttl_s = read_grant_ttl_s
         self._clock = clock
         self.evictor = evictor_factory(self._drop_now)
         self.puts: dict[int, Obj] = {}
@@ -213,14 +218,29 @@ class ObjectTable:
             if segment.gone:
                 continue
             segment.objects.discard(obj)
-            notify(segment, rep.alloc_id, rep.offset, obj.size)
-            if hold_until > now:
+            if hold_until > now:  # WRITING: a late write may still land
+                notify(segment, rep.alloc_id, rep.offset, obj.size)
                 self.quarantine.hold(segment, rep.offset, obj.reserved, hold_until, obj.tenant)
             else:
-                segment.allocator.free(rep.offset)
+                self.free_sealed(obj, rep, now)
                 freed += obj.reserved
         obj.replicas = ()
         return freed
+
+    def free_sealed(self, obj: Obj, rep: Replica, now: float) -> None:
+        """Give `rep`'s range of a sealed version back (no write can land in it any more) and
+        tell its node. If a read grant for it may still live, the range is remembered until
+        the node acknowledges the notice, so a shm/rdma write over it claims it first
+        (state/read_frees.py says why)."""
+        segment = rep.segment
+        seq = self.membership.notify_freed(segment, rep.alloc_id, rep.offset, obj.size)
+        if obj.read_at and obj.size:
+            until = obj.read_at + self.read_grant_ttl_s + self.grant_skew_s
+            if until > now:
+                if segment.read_frees is None:
+                    segment.read_frees = RecentReadFrees()
+                segment.read_frees.add(rep.offset, obj.size, seq, until)
+        segment.allocator.free(rep.offset)
 
     def on_last_unpin(self, obj: Obj) -> None:
         if obj.state == DROPPED:
@@ -310,8 +330,7 @@ class ObjectTable:
         segment = replica.segment
         segment.objects.discard(obj)
         if not segment.gone:
-            self.membership.notify_freed(segment, replica.alloc_id, replica.offset, obj.size)
-            segment.allocator.free(replica.offset)
+            self.free_sealed(obj, replica, self._clock())
 
     def swap_replica(self, obj: Obj, old: Replica, new: Replica) -> None:
         """A tier move is durable (state/tiers.py): `new` (its range already allocated) takes

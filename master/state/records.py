@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellar.master.state.allocator import SegmentAllocator
+from cellar.master.state.read_frees import RecentReadFrees
 
 # Object version states (objects.py tells the state machine).
 WRITING = 1
@@ -164,7 +165,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "prev_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot",
-        "pool_kind", "engine_hash", "wanted", "request",
+        "pool_kind", "engine_hash", "wanted", "request", "read_at",
     )
 
     def __init__(
@@ -200,13 +201,16 @@ class Obj:
         # WRITING only: (token id, client id, request id) of the PutStart that began it, so a
         # repeat of that call gets this same put back (master/service.py `_same_put`)
         self.request: tuple[str, str, int] | None = None
+        # Monotonic time a read grant for it was last issued (0.0: never): such a grant names
+        # its ranges for pin_ttl_s (state/read_frees.py)
+        self.read_at = 0.0
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""
 
     __slots__ = (
         "segment_id", "node", "size_bytes", "host_id", "info", "allocator", "objects",
-        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info", "tier",
+        "quarantined_bytes", "gone", "rebuilding", "_untrusted_info", "tier", "read_frees",
     )
 
     def __init__(self, segment_id: int, node: Node, size_bytes: int, host_id: str, info: Any) -> None:
@@ -218,6 +222,9 @@ class Segment:
         self.allocator = SegmentAllocator(size_bytes)
         self.objects: set[Obj] = set()
         self.quarantined_bytes = 0
+        # ranges freed while a read grant could name them, their notice not acknowledged yet:
+        # a shm/rdma write over one claims it first (state/read_frees.py); None: none
+        self.read_frees: RecentReadFrees | None = None
         self.gone = False
         self.rebuilding = False  # the node's report has not ended yet: no new placements
         self.tier = TIER_DRAM  # or TIER_DISK: the node's disk tier (state/tiers.py)
@@ -243,7 +250,7 @@ class Segment:
 class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
-        "outbox_dropped", "ramps", "draining",
+        "outbox_dropped", "freed_acked", "ramps", "draining",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -257,6 +264,7 @@ class Node:
         # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
         self.outbox: deque[tuple[int, int, int, int, int]] = deque()
         self.outbox_dropped = 0
+        self.freed_acked = 0  # the newest freed-range notice the node acknowledged
         # An admin drains it (state/repair.py): no new placements, its replicas are copied to
         # other nodes and no longer count towards an object's replica count.
         self.draining = False

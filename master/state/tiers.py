@@ -300,7 +300,7 @@ class Tiers:
         if obj.pins:
             self.retired.append((now + self.settings.retire_hold_s, obj, move.src))
         else:
-            self._free_retired(obj, move.src)
+            self._free_retired(obj, move.src, now)
         if move.to_disk:
             self.demotions += 1
         else:
@@ -318,13 +318,11 @@ class Tiers:
             if obj.pins and now < until:
                 keep.append(entry)
             else:
-                self._free_retired(obj, rep)
+                self._free_retired(obj, rep, now)
         self.retired = keep
 
-    def _free_retired(self, obj: Obj, rep: Replica) -> None:
-        segment = rep.segment
-        self.membership.notify_freed(segment, rep.alloc_id, rep.offset, obj.size)
-        segment.allocator.free(rep.offset)
+    def _free_retired(self, obj: Obj, rep: Replica, now: float) -> None:
+        self.objects.free_sealed(obj, rep, now)
 
     def _abandon(self, move: Move, now: float, *, late_write_possible: bool) -> None:
         """Give the target range back: at once if the node's copy is over (or never was), else

@@ -140,8 +140,10 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
     """As the test above, with Bob writing over shm: his bytes land in the mapping before the
     node hears his COMMIT, and the node's index still lists Alice's freed allocation until its
     heartbeat brings the notice. Alice's old grant reads the range right after Bob's copy.
-    Without the CLAIM Bob's transport sends before copying (transfer/shm.py `WritePlan`), 10
-    of 10 tries read Bob's bytes."""
+    The master flags Bob's replica (`Replica.claim`: the range was read within `pin_ttl_s`
+    and the node has not acknowledged its freed notice), so Bob's transport CLAIMs it before
+    copying (transfer/shm.py `WritePlan`). Without the claim, 10 of 10 tries read Bob's
+    bytes."""
     import xxhash
 
     from cellar.proto.grant import GRANT_OP_WRITE
@@ -154,7 +156,7 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
     alice_h = pb.RequestHeader(tenant="alice", client_id="alice", token=alice_token)
     bob_h = pb.RequestHeader(tenant="bob", client_id="bob", token=bob_token)
     transport = TcpTransport(connections_per_node=1)
-    reused = leaked = served = 0
+    reused = leaked = served = flagged = 0
     late_reads: list[tuple[TransferOp, bytes]] = []  # Alice's read to make once Bob copied
 
     class CopyThenRead(ShmTransport):
@@ -196,9 +198,10 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
                                                   memoryview(bytearray(VALUE_BYTES))), theirs))
                 meta = WriteMeta(xxhash.xxh3_64_intdigest(theirs), VALUE_BYTES, "bob",
                                  f"shm-next/{i}")
+                flagged += new.claim  # the master asks Bob to claim the range first
                 (wrote,) = bob_shm.write([TransferOp(
                     bob_route, grant_from_replica(new, GRANT_OP_WRITE), new.offset,
-                    memoryview(theirs), meta)], 10)
+                    memoryview(theirs), meta, claim=new.claim)], 10)
                 assert wrote.ok, wrote  # Bob's own put is unharmed
                 stub.PutRevoke(pb.PutRevokeRequest(header=bob_h, items=[
                     pb.PutRef(key=f"shm-next/{i}", put_id=started.results[0].put_id)]))
@@ -206,4 +209,5 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
             transport.close()
             bob_shm.close()
     assert reused >= SHM_TRIES // 2, "the ranges were not reused: the test proves nothing"
+    assert flagged >= reused  # every reuse of a range read moments ago is flagged
     assert (leaked, served) == (0, 0)

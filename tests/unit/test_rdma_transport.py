@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -308,10 +309,16 @@ def test_batch_in_order_with_per_op_failures(node: Node, rdma: RdmaTransport) ->
     results = rdma.write(ops, 5.0)
     assert [r.status for r in results[:3]] == [0, ST_OUT_OF_RANGE, ST_BAD_GRANT]
     assert results[3].ok
-    # nothing posted for the out-of-range op, nor for the forged one: the node refused its
-    # CLAIM before any byte went (shm.WritePlan)
-    assert rdma.stats["chunks"] - posted_before == 2
-    assert (rdma.stats["claims_refused"], rdma.stats["commits_refused"]) == (1, 0)
+    assert rdma.stats["chunks"] - posted_before == 3  # nothing posted for the out-of-range op
+    assert rdma.stats["commits_refused"] == 1
+    # flagged for a claim (the master's Replica.claim), the forged op is refused before any
+    # byte is posted: the node refused its CLAIM (shm.WritePlan)
+    claimed = [dataclasses.replace(op, claim=True) for op in ops]
+    posted_before = rdma.stats["chunks"]
+    refused = rdma.write(claimed[1:3], 5.0)
+    assert [r.status for r in refused] == [ST_OUT_OF_RANGE, ST_BAD_GRANT]
+    assert rdma.stats["chunks"] - posted_before == 0
+    assert (rdma.stats["claims_refused"], rdma.stats["commits_refused"]) == (1, 1)
     assert node.access.index.get(ops[2].grant.alloc_id) is None
     again = rdma.write([TransferOp(ops[0].route, ops[0].grant, 0, memoryview(blobs[0]),
                                    ops[0].meta)], 5.0)

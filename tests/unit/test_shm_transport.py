@@ -7,6 +7,7 @@ checks, index) and a real `TcpDataServer` for the COMMIT frames; the client maps
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -164,9 +165,16 @@ def test_forged_expired_and_sealed_commits_are_refused(node: Node, shm: ShmTrans
                          g=grant(node, GRANT_OP_WRITE_COMMIT, 16384, 1000, key="k"))
     results = shm.write([forged, expired, wrong_key], 5.0)
     assert [r.status for r in results] == [ST_BAD_GRANT, ST_EXPIRED, ST_BAD_GRANT]
-    # refused at their CLAIM, before a byte was copied (WritePlan): no COMMIT was sent
-    assert (shm.stats["claims_refused"], shm.stats["commits_refused"]) == (3, 0)
-    assert bytes(node.segment.view(0, 1000)) != data
+    assert shm.stats["commits_refused"] == 3
+    # flagged for a claim (the master's Replica.claim): refused at the CLAIM, before a byte
+    # is copied (WritePlan), and no COMMIT is sent
+    flagged = [dataclasses.replace(op, claim=True) for op in (forged, expired, wrong_key)]
+    for op in flagged:
+        node.segment.view(op.offset, 1000)[:] = bytes(1000)
+    results = shm.write(flagged, 5.0)
+    assert [r.status for r in results] == [ST_BAD_GRANT, ST_EXPIRED, ST_BAD_GRANT]
+    assert (shm.stats["claims_refused"], shm.stats["commits_refused"]) == (3, 3)
+    assert all(bytes(node.segment.view(op.offset, 1000)) == bytes(1000) for op in flagged)
     for op in (forged, expired, wrong_key):
         assert node.access.index.get(op.grant.alloc_id) is None  # the index never saw them
     ok = write_op(node, 32768, data)
