@@ -481,6 +481,7 @@ class TcpTransport(Transport):
                     continue
                 if early:  # they were not payload: the message and what follows it
                     inbox.unread(view[:early])
+                    view[:early] = bytes(early)  # no refusal text left in the caller's buffer
                 msg = bytes(inbox.take(msg_len)).decode("utf-8", "replace")
                 pending.popleft()
                 if fail[op_i] is None:

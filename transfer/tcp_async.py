@@ -328,6 +328,7 @@ class _Channel:
             return True
         if early:  # not payload after all: the error message and whatever follows it
             inbox.unread(views[0][:early])
+            views[0][:early] = bytes(early)  # no refusal text left in the caller's buffer
         self._error = (status, msg_len, flags)
         self._stage = _MESSAGE
         return True

@@ -300,3 +300,29 @@ def test_async_zero_budget_returns_at_once_untouched(route: SegmentRoute,
 def test_transfer_op_with_parts_ignores_buffer() -> None:
     op = TransferOp(route_to("127.0.0.1:9"), None, 0, parts=(memoryview(b"ab"),))  # type: ignore[arg-type]
     assert len(op.buffer) == 0 and op.parts
+
+
+@RUNNERS
+def test_a_refused_read_leaves_no_refusal_text_in_the_callers_buffer(
+        route: SegmentRoute, sync_tcp: TcpTransport, run) -> None:  # type: ignore[no-untyped-def]
+    """A node refuses a read (a forged grant): its reply header and message may arrive in one
+    receive, which lands what follows the header straight in the caller's buffer. The
+    transport hands those bytes back to its inbox and clears them from the buffer, on both
+    faces: the caller's memory holds no refusal text, only what it held or zeros."""
+    forged = {"secret": b"f" * 32}
+    buf = bytearray(b"\xee" * 4096)
+    (res,) = sync_tcp.read([rop(route, 0, buf, **forged)], 10)
+    assert not res.ok and res.message
+    assert set(bytes(buf)) <= {0xEE, 0}, bytes(buf[:64])
+
+    async def main() -> None:
+        t = _async_tcp()
+        try:
+            abuf = bytearray(b"\xee" * 4096)
+            (ares,) = await t.read([rop(route, 0, abuf, **forged)], 10)
+            assert not ares.ok and ares.message
+            assert set(bytes(abuf)) <= {0xEE, 0}, bytes(abuf[:64])
+        finally:
+            await t.aclose()
+
+    run(main())
