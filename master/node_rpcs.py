@@ -217,7 +217,7 @@ class NodeRpcs:
             node.freed_acked = freed_ack_seq
         for segment in node.segments.values():
             if segment.read_frees is not None:
-                segment.read_frees.prune(node.freed_acked, now)
+                segment.read_frees.prune(node.freed_acked, now, node.outbox_dropped_seq)
                 if not segment.read_frees:
                     segment.read_frees = None
         moves: list[Any] = []

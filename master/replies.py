@@ -180,4 +180,5 @@ def _claim(segment: Segment, op: int, offset: int, size: int,
     frees = segment.read_frees
     if frees is None or not op & GRANT_FLAG_COMMIT:
         return False
-    return frees.overlaps(offset, size, segment.node.freed_acked, clock())
+    node = segment.node
+    return frees.overlaps(offset, size, node.freed_acked, clock(), node.outbox_dropped_seq)

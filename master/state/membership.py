@@ -284,7 +284,7 @@ class Membership:
         outbox = node.outbox
         outbox.append((self._freed_seq, segment.segment_id, alloc_id, offset, length))
         if len(outbox) > self.max_freed_backlog:
-            outbox.popleft()
+            node.outbox_dropped_seq = outbox.popleft()[0]
             node.outbox_dropped += 1
         return self._freed_seq
 

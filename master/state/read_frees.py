@@ -15,7 +15,9 @@ Why
 What it keeps
     (offset, end, freed-notice seq, until monotonic s) per range, sorted by offset; a range
     leaves when its node acknowledged the notice (`prune`, from the node's heartbeat) or its
-    grants expired. Bounded by the ranges freed between two heartbeats of the node.
+    grants expired. Bounded by the ranges freed between two heartbeats of the node. A notice
+    the node's outbox dropped unsent (backlog overflow: `Node.outbox_dropped_seq`) is never
+    applied, so an acknowledgement of later ones does not end its range: only time does.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ class RecentReadFrees:
         self._items.insert(k, (offset, offset + length, seq, until))
         self._longest = max(self._longest, length)
 
-    def overlaps(self, offset: int, length: int, acked_seq: int, now: float) -> bool:
-        """Whether [offset, +length) overlaps a range whose notice the node has not
-        acknowledged (seq > `acked_seq`) while its grants may live (until > `now`)."""
+    def overlaps(self, offset: int, length: int, acked_seq: int, now: float,
+                 unsent_through: int = 0) -> bool:
+        """Whether [offset, +length) overlaps a range whose notice the node has not applied
+        (seq > `acked_seq`, or dropped unsent: seq <= `unsent_through`) while its grants may
+        live (until > `now`)."""
         end = offset + length
         items = self._items
         k = bisect.bisect_left(self._starts, end)  # items[:k] start before `end`
@@ -55,13 +59,15 @@ class RecentReadFrees:
             start, stop, seq, until = items[k]
             if start < floor:
                 return False
-            if stop > offset and seq > acked_seq and until > now:
+            if stop > offset and (seq > acked_seq or seq <= unsent_through) and until > now:
                 return True
         return False
 
-    def prune(self, acked_seq: int, now: float) -> None:
-        """Forget the ranges whose notice the node acknowledged or whose grants expired."""
-        keep = [item for item in self._items if item[2] > acked_seq and item[3] > now]
+    def prune(self, acked_seq: int, now: float, unsent_through: int = 0) -> None:
+        """Forget the ranges whose notice the node applied (acknowledged, not dropped unsent)
+        or whose grants expired."""
+        keep = [item for item in self._items
+                if (item[2] > acked_seq or item[2] <= unsent_through) and item[3] > now]
         if len(keep) != len(self._items):
             self._items = keep
             self._starts = [item[0] for item in keep]

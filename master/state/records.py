@@ -250,7 +250,7 @@ class Segment:
 class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
-        "outbox_dropped", "freed_acked", "ramps", "draining",
+        "outbox_dropped", "outbox_dropped_seq", "freed_acked", "ramps", "draining",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -264,6 +264,7 @@ class Node:
         # (seq, segment_id, alloc_id, offset, length), seq strictly increasing
         self.outbox: deque[tuple[int, int, int, int, int]] = deque()
         self.outbox_dropped = 0
+        self.outbox_dropped_seq = 0  # the newest notice dropped unsent (backlog overflow)
         self.freed_acked = 0  # the newest freed-range notice the node acknowledged
         # An admin drains it (state/repair.py): no new placements, its replicas are copied to
         # other nodes and no longer count towards an object's replica count.

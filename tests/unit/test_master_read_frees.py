@@ -85,3 +85,17 @@ def test_recent_read_frees_overlap_and_prune() -> None:
     assert len(frees) == 1 and frees.overlaps(5000, 1, acked_seq=6, now=0.0)
     frees.prune(acked_seq=6, now=20.0)
     assert len(frees) == 0
+
+
+def test_a_notice_dropped_unsent_keeps_its_range_flagged_until_the_grants_expire() -> None:
+    """The outbox overflowed: the node never gets that notice, so acknowledging later ones
+    does not make the range safe; only the grants' expiry does."""
+    frees = RecentReadFrees()
+    frees.add(0, 100, seq=3, until=10.0)
+    frees.add(500, 100, seq=9, until=10.0)
+    frees.prune(acked_seq=20, now=1.0, unsent_through=3)
+    assert len(frees) == 1
+    assert frees.overlaps(0, 10, acked_seq=20, now=1.0, unsent_through=3)
+    assert not frees.overlaps(500, 10, acked_seq=20, now=1.0, unsent_through=3)
+    frees.prune(acked_seq=20, now=10.0, unsent_through=3)
+    assert len(frees) == 0
