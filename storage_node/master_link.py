@@ -90,6 +90,10 @@ UNMOUNT_TIMEOUT_S = 2.0
 MIN_LOOKUP_INTERVAL_S = 0.25  # at most 4 etcd lookups a second per node
 LOOKUP_TIMEOUT_S = 2.0
 FAILOVER_POLL_S = 0.25  # retry period while the leader may be changing (etcd or redirects)
+# After a heartbeat that brought freed ranges, the next comes this soon to acknowledge them
+# (once per interval): until the master hears the ack, a shm/rdma write over such a range must
+# claim it first (master/state/read_frees.py), one more round trip to this node per put batch.
+ACK_SOON_S = 0.05
 FOLLOW_MAX_BACKOFF_S = 0.5  # mount retry bound when the leader may be changing
 FOLLOW_HEARTBEAT_TIMEOUT_S = 1.0  # heartbeat deadline floor when the leader may be changing
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
@@ -180,6 +184,8 @@ class ControlLoop:
         self.mount_count = 0
         self.freed_ack_seq = 0
         self.freed_applied = 0
+        self._ack_soon = False  # the last heartbeat brought freed ranges: acknowledge soon
+        self._acking = False  # the heartbeat in flight is such an acknowledgement
         self.last_error = ""
         self.first_mount = asyncio.Event()
         self.cargo = cargo or HeartbeatCargo(None, None)  # lost replicas, tier moves
@@ -264,6 +270,9 @@ class ControlLoop:
                               FOLLOW_MAX_BACKOFF_S if self._following() else MAX_BACKOFF_S)
                 continue
             interval_s = self.heartbeat_interval_s
+            if self._ack_soon:
+                self._ack_soon = False
+                interval_s = min(interval_s, ACK_SOON_S)
             if not self.connected and self._following():
                 # The leader may be gone: look for its successor sooner than a heartbeat
                 # (the new leader's rebuild waits for this node's report).
@@ -525,6 +534,9 @@ class ControlLoop:
             self.freed_applied += self.index.apply_freed(reply.freed, self.clock.now_ms())
         if reply.freed_seq > self.freed_ack_seq:
             self.freed_ack_seq = reply.freed_seq
+            # an acknowledgement soon, unless this heartbeat was one (at most one per interval)
+            self._ack_soon = not self._acking
+        self._acking = self._ack_soon
         self.cargo.unload(reply)  # after the freed ranges its moves may reuse
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 

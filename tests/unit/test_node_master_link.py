@@ -28,6 +28,8 @@ class FakeMaster(pb_grpc.MasterServicer):
         self.unmounts: list[pb.UnmountSegmentRequest] = []
         self.next_reply: list[pb.HeartbeatReply] = []
         self.known = False
+        self.interval_ms = 20
+        self.heartbeat_at: list[float] = []  # loop time of each heartbeat
 
     def header(self) -> pb.ReplyHeader:
         return pb.ReplyHeader(epoch=self.epoch, master_time_ms=wall_ms() + 5_000)
@@ -35,11 +37,12 @@ class FakeMaster(pb_grpc.MasterServicer):
     async def MountSegment(self, request: Any, context: Any) -> pb.MountSegmentReply:
         self.mounts.append(request)
         self.known = True
-        return pb.MountSegmentReply(header=self.header(), heartbeat_interval_ms=20,
+        return pb.MountSegmentReply(header=self.header(), heartbeat_interval_ms=self.interval_ms,
                                     results=[pb.KeyResult(status=pb.OK) for _ in request.segments])
 
     async def Heartbeat(self, request: Any, context: Any) -> pb.HeartbeatReply:
         self.heartbeats.append(request)
+        self.heartbeat_at.append(asyncio.get_running_loop().time())
         if self.next_reply:
             reply = self.next_reply.pop(0)
             reply.header.CopyFrom(self.header())
@@ -66,9 +69,11 @@ async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def run(body: Callable[[FakeMaster, ControlLoop, grpc.aio.Server, int], Awaitable[None]]) -> None:
+def run(body: Callable[[FakeMaster, ControlLoop, grpc.aio.Server, int], Awaitable[None]],
+        interval_ms: int = 20) -> None:
     async def main() -> None:
         fake = FakeMaster()
+        fake.interval_ms = interval_ms
         server, port = await start_master(fake)
         segments = [Segment.in_memory(11, 1 << 20), Segment.in_memory(12, 1 << 20, index=1)]
         loop = ControlLoop(node_id="n1", host_id="h1", master=f"127.0.0.1:{port}",
@@ -128,6 +133,23 @@ def test_freed_applied_then_acked() -> None:
         assert fake.heartbeats[-1].freed_ack_seq == 41
 
     run(body)
+
+
+def test_freed_ranges_are_acknowledged_soon_not_an_interval_later() -> None:
+    """Heartbeats every 2 s: the heartbeat after one that brought freed ranges comes within
+    ACK_SOON_S, so the master soon stops asking shm writers to claim those ranges
+    (master/state/read_frees.py); the one after that waits the interval again."""
+    async def body(fake: FakeMaster, loop: ControlLoop, *_: Any) -> None:
+        admit(loop.index, 1, 0)
+        fake.next_reply.append(pb.HeartbeatReply(
+            freed=[pb.FreedRange(segment_id=11, alloc_id=1, offset=0, length=10)], freed_seq=7))
+        await until(lambda: any(h.freed_ack_seq == 7 for h in fake.heartbeats), timeout_s=10)
+        acked = next(i for i, h in enumerate(fake.heartbeats) if h.freed_ack_seq == 7)
+        assert fake.heartbeat_at[acked] - fake.heartbeat_at[acked - 1] < 1.0
+        await until(lambda: len(fake.heartbeats) > acked + 1, timeout_s=10)
+        assert fake.heartbeat_at[acked + 1] - fake.heartbeat_at[acked] > 1.0
+
+    run(body, interval_ms=2000)
 
 
 def test_remount_when_master_forgets_and_clears_index() -> None:
