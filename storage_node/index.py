@@ -206,13 +206,7 @@ class ObjectIndex:
         inside [object_offset, object_offset + object_size).
         """
         with self._lock:
-            if grant_expiry_ms - self._write_grant_ttl_ms < self._write_floor_ms:
-                raise WriteRefused(
-                    WriteRefused.FREED,
-                    f"allocation {alloc_id}: the grant was issued before this node's current mount",
-                )
-            if alloc_id in self._tombstones:
-                raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
+            self._refuse_dead_grant(alloc_id, grant_expiry_ms)
             entry = self._entries.get(alloc_id)
             if entry is None:
                 if object_size > 0:
@@ -245,32 +239,24 @@ class ObjectIndex:
         before this mount, a freed allocation, a newer one in the range). Records nothing:
         the COMMIT admits the object with its checksum."""
         with self._lock:
-            if grant_expiry_ms - self._write_grant_ttl_ms < self._write_floor_ms:
-                raise WriteRefused(
-                    WriteRefused.FREED,
-                    f"allocation {alloc_id}: the grant was issued before this node's current mount",
-                )
-            if alloc_id in self._tombstones:
-                raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
+            self._refuse_dead_grant(alloc_id, grant_expiry_ms)
             if alloc_id in self._entries:
                 return  # admitted already (a retry; its COMMIT decides): its overlaps went then
             order = self._order.get(segment_id)
-            if order is None or object_size <= 0:
-                return
-            end = object_offset + object_size
-            overlapping = list(self._overlapping(order, object_offset, end))
-            if not overlapping:
-                return
-            newer = [e.alloc_id for e in overlapping if e.alloc_id > alloc_id]
-            if newer:  # a dead grant: the master freed this range before it granted `newer`
-                raise WriteRefused(
-                    WriteRefused.FREED,
-                    f"allocation {alloc_id} overlaps the newer allocation {newer[0]}: the "
-                    "master freed this range since that grant was issued")
-            for old in overlapping:
-                self._drop(old)
-            if not self._defer_journal:  # else the data server's flush writes the drops
-                self._flush_drops()
+            if order is not None and object_size > 0:
+                self._drop_older_overlaps(order, segment_id, object_offset, object_size,
+                                          alloc_id)
+
+    def _refuse_dead_grant(self, alloc_id: int, grant_expiry_ms: int) -> None:
+        """WriteRefused(FREED) for a write grant issued before this node's current mount, or
+        for an allocation the master freed (tombstoned here). Under the lock."""
+        if grant_expiry_ms - self._write_grant_ttl_ms < self._write_floor_ms:
+            raise WriteRefused(
+                WriteRefused.FREED,
+                f"allocation {alloc_id}: the grant was issued before this node's current mount",
+            )
+        if alloc_id in self._tombstones:
+            raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
 
     def sealed(self, alloc_id: int) -> IndexEntry | None:
         """The SEALED entry of `alloc_id` still held here (its fields no longer change), or None."""
@@ -548,6 +534,14 @@ class ObjectIndex:
         order = self._order.get(segment_id)
         if order is None:
             order = self._order[segment_id] = SortedSpans()
+        self._drop_older_overlaps(order, segment_id, offset, length, alloc_id)
+        order.add((offset, alloc_id))
+
+    def _drop_older_overlaps(self, order: SortedSpans, segment_id: int, offset: int,
+                             length: int, alloc_id: int) -> None:
+        """Drop the entries [offset, +length) overlaps (the master freed them before it granted
+        `alloc_id`), or WriteRefused(FREED) if one is newer than `alloc_id`. Nothing to drop,
+        the common case, costs two neighbour lookups."""
         end = offset + length
         # Overlapped: the entry starting before `offset` reaching into it, or one starting
         # inside [offset, end) (entries never overlap each other, and all have length > 0).
@@ -564,7 +558,6 @@ class ObjectIndex:
             self._drop_overlapping(segment_id, offset, length)
             if not self._defer_journal:  # else the data server's flush writes the drops
                 self._flush_drops()
-        order.add((offset, alloc_id))
 
     def _flush_drops(self) -> None:
         """Write the drop records `_drop` queued (one write for the whole call)."""
