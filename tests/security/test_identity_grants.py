@@ -43,6 +43,14 @@ def _route(segments: Any, segment_id: int) -> SegmentRoute:
                         {e.transport: e.address for e in seg.endpoints if e.transport == "tcp"})
 
 
+def _read_grant(stub: Any, header: Any, key: str) -> tuple[Any, Any, SegmentRoute, Any]:
+    """GetReplicas of `key`: the reply, its first replica, that replica's tcp route and its
+    read grant (the pin is the caller's to give back)."""
+    got = stub.GetReplicas(pb.GetReplicasRequest(header=header, keys=[key]))
+    old = got.results[0].replicas[0]
+    return got, old, _route(got.segments, old.segment_id), grant_from_replica(old, GRANT_OP_READ)
+
+
 def test_stale_read_grant_never_reads_the_next_tenants_object(
         one_node: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     # Bob's next put must take the range Alice's remove just freed: not one held ahead
@@ -60,10 +68,7 @@ def test_stale_read_grant_never_reads_the_next_tenants_object(
             for i in range(TRIES):
                 mine, theirs = os.urandom(VALUE_BYTES), os.urandom(VALUE_BYTES)
                 alice.put(f"stale/{i}", mine)
-                got = stub.GetReplicas(pb.GetReplicasRequest(header=alice_h, keys=[f"stale/{i}"]))
-                old = got.results[0].replicas[0]
-                route = _route(got.segments, old.segment_id)
-                grant = grant_from_replica(old, GRANT_OP_READ)
+                got, old, route, grant = _read_grant(stub, alice_h, f"stale/{i}")
                 buf = bytearray(VALUE_BYTES)
                 (first,) = transport.read([TransferOp(route, grant, old.offset, memoryview(buf))], 10)
                 own_reads += first.ok and bytes(buf) == mine  # the grant works while it is hers
@@ -177,11 +182,7 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
             for i in range(SHM_TRIES):
                 mine, theirs = os.urandom(VALUE_BYTES), os.urandom(VALUE_BYTES)
                 alice.put(f"shm-stale/{i}", mine)
-                got = stub.GetReplicas(pb.GetReplicasRequest(header=alice_h,
-                                                             keys=[f"shm-stale/{i}"]))
-                old = got.results[0].replicas[0]
-                route = _route(got.segments, old.segment_id)
-                grant = grant_from_replica(old, GRANT_OP_READ)
+                got, old, route, grant = _read_grant(stub, alice_h, f"shm-stale/{i}")
                 stub.Unpin(pb.UnpinRequest(header=alice_h, pin_ids=[got.results[0].pin_id]))
                 alice.remove(f"shm-stale/{i}")
                 started = stub.PutStart(pb.PutStartRequest(header=bob_h, items=[
