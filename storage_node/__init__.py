@@ -11,7 +11,8 @@ Modules: `config` (NodeConfig), `segment` (the mapped memory, re-attached after 
 beside the segments), `verifier` (re-checks restored objects' checksums), `clock` (the
 master's clock and epoch as this node sees them), `access` (the `SegmentAccess` the transfer
 server calls), `master_link` (the link to the master: mount, index report, heartbeat loop),
-`heartbeat_cargo` (what rides on a heartbeat: lost replicas, tier moves), `disk_tier` (the disk
+`heartbeat_cargo` (what rides on a heartbeat: lost replicas, tier moves), `freed_acks`
+(the freed-range notices a heartbeat brings, applied and acknowledged), `disk_tier` (the disk
 file and the node-local moves), `metrics` (Prometheus and HTTP), `node` (wiring, start/stop
 order), `main` (`cellar node`).
 

@@ -24,9 +24,8 @@ Which master (issue 6, HA): `master` is either a fixed HOST:PORT or `etcd://H:P[
   dropped on purpose is never handed to its successor.
 
 States: UNMOUNTED -> (MountSegment ok) -> MOUNTED -> (Heartbeat every interval) -> ...
-- A heartbeat reply carries freed ranges: they are applied to the index first and acknowledged
-  (freed_ack_seq) in the next heartbeat, so the master never forgets a notice the node has not
-  applied. Applying is idempotent, so a notice delivered twice does no harm.
+- A heartbeat reply carries freed ranges: applied to the index first, acknowledged in the next
+  heartbeat, which comes soon after (freed_acks.py).
 - `remount=true`, a different master epoch, or a changed incarnation view sends the node back
   to UNMOUNTED; it mounts again at once.
 - What a mount does with the index (the rebuild protocol):
@@ -76,6 +75,7 @@ from cellar.errors import Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
+from cellar.storage_node.freed_acks import FreedAcks
 from cellar.storage_node.heartbeat_cargo import HeartbeatCargo
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.mount_report import report_batches, segment_infos
@@ -90,10 +90,6 @@ UNMOUNT_TIMEOUT_S = 2.0
 MIN_LOOKUP_INTERVAL_S = 0.25  # at most 4 etcd lookups a second per node
 LOOKUP_TIMEOUT_S = 2.0
 FAILOVER_POLL_S = 0.25  # retry period while the leader may be changing (etcd or redirects)
-# After a heartbeat that brought freed ranges, the next comes this soon to acknowledge them
-# (once per interval): until the master hears the ack, a shm/rdma write over such a range must
-# claim it first (master/state/read_frees.py), one more round trip to this node per put batch.
-ACK_SOON_S = 0.05
 FOLLOW_MAX_BACKOFF_S = 0.5  # mount retry bound when the leader may be changing
 FOLLOW_HEARTBEAT_TIMEOUT_S = 1.0  # heartbeat deadline floor when the leader may be changing
 MAX_MESSAGE_BYTES = 16 << 20  # freed-range batches are bounded by the master (~4096 ranges)
@@ -113,7 +109,7 @@ CHANNEL_OPTIONS = [
 STATUS_FIELDS = (
     "master", "master_source", "configured_master", "leader_id", "leader_epoch",
     "master_changes", "connected", "mounted", "mount_count", "incarnation",
-    "heartbeat_interval_s", "freed_ack_seq", "freed_applied", "reported", "report_refused",
+    "heartbeat_interval_s", "reported", "report_refused",
     "lost_reported", "last_error",
 )
 
@@ -182,10 +178,7 @@ class ControlLoop:
         self.mounted = False
         self.connected = False
         self.mount_count = 0
-        self.freed_ack_seq = 0
-        self.freed_applied = 0
-        self._ack_soon = False  # the last heartbeat brought freed ranges: acknowledge soon
-        self._acking = False  # the heartbeat in flight is such an acknowledgement
+        self.freed = FreedAcks()
         self.last_error = ""
         self.first_mount = asyncio.Event()
         self.cargo = cargo or HeartbeatCargo(None, None)  # lost replicas, tier moves
@@ -269,10 +262,7 @@ class ControlLoop:
                 backoff = min(backoff * 2,
                               FOLLOW_MAX_BACKOFF_S if self._following() else MAX_BACKOFF_S)
                 continue
-            interval_s = self.heartbeat_interval_s
-            if self._ack_soon:
-                self._ack_soon = False
-                interval_s = min(interval_s, ACK_SOON_S)
+            interval_s = self.freed.next_interval_s(self.heartbeat_interval_s)
             if not self.connected and self._following():
                 # The leader may be gone: look for its successor sooner than a heartbeat
                 # (the new leader's rebuild waits for this node's report).
@@ -414,7 +404,7 @@ class ControlLoop:
             # The same master expired us: it dropped our replicas already (module docstring).
             self.index.clear(now_ms)
             entries = []
-        self.freed_ack_seq = 0
+        self.freed.reset()
         request = pb.MountSegmentRequest(
             header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
             segments=self.segment_infos(), report_follows=bool(entries),
@@ -500,7 +490,7 @@ class ControlLoop:
     async def _try_heartbeat(self) -> None:
         request = pb.HeartbeatRequest(
             header=self._header(), node_id=self.node_id, incarnation=self.incarnation,
-            freed_ack_seq=self.freed_ack_seq,
+            freed_ack_seq=self.freed.ack_seq,
         )
         load = self.cargo.load(request)
         sent = wall_ms()
@@ -530,13 +520,7 @@ class ControlLoop:
                             "master epoch changed from %d to %d: mounting again",
                             self.clock.epoch, reply.header.epoch)
             return
-        if reply.freed:
-            self.freed_applied += self.index.apply_freed(reply.freed, self.clock.now_ms())
-        if reply.freed_seq > self.freed_ack_seq:
-            self.freed_ack_seq = reply.freed_seq
-            # an acknowledgement soon, unless this heartbeat was one (at most one per interval)
-            self._ack_soon = not self._acking
-        self._acking = self._ack_soon
+        self.freed.take(reply, self.index, self.clock.now_ms())
         self.cargo.unload(reply)  # after the freed ranges its moves may reuse
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 
@@ -583,7 +567,8 @@ class ControlLoop:
 
     def status(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in STATUS_FIELDS}
-        out.update(epoch=self.clock.epoch, clock_offset_ms=self.clock.offset_ms)
+        out.update(epoch=self.clock.epoch, clock_offset_ms=self.clock.offset_ms,
+                   freed_ack_seq=self.freed.ack_seq, freed_applied=self.freed.applied)
         return out
 
 

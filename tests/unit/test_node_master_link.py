@@ -137,7 +137,7 @@ def test_freed_applied_then_acked() -> None:
 
 def test_freed_ranges_are_acknowledged_soon_not_an_interval_later() -> None:
     """Heartbeats every 2 s: the heartbeat after one that brought freed ranges comes within
-    ACK_SOON_S, so the master soon stops asking shm writers to claim those ranges
+    freed_acks.ACK_SOON_S, so the master soon stops asking shm writers to claim those ranges
     (master/state/read_frees.py); the one after that waits the interval again."""
     async def body(fake: FakeMaster, loop: ControlLoop, *_: Any) -> None:
         admit(loop.index, 1, 0)
