@@ -212,7 +212,7 @@ class NodeRpcs:
                     self.replicas_lost += self.objects.lose_replicas(segment, alloc_ids, now)
         freed = self.membership.take_freed(node, freed_ack_seq, self.config.max_freed_per_heartbeat)
         if freed_ack_seq > node.freed_acked:
-            # the node applied every notice up to its ack (storage_node/master_link.py): the
+            # the node applied every notice up to its ack (storage_node/freed_acks.py): the
             # ranges it freed need no claim before a shm/rdma write any more
             node.freed_acked = freed_ack_seq
         for segment in node.segments.values():

@@ -59,7 +59,7 @@ class RecentReadFrees:
             start, stop, seq, until = items[k]
             if start < floor:
                 return False
-            if stop > offset and (seq > acked_seq or seq <= unsent_through) and until > now:
+            if stop > offset and _pending(seq, until, acked_seq, now, unsent_through):
                 return True
         return False
 
@@ -67,8 +67,14 @@ class RecentReadFrees:
         """Forget the ranges whose notice the node applied (acknowledged, not dropped unsent)
         or whose grants expired."""
         keep = [item for item in self._items
-                if (item[2] > acked_seq or item[2] <= unsent_through) and item[3] > now]
+                if _pending(item[2], item[3], acked_seq, now, unsent_through)]
         if len(keep) != len(self._items):
             self._items = keep
             self._starts = [item[0] for item in keep]
             self._longest = max((item[1] - item[0] for item in keep), default=0)
+
+
+def _pending(seq: int, until: float, acked_seq: int, now: float, unsent_through: int) -> bool:
+    """A range whose notice the node has not applied (not acknowledged yet, or dropped unsent)
+    while its grants may still live."""
+    return (seq > acked_seq or seq <= unsent_through) and until > now
