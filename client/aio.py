@@ -51,7 +51,7 @@ from cellar.client.checks import (
     validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, opened
-from cellar.client.early_reads import Locations, early_reads_from_env
+from cellar.client.early_reads import Locations, early_reads_from_env, trusted_reads_from_env
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
@@ -130,7 +130,8 @@ class AsyncClient:
             self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                               self._transports, self._release,
                               tokens_per_key=self._tokens_per_key,
-                              locations=Locations() if early_reads_from_env() else None,
+                              locations=Locations(trust=trusted_reads_from_env())
+                              if early_reads_from_env() else None,
                               aheads=PutAheadPool(held) if (held := put_ahead_from_env())
                               else None)
             reply = await self._master.call("ClusterStatus",

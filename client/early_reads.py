@@ -34,6 +34,15 @@ Keys this client put
     replica carry; the put's PutEnd answered OK, so the allocation was sealed before the
     copy began). A tcp or rdma put remembers nothing: a node reads only under read grants.
 
+Reading without asking (trusted reads)
+    A GetReplicas reply grants `read_trust_ms`: until that long after the request was sent
+    (less TRUST_MARGIN_S, client/gets.py) the key's DRAM replica is read without asking at all
+    (`Location.trusted_until`); the master holds any remove or new version of the key by
+    another process until then (master/state/read_trust.py). Before this process removes or
+    writes keys, `Locations.changing` ends their trust in every client of the process (they
+    share one client id, which the master exempts from waiting) and voids the trust of any
+    reply to a request sent before. `$CELLAR_TRUSTED_READS=0` turns it off.
+
 What it keeps and its limits
     `Locations`: key -> the replica last read (route, grant, size, checksum, tier), until
     MARGIN_S before its grant expires by the master's clock (a deadline-bounded get reads
@@ -49,6 +58,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -58,10 +68,11 @@ from cellar.errors import InvalidArgument
 from cellar.proto.grant import Grant
 from cellar.transfer.base import SegmentRoute
 
-__all__ = ["EARLY_READS_ENV", "MARGIN_S", "MAX_LOCATIONS", "Location", "Locations",
-           "early_reads_from_env"]
+__all__ = ["EARLY_READS_ENV", "MARGIN_S", "MAX_LOCATIONS", "TRUSTED_READS_ENV", "Location",
+           "Locations", "early_reads_from_env", "trusted_reads_from_env"]
 
 EARLY_READS_ENV = "CELLAR_EARLY_READS"
+TRUSTED_READS_ENV = "CELLAR_TRUSTED_READS"
 MAX_LOCATIONS = 4096   # keys remembered per client (about 300 bytes each)
 MARGIN_S = 1.0         # a grant is not used for an early read this close to its expiry
 
@@ -76,21 +87,31 @@ class Location:
     checksum: int
     good_until: float
     disk: bool = False  # a disk-tier replica: not read early by a budgeted get
+    # until when (monotonic s) it may be read without asking the master at all (trusted
+    # reads, client/gets.py `start_trusted`; master/state/read_trust.py): 0 for a disk replica
+    # or one this client put
+    trusted_until: float = 0.0
 
 
 class Locations:
     """Where this client last read each key (bounded; safe from many threads)."""
 
-    def __init__(self, max_keys: int = MAX_LOCATIONS) -> None:
+    def __init__(self, max_keys: int = MAX_LOCATIONS, *, trust: bool = True) -> None:
         if max_keys < 1:
             raise ValueError("max_keys must be >= 1")
         self._max_keys = max_keys
+        self.trust = trust  # False: never read without asking (the master's window unused)
         # oldest first; an OrderedDict drops its oldest in O(1), a dict's first key is found
         # by scanning past deleted slots (3.6 vs 0.4 us per key once full, measured)
         self._by_key: OrderedDict[str, Location] = OrderedDict()
         self._lock = threading.Lock()
         self.kept = 0        # early reads whose bytes the reply confirmed
         self.discarded = 0   # early reads read again (or not at all) after the reply
+        self.trusted = 0     # keys read without asking the master
+        self._changed_at = 0.0  # when this process last began a change (`changing`)
+        with _PROCESS_LOCK:
+            _PROCESS_LOCATIONS.add(self)
+        self.untrusted = 0   # trusted reads that failed (the key was then asked for)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -102,26 +123,62 @@ class Locations:
         return found
 
     def remember(self, read: Iterable[tuple[str, SegmentRoute, Grant, int, int, bool]],
-                 master_time_ms: int, now: float | None = None) -> None:
+                 master_time_ms: int, now: float | None = None,
+                 trusted_until: float = 0.0, asked_at: float = 0.0) -> None:
         """Keep the replicas a batch just read, (key, route, grant, size, checksum, disk) each;
         `master_time_ms` is the master's clock in the reply that granted them (0: unknown,
-        nothing is kept). One lock for the batch."""
+        nothing is kept); `trusted_until` (monotonic s) the end of the reply's read trust (its
+        DRAM replicas may be read without asking until then), void if the request was sent
+        (`asked_at`) before this client began a change (`changing`). One lock for the batch."""
         if not master_time_ms:
             return
         now = time.monotonic() if now is None else now
         base_s = now - master_time_ms / 1000 - MARGIN_S
+        if not self.trust:
+            trusted_until = 0.0
         fresh = [(key, Location(route, grant, size, checksum, base_s + grant.expiry_ms / 1000,
-                                disk))
+                                disk, 0.0 if disk else trusted_until))
                  for key, route, grant, size, checksum, disk in read
                  if grant.expiry_ms - master_time_ms > MARGIN_S * 1000]
         if not fresh:
             return
         with self._lock:
+            if trusted_until and asked_at <= self._changed_at:
+                for _key, location in fresh:
+                    location.trusted_until = 0.0
             by_key = self._by_key
             for key, location in fresh:
                 if by_key.pop(key, None) is None and len(by_key) >= self._max_keys:
                     by_key.popitem(last=False)
                 by_key[key] = location
+
+    def changing(self, keys: Iterable[str] | None) -> None:
+        """This client is about to remove or write `keys` (None: keys it cannot name, a prefix
+        or all of them). The master does not hold such a change for the trust of the client
+        id that made it (master/state/read_trust.py), and every client of this process shares
+        that id (connect_args.client_id): so every client of the process stops trusting where
+        those keys are (every key: None; they are still read early, which the master's reply
+        checks), and trusts no reply to a GetReplicas sent before now (one in flight may name
+        the version being changed)."""
+        names = None if keys is None else list(keys)
+        now = time.monotonic()
+        with _PROCESS_LOCK:
+            every = list(_PROCESS_LOCATIONS)
+        for locations in every:
+            locations._changing_here(names, now)
+
+    def _changing_here(self, keys: list[str] | None, now: float) -> None:
+        with self._lock:
+            self._changed_at = now
+            by_key = self._by_key
+            if keys is None:
+                for location in by_key.values():
+                    location.trusted_until = 0.0
+                return
+            for key in keys:  # kept for early reads: the master's reply still checks those
+                location = by_key.get(key)
+                if location is not None:
+                    location.trusted_until = 0.0
 
     def forget(self, key: str) -> None:
         with self._lock:
@@ -134,13 +191,35 @@ class Locations:
             self.discarded += discarded
         metrics.record_early_reads(kept, discarded)
 
+    def counted_trusted(self, kept: int, failed: int) -> None:
+        """One batch's trusted reads, here and in the client metrics."""
+        with self._lock:
+            self.trusted += kept
+            self.untrusted += failed
+        metrics.record_trusted_reads(kept, failed)
+
+
+# Every Locations of this process: they share one client id (`changing`)
+_PROCESS_LOCATIONS: weakref.WeakSet[Locations] = weakref.WeakSet()
+_PROCESS_LOCK = threading.Lock()
+
 
 def early_reads_from_env() -> bool:
     """Whether gets read early ($CELLAR_EARLY_READS: 1 or unset on, 0 off);
     `cellar.InvalidArgument` for anything else."""
-    text = os.environ.get(EARLY_READS_ENV, "").strip()
+    return _switch(EARLY_READS_ENV)
+
+
+def trusted_reads_from_env() -> bool:
+    """Whether gets read keys without asking within the master's read trust
+    ($CELLAR_TRUSTED_READS: 1 or unset on, 0 off); `cellar.InvalidArgument` for anything else."""
+    return _switch(TRUSTED_READS_ENV)
+
+
+def _switch(name: str) -> bool:
+    text = os.environ.get(name, "").strip()
     if text in ("", "1"):
         return True
     if text == "0":
         return False
-    raise InvalidArgument(f"${EARLY_READS_ENV} must be 0 or 1, got {text!r}")
+    raise InvalidArgument(f"${name} must be 0 or 1, got {text!r}")

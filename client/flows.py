@@ -170,6 +170,8 @@ def transfer(s: Session, kind: str, ops: list[TransferOp], deadline: float,
 
 def run_puts(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: bool,
              upsert: bool, deadline: float, hints: PutHints | None = None) -> Flow[list[PutEntry]]:
+    if s.locations is not None:  # a key's newer version: its old place is not trusted
+        s.locations.changing([e.key for e in entries])
     for span in batch_ranges(len(entries), s.limits.max_batch_keys):
         chunk = entries[span.start:span.stop]
         generation = s.master.generation
@@ -356,7 +358,16 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
                          **({} if allocate is None else {"allocate": allocate}))
         try:
             try:
-                yield from get_replicas(s, batch, until)
+                if trusted := batch.start_trusted():  # read without asking (client/gets.py)
+                    try:
+                        results = yield Move(plan_round(s.transports, "read", trusted, until,
+                                                        can_fall_back=True))
+                    except BaseException:
+                        batch.drop_early()
+                        raise
+                    batch.on_trusted(results)
+                if batch.unsettled():
+                    yield from get_replicas(s, batch, until)
             except Timeout:
                 if budget_at is None or budget_at > deadline:
                     raise  # the call's own timeout, not the budget, ran out
@@ -477,7 +488,14 @@ def prefix_len(s: Session, names: list[str]) -> Flow[int]:
     return total
 
 
+def _changing(s: Session, keys: list[str] | None) -> None:
+    """Before a remove: this client trusts none of its old places (early_reads.py)."""
+    if s.locations is not None:
+        s.locations.changing(keys)
+
+
 def remove(s: Session, key: str) -> Flow[bool]:
+    _changing(s, [key])
     reply = yield Rpc("Remove", pb.KeysRequest(header=s.header, keys=[key]), s.deadline())
     check_result_count("Remove", len(reply.results), 1)
     status = to_status(reply.results[0].status)
@@ -492,6 +510,7 @@ def remove_many(s: Session, keys: list[str]) -> Flow[list[bool]]:
     """Remove several keys, in batches of the master's `max_batch_keys`: True where a key was
     there, False where not; any other per-key status raises."""
     out: list[bool] = []
+    _changing(s, keys)
     for span in batch_ranges(len(keys), s.limits.max_batch_keys):
         names = keys[span.start:span.stop]
         reply = yield Rpc("Remove", pb.KeysRequest(header=s.header, keys=names), s.deadline())
@@ -505,6 +524,7 @@ def remove_many(s: Session, keys: list[str]) -> Flow[list[bool]]:
 
 
 def remove_prefix(s: Session, prefix: str) -> Flow[int]:
+    _changing(s, None)
     reply = yield Rpc("RemovePrefix", pb.RemovePrefixRequest(header=s.header, prefix=prefix),
                       s.deadline())
     return int(reply.removed)
@@ -518,6 +538,7 @@ def remove_all(s: Session, tenant: str | None) -> Flow[int]:
         header = pb.RequestHeader()
         header.CopyFrom(s.header)
         header.tenant = tenant
+    _changing(s, None)
     reply = yield Rpc("RemoveAll", pb.RemoveAllRequest(header=header), s.deadline())
     return int(reply.removed)
 

@@ -1,7 +1,9 @@
 """The get state machine: one batch of keys through GetReplicas -> one replica read per key.
 
 What it owns
-    `GetBatch` (records pins and sizes, orders replicas healthy-first and DRAM before disk,
+    `GetBatch` (first reads the keys whose last DRAM replica is still within the master's read
+    trust without asking at all (`start_trusted`: master/state/read_trust.py, kept only if the
+    bytes hash to the checksum), asks GetReplicas for the rest, records pins and sizes, orders replicas healthy-first and DRAM before disk,
     plans the early reads of keys whose last replica it remembers (`early_reads`: read while
     GetReplicas is in flight, kept only if the reply names that allocation), then one read per
     unsettled key, falls back to the next replica on a transfer error or
@@ -50,6 +52,10 @@ from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, Grant
 from cellar.proto.tiers import TIER_DISK
 from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult, hash_views
+
+# Read trust is cut short by this much (s): the master and this client time it on two clocks
+# whose rates may differ (NTP slews them by up to 0.05%), and a timer may fire a little early
+TRUST_MARGIN_S = 0.01
 
 
 @dataclass(slots=True)
@@ -117,11 +123,50 @@ class GetBatch:
         self._locations = locations  # where keys were last read (None: no early reads)
         self._early: list[tuple[int, Location]] = []  # (entry index, where it is read early)
         self._master_time_ms = 0  # the reply's, for the grants' lifetimes
+        self._asked: list[GetEntry] = self.entries  # the entries GetReplicas was asked for
+        self.asked_at = 0.0  # monotonic s when the request was built (read trust counts from it)
+        self._trusted_until = 0.0  # the reply's read trust ends (0: none)
+
+    def start_trusted(self, now: float | None = None) -> list[TransferOp]:
+        """Trusted reads: one per key whose last DRAM replica's read trust has not ended
+        (master/state/read_trust.py: until then no change of the key is acknowledged), read
+        without asking the master at all; call first, hand the results to `on_trusted`. In
+        prefix mode only the leading keys that have one (a later key's bytes are used only
+        if every key before it is read)."""
+        return self._from_locations(now, trusted=True)
+
+    def on_trusted(self, results: Sequence[TransferResult]) -> None:
+        """Keep a trusted read's bytes when they hash to the checksum they were read for (the
+        node admitted the read under the grant, so they are that allocation's, and that
+        version was current at most the trust before). Any other key (and in prefix mode
+        every key after a failed one) is cleared and asked for as usual."""
+        check_result_count("trusted read", len(results), len(self._early))
+        kept = failed = 0
+        broken = False
+        for (i, loc), res in zip(self._early, results, strict=True):
+            e = self.entries[i]
+            if not broken and res.ok and self._digest(e, res) == loc.checksum:
+                e.status, e.size, e.checksum = Status.OK, loc.size, loc.checksum
+                kept += 1
+                continue
+            if not broken:
+                failed += 1
+                broken = self._prefix  # the keys after it wait for the master's answer
+            self._scrub(e, loc.size)  # read again into the same memory, as a discarded early read
+        self._early = []
+        if self._locations is not None:
+            self._locations.counted_trusted(kept, failed)
+
+    def unsettled(self) -> bool:
+        return any(e.status is None for e in self.entries)
 
     def start_early(self, now: float | None = None) -> list[TransferOp]:
         """The early reads (client/early_reads.py): one per key whose last replica is known, on
         a node no read failed on lately, whose destination fits it; call before the reply,
         hand the results to `on_early`."""
+        return self._from_locations(now, trusted=False)
+
+    def _from_locations(self, now: float | None, trusted: bool) -> list[TransferOp]:
         locations = self._locations
         if locations is None or not len(locations):
             return []
@@ -129,7 +174,13 @@ class GetBatch:
         bad = self._health.unhealthy()  # a node that failed a read lately is not tried early
         ops: list[TransferOp] = []
         for i, e in enumerate(self.entries):
+            if e.status is not None:
+                continue
             loc = locations.find(e.key, now)
+            if trusted and (loc is None or loc.trusted_until <= now):
+                if self._prefix:
+                    break
+                continue
             if loc is None or (loc.disk and self._budgeted) or loc.route.node_id in bad:
                 continue
             grant = loc.grant
@@ -166,7 +217,8 @@ class GetBatch:
                 continue
             self._scrub(e, loc.size)
         if self._locations is not None:
-            self._locations.remember(kept, self._master_time_ms)
+            self._locations.remember(kept, self._master_time_ms, trusted_until=self._trusted_until,
+                                     asked_at=self.asked_at)
             self._locations.counted(len(kept), len(self._early) - len(kept))
         self._early = []
 
@@ -216,21 +268,26 @@ class GetBatch:
             release_views([e])
 
     def request(self, header: Any, unpin_ids: Sequence[int] = ()) -> Any:
-        return pb.GetReplicasRequest(header=header, keys=[e.key for e in self.entries],
+        asked = self._asked = [e for e in self.entries if e.status is None]
+        self.asked_at = time.monotonic()
+        return pb.GetReplicasRequest(header=header, keys=[e.key for e in asked],
                                      unpin_ids=list(unpin_ids))
 
     def on_reply(self, reply: Any) -> None:
         """Record pins and sizes, order replicas; BufferTooSmall before any transfer starts."""
         results = reply.results
-        check_result_count("GetReplicas", len(results), len(self.entries))
+        check_result_count("GetReplicas", len(results), len(self._asked))
         self.pin_ids = [r.pin_id for r in results if r.pin_id]
         self._master_time_ms = int(reply.header.master_time_ms)
+        trust_ms = reply.read_trust_ms
+        self._trusted_until = (self.asked_at + trust_ms / 1000 - TRUST_MARGIN_S
+                               if trust_ms and self.asked_at else 0.0)
         routes = routes_from_segments(reply.segments)
         disk = self.disk_segments = frozenset(
             int(seg.segment_id) for seg in reply.segments if seg.tier == TIER_DISK)
         bad = self._health.unhealthy()  # once per batch, not per key
         too_small: GetEntry | None = None
-        for e, res in zip(self.entries, results, strict=True):
+        for e, res in zip(self._asked, results, strict=True):
             if res.status:
                 e.status, e.message = to_status(res.status), res.message
                 continue
@@ -346,7 +403,8 @@ class GetBatch:
         self.round_disk_bytes = disk_bytes
         if read:
             assert self._locations is not None
-            self._locations.remember(read, self._master_time_ms)
+            self._locations.remember(read, self._master_time_ms, trusted_until=self._trusted_until,
+                                     asked_at=self.asked_at)
 
     def settle_late(self) -> None:
         """The budget ran out: every key still in flight is LATE (no more reads are planned)."""

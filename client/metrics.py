@@ -32,7 +32,9 @@ Names (label `op` = get | put | exists | prefix_len | lookup)
     cellar_client_errors_total{op,kind}         calls that raised, by exception class name
     cellar_client_early_reads_total{outcome}    gets' early reads (client/early_reads.py):
                                                 outcome=kept (the reply confirmed the bytes)
-                                                or discarded (the key was read again, or not)
+                                                or discarded (the key was read again, or not);
+                                                trusted (read without asking the master) or
+                                                trusted_failed (then asked for)
     Hit ratios: key_hits_total / keys_total (by key), request_hits_total / requests_total (by
     request), tokens_reused_total / tokens_total (by token); by byte: bytes_total{op="get"} over
     what was asked (the caller knows its sizes). The token series count only the calls whose
@@ -140,7 +142,7 @@ class _Series:
 _SERIES = {op: _Series() for op in OPS}  # every series exists (at 0) from the start
 _errors: dict[tuple[str, str], int] = {}
 _errors_lock = threading.Lock()
-EARLY_OUTCOMES = ("kept", "discarded")
+EARLY_OUTCOMES = ("kept", "discarded", "trusted", "trusted_failed")
 _early_reads = dict.fromkeys(EARLY_OUTCOMES, 0)  # guarded by _errors_lock
 _enabled = True
 
@@ -183,7 +185,8 @@ class _Collector(Collector):
             early = dict(_early_reads)
         yield errors
         early_reads = CounterMetricFamily("cellar_client_early_reads", "Gets' early reads "
-                                          "(under a kept grant, beside the lookup), by outcome",
+                                          "(under a kept grant, beside the lookup or, within "
+                                          "the master's read trust, instead of it), by outcome",
                                           labels=["outcome"])
         for outcome in EARLY_OUTCOMES:
             early_reads.add_metric([outcome], early[outcome])
@@ -297,6 +300,15 @@ def record_error(op: str, error: BaseException | str) -> None:
     kind = error if isinstance(error, str) else type(error).__name__
     with _errors_lock:
         _errors[op, kind] = _errors.get((op, kind), 0) + 1
+
+
+def record_trusted_reads(kept: int, failed: int) -> None:
+    """A get batch's trusted reads: `kept` read without asking, `failed` then asked for."""
+    if not _enabled or not (kept or failed):
+        return
+    with _errors_lock:
+        _early_reads["trusted"] += kept
+        _early_reads["trusted_failed"] += failed
 
 
 def record_early_reads(kept: int, discarded: int) -> None:

@@ -52,7 +52,7 @@ from cellar.client.checks import (
     validate_tokens_per_key,
 )
 from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
-from cellar.client.early_reads import Locations, early_reads_from_env
+from cellar.client.early_reads import Locations, early_reads_from_env, trusted_reads_from_env
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
@@ -159,7 +159,7 @@ class Client:
             spin=spin)
         self._s = Session(args.tenant, args.header(), args.timeout_s, self._master,
                           self._transports, self._release,
-                          locations=Locations() if early_reads else None,
+                          locations=Locations(trust=trusted_reads_from_env()) if early_reads else None,
                           aheads=PutAheadPool(ahead_held) if ahead_held else None)
         self._flusher = _UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)
         self._finalizer = weakref.finalize(self, _UnpinFlusher.stop, self._flusher)

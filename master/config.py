@@ -111,6 +111,12 @@ class MasterConfig:
         "0 grants none", unit="keys"
     )
     pin_ttl_s: float = setting(10.0, "a read pin (and its read grant) expires after this", unit=UNIT_SECONDS)
+    read_trust_s: float = setting(
+        0.5, "a client may read a key again from the replicas GetReplicas named, without asking, "
+        "this long after it asked (one round trip instead of two); a remove or new version of a "
+        "key read that recently is acknowledged only once it has passed (docs/consistency.md); "
+        "0: clients ask every time", unit=UNIT_SECONDS
+    )
     max_pins_per_client: int = setting(65536, "most live pins one client id may hold", unit="pins")
     write_grant_ttl_s: float = setting(
         30.0, "write grants expire and unfinished puts are revoked after this", unit=UNIT_SECONDS
@@ -341,6 +347,8 @@ class MasterConfig:
         require(self.max_pins_per_client >= 1, "max_pins_per_client", "must be >= 1")
         require(self.write_grant_ttl_s > 0, "write_grant_ttl_s", "must be > 0")
         require(self.grant_skew_s >= 0, "grant_skew_s", "must be >= 0")
+        require(0 <= self.read_trust_s <= self.pin_ttl_s / 2, "read_trust_s",
+                "must be >= 0 and at most half of pin_ttl_s (the grants it reuses must outlive it)")
         require(self.heartbeat_interval_s > 0, "heartbeat_interval_s", "must be > 0")
         require(
             self.node_suspect_after_s > self.heartbeat_interval_s, "node_suspect_after_s",

@@ -88,6 +88,7 @@ class PutEnds:
             if item.key in tenant.objects:  # an upsert: every older value of the key is dead
                 s.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
             s.objects.complete(obj, item.checksum, now)
+            s.objects.read_trust.changed(tenant.name, obj.key, now, client_id)  # older versions
             s.tiers.on_complete(obj)
             obj.request = None  # only a WRITING object answers a repeated PutStart
             results.append((OK, ""))

@@ -52,7 +52,8 @@ class Removals:
     def __init__(self, service: MasterService) -> None:
         self.service = service
 
-    def remove(self, tenant_name: str, keys: Sequence[str], by: str = "") -> KeyResults:
+    def remove(self, tenant_name: str, keys: Sequence[str], by: str = "",
+               client_id: str = "") -> KeyResults:
         """`by`: the request's tag (serving/request_memory.request_tag), '' without a request
         id. It rides with the bounds into the durable removal log, so that after a failover
         the new master answers this call's repeat (its first reply lost with the old master)
@@ -77,17 +78,21 @@ class Removals:
                     # a node that is away may still hold a value; the tag names only a call
                     # that removed something, so a repeat of a miss still misses
                     self._tombstone(tenant, key, by if repeat else "")
+                    # a version evicted moments ago may still be read where it was
+                    s.objects.read_trust.changed(tenant.name, key, now, client_id)
                 results.append((status, message))
                 continue
-            self._remove(obj, now, by)
+            self._remove(obj, now, by, client_id)
             results.append((OK, ""))
         return results
 
-    def _remove(self, obj: Obj, now: float, by: str = "") -> None:
-        """Drop a value a client removed, remembering it so a late report cannot revive it."""
+    def _remove(self, obj: Obj, now: float, by: str = "", client_id: str = "") -> None:
+        """Drop a value a client removed, remembering it so a late report cannot revive it;
+        the reply waits until no other client may reuse it (state/read_trust.py)."""
         s = self.service
         self._tombstone(obj.tenant, obj.key, by)
         s.objects.drop(obj, now)
+        s.objects.read_trust.changed(obj.tenant.name, obj.key, now, client_id)
 
     def _tombstone(self, tenant: Tenant, key: str, by: str = "") -> None:
         """Every allocation of the key issued so far is dead, a put of it still in flight
@@ -111,7 +116,7 @@ class Removals:
         s = self.service
         return s.tombstones.removed_alloc_id(tenant_name, key)
 
-    def remove_prefix(self, tenant_name: str, prefix: str) -> int:
+    def remove_prefix(self, tenant_name: str, prefix: str, client_id: str = "") -> int:
         s = self.service
         tenant = s.tenant(tenant_name)
         if s.recovering():
@@ -120,20 +125,20 @@ class Removals:
             raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
         check_key_bound("prefix", prefix, s.config.max_key_bytes)
         victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
-        return self._drop_all(victims)
+        return self._drop_all(victims, client_id)
 
-    def remove_all(self, tenant_name: str) -> int:
+    def remove_all(self, tenant_name: str, client_id: str = "") -> int:
         s = self.service
         tenant = s.tenant(tenant_name)
         if s.recovering():
             raise s.grace.error()
-        return self._drop_all(list(tenant.objects.values()))
+        return self._drop_all(list(tenant.objects.values()), client_id)
 
-    def _drop_all(self, victims: list[Obj]) -> int:
+    def _drop_all(self, victims: list[Obj], client_id: str) -> int:
         s = self.service
         now = s.clock.monotonic()
         for obj in victims:
-            self._remove(obj, now)
+            self._remove(obj, now, client_id=client_id)
         return len(victims)
 
 

@@ -86,6 +86,7 @@ from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
 from cellar.master.state.placement import NO_NODES, Placement
 from cellar.master.state.quarantine import Quarantine
+from cellar.master.state.read_trust import SHARED_READERS, ReadTrust
 from cellar.master.state.records import (
     ACTIVE,
     COMPLETE,
@@ -155,6 +156,7 @@ class MasterService:
             grant_skew_s=config.grant_skew_s,
             clock=self.clock.monotonic,
             read_grant_ttl_s=config.pin_ttl_s,
+            read_trust=ReadTrust(config.read_trust_s, started=self.clock.monotonic()),
         )
         self.evictor = self.objects.evictor
         self.pins = PinTable(
@@ -440,6 +442,7 @@ class MasterService:
         expiry_ms = self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
         objects = tenant.objects
         pin = self.pins.pin
+        trust_s = self.config.read_trust_s
         segments: dict[int, Segment] = {}
         results: list[GetResult] = []
         tiers = self.tiers
@@ -459,6 +462,8 @@ class MasterService:
                 ))
                 continue
             obj.prev_access, obj.last_access = obj.last_access, now
+            if obj.reader != client_id:  # who may reuse this reply (state/read_trust.py)
+                obj.reader = client_id if now - obj.read_at > trust_s else SHARED_READERS
             obj.read_at = now  # this grant names its ranges for pin_ttl_s (read_frees.py)
             if tiered:
                 tiers.on_read(obj, now)

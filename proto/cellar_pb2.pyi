@@ -286,14 +286,16 @@ class GetResult(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., size_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., pin_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
 
 class GetReplicasReply(_message.Message):
-    __slots__ = ("header", "results", "segments")
+    __slots__ = ("header", "results", "segments", "read_trust_ms")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    READ_TRUST_MS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     results: _containers.RepeatedCompositeFieldContainer[GetResult]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[GetResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+    read_trust_ms: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[GetResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., read_trust_ms: _Optional[int] = ...) -> None: ...
 
 class UnpinRequest(_message.Message):
     __slots__ = ("header", "pin_ids")

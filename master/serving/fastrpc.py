@@ -61,7 +61,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -69,6 +69,9 @@ from prometheus_client.registry import Collector
 from cellar.proto.fastline import FRAME, METHOD_NAMES
 from cellar.proto.fastline import PORT_METADATA as FAST_PORT_METADATA
 from cellar.refusals import PEER
+
+if TYPE_CHECKING:
+    from cellar.master.serving.leadership import DurableWork
 
 __all__ = ["FAST_PORT_METADATA", "FastRpcServer"]
 
@@ -209,15 +212,18 @@ class _Connection(asyncio.Protocol):
     def _answer(self, name: str, body: bytes) -> None:
         server = self.server
         code, out = server.dispatch(name, body)
-        if server.leadership.durable_due(name):  # an upsert's PutEnd: acknowledged once durable
+        leadership = server.leadership
+        if leadership.durable_due(name):  # an upsert's PutEnd: acknowledged once durable
             self.settling = True
-            asyncio.get_running_loop().create_task(self._settle(name, code, out))
+            # taken now: the task starts after other connections' requests may have run
+            work = leadership.take_durable()
+            asyncio.get_running_loop().create_task(self._settle(name, code, out, work))
             return
         self._reply(code, out)
 
-    async def _settle(self, name: str, code: int, out: bytes) -> None:
+    async def _settle(self, name: str, code: int, out: bytes, work: DurableWork) -> None:
         try:
-            code, out = await self.server.servicer.settle(name, code, out)
+            code, out = await self.server.servicer.settle(name, code, out, work)
         except Exception:
             log.exception("fast rpc connection failed")
             self._close()

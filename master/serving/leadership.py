@@ -52,6 +52,18 @@ LEADER = "leader"
 STANDBY = "standby"
 
 
+class LeadershipLost(Exception):
+    """A change's reply may not be sent: this master stopped leading before it could be."""
+
+
+@dataclass(frozen=True, slots=True)
+class DurableWork:
+    """What one request's reply waits for (`Leadership.take_durable`)."""
+
+    records: list[TombstoneRecord]  # removal bounds to write to the removal log
+    settle_until: float             # the service clock's monotonic s (0: no wait)
+
+
 @dataclass
 class Takeover:
     """The last takeover: when it started, how long the rebuild took, what it recovered."""
@@ -105,21 +117,30 @@ class Leadership:
         """Whether the reply to a `method` call must wait for `make_durable`: the call queued
         bounds, or it is a mutating call while an earlier write failed (its repeat, answered
         from the reply memory, must not be acknowledged before those bounds are written)."""
-        if self.service.tombstones.pending:
+        if self.service.tombstones.pending or self.service.objects.read_trust.settle_until:
             return True
         return bool(self._unwritten[1]) and self._unwritten[0] is self.service \
             and method in REMOVING_METHODS
 
-    async def make_durable(self) -> None:
-        """Write the bounds the request just handled queued (state/tombstones.py) to the
-        removal log; the caller replies only once this returns (raises: not acknowledged)."""
-        tombstones = self.service.tombstones
-        records = tombstones.take_pending()
+    def take_durable(self) -> DurableWork:
+        """What the request just handled must wait for before its reply: the bounds it queued
+        (state/tombstones.py) and until when clients may reuse what it changed
+        (state/read_trust.py). Call right after `dispatch`, before anything else runs on the
+        loop: the next request queues its own."""
+        records = self.service.tombstones.take_pending()
         if self._unwritten[0] is self.service:
             records = self._unwritten[1] + records
+        return DurableWork(records, self.service.objects.read_trust.take())
+
+    async def make_durable(self, work: DurableWork | None = None) -> None:
+        """Write `work`'s bounds (default: `take_durable()` now) to the removal log, then wait
+        out its read trust; the caller replies only once this returns (raises: not
+        acknowledged)."""
+        work = self.take_durable() if work is None else work
+        records = work.records
         if records and self.removal_log is not None:
             try:
-                await self.removal_log.append(records, tombstones.snapshot)
+                await self.removal_log.append(records, self.service.tombstones.snapshot)
             except BaseException:
                 # The change is in this master's memory though not acknowledged: keep its
                 # bounds (at most `max_remove_tombstones`), so the next remove's or upsert's
@@ -127,6 +148,16 @@ class Leadership:
                 self._unwritten = (self.service, records[-max(1, self.config.max_remove_tombstones):])
                 raise
             self._unwritten = (None, [])
+        # a client may still reuse the old version's replicas until then (read_trust.py); a
+        # loop's timer may fire early by its resolution (uvloop's is 1 ms): sleep again then
+        if not work.settle_until:
+            return
+        service, clock = self.service, self.service.clock
+        while (wait_s := work.settle_until - clock.monotonic()) > 0:
+            await asyncio.sleep(wait_s)
+        if self.service is not service or not self.serving():
+            # deposed while it waited: a new leader answers for the change now, not this one
+            raise LeadershipLost("lost the leadership while the change waited out the read trust")
 
     def observe(self, observer: Any) -> None:
         """Attach the lifecycle observer (master/state/lifecycle.py) to this service and every

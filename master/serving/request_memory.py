@@ -41,6 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cellar.master.requests import RequestRejected
+from cellar.master.state.read_trust import ReadTrust
 from cellar.proto.request_id import MUTATING_METHODS
 
 Key = tuple[str, str, str, int]
@@ -70,7 +71,8 @@ class RequestMemory:
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
         self._clock = clock
-        self._replies: OrderedDict[Key, tuple[str, Any, float, int]] = OrderedDict()
+        # (method, reply, when, size, until when its acknowledgement waits (read_trust.py))
+        self._replies: OrderedDict[Key, tuple[str, Any, float, int, float]] = OrderedDict()
         self.bytes = 0
         self.repeats = 0    # calls answered from memory
         self.forgotten = 0  # entries dropped by a bound
@@ -92,8 +94,11 @@ class RequestMemory:
             self._replies.clear()
             self.bytes = 0
 
-    def once(self, method: str, request: Any, token_id: str, run: Callable[[], Any]) -> Any:
-        """`run()`'s reply, or the reply of the first call with this request's id."""
+    def once(self, method: str, request: Any, token_id: str, run: Callable[[], Any],
+             trust: ReadTrust | None = None) -> Any:
+        """`run()`'s reply, or the reply of the first call with this request's id. With
+        `trust`: a repeat's reply waits as long as the first call's (it may come while the
+        first still waits: its acknowledgement must not come sooner)."""
         header = request.header
         request_id = header.request_id
         if not request_id or method not in MUTATING_METHODS or not self.max_entries:
@@ -107,10 +112,13 @@ class RequestMemory:
                 raise RequestRejected(f"request_id {request_id} already named a {hit[0]} call "
                                       f"of this client; use a new id per call")
             self.repeats += 1
+            if trust is not None and hit[4] > trust.settle_until:
+                trust.settle_until = hit[4]
             return hit[1]
         reply = run()
         size = REPLY_BYTES + RESULT_BYTES * len(getattr(reply, "results", ()))
-        self._replies[key] = (method, reply, now, size)
+        self._replies[key] = (method, reply, now, size,
+                              0.0 if trust is None else trust.settle_until)
         self.bytes += size
         self._trim(now)
         assert len(self._replies) <= self.max_entries and self.bytes >= 0
@@ -120,7 +128,7 @@ class RequestMemory:
         replies = self._replies
         oldest_kept = now - self.max_age_s
         while replies:
-            _method, _reply, when, size = next(iter(replies.values()))
+            _method, _reply, when, size, _settle = next(iter(replies.values()))
             if (when >= oldest_kept and len(replies) <= self.max_entries
                     and self.bytes <= self.max_bytes):
                 return

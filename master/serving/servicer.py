@@ -41,7 +41,7 @@ from cellar.master.serving.cluster_summary import summarize
 from cellar.master.serving.fastrpc import FAST_PORT_METADATA
 from cellar.master.serving.kv_stream import METHOD as KV_WATCH
 from cellar.master.serving.kv_stream import watch_handler
-from cellar.master.serving.leadership import Leadership
+from cellar.master.serving.leadership import DurableWork, Leadership, LeadershipLost
 from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.master.serving.request_memory import RequestMemory, request_tag
 from cellar.proto import cellar_pb2 as pb
@@ -154,6 +154,7 @@ class MasterServicer:
         self.stats: dict[str, RpcStats] = {name: RpcStats() for name in RPC_METRIC_NAMES}
         self.fast_port = 0  # the fast line's port once it listens (cellar.master.serving.fastrpc)
         config = leadership.config
+        self._read_trust_ms = int(config.read_trust_s * 1000)  # in every GetReplicas reply
         # replies of mutating calls by request id, for both lines (request_memory.py)
         self.requests = RequestMemory(config.request_id_memory_entries,
                                       config.request_id_memory_s, config.request_id_memory_bytes)
@@ -194,7 +195,8 @@ class MasterServicer:
     def GetReplicas(self, req: pb.GetReplicasRequest, stats: RpcStats) -> pb.GetReplicasReply:
         h = req.header
         outcome = self.service.get_replicas(h.tenant, h.client_id, req.keys, req.unpin_ids)
-        reply = pb.GetReplicasReply(header=self._header(), segments=_segment_infos(outcome.segments))
+        reply = pb.GetReplicasReply(header=self._header(), segments=_segment_infos(outcome.segments),
+                                    read_trust_ms=self._read_trust_ms)
         add = reply.results.add
         failures = 0
         for r in outcome.results:
@@ -265,20 +267,21 @@ class MasterServicer:
 
     def Remove(self, req: pb.KeysRequest, stats: RpcStats) -> pb.RemoveReply:
         results = self.service.remove(req.header.tenant, req.keys,
-                                      by=request_tag(req, _token_id()))
+                                      by=request_tag(req, _token_id()),
+                                      client_id=req.header.client_id)
         return self._key_reply(pb.RemoveReply, results, stats)
 
     def RemovePrefix(self, req: pb.RemovePrefixRequest, stats: RpcStats) -> pb.RemoveCountReply:
-        removed = self.service.remove_prefix(req.header.tenant, req.prefix)
+        removed = self.service.remove_prefix(req.header.tenant, req.prefix, req.header.client_id)
         return pb.RemoveCountReply(header=self._header(), removed=removed)
 
     def RemoveAll(self, req: pb.RemoveAllRequest, stats: RpcStats) -> pb.RemoveCountReply:
         hub = self.leadership.kv_events
         if hub is None:
-            removed = self.service.remove_all(req.header.tenant)
+            removed = self.service.remove_all(req.header.tenant, req.header.client_id)
         else:  # one AllBlocksCleared rather than a BlockRemoved per object
             with hub.clearing(self.service.tenant(req.header.tenant).name):
-                removed = self.service.remove_all(req.header.tenant)
+                removed = self.service.remove_all(req.header.tenant, req.header.client_id)
         return pb.RemoveCountReply(header=self._header(), removed=removed)
 
     def ListKeys(self, req: pb.ListKeysRequest, stats: RpcStats) -> pb.ListKeysReply:
@@ -355,8 +358,10 @@ class MasterServicer:
               stats: RpcStats) -> Any:
         """`body`'s reply, or for a repeated request id the first call's (request_memory.py)."""
         memory = self.requests
-        memory.serve(self.leadership.service)
-        return memory.once(name, request, _token_id(), lambda: body(request, stats))
+        service = self.leadership.service
+        memory.serve(service)
+        return memory.once(name, request, _token_id(), lambda: body(request, stats),
+                           service.objects.read_trust)
 
     # ---------------------------------------------------------------- wiring
 
@@ -404,19 +409,24 @@ class MasterServicer:
 
         return handle
 
-    async def make_durable(self, name: str) -> str:
-        """Write the bounds this request queued to the removal log (removal_log.py); '' when
-        done, else why the request must not be acknowledged."""
+    async def make_durable(self, name: str, work: DurableWork | None = None) -> str:
+        """Write the bounds this request queued to the removal log (removal_log.py) and wait
+        out its read trust (`Leadership.make_durable`); '' when done, else why the request
+        must not be acknowledged."""
         try:
-            await self.leadership.make_durable()
+            await self.leadership.make_durable(work)
+        except LeadershipLost as exc:
+            return f"{name}: {exc}; retry at the leader ({self.leadership.redirect()})"
         except Exception as exc:  # noqa: BLE001 - a file or etcd error: not acknowledged
             log.warning("%s: could not write the removal log: %s", name, exc)
             return f"{name}: could not make the change durable (removal log: {exc}); retry"
         return ""
 
-    async def settle(self, name: str, code: int, out: bytes) -> tuple[int, bytes]:
-        """The fast line's `make_durable`: after `dispatch`, before the reply is sent."""
-        failure = await self.make_durable(name)
+    async def settle(self, name: str, code: int, out: bytes,
+                     work: DurableWork) -> tuple[int, bytes]:
+        """The fast line's `make_durable`: after `dispatch` (and `take_durable`, in the same
+        callback), before the reply is sent."""
+        failure = await self.make_durable(name, work)
         if failure:
             self.stats[name].failures += 1
             return grpc.StatusCode.UNAVAILABLE.value[0], failure.encode()

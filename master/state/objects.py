@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from cellar.master.state.expiry import ExpiryRuns
 from cellar.master.state.read_frees import RecentReadFrees
+from cellar.master.state.read_trust import ReadTrust
 from cellar.master.state.records import (
     COMPLETE,
     DROPPED,
@@ -89,6 +90,7 @@ class ObjectTable:
         grant_skew_s: float,
         clock: Callable[[], float],
         read_grant_ttl_s: float = 0.0,
+        read_trust: ReadTrust | None = None,
     ) -> None:
         self.membership = membership
         self.quarantine = quarantine
@@ -96,6 +98,9 @@ class ObjectTable:
         # How long a read grant names its range (the master's pin_ttl_s): a sealed range of a
         # version read within that time is remembered when freed (free_sealed)
         self.read_grant_ttl_s = read_grant_ttl_s
+        # Until when clients may reuse what GetReplicas named, and so how long a change of a
+        # key read lately waits before it is acknowledged (state/read_trust.py)
+        self.read_trust = ReadTrust(0.0) if read_trust is None else read_trust
         self._clock = clock
         self.evictor = evictor_factory(self._drop_now)
         self.puts: dict[int, Obj] = {}
@@ -192,6 +197,8 @@ class ObjectTable:
                 tenant.unindex_engine_hash(obj)
             if self.observer is not None:
                 self.observer.dropped(obj)
+            if obj.read_at:
+                self.read_trust.dropped(tenant.name, obj.key, obj.read_at, obj.reader, now)
         elif state == WRITING:
             del self.puts[obj.put_id]
             if tenant.writing.get(obj.key) is obj:

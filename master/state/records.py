@@ -165,7 +165,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "prev_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot",
-        "pool_kind", "engine_hash", "wanted", "request", "read_at",
+        "pool_kind", "engine_hash", "wanted", "request", "read_at", "reader",
     )
 
     def __init__(
@@ -204,6 +204,10 @@ class Obj:
         # Monotonic time a read grant for it was last issued (0.0: never): such a grant names
         # its ranges for pin_ttl_s (state/read_frees.py)
         self.read_at = 0.0
+        # The client id of every GetReplicas of it within the read trust before `read_at`, or
+        # SHARED_READERS when there were several ("": none): a change by that same client
+        # need not wait for the trust (state/read_trust.py)
+        self.reader = ""
 
 class Segment:
     """One mounted segment: its allocator and the objects holding a replica in it."""

@@ -23,6 +23,7 @@ import pytest
 
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, tenant_clients
 
 ClusterFactory = Callable[..., LocalCluster]
 
@@ -104,3 +105,11 @@ def connect_to() -> Iterator[Callable[..., cellar.Client]]:
     finally:
         for client in clients:
             client.close()
+
+
+@pytest.fixture(params=FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
+def tenant_client(request: pytest.FixtureRequest, cluster: LocalCluster) -> Iterator[Any]:
+    """`tenant_client(tenant)`: a client of the module's `cluster` fixture with that tenant's
+    token, on every face over every transport; closed when the test ends."""
+    with tenant_clients(*request.param, cluster) as factory:
+        yield factory

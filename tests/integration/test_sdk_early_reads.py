@@ -24,45 +24,26 @@ import pytest
 import cellar
 from cellar.client.early_reads import Locations
 from cellar.devtools.local_cluster import LocalCluster
-from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, AsyncFace, open_face
+from tests.support.faces import client_locations
 
 SIZE = 64 << 10
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(1, "64MiB", master_flags={"allow_unknown_tenants": "true"}) as c:
+    # read_trust_s 0: a get always asks, so a key read again is read early (not trusted)
+    with LocalCluster(1, "64MiB", master_flags={"allow_unknown_tenants": "true",
+                                                "read_trust_s": 0}) as c:
         yield c
 
 
-@pytest.fixture(params=FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
-def open_client(request: pytest.FixtureRequest, cluster: LocalCluster) -> Iterator[Any]:
-    face, transport = request.param
-    opened: list[Any] = []
-
-    def factory(tenant: str) -> Any:
-        client = open_face(face, transport, cluster.address, tenant=tenant,
-                           token=cluster.token_for(tenant, shm=transport == "shm"),
-                           timeout_s=30.0)
-        opened.append(client)
-        return client
-
-    try:
-        yield factory
-    finally:
-        for client in opened:
-            client.close()
-
-
 def locations(client: Any) -> Locations:
-    inner = client.client if isinstance(client, AsyncFace) else client
-    found = inner._s.locations
-    assert found is not None, "early reads are on by default"
+    found: Locations = client_locations(client)
     return found
 
 
-def test_a_key_read_again_is_read_early_and_exact(open_client: Any) -> None:
-    client = open_client("early-a")
+def test_a_key_read_again_is_read_early_and_exact(tenant_client: Any) -> None:
+    client = tenant_client("early-a")
     values = {f"k{i}": os.urandom(SIZE) for i in range(4)}
     assert client.put_many(list(values.items())) == [cellar.Status.OK] * 4
     assert client.get_many(list(values)) == list(values.values())  # learns where they are
@@ -76,8 +57,8 @@ def test_a_key_read_again_is_read_early_and_exact(open_client: Any) -> None:
     client.remove_prefix("k")
 
 
-def test_a_replaced_value_is_never_returned_from_its_old_allocation(open_client: Any) -> None:
-    reader, writer = open_client("early-b"), open_client("early-b")
+def test_a_replaced_value_is_never_returned_from_its_old_allocation(tenant_client: Any) -> None:
+    reader, writer = tenant_client("early-b"), tenant_client("early-b")
     old, new = os.urandom(SIZE), os.urandom(SIZE)
     writer.put("r", old)
     assert reader.get("r") == old
@@ -92,8 +73,8 @@ def test_a_replaced_value_is_never_returned_from_its_old_allocation(open_client:
 
 
 def test_a_removed_keys_reused_range_leaves_no_foreign_bytes_in_the_buffer(
-        open_client: Any) -> None:
-    mine, theirs = open_client("early-mine"), open_client("early-theirs")
+        tenant_client: Any) -> None:
+    mine, theirs = tenant_client("early-mine"), tenant_client("early-theirs")
     mine.put("k", b"m" * SIZE)
     assert mine.get("k") == b"m" * SIZE
     _reused_range_leaves_no_foreign_bytes(mine, theirs, theirs_read=True)
@@ -143,8 +124,8 @@ def _over_shm(request: pytest.FixtureRequest) -> bool:
 
 
 def test_a_key_put_over_shm_is_read_early_by_its_first_get(
-        open_client: Any, request: pytest.FixtureRequest) -> None:
-    client = open_client("early-put")
+        tenant_client: Any, request: pytest.FixtureRequest) -> None:
+    client = tenant_client("early-put")
     values = {f"p{i}": os.urandom(SIZE) for i in range(4)}
     seen = locations(client)
     before = seen.kept, seen.discarded
@@ -161,9 +142,9 @@ def test_a_key_put_over_shm_is_read_early_by_its_first_get(
 
 
 def test_a_put_keys_removed_range_reused_leaves_no_foreign_bytes_in_the_buffer(
-        open_client: Any, request: pytest.FixtureRequest) -> None:
+        tenant_client: Any, request: pytest.FixtureRequest) -> None:
     if not _over_shm(request):
         pytest.skip("only a put over shm keeps a location")
-    mine, theirs = open_client("early-put-mine"), open_client("early-put-theirs")
+    mine, theirs = tenant_client("early-put-mine"), tenant_client("early-put-theirs")
     mine.put("k", b"m" * SIZE)  # never read: the put kept where it wrote
     _reused_range_leaves_no_foreign_bytes(mine, theirs, theirs_read=False)

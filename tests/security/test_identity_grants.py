@@ -17,6 +17,7 @@ import pytest
 from identity_kit import SecurityCluster, code_of
 
 import cellar
+from cellar.client.connect_args import client_id
 from cellar.client.session_state import grant_from_replica
 from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
@@ -56,7 +57,9 @@ def test_stale_read_grant_never_reads_the_next_tenants_object(
     # Bob's next put must take the range Alice's remove just freed: not one held ahead
     monkeypatch.setenv("CELLAR_PUT_AHEAD", "0")
     alice_token, bob_token = one_node.token_for("alice"), one_node.token_for("bob")
-    alice_h = pb.RequestHeader(tenant="alice", client_id="alice", token=alice_token)
+    # this process's client id, as Alice's SDK client: her remove right after her read is not
+    # held for her own read trust (master/state/read_trust.py)
+    alice_h = pb.RequestHeader(tenant="alice", client_id=client_id(), token=alice_token)
     bob_h = pb.RequestHeader(tenant="bob", client_id="bob", token=bob_token)
     transport = TcpTransport(connections_per_node=1)
     reused = leaked = own_reads = 0
@@ -158,7 +161,9 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
     monkeypatch.setenv("CELLAR_PUT_AHEAD", "0")
     alice_token = one_node.token_for("alice")
     bob_token = one_node.token_for("bob", shm=True)
-    alice_h = pb.RequestHeader(tenant="alice", client_id="alice", token=alice_token)
+    # this process's client id, as Alice's SDK client: her remove right after her read is not
+    # held for her own read trust (master/state/read_trust.py)
+    alice_h = pb.RequestHeader(tenant="alice", client_id=client_id(), token=alice_token)
     bob_h = pb.RequestHeader(tenant="bob", client_id="bob", token=bob_token)
     transport = TcpTransport(connections_per_node=1)
     reused = leaked = served = flagged = 0

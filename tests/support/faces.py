@@ -6,10 +6,11 @@ itself does asyncio I/O on its loop)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import cellar
@@ -104,6 +105,35 @@ def open_face(face: str, transport: str, address: str, **kwargs: Any) -> Any:
         raise
     OPENED[face, transport] += 1
     return client
+
+
+@contextlib.contextmanager
+def tenant_clients(face: str, transport: str, cluster: Any,
+                   timeout_s: float = 30.0) -> Iterator[Callable[[str], Any]]:
+    """A factory of clients of one face and transport of a LocalCluster, each with its
+    tenant's token (shm rights over shm); all closed at the end."""
+    opened: list[Any] = []
+
+    def factory(tenant: str) -> Any:
+        client = open_face(face, transport, cluster.address, tenant=tenant,
+                           token=cluster.token_for(tenant, shm=transport == "shm"),
+                           timeout_s=timeout_s)
+        opened.append(client)
+        return client
+
+    try:
+        yield factory
+    finally:
+        for client in opened:
+            client.close()
+
+
+def client_locations(client: Any) -> Any:
+    """The `Locations` of a sync client or an AsyncFace (client/early_reads.py)."""
+    inner = client.client if isinstance(client, AsyncFace) else client
+    found = inner._s.locations
+    assert found is not None, "early reads (and so trusted reads) are on by default"
+    return found
 
 
 def opened_summary() -> list[str]:

@@ -105,3 +105,24 @@ def test_a_repeated_put_start_finds_its_own_put_after_the_memory_forgot_it() -> 
         result = svc.put_start("", "client", [PutItem("k", 4096)], request=other).results[0]
         assert result.status == Status.ALREADY_EXISTS
     svc.check_invariants()
+
+
+def test_a_repeat_waits_as_long_as_the_first_call() -> None:
+    """A Remove that changed a key read lately waits out the read trust (read_trust.py); its
+    repeat, answered from memory while the first may still wait, waits as long."""
+    from cellar.master.state.read_trust import ReadTrust
+
+    memory = RequestMemory(10, 60.0, 1 << 20, clock=Clock())
+    trust = ReadTrust(0.5)
+
+    def first() -> pb.RemoveReply:
+        trust.settle_until = 12.5  # what the remove's change set
+        return pb.RemoveReply(results=[pb.KeyResult()])
+
+    memory.once("Remove", _req(9), "tok", first, trust)
+    assert trust.take() == 12.5
+    memory.once("Remove", _req(9), "tok", lambda: pytest.fail("ran twice"), trust)
+    assert trust.take() == 12.5
+    memory.once("Remove", _req(10), "tok", lambda: pb.RemoveReply(results=[pb.KeyResult()]),
+                trust)
+    assert trust.take() == 0.0  # another call changed nothing read lately

@@ -1,0 +1,275 @@
+"""Trusted reads against a real cluster (client/gets.py `start_trusted`,
+master/state/read_trust.py), both faces, tcp and shm.
+
+- A key read moments ago is read again without asking the master: the master's GetReplicas
+  count does not move, the client's trusted count does, and the bytes are exact.
+- What keeps acknowledged changes true: another client's remove or upsert of a key this
+  client read within the trust is acknowledged only once the trust has passed (it takes at
+  least the rest of it), and this client's next get sees the change: a miss, or the new
+  value. Never the old bytes. The same after an eviction and a new put of the key.
+- A client's own remove or upsert of a key only it read does not wait, and it sees it.
+- A master restarted within the trust holds changes until a former master's trust has ended
+  (over shm nothing else stops a reuse).
+- Eight threads of one client putting, reading, replacing and reading again (the fast line's
+  settling, taken per request): every read returns the thread's newest value.
+- A trusted read the node refuses (the master restarted: the node refuses its former grants)
+  is asked for as usual.
+- A master with `read_trust_s = 0` grants no trust: every get asks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import cellar
+from cellar.client.early_reads import Locations
+from cellar.devtools.local_cluster import LocalCluster
+from tests.support.faces import client_locations
+
+SIZE = 64 << 10
+TRUST_S = 1.0  # longer than the default, so a test's few calls fit well inside it
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(1, "16MiB", master_flags={"allow_unknown_tenants": "true",
+                                                "read_trust_s": TRUST_S}) as c:
+        yield c
+
+
+def locations(client: Any) -> Locations:
+    found: Locations = client_locations(client)
+    return found
+
+
+OTHER_PROCESS = """
+import sys, time
+import cellar
+address, tenant, token, transport, op, key, path = sys.argv[1:8]
+value = open(path, "rb").read() if path != "-" else b""
+with cellar.connect(address, tenant=tenant, token=token, transport=transport, timeout_s=30) as c:
+    started = time.monotonic()
+    if op == "remove":
+        c.remove(key)
+    elif op == "upsert":
+        c.upsert(key, value)
+    elif op == "put":
+        c.put(key, value)
+    print(time.monotonic() - started)
+"""
+
+
+def other_process(cluster: LocalCluster, tenant: str, transport: str, op: str, key: str,
+                  value: bytes | None, tmp_path: Any) -> float:
+    """`op` of `key` by a client in another process (another client id: the master holds its
+    change for this process's trust); the seconds the call took there."""
+    path = "-"
+    if value is not None:
+        path = str(tmp_path / f"value-{key.replace('/', '_')}")
+        with open(path, "wb") as f:
+            f.write(value)
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_PROCESS, cluster.address, tenant,
+         cluster.token_for(tenant, shm=transport == "shm"), transport, op, key, path],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def get_replicas_calls(cluster: LocalCluster) -> float:
+    with urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    match = re.search(r"^master_get_replica_list_requests_total (\S+)$", text, re.M)
+    assert match, "the master exports its GetReplicas count"
+    return float(match.group(1))
+
+
+def test_a_key_read_moments_ago_is_read_again_without_asking(tenant_client: Any,
+                                                              cluster: LocalCluster) -> None:
+    client = tenant_client("trust-a")
+    values = {f"a{i}": os.urandom(SIZE) for i in range(4)}
+    assert client.put_many(list(values.items())) == [cellar.Status.OK] * 4
+    assert client.get_many(list(values)) == list(values.values())  # asks, and is trusted
+    seen = locations(client)
+    trusted, asked = seen.trusted, get_replicas_calls(cluster)
+    for key, value in values.items():
+        assert client.get(key) == value
+    assert client.get_many(list(values)) == list(values.values())
+    assert seen.trusted - trusted == 4 + 4
+    assert get_replicas_calls(cluster) == asked  # the master was not asked
+    client.remove_prefix("a")
+
+
+@pytest.mark.parametrize("op", ["remove", "upsert"])
+def test_another_processs_change_is_acknowledged_after_the_trust_and_then_seen(
+        op: str, tenant_client: Any, cluster: LocalCluster, tmp_path: Any) -> None:
+    tenant = f"trust-{op}"
+    reader = tenant_client(tenant)
+    old, new = os.urandom(SIZE), os.urandom(SIZE // 2)
+    reader.put("b", old)
+    asked = time.monotonic()
+    assert reader.get("b") == old  # trusted until about `asked` + TRUST_S
+    took = other_process(cluster, tenant, "tcp", op, "b", new if op == "upsert" else None,
+                         tmp_path)
+    assert time.monotonic() - asked >= TRUST_S - 0.05, f"a {op} of a key read lately waits"
+    assert took >= TRUST_S / 2
+    if op == "remove":
+        with pytest.raises(cellar.NotFound):
+            reader.get("b")
+    else:
+        assert reader.get("b") == new
+        reader.remove("b")
+
+
+def test_a_clients_own_changes_do_not_wait_and_are_seen_by_it(tenant_client: Any) -> None:
+    """The only reader of a key removes or replaces it: nothing waits (it forgot the key's
+    place first), and its next get asks and sees the change."""
+    client = tenant_client("trust-own")
+    value = os.urandom(SIZE)
+    client.put("own", value)
+    assert client.get("own") == value
+    started = time.monotonic()
+    client.remove("own")
+    with pytest.raises(cellar.NotFound):
+        client.get("own")
+    newer = os.urandom(SIZE)
+    client.put("own", newer)
+    assert client.get("own") == newer
+    newest = os.urandom(SIZE // 2)
+    client.upsert("own", newest)
+    assert client.get("own") == newest
+    assert time.monotonic() - started < TRUST_S / 2, "its own changes waited for the trust"
+    client.remove("own")
+
+
+def test_a_put_after_an_eviction_is_acknowledged_after_the_trust(
+        tenant_client: Any, cluster: LocalCluster, tmp_path: Any) -> None:
+    """The version read lately left by eviction (no change acknowledged then); the next put of
+    the key, by another process, is the change, and it waits for the trust of the evicted
+    version."""
+    reader = tenant_client("trust-d")
+    old = os.urandom(SIZE)
+    reader.put("d", old)
+    reader.put("d-next", old)
+    asked = time.monotonic()
+    assert reader.get("d") == old
+    assert reader.get("d-next") == old  # asks, and so releases the pin its get of "d" took
+    filler = os.urandom(1 << 20)  # fill the 16 MiB node until "d" is evicted
+    for i in range(40):
+        reader.put(f"d-fill/{i}", filler)
+        if not reader.exists("d"):
+            break
+    assert not reader.exists("d"), "the fill evicts the key"
+    filled = time.monotonic() - asked
+    assert filled < TRUST_S - 0.2, f"the fill took {filled:.3f} s: longer than the trust"
+    new = os.urandom(SIZE)
+    other_process(cluster, "trust-d", "tcp", "put", "d", new, tmp_path)
+    assert time.monotonic() - asked >= TRUST_S - 0.05
+    assert reader.get("d") == new
+    reader.remove_prefix("d")
+
+
+def test_eight_threads_read_their_newest_values(tenant_client: Any) -> None:
+    client = tenant_client("trust-e")
+    stale: list[str] = []
+
+    def worker(t: int) -> None:
+        for r in range(4):
+            key = f"e/{t}/{r}"
+            first = os.urandom(4096)
+            client.put(key, first)
+            if client.get(key) != first:
+                stale.append(f"{key}: first")
+            second = os.urandom(100)
+            client.upsert(key, second)
+            if client.get(key) != second:
+                stale.append(f"{key}: after upsert")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert stale == []
+    client.remove_prefix("e/")
+
+
+def test_a_trusted_read_under_a_former_masters_grant_is_asked_for() -> None:
+    """The master restarts (a new epoch) within the trust: its node mounts at the new master
+    before it reports its objects, and from then refuses the former master's grants. The
+    trusted read (tcp: through the node) fails and the key is asked for, at the new master.
+    (Over shm the client copies from its own mapping, with no node in the way: what keeps a
+    change true there is the new master's wait, the next test.)"""
+    with LocalCluster(1, "16MiB", master_flags={"read_trust_s": 5}) as cluster, \
+            cellar.connect(cluster.address, timeout_s=30.0, transport="tcp") as client:
+        value = os.urandom(SIZE)
+        client.put("f", value)
+        assert client.get("f") == value
+        asked = time.monotonic()
+        _restart_master(cluster, client, "f")
+        assert time.monotonic() - asked < 4.5, "the restart outlasted the trust"
+        seen = locations(client)
+        trusted, failed = seen.trusted, seen.untrusted
+        assert client.get("f") == value
+        assert (seen.trusted, seen.untrusted) == (trusted, failed + 1)
+
+
+def test_a_restarted_master_holds_changes_until_a_former_masters_trust_has_ended(
+        tmp_path: Any) -> None:
+    """Over shm a trusted read copies from the client's own mapping, with no node to refuse
+    the former master's grant; the new master knows nothing of what was read. So a remove at
+    the new master within the trust waits until a former master's trust has ended, and the
+    reader's next get misses."""
+    with LocalCluster(1, "16MiB", master_flags={"read_trust_s": 4,
+                                                "allow_unknown_tenants": "true"}) as cluster, \
+            cellar.connect(cluster.address, timeout_s=30.0, transport="shm", tenant="g",
+                           token=cluster.token_for("g", shm=True)) as reader:
+        value = os.urandom(SIZE)
+        reader.put("g", value)
+        assert reader.get("g") == value
+        asked = time.monotonic()
+        _restart_master(cluster, reader, "g")
+        assert time.monotonic() - asked < 3.5, "the restart outlasted the trust"
+        other_process(cluster, "g", "shm", "remove", "g", None, tmp_path)
+        assert time.monotonic() - asked >= 4 - 0.05  # held to the end of the reader's trust
+        with pytest.raises(cellar.NotFound):
+            reader.get("g")
+
+
+def _restart_master(cluster: LocalCluster, client: Any, key: str) -> None:
+    """Restart the master; return once it serves `key` again (its node mounted and reported)."""
+    cluster.restart_master()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if client.exists(key):
+                return
+        except cellar.CellarError:  # the new master is still rebuilding
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the restarted master did not serve {key!r} within 20 s")
+
+
+def test_no_trust_from_a_master_that_grants_none() -> None:
+    with LocalCluster(1, "16MiB", master_flags={"read_trust_s": 0}) as cluster, \
+            cellar.connect(cluster.address) as client:
+        client.put("k", b"v" * 100)
+        assert client.get("k") == b"v" * 100
+        asked = get_replicas_calls(cluster)
+        assert client.get("k") == b"v" * 100
+        assert get_replicas_calls(cluster) == asked + 1
+        assert locations(client).trusted == 0
+        started = time.monotonic()
+        client.remove("k")
+        assert time.monotonic() - started < 0.5  # nothing to wait for
