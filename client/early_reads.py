@@ -176,9 +176,9 @@ class Locations:
                     location.trusted_until = 0.0
                 return
             for key in keys:  # kept for early reads: the master's reply still checks those
-                location = by_key.get(key)
-                if location is not None:
-                    location.trusted_until = 0.0
+                found = by_key.get(key)
+                if found is not None:
+                    found.trusted_until = 0.0
 
     def forget(self, key: str) -> None:
         with self._lock:

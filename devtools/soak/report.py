@@ -131,7 +131,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     corrupt: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
     unverified = believed = unknown = 0
-    bytes_written = bytes_read = put_ahead = 0
+    bytes_written = bytes_read = put_ahead = trusted_reads = 0
     missing = []
     for i in range(args.clients):
         data = _read_json(work_dir / f"result-{i}.json")
@@ -151,6 +151,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         bytes_written += data.get("bytes_written", 0)
         bytes_read += data.get("bytes_read", 0)
         put_ahead += data.get("put_ahead", 0)
+        trusted_reads += data.get("trusted_reads", 0)
     causes: Counter[str] = Counter()
     for loss in lost:
         loss["cause"] = classify_loss(loss, chaos, watcher, args.replicas)
@@ -166,6 +167,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "ops_total": sum(ops.values()), "ops": dict(sorted(ops.items())),
         "bytes_written": bytes_written, "bytes_read": bytes_read,
         "put_ahead": put_ahead,  # writes under put-ahead allocations (client/put_ahead.py)
+        "trusted_reads": trusted_reads,  # gets read without asking (client/gets.py)
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),
         "faults_total": len(chaos.faults),
         "faults": dict(sorted(Counter(f.kind for f in chaos.faults).items())),

@@ -337,7 +337,13 @@ class Worker:
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
             "put_ahead": self._put_ahead(),
+            "trusted_reads": self._trusted_reads(),
         }
+
+    def _trusted_reads(self) -> int:
+        """Gets read without asking the master, within its read trust (client/gets.py)."""
+        locations = getattr(getattr(self.client, "_s", None), "locations", None)
+        return int(locations.trusted) if locations is not None else 0
 
     def _put_ahead(self) -> int:
         """Writes that went under a put-ahead allocation (client/put_ahead.py) so far."""

@@ -3,7 +3,8 @@ the chaos loop injects faults (`make soak` / `make soak-ha` run 10 minutes). It 
 no corrupt read, no stale read (an acknowledged remove or upsert undone: the removal log makes
 them durable; the report lists any by cause) and no unexplained loss (exit 0), having injected
 faults of several kinds and done real work. Half its writes are of one size (an engine's
-page), so puts also go under put-ahead allocations through every fault (docs/sdk.md).
+page), so puts also go under put-ahead allocations through every fault, and gets of keys read
+moments before are read without asking the master (trusted reads) (docs/sdk.md).
 
 - single master: kills, stops and restarts nodes and the master;
 - `--ha` (etcd + 2 masters + 3 nodes): also kills -9 and SIGSTOPs the leader (past its lease)
@@ -45,6 +46,7 @@ def test_soak_short(tmp_path: Path, ha: bool) -> None:
     assert report["ops"].get("remove", 0) > 0 and report["ops"].get("upsert", 0) > 0
     assert report["ops"].get("put_over", 0) > 0  # refused puts of present keys, checked after
     assert report["put_ahead"] > 0, "no write went under a put-ahead allocation"
+    assert report["trusted_reads"] > 0, "no get was read without asking (client/gets.py)"
     assert report["lost"]["unexplained"] == 0
     assert len(report["faults"]) >= MIN_FAULT_KINDS, report["faults"]
     assert report["ops_total"] > MIN_OPS, report["ops"]
