@@ -304,20 +304,20 @@ def record_error(op: str, error: BaseException | str) -> None:
 
 def record_trusted_reads(kept: int, failed: int) -> None:
     """A get batch's trusted reads: `kept` read without asking, `failed` then asked for."""
-    if not _enabled or not (kept or failed):
-        return
-    with _errors_lock:
-        _early_reads["trusted"] += kept
-        _early_reads["trusted_failed"] += failed
+    _count_reads((("trusted", kept), ("trusted_failed", failed)))
 
 
 def record_early_reads(kept: int, discarded: int) -> None:
     """A get batch's early reads: `kept` confirmed by the reply, `discarded` not."""
-    if not _enabled or not (kept or discarded):
+    _count_reads((("kept", kept), ("discarded", discarded)))
+
+
+def _count_reads(counts: tuple[tuple[str, int], ...]) -> None:
+    if not _enabled or not any(n for _, n in counts):
         return
     with _errors_lock:
-        _early_reads["kept"] += kept
-        _early_reads["discarded"] += discarded
+        for outcome, n in counts:
+            _early_reads[outcome] += n
 
 
 _server_lock = threading.Lock()

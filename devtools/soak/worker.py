@@ -311,9 +311,13 @@ class Worker:
             self._channel = grpc.insecure_channel(address)
             self._stub = pb_grpc.MasterStub(self._channel)
             self._stub_address = address
+        from cellar.client.connect_args import client_id
         from cellar.credentials import default_token
 
-        header = pb.RequestHeader(tenant="default", client_id=f"soak-locate-{self.args.id}",
+        # this process's client id, as its SDK client's: the master counts the lookup as this
+        # process's read (master/state/read_trust.py), so this worker's own removes and
+        # upserts are not held for a read trust nobody holds (a raw lookup keeps none)
+        header = pb.RequestHeader(tenant="default", client_id=client_id(),
                                   token=default_token(address) or "")
         unpin = [self._pending_pin] if self._pending_pin else []
         try:

@@ -4,9 +4,10 @@ Why
     A get is two round trips: GetReplicas to the master, then the read from the node. A client
     that read a key moments ago knows where it lives and holds a read grant for it (valid
     `pin_ttl_s`). If it may read it again from there without asking the master, a repeated get
-    is one round trip (client/trusted_reads.py). The node already checks the grant and that the
-    allocation is still sealed there, and the client checks the bytes' checksum, so such a read
-    returns that version's bytes or nothing. What it could return is an *old* version: one a
+    is one round trip (client/gets.py `start_trusted`). The node checks the grant and that the
+    allocation is still sealed there (tcp; over shm the client copies from its own mapping), and
+    the client checks the bytes' checksum, so such a read returns that version's bytes or
+    nothing. What it could return is an *old* version: one a
     remove or a newer put replaced at the master, before its node heard of it.
 
 The rule that keeps acknowledged changes true
@@ -22,10 +23,11 @@ The rule that keeps acknowledged changes true
     later put of the key is such a change. So `dropped` remembers, per key, until when a version
     read lately may still be reused, and `changed` (a remove, a new version sealed) waits for it.
 
-    A change made by the one client that read the version (`Obj.reader`: the client id of every
-    GetReplicas of it within the trust) does not wait: that client forgets the key's location
-    before it sends the change and trusts no reply to a GetReplicas it sent before that
-    (client/early_reads.py `Locations.changing`). So a client that puts, reads and removes its
+    A change made by the one client id that read the version (`Obj.reader`: the client id of
+    every GetReplicas of it within the trust; one per process, client/connect_args.py) does not
+    wait: before it sends the change, every client of that process stops trusting the key's
+    place and any reply to a GetReplicas sent before (client/early_reads.py
+    `Locations.changing`). So a client that puts, reads and removes its
     own keys never waits. A client id is the client's own claim, so a client could make another
     client of its tenant read an old value for up to the trust by taking its id; a client of a
     tenant can change that tenant's values at will anyway, and no other tenant is affected.

@@ -54,6 +54,24 @@ def test_a_key_within_its_trust_is_read_without_asking() -> None:
     assert (locations.trusted, locations.untrusted) == (1, 0)
 
 
+def test_trusted_reads_are_counted_in_the_client_metrics() -> None:
+    from cellar.client import metrics
+
+    def count(outcome: str) -> float:
+        value = metrics.REGISTRY.get_sample_value("cellar_client_early_reads_total",
+                                                  {"outcome": outcome})
+        return value or 0.0
+
+    before = count("trusted"), count("trusted_failed"), count("kept")
+    locations = Locations()
+    trusted_read(locations, keys=("a", "b"))
+    batch = GetBatch(["a", "b"], None, health=NodeHealth(), locations=locations)
+    ops = batch.start_trusted()
+    batch.on_trusted([early_fill([ops[0]], VALUE)[0], TransferResult(6, "refused")])
+    assert (count("trusted"), count("trusted_failed"), count("kept")) == \
+        (before[0] + 1, before[1] + 1, before[2])
+
+
 def test_no_trust_past_its_end_for_disk_replicas_or_without_a_grant_of_it() -> None:
     locations = Locations()
     trusted_read(locations)
