@@ -125,20 +125,23 @@ class Removals:
             raise RequestRejected("empty prefix (use RemoveAll to remove every key)")
         check_key_bound("prefix", prefix, s.config.max_key_bytes)
         victims = [obj for key, obj in tenant.objects.items() if key.startswith(prefix)]
-        return self._drop_all(victims, client_id)
+        return self._drop_all(victims, client_id, tenant.name, prefix)
 
     def remove_all(self, tenant_name: str, client_id: str = "") -> int:
         s = self.service
         tenant = s.tenant(tenant_name)
         if s.recovering():
             raise s.grace.error()
-        return self._drop_all(list(tenant.objects.values()), client_id)
+        return self._drop_all(list(tenant.objects.values()), client_id, tenant.name, "")
 
-    def _drop_all(self, victims: list[Obj], client_id: str) -> int:
+    def _drop_all(self, victims: list[Obj], client_id: str, tenant_name: str,
+                  prefix: str) -> int:
         s = self.service
         now = s.clock.monotonic()
         for obj in victims:
             self._remove(obj, now, client_id=client_id)
+        # keys under the prefix evicted moments ago: not dropped here, maybe still read
+        s.objects.read_trust.changed_prefix(tenant_name, prefix, now, client_id)
         return len(victims)
 
 

@@ -108,6 +108,15 @@ class ReadTrust:
         if end > now and end > self.settle_until:
             self.settle_until = end
 
+    def changed_prefix(self, tenant_name: str, prefix: str, now: float,
+                       client_id: str = "") -> None:
+        """`changed` for every key of the tenant starting with `prefix` ("": all) whose version
+        left service lately (RemovePrefix and RemoveAll: a key evicted moments before is not
+        among the objects they drop, yet may still be read where it was)."""
+        for tenant, key in [name for name in self._ends
+                            if name[0] == tenant_name and name[1].startswith(prefix)]:
+            self.changed(tenant, key, now, client_id)
+
     def take(self) -> float:
         """The current request's settle time (monotonic s, 0: none), cleared for the next one."""
         until, self.settle_until = self.settle_until, 0.0

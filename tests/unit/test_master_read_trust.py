@@ -197,3 +197,30 @@ def test_a_reply_waits_out_the_trust_and_a_master_deposed_meanwhile_sends_none()
     leadership.serving = lambda: False  # type: ignore[method-assign]
     with pytest.raises(LeadershipLost):
         asyncio.run(leadership.make_durable(work))
+
+
+def test_a_prefix_or_tenant_removal_waits_for_keys_evicted_under_it() -> None:
+    """RemovePrefix and RemoveAll drop the objects they find; a key under the prefix evicted
+    moments before is not among them, yet may still be read where it was."""
+    trust = ReadTrust(0.5)
+    trust.dropped("t", "p/evicted", read_at=10.0, reader="r", now=10.1)
+    trust.dropped("t", "q/evicted", read_at=10.0, reader="r", now=10.1)
+    trust.dropped("u", "p/evicted", read_at=10.0, reader="r", now=10.1)
+    trust.changed_prefix("t", "p/", now=10.2, client_id="w")
+    assert trust.take() == pytest.approx(10.5)
+    assert len(trust) == 2  # the other prefix and the other tenant are kept
+    trust.changed_prefix("t", "", now=10.2, client_id="w")  # RemoveAll
+    assert trust.take() == pytest.approx(10.5)
+    assert len(trust) == 1
+
+
+def test_remove_prefix_through_the_service_waits_for_an_evicted_key() -> None:
+    svc, clock = _service()
+    trust = svc.objects.read_trust
+    put(svc, "p/k", 4096)
+    get(svc, "p/k")
+    obj = svc.tenant("").objects["p/k"]
+    svc.objects.drop(obj, clock.monotonic())  # as eviction does: nothing acknowledged
+    assert trust.take() == 0.0
+    assert svc.remove_prefix("", "p/", client_id="other") == 0
+    assert trust.take() == pytest.approx(clock.monotonic() + 0.5)
