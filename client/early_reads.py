@@ -108,10 +108,10 @@ class Locations:
         self.kept = 0        # early reads whose bytes the reply confirmed
         self.discarded = 0   # early reads read again (or not at all) after the reply
         self.trusted = 0     # keys read without asking the master
-        self._changed_at = 0.0  # when this process last began a change (`changing`)
-        with _PROCESS_LOCK:
-            _PROCESS_LOCATIONS.add(self)
         self.untrusted = 0   # trusted reads that failed (the key was then asked for)
+        self._changed_at = 0.0  # when this process last began a change (`changing`)
+        with _PROCESS_LOCK:  # registered last: `changing` may reach it from now on
+            _PROCESS_LOCATIONS.add(self)
 
     def __len__(self) -> int:
         return len(self._by_key)

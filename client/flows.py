@@ -360,8 +360,7 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
             try:
                 if trusted := batch.start_trusted():  # read without asking (client/gets.py)
                     try:
-                        results = yield Move(plan_round(s.transports, "read", trusted, until,
-                                                        can_fall_back=True))
+                        results = yield from transfer(s, "read", trusted, until, True)
                     except BaseException:
                         batch.drop_early()
                         raise

@@ -114,7 +114,7 @@ class MasterConfig:
     read_trust_s: float = setting(
         0.5, "a client may read a key again from the replicas GetReplicas named, without asking, "
         "this long after it asked (one round trip instead of two); a remove or new version of a "
-        "key read that recently is acknowledged only once it has passed (docs/consistency.md); "
+        "key read that recently is acknowledged only once it has passed (docs/sdk.md, trusted reads); "
         "0: clients ask every time", unit=UNIT_SECONDS
     )
     max_pins_per_client: int = setting(65536, "most live pins one client id may hold", unit="pins")
