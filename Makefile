@@ -121,7 +121,8 @@ bench-metadata: venv
 	$(PY) -m cellar.bench.metadata --out bench/results/metadata-10m.md
 
 # 10 minutes of random checksummed traffic while nodes and the master are killed, stopped
-# and restarted; exits non-zero on a corrupt read or an unexplained loss.
+# and restarted; exits non-zero on a corrupt or stale read, an unexplained loss or an eviction
+# while the cluster is under half full.
 soak: venv
 	$(VENV)/bin/cellar soak --duration 600s --report .cellar/soak-report.json
 

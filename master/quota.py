@@ -14,8 +14,9 @@ loops of PutStart (which victim is eviction.py's policy):
 - `evict_for_space`: no segment has room: evict from the global pools, at most
   `max_evictions_per_put`, stopping as soon as placement succeeds.
 Both loops first check that eviction could succeed at all (the free bytes plus every byte
-eviction could free cover what the put needs; the pools keep those sums): a put that will
-fail anyway is refused at once and evicts nothing.
+eviction could free cover what the put needs, the pools keep those sums; and, for space, as
+many placeable nodes as the put's replicas): a put that will fail anyway is refused at once
+and evicts nothing.
 
 It never places, allocates or frees a range itself (placement.py and objects.py do).
 """
@@ -134,9 +135,16 @@ class SpaceMaker:
 
     # ---------------------------------------------------------------- space
 
-    def could_fit(self, need: int, avoid: Sequence[str]) -> bool:
-        """Whether free bytes plus all evictable bytes could hold `need` (an upper bound on
-        what eviction achieves: if this is False, evicting is pointless)."""
+    def could_fit(self, need: int, avoid: Sequence[str], replicas: int = 1) -> bool:
+        """Whether eviction could make room for `need` bytes in `replicas` ranges (an upper
+        bound on what it achieves: if this is False, evicting is pointless): as many placeable
+        nodes outside `avoid` as replicas (eviction frees bytes, never nodes: a put of 2
+        replicas while one node is live, as when a new leader's nodes are still mounting,
+        emptied that node 64 objects a put before this was checked), and free bytes plus all
+        evictable bytes holding `need`."""
+        live = self.membership.active_node_ids
+        if replicas > (len(live.difference(avoid)) if avoid else len(live)):
+            return False
         free = 0
         for segment in self.membership.active_segments:
             if not avoid or segment.node.node_id not in avoid:
@@ -155,7 +163,7 @@ class SpaceMaker:
         budget = self.config.max_evictions_per_put
         if budget <= 0:
             return None
-        if not self.could_fit(reserved * replicas, avoid):
+        if not self.could_fit(reserved * replicas, avoid, replicas):
             self.refused_before_evicting += 1
             return None
         evictor = self.evictor

@@ -5,8 +5,8 @@ What it owns
     with --ha), N worker processes (`python -m cellar.devtools.soak --worker ...`), the watcher
     thread, the chaos loop in this process until the load ends, then settling the cluster and
     the workers' final pass, the report (JSON with --report) and the exit status: 1 on any
-    corrupt read, stale read, unexplained loss, early worker exit or (with --ha) failed
-    takeover. `main`
+    corrupt read, stale read, unexplained loss, eviction under half full, early worker exit
+    or (with --ha) failed takeover. `main`
     parses the command line and dispatches worker mode.
 
 What it must never do
@@ -157,7 +157,8 @@ def run_soak(args: argparse.Namespace) -> int:
         ha_failures = (report.get("leader_stops_without_takeover", 0)
                        + report.get("etcd_outages_within_fence_window_that_changed_leader", 0))
         keep = bool(failure or report["corrupt_reads"] or report["stale_reads"]
-                    or report["lost"]["unexplained"] or ha_failures)
+                    or report["lost"]["unexplained"] or report["evicted_below_half_full"]
+                    or ha_failures)
         if keep:  # keep the logs for the post-mortem
             cluster.keep_run_dir = True
             report["run_dir"] = str(cluster.run_dir)
@@ -172,8 +173,10 @@ def run_soak(args: argparse.Namespace) -> int:
     # etcd outage it should have ridden out, is a failover failure too
     # A stale read (an acknowledged remove or upsert undone) fails the run: removes and upserts
     # are durable (cellar.master.serving.removal_log); report.classify_stale says which fault.
+    # An eviction in a cluster under half full is a fault of its own (report.py).
     ok = (not failure and report["corrupt_reads"] == 0 and report["stale_reads"] == 0
-          and report["lost"]["unexplained"] == 0 and not ha_failures)
+          and report["lost"]["unexplained"] == 0 and report["evicted_below_half_full"] == 0
+          and not ha_failures)
     return 0 if ok else 1
 
 

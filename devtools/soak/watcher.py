@@ -45,13 +45,15 @@ class Watcher(threading.Thread):
         self.lock = threading.Lock()
         self.node_states: dict[str, str] = {}
         self.expiries: list[tuple[float, str]] = []           # (time seen, node id)
-        self.evictions: list[tuple[float, float, int]] = []    # (from, to, keys evicted)
+        # (from, to, keys evicted, the cluster's used fraction then: the higher of both polls)
+        self.evictions: list[tuple[float, float, int, float]] = []
         self.leader_changes: list[tuple[float, int, int]] = []  # (time seen, old, new epoch)
         self.evicted_total = 0
         self.max_used_fraction = 0.0
         self._last_evicted: int | None = None
         self._last_epoch: int | None = None
         self._last_poll = now_s()
+        self._last_used_fraction = 0.0
         self._leader_http = ""  # HA: the HTTP address of the master last seen serving as leader
 
     def _get_from(self, http: str, path: str) -> bytes:
@@ -92,9 +94,8 @@ class Watcher(threading.Thread):
         evicted = int(float(match.group(1))) if match else 0
         epoch = int(status.get("epoch", 0))
         with self.lock:
-            if status.get("capacity"):
-                self.max_used_fraction = max(self.max_used_fraction,
-                                             status["used"] / status["capacity"])
+            used_fraction = status["used"] / status["capacity"] if status.get("capacity") else 0.0
+            self.max_used_fraction = max(self.max_used_fraction, used_fraction)
             # an expired node's segments leave the table: a node that vanishes while the same
             # master runs was expired (a new master starts empty: that is not an expiry)
             states = {seg["node"]: seg["state"] for seg in status.get("segments", [])}
@@ -107,9 +108,11 @@ class Watcher(threading.Thread):
             # a new master counts from 0
             delta = evicted - (self._last_evicted or 0) if epoch == self._last_epoch else evicted
             if delta > 0:
-                self.evictions.append((self._last_poll, now, delta))
+                self.evictions.append((self._last_poll, now, delta,
+                                       max(used_fraction, self._last_used_fraction)))
                 self.evicted_total += delta
             self._last_evicted, self._last_epoch, self._last_poll = evicted, epoch, now
+            self._last_used_fraction = used_fraction
 
     def run(self) -> None:
         while not self.stop_event.wait(WATCH_INTERVAL_S):

@@ -98,6 +98,20 @@ def test_eviction_per_put_is_bounded(clock) -> None:  # type: ignore[no-untyped-
     assert len(keys(svc)) == 5
 
 
+def test_no_eviction_when_the_put_lacks_nodes_not_bytes(clock) -> None:  # type: ignore[no-untyped-def]
+    # Eviction frees bytes, never nodes: 2 replicas with one placeable node, or with every
+    # other node avoided, cannot be placed however much is evicted (make soak-ha: a new
+    # leader with one node mounted emptied it 64 objects a put).
+    svc = full_service(clock)
+    space, now = svc.space, clock.monotonic()
+    assert space.evict_for_space(MiB, 2, (), "", now, MiB) is None
+    mount(svc, "n2", 2, size=MiB)  # a second node, empty
+    assert space.evict_for_space(2 * MiB, 1, ("n1", "n2"), "", now, 2 * MiB) is None
+    assert svc.evictor.evicted_keys == 0 and keys(svc) == {f"k{i}" for i in range(8)}
+    assert space.evict_for_space(MiB, 2, (), "", now, MiB) is not None  # n2 + room on n1
+    assert svc.evictor.evicted_keys >= 1
+
+
 def test_watermark_eviction_runs_in_tick(clock) -> None:  # type: ignore[no-untyped-def]
     svc = make_service(clock, eviction_samples=128, **LONG_LIVED)  # pool <= sample: exact LRU
     mount(svc, "n1", 1, size=100 * MiB)

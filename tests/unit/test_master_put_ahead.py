@@ -1,5 +1,5 @@
-"""Put-ahead allocations (master/put_ahead.py): granted only where they fit without eviction,
-bound to a key at PutEnd only when the node's receipt names the key and the allocation is newer
+"""Put-ahead allocations (master/put_ahead.py): granted where the puts they stand for would be
+placed (evicting for room as they would, never for want of nodes), bound to a key at PutEnd only when the node's receipt names the key and the allocation is newer
 than the key's last version and removal; everything refused is dropped, nothing stored."""
 
 from __future__ import annotations
@@ -135,6 +135,22 @@ def test_grants_leave_half_the_writing_cap_and_respect_quotas() -> None:
     granted = ahead(svc, 64, size=MiB)
     assert len(granted) == 2 and svc.exists(T, ["s"]) == [Status.NOT_FOUND]
     assert svc.tenant(T).used_bytes <= 2 * MiB
+
+
+def test_an_ask_for_more_replicas_than_live_nodes_grants_and_evicts_nothing() -> None:
+    svc = service(allow_unknown_tenants=True)
+    svc.set_tenant_quota(T, TenantQuota(quota_bytes=2 * MiB))  # quota room would evict too
+    for i in range(8):  # n1 full: 2 MiB under the quota, the rest of another tenant
+        tenant = T if i < 2 else "other"
+        started = svc.put_start(tenant, "c", [PutItem(f"s{i}", MiB)]).results[0]
+        svc.put_end(tenant, "c", [PutEndItem(f"s{i}", started.put_id, 1,
+                                             receipts_for(SECRET, started, 1))])
+    stored = {name: set(svc.tenant(name).objects) for name in (T, "other")}
+    evicted = svc.evictor.evicted_keys
+    assert ahead(svc, 4, size=MiB, replicas=2) == []  # one live node: no second replica
+    assert svc.evictor.evicted_keys == evicted
+    assert {name: set(svc.tenant(name).objects) for name in (T, "other")} == stored
+    assert len(stored[T]) == 2 and stored["other"]
 
 
 def test_limits_quota_tenants_and_zero() -> None:
