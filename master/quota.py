@@ -12,7 +12,9 @@ loops of PutStart (which victim is eviction.py's policy):
   push others out by churning puts): evict only that tenant's own objects, at most
   `max_evictions_per_put`;
 - `evict_for_space`: no segment has room: evict from the global pools, at most
-  `max_evictions_per_put`, stopping as soon as placement succeeds.
+  `max_evictions_per_put`, stopping as soon as placement succeeds; only objects with a replica
+  where the put may be placed (not one living only on a draining, suspect or still-reporting
+  node, or on the nodes the put avoids: evicting it frees nothing the put can use).
 Both loops first check that eviction could succeed at all (the free bytes plus every byte
 eviction could free cover what the put needs, the pools keep those sums; and, for space, as
 many placeable nodes as the put's replicas): a put that will fail anyway is refused at once
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from cellar.master.state.eviction import Evictor
     from cellar.master.state.membership import Membership
     from cellar.master.state.placement import Placement
-    from cellar.master.state.records import Segment, Tenant
+    from cellar.master.state.records import Obj, Segment, Tenant
 
 NO_LIMIT = 1 << 62
 
@@ -151,6 +153,25 @@ class SpaceMaker:
                 free += segment.allocator.capacity_bytes - segment.allocator.used_bytes
         return free + self.evictor.evictable_bytes() >= need
 
+    def _frees_placeable(self, avoid: Sequence[str]) -> Callable[[Obj], bool] | None:
+        """Which victims can make room for a put: those with a replica on a segment it may be
+        placed on. Evicting one that lives only on a node being drained or still reporting, or
+        one the put avoids, frees nothing it can use. None when every segment qualifies (the
+        common case, no filter) or with a disk tier (an evicted disk object makes room to
+        spill, and `Tiers` keeps the disk's own watermarks)."""
+        membership = self.membership
+        if membership.tiered:
+            return None
+        placeable = {s for s in membership.active_segments
+                     if not avoid or s.node.node_id not in avoid}
+        if len(placeable) == len(membership.segments):
+            return None
+
+        def useful(obj: Obj) -> bool:
+            return any(replica.segment in placeable for replica in obj.replicas)
+
+        return useful
+
     def evict_for_space(
         self, size: int, replicas: int, avoid: Sequence[str], preferred_host: str, now: float,
         reserved: int,
@@ -168,8 +189,9 @@ class SpaceMaker:
             return None
         evictor = self.evictor
         evictor.attempts += 1
+        useful = self._frees_placeable(avoid)
         for attempt in range(budget):
-            if evictor.evict_one() < 0:
+            if evictor.evict_one(useful=useful) < 0:
                 return None
             if attempt == 0:
                 evictor.successes += 1

@@ -126,8 +126,9 @@ class Evictor:
 
     # ---------------------------------------------------------------- victims
 
-    def _sample(self, pool: Pool) -> Obj | None:
-        """The least recently accessed unpinned object among a random sample (None if none)."""
+    def _sample(self, pool: Pool, useful: Callable[[Obj], bool] | None = None) -> Obj | None:
+        """The least recently accessed unpinned object among a random sample (None if none);
+        with `useful`, only among those it accepts, and None when the sample holds none."""
         if pool.evictable() <= 0:
             return None
         items = pool.items
@@ -135,36 +136,43 @@ class Evictor:
         best: Obj | None = None
         if count <= self.samples:
             for obj in items:
-                if not obj.pins and (best is None or obj.last_access < best.last_access):
+                if (not obj.pins and (best is None or obj.last_access < best.last_access)
+                        and (useful is None or useful(obj))):
                     best = obj
             return best
         rand = self._random
         for _ in range(_SAMPLE_ROUNDS):
             for _ in range(self.samples):
                 obj = items[int(rand() * count)]
-                if not obj.pins and (best is None or obj.last_access < best.last_access):
+                if (not obj.pins and (best is None or obj.last_access < best.last_access)
+                        and (useful is None or useful(obj))):
                     best = obj
             if best is not None:
                 return best
+        if useful is not None:
+            return None  # no scan of the whole pool for a rare victim: the put stops here
         # Almost everything sampled was pinned; the pool counts say something is not: find it.
         for obj in items:
             if not obj.pins:
                 return obj
         raise AssertionError("eviction pool pinned count out of sync")
 
-    def victim(self, tenant: Tenant | None = None) -> Obj | None:
+    def victim(self, tenant: Tenant | None = None,
+               useful: Callable[[Obj], bool] | None = None) -> Obj | None:
         """Next object to evict: normal pool first, soft-pinned only when it has none."""
         pools = self.pools if tenant is None else tenant.pools
         if pools is None:
             return None  # a tenant without a quota is never evicted on its own account
-        victim = self._sample(pools[NORMAL])
+        victim = self._sample(pools[NORMAL], useful)
         if victim is None:
-            victim = self._sample(pools[SOFT])
+            victim = self._sample(pools[SOFT], useful)
         return victim
 
-    def evict_one(self, tenant: Tenant | None = None) -> int:
-        """Evict one object (of `tenant` if given); bytes it held, or -1 if nothing evictable."""
-        victim = self.victim(tenant)
+    def evict_one(self, tenant: Tenant | None = None,
+                  useful: Callable[[Obj], bool] | None = None) -> int:
+        """Evict one object (of `tenant` if given; one `useful` accepts, if given); bytes it
+        held, or -1 if nothing evictable (or nothing useful was found)."""
+        victim = self.victim(tenant, useful)
         if victim is None:
             return -1
         held = victim.reserved * len(victim.replicas)

@@ -112,6 +112,26 @@ def test_no_eviction_when_the_put_lacks_nodes_not_bytes(clock) -> None:  # type:
     assert svc.evictor.evicted_keys >= 1
 
 
+def test_put_start_evicts_only_where_the_put_can_go(clock) -> None:  # type: ignore[no-untyped-def]
+    # The least recently used objects live on n2, which is being drained: evicting them frees
+    # nothing a put may take. The put evicts n1's oldest instead, and only it.
+    svc = make_service(clock, **LONG_LIVED)
+    mount(svc, "n2", 2, size=4 * MiB)
+    for i in range(4):
+        put(svc, f"old{i}", MiB)
+        clock.advance(1)
+    mount(svc, "n1", 1, size=8 * MiB)
+    for i in range(8):
+        put(svc, f"k{i}", MiB)
+        clock.advance(1)
+    assert {r.segment.node.node_id for i in range(4)
+            for r in svc.tenant("").objects[f"old{i}"].replicas} == {"n2"}
+    svc.repair.drain("n2")
+    assert put_start(svc, "new", MiB).status == Status.OK
+    assert keys(svc) == {f"old{i}" for i in range(4)} | {f"k{i}" for i in range(1, 8)}
+    assert svc.evictor.evicted_keys == 1
+
+
 def test_watermark_eviction_runs_in_tick(clock) -> None:  # type: ignore[no-untyped-def]
     svc = make_service(clock, eviction_samples=128, **LONG_LIVED)  # pool <= sample: exact LRU
     mount(svc, "n1", 1, size=100 * MiB)
@@ -162,6 +182,13 @@ def test_sampling_picks_old_objects_from_large_pools() -> None:
     pool.pinned = 9_990
     picked = evictor._sample(pool)
     assert picked is not None and picked.pins == 0
+    # With a filter: only accepted victims, and no scan of the pool for a rare one (None).
+    for obj in objs:
+        obj.pins = 0
+    pool.pinned = 0
+    even = [evictor._sample(pool, lambda o: int(o.last_access) % 2 == 0) for _ in range(50)]
+    assert all(p is not None and int(p.last_access) % 2 == 0 for p in even)
+    assert evictor._sample(pool, lambda o: o is objs[1234]) is None
 
 
 def test_get_refreshes_lru_order_between_tenants_too(clock) -> None:  # type: ignore[no-untyped-def]
