@@ -159,12 +159,14 @@ class Evictor:
 
     def victim(self, tenant: Tenant | None = None,
                useful: Callable[[Obj], bool] | None = None) -> Obj | None:
-        """Next object to evict: normal pool first, soft-pinned only when it has none."""
+        """Next object to evict: normal pool first, soft-pinned only when it has none (with
+        `useful`, a sample that found no useful normal object is no proof that none is left,
+        so a soft-pinned one is not taken then either)."""
         pools = self.pools if tenant is None else tenant.pools
         if pools is None:
             return None  # a tenant without a quota is never evicted on its own account
         victim = self._sample(pools[NORMAL], useful)
-        if victim is None:
+        if victim is None and (useful is None or pools[NORMAL].evictable() <= 0):
             victim = self._sample(pools[SOFT], useful)
         return victim
 

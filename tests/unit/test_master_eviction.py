@@ -130,6 +130,14 @@ def test_put_start_evicts_only_where_the_put_can_go(clock) -> None:  # type: ign
     assert put_start(svc, "new", MiB).status == Status.OK
     assert keys(svc) == {f"old{i}" for i in range(4)} | {f"k{i}" for i in range(1, 8)}
     assert svc.evictor.evicted_keys == 1
+    # n1 holds soft-pinned objects only now, n2 normal ones: no soft-pinned object goes while
+    # normal ones are left, even if none of them can help (the put is NO_SPACE instead)
+    svc.remove("", [f"k{i}" for i in range(1, 8)])
+    svc.unpin("", "writer", list(svc.pins.pins))
+    for i in range(7):
+        put(svc, f"soft{i}", MiB, soft_pin=True)
+    assert put_start(svc, "new2", 2 * MiB).status == Status.NO_SPACE
+    assert {f"soft{i}" for i in range(7)} <= keys(svc)
 
 
 def test_watermark_eviction_runs_in_tick(clock) -> None:  # type: ignore[no-untyped-def]
