@@ -104,7 +104,7 @@ class PutAheads:
         replicas = int(ask.replicas) or config.default_replicas
         if (count <= 0 or not 0 < size <= s.membership.max_segment_bytes
                 or replicas > config.max_replicas
-                or replicas > len(s.membership.active_node_ids)):  # as PutStart: UNAVAILABLE
+                or replicas > s.membership.placeable_nodes()):  # as PutStart: UNAVAILABLE
             return []
         reserved = SegmentAllocator.rounded_size(size)
         need = reserved * replicas

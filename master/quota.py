@@ -144,13 +144,11 @@ class SpaceMaker:
         replicas while one node is live, as when a new leader's nodes are still mounting,
         emptied that node 64 objects a put before this was checked), and free bytes plus all
         evictable bytes holding `need`."""
-        live = self.membership.active_node_ids
-        if replicas > (len(live.difference(avoid)) if avoid else len(live)):
+        membership = self.membership
+        if replicas > membership.placeable_nodes(avoid):
             return False
-        free = 0
-        for segment in self.membership.active_segments:
-            if not avoid or segment.node.node_id not in avoid:
-                free += segment.allocator.capacity_bytes - segment.allocator.used_bytes
+        free = sum(s.allocator.capacity_bytes - s.allocator.used_bytes
+                   for s in membership.placeable_segments(avoid))
         return free + self.evictor.evictable_bytes() >= need
 
     def _frees_placeable(self, avoid: Sequence[str]) -> Callable[[Obj], bool] | None:
@@ -162,8 +160,7 @@ class SpaceMaker:
         membership = self.membership
         if membership.tiered:
             return None
-        placeable = {s for s in membership.active_segments
-                     if not avoid or s.node.node_id not in avoid}
+        placeable = set(membership.placeable_segments(avoid))
         if len(placeable) == len(membership.segments):
             return None
 

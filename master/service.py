@@ -375,8 +375,7 @@ class MasterService:
             return PutStartResult(INVALID, "preferred_host_id is too long")
         if error := engine_hash_error(item.engine_hash):
             return PutStartResult(INVALID, error)
-        live = membership.active_node_ids
-        eligible = len(live.difference(avoid)) if avoid else len(live)
+        eligible = membership.placeable_nodes(avoid)
         if replicas > eligible:
             return PutStartResult(
                 Status.UNAVAILABLE,

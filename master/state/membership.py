@@ -30,6 +30,7 @@ replicas is the service's job.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from cellar.errors import Status
@@ -233,6 +234,18 @@ class Membership:
             capacity += segment.allocator.capacity_bytes
             used += segment.allocator.used_bytes
         return capacity, used
+
+    def placeable_nodes(self, avoid: Collection[str] = ()) -> int:
+        """How many nodes outside `avoid` take placements now: the most replicas a put may have
+        (PutStart answers UNAVAILABLE beyond it, and no eviction can add a node)."""
+        live = self.active_node_ids
+        return len(live.difference(avoid)) if avoid else len(live)
+
+    def placeable_segments(self, avoid: Collection[str] = ()) -> list[Segment]:
+        """The segments a put avoiding `avoid` may be placed on."""
+        if not avoid:
+            return self.active_segments
+        return [s for s in self.active_segments if s.node.node_id not in avoid]
 
     def largest_placeable_bytes(self) -> int:
         """The largest object a put could place now (the largest placeable segment)."""
