@@ -88,10 +88,11 @@ class Removals:
 
     def _remove(self, obj: Obj, now: float, by: str = "", client_id: str = "") -> None:
         """Drop a value a client removed, remembering it so a late report cannot revive it;
-        the reply waits until no other client may reuse it (state/read_trust.py)."""
+        the reply waits until no other client may reuse it (state/read_trust.py), and its
+        nodes keep its bytes until the removal log holds the remove (state/objects.py)."""
         s = self.service
         self._tombstone(obj.tenant, obj.key, by)
-        s.objects.drop(obj, now)
+        s.objects.drop(obj, now, until_durable=True)  # its ranges wait for the removal log
         s.objects.read_trust.changed(obj.tenant.name, obj.key, now, client_id)
 
     def _tombstone(self, tenant: Tenant, key: str, by: str = "") -> None:

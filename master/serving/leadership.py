@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cellar.coord.redirect import redirect_details
@@ -44,6 +44,7 @@ from cellar.master.state.tombstones import TombstoneRecord
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
     from cellar.coord.target import LeaderRecord
+    from cellar.master.state.records import Obj
 
 log = logging.getLogger("cellar.master")
 
@@ -62,6 +63,11 @@ class DurableWork:
 
     records: list[TombstoneRecord]  # removal bounds to write to the removal log
     settle_until: float             # the service clock's monotonic s (0: no wait)
+    # versions the change dropped whose ranges wait for that write (state/objects.py), with
+    # the service that holds them
+    held: list[Obj] = field(default_factory=list)
+    service: MasterService | None = None
+    unwritten: list[TombstoneRecord] | None = None  # the earlier failed bounds it carries
 
 
 @dataclass
@@ -103,8 +109,10 @@ class Leadership:
         self._publishing: asyncio.Task[bool] | None = None
         # cellar.master.serving.removal_log: None only when turned off (removal_log_file = none)
         self.removal_log: FileRemovalLog | EtcdRemovalLog | None = None
-        # Bounds whose write failed, with the service that made them (a takeover drops them).
+        # Bounds whose write failed, with the service that made them (a takeover drops them),
+        # and the versions whose ranges wait for them
         self._unwritten: tuple[MasterService | None, list[TombstoneRecord]] = (None, [])
+        self._unwritten_held: list[Obj] = []
 
     def attach_removal_log(self, removal_log: FileRemovalLog | EtcdRemovalLog) -> None:
         """Use `removal_log`; a single master loads it now, before it serves anything (a
@@ -117,7 +125,8 @@ class Leadership:
         """Whether the reply to a `method` call must wait for `make_durable`: the call queued
         bounds, or it is a mutating call while an earlier write failed (its repeat, answered
         from the reply memory, must not be acknowledged before those bounds are written)."""
-        if self.service.tombstones.pending or self.service.objects.read_trust.settle_until:
+        objects = self.service.objects
+        if self.service.tombstones.pending or objects.read_trust.settle_until or objects.holding:
             return True
         return bool(self._unwritten[1]) and self._unwritten[0] is self.service \
             and method in REMOVING_METHODS
@@ -127,10 +136,15 @@ class Leadership:
         (state/tombstones.py) and until when clients may reuse what it changed
         (state/read_trust.py). Call right after `dispatch`, before anything else runs on the
         loop: the next request queues its own."""
-        records = self.service.tombstones.take_pending()
-        if self._unwritten[0] is self.service:
-            records = self._unwritten[1] + records
-        return DurableWork(records, self.service.objects.read_trust.take())
+        service = self.service
+        records = service.tombstones.take_pending()
+        held = service.objects.take_held()
+        unwritten = None
+        if self._unwritten[0] is service:
+            unwritten = self._unwritten[1]
+            records = unwritten + records
+            held = self._unwritten_held + held
+        return DurableWork(records, service.objects.read_trust.take(), held, service, unwritten)
 
     async def make_durable(self, work: DurableWork | None = None) -> None:
         """Write `work`'s bounds (default: `take_durable()` now) to the removal log, then wait
@@ -144,10 +158,18 @@ class Leadership:
             except BaseException:
                 # The change is in this master's memory though not acknowledged: keep its
                 # bounds (at most `max_remove_tombstones`), so the next remove's or upsert's
-                # write (its retry, or any other) makes them durable too.
-                self._unwritten = (self.service, records[-max(1, self.config.max_remove_tombstones):])
+                # write (its retry, or any other) makes them durable too; the ranges of what
+                # it dropped stay on their nodes until then (state/objects.py)
+                if work.service is self.service:
+                    self._unwritten = (work.service,
+                                       records[-max(1, self.config.max_remove_tombstones):])
+                    self._unwritten_held = work.held
                 raise
-            self._unwritten = (None, [])
+            if work.unwritten is not None and self._unwritten[1] is work.unwritten:
+                # written with these: unless a later failure left newer ones (a superset)
+                self._unwritten, self._unwritten_held = (None, []), []
+        if work.held and work.service is not None:
+            work.service.objects.release_held(work.held, work.service.clock.monotonic())
         # a client may still reuse the old version's replicas until then (read_trust.py); a
         # loop's timer may fire early by its resolution (uvloop's is 1 ms): sleep again then
         if not work.settle_until:
@@ -175,6 +197,8 @@ class Leadership:
             service = MasterService(self.config, self._secret, epoch=epoch if epoch is not None else 0)
             service.role = LEADER if epoch is not None else STANDBY
         service.objects.observer = self.kv_events if service.role != STANDBY else None
+        # a remove's ranges wait for its bound in the removal log (make_durable frees them)
+        service.objects.hold_until_durable = True
         return service
 
     # ---- what the servicer asks on every request ----------------------------------------

@@ -12,7 +12,17 @@ State machine (asserted at every transition):
   hard-pinned; an upserted old version is dropped.
 - `drop`: revoke, writer timeout, remove, eviction, upsert replacement or loss of every replica.
   The version leaves every table and stops being charged. Its ranges are released at once
-  unless readers still pin it, in which case the last unpin releases them.
+  unless readers still pin it, in which case the last unpin releases them, or unless a client's
+  remove or upsert dropped it: then they wait for the removal log (below).
+
+Durable first (a remove's or an upsert's drop, `drop(..., until_durable=True)`): the ranges of
+the version a client removed or replaced stay allocated, and its nodes untold, until the bound
+that records the change is in the removal log (`take_held`, then `release_held` once the
+write succeeded; serving/leadership.py). A master that could not write it (etcd away) did not
+acknowledge the change; if it then loses the leadership, its successor rebuilds from the nodes'
+reports and the removal log, and must find the old version still on its nodes, as the change
+never happened for it. Freeing at once let the heartbeat replies tell the nodes first: the
+version vanished and the client's retry of its remove answered False (make soak-ha).
 
 Releasing a range (quarantine rule, DESIGN write path 4): a range of a version that never
 reached COMPLETE may still receive a late write from its writer until the write grant expires,
@@ -116,6 +126,13 @@ class ObjectTable:
         # remembers its alloc ids as dead writes (state/tombstones.py) so that no rebuild
         # adopts bytes a node sealed for a put that was never acknowledged.
         self.dead_write: Callable[[Obj], None] = _ignore
+        # Versions a remove or upsert dropped whose ranges wait for the removal log: all of
+        # them, and those the current request dropped (taken with its bounds, `take_held`).
+        # Only where a servicer writes that log and releases them (serving/leadership.py
+        # turns it on); a bare table frees at once.
+        self.hold_until_durable = False
+        self._held: set[Obj] = set()
+        self._held_new: list[Obj] = []
 
     def writing_replicas(self) -> Counter[int]:
         """Replicas of versions being written (put-ahead allocations among them) per segment
@@ -164,7 +181,8 @@ class ObjectTable:
         tenant = obj.tenant
         old = tenant.objects.get(obj.key)
         if old is not None:
-            self.drop(old, now)  # upsert: the old version goes (when its readers are done)
+            self.drop(old, now, until_durable=True)  # upsert: the old version goes once
+            # the removal log holds its bound and its readers are done
         del self.puts[obj.put_id]
         del tenant.writing[obj.key]
         tenant.writing_bytes -= obj.reserved * len(obj.replicas)
@@ -183,8 +201,10 @@ class ObjectTable:
         if len(obj.replicas) < obj.wanted:
             self.watch(obj)  # it lost a replica while being written
 
-    def drop(self, obj: Obj, now: float) -> int:
-        """Take a version out of service; returns the bytes given back to allocators at once."""
+    def drop(self, obj: Obj, now: float, until_durable: bool = False) -> int:
+        """Take a version out of service; returns the bytes given back to allocators at once.
+        `until_durable`: a client removed or replaced it; a sealed version's ranges then wait
+        for the removal log (module doc, "Durable first")."""
         tenant = obj.tenant
         state = obj.state
         if state == COMPLETE:
@@ -210,9 +230,38 @@ class ObjectTable:
         tenant.object_count -= 1
         assert tenant.object_count >= 0 and self.complete_count >= 0, "object counts went negative"
         obj.state = DROPPED
+        if until_durable and state == COMPLETE and obj.replicas and self.hold_until_durable:
+            self._held.add(obj)
+            self._held_new.append(obj)
+            return 0  # release_held gives them back
         if obj.pins:
             return 0  # the last unpin releases the ranges
         return self.release_ranges(obj, now)
+
+    @property
+    def holding(self) -> bool:
+        """Whether the current request dropped versions whose ranges wait for the log."""
+        return bool(self._held_new)
+
+    def take_held(self) -> list[Obj]:
+        """The versions the current request dropped until durable (its reply's work)."""
+        held, self._held_new = self._held_new, []
+        return held
+
+    def release_held(self, held: list[Obj], now: float) -> int:
+        """The removal log holds the bounds of `held`'s drops: give their ranges back (after
+        their last reader, as any drop); returns the bytes freed now."""
+        freed = 0
+        for obj in held:
+            if obj in self._held:
+                self._held.discard(obj)
+                if not obj.pins:
+                    freed += self.release_ranges(obj, now)
+        return freed
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
 
     def release_ranges(self, obj: Obj, now: float) -> int:
         """Give a DROPPED, unpinned version's ranges back (or to quarantine); tell the nodes."""
@@ -251,7 +300,8 @@ class ObjectTable:
 
     def on_last_unpin(self, obj: Obj) -> None:
         if obj.state == DROPPED:
-            self.release_ranges(obj, self._clock())
+            if obj not in self._held:  # else release_held does
+                self.release_ranges(obj, self._clock())
         else:
             self.evictor.on_last_unpin(obj)
 

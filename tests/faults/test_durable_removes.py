@@ -188,3 +188,53 @@ def test_a_put_refused_under_a_held_allocation_stays_refused_after_a_leader_kill
         wait_until("the standby to take over", lambda: takeover_complete(cluster, 1 - old, 1),
                    timeout_s=30)
         assert client.get("k") == acked
+
+
+@pytest.mark.timeout(180)
+def test_a_remove_the_leader_could_not_make_durable_leaves_the_value_for_its_successor():
+    """etcd dies under the leader; removes and upserts it applies in memory cannot be written
+    to the removal log, so each is refused (UNAVAILABLE or a timeout), not acknowledged. The
+    nodes heartbeat several times meanwhile. Then the leader is killed and etcd comes back: the
+    standby rebuilds from the nodes' reports and the removal log, and, since none of those
+    changes happened for it, every removed key reads its old value byte-exact and a repeat of
+    the remove answers True. Before the ranges of such a change waited for the log, the
+    heartbeat replies told the nodes to free them: the values vanished and the repeat answered
+    False (make soak-ha: one "unexplained loss" in ten minutes)."""
+    removed = [f"undurable/rm/{i}" for i in range(6)]
+    upserted = [f"undurable/up/{i}" for i in range(4)]
+    keys = removed + upserted
+    with ha_cluster(nodes=2, lease_ttl_s=8) as cluster, \
+            cellar.connect(cluster.etcd_url, timeout_s=30, transport="tcp") as client, \
+            cellar.connect(cluster.etcd_url, timeout_s=1.5, transport="tcp") as impatient:
+        leader = cluster.leader()
+        wait_until("the takeover", lambda: takeover_complete(cluster, leader, 2))
+        assert client.put_many({k: value(k, 0) for k in keys}, replicas=2) == [Status.OK] * len(keys)
+        before = client.get_many(keys)
+        assert before == [value(k, 0) for k in keys]
+
+        assert cluster.etcd is not None
+        cluster.etcd.stop(kill=True)
+        refused = 0
+        for key in removed:
+            with pytest.raises((cellar.Unavailable, cellar.Timeout)):
+                impatient.remove(key)
+            refused += 1
+        for key in upserted:
+            with pytest.raises((cellar.Unavailable, cellar.Timeout)):
+                impatient.put(key, value(key, 1), replicas=2)
+            refused += 1
+        time.sleep(3.5)  # three heartbeats (1 s each): the nodes would have heard of frees
+        cluster.kill_master(leader)
+        cluster.etcd.start()
+        new = 1 - leader
+        wait_until("the standby to take over", lambda: takeover_complete(cluster, new, 2),
+                   timeout_s=60)
+        after = client.get_many(removed)
+        print(f"{refused} changes refused during the etcd outage; after the failover "
+              f"{sum(v is not None for v in after)}/{len(removed)} removed keys still hold "
+              "their value")
+        assert after == [value(k, 0) for k in removed]
+        for key in upserted:  # the old value or the new one (it was sealed), never neither
+            assert client.get(key) in (value(key, 0), value(key, 1)), key
+        assert [client.remove(k) for k in removed] == [True] * len(removed)
+        assert client.get_many(removed) == [None] * len(removed)

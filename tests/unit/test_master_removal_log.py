@@ -253,6 +253,51 @@ def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
     assert not leadership.durable_due("Remove")
 
 
+def test_a_changes_ranges_stay_on_their_nodes_until_its_bound_is_written() -> None:
+    """A remove's or an upsert's old version keeps its ranges allocated, and its node untold,
+    while its bound is not in the removal log: a successor that rebuilds from the nodes must
+    still find it (tests/faults/test_durable_removes.py, the same across a failover). Once a
+    write succeeds (the retry's, or any later change's) they are freed; a reader's pin still
+    holds them past that, as for any drop."""
+    from cellar.master.config import MasterConfig
+    from cellar.master.serving.leadership import Leadership
+
+    leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
+    flaky = _FlakyLog(failures=1)
+    leadership.removal_log = flaky  # type: ignore[assignment]
+    svc = leadership.service
+    mount(svc, "n1", 1)
+    segment = svc.membership.segments[1]
+    outbox = segment.node.outbox
+    for key in ("a", "up", "read", "later"):
+        put(svc, key, MiB)
+    outbox.clear()
+    used = segment.allocator.used_bytes
+
+    svc.remove("", ["a"])
+    put(svc, "up", MiB, upsert=True, checksum=9)  # the old "up" waits too
+    with pytest.raises(ConnectionError):
+        asyncio.run(leadership.make_durable())
+    assert segment.allocator.used_bytes == used + MiB  # the new "up"; nothing freed
+    assert list(outbox) == []
+    assert svc.objects.held_count == 2
+
+    pin = svc.get_replicas("", "reader", ["read"]).results[0].pin_id
+    svc.remove("", ["read"])  # this write succeeds and carries the failed one's bounds
+    asyncio.run(leadership.make_durable())
+    assert [key for _, key, _, _ in flaky.written] == ["a", "up", "read"]
+    assert segment.allocator.used_bytes == used - MiB  # a and the old up; "read" is pinned
+    assert len(outbox) == 2 and svc.objects.held_count == 0
+    svc.unpin("", "reader", [pin])
+    assert segment.allocator.used_bytes == used - 2 * MiB and len(outbox) == 3
+
+    # without a removal log (turned off) nothing waits
+    leadership.removal_log = None
+    svc.remove("", ["later"])
+    asyncio.run(leadership.make_durable())
+    assert segment.allocator.used_bytes == used - 3 * MiB and svc.objects.held_count == 0
+
+
 def test_a_put_end_repeated_after_a_restart_is_recognised_by_its_receipt() -> None:
     """The first PutEnd completed the put and its reply died with the master; the new master
     adopted the object from the node. The writer's repeat carries the node's receipt: OK, not
