@@ -93,6 +93,8 @@ class LeaderElection:
         self.record: LeaderRecord | None = None  # ours, while we lead
         self.expected_nodes: frozenset[str] | None = None  # the previous leader's, at takeover
         self.removal_values: list[bytes] = []  # the removal log's values, read at takeover
+        # the tenant log's (key, value) pairs, read at takeover (master/serving/tenant_log.py)
+        self.tenant_values: list[tuple[bytes, bytes]] = []
         self._deadline = 0.0          # monotonic: the lease is surely valid until then
         self._client: Any = None
         self._changed = asyncio.Event()
@@ -106,11 +108,15 @@ class LeaderElection:
 
     async def _read_removals(self, kv: Any) -> list[bytes]:
         """Every value under the removal log's prefix, in key order, read in pages."""
+        return [value for _key, value in await self._read_prefix(kv, self.target.removals_prefix)]
+
+    async def _read_prefix(self, kv: Any, prefix: str) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) under `prefix`, in key order, read in pages."""
         from etcd3aio import SortOrder, SortTarget  # as Etcd3Client: only where etcd is used
 
-        values: list[bytes] = []
-        start = self.target.removals_prefix
-        end = _prefix_end(self.target.removals_prefix)
+        values: list[tuple[bytes, bytes]] = []
+        start: str | bytes = prefix
+        end = _prefix_end(prefix)
         limit = 0  # first the whole log in one reply, as always; pages only if it is too large
         while True:
             try:
@@ -122,7 +128,7 @@ class LeaderElection:
                     limit = REMOVAL_LOG_PAGE_KEYS if limit == 0 else limit // 2
                     continue
                 raise
-            values += [item.value for item in page.kvs]
+            values += [(bytes(item.key), bytes(item.value)) for item in page.kvs]
             if not page.more or not page.kvs:
                 return values
             start = bytes(page.kvs[-1].key) + b"\0"  # the next key after the last one read
@@ -264,6 +270,7 @@ class LeaderElection:
         # The removal log (cellar.master.serving.removal_log), read before this master serves
         # anything: no report may be adopted before the removes acknowledged by earlier leaders.
         self.removal_values = await self._read_removals(kv)
+        self.tenant_values = await self._read_prefix(kv, self.target.tenants_prefix)
         self.record = record
         self.is_leader = True
         self.epoch = epoch

@@ -73,6 +73,10 @@ class EtcdTarget:
         return self.prefix + "removals/"
 
     @property
+    def tenants_prefix(self) -> str:
+        return self.prefix + "tenants/"
+
+    @property
     def masters_prefix(self) -> str:
         return self.prefix + "masters/"
 

@@ -74,6 +74,8 @@ def master_argv(cluster: LocalCluster) -> list[str]:
                  "--node-listen", f"{c.host}:{c.node_port}"]
     if "removal_log_file" not in c.master_flags:  # survives the master's restarts
         argv += ["--removal-log-file", str(c.run_dir / "master-removals.log")]
+    if "tenant_log_file" not in c.master_flags:  # so are the tenants the admin API created
+        argv += ["--tenant-log-file", str(c.run_dir / "master-tenants.json")]
     return argv + flags(c.master_flags)
 
 

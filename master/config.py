@@ -152,6 +152,12 @@ class MasterConfig:
         "'none': off (a remove acknowledged just before a kill may come back). With etcd the log "
         "lives in etcd instead"
     )
+    tenant_log_file: str = setting(
+        "", "a single master's tenant log (cellar.master.serving.tenant_log): tenants created or "
+        "changed through PUT /api/v1/tenants outlive a restart. Empty: "
+        "~/.cellar/tenants-<listen>.json; 'none': off (such a tenant, and its objects, are gone "
+        "after a restart). With etcd the log lives in etcd instead"
+    )
     rebuild_grace_s: float = setting(
         5.0, "after a start, while nodes may still re-register and report their objects, a miss "
         "answers UNAVAILABLE (clients retry) instead of NOT_FOUND", unit=UNIT_SECONDS

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from cellar.errors import ConfigError
 from cellar.heap import freeze_survivors
 from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.config import ENV_PREFIX, MasterConfig
-from cellar.master.serving import removal_log
+from cellar.master.serving import removal_log, tenant_log
 from cellar.master.serving.auth import Authorizer
 from cellar.master.serving.fastrpc import FastRpcServer
 from cellar.master.serving.http_api import build_http
@@ -79,21 +80,35 @@ async def _ticker(leadership: Leadership, authorizer: Authorizer, interval_s: fl
         _freeze_heap()
 
 
+def _single_master_file(config: MasterConfig, value: str, disabled: str,
+                        default: Callable[[str], Path]) -> Path | None:
+    """Where a single master keeps one of its logs (`value`, the setting), or None: with etcd
+    (the log lives there), turned off (`disabled`), or on port 0 without a file set (a restart
+    listens elsewhere, so no one could follow it anyway)."""
+    if config.etcd or value == disabled or (not value and parse_host_port(config.listen)[1] == 0):
+        return None
+    return Path(value).expanduser() if value else default(config.listen)
+
+
 async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
                 ready: asyncio.Event | None = None) -> int:
     leadership = Leadership(config, secret, ha=bool(config.etcd))
-    # Port 0 without a file: a restart listens elsewhere, so no one could follow it anyway.
-    ephemeral = not config.removal_log_file and parse_host_port(config.listen)[1] == 0
-    if not config.etcd and config.removal_log_file != removal_log.DISABLED and not ephemeral:
-        path = Path(config.removal_log_file).expanduser() if config.removal_log_file \
-            else removal_log.default_path(config.listen)
+    single_master_logs: tuple[tuple[str, str, str, Callable[[str], Path], Callable[[Path], None]], ...] = (
+        ("removal log", config.removal_log_file, removal_log.DISABLED, removal_log.default_path,
+         lambda path: leadership.attach_removal_log(removal_log.FileRemovalLog(path))),
+        ("tenant log", config.tenant_log_file, tenant_log.DISABLED, tenant_log.default_path,
+         lambda path: leadership.attach_tenant_log(tenant_log.FileTenantLog(path))),
+    )
+    for what, value, disabled, default, attach in single_master_logs:
+        path = _single_master_file(config, value, disabled, default)
+        if path is None:
+            continue
         try:
-            leadership.attach_removal_log(removal_log.FileRemovalLog(path))
+            attach(path)
         except OSError as exc:
-            print(f"cellar master: cannot open the removal log {path}: {exc}", file=sys.stderr)
+            print(f"cellar master: cannot open the {what} {path}: {exc}", file=sys.stderr)
             return 2
-        log.info("removal log %s: %d removal bound(s) loaded", path,
-                 leadership.removal_log.records_written if leadership.removal_log else 0)
+        log.info("%s %s loaded", what, path)
     authorizer = Authorizer(store, secret, refusal_log_interval_s=config.refusal_log_interval_s)
     servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
@@ -218,6 +233,7 @@ def _election(config: MasterConfig, leadership: Leadership, bound: str, http: st
     )
     leadership.election = election
     leadership.attach_removal_log(removal_log.EtcdRemovalLog(election))
+    leadership.attach_tenant_log(tenant_log.EtcdTenantLog(election))
     log.info("master %s campaigning in etcd %s for cluster %r (lease %d s)", leadership.master_id,
              config.etcd, config.cluster, config.lease_ttl_s)
     return election

@@ -39,7 +39,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from cellar.errors import ConfigError
+from cellar.errors import ConfigError, QuotaExceeded
 from cellar.http import HttpServer, Request, Response
 from cellar.master.config import TENANT_NAME, parse_tenant_quota
 from cellar.master.serving import status_page
@@ -227,7 +227,6 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
         if not leadership.serving():
             return Response.json({"error": leadership.redirect(), "leader": leadership.redirect_address()},
                                  503)
-        service = leadership.service
         body = request.json()
         if not isinstance(body, dict) or "name" not in body:
             return Response.json({"error": 'expected {"name": ..., "quota_bytes": ..., "quota_objects": ...}'}, 400)
@@ -235,7 +234,15 @@ def build_http(leadership: Leadership, registry: CollectorRegistry, authorizer: 
             quota = parse_tenant_quota(body["name"], body, field="body")
         except ConfigError as exc:
             return Response.json({"error": str(exc)}, 400)
-        tenant = service.set_tenant_quota(body["name"], quota)
+        try:
+            tenant = await leadership.set_tenant(body["name"], quota)
+        except QuotaExceeded as exc:
+            return Response.json({"error": str(exc)}, 409)
+        except Exception as exc:  # noqa: BLE001 - the tenant log could not be written: unchanged
+            log.warning("PUT /api/v1/tenants %r: could not write the tenant log: %s",
+                        body["name"], exc)
+            return Response.json({"error": f"the tenant could not be made durable ({exc}); "
+                                           "nothing changed; retry"}, 503)
         return Response.json(_tenant_json(tenant))
 
     async def check_invariants(_: Request, _admin: Identity) -> Response:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cellar.coord.redirect import redirect_details
+from cellar.errors import QuotaExceeded
 from cellar.heap import release_frozen
 from cellar.master.config import MasterConfig
 from cellar.master.service import MasterService
@@ -39,12 +40,13 @@ from cellar.master.serving.events import (
     EventLog,
 )
 from cellar.master.serving.removal_log import EtcdRemovalLog, FileRemovalLog
+from cellar.master.serving.tenant_log import EtcdTenantLog, FileTenantLog
 from cellar.master.state.tombstones import TombstoneRecord
 
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
     from cellar.coord.target import LeaderRecord
-    from cellar.master.state.records import Obj
+    from cellar.master.state.records import Obj, Tenant, TenantQuota
 
 log = logging.getLogger("cellar.master")
 
@@ -109,6 +111,8 @@ class Leadership:
         self._publishing: asyncio.Task[bool] | None = None
         # cellar.master.serving.removal_log: None only when turned off (removal_log_file = none)
         self.removal_log: FileRemovalLog | EtcdRemovalLog | None = None
+        # cellar.master.serving.tenant_log: None when turned off (tenant_log_file = none)
+        self.tenant_log: FileTenantLog | EtcdTenantLog | None = None
         # Bounds whose write failed, with the service that made them (a takeover drops them),
         # and the versions whose ranges wait for them
         self._unwritten: tuple[MasterService | None, list[TombstoneRecord]] = (None, [])
@@ -120,6 +124,32 @@ class Leadership:
         self.removal_log = removal_log
         if isinstance(removal_log, FileRemovalLog):
             self.service.load_removals(removal_log.load())
+
+    def attach_tenant_log(self, tenant_log: FileTenantLog | EtcdTenantLog) -> None:
+        """Keep the tenants the admin API sets in `tenant_log`; a single master loads it now
+        (a leader at each election, `on_elected`), before any report is adopted."""
+        self.tenant_log = tenant_log
+        if isinstance(tenant_log, FileTenantLog):
+            self._load_tenants(tenant_log.load())
+
+    def _load_tenants(self, quotas: dict[str, TenantQuota]) -> None:
+        for name, quota in quotas.items():
+            try:
+                self.service.set_tenant_quota(name, quota)
+            except QuotaExceeded as exc:  # max_tenants was lowered since: say so, go on
+                log.warning("tenant log: %s", exc)
+
+    async def set_tenant(self, name: str, quota: TenantQuota) -> Tenant:
+        """Create a tenant or change its quotas (PUT /api/v1/tenants): written to the tenant
+        log first, so the next master knows it too; raises (and changes nothing) if it cannot
+        be, or past max_tenants."""
+        service = self.service
+        service.tenants.check_room(name)
+        if self.tenant_log is not None:
+            await self.tenant_log.write(name, quota)
+        if self.service is not service or not self.serving():
+            raise LeadershipLost("lost the leadership while the tenant was written")
+        return service.set_tenant_quota(name, quota)
 
     def durable_due(self, method: str) -> bool:
         """Whether the reply to a `method` call must wait for `make_durable`: the call queued
@@ -253,6 +283,8 @@ class Leadership:
             self.service.expect_nodes(expected)
         if isinstance(self.removal_log, EtcdRemovalLog):  # before any report is adopted
             self.service.load_removals(self.removal_log.load(epoch))
+        if isinstance(self.tenant_log, EtcdTenantLog):  # so is a tenant the API created
+            self._load_tenants(self.tenant_log.load())
         self.events.record(ELECTED, f"became leader with epoch {epoch}: rebuilding from the nodes' reports")
         log.info("took over as leader with epoch %d: rebuilding from the reports of %s", epoch,
                  f"{len(expected)} node(s)" if expected is not None else "the nodes (count unknown)")

@@ -272,5 +272,10 @@ class EtcdRemovalLog:
 
 def default_path(listen: str) -> Path:
     """~/.cellar/removals-<listen address>.log: one per master address on this host."""
+    return listen_file("removals", listen, ".log")
+
+
+def listen_file(stem: str, listen: str, suffix: str) -> Path:
+    """~/.cellar/<stem>-<listen address><suffix>: a single master's file, one per address."""
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in listen)
-    return Path("~/.cellar").expanduser() / f"removals-{safe}.log"
+    return Path("~/.cellar").expanduser() / f"{stem}-{safe}{suffix}"

@@ -92,15 +92,19 @@ class Tenants:
                                          tenant.quota_writing_bytes, tenant.may_hard_pin,
                                          tenant.quota_hard_pin_bytes, tenant.default_quota))
 
+    def check_room(self, name: str) -> None:
+        """QuotaExceeded if `configure(name, ...)` would create one more than `max_tenants`."""
+        if name not in self.by_name and self.count >= self.max_tenants:
+            raise QuotaExceeded(f"max_tenants ({self.max_tenants}) tenants exist; "
+                                f"tenant {name!r} is not created")
+
     def configure(self, name: str, quota: TenantQuota) -> Tenant:
         """Create a tenant or change its quotas (existing objects stay; later puts evict).
 
         QuotaExceeded when creating one more than `max_tenants`; nothing changes then."""
         tenant = self.by_name.get(name)
         if tenant is None:
-            if self.count >= self.max_tenants:
-                raise QuotaExceeded(f"max_tenants ({self.max_tenants}) tenants exist; "
-                                    f"tenant {name!r} is not created")
+            self.check_room(name)
             tenant = Tenant(name, quota)
             self.by_name[name] = tenant
             self.count += 1

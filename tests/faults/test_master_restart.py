@@ -5,6 +5,7 @@ rebuilt allocators never hand out a range an adopted object holds."""
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -88,3 +89,59 @@ def test_misses_during_rebuild_are_unavailable_not_not_found(fault_cluster):
                    lambda: client.get_many(["no/such/key"]) == [None], timeout_s=20)
         with pytest.raises(cellar.NotFound):
             impatient.get("no/such/key")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tenant_log", ["default", "none"])
+def test_a_tenant_the_admin_api_created_outlives_a_master_kill(fault_cluster, tenant_log):
+    """A tenant created (with quotas) through PUT /api/v1/tenants, not in the config file: after
+    a kill -9 of the master and a restart it still exists with those quotas, its token is
+    accepted and its objects were adopted from the nodes, byte-exact. Negative control
+    (`--tenant-log-file none`): the restarted master does not know the tenant, refuses its
+    token's requests as an unknown tenant, and its objects are gone, as every runtime-created
+    tenant's were before the tenant log."""
+    flags = {} if tenant_log == "default" else {"tenant_log_file": "none"}
+    cluster = fault_cluster(nodes=2, segment_size="64MiB", rebuild_grace_s=3, **flags)
+    made = cluster.admin_request("PUT", "/api/v1/tenants",
+                                 {"name": "acme", "quota_bytes": "32MiB", "quota_objects": 500})
+    assert made["quota_bytes"] == 32 << 20 and made["quota_objects"] == 500
+    token = cluster.token_for("acme")
+    values = make_values("acme", 50, 1)
+    with cellar.connect(cluster.address, token=token, tenant="acme", timeout_s=20,
+                        transport="tcp") as client:
+        assert client.put_many(values) == [Status.OK] * len(values)
+
+    cluster.restart_master()
+
+    def refused_in_rebuild() -> float:
+        request = urllib.request.Request(cluster.http_url + "/metrics", headers={
+            "Authorization": f"Bearer {cluster.admin_token}"})
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            text = reply.read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("master_rebuild_objects_refused"))
+
+    tenants = {t["name"]: t for t in cluster.admin_request("GET", "/api/v1/tenants")}
+    if tenant_log == "none":
+        # every object of the tenant is refused once the nodes have reported
+        wait_until("the nodes' reports", lambda: refused_in_rebuild() >= len(values),
+                   timeout_s=20)
+        assert "acme" not in tenants
+        with pytest.raises(cellar.InvalidArgument, match="unknown tenant"), \
+                cellar.connect(cluster.address, token=token, tenant="acme", timeout_s=10,
+                               transport="tcp") as client:
+            client.get_many(list(values))
+        # created again, it is empty: the rebuild had no tenant to adopt its objects into
+        cluster.admin_request("PUT", "/api/v1/tenants", {"name": "acme"})
+        with cellar.connect(cluster.address, token=token, tenant="acme", timeout_s=20,
+                            transport="tcp") as client:
+            assert client.get_many(list(values)) == [None] * len(values)
+        return
+    assert tenants["acme"]["quota_bytes"] == 32 << 20
+    assert tenants["acme"]["quota_objects"] == 500
+    with cellar.connect(cluster.address, token=token, tenant="acme", timeout_s=20,
+                        transport="tcp") as client:
+        assert client.get_many(list(values)) == list(values.values())
+    tenants = {t["name"]: t for t in cluster.admin_request("GET", "/api/v1/tenants")}
+    assert tenants["acme"]["objects"] == len(values)
+    assert refused_in_rebuild() == 0
