@@ -5,7 +5,8 @@ Asks the leading master's admin API (`POST /api/v1/nodes/drain`, an admin token:
 new placements and the master has its objects copied to other nodes (node to node, paced by
 the master's `repair_bytes_per_s`, replica counts and distinct nodes kept). The command then
 polls the progress every `--interval`, printing each change ("N objects (SIZE) left"), and
-exits 0 once the drain is done: the node can be stopped with nothing lost. Exit 1 when the
+exits 0 once the drain is done: the node can be stopped with nothing lost. A master that
+forgot the drain (restarted, or a failover) is asked again. Exit 1 when the
 master refuses (unknown node, not an admin) or `--timeout` passes first; 2 for bad usage.
 The Helm chart runs it in the node pods' preStop hook (docs/deploy.md).
 """
@@ -56,21 +57,35 @@ def drain(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
         time.sleep(args.interval)
-        status = _ask(args, "GET", query)
+        # a 404 now is a master that just started (the node has not mounted on it yet) or a
+        # node that went away: asked again until `--timeout` either way
+        status = _ask(args, "GET", query, until_mounted=True)
+        if not status.get("draining"):
+            # A drain is the leader's memory: a restarted master or a new leader does not
+            # know of it. Asking again (idempotent) starts it there; the copies made so far
+            # are on their nodes and count.
+            print(f"the master does not know of the drain of {args.node_id} (it restarted, or "
+                  "another master leads now): asking again", flush=True)
+            status = _ask(args, "POST", "/api/v1/nodes/drain", {"node_id": args.node_id},
+                          until_mounted=True)
     print(f"{args.node_id} drained: every object it holds has its replica count on other "
           "nodes; it can be stopped", flush=True)
     return 0
 
 
-def _ask(args: argparse.Namespace, method: str, path: str, body: Any = None) -> dict[str, Any]:
+def _ask(args: argparse.Namespace, method: str, path: str, body: Any = None, *,
+         until_mounted: bool = False) -> dict[str, Any]:
     """One admin call; while no master answers as the leader (a standby behind the Service, a
-    master restarting) it is asked again every `--interval` until `--timeout`."""
+    master restarting), or with `until_mounted` while the node has not mounted on it yet (a
+    master that just started), it is asked again every `--interval` until `--timeout`."""
     while True:
         try:
             answer = admin_call(args, method, path, body)
             break
         except TokenCommandError as exc:
-            if not str(exc).startswith("no master answered") or time.monotonic() >= args.deadline:
+            again = str(exc).startswith("no master answered") or (
+                until_mounted and "is not mounted" in str(exc))
+            if not again or time.monotonic() >= args.deadline:
                 raise
             time.sleep(args.interval)
     if not isinstance(answer, dict) or "remaining_objects" not in answer:

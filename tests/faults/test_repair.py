@@ -160,3 +160,38 @@ def test_drain_a_node_under_a_get_loop_then_stop_it_nothing_is_lost(fault_cluste
         cluster.kill_node(2, sig=15)  # a clean stop (SIGTERM: it unmounts)
         assert client.get_many(keys) == [values[k] for k in keys]
         assert client.get_many(list(fresh)) == list(fresh.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_drain_goes_on_across_a_master_restart(fault_cluster):
+    """`cellar node drain` is running (paced at 512 KiB/s, so it takes seconds) when the master
+    is killed and restarted: the new master knows nothing of the drain, the command sees that
+    and asks again, the drain finishes (exit 0), and with the node stopped every object reads
+    back byte-exact. Before, the command polled a master that no longer drained the node until
+    its timeout (exit 1)."""
+    cluster = fault_cluster(nodes=3, segment_size="64MiB", repair_bytes_per_s="512KiB",
+                            rebuild_grace_s=3)
+    values = values_for("d", 300, 31)
+    keys = list(values)
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        assert client.put_many(values) == [Status.OK] * len(values)
+        drain = subprocess.Popen(
+            [sys.executable, "-m", "cellar", "node", "drain", "node-2",
+             "--http", f"{cluster.host}:{cluster.http_port}", "--token", TEST_ADMIN_TOKEN,
+             "--timeout", "90s", "--interval", "0.2s"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert drain.stdout is not None
+        first = drain.stdout.readline()
+        assert "left to copy" in first, first
+        cluster.restart_master()
+        rest, _ = drain.communicate(timeout=100)
+        out = first + rest
+        print(out)
+        assert drain.returncode == 0, out
+        assert "asking again" in out and "drained" in out
+        channel, stub = raw_stub(cluster)
+        with channel:
+            where = replica_nodes(stub, keys)
+        assert all(any(n != "node-2" for n in where[k]) for k in keys)
+        cluster.kill_node(2, sig=15)
+        assert client.get_many(keys) == [values[k] for k in keys]
