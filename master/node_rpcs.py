@@ -15,8 +15,9 @@ segment by segment, in batches; each reported entry becomes master state:
   range placed since, or another reported entry) refuses the entry;
 - (tenant, key) unknown: a COMPLETE object is created with that one replica, charged to the
   tenant (quota is not enforced on adoption: the bytes exist; eviction brings a tenant back
-  under its quota), evictable like any object. Put-time soft/hard pins are not in the node's
-  index, so adopted objects are plain (unpinned) objects;
+  under its quota), evictable like any object, unless the removal log holds a hard pin record
+  of the key at or below its alloc id (state/tombstones.py): then it is hard-pinned again.
+  Soft pins are not in the node's index nor the log: those objects come back plain;
 - (tenant, key) known with the same size and checksum: the entry becomes one more replica of
   it (replicas of one object live on different nodes; a second one on the same node is
   refused, the very same replica reported twice is accepted again). While the master's own
@@ -68,7 +69,7 @@ from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
 from cellar.master.state.quarantine import Quarantine
-from cellar.master.state.records import NO_PIN, Node, Obj, Replica, Segment
+from cellar.master.state.records import HARD_PIN, NO_PIN, Node, Obj, Replica, Segment
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
@@ -302,8 +303,10 @@ class NodeRpcs:
             out.replaced += 1
         elif not _reserve(segment, offset, length):
             return False
+        pinned_from = self.tombstones.hard_pinned_from(tenant.name, key)
+        pin_kind = HARD_PIN if pinned_from and alloc_id >= pinned_from else NO_PIN
         obj = Obj(tenant, key, length, SegmentAllocator.rounded_size(length), self._next_put_id(),
-                  NO_PIN, 0.0, key_tag(tenant.name, key))
+                  pin_kind, 0.0, key_tag(tenant.name, key))
         self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, now)
         return True
 

@@ -26,7 +26,7 @@ from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import KeyResults
 from cellar.master.requests import Clock, PutEndLike, PutRefLike
 from cellar.master.state.objects import ObjectTable
-from cellar.master.state.records import Tenant
+from cellar.master.state.records import HARD_PIN, Tenant
 from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
 
@@ -88,6 +88,8 @@ class PutEnds:
             if item.key in tenant.objects:  # an upsert: every older value of the key is dead
                 s.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
             s.objects.complete(obj, item.checksum, now)
+            if obj.pin_kind == HARD_PIN:  # the next master pins it again (state/tombstones.py)
+                s.tombstones.remember_hard_pin(tenant.name, obj.key, first_alloc)
             s.objects.read_trust.changed(tenant.name, obj.key, now, client_id)  # older versions
             s.tiers.on_complete(obj)
             obj.request = None  # only a WRITING object answers a repeated PutStart

@@ -349,9 +349,11 @@ class ObjectTable:
 
     def adopt(self, obj: Obj, replica: Replica, checksum: int, now: float) -> None:
         """A new COMPLETE version from a node's report (master/node_rpcs.py): its one replica is
-        already reserved in its segment's allocator; the version is charged and evictable."""
+        already reserved in its segment's allocator; the version is charged and, unless the
+        removal log says it is hard-pinned (`obj.pin_kind`), evictable."""
         tenant = obj.tenant
-        assert obj.state == WRITING and not obj.replicas and obj.pin_kind == NO_PIN, "adopt a fresh Obj"
+        assert obj.state == WRITING and not obj.replicas and obj.pin_kind in (NO_PIN, HARD_PIN), \
+            "adopt a fresh Obj"
         assert obj.key not in tenant.objects, "adopt of a key the tenant already holds"
         obj.state = COMPLETE
         obj.checksum = checksum
@@ -363,7 +365,8 @@ class ObjectTable:
         charge(obj, obj.reserved)
         tenant.object_count += 1
         self.complete_count += 1
-        self.evictor.enter(obj)
+        if obj.pin_kind != HARD_PIN:
+            self.evictor.enter(obj)
         if self.observer is not None:
             self.observer.stored(obj)
 

@@ -20,6 +20,14 @@ Owns three memories of removal, all consulted by rebuild (master/node_rpcs.py):
   say it (the dead version is newer than the live one), so each is remembered by alloc id,
   bounded like the removed keys by `max_remove_tombstones`.
 
+One memory of a right, kept with them since it must outlive the master the same way:
+- hard pins: (tenant, key) -> the first alloc id of its hard-pinned version. A node's index does
+  not know pins, so a rebuilt master adopted every object unpinned and a hard-pinned prefix
+  (a system prompt) became evictable after a master restart. A PutEnd that completes a
+  hard-pinned put queues its record (the reply waits for the log); rebuild adopts a version of
+  the key whose allocation is at or above it hard-pinned. A removal or upsert of the key (a
+  bound at or above the record) ends it. Bounded like the others.
+
 Durability: a bound is worth something after a master kill only if the next master knows it.
 Every new bound is also queued in `pending`; the serving room (master/serving/removal_log.py)
 writes the queue to the removal log (a local file, or etcd under HA) before the reply that
@@ -41,6 +49,10 @@ from collections import OrderedDict
 # cache miss, never an older value back.)
 TombstoneRecord = tuple[str, str, int, str]
 DEAD_WRITE = "\0dead-write"
+# With `by` HARD_PIN_RECORD the record is a hard pin: the key's version whose first allocation is the
+# record's id is hard-pinned. (A master from before hard pin records reads it as a bound, which
+# kills that version: a cache miss, never an older value back.)
+HARD_PIN_RECORD = "\0hard-pin"
 
 
 class Tombstones:
@@ -51,6 +63,7 @@ class Tombstones:
         self.pending: list[TombstoneRecord] = []  # new bounds not yet in the removal log
         self._freed_while_down: dict[str, set[int]] = {}
         self.dead_writes: OrderedDict[int, tuple[str, str]] = OrderedDict()  # id -> (tenant, key)
+        self.hard_pins: OrderedDict[tuple[str, str], int] = OrderedDict()  # -> first alloc id
 
     def remember_removed(self, tenant_name: str, key: str, alloc_id: int, by: str = "") -> None:
         """Every allocation of the key with an id <= `alloc_id` is dead; queue it for the log.
@@ -92,6 +105,28 @@ class Tombstones:
             self.dead_writes.popitem(last=False)
         return True
 
+    def remember_hard_pin(self, tenant_name: str, key: str, first_alloc_id: int) -> None:
+        """The key's version allocated from `first_alloc_id` on is hard-pinned; queued for the
+        log, so a rebuilt master pins it again."""
+        if self.max_removed and self._remember_pin(tenant_name, key, first_alloc_id):
+            self.pending.append((tenant_name, key, first_alloc_id, HARD_PIN_RECORD))
+
+    def _remember_pin(self, tenant_name: str, key: str, first_alloc_id: int) -> bool:
+        name = (tenant_name, key)
+        if first_alloc_id <= self.removed.get(name, 0) or self.hard_pins.get(name, 0) >= first_alloc_id:
+            return False
+        self.hard_pins[name] = first_alloc_id
+        self.hard_pins.move_to_end(name)
+        while len(self.hard_pins) > self.max_removed:
+            self.hard_pins.popitem(last=False)
+        return True
+
+    def hard_pinned_from(self, tenant_name: str, key: str) -> int:
+        """The first alloc id of the key's hard-pinned version (0: none, or it was removed or
+        replaced since): a reported allocation at or above it is that version's."""
+        first = self.hard_pins.get((tenant_name, key), 0)
+        return first if first > self.removed.get((tenant_name, key), 0) else 0
+
     def dead_write(self, alloc_id: int) -> bool:
         """Whether `alloc_id` belonged to a version dropped while WRITING."""
         return alloc_id in self.dead_writes
@@ -106,6 +141,8 @@ class Tombstones:
         for tenant_name, key, alloc_id, by in records:
             if by == DEAD_WRITE:
                 self._remember_dead(alloc_id, tenant_name, key)
+            elif by == HARD_PIN_RECORD:
+                self._remember_pin(tenant_name, key, alloc_id)
             else:
                 self.raise_bound(tenant_name, key, alloc_id, by)
             highest = max(highest, alloc_id)
@@ -116,12 +153,15 @@ class Tombstones:
         return pending
 
     def snapshot(self) -> list[TombstoneRecord]:
-        """Every bound and dead write held, oldest first (what a compacted log keeps)."""
+        """Every bound, dead write and live hard pin held, oldest first (what a compacted log
+        keeps; the bounds first, so a replay in order ends a pin they end)."""
         by = self.removed_by
         return [*((tenant, key, bound, by.get((tenant, key), ""))
                   for (tenant, key), bound in self.removed.items()),
                 *((tenant, key, alloc_id, DEAD_WRITE)
-                  for alloc_id, (tenant, key) in self.dead_writes.items())]
+                  for alloc_id, (tenant, key) in self.dead_writes.items()),
+                *((tenant, key, first, HARD_PIN_RECORD) for (tenant, key), first in self.hard_pins.items()
+                  if first > self.removed.get((tenant, key), 0))]
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
         """The bound remembered for the key (0: none): ids at or below it are dead."""

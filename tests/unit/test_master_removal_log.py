@@ -27,7 +27,8 @@ from cellar.master.requests import PutRef
 from cellar.master.service import ID_EPOCH_SHIFT, PutEndItem, PutItem
 from cellar.master.serving import removal_log
 from cellar.master.serving.removal_log import FileRemovalLog, decode, encode
-from cellar.master.state.tombstones import DEAD_WRITE, Tombstones
+from cellar.master.state.records import HARD_PIN
+from cellar.master.state.tombstones import DEAD_WRITE, HARD_PIN_RECORD, Tombstones
 from tests.support.receipts import receipts_for
 
 
@@ -74,6 +75,42 @@ def test_an_upsert_refuses_older_values_only() -> None:
                              last=True)
     assert (out.accepted, out.refused) == (1, [v1])
     assert replica_ids(new, "k") == [v2]
+
+
+def test_a_hard_pin_outlives_a_restart_until_its_key_is_removed_or_replaced() -> None:
+    """A hard-pinned put leaves a pin record (its PutEnd waits for it like a removal's bound);
+    a restarted master adopts that version hard-pinned: charged as hard-pinned, never offered to
+    eviction. A later upsert without a pin, or a remove, ends the record; a compacted log keeps
+    only live pins. Before, every adopted object was unpinned."""
+    svc = make_service(FakeClock())
+    mount(svc, "n1", 1)
+    put(svc, "sys", 4096, hard_pin=True)
+    put(svc, "plain", 4096)
+    put(svc, "gone", 4096, hard_pin=True)
+    pinned, plain, gone = (replica_ids(svc, k)[0] for k in ("sys", "plain", "gone"))
+    assert svc.tombstones.pending == [("default", "sys", pinned, HARD_PIN_RECORD),
+                                      ("default", "gone", gone, HARD_PIN_RECORD)]
+    svc.remove("", ["gone"])
+    assert [rec for rec in svc.tombstones.snapshot() if rec[3] == HARD_PIN_RECORD] == [
+        ("default", "sys", pinned, HARD_PIN_RECORD)]
+    new = restarted(svc)
+    out = new.report_objects("n1", 2, 1, [Entry("sys", pinned, 0, 4096),
+                                          Entry("plain", plain, 4096, 4096)], last=True)
+    assert out.accepted == 2
+    tenant = new.tenant("")
+    assert tenant.objects["sys"].pin_kind == HARD_PIN
+    assert tenant.objects["plain"].pin_kind != HARD_PIN
+    assert tenant.hard_pinned_bytes == tenant.objects["sys"].reserved
+    new.check_invariants()
+
+    # an upsert without a pin ends it: the next master adopts the new version unpinned
+    put(new, "sys", 4096, upsert=True, checksum=9)
+    newer = replica_ids(new, "sys")[0]
+    assert new.tombstones.hard_pinned_from("default", "sys") == 0
+    third = restarted(new)
+    third.load_removals(svc.tombstones.snapshot())  # the whole log: the pin, then the bound
+    out = third.report_objects("n1", 2, 1, [Entry("sys", newer, 8192, 4096, 9)], last=True)
+    assert out.accepted == 1 and third.tenant("").objects["sys"].pin_kind != HARD_PIN
 
 
 def test_a_remove_acknowledged_mid_put_wins_over_that_put() -> None:
