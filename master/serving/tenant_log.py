@@ -82,6 +82,9 @@ class FileTenantLog:
         self.path = path
         self._records: dict[str, dict[str, Any]] = {}
         self.writes = 0
+        # one rewrite at a time: two concurrent PUTs would each write the file without the
+        # other's tenant, and the last rename would lose an acknowledged one
+        self._writing: asyncio.Lock | None = None
 
     def load(self) -> dict[str, TenantQuota]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,10 +106,13 @@ class FileTenantLog:
         return quotas
 
     async def write(self, name: str, quota: TenantQuota) -> None:
-        records = {**self._records, name: fields_of(quota)}
-        await asyncio.to_thread(self._replace, json.dumps(records, sort_keys=True).encode())
-        self._records = records
-        self.writes += 1
+        if self._writing is None:  # made on the loop that uses it
+            self._writing = asyncio.Lock()
+        async with self._writing:
+            records = {**self._records, name: fields_of(quota)}
+            await asyncio.to_thread(self._replace, json.dumps(records, sort_keys=True).encode())
+            self._records = records
+            self.writes += 1
 
     def _replace(self, data: bytes) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")

@@ -84,3 +84,19 @@ def test_a_refused_write_changes_nothing(tmp_path: Path) -> None:
     with pytest.raises(QuotaExceeded):
         asyncio.run(ok.set_tenant("two", TenantQuota()))
     assert set(json.loads((tmp_path / "other.json").read_text())) == {"one"}
+
+
+def test_concurrent_writes_keep_every_tenant(tmp_path: Path) -> None:
+    """Two PUTs in flight at once (each awaits its file write): both tenants are in the file
+    afterwards, not only the one whose rename came last."""
+    path = tmp_path / "tenants.json"
+    leadership = leadership_with(path)
+
+    async def both() -> None:
+        await asyncio.gather(*(leadership.set_tenant(f"t{i}", TenantQuota(quota_objects=i + 1))
+                               for i in range(8)))
+
+    asyncio.run(both())
+    assert set(json.loads(path.read_text())) == {f"t{i}" for i in range(8)}
+    again = leadership_with(path)
+    assert {f"t{i}" for i in range(8)} <= set(again.service.tenants.by_name)
