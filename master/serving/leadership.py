@@ -113,6 +113,7 @@ class Leadership:
         self.removal_log: FileRemovalLog | EtcdRemovalLog | None = None
         # cellar.master.serving.tenant_log: None when turned off (tenant_log_file = none)
         self.tenant_log: FileTenantLog | EtcdTenantLog | None = None
+        self._setting_tenant: asyncio.Lock | None = None
         # Bounds whose write failed, with the service that made them (a takeover drops them),
         # and the versions whose ranges wait for them
         self._unwritten: tuple[MasterService | None, list[TombstoneRecord]] = (None, [])
@@ -143,13 +144,18 @@ class Leadership:
         """Create a tenant or change its quotas (PUT /api/v1/tenants): written to the tenant
         log first, so the next master knows it too; raises (and changes nothing) if it cannot
         be, or past max_tenants."""
-        service = self.service
-        service.tenants.check_room(name)
-        if self.tenant_log is not None:
-            await self.tenant_log.write(name, quota)
-        if self.service is not service or not self.serving():
-            raise LeadershipLost("lost the leadership while the tenant was written")
-        return service.set_tenant_quota(name, quota)
+        if self._setting_tenant is None:  # made on the loop that uses it
+            self._setting_tenant = asyncio.Lock()
+        # one change at a time, written and applied in the same order: two PUTs of one
+        # tenant in flight must not leave the log with one's quotas and memory with the other's
+        async with self._setting_tenant:
+            service = self.service
+            service.tenants.check_room(name)
+            if self.tenant_log is not None:
+                await self.tenant_log.write(name, quota)
+            if self.service is not service or not self.serving():
+                raise LeadershipLost("lost the leadership while the tenant was written")
+            return service.set_tenant_quota(name, quota)
 
     def durable_due(self, method: str) -> bool:
         """Whether the reply to a `method` call must wait for `make_durable`: the call queued
