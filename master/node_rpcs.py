@@ -73,6 +73,7 @@ from cellar.master.state.records import HARD_PIN, NO_PIN, Node, Obj, Replica, Se
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
+from cellar.proto import engine_hash
 from cellar.proto.grant import key_tag
 
 MAX_REPORT_ENTRIES = 16384  # per ReportObjects call (the node sends 2000)
@@ -226,7 +227,9 @@ class NodeRpcs:
             check_batch(len(moved), self.config.max_batch_keys, "moved ranges")
             self.tiers.moved(node_id, moved, now)
             moves = self.tiers.moves_for(node_id)
-        return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq, moves)
+        hashes = self.membership.take_engine_hashes(node, self.config.max_freed_per_heartbeat)
+        return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq, moves,
+                                hashes)
 
     def expire_node(self, node: Node) -> None:
         now = self.clock.monotonic()
@@ -293,6 +296,10 @@ class NodeRpcs:
                 if self.grace.starting(self.membership.rebuilding_count, self.membership.nodes, now):
                     existing.wanted = max(existing.wanted, len(existing.replicas) + 1)
                 self.objects.add_replica(existing, Replica(segment, offset, alloc_id))
+                reported_hash = _reported_hash(e)
+                if reported_hash and not existing.engine_hash:  # its first report had none
+                    existing.engine_hash = reported_hash
+                    tenant.index_engine_hash(existing)
                 return True
             newest = max((rep.alloc_id for rep in existing.replicas), default=0)
             if alloc_id <= newest:
@@ -307,6 +314,7 @@ class NodeRpcs:
         pin_kind = HARD_PIN if pinned_from and alloc_id >= pinned_from else NO_PIN
         obj = Obj(tenant, key, length, SegmentAllocator.rounded_size(length), self._next_put_id(),
                   pin_kind, 0.0, key_tag(tenant.name, key))
+        obj.engine_hash = _reported_hash(e)
         self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, now)
         return True
 
@@ -341,6 +349,13 @@ class NodeRpcs:
         self._watermark_evicting = not done
         return evicted
 
+
+
+def _reported_hash(e: ReportedLike) -> bytes:
+    """A reported entry's engine hash (storage_node/index.py keeps what the master told it), or
+    b"" when it has none or it is not a valid encoding (off the wire: checked, never trusted)."""
+    raw = bytes(getattr(e, "engine_hash", b""))
+    return raw if raw and not engine_hash.error(raw) else b""
 
 def _reserve(segment: Segment, offset: int, length: int) -> bool:
     try:

@@ -103,6 +103,8 @@ class HeartbeatOutcome:
     freed: list[tuple[int, int, int, int, int]]  # (seq, segment_id, alloc_id, offset, length)
     freed_seq: int
     moves: list[Any] = field(default_factory=list)  # state/tiers.py Move: node-local copies
+    # (segment_id, alloc_id, engine hash) of the node's sealed replicas (state/membership.py)
+    engine_hashes: list[tuple[int, int, bytes]] = field(default_factory=list)
 
 
 @dataclass

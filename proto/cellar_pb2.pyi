@@ -462,7 +462,7 @@ class MountSegmentReply(_message.Message):
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ..., write_grant_ttl_ms: _Optional[int] = ..., read_grant_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReportedObject(_message.Message):
-    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch")
+    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch", "engine_hash")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
@@ -470,6 +470,7 @@ class ReportedObject(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_HASH_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     key: str
     alloc_id: int
@@ -477,7 +478,8 @@ class ReportedObject(_message.Message):
     length: int
     checksum: int
     epoch: int
-    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    engine_hash: bytes
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ..., engine_hash: _Optional[bytes] = ...) -> None: ...
 
 class ReportObjectsRequest(_message.Message):
     __slots__ = ("header", "node_id", "incarnation", "segment_id", "entries", "last")
@@ -636,20 +638,32 @@ class MoveDone(_message.Message):
     def __init__(self, dst_segment_id: _Optional[int] = ..., dst_alloc_id: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("header", "remount", "freed", "freed_seq", "copies", "moves")
+    __slots__ = ("header", "remount", "freed", "freed_seq", "copies", "moves", "engine_hashes")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     FREED_FIELD_NUMBER: _ClassVar[int]
     FREED_SEQ_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_HASHES_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     remount: bool
     freed: _containers.RepeatedCompositeFieldContainer[FreedRange]
     freed_seq: int
     copies: _containers.RepeatedCompositeFieldContainer[CopyTask]
     moves: _containers.RepeatedCompositeFieldContainer[Move]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ...) -> None: ...
+    engine_hashes: _containers.RepeatedCompositeFieldContainer[EngineHashNote]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., engine_hashes: _Optional[_Iterable[_Union[EngineHashNote, _Mapping]]] = ...) -> None: ...
+
+class EngineHashNote(_message.Message):
+    __slots__ = ("segment_id", "alloc_id", "engine_hash")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_HASH_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    alloc_id: int
+    engine_hash: bytes
+    def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., engine_hash: _Optional[bytes] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("header",)

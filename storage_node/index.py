@@ -73,6 +73,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from cellar.proto import engine_hash as engine_hashes
 from cellar.storage_node.journal import IndexJournal, JournalEntry
 from cellar.storage_node.sortedspans import SortedSpans
 
@@ -100,6 +101,7 @@ class IndexEntry:
     received_bytes: int = 0
     # merged [start, end) ranges received, relative to `offset`; emptied once SEALED
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    engine_hash: bytes = b""  # the engine's hash of the page, as the master told it (or b"")
 
     def end(self) -> int:
         return self.offset + self.length
@@ -129,6 +131,14 @@ class ReadRefused(Exception):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+
+
+class EngineHashLike(Protocol):
+    """A `pb.EngineHashNote` (or anything with its fields)."""
+
+    segment_id: int
+    alloc_id: int
+    engine_hash: bytes
 
 
 class FreedLike(Protocol):
@@ -380,7 +390,7 @@ class ObjectIndex:
                     continue
                 entry = IndexEntry(j.alloc_id, j.segment_id, j.offset, j.length, j.tenant, j.key,
                                    j.checksum, j.epoch, j.write_grant_expiry_ms,
-                                   AllocState.SEALED, j.length)
+                                   AllocState.SEALED, j.length, engine_hash=j.engine_hash)
                 self._entries[j.alloc_id] = entry
                 self._order.setdefault(j.segment_id, SortedSpans()).add((j.offset, j.alloc_id))
                 restored.append(j.alloc_id)
@@ -410,7 +420,8 @@ class ObjectIndex:
                 return False
             entry = IndexEntry(alloc_id, segment_id, offset, source.length, source.tenant,
                                source.key, source.checksum, source.epoch,
-                               source.write_grant_expiry_ms, AllocState.SEALED, source.length)
+                               source.write_grant_expiry_ms, AllocState.SEALED, source.length,
+                               engine_hash=source.engine_hash)
             assert entry.length > 0, "a tier move of an empty object"
             self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
             self._entries[alloc_id] = entry
@@ -418,6 +429,29 @@ class ObjectIndex:
                 self._journal.sealed(entry)
             self._flush_drops()
             return True
+
+    def set_engine_hashes(self, notes: Iterable[EngineHashLike]) -> int:
+        """The master's engine hashes of SEALED allocations here (heartbeat replies), kept and
+        journaled so the next report carries them; a note for an allocation that is not (or no
+        longer) SEALED here, in that segment, or a hash out of bounds, is ignored. Returns how
+        many were kept."""
+        kept = 0
+        with self._lock:
+            for note in notes:
+                entry = self._entries.get(int(note.alloc_id))
+                value = bytes(note.engine_hash)
+                if (entry is None or entry.state is not AllocState.SEALED
+                        or entry.segment_id != int(note.segment_id)
+                        or not value or engine_hashes.error(value)
+                        or entry.engine_hash == value):
+                    continue
+                entry.engine_hash = value
+                if self._journal is not None:
+                    self._journal.engine_hash(entry.alloc_id, value, defer=True)
+                kept += 1
+            if self._journal is not None:
+                self._journal.flush()
+        return kept
 
     def drop_alloc_ids(self, alloc_ids: Iterable[int]) -> int:
         """Drop these entries (the master refused them in a rebuild); returns how many."""
@@ -585,4 +619,4 @@ class ObjectIndex:
 
 def _journal_entry(e: IndexEntry) -> JournalEntry:
     return JournalEntry(e.alloc_id, e.segment_id, e.offset, e.length, e.checksum, e.epoch,
-                        e.write_grant_expiry_ms, e.tenant, e.key)
+                        e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash)

@@ -14,6 +14,9 @@ Format (little endian)
     body   = 1 (u8) alloc_id segment_id offset length checksum epoch expiry_ms (7 x u64)
              tenant_len u16 key_len u16 tenant key          -- SEALED
            | 2 (u8) alloc_id (u64)                          -- DROPPED
+           | 3 (u8) alloc_id (u64) hash_len (u8) hash       -- ENGINE HASH of a SEALED entry
+    (3 came later: the master tells a node the engine's hash of a page after its PutEnd, so a
+    rebuilt master knows it; a node from before it stops its replay at such a record.)
     Replay reads records in order and stops at the first short or corrupt one (a torn tail),
     which is cut off. Records go out with write() on an O_APPEND descriptor: a process killed
     mid-call wrote a prefix of them, and replay keeps exactly the whole records of that
@@ -51,6 +54,8 @@ from typing import Protocol
 
 import xxhash
 
+from cellar.proto.engine_hash import MAX_ENGINE_HASH_BYTES
+
 log = logging.getLogger("cellar.node.journal")
 
 MAGIC = b"CELLARJ1"
@@ -59,6 +64,8 @@ _SEALED = struct.Struct("<BQQQQQQQHH")
 _DROPPED = struct.Struct("<BQ")
 KIND_SEALED = 1
 KIND_DROPPED = 2
+KIND_ENGINE_HASH = 3
+_ENGINE_HASH = struct.Struct("<BQB")
 MAX_BODY_BYTES = 1 << 20              # a key is at most 64 KiB on any configured master
 COMPACT_MIN_DEAD = 65536
 MAX_QUEUED_RECORDS = 4096             # deferred records beyond this are written at once
@@ -75,6 +82,7 @@ class JournalEntry:
     write_grant_expiry_ms: int
     tenant: str
     key: str
+    engine_hash: bytes = b""
 
 
 def journal_path(directory: str | os.PathLike[str], node_id: str) -> Path:
@@ -103,6 +111,20 @@ class SealedRecord(Protocol):
     def tenant(self) -> str: ...
     @property
     def key(self) -> str: ...
+    @property
+    def engine_hash(self) -> bytes: ...
+
+
+def _encode_entry(e: SealedRecord) -> bytes:
+    """The records of one live entry: SEALED, then its engine hash if it has one."""
+    record = _encode_sealed(e)
+    return record + _encode_engine_hash(e.alloc_id, e.engine_hash) if e.engine_hash else record
+
+
+def _encode_engine_hash(alloc_id: int, engine_hash: bytes) -> bytes:
+    assert 0 < len(engine_hash) <= MAX_ENGINE_HASH_BYTES, "an engine hash is 1..33 bytes"
+    body = _ENGINE_HASH.pack(KIND_ENGINE_HASH, alloc_id, len(engine_hash)) + engine_hash
+    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
 
 
 def _encode_sealed(e: SealedRecord) -> bytes:
@@ -151,6 +173,13 @@ def replay(data: bytes) -> tuple[dict[int, JournalEntry], int, int]:
                                           expiry, tenant, key)
         elif kind == KIND_DROPPED and body_len == _DROPPED.size:
             live.pop(_DROPPED.unpack_from(body, 0)[1], None)
+        elif kind == KIND_ENGINE_HASH and body_len > _ENGINE_HASH.size:
+            _, alloc_id, hash_len = _ENGINE_HASH.unpack_from(body, 0)
+            if not 0 < hash_len <= MAX_ENGINE_HASH_BYTES or _ENGINE_HASH.size + hash_len != body_len:
+                break
+            entry = live.get(alloc_id)
+            if entry is not None:
+                entry.engine_hash = bytes(body[_ENGINE_HASH.size:])
         else:
             break
         pos = start + body_len
@@ -200,7 +229,7 @@ class IndexJournal:
             chunk = [MAGIC]
             size = len(MAGIC)
             for e in entries:
-                record = _encode_sealed(e)
+                record = _encode_entry(e)
                 chunk.append(record)
                 size += len(record)
                 if size >= 1 << 20:
@@ -221,10 +250,20 @@ class IndexJournal:
         """Record a SEALED entry; with `defer`, at the next `flush` (or any other append)."""
         if self._fd >= 0:
             if defer and len(self._queued) < MAX_QUEUED_RECORDS:
-                self._queued.append(_encode_sealed(entry))
+                self._queued.append(_encode_entry(entry))
             else:
-                self._append(_encode_sealed(entry))
+                self._append(_encode_entry(entry))
             self.live += 1
+
+    def engine_hash(self, alloc_id: int, engine_hash: bytes, *, defer: bool = False) -> None:
+        """Record the engine hash of a SEALED entry; with `defer`, at the next `flush`."""
+        if self._fd >= 0:
+            record = _encode_engine_hash(alloc_id, engine_hash)
+            if defer and len(self._queued) < MAX_QUEUED_RECORDS:
+                self._queued.append(record)
+            else:
+                self._append(record)
+            self.dead += 1  # replaced by the SEALED record's pair at the next compaction
 
     @property
     def queued(self) -> bool:

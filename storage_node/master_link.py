@@ -522,6 +522,8 @@ class ControlLoop:
             return
         self.freed.take(reply, self.index, self.clock.now_ms())
         self.cargo.unload(reply)  # after the freed ranges its moves may reuse
+        if reply.engine_hashes:  # for the next report: a rebuilt master knows them
+            self.index.set_engine_hashes(reply.engine_hashes)
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 
     def _rpc_failed(self, exc: grpc.aio.AioRpcError, *, waiting: bool) -> None:

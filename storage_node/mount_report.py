@@ -55,10 +55,12 @@ def report_batches(entries: Sequence[Any], segment_ids: Sequence[int],
                    and size < REPORT_BATCH_BYTES):
                 e = items[start]
                 start += 1
-                size += ENTRY_OVERHEAD_BYTES + (len(e.key) + len(e.tenant)) * BYTES_PER_CHAR
+                size += (ENTRY_OVERHEAD_BYTES + (len(e.key) + len(e.tenant)) * BYTES_PER_CHAR
+                         + len(e.engine_hash))
                 batch.append(pb.ReportedObject(
                     tenant=e.tenant, key=e.key, alloc_id=e.alloc_id, offset=e.offset,
-                    length=e.length, checksum=e.checksum, epoch=e.epoch))
+                    length=e.length, checksum=e.checksum, epoch=e.epoch,
+                    engine_hash=e.engine_hash))
             last = start >= len(items)
             assert len(batch) <= REPORT_BATCH_ENTRIES
             yield segment_id, batch, last

@@ -331,6 +331,8 @@ class MasterServicer:
             header=self._header(), remount=outcome.remount, freed=freed, freed_seq=outcome.freed_seq,
             copies=copies,
             moves=[tier_move(m) for m in outcome.moves],
+            engine_hashes=[pb.EngineHashNote(segment_id=seg, alloc_id=alloc, engine_hash=value)
+                           for seg, alloc, value in outcome.engine_hashes],
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:

@@ -53,6 +53,12 @@ MAX_ENDPOINTS = 16
 MAX_ENDPOINT_CHARS = 4096
 
 
+
+# Engine hash notes waiting for one node's heartbeat reply (each ~60 bytes): a node that
+# does not heartbeat for a while holds at most this many; the rest are dropped (best effort).
+MAX_HASH_NOTES_PER_NODE = 65_536
+
+
 class Membership:
     """Nodes, segments, liveness and freed-range outboxes."""
 
@@ -69,6 +75,7 @@ class Membership:
         self.expire_after_s = expire_after_s
         self.max_segments_per_node = max_segments_per_node
         self.max_freed_backlog = max_freed_backlog
+        self.hash_notes_dropped = 0  # engine hash notes past MAX_HASH_NOTES_PER_NODE
         self.nodes: dict[str, Node] = {}
         self.segments: dict[int, Segment] = {}
         # Placement candidates, rebuilt whenever a node changes state (rare).
@@ -300,6 +307,24 @@ class Membership:
             node.outbox_dropped_seq = outbox.popleft()[0]
             node.outbox_dropped += 1
         return self._freed_seq
+
+    def note_engine_hash(self, segment: Segment, alloc_id: int, engine_hash: bytes) -> None:
+        """Tell the segment's node, with a heartbeat reply, the engine hash of its sealed
+        replica `alloc_id`: it keeps it in its index and report, so a rebuilt master knows it
+        (a note that cannot be queued, past MAX_HASH_NOTES_PER_NODE, is dropped: the object
+        then comes back from a rebuild told by its key hash, as before notes existed)."""
+        notes = segment.node.hash_notes
+        if len(notes) < MAX_HASH_NOTES_PER_NODE:
+            notes.append((segment.segment_id, alloc_id, engine_hash))
+        else:
+            self.hash_notes_dropped += 1
+
+    @staticmethod
+    def take_engine_hashes(node: Node, limit: int) -> list[tuple[int, int, bytes]]:
+        """Up to `limit` of the node's engine hash notes, oldest first (sent once)."""
+        notes = node.hash_notes
+        taken, node.hash_notes = notes[:limit], notes[limit:]
+        return taken
 
     @staticmethod
     def take_freed(node: Node, ack_seq: int, limit: int) -> list[tuple[int, int, int, int, int]]:

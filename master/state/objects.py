@@ -196,6 +196,7 @@ class ObjectTable:
             self.evictor.enter(obj)
         if obj.engine_hash:
             tenant.index_engine_hash(obj)
+            self.note_engine_hash(obj, obj.replicas)
         if self.observer is not None:
             self.observer.stored(obj)
         if len(obj.replicas) < obj.wanted:
@@ -367,8 +368,17 @@ class ObjectTable:
         self.complete_count += 1
         if obj.pin_kind != HARD_PIN:
             self.evictor.enter(obj)
+        if obj.engine_hash:  # its node's report carried it (below: `complete` notes it)
+            tenant.index_engine_hash(obj)
         if self.observer is not None:
             self.observer.stored(obj)
+
+    def note_engine_hash(self, obj: Obj, replicas: tuple[Replica, ...] | list[Replica]) -> None:
+        """Tell the nodes of `replicas` the version's engine hash (heartbeat replies), so it is
+        in their reports to a rebuilt master (storage_node/index.py `set_engine_hashes`)."""
+        if obj.engine_hash:
+            for rep in replicas:
+                self.membership.note_engine_hash(rep.segment, rep.alloc_id, obj.engine_hash)
 
     def add_replica(self, obj: Obj, replica: Replica) -> None:
         """One more reported replica of a COMPLETE version (its range already reserved)."""

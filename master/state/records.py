@@ -255,6 +255,7 @@ class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
         "outbox_dropped", "outbox_dropped_seq", "freed_acked", "ramps", "draining",
+        "hash_notes",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -273,6 +274,9 @@ class Node:
         # An admin drains it (state/repair.py): no new placements, its replicas are copied to
         # other nodes and no longer count towards an object's replica count.
         self.draining = False
+        # (segment_id, alloc_id, engine hash) of its sealed replicas, for the next heartbeat
+        # reply (state/membership.py `note_engine_hash`): best effort, bounded
+        self.hash_notes: list[tuple[int, int, bytes]] = []
 
 class Pool:
     """A flat list of evictable objects; each object knows its index (gslot or tslot).

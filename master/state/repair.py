@@ -246,7 +246,9 @@ class RepairQueue:
             self._release(task, now)  # the node got a replica meanwhile (a report): no second
             self.watch(obj)
             return False
-        self.objects.add_replica(obj, Replica(task.target, task.offset, alloc_id))  # watches obj
+        replica = Replica(task.target, task.offset, alloc_id)
+        self.objects.add_replica(obj, replica)  # watches obj
+        self.objects.note_engine_hash(obj, (replica,))  # the copy's node keeps it too
         self.bytes_copied += obj.size
         self.copies_done += 1
         return True

@@ -178,3 +178,45 @@ def test_a_hard_pin_outlives_a_master_kill(fault_cluster):
         assert client.get_many(["flood/0"]) == [None]  # evicted: the flood did reach them
         assert client.get_many(list(pinned)) == list(pinned.values())
         assert after["default"]["hard_pinned_bytes"] == before["default"]["hard_pinned_bytes"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_engine_hashes_outlive_node_and_master_kills(fault_cluster):
+    """Pages put with the engine's hashes (SGLang's page hashes) are found by the prefix query
+    (/query_by_hash) after a kill -9 of both nodes and of the master: the master told each node
+    the hash of its replicas (heartbeat replies), the nodes journaled it and report it, and the
+    rebuilt master indexes it again. Before, a rebuilt master knew only keys: the query
+    answered 0 tokens for everything it held."""
+    from cellar.client import PutHints
+    from cellar.master.serving.prefix_query import sglang_page_hashes
+    from tests.support.http import post_json
+
+    page = 16
+    cluster = fault_cluster(nodes=2, segment_size="64MiB", rebuild_grace_s=2)
+    token = cluster.token_for("default")
+    tokens = [(7919 * i + 13) % 50_000 for i in range(6 * page)]
+    hashes = sglang_page_hashes(tokens, page)
+    keys = [f"pages/{i}" for i in range(6)]
+    body = {"model": "m", "seq_hashes": hashes, "block_size": page, "tenant_id": "default"}
+
+    def matched() -> int:
+        status, reply = post_json(cluster, "/query_by_hash", body, token)
+        assert status == 200, reply
+        return int(reply["default"]["cellar"]["longest_matched"])
+
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        client.put_many([(k, bytes([i]) * 4096) for i, k in enumerate(keys)], replicas=2,
+                        hints=PutHints(engine_hashes=dict(zip(keys, hashes, strict=True))))
+    assert matched() == 6 * page
+    time.sleep(1.5)  # five heartbeats (0.3 s): the nodes were told the hashes
+
+    for index in range(2):
+        cluster.restart_node(index)
+    cluster.restart_master()
+    wait_until("the rebuild", lambda: {t["name"]: t for t in cluster.admin_request(
+        "GET", "/api/v1/tenants")}["default"]["objects"] == len(keys), timeout_s=20)
+    after = matched()
+    print(f"after kill -9 of both nodes and the master: {after} of {6 * page} tokens matched")
+    assert after == 6 * page
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        assert client.get_many(keys) == [bytes([i]) * 4096 for i in range(6)]
