@@ -350,12 +350,12 @@ class NodeRpcs:
         return evicted
 
 
-
 def _reported_hash(e: ReportedLike) -> bytes:
     """A reported entry's engine hash (storage_node/index.py keeps what the master told it), or
     b"" when it has none or it is not a valid encoding (off the wire: checked, never trusted)."""
     raw = bytes(getattr(e, "engine_hash", b""))
     return raw if raw and not engine_hash.error(raw) else b""
+
 
 def _reserve(segment: Segment, offset: int, length: int) -> bool:
     try:
