@@ -295,11 +295,16 @@ class NodeRpcs:
                     return False
                 if self.grace.starting(self.membership.rebuilding_count, self.membership.nodes, now):
                     existing.wanted = max(existing.wanted, len(existing.replicas) + 1)
-                self.objects.add_replica(existing, Replica(segment, offset, alloc_id))
+                replica = Replica(segment, offset, alloc_id)
+                self.objects.add_replica(existing, replica)
                 reported_hash = _reported_hash(e)
-                if reported_hash and not existing.engine_hash:  # its first report had none
-                    existing.engine_hash = reported_hash
+                if reported_hash and not existing.engine_hash:  # its first report had none:
+                    existing.engine_hash = reported_hash  # its other nodes are told it
                     tenant.index_engine_hash(existing)
+                    self.objects.note_engine_hash(existing, [r for r in existing.replicas
+                                                             if r is not replica])
+                elif existing.engine_hash and not reported_hash:  # this node missed its note
+                    self.objects.note_engine_hash(existing, (replica,))
                 return True
             newest = max((rep.alloc_id for rep in existing.replicas), default=0)
             if alloc_id <= newest:

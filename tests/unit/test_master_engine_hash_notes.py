@@ -46,3 +46,23 @@ def test_a_rebuild_adopts_a_reported_hash_and_drops_a_malformed_one() -> None:
     assert tenant.objects["good"].engine_hash == HASH
     assert tenant.objects["bad"].engine_hash == b""
     assert tenant.engine_hashes.get(HASH) == [tenant.objects["good"]]
+
+
+def test_a_replica_reported_without_the_hash_its_object_has_is_told_it_again() -> None:
+    """Notes are best effort (sent once): a node that missed one reports the replica without
+    the hash. The rebuild takes the hash from another replica's report and notes it for the
+    node that missed it, whichever report comes first, so the next rebuild has it everywhere."""
+    for with_hash_first in (True, False):
+        svc = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0)
+        svc.mount_segment("n1", 2, [segment_info(1, 1 << 26)], report_follows=True)
+        svc.mount_segment("n2", 2, [segment_info(2, 1 << 26)], report_follows=True)
+        told, missed = Entry("page", 10, 0, 4096), Entry("page", 11, 0, 4096)
+        told.engine_hash = HASH  # type: ignore[attr-defined]
+        first, second = (("n1", 1, told), ("n2", 2, missed)) if with_hash_first else (
+            ("n2", 2, missed), ("n1", 1, told))
+        for node, segment, entry in (first, second):
+            assert svc.report_objects(node, 2, segment, [entry], last=True).accepted == 1
+        page = svc.tenant("").objects["page"]
+        assert page.engine_hash == HASH and len(page.replicas) == 2
+        assert svc.heartbeat("n2", 2, 0).engine_hashes == [(2, 11, HASH)]
+        assert svc.heartbeat("n1", 2, 0).engine_hashes == []  # it reported the hash itself
