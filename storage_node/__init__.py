@@ -7,7 +7,8 @@ can rebuild from it. Every data-plane request is checked against the segment bou
 grant the master signed before a byte of segment memory is touched.
 
 Modules: `config` (NodeConfig), `segment` (the mapped memory, re-attached after a restart),
-`index` (objects held, sealing, tombstones, the write floor), `journal` (the index persisted
+`index` (objects held, sealing, tombstones, the write floor; its records and refusals in
+`index_records`), `journal` (the index persisted
 beside the segments), `verifier` (re-checks restored objects' checksums), `clock` (the
 master's clock and epoch as this node sees them), `access` (the `SegmentAccess` the transfer
 server calls), `master_link` (the link to the master: mount, index report, heartbeat loop),

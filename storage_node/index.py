@@ -64,114 +64,27 @@ does); alloc ids are unique per master epoch, which is all this issue relies on.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import heapq
 import threading
-from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from cellar.proto import engine_hash as engine_hashes
+from cellar.storage_node.index_records import (
+    AllocState,
+    EngineHashLike,
+    FreedLike,
+    IndexEntry,
+    ReadRefused,
+    SegmentUsage,
+    WriteRefused,
+    merge_ranges,
+)
 from cellar.storage_node.journal import IndexJournal, JournalEntry
 from cellar.storage_node.sortedspans import SortedSpans
 
 # Extra time a tombstone outlives its grant's expiry (beyond the allowed skew), so that a
 # correction of the master-clock estimate cannot revive a grant whose tombstone is gone.
 TOMBSTONE_GRACE_MS = 5_000
-
-class AllocState(str, enum.Enum):
-    WRITING = "writing"
-    SEALED = "sealed"
-
-
-@dataclass(slots=True)
-class IndexEntry:
-    alloc_id: int
-    segment_id: int
-    offset: int            # where the object starts in the segment (the grant's offset)
-    length: int            # object size in bytes
-    tenant: str
-    key: str
-    checksum: int          # xxh3_64 of the whole value, as the writer declared it
-    epoch: int             # epoch of the master that granted the write
-    write_grant_expiry_ms: int
-    state: AllocState = AllocState.WRITING
-    received_bytes: int = 0
-    # merged [start, end) ranges received, relative to `offset`; emptied once SEALED
-    ranges: list[tuple[int, int]] = field(default_factory=list)
-    engine_hash: bytes = b""  # the engine's hash of the page, as the master told it (or b"")
-
-    def end(self) -> int:
-        return self.offset + self.length
-
-    def copy(self) -> IndexEntry:
-        return dataclasses.replace(self, ranges=list(self.ranges))
-
-
-class WriteRefused(Exception):
-    """A write the index does not accept; `reason` is one of the class constants."""
-
-    SEALED = "sealed"      # the allocation was completely written already
-    FREED = "freed"        # the master freed the allocation (tombstone)
-    CONFLICT = "conflict"  # metadata disagrees with the allocation's first write
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-
-
-class ReadRefused(Exception):
-    """A read the index does not allow; `reason` is one of the class constants."""
-
-    GONE = "gone"     # the allocation is not (or no longer, or not yet completely) here
-    STALE = "stale"   # the grant predates this node's current mount
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-
-
-class EngineHashLike(Protocol):
-    """A `pb.EngineHashNote` (or anything with its fields)."""
-
-    segment_id: int
-    alloc_id: int
-    engine_hash: bytes
-
-
-class FreedLike(Protocol):
-    """What apply_freed needs of a proto FreedRange."""
-
-    segment_id: int
-    alloc_id: int
-    offset: int
-    length: int
-
-
-@dataclass(slots=True, frozen=True)
-class SegmentUsage:
-    objects: int = 0
-    sealed_objects: int = 0
-    sealed_bytes: int = 0
-    writing_bytes: int = 0
-
-
-def _merge(ranges: list[tuple[int, int]], start: int, end: int) -> int:
-    """Add [start, end) to sorted, disjoint, non-adjacent `ranges`; return newly covered bytes."""
-    if start >= end:
-        return 0
-    lo = bisect_left(ranges, start, key=lambda r: r[1])  # first range ending at/after start
-    hi = bisect_right(ranges, end, key=lambda r: r[0])   # first range starting after end
-    if lo < hi:
-        old = sum(e - s for s, e in ranges[lo:hi])
-        start, end = min(start, ranges[lo][0]), max(end, ranges[hi - 1][1])
-    else:
-        old = 0
-    ranges[lo:hi] = [(start, end)]
-    return (end - start) - old
-
 
 _NO_WRITES_MS = 1 << 62  # write floor before the first mount: every grant is older
 
@@ -285,7 +198,7 @@ class ObjectIndex:
             if rel_start == 0 and rel_end == entry.length:  # the whole object (one frame)
                 entry.received_bytes = entry.length
             else:
-                entry.received_bytes += _merge(entry.ranges, rel_start, rel_end)
+                entry.received_bytes += merge_ranges(entry.ranges, rel_start, rel_end)
             assert entry.received_bytes <= entry.length
             if entry.received_bytes == entry.length:
                 entry.state = AllocState.SEALED
@@ -620,3 +533,7 @@ class ObjectIndex:
 def _journal_entry(e: IndexEntry) -> JournalEntry:
     return JournalEntry(e.alloc_id, e.segment_id, e.offset, e.length, e.checksum, e.epoch,
                         e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash)
+
+
+__all__ = ["TOMBSTONE_GRACE_MS", "AllocState", "IndexEntry", "ObjectIndex", "ReadRefused",
+           "SegmentUsage", "WriteRefused"]

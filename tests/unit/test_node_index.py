@@ -14,8 +14,8 @@ from cellar.storage_node.index import (
     ObjectIndex,
     ReadRefused,
     WriteRefused,
-    _merge,
 )
+from cellar.storage_node.index_records import merge_ranges
 
 SEG = 7
 
@@ -32,16 +32,16 @@ def freed(alloc: int, offset: int = 0, length: int = 100, segment: int = SEG) ->
 
 def test_merge_intervals() -> None:
     ranges: list[tuple[int, int]] = []
-    assert _merge(ranges, 10, 20) == 10
-    assert _merge(ranges, 30, 40) == 10
-    assert _merge(ranges, 15, 25) == 5          # overlaps the first
+    assert merge_ranges(ranges, 10, 20) == 10
+    assert merge_ranges(ranges, 30, 40) == 10
+    assert merge_ranges(ranges, 15, 25) == 5          # overlaps the first
     assert ranges == [(10, 25), (30, 40)]
-    assert _merge(ranges, 25, 30) == 5          # adjacent on both sides: one range
+    assert merge_ranges(ranges, 25, 30) == 5          # adjacent on both sides: one range
     assert ranges == [(10, 40)]
-    assert _merge(ranges, 10, 40) == 0          # retried chunk
-    assert _merge(ranges, 0, 50) == 20
+    assert merge_ranges(ranges, 10, 40) == 0          # retried chunk
+    assert merge_ranges(ranges, 0, 50) == 20
     assert ranges == [(0, 50)]
-    assert _merge(ranges, 60, 60) == 0          # empty
+    assert merge_ranges(ranges, 60, 60) == 0          # empty
     assert ranges == [(0, 50)]
 
 
@@ -53,7 +53,7 @@ def test_merge_random_matches_set() -> None:
         for _ in range(30):
             a = rng.randrange(0, 200)
             b = a + rng.randrange(0, 30)
-            added = _merge(ranges, a, b)
+            added = merge_ranges(ranges, a, b)
             new = set(range(a, b)) - covered
             assert added == len(new)
             covered |= new
