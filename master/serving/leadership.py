@@ -116,8 +116,8 @@ class Leadership:
         self._setting_tenant: asyncio.Lock | None = None
         # Bounds whose write failed, with the service that made them (a takeover drops them),
         # and the versions whose ranges wait for them
-        self._unwritten: tuple[MasterService | None, list[TombstoneRecord]] = (None, [])
-        self._unwritten_held: list[Obj] = []
+        self._unwritten: tuple[MasterService | None, list[TombstoneRecord], list[Obj]] = \
+            (None, [], [])
 
     def attach_removal_log(self, removal_log: FileRemovalLog | EtcdRemovalLog) -> None:
         """Use `removal_log`; a single master loads it now, before it serves anything (a
@@ -147,7 +147,8 @@ class Leadership:
         if self._setting_tenant is None:  # made on the loop that uses it
             self._setting_tenant = asyncio.Lock()
         # one change at a time, written and applied in the same order: two PUTs of one
-        # tenant in flight must not leave the log with one's quotas and memory with the other's
+        # tenant in flight must not leave the log with one's quotas and memory with the other's,
+        # and the file log rewrites its whole file (two at once would each lose the other's)
         async with self._setting_tenant:
             service = self.service
             service.tenants.check_room(name)
@@ -176,10 +177,11 @@ class Leadership:
         records = service.tombstones.take_pending()
         held = service.objects.take_held()
         unwritten = None
-        if self._unwritten[0] is service:
-            unwritten = self._unwritten[1]
-            records = unwritten + records
-            held = self._unwritten_held + held
+        failed_service, failed_records, failed_held = self._unwritten
+        if failed_service is service:
+            unwritten = failed_records
+            records = failed_records + records
+            held = failed_held + held
         return DurableWork(records, service.objects.read_trust.take(), held, service, unwritten)
 
     async def make_durable(self, work: DurableWork | None = None) -> None:
@@ -198,12 +200,12 @@ class Leadership:
                 # it dropped stay on their nodes until then (state/objects.py)
                 if work.service is self.service:
                     self._unwritten = (work.service,
-                                       records[-max(1, self.config.max_remove_tombstones):])
-                    self._unwritten_held = work.held
+                                       records[-max(1, self.config.max_remove_tombstones):],
+                                       work.held)
                 raise
             if work.unwritten is not None and self._unwritten[1] is work.unwritten:
                 # written with these: unless a later failure left newer ones (a superset)
-                self._unwritten, self._unwritten_held = (None, []), []
+                self._unwritten = (None, [], [])
         if work.held and work.service is not None:
             work.service.objects.release_held(work.held, work.service.clock.monotonic())
         # a client may still reuse the old version's replicas until then (read_trust.py); a

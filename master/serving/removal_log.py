@@ -172,12 +172,7 @@ class FileRemovalLog:
                 self._compact(current)
 
     def _compact(self, current: list[TombstoneRecord]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(encode(current))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        replace_file(self.path, encode(current))
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.records_written = len(current)
@@ -273,6 +268,21 @@ class EtcdRemovalLog:
 def default_path(listen: str) -> Path:
     """~/.cellar/removals-<listen address>.log: one per master address on this host."""
     return listen_file("removals", listen, ".log")
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Make `data` the whole of `path`, all or nothing (a temp file beside it, fsync, rename):
+    a single master's compacted removal log, its tenant log. Owner-only, as the logs are."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:  # a regular file takes it whole; loop anyway (a short write is legal)
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def listen_file(stem: str, listen: str, suffix: str) -> Path:

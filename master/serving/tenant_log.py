@@ -27,13 +27,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cellar.errors import ConfigError
 from cellar.master.config import parse_tenant_quota
-from cellar.master.serving.removal_log import listen_file
+from cellar.master.serving.removal_log import listen_file, replace_file
 from cellar.master.state.records import TenantQuota
 
 if TYPE_CHECKING:
@@ -82,9 +81,6 @@ class FileTenantLog:
         self.path = path
         self._records: dict[str, dict[str, Any]] = {}
         self.writes = 0
-        # one rewrite at a time: two concurrent PUTs would each write the file without the
-        # other's tenant, and the last rename would lose an acknowledged one
-        self._writing: asyncio.Lock | None = None
 
     def load(self) -> dict[str, TenantQuota]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,25 +102,13 @@ class FileTenantLog:
         return quotas
 
     async def write(self, name: str, quota: TenantQuota) -> None:
-        if self._writing is None:  # made on the loop that uses it
-            self._writing = asyncio.Lock()
-        async with self._writing:
-            records = {**self._records, name: fields_of(quota)}
-            await asyncio.to_thread(self._replace, json.dumps(records, sort_keys=True).encode())
-            self._records = records
-            self.writes += 1
-
-    def _replace(self, data: bytes) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        """One rewrite at a time: the caller (Leadership.set_tenant) holds its lock across it,
+        else two PUTs in flight would each write the file without the other's tenant."""
+        records = {**self._records, name: fields_of(quota)}
+        await asyncio.to_thread(replace_file, self.path,
+                                json.dumps(records, sort_keys=True).encode())
+        self._records = records
+        self.writes += 1
 
 
 class EtcdTenantLog:
