@@ -161,7 +161,7 @@ class Tombstones:
                 *((tenant, key, alloc_id, DEAD_WRITE)
                   for alloc_id, (tenant, key) in self.dead_writes.items()),
                 *((tenant, key, first, HARD_PIN_RECORD) for (tenant, key), first in self.hard_pins.items()
-                  if first > self.removed.get((tenant, key), 0))]
+                  if self.hard_pinned_from(tenant, key))]
 
     def removed_alloc_id(self, tenant_name: str, key: str) -> int:
         """The bound remembered for the key (0: none): ids at or below it are dead."""
