@@ -109,6 +109,8 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
             print(f"cellar master: cannot open the {what} {path}: {exc}", file=sys.stderr)
             return 2
         log.info("%s %s loaded", what, path)
+    if isinstance(leadership.removal_log, removal_log.FileRemovalLog):
+        log.info("removal log: %d removal bound(s) loaded", leadership.removal_log.records_written)
     authorizer = Authorizer(store, secret, refusal_log_interval_s=config.refusal_log_interval_s)
     servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
