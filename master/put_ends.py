@@ -26,7 +26,7 @@ from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import KeyResults
 from cellar.master.requests import Clock, PutEndLike, PutRefLike
 from cellar.master.state.objects import ObjectTable
-from cellar.master.state.records import HARD_PIN, Tenant
+from cellar.master.state.records import HARD_PIN, Obj, Tenant
 from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
 
@@ -47,6 +47,7 @@ class MasterService(Protocol):
     def tenant(self, name: str) -> Tenant: ...
     def check_batch(self, count: int, what: str = ...) -> Any: ...
     def key_error(self, key: str) -> str: ...
+    def ranges_of(self, obj: Obj) -> list[int]: ...
 
 
 class PutEnds:
@@ -85,8 +86,14 @@ class PutEnds:
                 s.objects.drop(obj, now)  # a remove acknowledged mid-put wins: the put is
                 results.append((OK, ""))  # ordered before it (master/removals.py)
                 continue
-            if item.key in tenant.objects:  # an upsert: every older value of the key is dead
+            old = tenant.objects.get(item.key)
+            if old is not None:  # an upsert: every older value of the key is dead
                 s.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
+                # ...and so is every range the old value got after this one was placed (a
+                # tier move's or a repair copy's target, done or not): its id is above the
+                # bound, and a rebuilt master, which orders versions by alloc id, would take
+                # it for the newer value
+                s.tombstones.kill_write(tenant.name, obj.key, s.ranges_of(old))
             s.objects.complete(obj, item.checksum, now)
             if obj.pin_kind == HARD_PIN:  # the next master pins it again (state/tombstones.py)
                 s.tombstones.remember_hard_pin(tenant.name, obj.key, first_alloc)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from cellar.master.config import MasterConfig
     from cellar.master.state.eviction import Evictor
     from cellar.master.state.membership import Membership
-    from cellar.master.state.placement import Placement
+    from cellar.master.state.placement import Fallback, Placement
     from cellar.master.state.records import Obj, Segment, Tenant
 
 NO_LIMIT = 1 << 62
@@ -50,8 +50,8 @@ class SpaceMaker:
         self.placement = placement
         self.membership = membership
         self.refused_before_evicting = 0  # puts refused because eviction could not help
-        # A disk-tier range for a put no DRAM could take (state/tiers.py `Tiers.spill`).
-        self.spill: Callable[[int, Sequence[str]], tuple[Segment, int] | None] | None = None
+        # A disk-tier range for a replica no DRAM could take (state/tiers.py `Tiers.spill`).
+        self.spill: Fallback | None = None
 
     # ---------------------------------------------------------------- admission
 
@@ -174,10 +174,11 @@ class SpaceMaker:
         reserved: int,
     ) -> list[tuple[Segment, int]] | None:
         """Evict until `replicas` ranges of `size` can be placed; the placements, or None."""
-        if self.spill is not None and replicas == 1:  # a disk tier with room: nothing evicted
-            spot = self.spill(size, avoid)
-            if spot is not None:
-                return [spot]
+        spill = self.spill
+        if spill is not None:  # a disk tier with room: nothing evicted (each replica may spill)
+            placements = self.placement.place(size, replicas, avoid, preferred_host, now, spill)
+            if placements is not None:
+                return placements
         budget = self.config.max_evictions_per_put
         if budget <= 0:
             return None
@@ -192,11 +193,8 @@ class SpaceMaker:
                 return None
             if attempt == 0:
                 evictor.successes += 1
-            placements = self.placement.place(size, replicas, avoid, preferred_host, now)
+            # (with a disk tier, the evicted bytes may have been on a disk: spill again)
+            placements = self.placement.place(size, replicas, avoid, preferred_host, now, spill)
             if placements is not None:
                 return placements
-            if self.spill is not None and replicas == 1:  # the evicted bytes were on a disk
-                spot = self.spill(size, avoid)
-                if spot is not None:
-                    return [spot]
         return None

@@ -229,6 +229,15 @@ class MasterService:
     def header(self) -> tuple[int, int]:
         return self.epoch, self.clock.wall_ms()
 
+    def ranges_of(self, obj: Obj) -> list[int]:
+        """The alloc ids of every range holding or receiving `obj`'s bytes: its replicas, a
+        tier move's target and a repair copy's target (those in flight)."""
+        ids = [rep.alloc_id for rep in obj.replicas]
+        for target in (self.tiers.move_target(obj), self.repair.queue.copy_target(obj)):
+            if target:
+                ids.append(target)
+        return ids
+
     # ---------------------------------------------------------------- put
 
     def put_ahead(self, tenant_name: str, ask: PutAheadAskLike, *, may_commit: bool = False,

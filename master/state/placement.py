@@ -12,7 +12,9 @@ Policy, per replica:
   does not take a whole write burst; it still takes writes when others are full. Nodes that
   mount together into an empty cluster are all "new": none ramps, free space alone decides.
   With few segments every candidate is scored (deterministic, exact "freest first").
-- if no sampled segment has room, every eligible segment is tried, freest first.
+- if no sampled segment has room, every eligible segment is tried, freest first;
+- with a disk tier, a replica no DRAM segment has room for goes to a disk with room
+  (`fallback`: `Tiers.spill`), still on a node of its own.
 
 Returns the (segment, offset) list or None when there is no room anywhere eligible; on None
 nothing stays allocated. This module never evicts (the service does, then calls again) and
@@ -22,13 +24,15 @@ never decides whether a node is alive (membership.py does).
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from cellar.master.state.membership import Membership
 from cellar.master.state.records import Segment
 
 MIN_RAMP_WEIGHT = 0.02
 NO_NODES: frozenset[str] = frozenset()
+# Where a replica goes when no DRAM segment has room: (size, nodes to avoid) -> spot or None
+Fallback = Callable[[int, Collection[str]], "tuple[Segment, int] | None"]
 
 
 class Placement:
@@ -53,9 +57,14 @@ class Placement:
         avoid: Collection[str],
         preferred_host: str,
         now: float,
+        fallback: Fallback | None = None,
     ) -> list[tuple[Segment, int]] | None:
+        """With `fallback` (a disk tier's spill), a replica no DRAM segment has room for goes
+        where it says, on a node this object has no other replica on."""
         if replicas == 1 and not avoid and not preferred_host:  # the common case, kept lean
             spot = self.place_one(size, NO_NODES, now)
+            if spot is None and fallback is not None:
+                spot = fallback(size, NO_NODES)
             return None if spot is None else [spot]
         chosen: list[tuple[Segment, int]] = []
         used_nodes: set[str] = set(avoid)
@@ -65,6 +74,8 @@ class Placement:
                 spot = self._on_host(size, preferred_host, used_nodes, now)
             if spot is None:
                 spot = self.place_one(size, used_nodes, now)
+            if spot is None and fallback is not None:
+                spot = fallback(size, used_nodes)
             if spot is None:
                 for segment, offset in chosen:  # never handed out: no grant, free at once
                     segment.allocator.free(offset)

@@ -161,6 +161,11 @@ class RepairQueue:
                 del self.watched[obj]
         return planned
 
+    def copy_target(self, obj: Obj) -> int:
+        """The alloc id of the range a copy of `obj` is being made into, 0 when none is."""
+        task = self.by_obj.get(obj)
+        return task.alloc_id if task is not None else 0
+
     def _plan_copy(self, obj: Obj, now: float) -> bool:
         source = next((rep for rep in obj.replicas
                        if not rep.segment.gone and rep.segment.node.state == ACTIVE), None)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +133,7 @@ class Tiers:
 
     # ---------------------------------------------------------------- placement
 
-    def spill(self, size: int, avoid: Sequence[str]) -> tuple[Segment, int] | None:
+    def spill(self, size: int, avoid: Collection[str]) -> tuple[Segment, int] | None:
         """A disk range for a put that found no DRAM room (freest disk first), or None."""
         disks = [s for node_id, s in self.membership.disk_of.items() if node_id not in avoid]
         disks.sort(key=lambda s: s.allocator.free_bytes, reverse=True)
@@ -244,6 +244,11 @@ class Tiers:
             excess -= obj.reserved
             started += 1
         return started
+
+    def move_target(self, obj: Obj) -> int:
+        """The alloc id of the range `obj` is being copied into, 0 when it is not moving."""
+        move = self.moving.get(obj)
+        return move.dst.alloc_id if move is not None else 0
 
     def _movable(self, obj: Obj) -> bool:
         return obj.state == COMPLETE and not obj.pins and obj not in self.moving

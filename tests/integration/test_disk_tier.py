@@ -110,6 +110,38 @@ def test_400_pages_over_64mib_dram_all_read_back_most_from_disk(make_cluster, tm
 
 
 @pytest.mark.timeout(180)
+def test_two_replica_puts_past_every_nodes_dram_spill_to_disk_and_nothing_is_evicted(
+        make_cluster, tmp_path):
+    """Three nodes of 16 MiB DRAM with a disk tier each, 2-replica puts of 4 times all their
+    DRAM: a replica no DRAM has room for goes to a disk (each replica on a node of its own),
+    so nothing is evicted and every value reads back. Found by `cellar soak --disk-size`:
+    only a 1-replica put spilled, a 2-replica put evicted DRAM objects, and the soak lost
+    every one of them (12,303 in 40 s without a fault)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # the longest tick: demotion (which makes DRAM room between puts) runs at most twice
+    # during the burst, so most puts find DRAM full
+    cluster = make_cluster(nodes=3, segment_size=16 * MIB,
+                           node_flags={"disk_dir": str(disk), "disk_size": 256 * MIB},
+                           **{**MASTER_FLAGS, "tick_interval_s": 5})
+    values = _values(96, 7)  # 96 x 1 MiB x 2 replicas = 192 MiB against 48 MiB of DRAM
+    with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
+        keys = list(values)
+        for start in range(0, len(keys), 8):
+            batch = {k: values[k] for k in keys[start:start + 8]}
+            assert client.put_many(batch, replicas=2) == [Status.OK] * len(batch)
+        for start in range(0, len(keys), 16):
+            chunk = keys[start:start + 16]
+            assert client.get_many(chunk) == [values[k] for k in chunk]
+        on_disk = client.lookup(keys).tiers["disk"].keys
+    assert _metric(cluster, "master_evicted_key_count") == 0
+    spills = _metric(cluster, "master_tier_spills")
+    print(f"\n96 x 1 MiB x 2 replicas over 3 x 16 MiB DRAM: {int(spills)} replicas spilled, "
+          f"{on_disk} keys read from disk first")
+    assert spills >= 48  # the burst is 4x all DRAM: at least a quarter of it spilled
+
+
+@pytest.mark.timeout(180)
 def test_without_disk_tier_the_same_puts_lose_most_pages(make_cluster):
     """The negative control of the test above: DRAM alone keeps under 64 of the 400. Without
     a disk tier the DRAM row still counts its traffic: every put written, every get a hit."""

@@ -12,12 +12,25 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_master_support import FakeClock, MiB, get, make_service, put, segment_info
+from test_master_support import (
+    EPOCH,
+    SECRET,
+    Entry,
+    FakeClock,
+    MiB,
+    get,
+    make_service,
+    put,
+    put_start,
+    segment_info,
+)
 
 from cellar.errors import Status
+from cellar.master.service import PutEndItem
 from cellar.master.state.records import TIER_DISK, TIER_DRAM
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import tiers
+from tests.support.receipts import receipts_for
 
 DRAM = 16 * MiB
 
@@ -236,6 +249,65 @@ def test_a_put_with_no_dram_room_spills_to_disk(clock) -> None:  # type: ignore[
     assert _tier(svc, keys[-1]) == TIER_DISK
     assert [_tier(svc, k) for k in keys[:16]] == [TIER_DRAM] * 16
     assert svc.tiers.counters()["spills"] == 1
+
+
+def test_a_two_replica_put_spills_the_replicas_dram_cannot_take_and_evicts_nothing(clock) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes, each 16 MiB of DRAM and a disk: with n1's DRAM full, a 2-replica put keeps
+    one replica in n2's DRAM and spills the other to n1's disk (a node of its own); with both
+    full, both replicas spill, one to each disk. Nothing is evicted: before, only a 1-replica
+    put spilled and a 2-replica one evicted DRAM objects, although both disks had room."""
+    svc = _service(clock)
+    disk_info = segment_info(4, 64 * MiB)
+    disk_info.tier = TIER_DISK
+    assert svc.mount_segment("n2", 3, [segment_info(3, DRAM), disk_info]).results == \
+        [(Status.OK, "")] * 2
+    for i in range(16):  # n1's DRAM, full
+        put(svc, f"n1/{i}", MiB, avoid_node_ids=["n2"])
+    mixed = put_start(svc, "mixed", MiB, replicas=2)
+    assert mixed.status == Status.OK
+    assert {(r.node_id, int(r.segment_id)) for r in mixed.replicas} == {("n2", 3), ("n1", 2)}
+    for i in range(15):  # the rest of n2's DRAM
+        put(svc, f"n2/{i}", MiB, avoid_node_ids=["n1"])
+    both = put_start(svc, "both", MiB, replicas=2)
+    assert both.status == Status.OK
+    assert {(r.node_id, int(r.segment_id)) for r in both.replicas} == {("n1", 2), ("n2", 4)}
+    assert len(svc.tenant("").objects) == 31  # every sealed object kept: nothing evicted
+    assert svc.tiers.counters()["spills"] == 3
+
+
+def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_placed(clock) -> None:  # type: ignore[no-untyped-def]
+    """A rebuilt master orders a key's versions by alloc id; a move gives the old value a
+    new one. v1 demoted while v2 is written lands under an id above v2's, which the upsert's
+    bound (v2's first id - 1) does not cover: the upsert must kill that range by its id too,
+    or a master killed before the node drops it brings v1 back over the acknowledged v2
+    (`make soak-disk`: a stale read, v117 served after the upsert of v118)."""
+    svc = _service(clock)
+    put(svc, "k", MiB, checksum=1)
+    clock.advance(1)
+    v2 = put_start(svc, "k", MiB, upsert=True)
+    assert v2.status == Status.OK
+    _fill(svc, clock, 14, prefix="f")  # DRAM past its high watermark: v1 is the coldest
+    svc.tiers.tick(clock.monotonic())
+    assert "k" in _moving_keys(svc)
+    assert _report(svc, clock) >= 1  # the node copied: v1 now on disk
+    (moved,) = _obj(svc, "k").replicas
+    assert moved.segment.tier == TIER_DISK and moved.alloc_id > min(r.alloc_id for r in v2.replicas)
+    assert svc.put_end("", "writer", [PutEndItem("k", v2.put_id, 2, receipts_for(SECRET, v2, 2))]) \
+        == [(Status.OK, "")]
+    # the next master loads what this one queued for its removal log, then the node's report
+    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
+                       node_suspect_after_s=1000, node_expire_after_s=2000)
+    new.load_removals(svc.tombstones.take_pending())
+    disk_info = segment_info(2, 64 * MiB)
+    disk_info.tier = TIER_DISK
+    new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
+    (written,) = v2.replicas
+    new.report_objects("n1", 2, int(written.segment_id),
+                       [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)], last=False)
+    out = new.report_objects("n1", 2, 2, [Entry("k", moved.alloc_id, moved.offset, MiB, 1)],
+                             last=True)
+    assert out.refused == [moved.alloc_id]
+    assert new.tenant("").objects["k"].checksum == 2
 
 
 def test_each_read_and_write_is_counted_once_in_the_tier_it_touched(clock) -> None:  # type: ignore[no-untyped-def]
