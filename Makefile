@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-metadata profile soak soak-tls soak-ha failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-metadata profile soak soak-tls soak-ha soak-disk failover clean
 
 venv: $(STAMP)
 
@@ -134,6 +134,13 @@ soak-tls: venv
 # SIGSTOP of the leader past its lease and brief etcd outages; same verdict.
 soak-ha: venv
 	$(VENV)/bin/cellar soak --ha --duration 600s --report .cellar/soak-ha-report.json
+
+# The same with a disk tier under each node's DRAM (16 MiB of DRAM, 256 MiB of disk: the
+# working set is about twice all DRAM), so puts spill, cold objects demote and re-read ones
+# promote while the faults run; same verdict (an eviction while the disks have room fails it).
+soak-disk: venv
+	$(VENV)/bin/cellar soak --segment-size 16MiB --disk-size 256MiB --duration 600s \
+	  --report .cellar/soak-disk-report.json
 
 # kill -9 the leader of etcd + 2 masters + 3 nodes under traffic, 5 times on fresh clusters;
 # prints the median failover time and the recovered-object counts (bench/results/failover.*).

@@ -201,6 +201,8 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "max_used_fraction": round(watcher.max_used_fraction, 3),
         "node_expiries_seen": len(watcher.expiries),
         "failure": failure,
+        **({"disk_size": args.disk_size, "disk": watcher.disk_counts()}
+           if getattr(args, "disk_size", "") else {}),
         **(ha_report(chaos, watcher) if args.ha else {}),
     }
 
@@ -266,6 +268,8 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
         f"max used {report['max_used_fraction']:.0%}, node expiries seen: "
         f"{report['node_expiries_seen']}",
     ]
+    if "disk" in report:
+        lines.append(f"  disk tier ({report['disk_size']} a node): {report['disk']}")
     if report.get("ha"):
         lines.append(
             f"  leader changes by fault: {report['leader_changes_by_fault']} (seen by the "

@@ -83,6 +83,12 @@ def run_soak(args: argparse.Namespace) -> int:
     else:
         cluster = LocalCluster(args.nodes, segment_bytes, master_flags=master_flags,
                                node_flags={"heartbeat_interval_s": 0.3}, tls=args.tls)
+    if args.disk_size:  # one folder: each node's file is named by its node id
+        disk_dir = cluster.run_dir / "disk"
+        disk_dir.mkdir(parents=True, exist_ok=True)
+        cluster.node_flags.update(disk_dir=str(disk_dir),
+                                  disk_size=parse_size_bytes(args.disk_size))
+        log(f"disk tier: {format_size(parse_size_bytes(args.disk_size))} per node in {disk_dir}")
     workers: list[subprocess.Popen[bytes]] = []
     watcher = Watcher(cluster)
     chaos = Chaos(cluster, watcher, rng, expire_after_s, log,
@@ -192,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_duration_s(args.duration)
         parse_duration_s(args.chaos_interval)
         parse_size_bytes(args.segment_size)
+        if args.disk_size:
+            parse_size_bytes(args.disk_size)
         min_size, max_size = parse_size_bytes(args.min_size), parse_size_bytes(args.max_size)
         page_size = parse_size_bytes(args.page_size)
     except ValueError as exc:

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clients", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--nodes", type=int, default=3, help="storage nodes (default 3)")
     parser.add_argument("--segment-size", default="256MiB", help="DRAM per node (default 256MiB)")
+    parser.add_argument("--disk-size", default="",
+                        help="give every node a disk tier of this size (docs/disk-tier.md) in "
+                             "the run's folder, so DRAM pressure demotes objects to disk and "
+                             "reads promote them back while the faults run (default: none)")
     parser.add_argument("--chaos-interval", default="5s",
                         help="mean time between faults (default 5s)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")

@@ -3,7 +3,8 @@
 What it owns
     Node states (so an expiry is a recorded fact with its time), the eviction counter
     (`master_evicted_key_count`, so an eviction between a write and its miss explains a loss),
-    leader changes (epochs) and the highest use of capacity. With HA it polls whichever master
+    leader changes (epochs), the highest use of capacity and, with a disk tier, its hits and
+    moves (demotions, promotions, spills, disk evictions) summed over masters. With HA it polls whichever master
     serves as leader. Also the wall clock helpers the parent's log lines share (`now_s`,
     `stamp`).
 
@@ -23,6 +24,9 @@ import urllib.request
 from typing import Any
 
 from cellar.devtools.soak.settings import HTTP_TIMEOUT_S, WATCH_INTERVAL_S
+from cellar.proto.tiers import MOVE_COUNTERS
+
+DISK_COUNTERS = ("hits", *MOVE_COUNTERS)  # the disk row's counters the report sums
 
 
 def now_s() -> float:
@@ -55,6 +59,10 @@ class Watcher(threading.Thread):
         self._last_poll = now_s()
         self._last_used_fraction = 0.0
         self._leader_http = ""  # HA: the HTTP address of the master last seen serving as leader
+        # The disk tier's counters (disk hits and moves): each master counts from its start,
+        # so the run's totals are the last values of each epoch, summed
+        self._disk_before: dict[str, int] = {}
+        self._disk_now: dict[str, int] = {}
 
     def _get_from(self, http: str, path: str) -> bytes:
         with urllib.request.urlopen(f"http://{http}{path}", timeout=HTTP_TIMEOUT_S) as response:
@@ -111,8 +119,21 @@ class Watcher(threading.Thread):
                 self.evictions.append((self._last_poll, now, delta,
                                        max(used_fraction, self._last_used_fraction)))
                 self.evicted_total += delta
+            disk = (status.get("tiers") or {}).get("disk")
+            if disk is not None:
+                if epoch != self._last_epoch:
+                    for name, count in self._disk_now.items():
+                        self._disk_before[name] = self._disk_before.get(name, 0) + count
+                self._disk_now = {name: int(disk.get(name, 0)) for name in DISK_COUNTERS}
             self._last_evicted, self._last_epoch, self._last_poll = evicted, epoch, now
             self._last_used_fraction = used_fraction
+
+    def disk_counts(self) -> dict[str, int]:
+        """The disk tier's hits and moves over the run (every master's), {} without one."""
+        with self.lock:
+            names = self._disk_before.keys() | self._disk_now.keys()
+            return {name: self._disk_before.get(name, 0) + self._disk_now.get(name, 0)
+                    for name in DISK_COUNTERS if name in names}
 
     def run(self) -> None:
         while not self.stop_event.wait(WATCH_INTERVAL_S):
