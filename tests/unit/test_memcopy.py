@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from xxhash import xxh3_64_intdigest
@@ -180,6 +181,42 @@ def test_a_file_write_lands_at_its_offset_through_short_writes(
     assert job.digest == (xxh3_64_intdigest(data) if hashed else None)
     assert len(calls) > len(data) // 100_000  # the short writes were resumed, not dropped
     assert bytes(span) == bytes(len(data))  # nothing went through the mapping's side
+
+
+def test_a_large_batch_of_file_writes_stays_on_one_thread_and_is_hashed_beside_it(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch past `parallel_min_bytes` whose jobs all write one file is written by the
+    calling thread alone (two writers of one file queue on its inode lock), while the helper
+    hashes: every byte lands where it should and every digest is its value's."""
+    values = [os.urandom(n) for n in (FUSED_CHUNK_BYTES * 3 + 1, 4096, FUSED_CHUNK_BYTES)]
+    offsets = [8192, 8192 + len(values[0]) + 512, 4 * FUSED_CHUNK_BYTES + 16384]
+    path = tmp_path / "segment.bin"
+    path.write_bytes(bytes(offsets[-1] + len(values[-1]) + 4096))
+    real_pwritev, writers = os.pwritev, set()
+
+    def recorded_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        writers.add(threading.get_ident())
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(memcopy.os, "pwritev", recorded_pwritev)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        jobs = []
+        for value, offset in zip(values, offsets, strict=True):
+            span = memoryview(bytearray(len(value)))
+            jobs.append(CopyJob([memoryview(value)], span, memcopy.buffer_address(span),
+                                to_span=True, hashed=True, file=fd, file_offset=offset))
+        copier = Copier(parallel_min_bytes=1)
+        copier.run(jobs, deadline=float("inf"))
+        copier.close()
+    finally:
+        os.close(fd)
+    assert writers == {threading.get_ident()}
+    data = path.read_bytes()
+    for job, value, offset in zip(jobs, values, offsets, strict=True):
+        assert job.done and job.error is None
+        assert data[offset:offset + len(value)] == value
+        assert job.digest == xxh3_64_intdigest(value)
 
 
 def test_a_failed_file_write_fails_its_job_with_the_reason(tmp_path) -> None:
