@@ -121,7 +121,8 @@ class PutAheads:
             if tenant.limited and s.space.make_quota_room(tenant, need):
                 break  # over its quota even after evicting its own objects
             placements = s.placement.place(size, replicas, NO_NODES, "", now)
-            if placements is None and not s.membership.disk_of:  # with a disk tier: none
+            # with a disk tier (mounted or still reporting to a new master): never evicts
+            if placements is None and not s.membership.tiered:
                 placements = s.space.evict_for_space(size, replicas, NO_NODES, "", now, reserved)
             if placements is None:
                 break

@@ -324,8 +324,7 @@ class MasterService:
             if spot is None:  # as in _put_one: evict for room, else NO_SPACE
                 placements = self.space.evict_for_space(size, 1, NO_NODES, "", now, reserved)
                 if placements is None:
-                    self.no_space_count += 1
-                    append(PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left"))
+                    append(self._no_room())
                     continue
                 spot = placements[0]
             put_id = next_put_id()
@@ -405,8 +404,7 @@ class MasterService:
             placements = self.space.evict_for_space(size, replicas, avoid, preferred_host, now,
                                                      reserved)
             if placements is None:
-                self.no_space_count += 1
-                return PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left")
+                return self._no_room()
 
         put_id = self.next_put_id()
         ttl_s = config.write_grant_ttl_s
@@ -421,6 +419,14 @@ class MasterService:
         expiry_ms = wall_ms + int(ttl_s * 1000)
         granted = self.grants.all(obj, write_op, expiry_ms, segments)
         return PutStartResult(OK, "", put_id, granted)
+
+    def _no_room(self) -> PutStartResult:
+        """A put that neither placement nor eviction found room for."""
+        if self.membership.disks_rebuilding:  # their room comes with them (quota.py)
+            return PutStartResult(Status.UNAVAILABLE, "no DRAM room while the nodes' disk tiers "
+                                  "are still reporting to this master: retry")
+        self.no_space_count += 1
+        return PutStartResult(Status.NO_SPACE, "no space: nothing evictable is left")
 
     def _same_put(self, obj: Obj, write_op: int, now: float, wall_ms: int,
                   segments: dict[int, Segment]) -> PutStartResult:

@@ -84,6 +84,8 @@ class Membership:
         self.by_host: dict[str, list[Segment]] = {}
         self.disk_of: dict[str, Segment] = {}  # an ACTIVE node's disk-tier segment, by node id
         self.tiered: frozenset[str] = frozenset()  # nodes with a disk tier (any state)
+        # disk-tier segments still reporting their objects to a new master: not placeable yet
+        self.disks_rebuilding = 0
         self.max_segment_bytes = 0  # largest mounted segment (ACTIVE or SUSPECT)
         self.rebuilding_count = 0   # mounted segments whose node's report has not ended
         self.lag_credited_s = 0.0
@@ -199,12 +201,13 @@ class Membership:
         by_host: dict[str, list[Segment]] = {}
         largest = 0
         placeable_nodes: set[str] = set()
-        rebuilding = 0
+        rebuilding = disks_rebuilding = 0
         disk_of: dict[str, Segment] = {}
         for node in self.nodes.values():
             for segment in node.segments.values():
                 rebuilding += segment.rebuilding
                 if segment.tier == TIER_DISK:  # placed by state/tiers.py, never directly
+                    disks_rebuilding += segment.rebuilding
                     if node.state == ACTIVE and not segment.rebuilding and not node.draining:
                         disk_of[node.node_id] = segment
                     continue
@@ -220,6 +223,7 @@ class Membership:
         self.by_host = by_host
         self.active_node_ids = frozenset(placeable_nodes)
         self.rebuilding_count = rebuilding
+        self.disks_rebuilding = disks_rebuilding
         self.max_segment_bytes = largest
 
     # ---------------------------------------------------------------- space

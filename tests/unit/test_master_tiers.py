@@ -310,6 +310,29 @@ def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_pl
     assert new.tenant("").objects["k"].checksum == 2
 
 
+def test_a_new_master_evicts_nothing_while_its_disks_still_report(clock) -> None:  # type: ignore[no-untyped-def]
+    """After a restart a node's DRAM may be mounted (reported) before its disk: a put that
+    finds DRAM full is refused as UNAVAILABLE (the client retries) rather than evicting what
+    DRAM holds, and a put-ahead ask gets nothing; once the disk has reported, puts spill to
+    it. Before, the put evicted 64 DRAM objects (`make soak-disk`, right after a master kill,
+    at 17% use: 17 acknowledged objects lost)."""
+    new = make_service(clock, epoch=EPOCH + 60_000, rebuild_grace_s=0,
+                       node_suspect_after_s=1000, node_expire_after_s=2000)
+    disk_info = segment_info(2, 64 * MiB)
+    disk_info.tier = TIER_DISK
+    new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
+    new.report_objects("n1", 2, 1, [Entry(f"k{i}", 1000 + i, i * MiB, MiB) for i in range(16)],
+                       last=True)  # DRAM full and mounted; the disk is still reporting
+    assert new.membership.disks_rebuilding == 1
+    refused = put_start(new, "late", MiB)
+    assert refused.status == Status.UNAVAILABLE, refused
+    assert new.put_ahead("", pb.PutAheadAsk(count=8, size_bytes=MiB, replicas=1)).ahead == []
+    assert len(new.tenant("").objects) == 16  # nothing evicted
+    new.report_objects("n1", 2, 2, [], last=True)
+    assert put_start(new, "late", MiB).status == Status.OK
+    assert _tier(new, "k0") == TIER_DRAM and new.tiers.counters()["spills"] == 1
+
+
 def test_each_read_and_write_is_counted_once_in_the_tier_it_touched(clock) -> None:  # type: ignore[no-untyped-def]
     """Hits and read bytes in the tier a GetReplicas is served from, write bytes in the tier a
     put's replica or a move's copy lands in: the counters ClusterStatus and /metrics report."""
