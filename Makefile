@@ -23,7 +23,7 @@ run-ha: venv
 	$(VENV)/bin/cellar up --ha
 
 test: venv
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=15
 	$(MAKE) --no-print-directory test-engines
 
 test-fast: venv

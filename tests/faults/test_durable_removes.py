@@ -62,7 +62,7 @@ def check(client: cellar.Client, removed: list[str], upserted: list[str]) -> Non
 @pytest.mark.timeout(240)
 def test_removes_acknowledged_just_before_a_master_kill_stay_removed(fault_cluster):
     cluster = fault_cluster(nodes=2, segment_size="64MiB", **SLOW_HEARTBEATS)
-    rounds, removed_all, upserted_all, gaps = 10, [], [], []
+    rounds, removed_all, upserted_all, gaps = 5, [], [], []
     with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
         for r in range(rounds):
             assert cluster.master is not None and cluster.master.proc is not None
