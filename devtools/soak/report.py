@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cellar.devtools.soak.chaos import Chaos
-from cellar.devtools.soak.settings import MASTER_FLAGS
+from cellar.devtools.soak.settings import ERROR_SAMPLES_PER_KIND, MASTER_FLAGS
 from cellar.devtools.soak.watcher import Watcher, now_s, stamp
 from cellar.units import format_size
 
@@ -137,6 +137,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
                  chaos: Chaos, watcher: Watcher, failure: str) -> dict[str, Any]:
     ops: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    error_samples: dict[str, list[str]] = {}
     stale: list[dict[str, Any]] = []
     corrupt: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
@@ -152,6 +153,11 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
                 continue
         ops.update(data["ops"])
         errors.update(data["errors"])
+        for kind, samples in data.get("error_samples", {}).items():
+            kept = error_samples.setdefault(kind, [])
+            for at, message in samples:
+                if len(kept) < ERROR_SAMPLES_PER_KIND and not any(message in k for k in kept):
+                    kept.append(f"{stamp(at)} {message}")
         stale += data.get("stale_reads", [])
         corrupt += data.get("corrupt_reads", [])
         lost += data.get("lost", [])
@@ -179,6 +185,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "put_ahead": put_ahead,  # writes under put-ahead allocations (client/put_ahead.py)
         "trusted_reads": trusted_reads,  # gets read without asking (client/gets.py)
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),
+        "error_samples": dict(sorted(error_samples.items())),  # the first messages of each kind
         "faults_total": len(chaos.faults),
         "faults": dict(sorted(Counter(f.kind for f in chaos.faults).items())),
         "fault_log": [{"kind": f.kind, "target": f.target, "at": stamp(f.start),
@@ -255,6 +262,8 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
         f"  bytes: written {format_size(report['bytes_written'])}, "
         f"read {format_size(report['bytes_read'])}",
         f"  errors: {report['errors_total']} {report['errors']}",
+        *(f"    {kind}: {message}" for kind, messages in report["error_samples"].items()
+          for message in messages),
         f"  faults injected: {report['faults_total']} {report['faults']}",
         f"  corrupt reads: {report['corrupt_reads']}",
         f"  stale reads: {report['stale_reads']} {report['stale_by_kind']}, by cause "

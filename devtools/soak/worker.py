@@ -39,6 +39,8 @@ from typing import Any
 
 from cellar.devtools.soak.settings import (
     CLIENT_TIMEOUT_S,
+    ERROR_SAMPLE_CHARS,
+    ERROR_SAMPLES_PER_KIND,
     FINAL_PASS_ATTEMPTS,
     RECOVERY_TIMEOUT_S,
     SETTLE_TIMEOUT_S,
@@ -78,6 +80,8 @@ class Worker:
         self.model = {k: KeyModel() for k in self.keys}
         self.ops: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        # kind -> [(wall time, message)]: why the errors came (a count alone does not say)
+        self.error_samples: dict[str, list[tuple[float, str]]] = {}
         self.stale: list[dict[str, Any]] = []
         self.corrupt: list[dict[str, Any]] = []
         self.losses: list[dict[str, Any]] = []
@@ -106,7 +110,12 @@ class Worker:
         return int(math.exp(self.rng.uniform(self._log_min, self._log_max)))
 
     def _error(self, op: str, exc: BaseException) -> None:
-        self.errors[f"{op}:{type(exc).__name__}"] += 1
+        kind = f"{op}:{type(exc).__name__}"
+        self.errors[kind] += 1
+        samples = self.error_samples.setdefault(kind, [])
+        message = str(exc)[:ERROR_SAMPLE_CHARS]
+        if len(samples) < ERROR_SAMPLES_PER_KIND and all(m != message for _, m in samples):
+            samples.append((time.time(), message))
 
     def step(self) -> None:
         key = self.rng.choice(self.keys)
@@ -338,6 +347,7 @@ class Worker:
     def stats(self) -> dict[str, Any]:
         return {
             "id": self.args.id, "ops": dict(self.ops), "errors": dict(self.errors),
+            "error_samples": self.error_samples,
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
             "put_ahead": self._put_ahead(),
