@@ -69,6 +69,9 @@ def test_soak_short(tmp_path: Path, variant: str) -> None:
         assert report["disk"]["spills"] > 0 and report["disk"]["demotions"] > 0, report["disk"]
         assert report["disk"]["hits"] > 0, report["disk"]
     assert report["ops_total"] > MIN_OPS, report["ops"]
+    # each error kind a worker raised comes with its first messages, so a run says why
+    assert set(report["error_samples"]) <= set(report["errors"]), report["error_samples"]
+    assert all(1 <= len(messages) <= 3 for messages in report["error_samples"].values())
     if ha:
         assert report["ha"] is True
         assert report["leader_faults_without_leader_change"] == 0, report["fault_log"]
