@@ -68,19 +68,28 @@ T = TypeVar("T")
 
 
 class EpochFence:
-    """Refuses replies from a master older than one already heard from (a deposed leader)."""
+    """Refuses replies from a master older than one already heard from (a deposed leader).
+    `on_newer` is called when a reply names a newer epoch than one heard before: another
+    leader, or a single master restarted (its epoch is its start time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_newer: Callable[[], None] | None = None) -> None:
         self.highest = 0
+        self._on_newer = on_newer
         self._lock = threading.Lock()
 
     def check(self, epoch: int, address: str) -> None:
         assert epoch >= 0, epoch
         with self._lock:
             if epoch >= self.highest:
+                newer = 0 < self.highest < epoch
                 self.highest = epoch
-                return
+            else:
+                newer = None
             highest = self.highest
+        if newer is not None:
+            if newer and self._on_newer is not None:
+                self._on_newer()
+            return
         raise Unavailable(f"master {address} answered with epoch {epoch}, older than {highest}: "
                           "it is no longer the leader")
 
@@ -173,10 +182,10 @@ class LinkState:
         self.follow = follow
         self.etcd = etcd             # etcd is the authority on who leads
         self.closed = False
-        self.fence = EpochFence()
+        self.fence = EpochFence(on_newer=self._newer_master)
         self.clock = clock
         self.switches = 0
-        self.switched_at = -math.inf
+        self.switched_at = -math.inf  # the last switch, or the last newer epoch heard
         self._lock = threading.Lock()
 
     def claim_lookup(self, now: float) -> bool:
@@ -194,6 +203,11 @@ class LinkState:
     def succeeded(self, generation: int) -> None:
         if generation == self.generation and self.failing_since:
             self.failing_since = 0.0
+
+    def _newer_master(self) -> None:
+        """A reply named a newer epoch (a master restarted, or a new leader): what it voided
+        is placed again as after a switch (`cellar.client.flows.near_failover`)."""
+        self.switched_at = self.clock()
 
     def switched(self, target: str) -> str:
         """Record a switch to `target` (the face holds its switch lock); the old address."""

@@ -4,12 +4,14 @@ rebuilt allocators never hand out a range an adopted object holds."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-from faultkit import node_states, wait_until
+from faultkit import locations, node_states, raw_stub, wait_until
 
 import cellar
 from cellar.errors import Status
@@ -89,6 +91,40 @@ def test_misses_during_rebuild_are_unavailable_not_not_found(fault_cluster):
                    lambda: client.get_many(["no/such/key"]) == [None], timeout_s=20)
         with pytest.raises(cellar.NotFound):
             impatient.get("no/such/key")
+
+
+@pytest.mark.timeout(120)
+def test_a_put_sent_before_the_nodes_mount_on_a_restarted_master_waits_for_them(fault_cluster):
+    """The master is killed and started again while both nodes are stopped (so neither can
+    mount for 1.5 s); a 2-replica put sent the moment the new master listens is refused
+    UNAVAILABLE ("2 replica(s) asked for but only 0 live node(s)") until they do. The SDK
+    places it again, as it does after a leader change: it saw the master's epoch grow, a master
+    restart. The put returns OK within its timeout, both replicas were written, and the value
+    reads back. Before, the first refusal raised cellar.Unavailable."""
+    cluster = fault_cluster(nodes=2, segment_size="64MiB")
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        client.put("restart/before", b"b" * 1000, replicas=2)  # the first master's epoch, seen
+        cluster.kill_master()
+        for node in cluster.nodes:
+            assert node.proc is not None
+            node.proc.send_signal(signal.SIGSTOP)
+        cluster.start_master()
+        resume = threading.Timer(1.5, lambda: [node.proc.send_signal(signal.SIGCONT)
+                                               for node in cluster.nodes if node.proc])
+        resume.start()
+        try:
+            started = time.monotonic()
+            client.put("restart/after", b"a" * 3000, replicas=2)
+            waited_s = time.monotonic() - started
+        finally:
+            resume.join()
+        assert waited_s >= 1.0, f"placed after {waited_s:.2f} s, before any node could mount"
+        assert client.get("restart/after") == b"a" * 3000
+        assert client.get("restart/before") == b"b" * 1000
+    channel, stub = raw_stub(cluster)
+    with channel:
+        replicas = locations(stub, ["restart/after"])["restart/after"]
+    assert len({r.node_id for r in replicas}) == 2, replicas
 
 
 @pytest.mark.timeout(120)

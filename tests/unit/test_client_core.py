@@ -596,3 +596,24 @@ def test_epoch_fence():
     fence.check(7, "m:1")
     with pytest.raises(cellar.Unavailable, match="no longer the leader"):
         fence.check(6, "m:1")
+
+
+def test_a_newer_epoch_counts_as_a_master_change_for_the_puts_it_voided():
+    """A reply with a newer epoch than one heard before (a single master restarted: its epoch
+    is its start time) sets the link's `switched_at`, so puts it refused UNAVAILABLE are placed
+    again (flows.near_failover); the first epoch heard, the same one again, and an older one
+    refused do not."""
+    from cellar.coord.link import LinkState
+
+    now = [100.0]
+    link = LinkState("m:1", clock=lambda: now[0])
+    link.fence.check(5, "m:1")
+    link.fence.check(5, "m:1")
+    assert link.switched_at == float("-inf") and link.generation == 0
+    now[0] = 200.0
+    link.fence.check(9, "m:1")
+    assert link.switched_at == 200.0
+    now[0] = 300.0
+    with pytest.raises(cellar.Unavailable):
+        link.fence.check(8, "m:1")
+    assert link.switched_at == 200.0
