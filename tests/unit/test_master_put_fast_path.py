@@ -32,7 +32,7 @@ def slow_put_start(svc: MasterService, items: list[PutItem]) -> PutStartOutcome:
     tenant = svc.tenant("default")
     now, wall_ms = svc.clock.monotonic(), svc.clock.wall_ms()
     segments: dict = {}  # type: ignore[type-arg]
-    results = [svc._put_one(tenant, item, now, wall_ms, segments) for item in items]
+    results = [svc.put_starts._put_one(tenant, item, now, wall_ms, segments) for item in items]
     return PutStartOutcome(results, list(segments.values()))
 
 
