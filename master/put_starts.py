@@ -124,6 +124,7 @@ class PutStarts:
         deadline = now + write_ttl_s
         expiry_ms = wall_ms + int(write_ttl_s * 1000)
         place_one = s.placement.place_one
+        spill = s.space.spill  # a disk tier's range for a replica no DRAM has room for
         default_replicas = config.default_replicas
         fast_ok = config.max_replicas >= 1
         next_put_id = s.next_put_id
@@ -163,6 +164,8 @@ class PutStarts:
                 append(self._put_one(tenant, item, now, wall_ms, segments, -1, write_op))  # UNAVAILABLE
                 continue
             spot = place_one(size, NO_NODES, now)
+            if spot is None and spill is not None:  # as Placement.place with the spill
+                spot = spill(size, NO_NODES)
             if spot is None:  # as in _put_one: evict for room, else NO_SPACE
                 placements = s.space.evict_for_space(size, 1, NO_NODES, "", now, reserved)
                 if placements is None:
@@ -242,7 +245,7 @@ class PutStarts:
             error = s.space.make_quota_room(tenant, need)
             if error:
                 return PutStartResult(Status.QUOTA_EXCEEDED, error)
-        placements = s.placement.place(size, replicas, avoid, preferred_host, now)
+        placements = s.placement.place(size, replicas, avoid, preferred_host, now, s.space.spill)
         if placements is None:
             placements = s.space.evict_for_space(size, replicas, avoid, preferred_host, now,
                                                      reserved)

@@ -173,19 +173,17 @@ class SpaceMaker:
         self, size: int, replicas: int, avoid: Sequence[str], preferred_host: str, now: float,
         reserved: int,
     ) -> list[tuple[Segment, int]] | None:
-        """Evict until `replicas` ranges of `size` can be placed; the placements, or None."""
+        """Evict until `replicas` ranges of `size` can be placed; the placements, or None.
+        The caller found no room first, a disk tier's `spill` included (a disk with room:
+        nothing is evicted)."""
         spill = self.spill
-        if spill is not None:  # a disk tier with room: nothing evicted (each replica may spill)
-            placements = self.placement.place(size, replicas, avoid, preferred_host, now, spill)
-            if placements is not None:
-                return placements
-            if self.membership.disks_rebuilding:
-                # A new master whose nodes' DRAM is mounted but whose disks are still
-                # reporting: their room comes with them, so the put is refused rather than
-                # DRAM objects thrown away (make soak-disk: 64 evicted by one put right after a
-                # master restart, at 17% use, and 17 acknowledged objects lost with them).
-                self.refused_before_evicting += 1
-                return None
+        if spill is not None and self.membership.disks_rebuilding:
+            # A new master whose nodes' DRAM is mounted but whose disks are still reporting:
+            # their room comes with them, so the put is refused rather than DRAM objects
+            # thrown away (make soak-disk: 64 evicted by one put right after a master restart,
+            # at 17% use, and 17 acknowledged objects lost with them).
+            self.refused_before_evicting += 1
+            return None
         budget = self.config.max_evictions_per_put
         if budget <= 0:
             return None
