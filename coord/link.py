@@ -80,18 +80,14 @@ class EpochFence:
     def check(self, epoch: int, address: str) -> None:
         assert epoch >= 0, epoch
         with self._lock:
-            if epoch >= self.highest:
-                newer = 0 < self.highest < epoch
-                self.highest = epoch
-            else:
-                newer = None
             highest = self.highest
-        if newer is not None:
-            if newer and self._on_newer is not None:
-                self._on_newer()
-            return
-        raise Unavailable(f"master {address} answered with epoch {epoch}, older than {highest}: "
-                          "it is no longer the leader")
+            if epoch >= highest:
+                self.highest = epoch
+        if epoch < highest:
+            raise Unavailable(f"master {address} answered with epoch {epoch}, older than "
+                              f"{highest}: it is no longer the leader")
+        if 0 < highest < epoch and self._on_newer is not None:
+            self._on_newer()
 
 
 # ---- effects (what a plan asks its face to do) and answers ------------------------------------
