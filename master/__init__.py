@@ -7,7 +7,8 @@ Three layers, each a folder or a few files, dependencies pointing one way (down)
   `events` log; `main` (here, so `cellar master` keeps its path) wires them into one process.
 - the behaviour, plain methods over the state, no I/O: `service.MasterService` answers the
   client RPCs (put, get, probes, removal) with `requests` (input checks), `replies` (output
-  types, grant signing through `grant_issuer`), `put_ends` (binding and completing puts),
+  types, grant signing through `grant_issuer`), `put_starts` (the checks and placement of a
+  PutStart), `put_ends` (binding and completing puts),
   `put_ahead` (write allocations granted before their key is known, bound at PutEnd),
   `quota` (bounded eviction for a PutStart), `grace`
   (when a miss means "not reported yet") and `listing`; `node_rpcs.NodeRpcs` answers the
