@@ -140,34 +140,58 @@ def build(engine: str) -> Path:
     return target
 
 
-def site() -> Path:
-    """This clone's site folder (outside it, in the engine cache): `cellar` and its parts as
-    symlinks into the clone."""
+SITECUSTOMIZE = "import cellar  # noqa: F401  (see engine_venv.site)\n"
+
+
+def _site_links() -> dict[str, Path]:
+    """What this clone's site folder holds: each link's path inside it -> the clone's folder."""
     mapping: dict[str, str] = _pyproject()["tool"]["setuptools"]["package-dir"]
-    clone = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
-    out = cache_root() / "sites" / clone
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{clone}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    pkg = tmp / "cellar"
-    pkg.mkdir(parents=True)
-    for entry in (ROOT / mapping.get("cellar", "cellar")).iterdir():
-        if entry.name != "__pycache__":
-            (pkg / entry.name).symlink_to(entry)
+    links = {f"cellar/{entry.name}": entry
+             for entry in (ROOT / mapping.get("cellar", "cellar")).iterdir()
+             if entry.name != "__pycache__"}
     for name, folder in mapping.items():
         if name == "cellar" or not (ROOT / folder).is_dir():
             continue
         parts = name.split(".")
         assert parts[0] == "cellar" and len(parts) == 2, f"unexpected package-dir entry {name}"
-        link = pkg / parts[1]
-        if not link.exists():
-            link.symlink_to(ROOT / folder)
-    # pytest puts the clone's root first on sys.path (pyproject's pythonpath), where `cellar/`
-    # is only the package root; importing `cellar` here first, at interpreter start, binds it
-    # to this folder so `cellar.client` & co. resolve through the links.
-    (tmp / "sitecustomize.py").write_text("import cellar  # noqa: F401  (see engine_venv.site)\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+        links.setdefault(f"cellar/{parts[1]}", ROOT / folder)
+    return links
+
+
+def _site_current(out: Path, links: dict[str, Path]) -> bool:
+    pkg = out / "cellar"
+    if not pkg.is_dir() or not (out / "sitecustomize.py").is_file():
+        return False
+    held = {f"cellar/{entry.name}": entry for entry in pkg.iterdir()}
+    return held.keys() == links.keys() and all(
+        entry.is_symlink() and Path(os.readlink(entry)) == links[name]
+        for name, entry in held.items())
+
+
+def site() -> Path:
+    """This clone's site folder (outside it, in the engine cache): `cellar` and its parts as
+    symlinks into the clone. Rebuilt only when the clone's folders changed, under the cache's
+    lock: the engine suites run at once (`make -j2 test-engines`), and a folder rebuilt under
+    a running suite would take its imports away."""
+    links = _site_links()
+    clone = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    out = cache_root() / "sites" / clone
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _site_current(out, links):
+            return out
+        tmp = out.with_name(f"{clone}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for name, target in links.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).symlink_to(target)
+        # pytest puts the clone's root first on sys.path (pyproject's pythonpath), where
+        # `cellar/` is only the package root; importing `cellar` here first, at interpreter
+        # start, binds it to this folder so `cellar.client` & co. resolve through the links.
+        (tmp / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
     return out
 
 
