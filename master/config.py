@@ -193,10 +193,18 @@ class MasterConfig:
         256, "disk tier: most demotions, promotions or disk evictions started per tick",
         unit="objects",
     )
+    tier_exact_scan_objects: int = setting(
+        4096, "disk tier: objects in a segment up to which demotion and disk eviction take the "
+        "exact coldest (a partial sort each tick); past it each is the coldest of "
+        "eviction_samples random picks (master/state/coldest.py)", unit="objects",
+    )
     tier_move_timeout_s: float = setting(
         30.0, "disk tier: a move the node has not reported by then is abandoned", unit=UNIT_SECONDS
     )
-    eviction_samples: int = setting(16, "objects sampled per eviction (approximate LRU)", unit="objects")
+    eviction_samples: int = setting(
+        16, "objects sampled per eviction (approximate LRU), and per demotion or disk eviction "
+        "in a segment of over tier_exact_scan_objects (master/state/coldest.py)",
+        unit="objects")
     max_evictions_per_put: int = setting(
         64, "most objects one put may evict synchronously to make room", unit="objects"
     )
@@ -389,6 +397,8 @@ class MasterConfig:
         require(0 < self.promote_window_s <= 86400, "promote_window_s", "must be in (0, 1 day]")
         require(1 <= self.max_tier_moves_per_tick <= 65536, "max_tier_moves_per_tick",
                 "must be in [1, 65536]")
+        require(0 <= self.tier_exact_scan_objects <= 1 << 24, "tier_exact_scan_objects",
+                "must be in [0, 16777216]")
         require(0.1 <= self.tier_move_timeout_s <= 3600, "tier_move_timeout_s",
                 "must be in [0.1s, 1 hour]")
         require(1 <= self.eviction_samples <= 1024, "eviction_samples", "must be in [1, 1024]")
@@ -471,7 +481,8 @@ class MasterConfig:
         return TierSettings(self.demote_high_watermark, self.demote_low_watermark,
                             self.disk_high_watermark, self.disk_low_watermark,
                             self.promote_window_s, self.max_tier_moves_per_tick,
-                            self.tier_move_timeout_s, self.pin_ttl_s + self.grant_skew_s)
+                            self.tier_move_timeout_s, self.pin_ttl_s + self.grant_skew_s,
+                            self.eviction_samples, self.tier_exact_scan_objects)
 
     def tenant_quotas(self) -> dict[str, TenantQuota]:
         """The configured tenants, parsed; `default` is always present."""

@@ -163,7 +163,7 @@ class MasterService:
         self.objects.dead_write = lambda obj: self.tombstones.kill_write(
             obj.tenant.name, obj.key, [rep.alloc_id for rep in obj.replicas])
         self.tiers = Tiers(self.membership, self.objects, self.quarantine,
-                           lambda: self.alloc_ids.next(), config.tier_settings())
+                           lambda: self.alloc_ids.next(), config.tier_settings(), rng)
         self.space.spill = self.tiers.spill
         self.nodes = NodeRpcs(
             config, self.clock, self.epoch, tenants=self.tenants, membership=self.membership,

@@ -12,6 +12,8 @@ What it owns: every table the master's decisions read and write, one subsystem a
   until it applies the notice (a shm/rdma write over one claims it first); tombstones: removed
   keys a late report must not revive;
 - placement: which segment takes a replica (power of n choices over free space);
+- tiers: a node's disk below its DRAM (demotion, promotion, disk eviction); coldest: the order
+  they take a segment's objects in (a partial sort, sampled past 4,096 objects);
 - expiry, ids: the deadline runs and the ids the tables share;
 - records: the record types they share (Obj, Replica, Tenant, Node, Segment, Pool), which
   name each other, so they live in one module and no import cycle forms, not even a type-only

@@ -36,9 +36,11 @@ The policy, per node with a disk tier (settings in master/config.py, docs/disk-t
       finds an object only on disk notes the time; a second one within `promote_window_s`
       asks the node to copy it back to DRAM, the switch again on the node's report. A one-pass
       scan reads each cold key once and promotes nothing, so it cannot flush the hot set.
-    Candidates are found by a partial sort of the segment's objects (LRU-2 for demotion, last
-    access for disk eviction): O(objects
-    in that segment) per round, and a round runs only above a watermark.
+    Candidates come from `coldest_first` (state/coldest.py; LRU-2 for demotion, last access
+    for disk eviction): a partial sort of a segment of up to EXACT_SCAN_OBJECTS objects, above
+    that (`exact_scan_objects`) each the coldest of `samples` random picks (approximate, as the
+    evictor's), so a round
+    costs O(moves) rather than O(objects in the segment); a round runs only above a watermark.
 
 Invariant: an object has at most one move in flight; every pending move's target range is
 allocated in its segment and in no replica until the switch; a retired range is allocated, in
@@ -49,12 +51,13 @@ and never talks to a node (node_rpcs.py carries the moves).
 
 from __future__ import annotations
 
-import heapq
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cellar.master.state.coldest import ColdPicker
 from cellar.master.state.membership import Membership
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.quarantine import Quarantine
@@ -84,6 +87,8 @@ class TierSettings:
     max_moves_per_tick: int = 256
     move_timeout_s: float = 30.0
     retire_hold_s: float = 11.0  # pin_ttl_s + grant_skew_s: an old range outlives its grants
+    samples: int = 16  # random picks per candidate in a large segment (eviction_samples)
+    exact_scan_objects: int = 4096  # objects up to which the order is exact (state/coldest.py)
 
 
 class Move:
@@ -103,8 +108,11 @@ class Move:
 
 class Tiers:
     def __init__(self, membership: Membership, objects: ObjectTable, quarantine: Quarantine,
-                 alloc_ids: Callable[[], int], settings: TierSettings) -> None:
+                 alloc_ids: Callable[[], int], settings: TierSettings,
+                 rng: random.Random | None = None) -> None:
         self.membership = membership
+        self._coldest = ColdPicker(rng if rng is not None else random.Random(), settings.samples,
+                                   settings.exact_scan_objects)
         self.objects = objects
         self.quarantine = quarantine
         self._alloc_id = alloc_ids
@@ -185,13 +193,17 @@ class Tiers:
         """Free retired ranges, abandon overdue moves, evict full disks, demote full DRAM."""
         if self.retired:
             self._release_retired(now)
-        if not self.enabled and not self.pending:
-            return
-        timeout = self.settings.move_timeout_s
-        for move in list(self.pending.values()):
-            if now - move.started > timeout:
-                self.moves_timed_out += 1
-                self._abandon(move, now, late_write_possible=True)
+        if self.enabled or self.pending:
+            timeout = self.settings.move_timeout_s
+            for move in list(self.pending.values()):
+                if now - move.started > timeout:
+                    self.moves_timed_out += 1
+                    self._abandon(move, now, late_write_possible=True)
+            self._move_round(now)
+        self._coldest.end_tick()
+
+    def _move_round(self, now: float) -> None:
+        """Disk evictions, then demotions, at most `max_moves_per_tick` in all."""
         budget = self.settings.max_moves_per_tick
         for node_id, disk in list(self.membership.disk_of.items()):
             budget -= self._evict_disk(node_id, disk, now, budget)
@@ -208,17 +220,15 @@ class Tiers:
         if not evicting and alloc.used_bytes <= settings.disk_high * alloc.capacity_bytes:
             return 0
         low = settings.disk_low * alloc.capacity_bytes
-        victims = heapq.nsmallest(budget, (o for o in disk.objects if self._movable(o)),
-                                  key=_last_access)
         evicted = 0
-        for obj in victims:
+        for obj in self._coldest.pick(disk.objects, budget, _last_access, self._movable):
             if alloc.used_bytes <= low:
                 break
             self.objects.drop(obj, now)  # the master first; the node hears through the outbox
             self._reads.pop(obj, None)
             evicted += 1
         self.disk_evictions += evicted
-        if alloc.used_bytes > low and victims:
+        if alloc.used_bytes > low and evicted:
             self._disk_evicting.add(node_id)
         else:
             self._disk_evicting.discard(node_id)
@@ -232,8 +242,7 @@ class Tiers:
         if alloc.used_bytes - outgoing <= settings.demote_high * alloc.capacity_bytes or excess <= 0:
             return 0
         started = 0
-        candidates = (o for o in segment.objects if self._movable(o) and o.pin_kind == NO_PIN)
-        for obj in heapq.nsmallest(budget, candidates, key=_lru2):
+        for obj in self._coldest.pick(segment.objects, budget, _lru2, self._demotable):
             if excess <= 0 or len(self.pending) >= MAX_MOVES_IN_FLIGHT:
                 break
             offset = disk.allocator.alloc(obj.size)
@@ -252,6 +261,9 @@ class Tiers:
 
     def _movable(self, obj: Obj) -> bool:
         return obj.state == COMPLETE and not obj.pins and obj not in self.moving
+
+    def _demotable(self, obj: Obj) -> bool:
+        return obj.pin_kind == NO_PIN and self._movable(obj)
 
     def _start(self, obj: Obj, src: Replica, dst: Replica, now: float) -> None:
         move = Move(obj, src, dst, now)

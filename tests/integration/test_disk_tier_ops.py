@@ -4,7 +4,8 @@
   while demotion and promotion run: zero phantom hits (`exists` true, then a `get` that misses
   with no remove or eviction in between) and zero corrupt reads. The working set (~110 MiB)
   is above DRAM and far below DRAM + disk, so nothing may be evicted at all: every key the
-  model holds must read back, byte-exact, whichever tier it is on or moving between.
+  model holds must read back, byte-exact, whichever tier it is on or moving between. Run
+  twice: with the exact order of a small segment, and with the sampled picks of a large one.
 - A one-pass scan over 2x DRAM of cold keys leaves a hot set of 32 keys (read every round) in
   DRAM: the hot set is pushed to disk first, comes back on its second read within the window,
   and the scan (one read per cold key) promotes nothing. Negative control: with a promotion
@@ -50,8 +51,13 @@ def _value(key: int, generation: int) -> bytes:
 
 
 @pytest.mark.timeout(300)
-def test_10000_random_ops_no_phantom_hit_no_corrupt_read(make_cluster, tmp_path):
-    cluster = _cluster(make_cluster, tmp_path)
+@pytest.mark.parametrize("exact_scan_objects", [None, 0], ids=["exact", "sampled"])
+def test_10000_random_ops_no_phantom_hit_no_corrupt_read(make_cluster, tmp_path,
+                                                         exact_scan_objects):
+    """`sampled`: the master picks what to demote and evict as it does in a segment of over
+    `tier_exact_scan_objects` (master/state/coldest.py), here in every segment."""
+    flags = {} if exact_scan_objects is None else {"tier_exact_scan_objects": exact_scan_objects}
+    cluster = _cluster(make_cluster, tmp_path, **flags)
     rng = random.Random(2212)
     held: dict[int, int] = {}  # key -> generation of the value stored
     generations: dict[int, int] = {}
