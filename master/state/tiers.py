@@ -119,6 +119,9 @@ class Tiers:
         self.settings = settings
         self.pending: dict[int, Move] = {}
         self.moving: dict[Obj, Move] = {}
+        # bytes (reserved) being moved out of each segment: what `_demote` counts as leaving
+        # already, kept as the moves start and end instead of summed over `moving` each tick
+        self._outgoing: dict[Segment, int] = {}
         self._reads: OrderedDict[Obj, float] = OrderedDict()
         self._disk_evicting: set[str] = set()
         # old ranges of switched moves, kept for readers' grants: (free after, object, replica)
@@ -237,7 +240,7 @@ class Tiers:
     def _demote(self, segment: Segment, disk: Segment, now: float, budget: int) -> int:
         alloc = segment.allocator
         settings = self.settings
-        outgoing = sum(m.obj.reserved for m in self.moving.values() if m.src.segment is segment)
+        outgoing = self._outgoing.get(segment, 0)
         excess = alloc.used_bytes - outgoing - settings.demote_low * alloc.capacity_bytes
         if alloc.used_bytes - outgoing <= settings.demote_high * alloc.capacity_bytes or excess <= 0:
             return 0
@@ -270,6 +273,23 @@ class Tiers:
         assert dst.alloc_id not in self.pending and obj not in self.moving
         self.pending[dst.alloc_id] = move
         self.moving[obj] = move
+        self._outgoing[src.segment] = self._outgoing.get(src.segment, 0) + obj.reserved
+
+    def _end(self, move: Move) -> None:
+        """`move` is no longer in flight (switched or abandoned)."""
+        del self.pending[move.dst.alloc_id]
+        if self.moving.get(move.obj) is move:
+            del self.moving[move.obj]
+            src = move.src.segment
+            left = self._outgoing[src] - move.obj.reserved
+            if left:
+                self._outgoing[src] = left
+            else:
+                del self._outgoing[src]
+
+    def outgoing_bytes(self, segment: Segment) -> int:
+        """Bytes of moves out of `segment` in flight (for the tests' cross-check)."""
+        return self._outgoing.get(segment, 0)
 
     # ---------------------------------------------------------------- the node's side
 
@@ -310,8 +330,7 @@ class Tiers:
         if obj.state != COMPLETE or move.src not in obj.replicas or move.src.segment.gone:
             self._abandon(move, now, late_write_possible=False)
             return
-        del self.pending[move.dst.alloc_id]
-        del self.moving[obj]
+        self._end(move)
         self.objects.swap_replica(obj, move.src, move.dst)
         self.write_bytes[move.dst.segment.tier] += obj.size
         if obj.pins:
@@ -344,9 +363,7 @@ class Tiers:
     def _abandon(self, move: Move, now: float, *, late_write_possible: bool) -> None:
         """Give the target range back: at once if the node's copy is over (or never was), else
         after a timeout's quarantine. The node drops a copy it made (freed-range outbox)."""
-        del self.pending[move.dst.alloc_id]
-        if self.moving.get(move.obj) is move:
-            del self.moving[move.obj]
+        self._end(move)
         dst = move.dst
         segment = dst.segment
         if segment.gone:

@@ -76,11 +76,20 @@ def _moving_keys(svc) -> set[str]:  # type: ignore[no-untyped-def]
     return {move.obj.key for move in svc.tiers.moves_for("n1")}
 
 
+def _check_outgoing(svc) -> None:  # type: ignore[no-untyped-def]
+    """The bytes the tiers keep as leaving each segment are those of its moves in flight."""
+    for segment in svc.membership.nodes["n1"].segments.values():
+        want = sum(m.obj.reserved for m in svc.tiers.moving.values() if m.src.segment is segment)
+        assert svc.tiers.outgoing_bytes(segment) == want, (segment.segment_id, want)
+
+
 def _report(svc, clock: FakeClock, ok: bool = True) -> int:  # type: ignore[no-untyped-def]
+    _check_outgoing(svc)
     moves = svc.tiers.moves_for("n1")
     svc.tiers.moved("n1", [pb.MoveDone(dst_segment_id=m.dst.segment.segment_id,
                                        dst_alloc_id=m.dst.alloc_id, ok=ok) for m in moves],
                     clock.monotonic())
+    _check_outgoing(svc)
     return len(moves)
 
 
@@ -201,6 +210,29 @@ def test_a_failed_move_changes_nothing_and_frees_its_target(clock) -> None:  # t
     assert [_tier(svc, k) for k in keys] == [TIER_DRAM] * 14
     assert _segment(svc, 2).allocator.used_bytes == 0
     assert svc.tiers.counters()["moves_failed"] == 4
+
+
+def test_the_bytes_leaving_dram_follow_moves_that_start_switch_fail_and_time_out(clock) -> None:  # type: ignore[no-untyped-def]
+    svc = _service(clock)
+    _fill(svc, clock, 14)
+    svc.tick()
+    dram = _segment(svc, 1)
+    assert svc.tiers.outgoing_bytes(dram) == 4 * MiB  # four moves out of DRAM in flight
+    first, *rest = svc.tiers.moves_for("n1")
+    svc.tiers.moved("n1", [pb.MoveDone(dst_segment_id=first.dst.segment.segment_id,
+                                       dst_alloc_id=first.dst.alloc_id, ok=True)],
+                    clock.monotonic())
+    assert svc.tiers.outgoing_bytes(dram) == 3 * MiB
+    svc.tiers.moved("n1", [pb.MoveDone(dst_segment_id=rest[0].dst.segment.segment_id,
+                                       dst_alloc_id=rest[0].dst.alloc_id, ok=False)],
+                    clock.monotonic())
+    assert svc.tiers.outgoing_bytes(dram) == 2 * MiB
+    clock.advance(svc.tiers.settings.move_timeout_s + 1)
+    svc.tick()  # the last two time out; DRAM is still above its mark: new moves start
+    assert svc.tiers.counters()["moves_timed_out"] == 2
+    _check_outgoing(svc)
+    assert _report(svc, clock) >= 0
+    assert svc.tiers.outgoing_bytes(dram) == 0
 
 
 def test_disk_evicts_its_least_recently_accessed_first_skipping_pins(clock) -> None:  # type: ignore[no-untyped-def]
