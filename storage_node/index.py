@@ -32,6 +32,10 @@ Invariants
 Thread safety
     Data-plane threads call `admit_write`/`record_written` concurrently with the control loop's
     `apply_freed`/`clear`; one lock guards everything, held for O(log n + k) work per call.
+    `usage` and `counts` (each /metrics scrape and status call) read per-segment counters
+    kept at every change, O(segments): walking the entries instead held the lock 0.3 s +
+    0.13 s per scrape at 10^6 entries (now 0.06 + 0.02 ms); `recount_usage` is that walk,
+    for the tests' cross-check.
 
 Persistence and re-attach (node restart, master restart)
     With a journal (storage_node/journal.py) every SEALED entry and every drop of a SEALED
@@ -107,6 +111,11 @@ class ObjectIndex:
         self._order: dict[int, SortedSpans] = {}
         self._tombstones: dict[int, int] = {}  # alloc_id -> write grant expiry (master ms)
         self._tombstone_heap: list[tuple[int, int]] = []  # (expiry_ms, alloc_id)
+        # per segment: [objects, sealed objects, sealed bytes, WRITING bytes received], kept
+        # as entries come, seal and go: `usage` and `counts` (every /metrics scrape and status
+        # call) read them instead of walking every entry under the lock (at 10^6 entries that
+        # walk held the data path's lock 0.3 s + 0.13 s per scrape)
+        self._usage: dict[int, list[int]] = {}
 
     # ---- data plane ------------------------------------------------------------------
 
@@ -138,6 +147,7 @@ class ObjectIndex:
                 self._entries[alloc_id] = IndexEntry(
                     alloc_id, segment_id, object_offset, object_size, tenant, key, checksum,
                     epoch, grant_expiry_ms)
+                self._count_in(segment_id, sealed_bytes=-1)
                 return
             if entry.state is AllocState.SEALED:
                 raise WriteRefused(WriteRefused.SEALED, f"allocation {alloc_id} is complete")
@@ -195,14 +205,20 @@ class ObjectIndex:
             if entry is None or entry.state is AllocState.SEALED:
                 return None  # freed meanwhile, or a concurrent duplicate chunk
             assert 0 <= rel_start <= rel_end <= entry.length, (rel_start, rel_end, entry.length)
+            before = entry.received_bytes
             if rel_start == 0 and rel_end == entry.length:  # the whole object (one frame)
                 entry.received_bytes = entry.length
             else:
                 entry.received_bytes += merge_ranges(entry.ranges, rel_start, rel_end)
             assert entry.received_bytes <= entry.length
+            row = self._usage[entry.segment_id]
+            row[3] += entry.received_bytes - before
             if entry.received_bytes == entry.length:
                 entry.state = AllocState.SEALED
                 entry.ranges = []
+                row[1] += 1
+                row[2] += entry.length
+                row[3] -= entry.length
                 if self._journal is not None:
                     self._journal.sealed(entry, defer=self._defer_journal)
                 return entry
@@ -305,6 +321,7 @@ class ObjectIndex:
                                    j.checksum, j.epoch, j.write_grant_expiry_ms,
                                    AllocState.SEALED, j.length, engine_hash=j.engine_hash)
                 self._entries[j.alloc_id] = entry
+                self._count_in(j.segment_id, sealed_bytes=j.length)
                 self._order.setdefault(j.segment_id, SortedSpans()).add((j.offset, j.alloc_id))
                 restored.append(j.alloc_id)
             if self._journal is not None:
@@ -338,6 +355,7 @@ class ObjectIndex:
             assert entry.length > 0, "a tier move of an empty object"
             self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
             self._entries[alloc_id] = entry
+            self._count_in(segment_id, sealed_bytes=entry.length)
             if self._journal is not None:
                 self._journal.sealed(entry)
             self._flush_drops()
@@ -421,7 +439,12 @@ class ObjectIndex:
             return [entry.copy() for entry in self._entries.values()]
 
     def usage(self) -> dict[int, SegmentUsage]:
-        """Per-segment object counts and bytes."""
+        """Per-segment object counts and bytes (kept as entries change: O(segments))."""
+        with self._lock:
+            return {seg: SegmentUsage(*row) for seg, row in self._usage.items()}
+
+    def recount_usage(self) -> dict[int, SegmentUsage]:
+        """`usage` counted afresh from every entry: O(entries), for the tests' cross-check."""
         out: dict[int, list[int]] = {}
         with self._lock:
             for entry in self._entries.values():
@@ -436,7 +459,7 @@ class ObjectIndex:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            sealed = sum(1 for e in self._entries.values() if e.state is AllocState.SEALED)
+            sealed = sum(row[1] for row in self._usage.values())
             return {"entries": len(self._entries), "sealed": sealed,
                     "writing": len(self._entries) - sealed, "tombstones": len(self._tombstones)}
 
@@ -462,8 +485,25 @@ class ObjectIndex:
             found.append(self._entries[alloc_id])
         return found
 
+    def _count_in(self, segment_id: int, *, sealed_bytes: int) -> None:
+        """A new entry in `segment_id`: SEALED with `sealed_bytes`, or WRITING (-1)."""
+        row = self._usage.setdefault(segment_id, [0, 0, 0, 0])
+        row[0] += 1
+        if sealed_bytes >= 0:
+            row[1] += 1
+            row[2] += sealed_bytes
+
     def _drop(self, entry: IndexEntry) -> None:
         del self._entries[entry.alloc_id]
+        row = self._usage[entry.segment_id]
+        row[0] -= 1
+        if entry.state is AllocState.SEALED:
+            row[1] -= 1
+            row[2] -= entry.length
+        else:
+            row[3] -= entry.received_bytes
+        if not row[0]:
+            del self._usage[entry.segment_id]
         if entry.state is AllocState.SEALED and self._journal is not None:
             self._journal.dropped(entry.alloc_id, defer=True)  # the caller flushes
         if entry.length > 0:
