@@ -180,7 +180,7 @@ class PutStarts:
             append(PutStartResult(OK, "", put_id,
                                   [grant_one(obj, replica, write_op, expiry_ms, segments)]))
         granted = [] if ahead is None else s.aheads.reserve(tenant, ahead, write_op, now,
-                                                                 wall_ms, segments)
+                                                             wall_ms, segments)
         return PutStartOutcome(results, list(segments.values()), granted)
 
     def _put_one(
@@ -248,7 +248,7 @@ class PutStarts:
         placements = s.placement.place(size, replicas, avoid, preferred_host, now, s.space.spill)
         if placements is None:
             placements = s.space.evict_for_space(size, replicas, avoid, preferred_host, now,
-                                                     reserved)
+                                                  reserved)
             if placements is None:
                 return self._no_room()
 

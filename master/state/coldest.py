@@ -94,7 +94,6 @@ class ColdPicker:
         pool = None
         if len(objects) > self._exact_up_to:
             kept = self._lists.get(id(objects))
-            rounds = 0
             if kept is not None and kept[0] is objects and kept[2] > 0 and (
                     len(kept[1]) // 2 <= len(objects) <= 2 * len(kept[1])):
                 pool, rounds = kept[1], kept[2]

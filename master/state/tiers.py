@@ -36,11 +36,11 @@ The policy, per node with a disk tier (settings in master/config.py, docs/disk-t
       finds an object only on disk notes the time; a second one within `promote_window_s`
       asks the node to copy it back to DRAM, the switch again on the node's report. A one-pass
       scan reads each cold key once and promotes nothing, so it cannot flush the hot set.
-    Candidates come from `coldest_first` (state/coldest.py; LRU-2 for demotion, last access
-    for disk eviction): a partial sort of a segment of up to EXACT_SCAN_OBJECTS objects, above
-    that (`exact_scan_objects`) each the coldest of `samples` random picks (approximate, as the
-    evictor's), so a round
-    costs O(moves) rather than O(objects in the segment); a round runs only above a watermark.
+    Candidates come from `ColdPicker` (state/coldest.py; LRU-2 for demotion, last access for
+    disk eviction): a partial sort of a segment of up to `exact_scan_objects` objects, above
+    that each the coldest of `samples` random picks (approximate, as the evictor's), so a
+    round costs O(moves) rather than O(objects in the segment); a round runs only above a
+    watermark.
 
 Invariant: an object has at most one move in flight; every pending move's target range is
 allocated in its segment and in no replica until the switch; a retired range is allocated, in
@@ -111,12 +111,12 @@ class Tiers:
                  alloc_ids: Callable[[], int], settings: TierSettings,
                  rng: random.Random | None = None) -> None:
         self.membership = membership
-        self._coldest = ColdPicker(rng if rng is not None else random.Random(), settings.samples,
-                                   settings.exact_scan_objects)
         self.objects = objects
         self.quarantine = quarantine
         self._alloc_id = alloc_ids
         self.settings = settings
+        self._coldest = ColdPicker(rng if rng is not None else random.Random(), settings.samples,
+                                   settings.exact_scan_objects)
         self.pending: dict[int, Move] = {}
         self.moving: dict[Obj, Move] = {}
         # bytes (reserved) being moved out of each segment: what `_demote` counts as leaving

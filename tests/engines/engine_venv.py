@@ -26,11 +26,13 @@ torch's CPU wheel is found through pip's configuration (here: the find-links fol
 it); on a machine without it, set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
 
 Concurrency: builds take an exclusive lock on `<cache>/.lock`, write into `<name>.tmp` and
-rename it when complete, so two clones building at once end with one complete venv.
+rename it when complete, so two clones building at once end with one complete venv. `site`
+takes the same lock, and rebuilds a clone's folder only when it no longer matches the clone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -38,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import tomllib
@@ -100,14 +103,21 @@ def _log(message: str) -> None:
     print(f"[engine-venv] {message}", file=sys.stderr, flush=True)
 
 
-def build(engine: str) -> Path:
-    target = venv_dir(engine)
-    if (target / COMPLETE_MARK).is_file():
-        return target
+@contextlib.contextmanager
+def _cache_locked() -> Iterator[None]:
+    """The engine cache's exclusive lock (`<cache>/.lock`), held by builds and by `site`."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build(engine: str) -> Path:
+    target = venv_dir(engine)
+    if (target / COMPLETE_MARK).is_file():
+        return target
+    with _cache_locked():
         if (target / COMPLETE_MARK).is_file():  # another clone built it while we waited
             return target
         tmp = target.with_name(target.name + ".tmp")
@@ -160,7 +170,8 @@ def _site_links() -> dict[str, Path]:
 
 def _site_current(out: Path, links: dict[str, Path]) -> bool:
     pkg = out / "cellar"
-    if not pkg.is_dir() or not (out / "sitecustomize.py").is_file():
+    custom = out / "sitecustomize.py"
+    if not pkg.is_dir() or not custom.is_file() or custom.read_text() != SITECUSTOMIZE:
         return False
     held = {f"cellar/{entry.name}": entry for entry in pkg.iterdir()}
     return held.keys() == links.keys() and all(
@@ -177,8 +188,7 @@ def site() -> Path:
     clone = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
     out = cache_root() / "sites" / clone
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _cache_locked():
         if _site_current(out, links):
             return out
         tmp = out.with_name(f"{clone}.tmp")
