@@ -38,6 +38,7 @@ from cellar.lifecycle import PARENT_PID_ENV, open_private_log
 LOG_TAIL_LINES = 20
 STATUS_PROBE_TIMEOUT_S = 1.0
 POLL_INTERVAL_S = 0.02
+STOP_SETTLE_TIMEOUT_S = 5.0
 MASTER_READY = re.compile(
     r"^cellar master listening on (?P<address>\S+) \(http (?P<http>[^,\s]+), epoch (?P<epoch>\d+)\)")
 NODE_READY = re.compile(r"^cellar node (?P<node_id>\S+) serving tcp (?P<address>\S+) ")
@@ -83,6 +84,48 @@ class Child:
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
         return f"{self.name} (pid {self.pid}) {how}; last lines of {self.log_path}:\n{tail_of(self.log_path)}"
+
+
+def send_signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send `sig` to `proc`; for SIGSTOP, return only once every thread of it has stopped.
+
+    Why the wait: the kernel stops a many-threaded process in two steps. `kill()` wakes one
+    thread; only when that thread next runs does it mark the others to stop, and until each
+    of them reaches the kernel they run on. On a loaded machine that window can outlast a
+    loopback round trip, so a request sent right after `kill()` could still be served by a
+    data-plane thread of a process the caller believes frozen."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    if sig == signal.SIGSTOP:
+        wait_stopped(proc.pid, STOP_SETTLE_TIMEOUT_S)
+
+
+def wait_stopped(pid: int, timeout_s: float) -> None:
+    """Wait until every thread of `pid` is stopped (state T in /proc); ClusterError when
+    `timeout_s` passes first. A process that is gone counts as stopped."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = running_threads(pid)
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"pid {pid}: threads {running} still run {timeout_s:g}s after SIGSTOP")
+        time.sleep(0.001)
+
+
+def running_threads(pid: int) -> list[int]:
+    """The threads of `pid` not stopped (/proc/<pid>/task/<tid>/stat state other than T/t)."""
+    running = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue  # the thread ended
+            if fields and fields[0] not in (b"T", b"t", b"Z", b"X"):
+                running.append(int(tid))
+    return running
 
 
 def fetch_status(http: str, timeout_s: float = STATUS_PROBE_TIMEOUT_S) -> dict[str, Any] | None:

@@ -43,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from cellar.devtools.children import tail_of
+from cellar.devtools.children import send_signal, tail_of
 from cellar.lifecycle import PARENT_PID_ENV
 
 ETCD_BIN_ENV = "CELLAR_ETCD_BIN"
@@ -202,7 +202,7 @@ class EtcdServer:
         """SIGSTOP: etcd keeps its sockets open but answers nothing until `resume()`."""
         if self.alive():
             assert self.proc is not None
-            self.proc.send_signal(signal.SIGSTOP)
+            send_signal(self.proc, signal.SIGSTOP)  # returns once etcd's threads have stopped
             self.paused = True
 
     def resume(self) -> None:

@@ -56,7 +56,6 @@ What it must never do
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -89,6 +88,7 @@ from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-
     ClusterError,
     fetch_status,
     keep_log,
+    send_signal,
     spawn,
     tail_of,
     terminate,
@@ -415,12 +415,12 @@ class LocalCluster:
         return child
 
     def signal_node(self, index: int, sig: int) -> None:
-        """Send `sig` (e.g. SIGSTOP, SIGCONT) to node `index` if it is running."""
+        """Send `sig` (e.g. SIGSTOP, SIGCONT) to node `index` if it is running; a SIGSTOP
+        returns once every thread of the node has stopped (`children.send_signal`)."""
         child = self.nodes[index]
         if child.alive():
             assert child.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(sig)
+            send_signal(child.proc, sig)
 
     def kill_master(self, index: int = 0, sig: int = signal.SIGKILL) -> None:
         """kill -9 (or `sig`) master `index` and reap it."""
@@ -468,12 +468,12 @@ class LocalCluster:
                 time.sleep(RESTART_RETRY_INTERVAL_S)
 
     def signal_master(self, sig: int, index: int = 0) -> None:
-        """Send `sig` (e.g. SIGSTOP, SIGCONT) to master `index` if it is running."""
+        """Send `sig` (e.g. SIGSTOP, SIGCONT) to master `index` if it is running; a SIGSTOP
+        returns once every thread of the master has stopped."""
         child = self.masters[index]
         if child.alive():
             assert child.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(sig)
+            send_signal(child.proc, sig)
 
     def wait_prefaulted(self, timeout_s: float = DEFAULT_PREFAULT_WAIT_S) -> bool:
         """Wait until every node's segments ended their background pre-fault (their log says

@@ -105,12 +105,11 @@ def test_a_put_sent_before_the_nodes_mount_on_a_restarted_master_waits_for_them(
     with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
         client.put("restart/before", b"b" * 1000, replicas=2)  # the first master's epoch, seen
         cluster.kill_master()
-        for node in cluster.nodes:
-            assert node.proc is not None
-            node.proc.send_signal(signal.SIGSTOP)
+        for i in range(len(cluster.nodes)):
+            cluster.signal_node(i, signal.SIGSTOP)
         cluster.start_master()
-        resume = threading.Timer(1.5, lambda: [node.proc.send_signal(signal.SIGCONT)
-                                               for node in cluster.nodes if node.proc])
+        resume = threading.Timer(1.5, lambda: [cluster.signal_node(i, signal.SIGCONT)
+                                               for i in range(len(cluster.nodes))])
         resume.start()
         try:
             started = time.monotonic()
