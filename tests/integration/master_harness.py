@@ -21,10 +21,12 @@ adds a tenant token, `master.node_header(node_id)` carries that node's credentia
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,7 +51,10 @@ def session_store() -> TokenStore:
     """The token store every harness master of this test process reads."""
     global _STORE
     if _STORE is None:
-        path = Path(tempfile.mkdtemp(prefix="cellar-test-tokens-")) / "tokens.json"
+        folder = tempfile.mkdtemp(prefix="cellar-test-tokens-")
+        # the file holds the session's admin token: gone with the test process
+        atexit.register(shutil.rmtree, folder, True)
+        path = Path(folder) / "tokens.json"
         _STORE = TokenStore(path)
         _STORE.add(KIND_ADMIN, TEST_ADMIN_TOKEN, shm=True, label="test session admin")
     return _STORE
