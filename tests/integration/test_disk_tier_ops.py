@@ -8,8 +8,9 @@
   twice: with the exact order of a small segment, and with the sampled picks of a large one.
 - A one-pass scan over 2x DRAM of cold keys leaves a hot set of 32 keys (read every round) in
   DRAM: the hot set is pushed to disk first, comes back on its second read within the window,
-  and the scan (one read per cold key) promotes nothing. Negative control: with a promotion
-  window too short for two reads the hot set stays on disk (the second test below).
+  and the scan (one read per cold key) promotes nothing; with the exact order and with the
+  sampled picks, as above. Negative control: with a promotion window too short for two reads
+  the hot set stays on disk (the second test below).
 """
 
 from __future__ import annotations
@@ -110,10 +111,11 @@ def test_10000_random_ops_no_phantom_hit_no_corrupt_read(make_cluster, tmp_path,
     assert demotions > 0 and promotions > 0 and disk_hits > 0, "the tiers did not move"
 
 
-def _hot_set_run(make_cluster, tmp_path, promote_window_s: float) -> tuple[int, int]:
+def _hot_set_run(make_cluster, tmp_path, promote_window_s: float,
+                 **flags: object) -> tuple[int, int]:
     """Hot set pushed to disk, then 16 rounds of (8 cold keys read once + the hot set);
     returns (disk hits of a last read of the hot set, promotions)."""
-    cluster = _cluster(make_cluster, tmp_path, promote_window_s=promote_window_s)
+    cluster = _cluster(make_cluster, tmp_path, promote_window_s=promote_window_s, **flags)
     rng = np.random.default_rng(7)
     hot = {f"hot/{i:02d}": rng.integers(0, 256, MIB, dtype=np.uint8).tobytes() for i in range(32)}
     cold_count = 2 * DRAM // MIB  # a scan over 2x DRAM
@@ -147,8 +149,13 @@ def _hot_set_run(make_cluster, tmp_path, promote_window_s: float) -> tuple[int, 
 
 
 @pytest.mark.timeout(240)
-def test_a_cold_scan_over_2x_dram_leaves_the_hot_set_in_dram(make_cluster, tmp_path):
-    from_disk, promotions = _hot_set_run(make_cluster, tmp_path, promote_window_s=30.0)
+@pytest.mark.parametrize("exact_scan_objects", [None, 0], ids=["exact", "sampled"])
+def test_a_cold_scan_over_2x_dram_leaves_the_hot_set_in_dram(make_cluster, tmp_path,
+                                                              exact_scan_objects):
+    """`sampled`: the master picks what to demote as in a segment of over
+    `tier_exact_scan_objects`, the coldest of a few random objects (master/state/coldest.py)."""
+    flags = {} if exact_scan_objects is None else {"tier_exact_scan_objects": exact_scan_objects}
+    from_disk, promotions = _hot_set_run(make_cluster, tmp_path, promote_window_s=30.0, **flags)
     print(f"\nhot set after the scan: {from_disk} of 32 read from disk, {promotions} promotions")
     assert from_disk == 0
     assert promotions <= 32 + 8, "the scan promoted cold keys"
