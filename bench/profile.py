@@ -42,6 +42,14 @@ SEGMENT_BYTES = 2 << 30
 SAMPLE_RATE_HZ = 250
 TOP_FRAMES = 12
 PUT_GROUP_KEYS = 256     # put loops remove their keys about this many at a time
+# What a native top frame means (measured 2026-12-05, single 64 KiB puts: py-spy gave the
+# master's `Runner.run` 60% of its "active" samples as self time, while `py-spy --native`
+# (blocking) showed the same samples in epoll_pwait, and /proc's per-thread CPU put the
+# master's whole cost at 178 us a put).
+NATIVE_TOP_NOTE = [
+    "# A top frame of Runner.run (asyncio) or Thread.run is native code with no Python frame",
+    "# above it: the event loop's own work and its waits in epoll, which py-spy counts as",
+    "# active; the CPU per op lines (from /proc) are the figures to compare."]
 # The figures issue 4 sets that a run may leave unmet, as workloads: transport-op-api-size-batch.
 # Then the rows `make bench-peers` shows Cellar short of Mooncake or Valkey (issue 25): single
 # 64 KiB and 1 MiB operations and 64 KiB batches of 16 (x1 runs the single-key calls).
@@ -260,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     report = [f"# Cellar data-plane profiles, {now:%Y-%m-%d %H:%M} on {socket.gethostname()} "
               f"({os.cpu_count()} cores); reproduce: make profile",
               "# py-spy " + ("record --nonblocking at " f"{SAMPLE_RATE_HZ} Hz, active samples only"
-                             if py_spy else "not installed: CPU split only"), ""]
+                             if py_spy else "not installed: CPU split only")]
+    report += [*(NATIVE_TOP_NOTE if py_spy else []), ""]
     for i, name in enumerate(names, 1):
         print(f"[profile {time.strftime('%H:%M:%S')}] {i}/{len(names)} {name}", file=sys.stderr,
               flush=True)
