@@ -204,20 +204,18 @@ class ObjectIndex:
             if entry is None or entry.state is AllocState.SEALED:
                 return None  # freed meanwhile, or a concurrent duplicate chunk
             assert 0 <= rel_start <= rel_end <= entry.length, (rel_start, rel_end, entry.length)
-            before = entry.received_bytes
+            self._count(entry, -1)  # counted out as it was, back in as it is below
             if rel_start == 0 and rel_end == entry.length:  # the whole object (one frame)
                 entry.received_bytes = entry.length
             else:
                 entry.received_bytes += merge_ranges(entry.ranges, rel_start, rel_end)
             assert entry.received_bytes <= entry.length
-            row = self._usage[entry.segment_id]
-            row[3] += entry.received_bytes - before
-            if entry.received_bytes == entry.length:
+            sealed = entry.received_bytes == entry.length
+            if sealed:
                 entry.state = AllocState.SEALED
                 entry.ranges = []
-                row[1] += 1
-                row[2] += entry.length
-                row[3] -= entry.length
+            self._count(entry, 1)
+            if sealed:
                 if self._journal is not None:
                     self._journal.sealed(entry, defer=self._defer_journal)
                 return entry
@@ -472,7 +470,7 @@ class ObjectIndex:
 
     def _count(self, entry: IndexEntry, sign: int) -> None:
         """Add (+1) or take away (-1) `entry` in its segment's usage counters, as it is now
-        (record_written moves a sealing entry's bytes itself)."""
+        (an entry that changes is taken away before and added after: `record_written`)."""
         row = self._usage.setdefault(entry.segment_id, [0, 0, 0, 0])
         row[0] += sign
         if entry.state is AllocState.SEALED:
