@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({os.cpu_count()} cores); reproduce: make profile",
               "# py-spy " + ("record --nonblocking at " f"{SAMPLE_RATE_HZ} Hz, active samples only"
                              if py_spy else "not installed: CPU split only")]
-    report += [*(NATIVE_TOP_NOTE if py_spy else []), ""]
+    if py_spy:
+        report += NATIVE_TOP_NOTE
+    report.append("")
     for i, name in enumerate(names, 1):
         print(f"[profile {time.strftime('%H:%M:%S')}] {i}/{len(names)} {name}", file=sys.stderr,
               flush=True)

@@ -39,6 +39,7 @@ LOG_TAIL_LINES = 20
 STATUS_PROBE_TIMEOUT_S = 1.0
 POLL_INTERVAL_S = 0.02
 STOP_SETTLE_TIMEOUT_S = 5.0
+STOP_POLL_INTERVAL_S = 0.001  # threads stop within microseconds once marked: poll finely
 MASTER_READY = re.compile(
     r"^cellar master listening on (?P<address>\S+) \(http (?P<http>[^,\s]+), epoch (?P<epoch>\d+)\)")
 NODE_READY = re.compile(r"^cellar node (?P<node_id>\S+) serving tcp (?P<address>\S+) ")
@@ -110,7 +111,7 @@ def wait_stopped(pid: int, timeout_s: float) -> None:
             return
         if time.monotonic() > deadline:
             raise ClusterError(f"pid {pid}: threads {running} still run {timeout_s:g}s after SIGSTOP")
-        time.sleep(0.001)
+        time.sleep(STOP_POLL_INTERVAL_S)
 
 
 def running_threads(pid: int) -> list[int]:
