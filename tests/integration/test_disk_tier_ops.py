@@ -45,6 +45,15 @@ def _cluster(make_cluster, tmp_path, **flags):  # type: ignore[no-untyped-def]
                         **{**MASTER_FLAGS, **flags})
 
 
+# The master's two orders of a segment's coldest objects (master/state/coldest.py): exact (a
+# small segment's, the default here) and sampled (a segment of over tier_exact_scan_objects).
+SCAN_ORDERS = pytest.mark.parametrize("exact_scan_objects", [None, 0], ids=["exact", "sampled"])
+
+
+def _scan_flags(exact_scan_objects: int | None) -> dict[str, int]:
+    return {} if exact_scan_objects is None else {"tier_exact_scan_objects": exact_scan_objects}
+
+
 def _value(key: int, generation: int) -> bytes:
     rng = np.random.default_rng((key, generation))
     size = int(rng.integers(32 * KIB, 160 * KIB))
@@ -52,12 +61,12 @@ def _value(key: int, generation: int) -> bytes:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("exact_scan_objects", [None, 0], ids=["exact", "sampled"])
+@SCAN_ORDERS
 def test_10000_random_ops_no_phantom_hit_no_corrupt_read(make_cluster, tmp_path,
                                                          exact_scan_objects):
     """`sampled`: the master picks what to demote and evict as it does in a segment of over
     `tier_exact_scan_objects` (master/state/coldest.py), here in every segment."""
-    flags = {} if exact_scan_objects is None else {"tier_exact_scan_objects": exact_scan_objects}
+    flags = _scan_flags(exact_scan_objects)
     cluster = _cluster(make_cluster, tmp_path, **flags)
     rng = random.Random(2212)
     held: dict[int, int] = {}  # key -> generation of the value stored
@@ -149,12 +158,12 @@ def _hot_set_run(make_cluster, tmp_path, promote_window_s: float,
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("exact_scan_objects", [None, 0], ids=["exact", "sampled"])
+@SCAN_ORDERS
 def test_a_cold_scan_over_2x_dram_leaves_the_hot_set_in_dram(make_cluster, tmp_path,
                                                               exact_scan_objects):
     """`sampled`: the master picks what to demote as in a segment of over
     `tier_exact_scan_objects`, the coldest of a few random objects (master/state/coldest.py)."""
-    flags = {} if exact_scan_objects is None else {"tier_exact_scan_objects": exact_scan_objects}
+    flags = _scan_flags(exact_scan_objects)
     from_disk, promotions = _hot_set_run(make_cluster, tmp_path, promote_window_s=30.0, **flags)
     print(f"\nhot set after the scan: {from_disk} of 32 read from disk, {promotions} promotions")
     assert from_disk == 0
