@@ -11,6 +11,15 @@ answers: OK for a repeat of one that completed (here, or under a master that die
 its receipts), else why not. A PutEnd of a put-ahead allocation binds its key first
 (master/put_ahead.py).
 
+A PutEnd naming a put this master does not hold waits (UNAVAILABLE, retried by the client)
+while the table is still being rebuilt. It is the retry of a put a dead master took, and the
+version its receipts match may be only the first one reported: a later report can replace it
+with an older value that a tier move or a repair copy gave a higher alloc id (rebuild keeps the
+newest id; only the dead master's PutEnd would have killed that copy's range). Acknowledged
+from half a table, the put came back as its older value (`make soak-disk`, 2026-12-05: v5
+acknowledged 78 ms after a restart, v3 read 6 s later). Once the table is whole, the answer is
+the one every later rebuild gives too.
+
 It reads and writes the service's tables on the one event loop, like every method of the
 service; it never touches payload bytes.
 """
@@ -21,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from cellar.errors import Status
+from cellar.master.grace import RebuildGrace
 from cellar.master.put_ahead import PutAheads, is_ahead
 from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import KeyResults
@@ -38,6 +48,7 @@ class MasterService(Protocol):
     """What a put's end reads of `cellar.master.service.MasterService` (no import: no cycle)."""
 
     clock: Clock
+    grace: RebuildGrace
     objects: ObjectTable
     receipts: ReceiptChecker
     tombstones: Tombstones
@@ -45,6 +56,7 @@ class MasterService(Protocol):
     aheads: PutAheads
 
     def tenant(self, name: str) -> Tenant: ...
+    def recovering(self) -> bool: ...
     def check_batch(self, count: int, what: str = ...) -> Any: ...
     def key_error(self, key: str) -> str: ...
     def ranges_of(self, obj: Obj) -> list[int]: ...
@@ -62,6 +74,8 @@ class PutEnds:
         s.check_batch(len(items))
         now = s.clock.monotonic()
         puts = s.objects.puts
+        if s.recovering() and any(item.put_id not in puts for item in items):
+            raise s.grace.error()  # before anything changes (the module docstring)
         results: KeyResults = []
         for item in items:
             obj = puts.get(item.put_id)

@@ -78,7 +78,10 @@ def classify_stale(stale: dict[str, Any], chaos: Chaos, rebuild_window_s: float)
       the killed master's outbox is gone) and the new master re-adopted the old value: the
       removal log lost the bound or rebuild did not apply it.
     - ack_during_master_rebuild: the new master acknowledged it while nodes were still
-      reporting; a node that reported the same replica later re-created the removed object.
+      reporting; a node that reported the same replica later re-created the removed object,
+      or (an upsert) reported an older value a tier move had given a higher alloc id
+      (found 2026-12-05; a PutEnd the master holds no put for now waits for the whole table,
+      master/put_ends.py).
     - ack_while_node_away: acknowledged while a node holding a replica was down or expired
       (killed and restarting, or stopped past the expiry); the node reported its old replica
       when it came back and the master re-created the removed object from it.

@@ -26,6 +26,7 @@ from test_master_support import (
 )
 
 from cellar.errors import Status
+from cellar.master.requests import RequestRejected
 from cellar.master.service import PutEndItem
 from cellar.master.state.records import TIER_DISK, TIER_DRAM
 from cellar.proto import cellar_pb2 as pb
@@ -340,6 +341,48 @@ def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_pl
                              last=True)
     assert out.refused == [moved.alloc_id]
     assert new.tenant("").objects["k"].checksum == 2
+
+
+def test_a_put_ended_across_a_restart_is_answered_from_the_whole_table_only(clock) -> None:  # type: ignore[no-untyped-def]
+    """v1 demoted while v2 is written, and the master killed before v2's PutEnd: the new master
+    holds no put for the client's retried PutEnd. Answered while the disk (v1's moved copy,
+    the higher id) has not reported, it acknowledged v2 from the DRAM report, and the disk's
+    report then replaced v2 with v1 (`make soak-disk`: v5 acknowledged 78 ms after a restart,
+    v3 read 6 s later). It must wait (UNAVAILABLE, changing nothing) until the table is whole
+    and then answer what the table holds: v1 won by its id, so v2 is not acknowledged."""
+    svc = _service(clock)
+    put(svc, "k", MiB, checksum=1)
+    clock.advance(1)
+    v2 = put_start(svc, "k", MiB, upsert=True)
+    _fill(svc, clock, 14, prefix="f")
+    svc.tiers.tick(clock.monotonic())
+    assert _report(svc, clock) >= 1
+    (moved,) = _obj(svc, "k").replicas
+    assert moved.segment.tier == TIER_DISK and moved.alloc_id > min(r.alloc_id for r in v2.replicas)
+    # the master dies here: v2's PutEnd never reached it
+    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
+                       node_suspect_after_s=1000, node_expire_after_s=2000)
+    new.load_removals(svc.tombstones.take_pending())
+    disk_info = segment_info(2, 64 * MiB)
+    disk_info.tier = TIER_DISK
+    new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
+    (written,) = v2.replicas
+    new.report_objects("n1", 2, int(written.segment_id),
+                       [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)], last=True)
+    assert new.tenant("").objects["k"].checksum == 2  # v2 holds the key, for now
+    retry = [PutEndItem("k", v2.put_id, 2, receipts_for(SECRET, v2, 2)),
+             PutEndItem("nothing", 12345, 3, [])]
+    with pytest.raises(RequestRejected) as refused:
+        new.put_end("", "writer", retry)
+    assert refused.value.code == "UNAVAILABLE"
+    assert new.tenant("").objects["k"].checksum == 2  # the refused request changed nothing
+    out = new.report_objects("n1", 2, 2, [Entry("k", moved.alloc_id, moved.offset, MiB, 1)],
+                             last=True)
+    assert out.refused == [] and new.tenant("").objects["k"].checksum == 1
+    assert not new.recovering()
+    (answer, _) = new.put_end("", "writer", retry)
+    assert answer[0] != Status.OK, answer  # what is stored is v1: v2 was never acknowledged
+    assert new.tenant("").objects["k"].checksum == 1
 
 
 def test_a_new_master_evicts_nothing_while_its_disks_still_report(clock) -> None:  # type: ignore[no-untyped-def]
