@@ -14,8 +14,9 @@ its receipts), else why not. A PutEnd of a put-ahead allocation binds its key fi
 A PutEnd naming a put this master does not hold waits (UNAVAILABLE, retried by the client)
 while the table is still being rebuilt. It is the retry of a put a dead master took, and the
 version its receipts match may be only the first one reported: a later report can replace it
-with an older value that a tier move or a repair copy gave a higher alloc id (rebuild keeps the
-newest id; only the dead master's PutEnd would have killed that copy's range). Acknowledged
+with an older value that a tier move or a repair copy gave a higher alloc id after a put-ahead
+grant (rebuild keeps the newest id; only the dead master's PutEnd would have killed that
+copy's range). Acknowledged
 from half a table, the put came back as its older value (`make soak-disk`, 2026-12-05: v5
 acknowledged 78 ms after a restart, v3 read 6 s later). Once the table is whole, the answer is
 the one every later rebuild gives too.
@@ -104,9 +105,11 @@ class PutEnds:
             if old is not None:  # an upsert: every older value of the key is dead
                 s.tombstones.remember_removed(tenant.name, obj.key, first_alloc - 1)
                 # ...and so is every range the old value got after this one was placed (a
-                # tier move's or a repair copy's target, done or not): its id is above the
-                # bound, and a rebuilt master, which orders versions by alloc id, would take
-                # it for the newer value
+                # tier move's or a repair copy's target, done or not; none starts while a
+                # PutStart's put is written, records.being_replaced, so only a put-ahead
+                # allocation, granted before its key was known, meets one): its id is above
+                # the bound, and a rebuilt master, which orders versions by alloc id, would
+                # take it for the newer value
                 s.tombstones.kill_write(tenant.name, obj.key, s.ranges_of(old))
             s.objects.complete(obj, item.checksum, now)
             if obj.pin_kind == HARD_PIN:  # the next master pins it again (state/tombstones.py)

@@ -145,6 +145,16 @@ class Replica:
         self.offset = offset
         self.alloc_id = alloc_id
 
+def being_replaced(obj: Obj) -> bool:
+    """Whether a put of `obj`'s key is being written (an upsert in flight). No copy of `obj`
+    (a tier move, a repair copy) starts then: the copy's range would get an alloc id above the
+    upsert's, and a master that dies before the upsert's PutEnd leaves nobody to kill that
+    range, so the next master's rebuild, which keeps a key's newest id, could serve this old
+    value over the upsert it then acknowledges (master/put_ends.py). A move or copy started
+    before the upsert's PutStart has a lower id than the upsert, so it needs no such rule."""
+    return obj.key in obj.tenant.writing
+
+
 def on_disk_only(obj: Obj) -> bool:
     """Whether every replica of `obj` sits on a node's disk tier (a read is then served from
     disk); an object with no replica left counts as DRAM, as it did before the disk tier."""

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from cellar.master.state.records import ACTIVE, COMPLETE, WRITING, Obj, Replica
+from cellar.master.state.records import ACTIVE, COMPLETE, WRITING, Obj, Replica, being_replaced
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -167,6 +167,8 @@ class RepairQueue:
         return task.alloc_id if task is not None else 0
 
     def _plan_copy(self, obj: Obj, now: float) -> bool:
+        if being_replaced(obj):
+            return False  # its upsert is in flight: a copy now would outrank it (records.py)
         source = next((rep for rep in obj.replicas
                        if not rep.segment.gone and rep.segment.node.state == ACTIVE), None)
         if source is None:

@@ -69,6 +69,7 @@ from cellar.master.state.records import (
     Obj,
     Replica,
     Segment,
+    being_replaced,
     on_disk_only,
 )
 
@@ -169,7 +170,8 @@ class Tiers:
         reads = self._reads
         last = reads.pop(obj, None)
         if last is not None and now - last <= self.settings.promote_window_s:
-            if obj in self.moving or (obj.pin_kind == NO_PIN and self._promote(obj, now)):
+            if obj in self.moving or (obj.pin_kind == NO_PIN and not being_replaced(obj)
+                                      and self._promote(obj, now)):
                 return
             now = last  # no DRAM room yet: the next read in the window tries again
         reads[obj] = now
@@ -266,7 +268,7 @@ class Tiers:
         return obj.state == COMPLETE and not obj.pins and obj not in self.moving
 
     def _demotable(self, obj: Obj) -> bool:
-        return obj.pin_kind == NO_PIN and self._movable(obj)
+        return obj.pin_kind == NO_PIN and self._movable(obj) and not being_replaced(obj)
 
     def _start(self, obj: Obj, src: Replica, dst: Replica, now: float) -> None:
         move = Move(obj, src, dst, now)

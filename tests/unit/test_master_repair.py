@@ -18,7 +18,7 @@ from test_master_support import (
 )
 
 from cellar.errors import Status
-from cellar.master.service import MasterService
+from cellar.master.service import MasterService, PutItem, PutRef
 from cellar.master.state.repair import live_count
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, verify
@@ -250,3 +250,26 @@ def test_copies_are_paced_per_node() -> None:
 
 def mount_info(segment_id: int) -> pb.SegmentInfo:
     return segment_info(segment_id, 64 * MiB)
+
+
+def test_no_copy_of_a_value_starts_while_its_upsert_is_written() -> None:
+    """A copy gets an alloc id above the upsert in flight; a master that died before the
+    upsert's PutEnd left nobody to kill that range, and the next rebuild (newest id wins)
+    served the old value over the upsert (master/state/records.py `being_replaced`). The copy
+    waits for the upsert to end; revoked, the old value is copied as before."""
+    clock = FakeClock()
+    svc = cluster(clock)
+    put(svc, "k", 64 * 1024, replicas=2, checksum=1)
+    victim = nodes_of(svc, "k")[0]
+    upsert = svc.put_start("", "writer", [PutItem("k", 64 * 1024, replicas=2, upsert=True)]).results[0]
+    assert upsert.status == Status.OK
+    expire(svc, clock, victim)
+    assert len(nodes_of(svc, "k")) == 1
+    for _ in range(8):
+        clock.advance(0.25)
+        svc.tick()
+        assert [o for n in svc.membership.nodes for o in beat(svc, n)] == []
+    assert svc.put_revoke("", "writer", [PutRef("k", upsert.put_id)]) == [(Status.OK, "")]
+    assert run_repair(svc, clock) == 1
+    assert len(nodes_of(svc, "k")) == 2 and victim not in nodes_of(svc, "k")
+    svc.check_invariants()

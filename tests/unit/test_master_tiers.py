@@ -27,10 +27,11 @@ from test_master_support import (
 
 from cellar.errors import Status
 from cellar.master.requests import RequestRejected
-from cellar.master.service import PutEndItem
+from cellar.master.service import PutEndItem, PutItem
 from cellar.master.state.records import TIER_DISK, TIER_DRAM
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import tiers
+from cellar.proto.grant import key_tag
 from tests.support.receipts import receipts_for
 
 DRAM = 16 * MiB
@@ -308,12 +309,11 @@ def test_a_two_replica_put_spills_the_replicas_dram_cannot_take_and_evicts_nothi
     assert svc.tiers.counters()["spills"] == 3
 
 
-def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_placed(clock) -> None:  # type: ignore[no-untyped-def]
-    """A rebuilt master orders a key's versions by alloc id; a move gives the old value a
-    new one. v1 demoted while v2 is written lands under an id above v2's, which the upsert's
-    bound (v2's first id - 1) does not cover: the upsert must kill that range by its id too,
-    or a master killed before the node drops it brings v1 back over the acknowledged v2
-    (`make soak-disk`: a stale read, v117 served after the upsert of v118)."""
+def test_the_coldest_value_is_not_moved_while_its_upsert_is_written(clock) -> None:  # type: ignore[no-untyped-def]
+    """A move gives the old value an alloc id above the upsert in flight; a master killed
+    before the upsert's PutEnd left nobody to kill that range, and the next rebuild (newest id
+    wins) could serve the old value over the upsert (records.py `being_replaced`). v1 is the
+    coldest, yet the demotion takes the next ones; once v2 is written it may move."""
     svc = _service(clock)
     put(svc, "k", MiB, checksum=1)
     clock.advance(1)
@@ -321,57 +321,84 @@ def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_pl
     assert v2.status == Status.OK
     _fill(svc, clock, 14, prefix="f")  # DRAM past its high watermark: v1 is the coldest
     svc.tiers.tick(clock.monotonic())
-    assert "k" in _moving_keys(svc)
-    assert _report(svc, clock) >= 1  # the node copied: v1 now on disk
-    (moved,) = _obj(svc, "k").replicas
-    assert moved.segment.tier == TIER_DISK and moved.alloc_id > min(r.alloc_id for r in v2.replicas)
+    moving = _moving_keys(svc)
+    assert moving and "k" not in moving and "f000" in moving
     assert svc.put_end("", "writer", [PutEndItem("k", v2.put_id, 2, receipts_for(SECRET, v2, 2))]) \
         == [(Status.OK, "")]
-    # the next master loads what this one queued for its removal log, then the node's report
+    assert _tier(svc, "k") == TIER_DRAM
+
+
+def _ahead_after(svc, clock: FakeClock):  # type: ignore[no-untyped-def]
+    """v1 of "k", then a put-ahead allocation (granted before any key is known), then DRAM past
+    its watermark so that v1, the coldest, starts moving to disk under an id above the
+    allocation's: the one way left for an old value's range to outrank a write of its key."""
+    put(svc, "k", MiB, checksum=1)
+    clock.advance(1)
+    (ahead,) = svc.put_ahead("", pb.PutAheadAsk(count=1, size_bytes=MiB)).ahead
+    assert ahead.status == Status.OK
+    _fill(svc, clock, 14, prefix="f")
+    svc.tiers.tick(clock.monotonic())
+    assert "k" in _moving_keys(svc)
+    return ahead
+
+
+def _bind_v2(ahead):  # type: ignore[no-untyped-def]
+    """The PutEnd binding the put-ahead allocation to "k" as an upsert of v2 (checksum 2)."""
+    tag = key_tag("default", "k")  # the node stores the write's key; "" is the default tenant
+    return [PutEndItem("k", ahead.put_id, 2, receipts_for(SECRET, ahead, 2, tag),
+                       bind=PutItem(key="", size_bytes=MiB, upsert=True))]
+
+
+def _new_master(svc, written):  # type: ignore[no-untyped-def]
+    """The next master: it loads what `svc` queued for its removal log, then n1 mounts and
+    reports v2's range (DRAM, segment 1, whole); its disk (segment 2) is still reporting."""
     new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
                        node_suspect_after_s=1000, node_expire_after_s=2000)
     new.load_removals(svc.tombstones.take_pending())
     disk_info = segment_info(2, 64 * MiB)
     disk_info.tier = TIER_DISK
     new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
-    (written,) = v2.replicas
     new.report_objects("n1", 2, int(written.segment_id),
-                       [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)], last=False)
-    out = new.report_objects("n1", 2, 2, [Entry("k", moved.alloc_id, moved.offset, MiB, 1)],
+                       [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)], last=True)
+    return new
+
+
+def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_placed(clock) -> None:  # type: ignore[no-untyped-def]
+    """A rebuilt master orders a key's versions by alloc id; a move gives the old value a
+    new one. v1 demoted after v2's put-ahead allocation was granted lands under an id above
+    v2's, which the upsert's bound (v2's first id - 1) does not cover: the upsert must kill
+    that range by its id too, or a master killed before the node drops it brings v1 back over
+    the acknowledged v2 (`make soak-disk`: a stale read, v117 served after the upsert of v118)."""
+    svc = _service(clock)
+    ahead = _ahead_after(svc, clock)
+    target = svc.tiers.moving[_obj(svc, "k")].dst
+    assert target.alloc_id > ahead.replicas[0].alloc_id
+    assert svc.put_end("", "writer", _bind_v2(ahead)) == [(Status.OK, "")]  # mid-move
+    _report(svc, clock)  # the node finished its copy: v1's bytes under the target, on disk
+    new = _new_master(svc, ahead.replicas[0])
+    out = new.report_objects("n1", 2, 2, [Entry("k", target.alloc_id, target.offset, MiB, 1)],
                              last=True)
-    assert out.refused == [moved.alloc_id]
+    assert out.refused == [target.alloc_id]
     assert new.tenant("").objects["k"].checksum == 2
 
 
 def test_a_put_ended_across_a_restart_is_answered_from_the_whole_table_only(clock) -> None:  # type: ignore[no-untyped-def]
-    """v1 demoted while v2 is written, and the master killed before v2's PutEnd: the new master
-    holds no put for the client's retried PutEnd. Answered while the disk (v1's moved copy,
-    the higher id) has not reported, it acknowledged v2 from the DRAM report, and the disk's
-    report then replaced v2 with v1 (`make soak-disk`: v5 acknowledged 78 ms after a restart,
-    v3 read 6 s later). It must wait (UNAVAILABLE, changing nothing) until the table is whole
-    and then answer what the table holds: v1 won by its id, so v2 is not acknowledged."""
+    """v1 demoted after v2's put-ahead allocation was granted, and the master killed before
+    v2's PutEnd: the new master holds no put for the client's retried PutEnd. Answered while
+    the disk (v1's moved copy, the higher id) had not reported, it acknowledged v2 from the
+    DRAM report, and the disk's report then replaced v2 with v1 (`make soak-disk`: v5
+    acknowledged 78 ms after a restart, v3 read 6 s later). It must wait (UNAVAILABLE,
+    changing nothing) until the table is whole and then answer what the table holds: v1 won
+    by its id, so v2 is not acknowledged."""
     svc = _service(clock)
-    put(svc, "k", MiB, checksum=1)
-    clock.advance(1)
-    v2 = put_start(svc, "k", MiB, upsert=True)
-    _fill(svc, clock, 14, prefix="f")
-    svc.tiers.tick(clock.monotonic())
-    assert _report(svc, clock) >= 1
+    ahead = _ahead_after(svc, clock)
+    _report(svc, clock)
     (moved,) = _obj(svc, "k").replicas
-    assert moved.segment.tier == TIER_DISK and moved.alloc_id > min(r.alloc_id for r in v2.replicas)
+    assert moved.segment.tier == TIER_DISK and moved.alloc_id > ahead.replicas[0].alloc_id
     # the master dies here: v2's PutEnd never reached it
-    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
-                       node_suspect_after_s=1000, node_expire_after_s=2000)
-    new.load_removals(svc.tombstones.take_pending())
-    disk_info = segment_info(2, 64 * MiB)
-    disk_info.tier = TIER_DISK
-    new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
-    (written,) = v2.replicas
-    new.report_objects("n1", 2, int(written.segment_id),
-                       [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)], last=True)
+    new = _new_master(svc, ahead.replicas[0])
     assert new.tenant("").objects["k"].checksum == 2  # v2 holds the key, for now
-    retry = [PutEndItem("k", v2.put_id, 2, receipts_for(SECRET, v2, 2)),
-             PutEndItem("nothing", 12345, 3, [])]
+    retry = _bind_v2(ahead) + [PutEndItem("nothing", 12345, 3, [])]
     with pytest.raises(RequestRejected) as refused:
         new.put_end("", "writer", retry)
     assert refused.value.code == "UNAVAILABLE"
