@@ -16,10 +16,9 @@ while the table is still being rebuilt. It is the retry of a put a dead master t
 version its receipts match may be only the first one reported: a later report can replace it
 with an older value that a tier move or a repair copy gave a higher alloc id after a put-ahead
 grant (rebuild keeps the newest id; only the dead master's PutEnd would have killed that
-copy's range). Acknowledged
-from half a table, the put came back as its older value (`make soak-disk`, 2026-12-05: v5
-acknowledged 78 ms after a restart, v3 read 6 s later). Once the table is whole, the answer is
-the one every later rebuild gives too.
+copy's range). Acknowledged from half a table, the put came back as its older value (the
+disk soak, 2026-12-05: v5 acknowledged 78 ms after a restart, v3 read 6 s later). Once the
+table is whole, the answer is the one every later rebuild gives too.
 
 It reads and writes the service's tables on the one event loop, like every method of the
 service; it never touches payload bytes.
