@@ -27,7 +27,9 @@ segment by segment, in batches; each reported entry becomes master state:
 - (tenant, key) known with another value: the newest version wins, by alloc id. Alloc ids
   are (epoch << 22) + counter, so that order is (master epoch, issue order). A losing existing
   version is dropped the usual way (its nodes hear of it through the freed-range outbox); a
-  losing reported entry is refused;
+  losing reported entry is refused. Except that a version this master acknowledged to its
+  writer's PutEnd retry (master/put_ends.py) is never replaced by a later report: nothing
+  acknowledged can be newer, so a higher id there is an old value's moved copy;
 - alloc ids the master freed while the reporting node was down (the outbox of its previous
   incarnation) and keys removed after the node wrote them (tombstones) are refused, so a
   remove is not undone by the node's restart; so are the alloc ids of writes dropped before
@@ -309,6 +311,12 @@ class NodeRpcs:
             newest = max((rep.alloc_id for rep in existing.replicas), default=0)
             if alloc_id <= newest:
                 return False  # an older version of the key
+            if existing in self.objects.acked_by_receipts:
+                # Acknowledged here to its writer's retried PutEnd, so no acknowledged version
+                # is newer (its upsert bound would have refused `existing`): this entry is an
+                # older value a tier move or repair copy gave a higher id after a put-ahead
+                # grant (docs/disk-tier.md), or a put never acknowledged
+                return False
             if not _reserve(segment, offset, length):
                 return False
             self.objects.drop(existing, now)

@@ -126,10 +126,14 @@ class PutEnds:
         if error:
             return INVALID, error
         current = tenant.objects.get(key)
-        if current is not None and (current.put_id == item.put_id or s.receipts.wrote(
-                current, item.checksum, getattr(item, "receipts", ()))):
-            return OK, ""  # a retried PutEnd whose first reply was lost (here, or by a master
-            # that died: the receipts prove this caller wrote the object a node reported)
+        if current is not None and current.put_id == item.put_id:
+            return OK, ""  # a retried PutEnd whose first reply was lost
+        if current is not None and s.receipts.wrote(current, item.checksum,
+                                                    getattr(item, "receipts", ())):
+            # the same, under a master that died: the receipts prove this caller wrote the
+            # version a node reported. Acknowledged now, no later report may replace it
+            s.objects.acked_by_receipt(current)
+            return OK, ""
         if key in tenant.writing:
             return INVALID, "not the writer: put_id does not match the put in progress"
         if item.put_id in s.objects.expired_puts:

@@ -73,6 +73,9 @@ if TYPE_CHECKING:
 STATE_NAMES = {WRITING: "WRITING", COMPLETE: "COMPLETE", DROPPED: "DROPPED"}
 
 EXPIRED_PUTS_REMEMBERED = 65536  # so a late PutEnd gets EXPIRED rather than NOT_FOUND
+# Versions acknowledged to a PutEnd retried across a restart (`acked_by_receipts`): only the
+# puts in flight when a master died, so a few thousand at most; kept until far more come
+ACKED_BY_RECEIPTS_REMEMBERED = 65536
 
 
 def charge(obj: Obj, nbytes: int) -> None:
@@ -116,6 +119,10 @@ class ObjectTable:
         self.puts: dict[int, Obj] = {}
         self._deadlines = ExpiryRuns()  # put ids by write deadline, in put order
         self.expired_puts: OrderedDict[int, None] = OrderedDict()
+        # Versions this master adopted from a node and then acknowledged to their writer's
+        # PutEnd retry (master/put_ends.py): a node reporting later may hold an older value a
+        # tier move gave a higher alloc id, which must not replace them (master/node_rpcs.py)
+        self.acked_by_receipts: OrderedDict[Obj, None] = OrderedDict()
         self.complete_count = 0
         self._soft_lapses: list[tuple[float, int, Obj]] = []  # heap of soft pins with a TTL
         self.observer: LifecycleObserver | None = None  # told of visible versions (state/lifecycle.py)
@@ -345,6 +352,12 @@ class ObjectTable:
         self.expired_puts[put_id] = None
         if len(self.expired_puts) > EXPIRED_PUTS_REMEMBERED:
             self.expired_puts.popitem(last=False)
+
+    def acked_by_receipt(self, obj: Obj) -> None:
+        """`obj`, adopted from a node's report, was just acknowledged to its writer."""
+        self.acked_by_receipts[obj] = None
+        if len(self.acked_by_receipts) > ACKED_BY_RECEIPTS_REMEMBERED:
+            self.acked_by_receipts.popitem(last=False)
 
     # ---------------------------------------------------------------- rebuild
 

@@ -412,6 +412,34 @@ def test_a_put_ended_across_a_restart_is_answered_from_the_whole_table_only(cloc
     assert new.tenant("").objects["k"].checksum == 1
 
 
+def test_a_put_acknowledged_across_a_restart_outranks_a_moved_copy_reported_later(clock) -> None:  # type: ignore[no-untyped-def]
+    """The same, but the disk that holds v1's moved copy comes back only after the table was
+    whole without it (a node away past the rebuild grace): the retried PutEnd was
+    acknowledged from v2's report, so the late report of v1, though its id is higher, must
+    not replace v2; it is refused, and the node frees it."""
+    svc = _service(clock)
+    ahead = _ahead_after(svc, clock)
+    _report(svc, clock)
+    (moved,) = _obj(svc, "k").replicas
+    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
+                       node_suspect_after_s=1000, node_expire_after_s=2000)
+    new.load_removals(svc.tombstones.take_pending())
+    new.mount_segment("n1", 2, [segment_info(1, DRAM)], report_follows=True)
+    (written,) = ahead.replicas
+    new.report_objects("n1", 2, 1, [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)],
+                       last=True)
+    assert not new.recovering()
+    assert new.put_end("", "writer", _bind_v2(ahead)) == [(Status.OK, "")]
+    disk_info = segment_info(2, 64 * MiB)
+    disk_info.tier = TIER_DISK
+    new.mount_segment("n1", 2, [disk_info], report_follows=True)
+    out = new.report_objects("n1", 2, 2, [Entry("k", moved.alloc_id, moved.offset, MiB, 1)],
+                             last=True)
+    assert out.refused == [moved.alloc_id]
+    assert new.tenant("").objects["k"].checksum == 2
+    new.check_invariants()
+
+
 def test_a_new_master_evicts_nothing_while_its_disks_still_report(clock) -> None:  # type: ignore[no-untyped-def]
     """After a restart a node's DRAM may be mounted (reported) before its disk: a put that
     finds DRAM full is refused as UNAVAILABLE (the client retries) rather than evicting what
