@@ -145,6 +145,7 @@ class Replica:
         self.offset = offset
         self.alloc_id = alloc_id
 
+
 def being_replaced(obj: Obj) -> bool:
     """Whether a put of `obj`'s key is being written (an upsert in flight). No copy of `obj`
     (a tier move, a repair copy) starts then: the copy's range would get an alloc id above the
