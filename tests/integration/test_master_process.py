@@ -18,6 +18,7 @@ import grpc
 import pytest
 from master_harness import running_master
 
+from cellar.devtools.children import send_signal
 from cellar.master.config import MasterConfig
 from cellar.proto import cellar_pb2 as pb
 from tests.support.receipts import receipts_for
@@ -186,7 +187,7 @@ def test_stopped_master_does_not_expire_nodes_for_its_own_stall() -> None:
         stub = master.stub(ch)
         node = Heartbeater(stub, "steady", 1)
         time.sleep(0.3)
-        master.proc.send_signal(signal.SIGSTOP)
+        send_signal(master.proc, signal.SIGSTOP)  # returns once every thread has stopped
         time.sleep(1.5)  # longer than node_expire_after_s
         master.proc.send_signal(signal.SIGCONT)
         time.sleep(0.5)
