@@ -42,11 +42,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+def _disk(segment_id: int = 2, size: int = 64 * MiB) -> pb.SegmentInfo:
+    """A node's disk-tier segment, as it mounts it."""
+    info = segment_info(segment_id, size)
+    info.tier = TIER_DISK
+    return info
+
+
 def _service(clock: FakeClock, disk: int = 64 * MiB, **settings: Any):  # type: ignore[no-untyped-def]
     svc = make_service(clock, node_suspect_after_s=1000, node_expire_after_s=2000, **settings)
-    disk_info = segment_info(2, disk)
-    disk_info.tier = TIER_DISK
-    outcome = svc.mount_segment("n1", 1, [segment_info(1, DRAM), disk_info])
+    outcome = svc.mount_segment("n1", 1, [segment_info(1, DRAM), _disk(size=disk)])
     assert outcome.results == [(Status.OK, "")] * 2, outcome.results
     return svc
 
@@ -291,9 +296,7 @@ def test_a_two_replica_put_spills_the_replicas_dram_cannot_take_and_evicts_nothi
     full, both replicas spill, one to each disk. Nothing is evicted: before, only a 1-replica
     put spilled and a 2-replica one evicted DRAM objects, although both disks had room."""
     svc = _service(clock)
-    disk_info = segment_info(4, 64 * MiB)
-    disk_info.tier = TIER_DISK
-    assert svc.mount_segment("n2", 3, [segment_info(3, DRAM), disk_info]).results == \
+    assert svc.mount_segment("n2", 3, [segment_info(3, DRAM), _disk(4)]).results == \
         [(Status.OK, "")] * 2
     for i in range(16):  # n1's DRAM, full
         put(svc, f"n1/{i}", MiB, avoid_node_ids=["n2"])
@@ -349,15 +352,20 @@ def _bind_v2(ahead):  # type: ignore[no-untyped-def]
                        bind=PutItem(key="", size_bytes=MiB, upsert=True))]
 
 
-def _new_master(svc, written):  # type: ignore[no-untyped-def]
+def _restarted(clock: FakeClock):  # type: ignore[no-untyped-def]
+    """A master of a later epoch, with no rebuild grace of its own."""
+    return make_service(clock, epoch=EPOCH + 60_000, rebuild_grace_s=0,
+                        node_suspect_after_s=1000, node_expire_after_s=2000)
+
+
+def _new_master(svc, written, disk_mounts: bool = True):  # type: ignore[no-untyped-def]
     """The next master: it loads what `svc` queued for its removal log, then n1 mounts and
-    reports v2's range (DRAM, segment 1, whole); its disk (segment 2) is still reporting."""
-    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
-                       node_suspect_after_s=1000, node_expire_after_s=2000)
+    reports v2's range (DRAM, segment 1, whole); its disk (segment 2) is still reporting, or
+    with `disk_mounts` False not mounted yet (a node back only after the table was whole)."""
+    new = _restarted(FakeClock())
     new.load_removals(svc.tombstones.take_pending())
-    disk_info = segment_info(2, 64 * MiB)
-    disk_info.tier = TIER_DISK
-    new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
+    segments = [segment_info(1, DRAM), _disk()] if disk_mounts else [segment_info(1, DRAM)]
+    new.mount_segment("n1", 2, segments, report_follows=True)
     new.report_objects("n1", 2, int(written.segment_id),
                        [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)], last=True)
     return new
@@ -421,18 +429,10 @@ def test_a_put_acknowledged_across_a_restart_outranks_a_moved_copy_reported_late
     ahead = _ahead_after(svc, clock)
     _report(svc, clock)
     (moved,) = _obj(svc, "k").replicas
-    new = make_service(FakeClock(), epoch=EPOCH + 60_000, rebuild_grace_s=0,
-                       node_suspect_after_s=1000, node_expire_after_s=2000)
-    new.load_removals(svc.tombstones.take_pending())
-    new.mount_segment("n1", 2, [segment_info(1, DRAM)], report_follows=True)
-    (written,) = ahead.replicas
-    new.report_objects("n1", 2, 1, [Entry("k", int(written.alloc_id), int(written.offset), MiB, 2)],
-                       last=True)
+    new = _new_master(svc, ahead.replicas[0], disk_mounts=False)
     assert not new.recovering()
     assert new.put_end("", "writer", _bind_v2(ahead)) == [(Status.OK, "")]
-    disk_info = segment_info(2, 64 * MiB)
-    disk_info.tier = TIER_DISK
-    new.mount_segment("n1", 2, [disk_info], report_follows=True)
+    new.mount_segment("n1", 2, [_disk()], report_follows=True)
     out = new.report_objects("n1", 2, 2, [Entry("k", moved.alloc_id, moved.offset, MiB, 1)],
                              last=True)
     assert out.refused == [moved.alloc_id]
@@ -446,11 +446,8 @@ def test_a_new_master_evicts_nothing_while_its_disks_still_report(clock) -> None
     DRAM holds, and a put-ahead ask gets nothing; once the disk has reported, puts spill to
     it. Before, the put evicted 64 DRAM objects (`make soak-disk`, right after a master kill,
     at 17% use: 17 acknowledged objects lost)."""
-    new = make_service(clock, epoch=EPOCH + 60_000, rebuild_grace_s=0,
-                       node_suspect_after_s=1000, node_expire_after_s=2000)
-    disk_info = segment_info(2, 64 * MiB)
-    disk_info.tier = TIER_DISK
-    new.mount_segment("n1", 2, [segment_info(1, DRAM), disk_info], report_follows=True)
+    new = _restarted(clock)
+    new.mount_segment("n1", 2, [segment_info(1, DRAM), _disk()], report_follows=True)
     new.report_objects("n1", 2, 1, [Entry(f"k{i}", 1000 + i, i * MiB, MiB) for i in range(16)],
                        last=True)  # DRAM full and mounted; the disk is still reporting
     assert new.membership.disks_rebuilding == 1
