@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cellar.master.state.expiry import ExpiryRuns
 from cellar.master.state.read_frees import RecentReadFrees
@@ -349,15 +349,11 @@ class ObjectTable:
         return lapsed
 
     def remember_expired(self, put_id: int) -> None:
-        self.expired_puts[put_id] = None
-        if len(self.expired_puts) > EXPIRED_PUTS_REMEMBERED:
-            self.expired_puts.popitem(last=False)
+        _remember(self.expired_puts, put_id, EXPIRED_PUTS_REMEMBERED)
 
     def acked_by_receipt(self, obj: Obj) -> None:
         """`obj`, adopted from a node's report, was just acknowledged to its writer."""
-        self.acked_by_receipts[obj] = None
-        if len(self.acked_by_receipts) > ACKED_BY_RECEIPTS_REMEMBERED:
-            self.acked_by_receipts.popitem(last=False)
+        _remember(self.acked_by_receipts, obj, ACKED_BY_RECEIPTS_REMEMBERED)
 
     # ---------------------------------------------------------------- rebuild
 
@@ -473,6 +469,13 @@ class ObjectTable:
                 self.watch(obj)
         segment.objects.clear()
         return lost
+
+
+def _remember(memory: OrderedDict[Any, None], item: object, limit: int) -> None:
+    """Add `item` to a memory of at most `limit` items, forgetting the oldest beyond it."""
+    memory[item] = None
+    if len(memory) > limit:
+        memory.popitem(last=False)
 
 
 def _ignore(obj: Obj) -> None:
