@@ -133,9 +133,15 @@ def test_a_metadata_only_fill_is_charged_to_its_tenant(cluster: SecurityCluster,
     """bob, no quota set: PutStart + PutEnd without a byte, 6 rounds of 64 MiB. His refused
     puts' ranges wait in quarantine until their grants expire, on his account (WRITING cap and
     byte quota), so the loop stops at his share. Last in the module: bob's account stays full
-    for write_grant_ttl_s."""
+    for write_grant_ttl_s.
+
+    alice starts from nothing but these 20 MiB: a quota caps a tenant, it reserves nothing, so
+    with alice at her whole share too (the 64 MiB test_no_tenant_reads_anothers_evicted_bytes
+    leaves) the cluster is full, the watermark evicts the least recently used objects of
+    anyone, and which of alice's goes first is the sampled LRU's choice (eviction.py)."""
     values = {f"keep/{i}": os.urandom(512 * KiB) for i in range(40)}
     with cellar.connect(cluster.address, tenant="alice", token=cluster.alice) as alice:
+        alice.remove_all()
         for key, value in values.items():
             alice.put(key, value)
         bob_h = _header(cluster.bob, "bob")
