@@ -160,10 +160,12 @@ def render_status(address: str, status: dict[str, Any]) -> str:
     lines.append("")
     tenants = status["tenants"]
     if tenants:
-        rows = [[t["name"], format_size(t["used_bytes"]),
+        rows = [[t["name"], format_size(t["used_bytes"]), format_size(t["quarantined_bytes"]),
                  format_size(t["quota_bytes"]) if t["quota_bytes"] else "unlimited",
                  t["object_count"], t["quota_objects"] or "unlimited"] for t in tenants]
-        lines.append(format_table(["TENANT", "USED", "QUOTA", "OBJECTS", "MAX OBJECTS"], rows))
+        # HELD: refused or revoked puts' ranges awaiting their grants' expiry, on the quota too
+        lines.append(format_table(["TENANT", "USED", "HELD", "QUOTA", "OBJECTS", "MAX OBJECTS"],
+                                  rows))
     else:
         lines.append("no tenants")
     return "\n".join(lines)

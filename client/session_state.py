@@ -135,6 +135,7 @@ def status_to_dict(reply: Any) -> dict[str, Any]:
     tenants = [{
         "name": t.name, "used_bytes": int(t.used_bytes), "quota_bytes": int(t.quota_bytes),
         "object_count": int(t.object_count), "quota_objects": int(t.quota_objects),
+        "quarantined_bytes": int(t.quarantined_bytes),
     } for t in reply.tenants]
     return {
         "role": reply.role, "leader_address": reply.leader_address,

@@ -98,10 +98,12 @@ def render(http: str, status: dict[str, Any], events: list[dict[str, Any]]) -> s
     else:
         lines.append("no storage node mounted")
     lines.append("")
-    lines.append(format_table(["TENANT", "OBJECTS", "USED", "QUOTA", "QUOTA USE"], [
+    # HELD: refused or revoked puts' ranges awaiting their grants' expiry, on the quota too
+    lines.append(format_table(["TENANT", "OBJECTS", "USED", "HELD", "QUOTA", "QUOTA USE"], [
         [t["name"], t["objects"], format_size(t["used_bytes"]),
+         format_size(t.get("quarantined_bytes", 0)),
          format_size(t["quota_bytes"]) if t["quota_bytes"] else "unlimited",
-         bar(t["used_bytes"], t["quota_bytes"])]
+         bar(t["used_bytes"] + t.get("quarantined_bytes", 0), t["quota_bytes"])]
         for t in status.get("tenants", [])]))
     lines += ["", "recent events:"]
     for ev in events[:MAX_EVENTS_SHOWN]:

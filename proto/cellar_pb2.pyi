@@ -684,18 +684,20 @@ class SegmentStatus(_message.Message):
     def __init__(self, info: _Optional[_Union[SegmentInfo, _Mapping]] = ..., state: _Optional[_Union[NodeState, str]] = ..., used_bytes: _Optional[int] = ..., object_count: _Optional[int] = ...) -> None: ...
 
 class TenantStatus(_message.Message):
-    __slots__ = ("name", "used_bytes", "quota_bytes", "object_count", "quota_objects")
+    __slots__ = ("name", "used_bytes", "quota_bytes", "object_count", "quota_objects", "quarantined_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     OBJECT_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     used_bytes: int
     quota_bytes: int
     object_count: int
     quota_objects: int
-    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., object_count: _Optional[int] = ..., quota_objects: _Optional[int] = ...) -> None: ...
+    quarantined_bytes: int
+    def __init__(self, name: _Optional[str] = ..., used_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., object_count: _Optional[int] = ..., quota_objects: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ...) -> None: ...
 
 class TierStats(_message.Message):
     __slots__ = ("tier", "hits", "read_bytes", "write_bytes")

@@ -63,6 +63,9 @@ def _tenant_json(tenant: Tenant) -> dict[str, Any]:
     return {
         "name": tenant.name,
         "used_bytes": tenant.used_bytes,
+        # its revoked or refused puts' ranges waiting for their write grants to expire:
+        # counted against quota_bytes with used_bytes (master/quota.py)
+        "quarantined_bytes": tenant.quarantined_bytes,
         "quota_bytes": tenant.quota_bytes,
         "objects": tenant.object_count,
         "quota_objects": tenant.quota_objects,

@@ -347,7 +347,8 @@ class MasterServicer:
                                        used_bytes=s.used_bytes, object_count=s.object_count)
                       for s in summary.segments],
             tenants=[pb.TenantStatus(name=t.name, used_bytes=t.used_bytes, quota_bytes=t.quota_bytes,
-                                     object_count=t.object_count, quota_objects=t.quota_objects)
+                                     object_count=t.object_count, quota_objects=t.quota_objects,
+                                     quarantined_bytes=t.quarantined_bytes)
                      for t in summary.tenants],
             object_count=summary.object_count, capacity_bytes=summary.capacity_bytes,
             used_bytes=summary.used_bytes, max_object_bytes=summary.max_object_bytes,

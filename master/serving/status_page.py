@@ -155,14 +155,16 @@ def render(status: Mapping[str, Any], events: Iterable[Event], *, refresh_s: int
     if not nodes:
         out.append("<tr><td colspan=6>no storage node mounted</td></tr>")
     out.append("</tbody></table><h2>Tenants</h2><table id=tenants><thead><tr><th>tenant</th>"
-               "<th>objects</th><th>used</th><th>byte quota</th><th>quota use</th></tr></thead><tbody>")
+               "<th>objects</th><th>used</th><th>held</th><th>byte quota</th><th>quota use</th>"
+               "</tr></thead><tbody>")
     for t in status.get("tenants", []):
         quota = int(t["quota_bytes"])
-        bar = _bar(use_fraction(int(t["used_bytes"]), quota), high) if quota else "unlimited"
+        held = int(t.get("quarantined_bytes", 0))  # counted against the quota (master/quota.py)
+        bar = _bar(use_fraction(int(t["used_bytes"]) + held, quota), high) if quota else "unlimited"
         objects = f"{t['objects']}" + (f" / {t['quota_objects']}" if t["quota_objects"] else "")
         out.append(
             f'<tr data-tenant="{_e(t["name"])}"><td>{_e(t["name"])}</td><td>{_e(objects)}</td>'
-            f"<td>{_e(format_size(int(t['used_bytes'])))}</td>"
+            f"<td>{_e(format_size(int(t['used_bytes'])))}</td><td>{_e(format_size(held))}</td>"
             f"<td>{_e(format_size(quota)) if quota else 'unlimited'}</td><td>{bar}</td></tr>")
     out.append("</tbody></table><h2>Recent events</h2><table id=events><thead><tr><th>time (UTC)</th>"
                "<th>kind</th><th>what</th></tr></thead><tbody>")

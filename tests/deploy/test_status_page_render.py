@@ -20,7 +20,7 @@ def _status(**over: object) -> dict[str, object]:
             {"id": 3, "node": "n-a", "state": "ACTIVE", "capacity": 50, "used": 25, "objects": 0},
         ],
         "tenants": [{"name": "<b>evil</b>", "used_bytes": 50, "quota_bytes": 100, "objects": 1,
-                     "quota_objects": 0},
+                     "quota_objects": 0, "quarantined_bytes": 40},
                     {"name": "default", "used_bytes": 100, "quota_bytes": 0, "objects": 2,
                      "quota_objects": 0}],
         "limits": {"eviction_high_watermark": 0.9},
@@ -46,6 +46,8 @@ def test_page_escapes_everything_from_outside_and_has_no_script() -> None:
     assert 'data-node="n-b" data-state="SUSPECT"' in page
     assert 'class="bar full"' in page  # n-b is 100% used
     assert "unlimited" in page  # default tenant has no byte quota
+    # the held ranges of its refused puts count against its quota (master/quota.py): 50 + 40
+    assert "<td>40B</td>" in page and "90.0%" in page
 
 
 def test_use_fraction_is_clamped() -> None:
@@ -73,5 +75,6 @@ def test_top_frame_shows_the_same_rows() -> None:
     assert "role leader" in frame and "epoch 7" in frame
     for text in ("n-a", "n-b", "SUSPECT", "<b>evil</b>", "node_expired", "n-c gone"):
         assert text in frame
+    assert bar(90, 100) in frame  # used + held against the quota
     assert bar(50, 100, width=10) == "[#####.....]  50.0%"
     assert bar(1, 0) == "-"

@@ -66,7 +66,7 @@ def test_cellar_up_one_liner_status_and_sigterm(cellar_up, tmp_path):
     assert out.returncode == 0, out.stderr.decode()
     text = out.stdout.decode()
     assert "node-0" in text and "node-1" in text and "ACTIVE" in text
-    assert "NODE" in text and "TENANT" in text and "default" in text
+    assert "NODE" in text and "TENANT" in text and "HELD" in text and "default" in text
 
     # cellar put / get / rm round trip through files and stdin/stdout
     src = tmp_path / "in.bin"

@@ -154,6 +154,10 @@ def test_a_metadata_only_fill_is_charged_to_its_tenant(cluster: SecurityCluster,
             stub.PutEnd(pb.PutEndRequest(header=bob_h, items=[
                 pb.PutEndItem(key=k, put_id=r.put_id, checksum=0)
                 for k, r in zip(keys, started.results, strict=True) if r.status == pb.OK]))
+        held, _ = _status_tenant(stub, cluster.bob, "bob")
         lost = [k for k, v in values.items() if not _reads_back(alice, k, v)]
         assert not lost, f"{len(lost)} of {len(values)} of alice's objects evicted by bob"
+    # what an operator sees: bob's share held by ranges, not objects (`cellar status` HELD)
+    assert held.used_bytes == 0 and held.quarantined_bytes > 0, held
+    assert held.quarantined_bytes <= held.quota_bytes, held
     assert refused >= 5 * 64, refused  # before: every round placed, quarantine on nobody
