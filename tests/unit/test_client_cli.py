@@ -27,9 +27,10 @@ def test_render_status_lists_nodes_and_tenants():
              "used_bytes": 1 << 29, "object_count": 22, "endpoints": {"tcp": "127.0.0.1:2", "shm": "/dev/shm/x"}},
         ],
         "tenants": [{"name": "default", "used_bytes": 1 << 30, "quota_bytes": 0,
-                     "object_count": 42, "quota_objects": 0}],
+                     "object_count": 42, "quota_objects": 0, "quarantined_bytes": 3 << 20}],
     }
     text = cli.render_status("127.0.0.1:50051", status)
+    assert "HELD" in text and "3MiB" in text  # refused puts' ranges, on the tenant's quota
     assert "capacity 2GiB" in text and "used 1GiB (50.0%)" in text and "objects 42" in text
     assert "node-0" in text and "SUSPECT" in text and "127.0.0.1:2 +shm" in text
     assert "unlimited" in text and "default" in text
