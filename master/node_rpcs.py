@@ -24,12 +24,14 @@ segment by segment, in batches; each reported entry becomes master state:
   start may still be missing reports (its rebuild grace) each such replica raises the count
   the object is kept at (`Obj.wanted`); after it the count is fixed, and a returning node's
   extra copy is surplus that the repair queue drops (master/repair.py);
-- (tenant, key) known with another value: the newest version wins, by alloc id. Alloc ids
-  are (epoch << 22) + counter, so that order is (master epoch, issue order). A losing existing
+- (tenant, key) known with another value: the newest version wins. A version is the alloc id
+  of the put that wrote the value: an entry's own alloc id, or for a copy (a tier move, a
+  repair copy, whose range got a newer id than the value it holds) the value id its node
+  reports (`value_alloc_id`, kept in the node's journal). Alloc ids are (epoch << 22) +
+  counter, so that order is (master epoch, issue order) of the puts. A losing existing
   version is dropped the usual way (its nodes hear of it through the freed-range outbox); a
-  losing reported entry is refused. Except that a version this master acknowledged to its
-  writer's PutEnd retry (master/put_ends.py) is never replaced by a later report: nothing
-  acknowledged can be newer, so a higher id there is an old value's moved copy;
+  losing reported entry is refused. And a version this master acknowledged to its writer's
+  PutEnd retry (master/put_ends.py) is never replaced by a later report;
 - alloc ids the master freed while the reporting node was down (the outbox of its previous
   incarnation) and keys removed after the node wrote them (tombstones) are refused, so a
   remove is not undone by the node's restart; so are the alloc ids of writes dropped before
@@ -274,14 +276,17 @@ class NodeRpcs:
         # the allocator. Checked before anything is looked up or reserved.
         if not valid_id(alloc_id) or alloc_id in refuse_ids:
             return False
+        version = int(getattr(e, "value_alloc_id", 0)) or alloc_id
+        if version > alloc_id:  # a copy's range is always newer than its value: not our entry
+            return False
         if range_error(offset, length, segment.size_bytes):
             return False
         tenant = self.tenants.resolve(e.tenant)
         if tenant is None or key_error(e.key, self.config.max_key_bytes):
             return False
         key = e.key
-        if alloc_id <= self.tombstones.removed_alloc_id(tenant.name, key):
-            return False  # a value a client removed since this node wrote it
+        if version <= self.tombstones.removed_alloc_id(tenant.name, key):
+            return False  # a value a client removed or replaced since it was put
         if self.tombstones.dead_write(alloc_id):
             return False  # a put revoked or refused before it completed (never acknowledged)
         checksum = int(e.checksum)
@@ -308,14 +313,12 @@ class NodeRpcs:
                 elif existing.engine_hash and not reported_hash:  # this node missed its note
                     self.objects.note_engine_hash(existing, (replica,))
                 return True
-            newest = max((rep.alloc_id for rep in existing.replicas), default=0)
-            if alloc_id <= newest:
-                return False  # an older version of the key
+            if version <= existing.version:
+                return False  # an older version of the key (or a copy of one)
             if existing in self.objects.acked_by_receipts:
                 # Acknowledged here to its writer's retried PutEnd, so no acknowledged version
-                # is newer (its upsert bound would have refused `existing`): this entry is an
-                # older value a tier move or repair copy gave a higher id after a put-ahead
-                # grant (docs/disk-tier.md), or a put never acknowledged
+                # is newer (its upsert bound would have refused `existing`): this entry is a
+                # put never acknowledged
                 return False
             if not _reserve(segment, offset, length):
                 return False
@@ -324,10 +327,11 @@ class NodeRpcs:
         elif not _reserve(segment, offset, length):
             return False
         pinned_from = self.tombstones.hard_pinned_from(tenant.name, key)
-        pin_kind = HARD_PIN if pinned_from and alloc_id >= pinned_from else NO_PIN
+        pin_kind = HARD_PIN if pinned_from and version >= pinned_from else NO_PIN
         obj = Obj(tenant, key, length, SegmentAllocator.rounded_size(length), self._next_put_id(),
                   pin_kind, 0.0, key_tag(tenant.name, key))
         obj.engine_hash = _reported_hash(e)
+        obj.version = version
         self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, now)
         return True
 

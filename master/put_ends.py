@@ -107,8 +107,9 @@ class PutEnds:
                 # tier move's or a repair copy's target, done or not; none starts while a
                 # PutStart's put is written, records.being_replaced, so only a put-ahead
                 # allocation, granted before its key was known, meets one): its id is above
-                # the bound, and a rebuilt master, which orders versions by alloc id, would
-                # take it for the newer value
+                # the bound, and a node that reports such a copy without its value's version
+                # (journaled before the value id) would have a rebuilt master take it for the
+                # newer value
                 s.tombstones.kill_write(tenant.name, obj.key, s.ranges_of(old))
             s.objects.complete(obj, item.checksum, now)
             if obj.pin_kind == HARD_PIN:  # the next master pins it again (state/tombstones.py)

@@ -53,6 +53,7 @@ class CopyOrder:
     source: GrantedReplica
     source_segment: Segment
     target: GrantedReplica
+    value_alloc_id: int  # the value's version (records.Obj.version), which the copy keeps
 
 
 @dataclass
@@ -128,7 +129,7 @@ class Repairer:
         target = self.grants.one(obj, Replica(task.target, task.offset, task.alloc_id),
                                  GRANT_OP_WRITE, expiry_ms, segments)
         return CopyOrder(obj.tenant.name, obj.key, obj.size, obj.checksum, source,
-                         task.source.segment, target)
+                         task.source.segment, target, obj.version)
 
     # ---------------------------------------------------------------- drain
 

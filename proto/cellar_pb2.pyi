@@ -462,7 +462,7 @@ class MountSegmentReply(_message.Message):
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ..., write_grant_ttl_ms: _Optional[int] = ..., read_grant_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReportedObject(_message.Message):
-    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch", "engine_hash")
+    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch", "engine_hash", "value_alloc_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +471,7 @@ class ReportedObject(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_HASH_FIELD_NUMBER: _ClassVar[int]
+    VALUE_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     key: str
     alloc_id: int
@@ -479,7 +480,8 @@ class ReportedObject(_message.Message):
     checksum: int
     epoch: int
     engine_hash: bytes
-    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ..., engine_hash: _Optional[bytes] = ...) -> None: ...
+    value_alloc_id: int
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ..., engine_hash: _Optional[bytes] = ..., value_alloc_id: _Optional[int] = ...) -> None: ...
 
 class ReportObjectsRequest(_message.Message):
     __slots__ = ("header", "node_id", "incarnation", "segment_id", "entries", "last")
@@ -542,7 +544,7 @@ class FreedRange(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class CopyTask(_message.Message):
-    __slots__ = ("alloc_id", "tenant", "key", "length", "checksum", "source_address", "source_node_id", "source_grant", "source_segment_id", "source_offset", "target_grant", "target_segment_id", "target_offset")
+    __slots__ = ("alloc_id", "tenant", "key", "length", "checksum", "source_address", "source_node_id", "source_grant", "source_segment_id", "source_offset", "target_grant", "target_segment_id", "target_offset", "value_alloc_id")
     ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -556,6 +558,7 @@ class CopyTask(_message.Message):
     TARGET_GRANT_FIELD_NUMBER: _ClassVar[int]
     TARGET_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    VALUE_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
     alloc_id: int
     tenant: str
     key: str
@@ -569,7 +572,8 @@ class CopyTask(_message.Message):
     target_grant: Grant
     target_segment_id: int
     target_offset: int
-    def __init__(self, alloc_id: _Optional[int] = ..., tenant: _Optional[str] = ..., key: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., source_address: _Optional[str] = ..., source_node_id: _Optional[str] = ..., source_grant: _Optional[_Union[Grant, _Mapping]] = ..., source_segment_id: _Optional[int] = ..., source_offset: _Optional[int] = ..., target_grant: _Optional[_Union[Grant, _Mapping]] = ..., target_segment_id: _Optional[int] = ..., target_offset: _Optional[int] = ...) -> None: ...
+    value_alloc_id: int
+    def __init__(self, alloc_id: _Optional[int] = ..., tenant: _Optional[str] = ..., key: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., source_address: _Optional[str] = ..., source_node_id: _Optional[str] = ..., source_grant: _Optional[_Union[Grant, _Mapping]] = ..., source_segment_id: _Optional[int] = ..., source_offset: _Optional[int] = ..., target_grant: _Optional[_Union[Grant, _Mapping]] = ..., target_segment_id: _Optional[int] = ..., target_offset: _Optional[int] = ..., value_alloc_id: _Optional[int] = ...) -> None: ...
 
 class CopyDone(_message.Message):
     __slots__ = ("alloc_id", "segment_id", "offset", "length", "checksum", "status", "message", "receipt")

@@ -139,6 +139,8 @@ class Copier:
             view = self._access.writable(target, meta)  # every check of a client's WRITE
         except FrameError as exc:
             raise CopyFailed(f"target range refused: {exc}") from None
+        # the bytes are the value of an older put: a rebuilt master orders the key's values by it
+        self._access.index.set_value_id(int(order.alloc_id), int(order.value_alloc_id))
         if self._transport is None:
             self._transport = self._factory()
         route = SegmentRoute(int(order.source_segment_id), str(order.source_node_id), "",

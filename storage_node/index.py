@@ -316,7 +316,8 @@ class ObjectIndex:
                     continue
                 entry = IndexEntry(j.alloc_id, j.segment_id, j.offset, j.length, j.tenant, j.key,
                                    j.checksum, j.epoch, j.write_grant_expiry_ms,
-                                   AllocState.SEALED, j.length, engine_hash=j.engine_hash)
+                                   AllocState.SEALED, j.length, engine_hash=j.engine_hash,
+                                   value_id=j.value_id)
                 self._entries[j.alloc_id] = entry
                 self._count(entry, 1)
                 self._order.setdefault(j.segment_id, SortedSpans()).add((j.offset, j.alloc_id))
@@ -348,7 +349,8 @@ class ObjectIndex:
             entry = IndexEntry(alloc_id, segment_id, offset, source.length, source.tenant,
                                source.key, source.checksum, source.epoch,
                                source.write_grant_expiry_ms, AllocState.SEALED, source.length,
-                               engine_hash=source.engine_hash)
+                               engine_hash=source.engine_hash,
+                               value_id=source.value_id or source.alloc_id)
             assert entry.length > 0, "a tier move of an empty object"
             self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
             self._entries[alloc_id] = entry
@@ -357,6 +359,15 @@ class ObjectIndex:
                 self._journal.sealed(entry)
             self._flush_drops()
             return True
+
+    def set_value_id(self, alloc_id: int, value_id: int) -> None:
+        """A repair copy's value (proto CopyTask.value_alloc_id: the alloc id of the put that
+        wrote the bytes), set on its allocation before the copy seals it, so the SEALED record
+        carries it; ignored once sealed, and unless older than the allocation itself."""
+        with self._lock:
+            entry = self._entries.get(alloc_id)
+            if entry is not None and entry.state is AllocState.WRITING and 0 < value_id < alloc_id:
+                entry.value_id = value_id
 
     def set_engine_hashes(self, notes: Iterable[EngineHashLike]) -> int:
         """The master's engine hashes of SEALED allocations here (heartbeat replies), kept and
@@ -552,7 +563,7 @@ class ObjectIndex:
 
 def _journal_entry(e: IndexEntry) -> JournalEntry:
     return JournalEntry(e.alloc_id, e.segment_id, e.offset, e.length, e.checksum, e.epoch,
-                        e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash)
+                        e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash, e.value_id)
 
 
 __all__ = ["TOMBSTONE_GRACE_MS", "AllocState", "IndexEntry", "ObjectIndex", "ReadRefused",

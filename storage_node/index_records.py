@@ -38,6 +38,9 @@ class IndexEntry:
     # merged [start, end) ranges received, relative to `offset`; emptied once SEALED
     ranges: list[tuple[int, int]] = field(default_factory=list)
     engine_hash: bytes = b""  # the engine's hash of the page, as the master told it (or b"")
+    # A copy's value (a tier move, a repair copy): the alloc id of the put that wrote these
+    # bytes, older than this allocation's own; 0 for the put's own range (journal.py kind 4)
+    value_id: int = 0
 
     def end(self) -> int:
         return self.offset + self.length

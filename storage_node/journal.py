@@ -15,8 +15,12 @@ Format (little endian)
              tenant_len u16 key_len u16 tenant key          -- SEALED
            | 2 (u8) alloc_id (u64)                          -- DROPPED
            | 3 (u8) alloc_id (u64) hash_len (u8) hash       -- ENGINE HASH of a SEALED entry
+           | 4 (u8) alloc_id (u64) value_id (u64)          -- VALUE ID of a SEALED copy
     (3 came later: the master tells a node the engine's hash of a page after its PutEnd, so a
-    rebuilt master knows it; a node from before it stops its replay at such a record.)
+    rebuilt master knows it; a node from before it stops its replay at such a record. 4 too:
+    a copy of a value (a tier move, a repair copy) gets an alloc id newer than the put that
+    wrote the value; its value id is that put's, which is how a rebuilt master orders a key's
+    values, proto ReportedObject.value_alloc_id. Only a copy has one.)
     Replay reads records in order and stops at the first short or corrupt one (a torn tail),
     which is cut off. Records go out with write() on an O_APPEND descriptor: a process killed
     mid-call wrote a prefix of them, and replay keeps exactly the whole records of that
@@ -66,6 +70,8 @@ KIND_SEALED = 1
 KIND_DROPPED = 2
 KIND_ENGINE_HASH = 3
 _ENGINE_HASH = struct.Struct("<BQB")
+KIND_VALUE_ID = 4
+_VALUE_ID = struct.Struct("<BQQ")
 MAX_BODY_BYTES = 1 << 20              # a key is at most 64 KiB on any configured master
 COMPACT_MIN_DEAD = 65536
 MAX_QUEUED_RECORDS = 4096             # deferred records beyond this are written at once
@@ -83,6 +89,7 @@ class JournalEntry:
     tenant: str
     key: str
     engine_hash: bytes = b""
+    value_id: int = 0  # a copy's value: the alloc id of the put that wrote it (0: alloc_id)
 
 
 def journal_path(directory: str | os.PathLike[str], node_id: str) -> Path:
@@ -113,12 +120,21 @@ class SealedRecord(Protocol):
     def key(self) -> str: ...
     @property
     def engine_hash(self) -> bytes: ...
+    @property
+    def value_id(self) -> int: ...
 
 
 def _encode_entry(e: SealedRecord) -> bytes:
-    """The records of one live entry: SEALED, then its engine hash if it has one."""
+    """The records of one live entry: SEALED, then its engine hash and its value id, if it
+    has them (one write() carries all of them, so a replay never sees a copy without its
+    value id)."""
     record = _encode_sealed(e)
-    return record + _encode_engine_hash(e.alloc_id, e.engine_hash) if e.engine_hash else record
+    if e.engine_hash:
+        record += _encode_engine_hash(e.alloc_id, e.engine_hash)
+    if e.value_id:
+        body = _VALUE_ID.pack(KIND_VALUE_ID, e.alloc_id, e.value_id)
+        record += _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+    return record
 
 
 def _encode_engine_hash(alloc_id: int, engine_hash: bytes) -> bytes:
@@ -180,6 +196,11 @@ def replay(data: bytes) -> tuple[dict[int, JournalEntry], int, int]:
             entry = live.get(alloc_id)
             if entry is not None:
                 entry.engine_hash = bytes(body[_ENGINE_HASH.size:])
+        elif kind == KIND_VALUE_ID and body_len == _VALUE_ID.size:
+            _, alloc_id, value_id = _VALUE_ID.unpack_from(body, 0)
+            entry = live.get(alloc_id)
+            if entry is not None and 0 < value_id < alloc_id:  # a copy is newer than its value
+                entry.value_id = value_id
         else:
             break
         pos = start + body_len

@@ -127,7 +127,8 @@ def copy_tasks(orders: list[CopyOrder]) -> list[pb.CopyTask]:
             checksum=o.checksum, source_address=address, source_node_id=o.source.node_id,
             source_grant=_grant_pb(o.source), source_segment_id=o.source.segment_id,
             source_offset=o.source.offset, target_grant=_grant_pb(o.target),
-            target_segment_id=o.target.segment_id, target_offset=o.target.offset))
+            target_segment_id=o.target.segment_id, target_offset=o.target.offset,
+            value_alloc_id=o.value_alloc_id))
     return out
 
 

@@ -160,6 +160,7 @@ class ObjectTable:
         assert obj.state == WRITING and obj.key not in tenant.writing and obj.reserved > 0
         assert placements and obj.put_id not in self.puts, "begin without placements or a fresh id"
         obj.replicas = tuple([Replica(segment, offset, alloc_ids()) for segment, offset in placements])
+        obj.version = obj.replicas[0].alloc_id
         obj.wanted = len(placements)
         for segment, _offset in placements:
             segment.objects.add(obj)
@@ -175,6 +176,7 @@ class ObjectTable:
         assert obj.state == WRITING and obj.key not in tenant.writing and obj.pin_kind == NO_PIN
         replica = Replica(segment, offset, alloc_id)
         obj.replicas = (replica,)
+        obj.version = alloc_id
         segment.objects.add(obj)
         tenant.writing[obj.key] = obj
         charge(obj, obj.reserved)  # inlining it saved nothing measurable (<1% of a PutStart key)

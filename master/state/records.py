@@ -150,8 +150,9 @@ def being_replaced(obj: Obj) -> bool:
     """Whether a put of `obj`'s key is being written (an upsert in flight). No copy of `obj`
     (a tier move, a repair copy) starts then: the copy's range would get an alloc id above the
     upsert's, and a master that dies before the upsert's PutEnd leaves nobody to kill that
-    range, so the next master's rebuild, which keeps a key's newest id, could serve this old
-    value over the upsert it then acknowledges (master/put_ends.py). A move or copy started
+    range, so the next master's rebuild could serve this old value over the upsert it then
+    acknowledges (master/put_ends.py) whenever the copy's node reports it without its value's
+    version (`Obj.version`; a node journal from before the value id). A move or copy started
     before the upsert's PutStart has a lower id than the upsert, so it needs no such rule."""
     return obj.key in obj.tenant.writing
 
@@ -176,7 +177,7 @@ class Obj:
     __slots__ = (
         "tenant", "key", "size", "reserved", "replicas", "state", "checksum", "put_id",
         "last_access", "prev_access", "pins", "pin_kind", "deadline", "tag", "gslot", "tslot",
-        "pool_kind", "engine_hash", "wanted", "request", "read_at", "reader",
+        "pool_kind", "engine_hash", "wanted", "request", "read_at", "reader", "version",
     )
 
     def __init__(
@@ -205,6 +206,11 @@ class Obj:
         # The engine's own page/chunk hash, encoded (proto/engine_hash.py), for KV events;
         # b"" when the writer gave none (and after a rebuild: nodes do not keep it).
         self.engine_hash = b""
+        # The value's version: the first alloc id of the put that wrote it (set by
+        # ObjectTable.begin, or the version its nodes reported). A tier move or a repair copy
+        # gives a replica a newer alloc id but keeps the version, so a rebuilt master orders a
+        # key's values by put, not by copy (master/node_rpcs.py; 8 bytes an object).
+        self.version = 0
         # The replica count the object was written with (a put's `replicas`; for an adopted
         # object, what the nodes reported during the master's start): re-replication keeps
         # it (state/repair.py).

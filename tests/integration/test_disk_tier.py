@@ -24,6 +24,7 @@ import cellar
 from cellar.client import PutHints
 from cellar.errors import Status
 from cellar.proto.tiers import MOVE_COUNTERS, TIER_COUNTERS, moves_text
+from cellar.storage_node.journal import replay
 from cellar.units import format_size
 from tests.support.http import post_json
 
@@ -186,6 +187,8 @@ def test_disk_objects_survive_kill_9_of_node_and_of_master(make_cluster, tmp_pat
               and _metric(cluster, "master_tier_moves_pending") == 0)
         on_disk = _disk_used(client)
         assert on_disk >= 64 * MIB
+        moved = _metric(cluster, "master_tier_demotions") - _metric(cluster,
+                                                                    "master_tier_disk_evictions")
     cluster.restart_node(0)  # kill -9, same --node-id and disk dir
     with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
         _wait(lambda: _disk_used(client) >= on_disk)
@@ -197,6 +200,11 @@ def test_disk_objects_survive_kill_9_of_node_and_of_master(make_cluster, tmp_pat
                 assert g is None or g == values[k], k
         # every object the disk held came back without a put
         assert _disk_used(client) >= on_disk
+    # each demoted copy came back with the put of its value (journal kind 4), which is how a
+    # rebuilt master orders it against a later put of its key (ReportedObject.value_alloc_id)
+    (journal,) = (tmp_path / "disk").glob("cellar-*.idx")
+    copies = [e for e in replay(journal.read_bytes())[0].values() if e.value_id]
+    assert len(copies) >= moved > 0 and all(e.value_id < e.alloc_id for e in copies)
     cluster.restart_master()
     with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as client:
         _wait(lambda: _disk_used(client) >= on_disk)

@@ -19,6 +19,7 @@ from test_master_support import (
 
 from cellar.errors import Status
 from cellar.master.service import MasterService, PutItem, PutRef
+from cellar.master.serving.servicer import copy_tasks
 from cellar.master.state.repair import live_count
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, verify
@@ -103,8 +104,12 @@ def test_a_lost_replica_is_copied_node_to_node_with_signed_grants() -> None:
     svc.tick()
     orders = [o for n in ("n2", "n3") for o in beat(svc, n)]
     assert len(orders) == len(on_n1)
+    versions = {k: svc.tenant("").objects[k].version for k in keys}
+    sent = {task.key: task.value_alloc_id for task in copy_tasks(orders)}
     for order in orders:  # a read grant on the survivor, a write grant on the new range
         assert order.checksum == 0xABC and order.length == 64 * 1024
+        # the copy's range is newer than its value; the node keeps the value's put id beside it
+        assert sent[order.key] == versions[order.key] < order.target.alloc_id
         assert order.source.node_id != order.target.node_id
         for granted, op in ((order.source, GRANT_OP_READ), (order.target, GRANT_OP_WRITE)):
             grant = Grant(granted.op, granted.segment_id, granted.offset, granted.length,
@@ -121,6 +126,7 @@ def test_a_lost_replica_is_copied_node_to_node_with_signed_grants() -> None:
     assert svc.repair.queue.copies_done == len(on_n1) and svc.repair.queue.copy_failures == 0
     assert svc.repair.queue.bytes_copied == len(on_n1) * 64 * 1024
     assert svc.repair.queue.under_replicated() == 0
+    assert {k: svc.tenant("").objects[k].version for k in keys} == versions
     svc.check_invariants()
 
 

@@ -98,3 +98,4 @@ class Entry:
     checksum: int = 7
     tenant: str = "default"
     epoch: int = EPOCH - 60_000
+    value_alloc_id: int = 0  # a copy's value: the alloc id of the put that wrote it

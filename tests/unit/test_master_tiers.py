@@ -440,6 +440,35 @@ def test_a_put_acknowledged_across_a_restart_outranks_a_moved_copy_reported_late
     new.check_invariants()
 
 
+def test_a_moved_copy_keeps_its_values_version_through_two_restarts(clock) -> None:  # type: ignore[no-untyped-def]
+    """The same, and the master that acknowledged v2 dies before the disk comes back: the
+    next one hears v2 and v1's moved copy, whose own id is above v2's. The node reports the
+    copy with its value's version (v1's put: storage_node/journal.py kind 4), so v2, the later
+    put, holds the key in either report order. Before, the rebuild ordered values by the
+    copy's own id and served v1 over the acknowledged v2."""
+    svc = _service(clock)
+    ahead = _ahead_after(svc, clock)
+    (v1,) = _obj(svc, "k").replicas
+    _report(svc, clock)
+    (moved,) = _obj(svc, "k").replicas
+    written = ahead.replicas[0]
+    assert moved.segment.tier == TIER_DISK and moved.alloc_id > written.alloc_id > v1.alloc_id
+    second = _new_master(svc, written, disk_mounts=False)
+    assert second.put_end("", "writer", _bind_v2(ahead)) == [(Status.OK, "")]
+    removals = second.tombstones.take_pending()  # the second master dies here
+    copy = (2, Entry("k", moved.alloc_id, moved.offset, MiB, 1, value_alloc_id=v1.alloc_id))
+    v2 = (int(written.segment_id), Entry("k", int(written.alloc_id), int(written.offset), MiB, 2))
+    for reports in ((copy, v2), (v2, copy)):
+        third = _restarted(FakeClock())
+        third.load_removals(removals)
+        third.mount_segment("n1", 3, [segment_info(1, DRAM), _disk()], report_follows=True)
+        for segment_id, entry in reports:
+            third.report_objects("n1", 3, segment_id, [entry], last=True)
+        assert third.tenant("").objects["k"].checksum == 2, reports
+        assert third.tenant("").objects["k"].version == written.alloc_id
+        third.check_invariants()
+
+
 def test_a_new_master_evicts_nothing_while_its_disks_still_report(clock) -> None:  # type: ignore[no-untyped-def]
     """After a restart a node's DRAM may be mounted (reported) before its disk: a put that
     finds DRAM full is refused as UNAVAILABLE (the client retries) rather than evicting what
