@@ -376,7 +376,9 @@ def test_an_upsert_outlives_a_restart_though_the_old_value_moved_after_it_was_pl
     new one. v1 demoted after v2's put-ahead allocation was granted lands under an id above
     v2's, which the upsert's bound (v2's first id - 1) does not cover: the upsert must kill
     that range by its id too, or a master killed before the node drops it brings v1 back over
-    the acknowledged v2 (`make soak-disk`: a stale read, v117 served after the upsert of v118)."""
+    the acknowledged v2 (`make soak-disk`: a stale read, v117 served after the upsert of v118).
+    The report carries no value version (a node journaled before value ids): the dead write
+    alone refuses the copy."""
     svc = _service(clock)
     ahead = _ahead_after(svc, clock)
     target = svc.tiers.moving[_obj(svc, "k")].dst
@@ -397,7 +399,9 @@ def test_a_put_ended_across_a_restart_is_answered_from_the_whole_table_only(cloc
     DRAM report, and the disk's report then replaced v2 with v1 (`make soak-disk`: v5
     acknowledged 78 ms after a restart, v3 read 6 s later). It must wait (UNAVAILABLE,
     changing nothing) until the table is whole and then answer what the table holds: v1 won
-    by its id, so v2 is not acknowledged."""
+    by its id, so v2 is not acknowledged. (The disk reports v1's copy without its value's
+    version, as a node journaled before value ids does; with it, v2 wins the rebuild in either
+    report order: test_a_moved_copy_keeps_its_values_version_through_two_restarts.)"""
     svc = _service(clock)
     ahead = _ahead_after(svc, clock)
     _report(svc, clock)
