@@ -121,7 +121,8 @@ class ObjectTable:
         self.expired_puts: OrderedDict[int, None] = OrderedDict()
         # Versions this master adopted from a node and then acknowledged to their writer's
         # PutEnd retry (master/put_ends.py): a node reporting later may hold an older value a
-        # tier move gave a higher alloc id, which must not replace them (master/node_rpcs.py)
+        # tier move gave a higher alloc id and, journaled before value versions, reports
+        # without its version; it must not replace them (master/node_rpcs.py)
         self.acked_by_receipts: OrderedDict[Obj, None] = OrderedDict()
         self.complete_count = 0
         self._soft_lapses: list[tuple[float, int, Obj]] = []  # heap of soft pins with a TTL
