@@ -16,8 +16,10 @@ segment by segment, in batches; each reported entry becomes master state:
 - (tenant, key) unknown: a COMPLETE object is created with that one replica, charged to the
   tenant (quota is not enforced on adoption: the bytes exist; eviction brings a tenant back
   under its quota), evictable like any object, unless the removal log holds a hard pin record
-  of the key at or below its alloc id (state/tombstones.py): then it is hard-pinned again.
-  Soft pins are not in the node's index nor the log: those objects come back plain;
+  of the key at or below its version (state/tombstones.py): then it is hard-pinned again;
+  or, when its node was told the object's soft pin (heartbeat notes, journaled like engine
+  hashes) and it has not lapsed, soft-pinned again until its lapse (best effort: a pin whose
+  note did not reach the node before the master died comes back plain);
 - (tenant, key) known with the same size and checksum: the entry becomes one more replica of
   it (replicas of one object live on different nodes; a second one on the same node is
   refused, the very same replica reported twice is accepted again). While the master's own
@@ -60,6 +62,7 @@ from cellar.master.config import MasterConfig
 from cellar.master.grace import RebuildGrace
 from cellar.master.replies import HeartbeatOutcome, KeyResults, MountOutcome, ReportOutcome
 from cellar.master.requests import (
+    MAX_SOFT_PIN_TTL_MS,
     Clock,
     RequestRejected,
     check_batch,
@@ -73,7 +76,16 @@ from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
 from cellar.master.state.quarantine import Quarantine
-from cellar.master.state.records import HARD_PIN, NO_PIN, Node, Obj, Replica, Segment
+from cellar.master.state.records import (
+    HARD_PIN,
+    NO_PIN,
+    SOFT_PIN,
+    SOFT_PIN_NO_LAPSE_MS,
+    Node,
+    Obj,
+    Replica,
+    Segment,
+)
 from cellar.master.state.tenants import Tenants
 from cellar.master.state.tiers import Tiers
 from cellar.master.state.tombstones import Tombstones
@@ -231,9 +243,10 @@ class NodeRpcs:
             check_batch(len(moved), self.config.max_batch_keys, "moved ranges")
             self.tiers.moved(node_id, moved, now)
             moves = self.tiers.moves_for(node_id)
-        hashes = self.membership.take_engine_hashes(node, self.config.max_freed_per_heartbeat)
+        limit = self.config.max_freed_per_heartbeat
         return HeartbeatOutcome(False, freed, freed[-1][0] if freed else freed_ack_seq, moves,
-                                hashes)
+                                self.membership.take_engine_hashes(node, limit),
+                                self.membership.take_soft_pins(node, limit))
 
     def expire_node(self, node: Node) -> None:
         now = self.clock.monotonic()
@@ -328,11 +341,23 @@ class NodeRpcs:
             return False
         pinned_from = self.tombstones.hard_pinned_from(tenant.name, key)
         pin_kind = HARD_PIN if pinned_from and version >= pinned_from else NO_PIN
+        # a soft pin the master noted to the node (storage_node/index.py set_soft_pins), if
+        # it has not lapsed: held at most MAX_SOFT_PIN_TTL_MS from now, whatever the node says
+        soft_until_ms = int(getattr(e, "soft_pin_until_ms", 0))
+        soft_left_s = 0.0
+        if pin_kind == NO_PIN and soft_until_ms:
+            left_ms = soft_until_ms - self.clock.wall_ms()
+            if soft_until_ms == SOFT_PIN_NO_LAPSE_MS or left_ms > 0:
+                pin_kind = SOFT_PIN
+                if soft_until_ms != SOFT_PIN_NO_LAPSE_MS:
+                    soft_left_s = min(left_ms, MAX_SOFT_PIN_TTL_MS) / 1000
         obj = Obj(tenant, key, length, SegmentAllocator.rounded_size(length), self._next_put_id(),
                   pin_kind, 0.0, key_tag(tenant.name, key))
         obj.engine_hash = _reported_hash(e)
         obj.version = version
         self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, now)
+        if soft_left_s:
+            self.objects.lapse_soft_pin(obj, now + soft_left_s)
         return True
 
     # ---------------------------------------------------------------- background

@@ -145,6 +145,7 @@ class MasterService:
             clock=self.clock.monotonic,
             read_grant_ttl_s=config.pin_ttl_s,
             read_trust=ReadTrust(config.read_trust_s, started=self.clock.monotonic()),
+            wall_ms=self.clock.wall_ms,
         )
         self.evictor = self.objects.evictor
         self.pins = PinTable(

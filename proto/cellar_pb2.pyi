@@ -462,7 +462,7 @@ class MountSegmentReply(_message.Message):
     def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., cluster_secret_check: _Optional[bytes] = ..., write_grant_ttl_ms: _Optional[int] = ..., read_grant_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ReportedObject(_message.Message):
-    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch", "engine_hash", "value_alloc_id")
+    __slots__ = ("tenant", "key", "alloc_id", "offset", "length", "checksum", "epoch", "engine_hash", "value_alloc_id", "soft_pin_until_ms")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +472,7 @@ class ReportedObject(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_HASH_FIELD_NUMBER: _ClassVar[int]
     VALUE_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    SOFT_PIN_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     key: str
     alloc_id: int
@@ -481,7 +482,8 @@ class ReportedObject(_message.Message):
     epoch: int
     engine_hash: bytes
     value_alloc_id: int
-    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ..., engine_hash: _Optional[bytes] = ..., value_alloc_id: _Optional[int] = ...) -> None: ...
+    soft_pin_until_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., alloc_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., epoch: _Optional[int] = ..., engine_hash: _Optional[bytes] = ..., value_alloc_id: _Optional[int] = ..., soft_pin_until_ms: _Optional[int] = ...) -> None: ...
 
 class ReportObjectsRequest(_message.Message):
     __slots__ = ("header", "node_id", "incarnation", "segment_id", "entries", "last")
@@ -642,7 +644,7 @@ class MoveDone(_message.Message):
     def __init__(self, dst_segment_id: _Optional[int] = ..., dst_alloc_id: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("header", "remount", "freed", "freed_seq", "copies", "moves", "engine_hashes")
+    __slots__ = ("header", "remount", "freed", "freed_seq", "copies", "moves", "engine_hashes", "soft_pins")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     FREED_FIELD_NUMBER: _ClassVar[int]
@@ -650,6 +652,7 @@ class HeartbeatReply(_message.Message):
     COPIES_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_HASHES_FIELD_NUMBER: _ClassVar[int]
+    SOFT_PINS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     remount: bool
     freed: _containers.RepeatedCompositeFieldContainer[FreedRange]
@@ -657,7 +660,8 @@ class HeartbeatReply(_message.Message):
     copies: _containers.RepeatedCompositeFieldContainer[CopyTask]
     moves: _containers.RepeatedCompositeFieldContainer[Move]
     engine_hashes: _containers.RepeatedCompositeFieldContainer[EngineHashNote]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., engine_hashes: _Optional[_Iterable[_Union[EngineHashNote, _Mapping]]] = ...) -> None: ...
+    soft_pins: _containers.RepeatedCompositeFieldContainer[SoftPinNote]
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., remount: _Optional[bool] = ..., freed: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., freed_seq: _Optional[int] = ..., copies: _Optional[_Iterable[_Union[CopyTask, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., engine_hashes: _Optional[_Iterable[_Union[EngineHashNote, _Mapping]]] = ..., soft_pins: _Optional[_Iterable[_Union[SoftPinNote, _Mapping]]] = ...) -> None: ...
 
 class EngineHashNote(_message.Message):
     __slots__ = ("segment_id", "alloc_id", "engine_hash")
@@ -668,6 +672,16 @@ class EngineHashNote(_message.Message):
     alloc_id: int
     engine_hash: bytes
     def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., engine_hash: _Optional[bytes] = ...) -> None: ...
+
+class SoftPinNote(_message.Message):
+    __slots__ = ("segment_id", "alloc_id", "until_ms")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    alloc_id: int
+    until_ms: int
+    def __init__(self, segment_id: _Optional[int] = ..., alloc_id: _Optional[int] = ..., until_ms: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("header",)

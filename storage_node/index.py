@@ -69,7 +69,8 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from cellar.proto import engine_hash as engine_hashes
 from cellar.storage_node.index_records import (
@@ -79,6 +80,7 @@ from cellar.storage_node.index_records import (
     IndexEntry,
     ReadRefused,
     SegmentUsage,
+    SoftPinLike,
     WriteRefused,
     merge_ranges,
 )
@@ -317,7 +319,7 @@ class ObjectIndex:
                 entry = IndexEntry(j.alloc_id, j.segment_id, j.offset, j.length, j.tenant, j.key,
                                    j.checksum, j.epoch, j.write_grant_expiry_ms,
                                    AllocState.SEALED, j.length, engine_hash=j.engine_hash,
-                                   value_id=j.value_id)
+                                   value_id=j.value_id, soft_pin_until_ms=j.soft_pin_until_ms)
                 self._entries[j.alloc_id] = entry
                 self._count(entry, 1)
                 self._order.setdefault(j.segment_id, SortedSpans()).add((j.offset, j.alloc_id))
@@ -350,7 +352,8 @@ class ObjectIndex:
                                source.key, source.checksum, source.epoch,
                                source.write_grant_expiry_ms, AllocState.SEALED, source.length,
                                engine_hash=source.engine_hash,
-                               value_id=source.value_id or source.alloc_id)
+                               value_id=source.value_id or source.alloc_id,
+                               soft_pin_until_ms=source.soft_pin_until_ms)
             assert entry.length > 0, "a tier move of an empty object"
             self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
             self._entries[alloc_id] = entry
@@ -374,19 +377,36 @@ class ObjectIndex:
         journaled so the next report carries them; a note for an allocation that is not (or no
         longer) SEALED here, in that segment, or a hash out of bounds, is ignored. Returns how
         many were kept."""
+        def valid(note: Any) -> bytes | None:
+            value = bytes(note.engine_hash)
+            return value if value and not engine_hashes.error(value) else None
+
+        return self._keep_notes(notes, valid, "engine_hash", IndexJournal.engine_hash)
+
+    def set_soft_pins(self, notes: Iterable[SoftPinLike]) -> int:
+        """The master's soft pins of SEALED allocations here (heartbeat replies), each with its
+        lapse (wall clock ms), kept and journaled so the next report carries them and a
+        rebuilt master pins the object again; ignored as `set_engine_hashes` says (and a
+        lapse of 0). Returns how many were kept."""
+        return self._keep_notes(notes, lambda note: int(note.until_ms) or None,
+                                "soft_pin_until_ms", IndexJournal.soft_pin)
+
+    def _keep_notes(self, notes: Iterable[Any], valid: Callable[[Any], Any], field: str,
+                    record: Callable[..., None]) -> int:
+        """Set `field` of each note's SEALED allocation (in the note's segment) to the note's
+        value (`valid`: the value, or None when out of bounds), journaled with `record`."""
         kept = 0
         with self._lock:
             for note in notes:
                 entry = self._entries.get(int(note.alloc_id))
-                value = bytes(note.engine_hash)
+                value = valid(note)
                 if (entry is None or entry.state is not AllocState.SEALED
                         or entry.segment_id != int(note.segment_id)
-                        or not value or engine_hashes.error(value)
-                        or entry.engine_hash == value):
+                        or value is None or getattr(entry, field) == value):
                     continue
-                entry.engine_hash = value
+                setattr(entry, field, value)
                 if self._journal is not None:
-                    self._journal.engine_hash(entry.alloc_id, value, defer=True)
+                    record(self._journal, entry.alloc_id, value, defer=True)
                 kept += 1
             if self._journal is not None:
                 self._journal.flush()
@@ -563,7 +583,8 @@ class ObjectIndex:
 
 def _journal_entry(e: IndexEntry) -> JournalEntry:
     return JournalEntry(e.alloc_id, e.segment_id, e.offset, e.length, e.checksum, e.epoch,
-                        e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash, e.value_id)
+                        e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash, e.value_id,
+                        e.soft_pin_until_ms)
 
 
 __all__ = ["TOMBSTONE_GRACE_MS", "AllocState", "IndexEntry", "ObjectIndex", "ReadRefused",

@@ -41,6 +41,9 @@ class IndexEntry:
     # A copy's value (a tier move, a repair copy): the alloc id of the put that wrote these
     # bytes, older than this allocation's own; 0 for the put's own range (journal.py kind 4)
     value_id: int = 0
+    # The soft pin the master noted (heartbeat replies), wall clock ms it lapses (journal.py
+    # kind 5; 2^64 - 1: never); 0: none
+    soft_pin_until_ms: int = 0
 
     def end(self) -> int:
         return self.offset + self.length
@@ -80,6 +83,14 @@ class EngineHashLike(Protocol):
     engine_hash: bytes
 
 
+class SoftPinLike(Protocol):
+    """A `pb.SoftPinNote` (or anything with its fields)."""
+
+    segment_id: int
+    alloc_id: int
+    until_ms: int
+
+
 class FreedLike(Protocol):
     """What apply_freed needs of a proto FreedRange."""
 
@@ -113,4 +124,4 @@ def merge_ranges(ranges: list[tuple[int, int]], start: int, end: int) -> int:
 
 
 __all__ = ["AllocState", "EngineHashLike", "FreedLike", "IndexEntry", "ReadRefused",
-           "SegmentUsage", "WriteRefused", "merge_ranges"]
+           "SegmentUsage", "SoftPinLike", "WriteRefused", "merge_ranges"]

@@ -16,11 +16,14 @@ Format (little endian)
            | 2 (u8) alloc_id (u64)                          -- DROPPED
            | 3 (u8) alloc_id (u64) hash_len (u8) hash       -- ENGINE HASH of a SEALED entry
            | 4 (u8) alloc_id (u64) value_id (u64)          -- VALUE ID of a SEALED copy
+           | 5 (u8) alloc_id (u64) until_ms (u64)          -- SOFT PIN of a SEALED entry
     (3 came later: the master tells a node the engine's hash of a page after its PutEnd, so a
     rebuilt master knows it; a node from before it stops its replay at such a record. 4 too:
     a copy of a value (a tier move, a repair copy) gets an alloc id newer than the put that
     wrote the value; its value id is that put's, which is how a rebuilt master orders a key's
-    values, proto ReportedObject.value_alloc_id. Only a copy has one.)
+    values, proto ReportedObject.value_alloc_id. Only a copy has one. 5 as well: the master
+    tells a node an object's soft pin and its lapse, wall clock ms, with a heartbeat reply, so
+    a rebuilt master pins it again.)
     Replay reads records in order and stops at the first short or corrupt one (a torn tail),
     which is cut off. Records go out with write() on an O_APPEND descriptor: a process killed
     mid-call wrote a prefix of them, and replay keeps exactly the whole records of that
@@ -71,7 +74,8 @@ KIND_DROPPED = 2
 KIND_ENGINE_HASH = 3
 _ENGINE_HASH = struct.Struct("<BQB")
 KIND_VALUE_ID = 4
-_VALUE_ID = struct.Struct("<BQQ")
+KIND_SOFT_PIN = 5
+_ID_PAIR = struct.Struct("<BQQ")      # kinds 4 and 5: kind, alloc_id, one u64
 MAX_BODY_BYTES = 1 << 20              # a key is at most 64 KiB on any configured master
 COMPACT_MIN_DEAD = 65536
 MAX_QUEUED_RECORDS = 4096             # deferred records beyond this are written at once
@@ -90,6 +94,7 @@ class JournalEntry:
     key: str
     engine_hash: bytes = b""
     value_id: int = 0  # a copy's value: the alloc id of the put that wrote it (0: alloc_id)
+    soft_pin_until_ms: int = 0  # the soft pin the master noted, wall clock ms (0: none)
 
 
 def journal_path(directory: str | os.PathLike[str], node_id: str) -> Path:
@@ -122,19 +127,27 @@ class SealedRecord(Protocol):
     def engine_hash(self) -> bytes: ...
     @property
     def value_id(self) -> int: ...
+    @property
+    def soft_pin_until_ms(self) -> int: ...
 
 
 def _encode_entry(e: SealedRecord) -> bytes:
-    """The records of one live entry: SEALED, then its engine hash and its value id, if it
-    has them (one write() carries all of them, so a replay never sees a copy without its
+    """The records of one live entry: SEALED, then its engine hash, value id and soft pin, if
+    it has them (one write() carries all of them, so a replay never sees a copy without its
     value id)."""
     record = _encode_sealed(e)
     if e.engine_hash:
         record += _encode_engine_hash(e.alloc_id, e.engine_hash)
     if e.value_id:
-        body = _VALUE_ID.pack(KIND_VALUE_ID, e.alloc_id, e.value_id)
-        record += _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+        record += _encode_id_pair(KIND_VALUE_ID, e.alloc_id, e.value_id)
+    if e.soft_pin_until_ms:
+        record += _encode_id_pair(KIND_SOFT_PIN, e.alloc_id, e.soft_pin_until_ms)
     return record
+
+
+def _encode_id_pair(kind: int, alloc_id: int, value: int) -> bytes:
+    body = _ID_PAIR.pack(kind, alloc_id, value)
+    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
 
 
 def _encode_engine_hash(alloc_id: int, engine_hash: bytes) -> bytes:
@@ -196,11 +209,16 @@ def replay(data: bytes) -> tuple[dict[int, JournalEntry], int, int]:
             entry = live.get(alloc_id)
             if entry is not None:
                 entry.engine_hash = bytes(body[_ENGINE_HASH.size:])
-        elif kind == KIND_VALUE_ID and body_len == _VALUE_ID.size:
-            _, alloc_id, value_id = _VALUE_ID.unpack_from(body, 0)
+        elif kind == KIND_VALUE_ID and body_len == _ID_PAIR.size:
+            _, alloc_id, value_id = _ID_PAIR.unpack_from(body, 0)
             entry = live.get(alloc_id)
             if entry is not None and 0 < value_id < alloc_id:  # a copy is newer than its value
                 entry.value_id = value_id
+        elif kind == KIND_SOFT_PIN and body_len == _ID_PAIR.size:
+            _, alloc_id, until_ms = _ID_PAIR.unpack_from(body, 0)
+            entry = live.get(alloc_id)
+            if entry is not None:
+                entry.soft_pin_until_ms = until_ms
         else:
             break
         pos = start + body_len
@@ -278,8 +296,15 @@ class IndexJournal:
 
     def engine_hash(self, alloc_id: int, engine_hash: bytes, *, defer: bool = False) -> None:
         """Record the engine hash of a SEALED entry; with `defer`, at the next `flush`."""
+        self._note(_encode_engine_hash(alloc_id, engine_hash), defer)
+
+    def soft_pin(self, alloc_id: int, until_ms: int, *, defer: bool = False) -> None:
+        """Record the soft pin of a SEALED entry; with `defer`, at the next `flush`."""
+        self._note(_encode_id_pair(KIND_SOFT_PIN, alloc_id, until_ms), defer)
+
+    def _note(self, record: bytes, defer: bool) -> None:
+        """A record adding to a SEALED entry (an engine hash, a soft pin)."""
         if self._fd >= 0:
-            record = _encode_engine_hash(alloc_id, engine_hash)
             if defer and len(self._queued) < MAX_QUEUED_RECORDS:
                 self._queued.append(record)
             else:

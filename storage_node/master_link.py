@@ -524,6 +524,8 @@ class ControlLoop:
         self.cargo.unload(reply)  # after the freed ranges its moves may reuse
         if reply.engine_hashes:  # for the next report: a rebuilt master knows them
             self.index.set_engine_hashes(reply.engine_hashes)
+        if reply.soft_pins:  # the same: a rebuilt master soft-pins them again
+            self.index.set_soft_pins(reply.soft_pins)
         self._log_state("mounted", logging.INFO, "master %s reachable again", self.master)
 
     def _rpc_failed(self, exc: grpc.aio.AioRpcError, *, waiting: bool) -> None:

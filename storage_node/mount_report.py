@@ -60,7 +60,8 @@ def report_batches(entries: Sequence[Any], segment_ids: Sequence[int],
                 batch.append(pb.ReportedObject(
                     tenant=e.tenant, key=e.key, alloc_id=e.alloc_id, offset=e.offset,
                     length=e.length, checksum=e.checksum, epoch=e.epoch,
-                    engine_hash=e.engine_hash, value_alloc_id=e.value_id))
+                    engine_hash=e.engine_hash, value_alloc_id=e.value_id,
+                    soft_pin_until_ms=e.soft_pin_until_ms))
             last = start >= len(items)
             assert len(batch) <= REPORT_BATCH_ENTRIES
             yield segment_id, batch, last

@@ -334,6 +334,8 @@ class MasterServicer:
             moves=[tier_move(m) for m in outcome.moves],
             engine_hashes=[pb.EngineHashNote(segment_id=seg, alloc_id=alloc, engine_hash=value)
                            for seg, alloc, value in outcome.engine_hashes],
+            soft_pins=[pb.SoftPinNote(segment_id=seg, alloc_id=alloc, until_ms=until)
+                       for seg, alloc, until in outcome.soft_pins],
         )
 
     def ClusterStatus(self, req: pb.ClusterStatusRequest, stats: RpcStats) -> pb.ClusterStatusReply:

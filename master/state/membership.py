@@ -56,6 +56,7 @@ MAX_ENDPOINT_CHARS = 4096
 
 # Engine hash notes waiting for one node's heartbeat reply (each ~60 bytes): a node that
 # does not heartbeat for a while holds at most this many; the rest are dropped (best effort).
+# Soft pin notes (each ~50 bytes) have a bound of their own of the same size.
 MAX_HASH_NOTES_PER_NODE = 65_536
 
 
@@ -76,6 +77,7 @@ class Membership:
         self.max_segments_per_node = max_segments_per_node
         self.max_freed_backlog = max_freed_backlog
         self.hash_notes_dropped = 0  # engine hash notes past MAX_HASH_NOTES_PER_NODE
+        self.pin_notes_dropped = 0  # soft pin notes past the same bound
         self.nodes: dict[str, Node] = {}
         self.segments: dict[int, Segment] = {}
         # Placement candidates, rebuilt whenever a node changes state (rare).
@@ -317,17 +319,26 @@ class Membership:
         replica `alloc_id`: it keeps it in its index and report, so a rebuilt master knows it
         (a note that cannot be queued, past MAX_HASH_NOTES_PER_NODE, is dropped: the object
         then comes back from a rebuild told by its key hash, as before notes existed)."""
-        notes = segment.node.hash_notes
-        if len(notes) < MAX_HASH_NOTES_PER_NODE:
-            notes.append((segment.segment_id, alloc_id, engine_hash))
-        else:
+        if not _queue_note(segment.node.hash_notes, (segment.segment_id, alloc_id, engine_hash)):
             self.hash_notes_dropped += 1
+
+    def note_soft_pin(self, segment: Segment, alloc_id: int, until_ms: int) -> None:
+        """The same for a soft pin of its sealed replica `alloc_id` lapsing at `until_ms`
+        (wall clock; SOFT_PIN_NO_LAPSE_MS: never), so a rebuilt master pins it again (a note
+        dropped past the bound: the object comes back plain, as before notes existed)."""
+        if not _queue_note(segment.node.pin_notes, (segment.segment_id, alloc_id, until_ms)):
+            self.pin_notes_dropped += 1
 
     @staticmethod
     def take_engine_hashes(node: Node, limit: int) -> list[tuple[int, int, bytes]]:
         """Up to `limit` of the node's engine hash notes, oldest first (sent once)."""
-        notes = node.hash_notes
-        taken, node.hash_notes = notes[:limit], notes[limit:]
+        taken, node.hash_notes = node.hash_notes[:limit], node.hash_notes[limit:]
+        return taken
+
+    @staticmethod
+    def take_soft_pins(node: Node, limit: int) -> list[tuple[int, int, int]]:
+        """Up to `limit` of the node's soft pin notes, oldest first (sent once)."""
+        taken, node.pin_notes = node.pin_notes[:limit], node.pin_notes[limit:]
         return taken
 
     @staticmethod
@@ -339,3 +350,11 @@ class Membership:
         if len(outbox) <= limit:
             return list(outbox)
         return [outbox[i] for i in range(limit)]
+
+
+def _queue_note(notes: list[Any], note: Any) -> bool:
+    """Append `note` to a node's bounded note list; False (not queued) when it is full."""
+    if len(notes) >= MAX_HASH_NOTES_PER_NODE:
+        return False
+    notes.append(note)
+    return True

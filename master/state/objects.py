@@ -43,6 +43,7 @@ This module never chooses placements or victims and never touches payload bytes.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ from cellar.master.state.records import (
     HARD_PIN,
     NO_PIN,
     SOFT_PIN,
+    SOFT_PIN_NO_LAPSE_MS,
     TIER_DISK,
     WRITING,
     Obj,
@@ -104,6 +106,7 @@ class ObjectTable:
         clock: Callable[[], float],
         read_grant_ttl_s: float = 0.0,
         read_trust: ReadTrust | None = None,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.membership = membership
         self.quarantine = quarantine
@@ -115,6 +118,7 @@ class ObjectTable:
         # key read lately waits before it is acknowledged (state/read_trust.py)
         self.read_trust = ReadTrust(0.0) if read_trust is None else read_trust
         self._clock = clock
+        self._wall_ms = wall_ms  # soft pin lapses go to the nodes in wall clock ms
         self.evictor = evictor_factory(self._drop_now)
         self.puts: dict[int, Obj] = {}
         self._deadlines = ExpiryRuns()  # put ids by write deadline, in put order
@@ -126,6 +130,7 @@ class ObjectTable:
         self.acked_by_receipts: OrderedDict[Obj, None] = OrderedDict()
         self.complete_count = 0
         self._soft_lapses: list[tuple[float, int, Obj]] = []  # heap of soft pins with a TTL
+        self._soft_lapse_at: dict[int, float] = {}  # put id -> its lapse, while in the heap
         self.observer: LifecycleObserver | None = None  # told of visible versions (state/lifecycle.py)
         # Called with a COMPLETE version whose replica count may differ from `wanted`
         # (state/repair.py sets it; the default ignores it).
@@ -207,6 +212,8 @@ class ObjectTable:
         if obj.engine_hash:
             tenant.index_engine_hash(obj)
             self.note_engine_hash(obj, obj.replicas)
+        if obj.pin_kind == SOFT_PIN:
+            self.note_soft_pin(obj, obj.replicas, now)
         if self.observer is not None:
             self.observer.stored(obj)
         if len(obj.replicas) < obj.wanted:
@@ -334,12 +341,24 @@ class ObjectTable:
         """`obj`'s soft pin lapses at `when`: it then becomes ordinary cache (sweep_soft_pins)."""
         assert obj.pin_kind == SOFT_PIN
         heapq.heappush(self._soft_lapses, (when, obj.put_id, obj))
+        self._soft_lapse_at[obj.put_id] = when
+
+    def note_soft_pin(self, obj: Obj, replicas: tuple[Replica, ...] | list[Replica],
+                      now: float) -> None:
+        """Tell the nodes of `replicas` the version's soft pin and its lapse (heartbeat
+        replies), so a rebuilt master pins it again (storage_node/index.py `set_soft_pins`)."""
+        when = self._soft_lapse_at.get(obj.put_id)
+        until_ms = SOFT_PIN_NO_LAPSE_MS if when is None else (
+            self._wall_ms() + max(0, int((when - now) * 1000)))
+        for rep in replicas:
+            self.membership.note_soft_pin(rep.segment, rep.alloc_id, until_ms)
 
     def sweep_soft_pins(self, now: float) -> int:
         """Soft pins whose TTL lapsed leave the second eviction pass; reads never extend them."""
         lapsed, heap = 0, self._soft_lapses
         while heap and heap[0][0] <= now:
-            obj = heapq.heappop(heap)[2]
+            _, put_id, obj = heapq.heappop(heap)
+            self._soft_lapse_at.pop(put_id, None)
             if obj.state == DROPPED or obj.pin_kind != SOFT_PIN:
                 continue
             pooled = obj.pool_kind != 0
@@ -365,8 +384,7 @@ class ObjectTable:
         already reserved in its segment's allocator; the version is charged and, unless the
         removal log says it is hard-pinned (`obj.pin_kind`), evictable."""
         tenant = obj.tenant
-        assert obj.state == WRITING and not obj.replicas and obj.pin_kind in (NO_PIN, HARD_PIN), \
-            "adopt a fresh Obj"
+        assert obj.state == WRITING and not obj.replicas, "adopt a fresh Obj"
         assert obj.key not in tenant.objects, "adopt of a key the tenant already holds"
         obj.state = COMPLETE
         obj.checksum = checksum
@@ -399,6 +417,8 @@ class ObjectTable:
         obj.replicas += (replica,)
         replica.segment.objects.add(obj)
         charge(obj, obj.reserved)
+        if obj.pin_kind == SOFT_PIN:  # a repair copy, or a node's report of one more replica
+            self.note_soft_pin(obj, (replica,), self._clock())
         self.watch(obj)
 
     def drop_replica(self, obj: Obj, replica: Replica) -> None:

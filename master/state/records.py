@@ -31,6 +31,9 @@ DROPPED = 3
 NO_PIN = 0  # pin kinds requested at put time (same numbers as eviction pool kinds)
 SOFT_PIN = 2
 HARD_PIN = 3
+# A soft pin's lapse, wall clock ms, as a node keeps it (proto SoftPinNote.until_ms) for a pin
+# with no TTL: never
+SOFT_PIN_NO_LAPSE_MS = (1 << 64) - 1
 
 # Segment tiers: the numbers of cellar.proto.tiers (this room imports no proto; the unit test
 # tests/unit/test_master_tiers.py checks they agree).
@@ -272,7 +275,7 @@ class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
         "outbox_dropped", "outbox_dropped_seq", "freed_acked", "ramps", "draining",
-        "hash_notes",
+        "hash_notes", "pin_notes",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -294,6 +297,9 @@ class Node:
         # (segment_id, alloc_id, engine hash) of its sealed replicas, for the next heartbeat
         # reply (state/membership.py `note_engine_hash`): best effort, bounded
         self.hash_notes: list[tuple[int, int, bytes]] = []
+        # (segment_id, alloc_id, soft pin lapse, wall ms) of its sealed replicas, the same way
+        # (`note_soft_pin`), so a rebuilt master soft-pins them again
+        self.pin_notes: list[tuple[int, int, int]] = []
 
 class Pool:
     """A flat list of evictable objects; each object knows its index (gslot or tslot).

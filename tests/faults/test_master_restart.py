@@ -215,6 +215,38 @@ def test_a_hard_pin_outlives_a_master_kill(fault_cluster):
         assert after["default"]["hard_pinned_bytes"] == before["default"]["hard_pinned_bytes"] > 0
 
 
+def test_a_soft_pin_outlives_a_master_kill(fault_cluster):
+    """Soft-pinned objects (a system prompt's pages; two with a TTL, two without) are still
+    soft-pinned after a kill -9 of the master: the master told the node each pin and its lapse
+    (heartbeat replies), the node journaled them and reports them, and the rebuilt master pins
+    the objects again. A flood of plain puts twice the node's size then evicts plain objects,
+    never them. Before, a rebuilt master adopted them plain, the oldest objects it held: the
+    flood's first evictions took them."""
+    from cellar.client import PutHints
+    from cellar.storage_node.journal import replay
+
+    cluster = fault_cluster(nodes=1, segment_size="32MiB", rebuild_grace_s=2)
+    pinned = {f"sys/{i}": bytes([i]) * (256 * KIB) for i in range(4)}
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        for i, (key, value) in enumerate(pinned.items()):
+            client.put(key, value, soft_pin=True,
+                       hints=PutHints(soft_pin_ttl_ms=600_000) if i % 2 else None)
+    (journal,) = cluster.shm_dir.glob("cellar-*.idx")
+    wait_until("the node was told the pins", lambda: sum(
+        1 for e in replay(journal.read_bytes())[0].values() if e.soft_pin_until_ms) == 4,
+        timeout_s=10)
+
+    cluster.restart_master()
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        wait_until("the node's report", lambda: {t["name"]: t for t in cluster.admin_request(
+            "GET", "/api/v1/tenants")}["default"]["objects"] == len(pinned), timeout_s=20)
+        flood = np.random.default_rng(6).integers(0, 256, 512 * KIB, dtype=np.uint8).tobytes()
+        for i in range(128):  # 64 MiB through a 32 MiB node: eviction runs throughout
+            client.put(f"flood/{i}", flood)
+        assert client.get_many(["flood/0"]) == [None]  # evicted: the flood did reach them
+        assert client.get_many(list(pinned)) == list(pinned.values())
+
+
 @pytest.mark.timeout(120)
 def test_engine_hashes_outlive_node_and_master_kills(fault_cluster):
     """Pages put with the engine's hashes (SGLang's page hashes) are found by the prefix query

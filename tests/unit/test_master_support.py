@@ -99,3 +99,4 @@ class Entry:
     tenant: str = "default"
     epoch: int = EPOCH - 60_000
     value_alloc_id: int = 0  # a copy's value: the alloc id of the put that wrote it
+    soft_pin_until_ms: int = 0  # the soft pin the master noted to the node (0: none)

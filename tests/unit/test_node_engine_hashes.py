@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import xxhash
-from test_rebuild_node import write
+from test_rebuild_node import journaled_index, write
 
 from cellar.proto import engine_hash
 from cellar.storage_node import journal as journal_module
@@ -26,11 +26,7 @@ def note(alloc_id: int, value: bytes, segment_id: int = 1) -> SimpleNamespace:
 
 
 def test_hashes_are_kept_for_sealed_allocations_only(tmp_path: Path) -> None:
-    journal, _ = IndexJournal.open(journal_path(tmp_path, "n1"))
-    index = ObjectIndex(journal=journal)
-    write(index, 1, 0, 100)
-    write(index, 2, 4096, 100)
-    write(index, 3, 8192, 100, seal=False)  # still WRITING
+    journal, index = journaled_index(tmp_path)
     kept = index.set_engine_hashes([
         note(1, HASH), note(2, DIGEST),
         note(3, HASH),                 # not sealed

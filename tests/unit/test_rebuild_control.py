@@ -99,7 +99,8 @@ def test_report_batches_are_bounded_and_every_segment_ends_with_last() -> None:
     from cellar.storage_node import mount_report
 
     entries = [SimpleNamespace(segment_id=1, tenant="t", key=f"k{i}", alloc_id=i, offset=i,
-                               length=1, checksum=0, epoch=1, engine_hash=b"", value_id=0)
+                               length=1, checksum=0, epoch=1, engine_hash=b"", value_id=0,
+                               soft_pin_until_ms=0)
                for i in range(mount_report.REPORT_BATCH_ENTRIES + 5)]
     batches = list(mount_report.report_batches(entries, [1, 2]))
     assert [(s, len(b), last) for s, b, last in batches] == [

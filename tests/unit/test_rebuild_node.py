@@ -26,6 +26,16 @@ def write(index: ObjectIndex, alloc_id: int, offset: int, length: int, *, key: s
     index.record_written(alloc_id, 0, length if seal else length // 2)
 
 
+def journaled_index(tmp_path: Path) -> tuple[IndexJournal, ObjectIndex]:
+    """An index journaled under `tmp_path`: allocations 1 and 2 SEALED, 3 still WRITING."""
+    journal, _ = IndexJournal.open(journal_path(tmp_path, "n1"))
+    index = ObjectIndex(journal=journal)
+    write(index, 1, 0, 100)
+    write(index, 2, 4096, 100)
+    write(index, 3, 8192, 100, seal=False)
+    return journal, index
+
+
 def test_journal_survives_a_restart_and_cuts_a_torn_tail(tmp_path: Path) -> None:
     path = journal_path(tmp_path, "n1")
     journal, entries = IndexJournal.open(path)
