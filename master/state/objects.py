@@ -382,7 +382,8 @@ class ObjectTable:
     def adopt(self, obj: Obj, replica: Replica, checksum: int, now: float) -> None:
         """A new COMPLETE version from a node's report (master/node_rpcs.py): its one replica is
         already reserved in its segment's allocator; the version is charged and, unless the
-        removal log says it is hard-pinned (`obj.pin_kind`), evictable."""
+        removal log says it is hard-pinned (`obj.pin_kind`), evictable (in the second pass if
+        its node reported a soft pin that has not lapsed)."""
         tenant = obj.tenant
         assert obj.state == WRITING and not obj.replicas, "adopt a fresh Obj"
         assert obj.key not in tenant.objects, "adopt of a key the tenant already holds"
