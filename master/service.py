@@ -176,7 +176,8 @@ class MasterService:
             objects=self.objects, membership=self.membership, placement=self.placement,
             quarantine=self.quarantine, next_alloc_id=self.alloc_ids.next,
             bytes_per_s=config.repair_bytes_per_s, grant_ttl_s=config.write_grant_ttl_s,
-            grant_skew_s=config.grant_skew_s), self.recovering, self.receipts)  # re-replication
+            grant_skew_s=config.grant_skew_s, disk_range=self.tiers.disk_range),
+            self.recovering, self.receipts)  # re-replication
         self.nodes.on_tick = self.repair.tick
         # The node calls, answered by `self.nodes` (the servicer and the tests call them here).
         self.mount_segment = self.nodes.mount_segment

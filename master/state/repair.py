@@ -12,7 +12,9 @@ back with its old replicas (one more than wanted). The object table calls `watch
 of those moments (state/objects.py). `plan` then looks at the watched versions, oldest first:
 - fewer live replicas than wanted: one copy is planned from a surviving replica (the source: a
   replica on a node that is ACTIVE, draining or not) to a range placed on another node (the
-  placement's own rules: distinct nodes, ACTIVE and not draining, room). The range is
+  placement's own rules: distinct nodes, ACTIVE and not draining, room; a version whose live
+  replicas are all on disk tiers is copied to another node's disk tier, as it was, and to
+  DRAM only when no disk has room). The range is
   allocated now and is not a replica yet: readers never see it. The behaviour around this
   (master/repair.py) hands the copy to the target node with a read grant for the source and a
   write grant for the target; the node copies node to node and reports (`finish`). Only a
@@ -41,10 +43,18 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from cellar.master.state.records import ACTIVE, COMPLETE, WRITING, Obj, Replica, being_replaced
+from cellar.master.state.records import (
+    ACTIVE,
+    COMPLETE,
+    WRITING,
+    Obj,
+    Replica,
+    being_replaced,
+    on_disk_only,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
     from cellar.master.state.membership import Membership
     from cellar.master.state.objects import ObjectTable
@@ -96,11 +106,14 @@ class RepairQueue:
         self, *, objects: ObjectTable, membership: Membership, placement: Placement,
         quarantine: Quarantine, next_alloc_id: Callable[[], int], bytes_per_s: int,
         grant_ttl_s: float, grant_skew_s: float,
+        disk_range: Callable[[int, Collection[str]], tuple[Segment, int] | None] | None = None,
     ) -> None:
         assert bytes_per_s > 0 and grant_ttl_s > 0 and grant_skew_s >= 0
         self.objects = objects
         self.membership = membership
         self.placement = placement
+        # A range on a node's disk tier (state/tiers.py `disk_range`; None: no disk tiers)
+        self.disk_range = disk_range
         self.quarantine = quarantine
         self.next_alloc_id = next_alloc_id
         self.bytes_per_s = bytes_per_s
@@ -177,7 +190,11 @@ class RepairQueue:
         if not self._has_budget(source_node, now):
             return False
         used = {rep.segment.node.node_id for rep in obj.replicas}
-        spot = self.placement.place_one(obj.size, used, now)
+        spot = None
+        if self.disk_range is not None and on_disk_only(obj):  # cold: not into another's DRAM
+            spot = self.disk_range(obj.size, used)
+        if spot is None:
+            spot = self.placement.place_one(obj.size, used, now)
         if spot is None:
             return False  # no room on any eligible node: try again later
         target, offset = spot

@@ -147,12 +147,18 @@ class Tiers:
 
     def spill(self, size: int, avoid: Collection[str]) -> tuple[Segment, int] | None:
         """A disk range for a put that found no DRAM room (freest disk first), or None."""
+        spot = self.disk_range(size, avoid)
+        if spot is not None:
+            self.spills += 1
+        return spot
+
+    def disk_range(self, size: int, avoid: Collection[str]) -> tuple[Segment, int] | None:
+        """A range of `size` on the freest disk tier of a node not in `avoid`, or None."""
         disks = [s for node_id, s in self.membership.disk_of.items() if node_id not in avoid]
         disks.sort(key=lambda s: s.allocator.free_bytes, reverse=True)
         for segment in disks:
             offset = segment.allocator.alloc(size)
             if offset is not None:
-                self.spills += 1
                 return segment, offset
         return None
 

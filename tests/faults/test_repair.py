@@ -195,3 +195,39 @@ def test_a_drain_goes_on_across_a_master_restart(fault_cluster):
         assert all(any(n != "node-2" for n in where[k]) for k in keys)
         cluster.kill_node(2, sig=15)
         assert client.get_many(keys) == [values[k] for k in keys]
+
+
+@pytest.mark.timeout(150)
+def test_a_lost_nodes_disk_values_are_copied_to_another_disk(fault_cluster, tmp_path):
+    """Three nodes whose DRAM (4 MiB each) is all held by soft-pinned fillers, each with a disk
+    tier: values put with replicas=2 spill to two disks. kill -9 one node for good: every value
+    it held gets its second copy on the third node's disk tier (node to node, the copier
+    writing into the disk file), byte-exact, and no value gets a DRAM replica. Before, repair
+    placed copies in DRAM only, which had no room and which it never evicts for: the values
+    stayed a replica short."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    cluster = fault_cluster(nodes=3, segment_size="4MiB", rebuild_grace_s=1,
+                            node_flags={"disk_dir": str(disk), "disk_size": 64 << 20})
+    channel, stub = raw_stub(cluster)
+    values = values_for("cold", 60, 31)
+    keys = list(values)
+    with channel, cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        for i in range(3):  # one node's whole DRAM each (the freest DRAM takes the next)
+            client.put(f"filler/{i}", bytes(4 << 20), soft_pin=True)
+        assert client.put_many(values, replicas=2) == [Status.OK] * len(values)
+        assert client.lookup(keys).tiers["disk"].keys == len(keys)
+        before = replica_nodes(stub, keys)
+        victim = "node-1"
+        on_victim = [k for k in keys if victim in before[k]]
+        assert on_victim and all(len(set(n)) == 2 for n in before.values())
+        cluster.kill_node(1)
+
+        def restored() -> bool:
+            return all(len(n) == 2 and len(set(n)) == 2 and victim not in n
+                       for n in replica_nodes(stub, keys).values())
+
+        wait_until("every value to have 2 live replicas again", restored, timeout_s=30,
+                   interval_s=0.25)
+        assert client.lookup(keys).tiers["disk"].keys == len(keys)  # no copy went to DRAM
+        assert client.get_many(keys) == [values[k] for k in keys]

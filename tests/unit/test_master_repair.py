@@ -20,6 +20,7 @@ from test_master_support import (
 from cellar.errors import Status
 from cellar.master.service import MasterService, PutItem, PutRef
 from cellar.master.serving.servicer import copy_tasks
+from cellar.master.state.records import TIER_DISK, on_disk_only
 from cellar.master.state.repair import live_count
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE, Grant, verify
@@ -89,6 +90,36 @@ def run_repair(svc: MasterService, clock: FakeClock, rounds: int = 50,
 def nodes_of(svc: MasterService, key: str) -> list[str]:
     obj = svc.tenant("").objects[key]
     return sorted(rep.segment.node.node_id for rep in obj.replicas)
+
+
+def test_a_value_on_disk_tiers_is_copied_to_another_nodes_disk_tier() -> None:
+    """A value whose replicas all sit on disk tiers (it spilled: every node's DRAM holds a
+    hard-pinned page) loses one with its node: the copy goes to a third node's disk tier, as
+    the value was. Before, repair placed copies in DRAM only, where there was no room and
+    nothing it may evict: the value stayed a replica short (and a cold value that found DRAM
+    room would have taken it from hot ones)."""
+    clock = FakeClock()
+    svc = make_service(clock)
+    for i in range(1, 4):
+        disk = segment_info(10 + i, 64 * MiB)
+        disk.tier = TIER_DISK
+        outcome = svc.mount_segment(f"n{i}", 1, [segment_info(i, MiB), disk])
+        assert outcome.results == [(Status.OK, "")] * 2, outcome.results
+    clock.advance(10)  # past the rebuild grace
+    for i in range(1, 4):
+        svc.heartbeat(f"n{i}", 1, 0)
+    for i in range(3):
+        put(svc, f"pinned/{i}", MiB, hard_pin=True)
+    assert sorted(nodes_of(svc, f"pinned/{i}")[0] for i in range(3)) == ["n1", "n2", "n3"]
+    put(svc, "cold", MiB, replicas=2)
+    obj = svc.tenant("").objects["cold"]
+    assert on_disk_only(obj) and len(obj.replicas) == 2
+    victim = obj.replicas[0].segment.node.node_id
+    expire(svc, clock, victim)
+    run_repair(svc, clock)
+    assert len(obj.replicas) == 2 and on_disk_only(obj), [r.segment.tier for r in obj.replicas]
+    assert victim not in nodes_of(svc, "cold") and svc.repair.queue.copies_done == 1
+    svc.check_invariants()
 
 
 def test_a_lost_replica_is_copied_node_to_node_with_signed_grants() -> None:
