@@ -146,14 +146,18 @@ def _encode_entry(e: SealedRecord) -> bytes:
 
 
 def _encode_id_pair(kind: int, alloc_id: int, value: int) -> bytes:
-    body = _ID_PAIR.pack(kind, alloc_id, value)
+    return _framed(_ID_PAIR.pack(kind, alloc_id, value))
+
+
+def _framed(body: bytes) -> bytes:
+    """One record: `body` behind its length and xxh32 (what replay checks)."""
     return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
 
 
 def _encode_engine_hash(alloc_id: int, engine_hash: bytes) -> bytes:
     assert 0 < len(engine_hash) <= MAX_ENGINE_HASH_BYTES, "an engine hash is 1..33 bytes"
     body = _ENGINE_HASH.pack(KIND_ENGINE_HASH, alloc_id, len(engine_hash)) + engine_hash
-    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+    return _framed(body)
 
 
 def _encode_sealed(e: SealedRecord) -> bytes:
@@ -162,12 +166,12 @@ def _encode_sealed(e: SealedRecord) -> bytes:
     body = _SEALED.pack(KIND_SEALED, e.alloc_id, e.segment_id, e.offset, e.length,
                         e.checksum & 0xFFFFFFFFFFFFFFFF, e.epoch, max(e.write_grant_expiry_ms, 0),
                         len(tenant), len(key)) + tenant + key
-    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+    return _framed(body)
 
 
 def _encode_dropped(alloc_id: int) -> bytes:
     body = _DROPPED.pack(KIND_DROPPED, alloc_id)
-    return _HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+    return _framed(body)
 
 
 def replay(data: bytes) -> tuple[dict[int, JournalEntry], int, int]:

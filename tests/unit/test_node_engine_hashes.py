@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-import xxhash
 from test_rebuild_node import journaled_index, write
 
 from cellar.proto import engine_hash
@@ -66,7 +65,7 @@ def test_a_hostile_hash_record_ends_the_replay(tmp_path: Path) -> None:
     journal.close()
     # a record of kind 3 that says 200 hash bytes, then a good SEALED record after it
     body = journal_module._ENGINE_HASH.pack(journal_module.KIND_ENGINE_HASH, 1, 200) + b"h" * 200
-    bad = journal_module._HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+    bad = journal_module._framed(body)
     data = path.read_bytes()
     path.write_bytes(data + bad + data[len(journal_module.MAGIC):])
     live, valid, _records = replay(path.read_bytes())

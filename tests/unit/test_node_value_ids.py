@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import xxhash
 from test_rebuild_node import write
 
 from cellar.storage_node import journal as journal_module
@@ -70,7 +69,7 @@ def test_a_value_id_record_not_older_than_its_copy_is_ignored(tmp_path: Path) ->
     records = b""
     for value_id in (5, 9, 0):  # the copy's own id, a newer one, none: not a copy's value
         body = journal_module._ID_PAIR.pack(journal_module.KIND_VALUE_ID, 5, value_id)
-        records += journal_module._HEAD.pack(len(body), xxhash.xxh32_intdigest(body)) + body
+        records += journal_module._framed(body)
     path.write_bytes(path.read_bytes() + records)
     live, valid, _records = replay(path.read_bytes())
     assert valid == len(path.read_bytes()) and live[5].value_id == 0
