@@ -103,6 +103,8 @@ class ReportedLike(Protocol):
     length: int
     checksum: int
     epoch: int
+    value_alloc_id: int      # a copy's value: the put's alloc id (0: alloc_id itself)
+    soft_pin_until_ms: int   # the soft pin the node was told (0: none)
 
 
 @dataclass
@@ -289,7 +291,7 @@ class NodeRpcs:
         # the allocator. Checked before anything is looked up or reserved.
         if not valid_id(alloc_id) or alloc_id in refuse_ids:
             return False
-        version = int(getattr(e, "value_alloc_id", 0)) or alloc_id
+        version = int(e.value_alloc_id) or alloc_id
         if version > alloc_id:  # a copy's range is always newer than its value: not our entry
             return False
         if range_error(offset, length, segment.size_bytes):
@@ -341,16 +343,12 @@ class NodeRpcs:
             return False
         pinned_from = self.tombstones.hard_pinned_from(tenant.name, key)
         pin_kind = HARD_PIN if pinned_from and version >= pinned_from else NO_PIN
-        # a soft pin the master noted to the node (storage_node/index.py set_soft_pins), if
-        # it has not lapsed: held at most MAX_SOFT_PIN_TTL_MS from now, whatever the node says
-        soft_until_ms = int(getattr(e, "soft_pin_until_ms", 0))
-        soft_left_s = 0.0
+        soft_until_ms = int(e.soft_pin_until_ms)
+        soft_left_s = None  # the wall clock is read only for an entry that reports a pin
         if pin_kind == NO_PIN and soft_until_ms:
-            left_ms = soft_until_ms - self.clock.wall_ms()
-            if soft_until_ms == SOFT_PIN_NO_LAPSE_MS or left_ms > 0:
+            soft_left_s = _soft_pin_left_s(soft_until_ms, self.clock.wall_ms())
+            if soft_left_s is not None:
                 pin_kind = SOFT_PIN
-                if soft_until_ms != SOFT_PIN_NO_LAPSE_MS:
-                    soft_left_s = min(left_ms, MAX_SOFT_PIN_TTL_MS) / 1000
         obj = Obj(tenant, key, length, SegmentAllocator.rounded_size(length), self._next_put_id(),
                   pin_kind, 0.0, key_tag(tenant.name, key))
         obj.engine_hash = _reported_hash(e)
@@ -390,6 +388,16 @@ class NodeRpcs:
         evicted, done = self.evictor.evict_to_watermark(used, low, config.max_evictions_per_tick)
         self._watermark_evicting = not done
         return evicted
+
+
+def _soft_pin_left_s(until_ms: int, wall_ms: int) -> float | None:
+    """What is left of a soft pin a node reports (storage_node/index.py `set_soft_pins`): None
+    when it has lapsed, 0.0 for a pin with no lapse, else seconds, at most MAX_SOFT_PIN_TTL_MS
+    from now whatever the node says."""
+    if until_ms == SOFT_PIN_NO_LAPSE_MS:
+        return 0.0
+    left_ms = until_ms - wall_ms
+    return min(left_ms, MAX_SOFT_PIN_TTL_MS) / 1000 if left_ms > 0 else None
 
 
 def _reported_hash(e: ReportedLike) -> bytes:

@@ -143,9 +143,9 @@ class MasterService:
             evictor_factory=lambda drop: Evictor(config.eviction_samples, drop, rng),
             grant_skew_s=config.grant_skew_s,
             clock=self.clock.monotonic,
+            wall_ms=self.clock.wall_ms,
             read_grant_ttl_s=config.pin_ttl_s,
             read_trust=ReadTrust(config.read_trust_s, started=self.clock.monotonic()),
-            wall_ms=self.clock.wall_ms,
         )
         self.evictor = self.objects.evictor
         self.pins = PinTable(

@@ -43,7 +43,6 @@ This module never chooses placements or victims and never touches payload bytes.
 from __future__ import annotations
 
 import heapq
-import time
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -104,9 +103,9 @@ class ObjectTable:
         evictor_factory: Callable[[Callable[[Obj], int]], Evictor],
         grant_skew_s: float,
         clock: Callable[[], float],
+        wall_ms: Callable[[], int],
         read_grant_ttl_s: float = 0.0,
         read_trust: ReadTrust | None = None,
-        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.membership = membership
         self.quarantine = quarantine

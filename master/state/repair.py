@@ -106,13 +106,13 @@ class RepairQueue:
         self, *, objects: ObjectTable, membership: Membership, placement: Placement,
         quarantine: Quarantine, next_alloc_id: Callable[[], int], bytes_per_s: int,
         grant_ttl_s: float, grant_skew_s: float,
-        disk_range: Callable[[int, Collection[str]], tuple[Segment, int] | None] | None = None,
+        disk_range: Callable[[int, Collection[str]], tuple[Segment, int] | None],
     ) -> None:
         assert bytes_per_s > 0 and grant_ttl_s > 0 and grant_skew_s >= 0
         self.objects = objects
         self.membership = membership
         self.placement = placement
-        # A range on a node's disk tier (state/tiers.py `disk_range`; None: no disk tiers)
+        # A range on another node's disk tier (state/tiers.py `disk_range`), None without room
         self.disk_range = disk_range
         self.quarantine = quarantine
         self.next_alloc_id = next_alloc_id
@@ -191,7 +191,7 @@ class RepairQueue:
             return False
         used = {rep.segment.node.node_id for rep in obj.replicas}
         spot = None
-        if self.disk_range is not None and on_disk_only(obj):  # cold: not into another's DRAM
+        if on_disk_only(obj):  # cold: not into another node's DRAM
             spot = self.disk_range(obj.size, used)
         if spot is None:
             spot = self.placement.place_one(obj.size, used, now)
