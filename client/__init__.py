@@ -15,6 +15,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `puts.py`, `gets.py` the put and get state machines (no I/O)
     - `early_reads.py` where this client last read each key, so a get can read it beside its
                     GetReplicas (kept only if the reply confirms the allocation)
+    - `one_read.py` a one-key get within its read trust as that one read, without the
+                    general get flow (the faces fall back to it for anything else)
     - `put_ahead.py` write allocations held for the next puts of a size, so a put skips
                     PutStart (bound to its key at PutEnd)
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,

@@ -40,7 +40,7 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import buffer_operations, flows, metrics, operations
+from cellar.client import buffer_operations, flows, metrics, one_read, operations
 from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
@@ -56,6 +56,7 @@ from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
+from cellar.client.one_read import OneRead
 from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
 from cellar.client.puts import PutHints
 from cellar.client.session_state import TransportSet
@@ -296,7 +297,11 @@ class AsyncClient:
 
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""
-        return await self._run(operations.get_into(self._session(), key, buffer), "get")
+        s = self._session()
+        got = await self._read_one(s, operations.one_get_into(s, key, buffer))
+        if got >= 0:
+            return got
+        return await self._run(operations.get_into(s, key, buffer), "get")
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """As `Client.get_many`."""
@@ -392,7 +397,11 @@ class AsyncClient:
 
     async def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
         """As `Client.get_into_ptr`."""
-        return await self._run(buffer_operations.get_into_ptr(self._session(), key, ptr, size), "get")
+        s = self._session()
+        got = await self._read_one(s, buffer_operations.one_get_into_ptr(s, key, ptr, size))
+        if got >= 0:
+            return got
+        return await self._run(buffer_operations.get_into_ptr(s, key, ptr, size), "get")
 
     async def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int],
                                  sizes: Sequence[int], *, timeout_s: float | None = None,
@@ -484,6 +493,20 @@ class AsyncClient:
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
                 run.fail(exc, started)
         return run.result
+
+    async def _read_one(self, s: Session, one: OneRead | None) -> int:
+        """As `Client._read_one`."""
+        if one is None:
+            return -1
+        try:
+            started = time.perf_counter()
+            try:
+                (result,) = await one.transport.read([one.op], one.budget_s)
+            except OSError as exc:
+                result = TransferResult(ST_CONNECTION_LOST, str(exc))
+            return one_read.finish(s, one, result, started)
+        finally:
+            one.done()
 
     async def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):

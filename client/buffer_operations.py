@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cellar.client import flows, operations, tensors
+from cellar.client import flows, one_read, operations, tensors
 from cellar.client.buffers import alloc_buffer, readable_view, writable_view
 from cellar.client.checks import validate_key, validate_keys
 from cellar.client.flows import Flow, Session
@@ -75,6 +75,26 @@ def put_many_from(s: Session, keys: Any, ptrs: Any, sizes: Any, *, replicas: Any
                                          replicas=replicas, soft_pin=soft_pin, upsert=upsert))
     finally:
         lease.release()
+
+
+def one_get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> one_read.OneRead | None:
+    """`get_into_ptr` as one trusted read (client/one_read.py), holding its lease of the
+    range until the read's `done`; or None: the flow `get_into_ptr` then answers the call,
+    argument errors included."""
+    try:
+        key = validate_key(key, s.limits.max_key_bytes)
+        lease = s.pointers.lease([ptr], [size], writable=True)
+        (view,) = _leased(lease, nonempty=False)  # it releases the lease when it raises
+    except InvalidArgument:
+        return None
+    try:
+        one = one_read.plan(s, key, view, lease.release)
+    except BaseException:
+        lease.release()
+        raise
+    if one is None:
+        lease.release()
+    return one
 
 
 def get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> Flow[int]:

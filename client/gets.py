@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,35 @@ from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferR
 # Read trust is cut short by this much (s): the master and this client time it on two clocks
 # whose rates may differ (NTP slews them by up to 0.05%), and a timer may fire a little early
 TRUST_MARGIN_S = 0.01
+
+
+def trusted_place(locations: Locations, key: str, now: float,
+                  health: NodeHealth) -> Location | None:
+    """Where `key` may be read without asking the master (`GetBatch.start_trusted`'s choice
+    for one key, and client/one_read.py's): its last place, within its read trust, on a node
+    no read failed on lately; else None."""
+    loc = locations.find(key, now)
+    if loc is None or loc.trusted_until <= now or not _readable(loc, health.unhealthy(), False):
+        return None
+    return loc
+
+
+def _readable(loc: Location, bad: AbstractSet[str], budgeted: bool) -> bool:
+    """Whether a remembered place may be read before (or without) asking: not on a node a read
+    failed on lately (`bad`), and not a disk replica in a deadline-bounded get."""
+    return not (loc.disk and budgeted) and loc.route.node_id not in bad
+
+
+def landed_digest(res: TransferResult, view: memoryview | None,
+                  parts: tuple[memoryview, ...]) -> int:
+    """The xxh3_64 of what a read landed in `view` (or `parts`): the transport's, if it hashed
+    as it copied, else hashed here."""
+    if res.checksum is not None:
+        return res.checksum
+    if parts:
+        return hash_views(parts)
+    assert view is not None
+    return checksum(view)
 
 
 @dataclass(slots=True)
@@ -181,7 +211,7 @@ class GetBatch:
                 if self._prefix:
                     break
                 continue
-            if loc is None or (loc.disk and self._budgeted) or loc.route.node_id in bad:
+            if loc is None or not _readable(loc, bad, self._budgeted):
                 continue
             grant = loc.grant
             if e.parts:
@@ -244,14 +274,8 @@ class GetBatch:
 
     @staticmethod
     def _digest(e: GetEntry, res: TransferResult) -> int:
-        """The xxh3_64 of what a read of `e` landed: the transport's, if it hashed as it
-        copied, else hashed here."""
-        if res.checksum is not None:
-            return res.checksum
-        if e.parts:
-            return hash_views(e.parts)
-        assert e.view is not None
-        return checksum(e.view)
+        assert e.parts or e.view is not None
+        return landed_digest(res, e.view, e.parts)
 
     def _scrub(self, e: GetEntry, nbytes: int) -> None:
         """An early read of `nbytes` not kept: zero what it may have written into the caller's

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from cellar.client import flows
+from cellar.client import flows, one_read
 from cellar.client.buffers import writable_view
 from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
@@ -120,6 +120,16 @@ def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False
 
 # ---- get ----------------------------------------------------------------------------------
 
+def one_get(s: Session, key: Any) -> one_read.OneRead | None:
+    """`get` as one trusted read into new bytes (client/one_read.py), or None: the flow
+    `get` then answers the call, argument errors included."""
+    try:
+        key = validate_key(key, s.limits.max_key_bytes)
+    except InvalidArgument:
+        return None
+    return one_read.plan(s, key, None)
+
+
 def get(s: Session, key: Any) -> Flow[bytes]:
     key = validate_key(key, s.limits.max_key_bytes)
     (entry,) = yield from flows.run_gets(s, [key], None, s.deadline())
@@ -151,6 +161,17 @@ def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...
     if entry.status != Status.OK:
         raise entry.error()
     return entry.size
+
+
+def one_get_into(s: Session, key: Any, buffer: Any) -> one_read.OneRead | None:
+    """`get_into` as one trusted read (client/one_read.py), or None: the flow `get_into` then
+    answers the call, argument errors included (raised and counted there)."""
+    try:
+        key = validate_key(key, s.limits.max_key_bytes)
+        view = writable_view(buffer, "buffer")
+    except InvalidArgument:
+        return None
+    return one_read.plan(s, key, view)
 
 
 def get_into(s: Session, key: Any, buffer: Any) -> Flow[int]:

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import buffer_operations, flows, operations
+from cellar.client import buffer_operations, flows, one_read, operations
 from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
     Limits,
@@ -57,6 +57,7 @@ from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
+from cellar.client.one_read import OneRead
 from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel, Meanwhile
@@ -264,6 +265,10 @@ class Client:
 
     def get(self, key: str) -> bytes:
         """The value under `key`; raises `cellar.NotFound` if there is none."""
+        one = operations.one_get(self._s, key)
+        if self._read_one(one) >= 0:
+            assert one is not None
+            return one_read.value(one)
         return self._run(operations.get(self._s, key), "get")
 
     def get_into(self, key: str, buffer: Any) -> int:
@@ -272,6 +277,9 @@ class Client:
         Raises `cellar.NotFound`, or `cellar.BufferTooSmall` (before any transfer) when the
         value does not fit. Bytes past the value's size are left untouched.
         """
+        got = self._read_one(operations.one_get_into(self._s, key, buffer))
+        if got >= 0:
+            return got
         return self._run(operations.get_into(self._s, key, buffer), "get")
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -395,6 +403,9 @@ class Client:
 
     def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
         """`get_into` the registered memory [ptr, ptr + size); returns the object's size."""
+        got = self._read_one(buffer_operations.one_get_into_ptr(self._s, key, ptr, size))
+        if got >= 0:
+            return got
         return self._run(buffer_operations.get_into_ptr(self._s, key, ptr, size), "get")
 
     def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
@@ -471,6 +482,22 @@ class Client:
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
                 run.fail(exc, started)
         return run.result
+
+    def _read_one(self, one: OneRead | None) -> int:
+        """A one-key get made as one trusted read (client/one_read.py): its size, or -1 when
+        the general flow must answer the call."""
+        if one is None:
+            return -1
+        try:
+            self._check_open()  # (else `_run` says so)
+            started = time.perf_counter()
+            try:
+                (result,) = one.transport.read([one.op], one.budget_s)
+            except OSError as exc:
+                result = TransferResult(ST_CONNECTION_LOST, str(exc))
+            return one_read.finish(self._s, one, result, started)
+        finally:
+            one.done()
 
     def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):

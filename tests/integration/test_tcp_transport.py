@@ -162,6 +162,48 @@ def test_one_bad_op_fails_alone(transport: TcpTransport, route: SegmentRoute,
     assert [bytes(o) for o in outs] == good
 
 
+def test_a_read_of_one_frame_ends_as_in_a_batch(transport: TcpTransport, route: SegmentRoute,
+                                                  access: TransferNode,
+                                                  server: TcpDataServer) -> None:
+    """One op that fits one frame skips the batch's planning (`_one_frame`): a write lands, a
+    read brings the same bytes and checksum, and each failure has the status a batch gives
+    it: refused by the node (expired, a write grant), outside its grant, a dead node, a
+    silent one; the connection that carried a refusal is used again."""
+    import xxhash
+
+    data = os.urandom(50_000)
+    (written,) = transport.write([wop(route, 0, data)], 10)
+    assert written.ok and bytes(access.view[:len(data)]) == data
+    out = bytearray(b"\xaa" * (len(data) + 10))
+    op = rop(route, 0, memoryview(out)[:len(data)])
+    op.want_checksum = True
+    (ok,) = transport.read([op], 10)
+    assert ok.ok and ok.checksum == xxhash.xxh3_64_intdigest(data)
+    assert bytes(out[:len(data)]) == data and out[len(data):] == b"\xaa" * 10
+    outside = rop(route, 0, bytearray(100))
+    outside.offset = 1
+    write_grant = TransferOp(route, grant(OP_WRITE, 0, 100), 0, memoryview(bytearray(100)))
+    for bad, status in ((rop(route, 0, bytearray(100), ttl_ms=-1000), ST_EXPIRED),
+                        (write_grant, ST_BAD_GRANT), (outside, ST_OUT_OF_RANGE)):
+        (res,) = transport.read([bad], 10)
+        assert res.status == status, res
+    (again,) = transport.read([rop(route, 0, bytearray(len(data)))], 10)
+    assert again.ok
+    assert server.stats.snapshot()["connections_total"] == 1  # one read at a time: one
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, not listening: connection refused
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    try:
+        (refused,) = transport.read([rop(route_to(f"127.0.0.1:{dead.getsockname()[1]}"), 0,
+                                         bytearray(100))], 1)
+        (timed_out,) = transport.read([rop(route_to(f"127.0.0.1:{silent.getsockname()[1]}"), 0,
+                                           bytearray(100))], 0.3)
+        assert (refused.status, timed_out.status) == (ST_CONNECT_FAILED, ST_TIMEOUT)
+    finally:
+        dead.close()
+        silent.close()
+
+
 def test_write_without_meta_and_unknown_segment(transport: TcpTransport, route: SegmentRoute) -> None:
     no_meta = wop(route, 0, b"abc")
     no_meta.meta = None
