@@ -298,10 +298,12 @@ class AsyncClient:
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""
         s = self._session()
-        got = await self._read_one(s, operations.one_get_into(s, key, buffer))
+        one = operations.one_get_into(s, key, buffer)
+        got = await self._read_one(s, one)
         if got >= 0:
             return got
-        return await self._run(operations.get_into(s, key, buffer), "get")
+        return await self._run(operations.get_into(s, key, buffer, one_read.deadline_of(one)),
+                               "get")
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """As `Client.get_many`."""
@@ -398,10 +400,12 @@ class AsyncClient:
     async def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
         """As `Client.get_into_ptr`."""
         s = self._session()
-        got = await self._read_one(s, buffer_operations.one_get_into_ptr(s, key, ptr, size))
+        one = buffer_operations.one_get_into_ptr(s, key, ptr, size)
+        got = await self._read_one(s, one)
         if got >= 0:
             return got
-        return await self._run(buffer_operations.get_into_ptr(s, key, ptr, size), "get")
+        return await self._run(buffer_operations.get_into_ptr(s, key, ptr, size,
+                                                              one_read.deadline_of(one)), "get")
 
     async def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int],
                                  sizes: Sequence[int], *, timeout_s: float | None = None,

@@ -97,12 +97,13 @@ def one_get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> one_read.OneR
     return one
 
 
-def get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> Flow[int]:
+def get_into_ptr(s: Session, key: Any, ptr: Any, size: Any,
+                 deadline: float | None = None) -> Flow[int]:
     key = validate_key(key, s.limits.max_key_bytes)
     lease = s.pointers.lease([ptr], [size], writable=True)
     (view,) = _leased(lease, nonempty=False)
     try:
-        return (yield from operations.get_into_view(s, key, view))
+        return (yield from operations.get_into_view(s, key, view, deadline))
     finally:
         lease.release()
 

@@ -54,6 +54,7 @@ class OneRead:
     op: TransferOp
     budget_s: float
     started: float            # perf_counter when the call began (the get's wait)
+    deadline: float           # monotonic s: the call's, which the general flow keeps if it runs
     done: Callable[[], None]  # the face calls it once the read ended (a pointer lease's release)
     result: Any = None        # `get`: the new object `view` fills (buffers.fresh_bytes)
 
@@ -70,8 +71,8 @@ def plan(s: Session, key: str, buffer: memoryview | None,
     locations = s.locations
     if locations is None:
         return None
-    started = time.perf_counter()
-    location = trusted_place(locations, key, time.monotonic(), s.health)
+    started, now = time.perf_counter(), time.monotonic()
+    location = trusted_place(locations, key, now, s.health)
     if location is None or (buffer is not None and buffer.nbytes < location.size):
         return None  # the general flow says BufferTooSmall once the master named the size
     transport = s.transports.pick(location.route)
@@ -84,8 +85,14 @@ def plan(s: Session, key: str, buffer: memoryview | None,
         view = buffer[:location.size]
     grant = location.grant
     op = TransferOp(location.route, grant, grant.offset, view, None, True)
-    return OneRead(key, location, view, transport, op,
-                   attempt_budget_s(s.timeout_s, True), started, done, result)
+    return OneRead(key, location, view, transport, op, attempt_budget_s(s.timeout_s, True),
+                   started, now + s.timeout_s, done, result)
+
+
+def deadline_of(one: OneRead | None) -> float | None:
+    """The call's deadline for the general flow after a one-step read was tried, else None
+    (the flow counts from its own start)."""
+    return None if one is None else one.deadline
 
 
 def value(one: OneRead) -> bytes:
@@ -126,4 +133,4 @@ def finish(s: Session, one: OneRead, result: TransferResult, read_started: float
     return -1
 
 
-__all__ = ["OneRead", "finish", "plan", "value"]
+__all__ = ["OneRead", "deadline_of", "finish", "plan", "value"]

@@ -130,9 +130,10 @@ def one_get(s: Session, key: Any) -> one_read.OneRead | None:
     return one_read.plan(s, key, None)
 
 
-def get(s: Session, key: Any) -> Flow[bytes]:
+def get(s: Session, key: Any, deadline: float | None = None) -> Flow[bytes]:
+    """(`deadline`: the call's, when a one-step read of it failed first; else from now.)"""
     key = validate_key(key, s.limits.max_key_bytes)
-    (entry,) = yield from flows.run_gets(s, [key], None, s.deadline())
+    (entry,) = yield from flows.run_gets(s, [key], None, deadline or s.deadline())
     yield get_record([entry], s.tokens_per_key)
     return value_or_raise(entry)
 
@@ -154,9 +155,10 @@ def value_or_raise(entry: GetEntry) -> bytes:
     return take_value(entry)
 
 
-def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...]) -> Flow[int]:
-    """One key into a checked view, or into parts (a tuple of views)."""
-    (entry,) = yield from flows.run_gets(s, [key], [dest], s.deadline())
+def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...],
+                  deadline: float | None = None) -> Flow[int]:
+    """One key into a checked view, or into parts (a tuple of views); `deadline` as `get`."""
+    (entry,) = yield from flows.run_gets(s, [key], [dest], deadline or s.deadline())
     yield get_record([entry], s.tokens_per_key)
     if entry.status != Status.OK:
         raise entry.error()
@@ -174,9 +176,9 @@ def one_get_into(s: Session, key: Any, buffer: Any) -> one_read.OneRead | None:
     return one_read.plan(s, key, view)
 
 
-def get_into(s: Session, key: Any, buffer: Any) -> Flow[int]:
+def get_into(s: Session, key: Any, buffer: Any, deadline: float | None = None) -> Flow[int]:
     key = validate_key(key, s.limits.max_key_bytes)
-    return (yield from get_into_view(s, key, writable_view(buffer, "buffer")))
+    return (yield from get_into_view(s, key, writable_view(buffer, "buffer"), deadline))
 
 
 def get_many(s: Session, keys: Any) -> Flow[list[bytes | None]]:

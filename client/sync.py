@@ -269,7 +269,7 @@ class Client:
         if self._read_one(one) >= 0:
             assert one is not None
             return one_read.value(one)
-        return self._run(operations.get(self._s, key), "get")
+        return self._run(operations.get(self._s, key, one_read.deadline_of(one)), "get")
 
     def get_into(self, key: str, buffer: Any) -> int:
         """Read the value under `key` into `buffer`; returns its size in bytes.
@@ -277,10 +277,12 @@ class Client:
         Raises `cellar.NotFound`, or `cellar.BufferTooSmall` (before any transfer) when the
         value does not fit. Bytes past the value's size are left untouched.
         """
-        got = self._read_one(operations.one_get_into(self._s, key, buffer))
+        one = operations.one_get_into(self._s, key, buffer)
+        got = self._read_one(one)
         if got >= 0:
             return got
-        return self._run(operations.get_into(self._s, key, buffer), "get")
+        return self._run(operations.get_into(self._s, key, buffer, one_read.deadline_of(one)),
+                         "get")
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Values for `keys` in input order; None for a key that is missing or unreadable
@@ -403,10 +405,12 @@ class Client:
 
     def get_into_ptr(self, key: str, ptr: int, size: int) -> int:
         """`get_into` the registered memory [ptr, ptr + size); returns the object's size."""
-        got = self._read_one(buffer_operations.one_get_into_ptr(self._s, key, ptr, size))
+        one = buffer_operations.one_get_into_ptr(self._s, key, ptr, size)
+        got = self._read_one(one)
         if got >= 0:
             return got
-        return self._run(buffer_operations.get_into_ptr(self._s, key, ptr, size), "get")
+        return self._run(buffer_operations.get_into_ptr(self._s, key, ptr, size,
+                                                        one_read.deadline_of(one)), "get")
 
     def get_many_into_ptrs(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                            timeout_s: float | None = None, prefix: bool = False) -> list[int]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -280,6 +281,35 @@ def test_a_trusted_read_under_a_former_masters_grant_is_asked_for(call: str) -> 
             into = bytearray(SIZE)
             assert client.get_into("f", into) == SIZE and bytes(into) == value
         assert (seen.trusted, seen.untrusted) == (trusted, failed + 1)
+
+
+@pytest.mark.parametrize("call", ["get", "get_into"])
+def test_a_trusted_read_of_a_frozen_node_ends_by_the_calls_timeout(call: str) -> None:
+    """The one-step read of a trusted key (client/one_read.py) waits on a frozen node for its
+    share of the call's timeout; the general get that follows keeps what is left of the call's
+    deadline, so the call ends by its `timeout_s` (not one and a half of it)."""
+    timeout_s = 3.0
+    with LocalCluster(1, "16MiB", master_flags={"read_trust_s": 5}) as cluster, \
+            cellar.connect(cluster.address, timeout_s=30.0) as writer, \
+            cellar.connect(cluster.address, timeout_s=timeout_s, transport="tcp") as client:
+        value = os.urandom(SIZE)
+        writer.put("h", value)  # a new master holds puts for its first read trust (5 s)
+        assert client.get("h") == value  # asks: trusted from now on
+        seen = locations(client)
+        failed = seen.untrusted
+        cluster.signal_node(0, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(cellar.CellarError):
+                if call == "get":
+                    client.get("h")
+                else:
+                    client.get_into("h", bytearray(SIZE))
+            took = time.monotonic() - started
+        finally:
+            cluster.signal_node(0, signal.SIGCONT)
+        assert seen.untrusted == failed + 1  # the one-step read was made, and failed
+        assert took < timeout_s + 1.0, f"the call took {took:.2f} s with a {timeout_s} s timeout"
 
 
 def test_a_restarted_master_holds_changes_until_a_former_masters_trust_has_ended(
