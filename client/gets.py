@@ -11,7 +11,9 @@ What it owns
     cannot arrive within what is left of the budget is not started: the key is LATE at once,
     and in prefix mode the keys after it are not read either),
     the per-key `GetEntry`, and turning finished entries into results: bytes, sizes, MISS or
-    LATE (a key not read within a deadline-bounded call's budget).
+    LATE (a key not read within a deadline-bounded call's budget). The choices a one-key get
+    made as one read shares with it (client/one_read.py): `trusted_place`, `landed_digest`,
+    `finished_bytes`.
 
 The invariants
     - A get hands back only bytes whose xxh3_64 matches the checksum recorded at PutEnd; it tries
@@ -472,6 +474,12 @@ def take_value(entry: GetEntry) -> bytes:
     assert entry.status == Status.OK and entry.view is not None
     view, value = entry.view, entry.result
     entry.view = entry.result = None
+    return finished_bytes(view, value)
+
+
+def finished_bytes(view: memoryview, value: Any) -> bytes:
+    """A `fresh_bytes` object filled through `view`, as bytes: the view released first, so
+    nothing can write into the object afterwards."""
     try:
         view.release()
     except BufferError:  # something still holds the storage: hand out a copy instead

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cellar.client import metrics
-from cellar.client.buffers import as_bytes, fresh_bytes
+from cellar.client.buffers import fresh_bytes
 from cellar.client.checks import NODE_TROUBLE, attempt_budget_s
 from cellar.client.early_reads import Location
 from cellar.client.flows import Session
-from cellar.client.gets import landed_digest, trusted_place
+from cellar.client.gets import finished_bytes, landed_digest, trusted_place
 from cellar.transfer.base import TransferOp, TransferResult
 
 
@@ -96,14 +96,8 @@ def deadline_of(one: OneRead | None) -> float | None:
 
 
 def value(one: OneRead) -> bytes:
-    """The bytes a `plan(..., None)` read landed, once `finish` kept them (its view released
-    first: nothing can write into the object afterwards)."""
-    view, obj = one.view, one.result
-    try:
-        view.release()
-    except BufferError:  # something still holds the storage: hand out a copy instead
-        return bytes(view)
-    return as_bytes(obj)
+    """The bytes a `plan(..., None)` read landed, once `finish` kept them."""
+    return finished_bytes(one.view, one.result)
 
 
 def finish(s: Session, one: OneRead, result: TransferResult, read_started: float) -> int:
