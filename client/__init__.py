@@ -25,7 +25,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `buffer_operations.py` the same for raw pointers, scatter-gather parts and tensors
     - `flow_run.py` stepping one flow for a face (`FlowRun`) and the call's metrics
     - `connect_args.py` connect arguments, client id, master address parsing
-    - `sync.py`     `Client`, the blocking face (threads); `connect`
+    - `sync.py`     `Client`, the blocking face (threads); `connect`; `unpin_flusher.py` its
+                    thread that sends pin releases no GetReplicas carried
     - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
     - `aio.py`      `AsyncClient`, the asyncio face; `connect_async`
     - `aio_rpc.py`  the asyncio face's line to the master: grpc.aio + a pipelined fast line

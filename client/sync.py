@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -61,13 +61,14 @@ from cellar.client.one_read import OneRead
 from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
 from cellar.client.puts import PutHints, hash_values, unhashed_bytes
 from cellar.client.rpc import MasterChannel, Meanwhile
-from cellar.client.session_state import TransportSet, UnpinQueue
+from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
+from cellar.client.unpin_flusher import UnpinFlusher
 from cellar.errors import CellarError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer import open_transports
 from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
-from cellar.transfer.spin_wait import SpinWait, never_spin_in_this_thread
+from cellar.transfer.spin_wait import SpinWait
 
 T = TypeVar("T")
 
@@ -80,47 +81,6 @@ HASH_BEHIND_MIN_BYTES = 1 << 20
 HASH_THREADS = 2                  # shared by every call of one client
 
 __all__ = ["Client", "connect", "parse_master_address", "probe_master"]
-
-
-class _UnpinFlusher:
-    """Sends queued pin releases that no GetReplicas carried within `UNPIN_DELAY_S`."""
-
-    def __init__(self, queue: UnpinQueue, send: Callable[[list[int]], None],
-                 max_ids: Callable[[], int]) -> None:
-        self._queue = queue
-        self._send = send
-        self._max_ids = max_ids  # the master's batch limit applies to pin ids too
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def ensure_started(self) -> None:
-        if self._thread is not None:
-            return
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="cellar-unpin", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        never_spin_in_this_thread()  # nobody waits on these calls: block, leave the CPU
-        while self._queue.wait_due():
-            self.flush()
-
-    def flush(self, max_calls: int = 1) -> None:
-        for _ in range(max_calls):
-            ids = self._queue.drain(self._max_ids())
-            if not ids:
-                return
-            try:
-                self._send(ids)
-            except (CellarError, ValueError):  # ValueError: channel closed under us
-                return  # the master's pin TTL releases them; never fail a caller for this
-
-    def stop(self, join_timeout_s: float = 0.0) -> None:
-        self._queue.close()
-        thread = self._thread
-        if thread is not None and join_timeout_s > 0 and thread is not threading.current_thread():
-            thread.join(join_timeout_s)
 
 
 class Client:
@@ -162,8 +122,8 @@ class Client:
                           self._transports, self._release,
                           locations=Locations(trust=trusted_reads_from_env()) if early_reads else None,
                           aheads=PutAheadPool(ahead_held) if ahead_held else None)
-        self._flusher = _UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)
-        self._finalizer = weakref.finalize(self, _UnpinFlusher.stop, self._flusher)
+        self._flusher = UnpinFlusher(self._s.unpins, self._send_unpins, self._s.unpin_batch)
+        self._finalizer = weakref.finalize(self, UnpinFlusher.stop, self._flusher)
         try:
             reply = self._master.call("ClusterStatus",
                                       pb.ClusterStatusRequest(header=self._s.header), deadline)
