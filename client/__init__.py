@@ -28,7 +28,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `sync.py`     `Client`, the blocking face (threads); `connect`; `unpin_flusher.py` its
                     thread that sends pin releases no GetReplicas carried
     - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
-    - `aio.py`      `AsyncClient`, the asyncio face; `connect_async`
+    - `aio.py`      `AsyncClient`, the asyncio face; `connect_async`; `aio_unpins.py` its
+                    loop task that sends pin releases no GetReplicas carried
     - `aio_rpc.py`  the asyncio face's line to the master: grpc.aio + a pipelined fast line
     - `buffers.py`  caller buffers as flat byte views (no copies), `alloc_buffer`
     - `pointers.py`, `tensors.py`, `metrics.py` registered raw memory, the torch value format,

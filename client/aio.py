@@ -5,7 +5,7 @@ What it owns
     `AsyncMasterChannel` (grpc.aio + the asyncio fast line), `Move` through the asyncio
     transports of `cellar.transfer` (`AsyncTransport`: the loop's own sockets for tcp, inline
     copies for shm; no thread carries payload), `Sleep` as `asyncio.sleep`; and a loop task that
-    releases pins no GetReplicas carried within `UNPIN_DELAY_S`. What is sent, retried and
+    releases pins no GetReplicas carried within `UNPIN_DELAY_S` (client/aio_unpins.py). What is sent, retried and
     returned is decided by the same flows as the sync face (`cellar.client.operations`), so the
     arguments, results and exceptions are the same; only `await` differs.
 
@@ -42,9 +42,11 @@ from typing import Any, TypeVar
 
 from cellar.client import buffer_operations, flows, metrics, one_read, operations
 from cellar.client.aio_rpc import AsyncMasterChannel
+from cellar.client.aio_unpins import AsyncUnpins
 from cellar.client.checks import (
+    CLOSE_FLUSH_MAX_CALLS,
+    CLOSE_FLUSH_TIMEOUT_S,
     DEFAULT_MAX_LIST_KEYS,
-    UNPIN_DELAY_S,
     Limits,
     validate_key,
     validate_nbytes,
@@ -68,9 +70,6 @@ from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
 
 T = TypeVar("T")
 
-UNPIN_FLUSH_TIMEOUT_S = 5.0
-CLOSE_FLUSH_TIMEOUT_S = 1.0
-CLOSE_FLUSH_MAX_CALLS = 8
 # Keys of one coalesced get batch: 64 looping callers then run as two batches, one's
 # GetReplicas round trip (the master's CPU, not this loop's) beside the other's socket reads
 # or shm copies. Whole batches of 64 left the loop idle through every round trip (measured in
@@ -101,8 +100,7 @@ class AsyncClient:
         self._transports = TransportSet([])
         self._s: Session | None = None
         self._tokens_per_key: int | None = None
-        self._flush_task: asyncio.Task[None] | None = None
-        self._flush_handle: asyncio.TimerHandle | None = None
+        self._unpins: AsyncUnpins | None = None  # pin releases no GetReplicas carried
         self._get_queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
         self._tasks: set[asyncio.Task[None]] = set()  # coalesced get batches in flight
 
@@ -135,6 +133,7 @@ class AsyncClient:
                               if early_reads_from_env() else None,
                               aheads=PutAheadPool(held) if (held := put_ahead_from_env())
                               else None)
+            self._unpins = AsyncUnpins(self._loop, self._s, self._master.call)
             reply = await self._master.call("ClusterStatus",
                                             pb.ClusterStatusRequest(header=self._s.header),
                                             deadline)
@@ -186,20 +185,23 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
+        unpins = self._unpins
+        if unpins is not None:
+            unpins.stop()
         # Coalesced gets still queued or in flight end now: their callers get ClientClosed.
         queued, self._get_queue = self._get_queue, []
         for _, waiter in queued:
             if not waiter.done():
                 waiter.set_exception(ClientClosed("this cellar.AsyncClient was closed"))
-        pending = [t for t in (*self._tasks, self._flush_task) if t is not None and not t.done()]
+        pending = [t for t in (*self._tasks, unpins and unpins.task)
+                   if t is not None and not t.done()]
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if unpins is not None:
+            await unpins.flush(CLOSE_FLUSH_MAX_CALLS, CLOSE_FLUSH_TIMEOUT_S)
         if self._s is not None and self._master is not None:
-            await self._flush(CLOSE_FLUSH_MAX_CALLS, CLOSE_FLUSH_TIMEOUT_S)
             await self._revoke_ahead()
         for transport in self._transports.transports:
             await transport.aclose()
@@ -564,25 +566,9 @@ class AsyncClient:
     # ---- pin release -----------------------------------------------------------------------
 
     def _release(self, pin_ids: list[int]) -> None:
-        """Queue pins; they ride on the next GetReplicas, or a loop task sends them after
-        UNPIN_DELAY_S (at once when the queue is full)."""
-        if not pin_ids or self._s is None or self._loop is None:
-            return
-        full = self._s.unpins.add(pin_ids)
-        if full:
-            self._spawn_flush()
-        else:
-            self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        if (self._flush_handle is None and self._flush_task is None and not self._closed
-                and self._loop is not None):
-            self._flush_handle = self._loop.call_later(UNPIN_DELAY_S, self._spawn_flush)
-
-    def _spawn_flush(self) -> None:
-        self._flush_handle = None
-        if self._flush_task is None and not self._closed and self._loop is not None:
-            self._flush_task = self._loop.create_task(self._flush(1, UNPIN_FLUSH_TIMEOUT_S))
+        """Queue pins for release (client/aio_unpins.py); the session calls it."""
+        if self._unpins is not None:
+            self._unpins.release(pin_ids)
 
     async def _revoke_ahead(self) -> None:
         assert self._s is not None and self._master is not None
@@ -592,25 +578,6 @@ class AsyncClient:
                 await self._master.call(effect.method, effect.request, effect.deadline)
             except (CellarError, ValueError, RuntimeError):
                 pass  # best effort, as the flow says
-
-    async def _flush(self, max_calls: int, timeout_s: float) -> None:
-        assert self._s is not None and self._master is not None
-        try:
-            for _ in range(max_calls):
-                ids = self._s.unpins.drain(self._s.unpin_batch())
-                if not ids:
-                    return
-                effect = next(flows.unpin(self._s, ids, timeout_s))
-                assert isinstance(effect, Rpc)
-                try:
-                    await self._master.call(effect.method, effect.request, effect.deadline)
-                except (CellarError, ValueError, RuntimeError):
-                    return  # the master's pin TTL releases them; never fail a caller for this
-        finally:
-            if asyncio.current_task() is self._flush_task:
-                self._flush_task = None
-                if len(self._s.unpins):
-                    self._schedule_flush()  # more arrived meanwhile: the next round
 
 
 async def connect_async(address: str, *, tenant: str = "default", token: str | None = None,

@@ -42,7 +42,10 @@ from typing import Any, TypeVar
 
 from cellar.client import buffer_operations, flows, one_read, operations
 from cellar.client.checks import (
+    CLOSE_FLUSH_MAX_CALLS,
+    CLOSE_FLUSH_TIMEOUT_S,
     DEFAULT_MAX_LIST_KEYS,
+    UNPIN_FLUSH_TIMEOUT_S,
     Limits,
     resolve_token,
     spin_us_from_env,
@@ -72,9 +75,6 @@ from cellar.transfer.spin_wait import SpinWait
 
 T = TypeVar("T")
 
-UNPIN_FLUSH_TIMEOUT_S = 5.0
-CLOSE_FLUSH_TIMEOUT_S = 1.0
-CLOSE_FLUSH_MAX_CALLS = 8
 # Put values are hashed on a helper thread while PutStart is in flight when a round has at
 # least this many bytes to hash (below it, the thread hop costs more than the overlap saves).
 HASH_BEHIND_MIN_BYTES = 1 << 20
