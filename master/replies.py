@@ -105,7 +105,8 @@ class HeartbeatOutcome:
     moves: list[Any] = field(default_factory=list)  # state/tiers.py Move: node-local copies
     # (segment_id, alloc_id, engine hash) of the node's sealed replicas (state/membership.py)
     engine_hashes: list[tuple[int, int, bytes]] = field(default_factory=list)
-    # (segment_id, alloc_id, soft pin lapse, wall ms) of the node's sealed replicas, the same way
+    # (segment_id, alloc_id, soft pin lapse in wall-clock ms) of the node's sealed replicas, the
+    # same way
     soft_pins: list[tuple[int, int, int]] = field(default_factory=list)
 
 

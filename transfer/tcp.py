@@ -384,11 +384,14 @@ class TcpTransport(Transport):
             return None
         try:
             view = byte_view(op.buffer, writable=is_read)
-            meta = b"" if is_read else op.meta.pack()  # type: ignore[union-attr]
-        except (ValueError, TypeError, FrameError):
+        except (ValueError, TypeError):
             return None
         n, grant = len(view), op.grant
         if n > self.chunk_bytes or not grant.covers(grant.segment_id, op.offset, n):
+            return None
+        try:  # packed once it is sure to be sent from here (else plan_batch packs it)
+            meta = b"" if is_read else op.meta.pack()  # type: ignore[union-attr]
+        except FrameError:
             return None
         pool = self._pool(address)
         got = pool.acquire(1, deadline) if pool is not None else None

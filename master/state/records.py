@@ -297,7 +297,8 @@ class Node:
         # (segment_id, alloc_id, engine hash) of its sealed replicas, for the next heartbeat
         # reply (state/membership.py `note_engine_hash`): best effort, bounded
         self.hash_notes: list[tuple[int, int, bytes]] = []
-        # (segment_id, alloc_id, soft pin lapse, wall ms) of its sealed replicas, the same way
+        # (segment_id, alloc_id, soft pin lapse in wall-clock ms) of its sealed replicas, the same
+        # way
         # (`note_soft_pin`), so a rebuilt master soft-pins them again
         self.pin_notes: list[tuple[int, int, int]] = []
 
