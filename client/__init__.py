@@ -19,6 +19,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
                     general get flow (the faces fall back to it for anything else)
     - `put_ahead.py` write allocations held for the next puts of a size, so a put skips
                     PutStart (bound to its key at PutEnd)
+    - `one_put.py`  a one-key put under a held allocation as one write and one PutEnd,
+                    without the general put flow (the faces fall back to it for anything else)
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
                     retries, pin release, deadline-bounded gets, probes)
     - `operations.py` the public operations: checks + flow + result, shared by both faces
@@ -26,10 +28,12 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `flow_run.py` stepping one flow for a face (`FlowRun`) and the call's metrics
     - `connect_args.py` connect arguments, client id, master address parsing
     - `sync.py`     `Client`, the blocking face (threads); `connect`; `unpin_flusher.py` its
-                    thread that sends pin releases no GetReplicas carried
+                    thread that sends pin releases no GetReplicas carried; `hash_behind.py`
+                    its threads that hash put values while PutStart is in flight
     - `rpc.py`      the sync face's line to the master: gRPC + the fast line, following the leader
     - `aio.py`      `AsyncClient`, the asyncio face; `connect_async`; `aio_unpins.py` its
-                    loop task that sends pin releases no GetReplicas carried
+                    loop task that sends pin releases no GetReplicas carried; `aio_gets.py`
+                    the `get` calls of one loop turn coalesced into one batch
     - `aio_rpc.py`  the asyncio face's line to the master: grpc.aio + a pipelined fast line
     - `buffers.py`  caller buffers as flat byte views (no copies), `alloc_buffer`
     - `pointers.py`, `tensors.py`, `metrics.py` registered raw memory, the torch value format,

@@ -20,13 +20,7 @@ Cancellation
     put in flight is revoked (best effort; the master's writer timeout does it otherwise).
 
 Coalesced gets
-    The `get` calls made in one turn of the loop (say `asyncio.gather` of 64 of them) are sent
-    as one batch: one GetReplicas and one transfer round instead of 64 of each, which is what
-    lets 64 concurrent gets reach the sync face's batched rate. Each caller still gets its own
-    bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
-    `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
-    only its own call). A batch holds at most PIPELINED_GETS keys, so that callers looping on
-    their gets keep two batches going: one's GetReplicas beside the other's transfer.
+    The `get` calls made in one turn of the loop travel as one batch (client/aio_gets.py).
 
 Deadlines and leader changes
     As for `Client`: `timeout_s` bounds each call; the channel follows the leader.
@@ -40,7 +34,8 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import buffer_operations, flows, metrics, one_read, operations
+from cellar.client import buffer_operations, flows, metrics, one_put, one_read, operations
+from cellar.client.aio_gets import CoalescedGets
 from cellar.client.aio_rpc import AsyncMasterChannel
 from cellar.client.aio_unpins import AsyncUnpins
 from cellar.client.checks import (
@@ -58,6 +53,7 @@ from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
+from cellar.client.one_put import OnePut
 from cellar.client.one_read import OneRead
 from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
 from cellar.client.puts import PutHints
@@ -69,12 +65,6 @@ from cellar.transfer import open_async_transports
 from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
 
 T = TypeVar("T")
-
-# Keys of one coalesced get batch: 64 looping callers then run as two batches, one's
-# GetReplicas round trip (the master's CPU, not this loop's) beside the other's socket reads
-# or shm copies. Whole batches of 64 left the loop idle through every round trip (measured in
-# bench/sdk.py: see docs/sdk.md "Figures").
-PIPELINED_GETS = 32
 
 __all__ = ["AsyncClient", "connect_async"]
 
@@ -101,8 +91,7 @@ class AsyncClient:
         self._s: Session | None = None
         self._tokens_per_key: int | None = None
         self._unpins: AsyncUnpins | None = None  # pin releases no GetReplicas carried
-        self._get_queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
-        self._tasks: set[asyncio.Task[None]] = set()  # coalesced get batches in flight
+        self._gets: CoalescedGets | None = None  # client/aio_gets.py, made with the session
 
     async def open(self) -> AsyncClient:
         """Connect (ClusterStatus at the leader); called by `connect_async` and `async with`."""
@@ -134,6 +123,7 @@ class AsyncClient:
                               aheads=PutAheadPool(held) if (held := put_ahead_from_env())
                               else None)
             self._unpins = AsyncUnpins(self._loop, self._s, self._master.call)
+            self._gets = CoalescedGets(self._loop, self._s, self._run)
             reply = await self._master.call("ClusterStatus",
                                             pb.ClusterStatusRequest(header=self._s.header),
                                             deadline)
@@ -189,12 +179,9 @@ class AsyncClient:
         if unpins is not None:
             unpins.stop()
         # Coalesced gets still queued or in flight end now: their callers get ClientClosed.
-        queued, self._get_queue = self._get_queue, []
-        for _, waiter in queued:
-            if not waiter.done():
-                waiter.set_exception(ClientClosed("this cellar.AsyncClient was closed"))
-        pending = [t for t in (*self._tasks, unpins and unpins.task)
-                   if t is not None and not t.done()]
+        pending = [] if self._gets is None else self._gets.close()
+        if unpins is not None and unpins.task is not None and not unpins.task.done():
+            pending.append(unpins.task)
         for task in pending:
             task.cancel()
         if pending:
@@ -217,14 +204,21 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False,
                   hints: PutHints | None = None) -> None:
         """As `Client.put`."""
-        await self._run(operations.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin, hints=hints), "put")
+        await self._put(key, value, replicas=replicas, soft_pin=soft_pin, upsert=False,
+                        hints=hints)
 
     async def upsert(self, key: str, value: Any, *, replicas: int = 1,
                      soft_pin: bool = False, hints: PutHints | None = None) -> None:
         """As `Client.upsert`."""
-        await self._run(operations.put(self._session(), key, value, replicas=replicas,
-                                soft_pin=soft_pin, upsert=True, hints=hints), "put")
+        await self._put(key, value, replicas=replicas, soft_pin=soft_pin, upsert=True,
+                        hints=hints)
+
+    async def _put(self, key: str, value: Any, **how: Any) -> None:
+        s = self._session()
+        one = operations.one_put(s, key, value, **how)
+        if not await self._put_one(s, one):
+            await self._run(operations.put(s, key, value, deadline=one_put.deadline_of(one),
+                                           **how), "put")
 
     async def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
                        upsert: bool = False, hints: PutHints | None = None) -> list[Status]:
@@ -244,58 +238,8 @@ class AsyncClient:
             s = self._session()  # raises the precise error
             assert loop is not None
         key = validate_key(key, s.limits.max_key_bytes)
-        waiter: asyncio.Future[bytes] = loop.create_future()
-        queue = self._get_queue
-        queue.append((key, waiter))
-        if len(queue) == 1:
-            self._spawn_batch()
-        return await waiter
-
-    def _spawn_batch(self) -> None:
-        """The batch task is made at the turn's first get and takes the queue on its first
-        step: every get of the turn is in it by then, and its GetReplicas leaves in that same
-        step. (A flush callback that made the task would cost one more turn, in which the batch
-        in flight could run its transfer first: the next batch's metadata round trip would
-        then not overlap it.)"""
-        assert self._loop is not None
-        task = self._loop.create_task(self._coalesced())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _coalesced(self) -> None:
-        queued = self._get_queue[:PIPELINED_GETS]
-        del self._get_queue[:PIPELINED_GETS]
-        if self._get_queue:  # more than one batch's worth: the rest is the next task's
-            self._spawn_batch()
-        waiting = [(k, w) for k, w in queued if not w.done()]  # callers cancelled meanwhile
-        if not waiting:
-            return
-        try:
-            if self._closed or self._s is None:
-                raise ClientClosed("this cellar.AsyncClient is closed")
-            started = time.perf_counter()
-            entries = await self._run(operations.get_each(self._s, [k for k, _ in waiting]))
-            wait_s = time.perf_counter() - started
-        except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
-            if isinstance(exc, asyncio.CancelledError) and self._closed:
-                exc = ClientClosed("this cellar.AsyncClient was closed during the call")
-            for _, waiter in waiting:
-                if not waiter.done():
-                    waiter.set_exception(exc)
-            return
-        # each caller is a request of its own; one recorder call counts them all
-        metrics.record_requests("get", [e.size if e.status == Status.OK else None
-                                        for e in entries], wait_s=wait_s,
-                                tokens_per_key=self._s.tokens_per_key)
-        for (_, waiter), entry in zip(waiting, entries, strict=True):
-            try:
-                value = operations.value_or_raise(entry)
-            except CellarError as exc:
-                if not waiter.done():
-                    waiter.set_exception(exc)
-                continue
-            if not waiter.done():
-                waiter.set_result(value)
+        assert self._gets is not None  # made with the session
+        return await self._gets.add(key)
 
     async def get_into(self, key: str, buffer: Any) -> int:
         """As `Client.get_into`."""
@@ -388,8 +332,13 @@ class AsyncClient:
     async def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1,
                        soft_pin: bool = False, upsert: bool = False) -> None:
         """As `Client.put_from`."""
-        await self._run(buffer_operations.put_from(self._session(), key, ptr, size, replicas=replicas,
-                                             soft_pin=soft_pin, upsert=upsert), "put")
+        s = self._session()
+        one = buffer_operations.one_put_from(s, key, ptr, size, replicas=replicas,
+                                             soft_pin=soft_pin, upsert=upsert)
+        if not await self._put_one(s, one):
+            await self._run(buffer_operations.put_from(s, key, ptr, size, replicas=replicas,
+                                                       soft_pin=soft_pin, upsert=upsert,
+                                                       deadline=one_put.deadline_of(one)), "put")
 
     async def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                             replicas: int = 1, soft_pin: bool = False,
@@ -514,6 +463,41 @@ class AsyncClient:
         finally:
             one.done()
 
+    async def _put_one(self, s: Session, one: OnePut | None) -> bool:
+        """As `Client._put_one`."""
+        if one is None:
+            return False
+        master = self._master
+        assert master is not None  # `_session` said the client is open
+        try:
+            started = time.perf_counter()
+            try:
+                results = list(await one.transport.write(one.ops, one.budget_s))
+            except OSError as exc:
+                results = [TransferResult(ST_CONNECTION_LOST, str(exc))] * len(one.ops)
+            wrote = time.perf_counter()
+            request = one_put.end_request(s, one, results)
+            if request is None:
+                await self._call_quietly(*one_put.revoke_request(s, one))
+                return False
+            try:
+                reply = await master.call("PutEnd", request, one.deadline)
+            except BaseException as exc:
+                metrics.record_error("put", exc)
+                await self._call_quietly(*one_put.revoke_request(s, one))
+                raise
+            return one_put.finish(s, one, reply, wrote - started, time.perf_counter() - wrote)
+        finally:
+            one.done()
+
+    async def _call_quietly(self, method: str, request: Any, deadline: float) -> None:
+        """As `Client._call_quietly`."""
+        assert self._master is not None
+        try:
+            await self._master.call(method, request, deadline)
+        except (CellarError, ValueError, RuntimeError):
+            pass
+
     async def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):
             assert self._master is not None
@@ -574,10 +558,7 @@ class AsyncClient:
         assert self._s is not None and self._master is not None
         for effect in flows.hand_back_aheads(self._s, CLOSE_FLUSH_TIMEOUT_S):
             assert isinstance(effect, Rpc)
-            try:
-                await self._master.call(effect.method, effect.request, effect.deadline)
-            except (CellarError, ValueError, RuntimeError):
-                pass  # best effort, as the flow says
+            await self._call_quietly(effect.method, effect.request, effect.deadline)
 
 
 async def connect_async(address: str, *, tenant: str = "default", token: str | None = None,

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cellar.client import flows, one_read, operations, tensors
+from cellar.client import flows, one_put, one_read, operations, tensors
 from cellar.client.buffers import alloc_buffer, readable_view, writable_view
-from cellar.client.checks import validate_key, validate_keys
+from cellar.client.checks import validate_key, validate_keys, validate_replicas
 from cellar.client.flows import Flow, Session
 from cellar.client.gets import GetEntry, release_views
 from cellar.client.pointers import Lease
@@ -51,14 +51,38 @@ def _pointer_lists(keys: Any, ptrs: Any, sizes: Any, max_key_bytes: int) -> list
     return names
 
 
+def one_put_from(s: Session, key: Any, ptr: Any, size: Any, *, replicas: Any = 1,
+                 soft_pin: Any = False, upsert: Any = False) -> one_put.OnePut | None:
+    """`put_from` as one write and one PutEnd (client/one_put.py), holding its lease of the
+    range until the put's `done`; or None: the flow `put_from` then answers the call,
+    argument errors included."""
+    try:
+        key = validate_key(key, s.limits.max_key_bytes)
+        replicas = validate_replicas(replicas)
+        lease = s.pointers.lease([ptr], [size], writable=False)
+        (view,) = _leased(lease, nonempty=True)  # it releases the lease when it raises
+    except InvalidArgument:
+        return None
+    try:
+        one = one_put.plan(s, key, view, replicas=replicas, soft_pin=bool(soft_pin),
+                           upsert=bool(upsert), hints=None, done=lease.release)
+    except BaseException:
+        lease.release()
+        raise
+    if one is None:
+        lease.release()
+    return one
+
+
 def put_from(s: Session, key: Any, ptr: Any, size: Any, *, replicas: Any = 1,
-             soft_pin: Any = False, upsert: Any = False) -> Flow[None]:
+             soft_pin: Any = False, upsert: Any = False,
+             deadline: float | None = None) -> Flow[None]:
     key = validate_key(key, s.limits.max_key_bytes)
     lease = s.pointers.lease([ptr], [size], writable=False)
     (view,) = _leased(lease, nonempty=True)
     try:
         yield from operations.put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin,
-                                    upsert=upsert)
+                                    upsert=upsert, deadline=deadline)
     finally:
         lease.release()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cellar.client import flows, one_read
+from cellar.client import one_put as one_put_step
 from cellar.client.buffers import writable_view
 from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
@@ -86,29 +87,46 @@ def put_entries_flow(s: Session, entries: list[PutEntry], *, replicas: Any, soft
 
 
 def put_one_view(s: Session, key: str, view: memoryview, *, replicas: Any, soft_pin: Any,
-                 upsert: Any, hints: Any = None) -> Flow[None]:
-    """Store one checked value; raises the key's error (the single put forms)."""
+                 upsert: Any, hints: Any = None, deadline: float | None = None) -> Flow[None]:
+    """Store one checked value; raises the key's error (the single put forms). `deadline`:
+    the call's, when a one-step put of it was tried first; else from now."""
     yield from put_one_entry(s, put_entries([(key, view)])[0], replicas=replicas,
-                             soft_pin=soft_pin, upsert=upsert, hints=hints)
+                             soft_pin=soft_pin, upsert=upsert, hints=hints, deadline=deadline)
 
 
 def put_one_entry(s: Session, entry: PutEntry, *, replicas: Any, soft_pin: Any,
-                  upsert: Any, hints: Any = None) -> Flow[None]:
+                  upsert: Any, hints: Any = None, deadline: float | None = None) -> Flow[None]:
     replicas = validate_replicas(replicas)
     hints = check_hints(hints, bool(soft_pin))
     yield from flows.run_puts(s, [entry], replicas=replicas, soft_pin=bool(soft_pin),
-                              upsert=bool(upsert), deadline=s.deadline(), hints=hints)
+                              upsert=bool(upsert), deadline=deadline or s.deadline(),
+                              hints=hints)
     yield _put_record([entry])
     if entry.status != Status.OK:
         raise entry.error()
 
 
+def one_put(s: Session, key: Any, value: Any, *, replicas: Any = 1, soft_pin: Any = False,
+            upsert: Any = False, hints: Any = None) -> one_put_step.OnePut | None:
+    """`put` as one write and one PutEnd (client/one_put.py), or None: the flow `put` then
+    answers the call, argument errors included."""
+    try:
+        key = validate_key(key, s.limits.max_key_bytes)
+        view = validate_value(value)
+        replicas = validate_replicas(replicas)
+        hints = check_hints(hints, bool(soft_pin))
+    except InvalidArgument:
+        return None
+    return one_put_step.plan(s, key, view, replicas=replicas, soft_pin=bool(soft_pin),
+                             upsert=bool(upsert), hints=hints)
+
+
 def put(s: Session, key: Any, value: Any, *, replicas: Any = 1, soft_pin: Any = False,
-        upsert: Any = False, hints: Any = None) -> Flow[None]:
+        upsert: Any = False, hints: Any = None, deadline: float | None = None) -> Flow[None]:
     key = validate_key(key, s.limits.max_key_bytes)
     view = validate_value(value)
     yield from put_one_view(s, key, view, replicas=replicas, soft_pin=soft_pin, upsert=upsert,
-                            hints=hints)
+                            hints=hints, deadline=deadline)
 
 
 def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False,

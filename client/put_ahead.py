@@ -118,6 +118,16 @@ class PutAheadPool:
             self.used += len(out)
         return out
 
+    def give_back(self, shape: Shape, ahead: Ahead) -> None:
+        """Hold again an allocation `take` gave out and nothing wrote under (first in line);
+        one of an older epoch than the newest reply's is dropped."""
+        with self._lock:
+            self.used -= 1
+            if ahead.epoch != self._epoch:
+                self.dropped += 1
+                return
+            self._held.setdefault(shape, deque()).appendleft(ahead)
+
     def repeats(self, shape: Shape) -> bool:
         """Note that a batch puts `shape`; whether an earlier one did (then it may ask)."""
         if shape[0] > MAX_OBJECT_BYTES:

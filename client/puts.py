@@ -165,7 +165,7 @@ class PutBatch:
         self._start_epoch = 0                # master epoch that answered the last PutStart
         # Put ahead (client/put_ahead.py): the pool, when this batch's puts may use it, and
         # the writes planned under its allocations before this round's PutStart, if any.
-        self._ahead = ahead if ahead is not None and _may_put_ahead(hints) else None
+        self._ahead = ahead if ahead is not None and may_put_ahead(hints) else None
         self._pre: tuple[list[TransferOp], list[int], list[int]] = ([], [], [])
         # The batch's (size, replicas) and its key count (0: mixed sizes or not asked for)
         self._shape: tuple[Shape, int] | None = None
@@ -340,12 +340,7 @@ class PutBatch:
         if fused is None:
             hashes = self._hashes_writes
             fused = hashes is not None and all(hashes(route) for route, _grant, _claim in targets)
-        deferred = e.checksum is None and fused
-        if e.checksum is None and not fused:  # not hashed while PutStart was in flight
-            e.checksum = hash_views(e.parts) if e.parts else checksum(e.value)
-        meta = WriteMeta(0 if e.checksum is None else e.checksum, e.nbytes, self._tenant, e.key)
-        return [TransferOp(route, grant, grant.offset, e.value, meta, deferred, e.parts, claim)
-                for route, grant, claim in targets]
+        return plan_writes(e, targets, self._tenant, fused)
 
     def can_retry(self) -> bool:
         """Whether a key of the current round could still be retried after a failed write."""
@@ -371,7 +366,7 @@ class PutBatch:
                     if here:
                         self._readable[i] = (route, op.grant)
                 if op.meta is not None and (op.want_checksum or self.entries[i].checksum is None):
-                    why = self._take_checksum(self.entries[i], op, res)
+                    why = take_checksum(self.entries[i], op, res)
                     if why:
                         failures.setdefault(i, []).append(f"node {op.route.node_id}: {why}")
                 if res.receipt:  # the master completes the put only with one per replica
@@ -400,7 +395,9 @@ class PutBatch:
                     e.status = Status.UNAVAILABLE
             elif e.ahead_epoch:  # the PutEnd names the key and the put's fields (bind)
                 end_items.append(pb.PutEndItem(key=e.key, put_id=e.put_id, checksum=e.checksum,
-                                               receipts=receipts[i], bind=self._bind(e)))
+                                               receipts=receipts[i],
+                                               bind=bind_item(e, self._replicas, self._soft_pin,
+                                                              self._upsert, self._hints)))
                 self._ending.append(i)
             else:
                 end_items.append(pb.PutEndItem(key=e.key, put_id=e.put_id, checksum=e.checksum,
@@ -412,31 +409,6 @@ class PutBatch:
     def _ref(e: PutEntry) -> Any:
         """The PutRef that revokes `e`'s put (a put-ahead allocation is named by "")."""
         return pb.PutRef(key="" if e.ahead_epoch else e.key, put_id=e.put_id)
-
-    def _bind(self, e: PutEntry) -> Any:
-        """The put's fields a put-ahead PutEnd carries (the PutItem its PutStart would)."""
-        flags: dict[str, Any] = {name: True for name, on in (("soft_pin", self._soft_pin),
-                                                             ("upsert", self._upsert)) if on}
-        if self._hints is not None:
-            if self._hints.soft_pin_ttl_ms:
-                flags["soft_pin_ttl_ms"] = self._hints.soft_pin_ttl_ms
-            if self._hints.engine_hashes:
-                flags["engine_hash"] = self._hints.engine_hash_of(e.key)
-        return pb.PutItem(size_bytes=e.nbytes, replicas=self._replicas, **flags)
-
-    @staticmethod
-    def _take_checksum(e: PutEntry, op: TransferOp, res: TransferResult) -> str:
-        """A value hashed as it was written (by the transport, or by `session_state.hash_for`): its
-        digest becomes the entry's checksum; every replica must agree (else the caller's
-        buffer changed during the put). Returns why the write cannot stand, or ""."""
-        digest = res.checksum if op.want_checksum else op.meta.checksum if op.meta else None
-        if digest is None:
-            return "the transport returned no checksum for a write that asked for one"
-        if e.checksum is None:
-            e.checksum = digest
-        elif e.checksum != digest:
-            return "the value changed while it was being written (replicas differ)"
-        return ""
 
     def on_end_reply(self, reply: Any) -> None:
         check_result_count("PutEnd", len(reply.results), len(self._ending))
@@ -484,7 +456,46 @@ class PutBatch:
         return refs
 
 
-def _may_put_ahead(hints: PutHints | None) -> bool:
+def plan_writes(e: PutEntry, targets: Sequence[tuple[SegmentRoute, Grant, bool]], tenant: str,
+                fused: bool) -> list[TransferOp]:
+    """One write per replica target of `e` (`fused`: every target's transport hashes as it
+    copies). A value not hashed yet and not hashed by the copy is hashed here."""
+    deferred = e.checksum is None and fused
+    if e.checksum is None and not fused:  # not hashed while PutStart was in flight
+        e.checksum = hash_views(e.parts) if e.parts else checksum(e.value)
+    meta = WriteMeta(0 if e.checksum is None else e.checksum, e.nbytes, tenant, e.key)
+    return [TransferOp(route, grant, grant.offset, e.value, meta, deferred, e.parts, claim)
+            for route, grant, claim in targets]
+
+
+def take_checksum(e: PutEntry, op: TransferOp, res: TransferResult) -> str:
+    """A value hashed as it was written (by the transport, or by `session_state.hash_for`): its
+    digest becomes the entry's checksum; every replica must agree (else the caller's buffer
+    changed during the put). Returns why the write cannot stand, or ""."""
+    digest = res.checksum if op.want_checksum else op.meta.checksum if op.meta else None
+    if digest is None:
+        return "the transport returned no checksum for a write that asked for one"
+    if e.checksum is None:
+        e.checksum = digest
+    elif e.checksum != digest:
+        return "the value changed while it was being written (replicas differ)"
+    return ""
+
+
+def bind_item(e: PutEntry, replicas: int, soft_pin: bool, upsert: bool,
+              hints: PutHints | None) -> Any:
+    """The put's fields a put-ahead PutEnd carries (the PutItem its PutStart would)."""
+    flags: dict[str, Any] = {name: True for name, on in (("soft_pin", soft_pin),
+                                                         ("upsert", upsert)) if on}
+    if hints is not None:
+        if hints.soft_pin_ttl_ms:
+            flags["soft_pin_ttl_ms"] = hints.soft_pin_ttl_ms
+        if hints.engine_hashes:
+            flags["engine_hash"] = hints.engine_hash_of(e.key)
+    return pb.PutItem(size_bytes=e.nbytes, replicas=replicas, **flags)
+
+
+def may_put_ahead(hints: PutHints | None) -> bool:
     """Whether puts with these hints may use put-ahead allocations: not a hard-pinned put (the
     master checks its right at PutStart) nor one that prefers a host (placed at PutStart)."""
     return hints is None or not (hints.hard_pin or hints.preferred_host_id)

@@ -2,10 +2,11 @@
 
 What it owns
     The blocking I/O the flows ask for (`cellar.client.flows`: `Rpc` through `MasterChannel`,
-    `Move` through the transports, `Sleep`), the helper threads that hash put values behind
-    PutStart, and one background thread that releases pins nobody else carried to the master
-    within `UNPIN_DELAY_S`. What is sent, retried and returned is decided by the flows
-    (`cellar.client.operations`), the same for `AsyncClient`.
+    `Move` through the transports, `Sleep`) and the one-step get and put
+    (client/one_read.py, client/one_put.py); helper threads that hash put values behind
+    PutStart (client/hash_behind.py), and one background thread that releases pins nobody
+    else carried to the master within `UNPIN_DELAY_S`. What is sent, retried and returned is
+    decided by the flows (`cellar.client.operations`), the same for `AsyncClient`.
 
 Thread safety
     A `Client` may be shared by any number of threads. Per-call state lives in the call's own
@@ -31,16 +32,13 @@ Copies
 """
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Generator, Sequence
-from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from cellar.client import buffer_operations, flows, one_read, operations
+from cellar.client import buffer_operations, flows, metrics, one_put, one_read, operations
 from cellar.client.checks import (
     CLOSE_FLUSH_MAX_CALLS,
     CLOSE_FLUSH_TIMEOUT_S,
@@ -58,11 +56,13 @@ from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_mas
 from cellar.client.early_reads import Locations, early_reads_from_env, trusted_reads_from_env
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
+from cellar.client.hash_behind import HashBehind
 from cellar.client.load_costs import LoadEstimate
 from cellar.client.lookup import LookupResult, lookup_flow
+from cellar.client.one_put import OnePut
 from cellar.client.one_read import OneRead
 from cellar.client.put_ahead import PutAheadPool, put_ahead_from_env
-from cellar.client.puts import PutHints, hash_values, unhashed_bytes
+from cellar.client.puts import PutHints
 from cellar.client.rpc import MasterChannel, Meanwhile
 from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
@@ -74,11 +74,6 @@ from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
 from cellar.transfer.spin_wait import SpinWait
 
 T = TypeVar("T")
-
-# Put values are hashed on a helper thread while PutStart is in flight when a round has at
-# least this many bytes to hash (below it, the thread hop costs more than the overlap saves).
-HASH_BEHIND_MIN_BYTES = 1 << 20
-HASH_THREADS = 2                  # shared by every call of one client
 
 __all__ = ["Client", "connect", "parse_master_address", "probe_master"]
 
@@ -97,8 +92,7 @@ class Client:
         self.tenant = args.tenant
         self.timeout_s = args.timeout_s
         self._closed = False
-        self._hasher: ThreadPoolExecutor | None = None  # hashes put values behind PutStart
-        self._hasher_lock = threading.Lock()
+        self._hash_behind = HashBehind()  # hashes put values behind PutStart
         deadline = time.monotonic() + self.timeout_s
         self._discovery: Any = None
         self._transports = TransportSet(opened(open_transports, args.transport, args.address,
@@ -180,10 +174,7 @@ class Client:
         self._flusher.flush(max_calls=CLOSE_FLUSH_MAX_CALLS)
         self._revoke_ahead()
         self._transports.close()
-        with self._hasher_lock:
-            hasher, self._hasher = self._hasher, None
-        if hasher is not None:
-            hasher.shutdown(wait=True)
+        self._hash_behind.close()
         self._master.close()
         if self._discovery is not None:
             self._discovery.close()
@@ -200,14 +191,19 @@ class Client:
         `hints` (`cellar.client.PutHints`, every put form takes it): a soft pin that lapses, a
         hard pin, a preferred host for the first replica.
         """
-        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin,
-                                 hints=hints), "put")
+        self._put(key, value, replicas=replicas, soft_pin=soft_pin, upsert=False, hints=hints)
 
     def upsert(self, key: str, value: Any, *, replicas: int = 1, soft_pin: bool = False,
                hints: PutHints | None = None) -> None:
         """Store `value` under `key`, replacing any existing value."""
-        self._run(operations.put(self._s, key, value, replicas=replicas, soft_pin=soft_pin,
-                                 upsert=True, hints=hints), "put")
+        self._put(key, value, replicas=replicas, soft_pin=soft_pin, upsert=True, hints=hints)
+
+    def _put(self, key: str, value: Any, **how: Any) -> None:
+        self._check_open()
+        one = operations.one_put(self._s, key, value, **how)
+        if not self._put_one(one):
+            self._run(operations.put(self._s, key, value, deadline=one_put.deadline_of(one),
+                                     **how), "put")
 
     def put_many(self, items: Any, *, replicas: int = 1, soft_pin: bool = False,
                  upsert: bool = False, hints: PutHints | None = None) -> list[Status]:
@@ -353,8 +349,13 @@ class Client:
     def put_from(self, key: str, ptr: int, size: int, *, replicas: int = 1, soft_pin: bool = False,
                  upsert: bool = False) -> None:
         """Store the `size` bytes at `ptr` (inside a registered buffer) under `key`."""
-        self._run(buffer_operations.put_from(self._s, key, ptr, size, replicas=replicas,
-                                       soft_pin=soft_pin, upsert=upsert), "put")
+        self._check_open()
+        one = buffer_operations.one_put_from(self._s, key, ptr, size, replicas=replicas,
+                                             soft_pin=soft_pin, upsert=upsert)
+        if not self._put_one(one):
+            self._run(buffer_operations.put_from(self._s, key, ptr, size, replicas=replicas,
+                                                 soft_pin=soft_pin, upsert=upsert,
+                                                 deadline=one_put.deadline_of(one)), "put")
 
     def put_many_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                       replicas: int = 1, soft_pin: bool = False,
@@ -463,10 +464,45 @@ class Client:
         finally:
             one.done()
 
+    def _put_one(self, one: OnePut | None) -> bool:
+        """A one-key put made as one write and one PutEnd (client/one_put.py): True once it
+        is done (or raised its error), False when the general flow must answer the call."""
+        if one is None:
+            return False
+        try:
+            started = time.perf_counter()
+            try:
+                results = one.transport.write(one.ops, one.budget_s)
+            except OSError as exc:
+                results = [TransferResult(ST_CONNECTION_LOST, str(exc))] * len(one.ops)
+            wrote = time.perf_counter()
+            request = one_put.end_request(self._s, one, results)
+            if request is None:
+                self._call_quietly(*one_put.revoke_request(self._s, one))
+                return False
+            try:
+                reply = self._master.call("PutEnd", request, one.deadline)
+            except BaseException as exc:
+                metrics.record_error("put", exc)
+                self._call_quietly(*one_put.revoke_request(self._s, one))
+                raise
+            return one_put.finish(self._s, one, reply, wrote - started,
+                                  time.perf_counter() - wrote)
+        finally:
+            one.done()
+
+    def _call_quietly(self, method: str, request: Any, deadline: float) -> None:
+        """A best-effort call (a revoke): the master's own timeouts cover its loss."""
+        try:
+            self._master.call(method, request, deadline)
+        except (CellarError, ValueError, RuntimeError):
+            pass
+
     def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):
-            if effect.hash_behind:
-                return self._call_hashing(effect)
+            if effect.hash_behind:  # PutStart: its values are hashed meanwhile
+                return self._hash_behind.around(effect.hash_behind, lambda: self._master.call(
+                    effect.method, effect.request, effect.deadline))
             return self._master.call(effect.method, effect.request, effect.deadline)
         if isinstance(effect, Move):
             return self._move(effect)
@@ -484,23 +520,6 @@ class Client:
         rpc = effect.rpc
         reply = self._master.call(rpc.method, rpc.request, rpc.deadline, meanwhile=meanwhile)
         return reply, meanwhile.outcome()
-
-    def _call_hashing(self, effect: Rpc) -> Any:
-        """PutStart with the values hashed on a helper thread meanwhile (xxh3 releases the
-        GIL; the master needs only sizes); inline hashing is left to `on_start_reply`."""
-        hashing = None
-        if unhashed_bytes(effect.hash_behind) >= HASH_BEHIND_MIN_BYTES:
-            with self._hasher_lock:
-                if not self._closed:  # a put racing close(): no new thread
-                    if self._hasher is None:
-                        self._hasher = ThreadPoolExecutor(HASH_THREADS,
-                                                          thread_name_prefix="cellar-hash")
-                    hashing = self._hasher.submit(hash_values, effect.hash_behind)
-        try:
-            return self._master.call(effect.method, effect.request, effect.deadline)
-        finally:
-            if hashing is not None:
-                futures.wait([hashing])
 
     def _move(self, effect: Move) -> list[TransferResult]:
         """Each transport's share of the round in turn (each moves its ops in parallel)."""
@@ -530,10 +549,7 @@ class Client:
     def _revoke_ahead(self) -> None:
         for effect in flows.hand_back_aheads(self._s, CLOSE_FLUSH_TIMEOUT_S):
             assert isinstance(effect, Rpc)
-            try:
-                self._master.call(effect.method, effect.request, effect.deadline)
-            except (CellarError, ValueError, RuntimeError):
-                pass  # best effort, as the flow says
+            self._call_quietly(effect.method, effect.request, effect.deadline)
 
     def _send_unpins(self, ids: list[int]) -> None:
         timeout_s = CLOSE_FLUSH_TIMEOUT_S if self._closed else UNPIN_FLUSH_TIMEOUT_S

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 import cellar
-from cellar.client import aio
+from cellar.client import aio_gets
 from cellar.devtools.local_cluster import LocalCluster
 
 
@@ -25,20 +25,20 @@ def value(i: int) -> bytes:
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_one_turn_of_gets_larger_than_a_batch(cluster, monkeypatch, transport: str) -> None:
-    monkeypatch.setattr(aio, "PIPELINED_GETS", 8)
+    monkeypatch.setattr(aio_gets, "PIPELINED_GETS", 8)
     keys = [f"coal-{transport}/{i:02d}" for i in range(21)]
 
     async def body() -> None:
         async with cellar.AsyncClient(cluster.address, transport=transport) as client:
             await client.put_many([(k, value(i)) for i, k in enumerate(keys)], upsert=True)
             batches: list[int] = []
-            real = aio.operations.get_each
+            real = aio_gets.operations.get_each
 
             def spy(s, names):
                 batches.append(len(names))
                 return real(s, names)
 
-            monkeypatch.setattr(aio.operations, "get_each", spy)
+            monkeypatch.setattr(aio_gets.operations, "get_each", spy)
             asked = keys + ["coal-absent"]
             got = await asyncio.gather(*(client.get(k) for k in asked), return_exceptions=True)
             assert got[:-1] == [value(i) for i in range(len(keys))]
@@ -71,7 +71,7 @@ def test_gets_made_while_a_batch_is_in_flight(cluster, transport: str) -> None:
                 return done
 
             assert sum(await asyncio.gather(*(worker(w) for w in range(16)))) == 20 * 32
-            assert not client._get_queue and not client._tasks  # nothing left behind
+            assert not client._gets.queue and not client._gets.tasks  # nothing left behind
             await client.remove_prefix(f"loop-{transport}/")
 
     asyncio.run(body())
