@@ -174,6 +174,8 @@ def finish(s: Session, one: OnePut, reply: Any, write_s: float, end_s: float) ->
             s.locations.remember([(e.key, op.route, op.grant, e.nbytes, e.checksum, True)],
                                  master_ms)
         _count(one, e.nbytes, write_s, end_s)
+        if aheads is not None:
+            aheads.counted_one_step()
         return True
     if (status == Status.ALREADY_EXISTS and not one.upsert and epoch == one.ahead.epoch
             and not near_failover(s, one.generation)):

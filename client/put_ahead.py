@@ -93,6 +93,7 @@ class PutAheadPool:
         self.used = 0      # puts that wrote under a held allocation
         self.granted = 0   # allocations received
         self.dropped = 0   # ... given up unused (expired here, another epoch, unhealthy node)
+        self.one_step = 0  # single puts done in one step under one (client/one_put.py)
 
     def held(self, shape: Shape | None = None) -> int:
         with self._lock:
@@ -127,6 +128,10 @@ class PutAheadPool:
                 self.dropped += 1
                 return
             self._held.setdefault(shape, deque()).appendleft(ahead)
+
+    def counted_one_step(self) -> None:
+        with self._lock:
+            self.one_step += 1
 
     def repeats(self, shape: Shape) -> bool:
         """Note that a batch puts `shape`; whether an earlier one did (then it may ask)."""

@@ -145,7 +145,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     corrupt: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
     unverified = believed = unknown = 0
-    bytes_written = bytes_read = put_ahead = trusted_reads = 0
+    bytes_written = bytes_read = put_ahead = one_step_puts = trusted_reads = 0
     missing = []
     for i in range(args.clients):
         data = _read_json(work_dir / f"result-{i}.json")
@@ -170,6 +170,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         bytes_written += data.get("bytes_written", 0)
         bytes_read += data.get("bytes_read", 0)
         put_ahead += data.get("put_ahead", 0)
+        one_step_puts += data.get("one_step_puts", 0)
         trusted_reads += data.get("trusted_reads", 0)
     causes: Counter[str] = Counter()
     for loss in lost:
@@ -186,6 +187,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "ops_total": sum(ops.values()), "ops": dict(sorted(ops.items())),
         "bytes_written": bytes_written, "bytes_read": bytes_read,
         "put_ahead": put_ahead,  # writes under put-ahead allocations (client/put_ahead.py)
+        "one_step_puts": one_step_puts,  # ... of single puts made in one step (client/one_put.py)
         "trusted_reads": trusted_reads,  # gets read without asking (client/gets.py)
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),
         "error_samples": dict(sorted(error_samples.items())),  # the first messages of each kind

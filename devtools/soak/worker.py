@@ -351,6 +351,7 @@ class Worker:
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
             "put_ahead": self._put_ahead(),
+            "one_step_puts": self._one_step_puts(),
             "trusted_reads": self._trusted_reads(),
         }
 
@@ -363,6 +364,11 @@ class Worker:
         """Writes that went under a put-ahead allocation (client/put_ahead.py) so far."""
         aheads = getattr(getattr(self.client, "_s", None), "aheads", None)
         return int(aheads.used) if aheads is not None else 0
+
+    def _one_step_puts(self) -> int:
+        """Single puts made as one write and one PutEnd (client/one_put.py) so far."""
+        aheads = getattr(getattr(self.client, "_s", None), "aheads", None)
+        return int(aheads.one_step) if aheads is not None else 0
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         tmp = self.dir / f".{name}.tmp"

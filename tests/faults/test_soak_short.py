@@ -59,6 +59,7 @@ def test_soak_short(tmp_path: Path, variant: str) -> None:
     assert report["ops"].get("remove", 0) > 0 and report["ops"].get("upsert", 0) > 0
     assert report["ops"].get("put_over", 0) > 0  # refused puts of present keys, checked after
     assert report["put_ahead"] > 0, "no write went under a put-ahead allocation"
+    assert report["one_step_puts"] > 0, "no single put was one write and one PutEnd"
     assert report["trusted_reads"] > 0, "no get was read without asking (client/gets.py)"
     assert report["lost"]["unexplained"] == 0
     # 3 nodes of 256 MiB stay under half full: an eviction is a fault (make soak-ha found a new

@@ -119,8 +119,11 @@ def test_a_write_without_a_receipt_falls_back() -> None:
     assert one_put.end_request(s, one, [TransferResult()]) is None
 
 
-def finished(status: Status, epoch: int = EPOCH, **kw: Any) -> bool:
-    s, _ = held_session()
+def finished(status: Status, epoch: int = EPOCH, pool: list[PutAheadPool] | None = None,
+             **kw: Any) -> bool:
+    s, held = held_session()
+    if pool is not None:
+        pool.append(held)
     one = plan(s, **kw)
     assert one is not None
     one_put.end_request(s, one, [TransferResult(receipt=b"r")])
@@ -129,8 +132,9 @@ def finished(status: Status, epoch: int = EPOCH, **kw: Any) -> bool:
 
 def test_ok_counts_the_put_and_already_exists_is_raised_as_the_flow_would() -> None:
     counted = puts_counted()
-    assert finished(Status.OK) is True
-    assert puts_counted() == counted + 1
+    pools: list[PutAheadPool] = []
+    assert finished(Status.OK, pool=pools) is True
+    assert puts_counted() == counted + 1 and pools[0].one_step == 1
     with pytest.raises(cellar.AlreadyExists):
         finished(Status.ALREADY_EXISTS)
     assert puts_counted() == counted + 2  # a request that stored nothing new, as the flow's
