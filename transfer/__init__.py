@@ -69,10 +69,10 @@ def _tcp(**options: Any) -> Transport:
     return TcpTransport(**options)
 
 
-def _shm(*, spin: Any = None, **options: Any) -> Transport:
+def _shm(**options: Any) -> Transport:
     from cellar.transfer.shm import ShmTransport
 
-    return ShmTransport(**options)  # copies in this process: no reply to spin for (`spin`)
+    return ShmTransport(**options)
 
 
 def _rdma(*, spin: Any = None, **options: Any) -> Transport:

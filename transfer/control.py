@@ -47,6 +47,7 @@ from cellar.transfer.frame import (
     VERSION,
     grant_flags,
 )
+from cellar.transfer.spin_wait import SpinWait
 from cellar.transfer.tls_sock import dial
 
 INBOX_BYTES = 64 << 10
@@ -108,9 +109,14 @@ class ControlChannel:
 
     def __init__(self, *, connect_timeout_s: float = 5.0, window: int = DEFAULT_WINDOW,
                  idle_per_node: int = DEFAULT_IDLE_PER_NODE,
-                 tls_context: ssl.SSLContext | None = None) -> None:
+                 tls_context: ssl.SSLContext | None = None,
+                 spin: SpinWait | None = None) -> None:
         if window < 1 or idle_per_node < 0:
             raise ValueError("window must be >= 1 and idle_per_node >= 0")
+        # polls for the reply of a call of one frame before blocking (transfer/spin_wait.py):
+        # a one-key put's COMMIT over shm, as tcp spins for a one-chunk transfer (not under
+        # TLS, whose socket may hold a record the poll cannot see)
+        self.spin = spin if tls_context is None else None
         self.connect_timeout_s = connect_timeout_s
         self.window = min(window, MAX_IOV)
         self.idle_per_node = idle_per_node
@@ -137,9 +143,12 @@ class ControlChannel:
                 replies.extend(ControlReply(status, f"{address}: {e}") for _ in batch)
                 continue
             lanes.append(_Lane(address, conn, batch, replies))
+        spin = self.spin if len(lanes) == 1 and len(lanes[0].batch) == 1 else None
         while lanes:  # window by window: send to every node, then read every node's replies
             for lane in lanes:
                 lane.send(self.window, deadline)
+            if spin is not None and lanes[0].failure is None and not lanes[0].conn.inbox.buffered:
+                spin.wait(lanes[0].conn.sock)
             for lane in lanes:
                 lane.receive(deadline)
             still: list[_Lane] = []

@@ -109,6 +109,7 @@ from cellar.transfer.frame import (
     pack_commit_meta,
 )
 from cellar.transfer.memcopy import PARALLEL_MIN_BYTES, Copier, CopyJob, buffer_address
+from cellar.transfer.spin_wait import SpinWait
 
 NEGATIVE_CACHE_S = 1.0            # a path that failed to open is not retried for this long
 MAX_MAPPINGS = 4096               # bound of the mapping cache (one per segment file)
@@ -250,12 +251,14 @@ class ShmTransport(Transport):
     def __init__(self, *, host_id: str | None = None, control: ControlChannel | None = None,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
                  connect_timeout_s: float = 5.0,
-                 tls_context: ssl.SSLContext | None = None) -> None:
+                 tls_context: ssl.SSLContext | None = None,
+                 spin: SpinWait | None = None) -> None:
         self.host_id = host_id if host_id is not None else local_host_id()
         self.parallel_min_bytes = parallel_min_bytes
         self._copier = Copier(parallel_min_bytes)
+        # `spin`: for the reply of a lone COMMIT (transfer/control.py); copies need none
         self._control = control or ControlChannel(connect_timeout_s=connect_timeout_s,
-                                                  tls_context=tls_context)
+                                                  tls_context=tls_context, spin=spin)
         self._lock = threading.Lock()
         self._maps: dict[str, Mapping] = {}
         self._unreachable: dict[str, float] = {}  # path -> monotonic time to retry opening

@@ -9,7 +9,8 @@ Why
     window keeps its vCPU running, so the reply lands without the second wake-up (`make
     bench-spin`, p50: a 1-key prefix_len 192-195 -> 107-124 us, a 256-key lookup 327-356 ->
     250-274 us). The SDK spins where a reply is due within microseconds: the master's probes
-    and one-key requests (client/rpc.py), and tcp transfers of one chunk (transfer/tcp.py).
+    and one-key requests (client/rpc.py), tcp transfers of one chunk (transfer/tcp.py), and
+    the lone COMMIT of a single put over shm (transfer/control.py).
 
 What it costs and how that is bounded
     CPU of the calling thread, at most the window per call:

@@ -60,3 +60,36 @@ def test_a_bad_spin_setting_fails_connect_before_anything_opens(
     monkeypatch.setenv("CELLAR_SPIN_US", "lots")
     with pytest.raises(cellar.InvalidArgument, match="CELLAR_SPIN_US"):
         cellar.connect(cluster.address, transport="tcp")
+
+
+def test_over_shm_a_lone_commit_is_spun_for_and_a_batchs_are_not(
+        module_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single put over shm copies the value itself and waits for one COMMIT's reply from
+    the node (transfer/control.py): due within microseconds, so it is spun for, as tcp spins
+    for a one-chunk transfer; a batch's COMMITs are not."""
+    cluster = module_cluster(nodes=1, segment_size="64MiB")
+    monkeypatch.setenv("CELLAR_SPIN_US", "5000")
+    with cellar.connect(cluster.address, transport="shm") as client:
+        spin = client._master._spin
+        (shm,) = [t for t in client._transports.transports if t.name == "shm"]
+        assert spin is not None and shm._control.spin is spin
+        in_writes: list[int] = []
+        real_write = shm.write
+
+        def write(ops, timeout_s):  # type: ignore[no-untyped-def]
+            before = spin.spins
+            try:
+                return real_write(ops, timeout_s)
+            finally:
+                in_writes.append(spin.spins - before)
+
+        monkeypatch.setattr(shm, "write", write)
+        values = {f"shm-spin/{i:02d}": os.urandom(64 * KIB) for i in range(12)}
+        for key, value in values.items():
+            client.put(key, value)
+        assert in_writes == [1] * len(values)  # one window per put: its COMMIT's reply
+        in_writes.clear()
+        assert client.put_many({f"shm-spin/many/{i}": b"v" * 4096 for i in range(16)}) \
+            == [cellar.Status.OK] * 16
+        assert in_writes and set(in_writes) == {0}
+        assert [client.get(key) for key in values] == list(values.values())
