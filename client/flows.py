@@ -262,6 +262,8 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
                        if ask is not None else pb.PutEndRequest(header=s.header, items=end_items))
                 reply = yield Rpc("PutEnd", end, deadline)
                 batch.on_end_reply(reply)
+                if s.locations is not None:  # the keys' old places are stale now
+                    s.locations.changed(batch.ended_ok())
                 if batch.written:  # a get of these may read them early (client/early_reads.py)
                     assert s.locations is not None
                     s.locations.remember(batch.written, int(reply.header.master_time_ms))
@@ -499,6 +501,8 @@ def remove(s: Session, key: str) -> Flow[bool]:
     check_result_count("Remove", len(reply.results), 1)
     status = to_status(reply.results[0].status)
     if status == Status.OK:
+        if s.locations is not None:
+            s.locations.changed([key])
         return True
     if status == Status.NOT_FOUND:
         return False
@@ -519,6 +523,8 @@ def remove_many(s: Session, keys: list[str]) -> Flow[list[bool]]:
             if status not in (Status.OK, Status.NOT_FOUND):
                 raise status_error(status, result.message, key)
             out.append(status == Status.OK)
+        if s.locations is not None:
+            s.locations.changed(names)
     return out
 
 

@@ -168,11 +168,13 @@ def finish(s: Session, one: OnePut, reply: Any, write_s: float, end_s: float) ->
         s.costs.rpc("PutEnd", end_s)
     e = one.entry
     if status == Status.OK:
-        if s.locations is not None and getattr(one.transport, "reads_own_mapping", False):
-            op = one.ops[0]  # the tier of a put-ahead replica is not known here: as disk
-            assert e.checksum is not None  # the PutEnd carried it
-            s.locations.remember([(e.key, op.route, op.grant, e.nbytes, e.checksum, True)],
-                                 master_ms)
+        if s.locations is not None:  # the key's old places are stale now
+            s.locations.changed([e.key])
+            if getattr(one.transport, "reads_own_mapping", False):
+                op = one.ops[0]  # the tier of a put-ahead replica is not known here: as disk
+                assert e.checksum is not None  # the PutEnd carried it
+                s.locations.remember([(e.key, op.route, op.grant, e.nbytes, e.checksum, True)],
+                                     master_ms)
         _count(one, e.nbytes, write_s, end_s)
         if aheads is not None:
             aheads.counted_one_step()

@@ -161,6 +161,7 @@ class PutBatch:
         self._bad_placement: dict[int, str] = {}
         self._op_owner: list[int] = []       # entry index per planned op
         self._ending: list[int] = []         # entry indexes of the last PutEnd, in order
+        self._last_ended: list[int] = []     # ... once its reply was read (`ended_ok`)
         self._planned: list[TransferOp] = []
         self._start_epoch = 0                # master epoch that answered the last PutStart
         # Put ahead (client/put_ahead.py): the pool, when this batch's puts may use it, and
@@ -441,7 +442,12 @@ class PutBatch:
                 assert e.checksum is not None  # a PutEnd carries it
                 self.written.append((e.key, route, grant, e.nbytes, e.checksum,
                                      route.segment_id not in self._dram_segments))
-        self._ending = []
+        self._last_ended, self._ending = self._ending, []
+
+    def ended_ok(self) -> list[str]:
+        """The keys the last PutEnd stored (a new version each)."""
+        return [self.entries[i].key for i in self._last_ended
+                if self.entries[i].status == Status.OK]
 
     def abandon(self, message: str) -> list[Any]:
         """Settle every key in flight as UNAVAILABLE; the PutRefs to revoke."""
