@@ -14,8 +14,8 @@ both faces); this module only turns the caller's memory into checked views.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from cellar.client import flows, one_put, one_read, operations, tensors
 from cellar.client.buffers import alloc_buffer, readable_view, writable_view
@@ -25,6 +25,8 @@ from cellar.client.gets import GetEntry, release_views
 from cellar.client.pointers import Lease
 from cellar.client.puts import parts_entries
 from cellar.errors import InvalidArgument, Status
+
+T = TypeVar("T")
 
 MAX_PARTS = 1024  # parts of one object (each one iovec / one copy)
 
@@ -63,15 +65,9 @@ def one_put_from(s: Session, key: Any, ptr: Any, size: Any, *, replicas: Any = 1
         (view,) = _leased(lease, nonempty=True)  # it releases the lease when it raises
     except InvalidArgument:
         return None
-    try:
-        one = one_put.plan(s, key, view, replicas=replicas, soft_pin=bool(soft_pin),
-                           upsert=bool(upsert), hints=None, done=lease.release)
-    except BaseException:
-        lease.release()
-        raise
-    if one is None:
-        lease.release()
-    return one
+    return _held_until_done(lease, lambda done: one_put.plan(
+        s, key, view, replicas=replicas, soft_pin=bool(soft_pin), upsert=bool(upsert),
+        hints=None, done=done))
 
 
 def put_from(s: Session, key: Any, ptr: Any, size: Any, *, replicas: Any = 1,
@@ -111,8 +107,14 @@ def one_get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> one_read.OneR
         (view,) = _leased(lease, nonempty=False)  # it releases the lease when it raises
     except InvalidArgument:
         return None
+    return _held_until_done(lease, lambda done: one_read.plan(s, key, view, done))
+
+
+def _held_until_done(lease: Lease, plan: Callable[[Callable[[], None]], T | None]) -> T | None:
+    """`plan(done)`, `done` releasing `lease`: what it planned holds the lease until its
+    `done`; when it planned nothing (or raised), the lease is released here."""
     try:
-        one = one_read.plan(s, key, view, lease.release)
+        one = plan(lease.release)
     except BaseException:
         lease.release()
         raise

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,9 +25,9 @@ import pytest
 
 import cellar
 from cellar.client import flows, metrics
-from cellar.client.put_ahead import PutAheadPool
 from cellar.devtools.local_cluster import LocalCluster
-from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, AsyncFace, open_face
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_pair
+from tests.support.put_ahead import pool, rpc_count
 
 SIZE = 64 << 10
 
@@ -38,20 +36,6 @@ SIZE = 64 << 10
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(1, "128MiB", master_flags={"allow_unknown_tenants": "true"}) as c:
         yield c
-
-
-def pool(client: Any) -> PutAheadPool:
-    inner = client.client if isinstance(client, AsyncFace) else client
-    found = inner._s.aheads
-    assert found is not None, "putting ahead is on by default"
-    return found
-
-
-def rpc_count(cluster: LocalCluster, rpc: str) -> int:
-    text = urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10).read().decode()
-    match = re.search(rf'^master_rpc_latency_seconds_count{{rpc="{rpc}"}} ([0-9.e+]+)$', text,
-                      re.MULTILINE)
-    return int(float(match.group(1))) if match else 0
 
 
 def puts_counted() -> float:
@@ -76,10 +60,7 @@ def general_puts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_single_puts_of_a_held_size_are_one_write_and_one_put_end(
         cluster: LocalCluster, face_transport: tuple[str, str], general_puts: list[str]) -> None:
     face, transport = face_transport
-    tenant = f"one-put-{face}-{transport}"
-    token = cluster.token_for(tenant, shm=transport == "shm")
-    writer = open_face(face, transport, cluster.address, tenant=tenant, token=token)
-    reader = open_face(face, transport, cluster.address, tenant=tenant, token=token)
+    writer, reader = open_pair(face, transport, cluster, f"one-put-{face}-{transport}")
     try:
         writer.put("warm0", os.urandom(SIZE))  # the first put of a size asks for nothing,
         writer.put("warm1", os.urandom(SIZE))  # the second asks: allocations held from here

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import cellar
-from cellar.client.put_ahead import PutAheadPool
 from cellar.devtools.local_cluster import LocalCluster
-from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, AsyncFace, open_face
+from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_pair
+from tests.support.put_ahead import pool, rpc_count
 
 SIZE = 64 << 10
 
@@ -33,20 +33,6 @@ SIZE = 64 << 10
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(1, "128MiB", master_flags={"allow_unknown_tenants": "true"}) as c:
         yield c
-
-
-def pool(client: Any) -> PutAheadPool:
-    inner = client.client if isinstance(client, AsyncFace) else client
-    found = inner._s.aheads
-    assert found is not None, "putting ahead is on by default"
-    return found
-
-
-def rpc_count(cluster: LocalCluster, rpc: str) -> int:
-    text = urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10).read().decode()
-    match = re.search(rf'^master_rpc_latency_seconds_count{{rpc="{rpc}"}} ([0-9.e+]+)$', text,
-                      re.MULTILINE)
-    return int(float(match.group(1))) if match else 0
 
 
 def get_once_rebuilt(client: cellar.Client, key: str, timeout_s: float = 30.0) -> bytes:
@@ -71,10 +57,7 @@ def writing_count(cluster: LocalCluster) -> int:
 def test_puts_of_one_size_skip_put_start_and_read_back_exact(
         cluster: LocalCluster, face_transport: tuple[str, str]) -> None:
     face, transport = face_transport
-    tenant = f"ahead-{face}-{transport}"
-    token = cluster.token_for(tenant, shm=transport == "shm")
-    writer = open_face(face, transport, cluster.address, tenant=tenant, token=token)
-    reader = open_face(face, transport, cluster.address, tenant=tenant, token=token)
+    writer, reader = open_pair(face, transport, cluster, f"ahead-{face}-{transport}")
     try:
         values = {f"k{i}": os.urandom(SIZE) for i in range(52)}
         items = list(values.items())

@@ -149,3 +149,15 @@ def opened_summary() -> list[str]:
     if missing:
         lines.append(f"face x transport combinations NOT run: {', '.join(missing)}")
     return lines
+
+
+def open_pair(face: str, transport: str, cluster: Any, tenant: str) -> tuple[Any, Any]:
+    """Two clients of `tenant` (a writer and a reader, say) over one face and transport, with
+    the tenant's token (shm rights over shm), each counted as `open_face` counts them."""
+    token = cluster.token_for(tenant, shm=transport == "shm")
+    first = open_face(face, transport, cluster.address, tenant=tenant, token=token)
+    try:
+        return first, open_face(face, transport, cluster.address, tenant=tenant, token=token)
+    except BaseException:
+        first.close()
+        raise
