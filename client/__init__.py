@@ -23,6 +23,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
                     without the general put flow (the faces fall back to it for anything else)
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
                     retries, pin release, deadline-bounded gets, probes)
+    - `key_flows.py` removes and key listing as flows (and the early-read bookkeeping a
+                    remove needs)
     - `operations.py` the public operations: checks + flow + result, shared by both faces
     - `buffer_operations.py` the same for raw pointers, scatter-gather parts and tensors
     - `flow_run.py` stepping one flow for a face (`FlowRun`) and the call's metrics

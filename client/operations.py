@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from cellar.client import flows, one_read
+from cellar.client import flows, key_flows, one_read
 from cellar.client import one_put as one_put_step
 from cellar.client.buffers import writable_view
 from cellar.client.checks import (
@@ -285,20 +285,20 @@ def prefix_len(s: Session, keys: Sequence[Any]) -> Flow[int]:
 
 
 def remove(s: Session, key: Any) -> Flow[bool]:
-    return (yield from flows.remove(s, validate_key(key, s.limits.max_key_bytes)))
+    return (yield from key_flows.remove(s, validate_key(key, s.limits.max_key_bytes)))
 
 
 def remove_many(s: Session, keys: Any) -> Flow[list[bool]]:
-    return (yield from flows.remove_many(s, validate_keys(keys, s.limits.max_key_bytes)))
+    return (yield from key_flows.remove_many(s, validate_keys(keys, s.limits.max_key_bytes)))
 
 
 def remove_prefix(s: Session, prefix: Any) -> Flow[int]:
     prefix = validate_key(prefix, s.limits.max_key_bytes, "prefix")
-    return (yield from flows.remove_prefix(s, prefix))
+    return (yield from key_flows.remove_prefix(s, prefix))
 
 
 def remove_all(s: Session, tenant: Any = None) -> Flow[int]:
-    return (yield from flows.remove_all(s, None if tenant is None else validate_tenant(tenant)))
+    return (yield from key_flows.remove_all(s, None if tenant is None else validate_tenant(tenant)))
 
 
 def list_keys(s: Session, prefix: Any = "", start_after: Any = "",
@@ -306,7 +306,7 @@ def list_keys(s: Session, prefix: Any = "", start_after: Any = "",
     prefix = validate_text(prefix, s.limits.max_key_bytes, "prefix")
     start_after = validate_text(start_after, s.limits.max_key_bytes, "start_after")
     limit = validate_count(limit, s.limits.max_list_keys, "limit")
-    keys, _more = yield from flows.list_keys(s, prefix, start_after, limit)
+    keys, _more = yield from key_flows.list_keys(s, prefix, start_after, limit)
     return keys
 
 
@@ -316,7 +316,7 @@ def list_all_keys(s: Session, prefix: Any = "",
     page_keys = validate_count(page_keys, MAX_LIST_ALL_KEYS, "page_keys")
     # the page size changes only how many calls the walk takes: ask at most what the master serves
     page_keys = min(page_keys, s.limits.max_list_keys)
-    return (yield from flows.list_all_keys(s, prefix, page_keys, MAX_LIST_ALL_KEYS))
+    return (yield from key_flows.list_all_keys(s, prefix, page_keys, MAX_LIST_ALL_KEYS))
 
 
 def status(s: Session) -> Flow[dict[str, Any]]:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import cellar
-from cellar.client import flows, operations
+from cellar.client import flows, key_flows, operations
 from cellar.client.flows import Move, Record, Rpc, Session, Sleep
 from cellar.client.session_state import TransportSet
 from cellar.errors import Status
@@ -249,7 +249,7 @@ def test_list_all_keys_stops_past_its_cap():
     s, _ = session()
     answer, asked = pages([f"k{i}" for i in range(10)])
     with pytest.raises(cellar.InvalidArgument, match="more than 4 keys"):
-        drive(flows.list_all_keys(s, "", 3, 4), answer)
+        drive(key_flows.list_all_keys(s, "", 3, 4), answer)
     assert len(asked) == 2  # stopped as soon as the walk passed the cap
 
 
@@ -262,7 +262,7 @@ def test_list_all_keys_stops_past_its_cap():
 def test_a_page_that_breaks_the_contract_is_an_error(prefix, reply):
     s, _ = session()
     with pytest.raises(cellar.CellarError, match="ListKeys"):
-        drive(flows.list_keys(s, prefix, "", 3), lambda effect: reply)
+        drive(key_flows.list_keys(s, prefix, "", 3), lambda effect: reply)
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [
