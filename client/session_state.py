@@ -172,6 +172,8 @@ class NodeHealth:
             self._until[node_id] = now + self._unhealthy_s
 
     def unhealthy(self, now: float | None = None) -> set[str]:
+        if not self._until:  # the common case, asked a few times per call: no lock, no clock
+            return set()
         now = time.monotonic() if now is None else now
         with self._lock:
             expired = [n for n, t in self._until.items() if t <= now]
