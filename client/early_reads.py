@@ -180,19 +180,14 @@ class Locations:
                 if found is not None:
                     found.trusted_until = 0.0
 
-    def changed(self, keys: Iterable[str]) -> None:
-        """This client's change of `keys` (a put, an upsert, a remove) was acknowledged: the
-        places it remembers for them are another version's now, an early read of which the
-        master's reply would discard (a wasted read): forget them. (A put over shm remembers
-        its own new place after this. Other clients learn of the change from the master.)"""
+    def forget(self, *keys: str) -> None:
+        """Forget where `keys` are: a place a read of it failed, or one another version holds
+        now (this client's put, upsert or remove of the key was acknowledged: an early read
+        there would only be discarded by the master's reply)."""
         with self._lock:
             by_key = self._by_key
             for key in keys:
                 by_key.pop(key, None)
-
-    def forget(self, key: str) -> None:
-        with self._lock:
-            self._by_key.pop(key, None)
 
     def counted(self, kept: int, discarded: int) -> None:
         """One batch's early reads, here and in the client metrics."""

@@ -260,9 +260,9 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
                 end = (pb.PutEndRequest(header=s.header, items=end_items, ahead=ask)
                        if ask is not None else pb.PutEndRequest(header=s.header, items=end_items))
                 reply = yield Rpc("PutEnd", end, deadline)
-                batch.on_end_reply(reply)
+                stored = batch.on_end_reply(reply)
                 if s.locations is not None:  # the keys' old places are stale now
-                    s.locations.changed(batch.ended_ok())
+                    s.locations.forget(*stored)
                 if batch.written:  # a get of these may read them early (client/early_reads.py)
                     assert s.locations is not None
                     s.locations.remember(batch.written, int(reply.header.master_time_ms))

@@ -5,7 +5,7 @@ What it owns
     how a face performs them), checked replies, and the early-read bookkeeping a remove needs:
     before it, this client trusts none of the keys' old places (`Locations.changing`); once
     the master acknowledged it, the places it remembers for them are forgotten
-    (`Locations.changed`).
+    (`Locations.forget`).
 
 What it must never do
     Block, sleep or touch a socket.
@@ -35,7 +35,7 @@ def remove(s: Session, key: str) -> Flow[bool]:
     status = to_status(reply.results[0].status)
     if status == Status.OK:
         if s.locations is not None:
-            s.locations.changed([key])
+            s.locations.forget(key)
         return True
     if status == Status.NOT_FOUND:
         return False
@@ -57,7 +57,7 @@ def remove_many(s: Session, keys: list[str]) -> Flow[list[bool]]:
                 raise status_error(status, result.message, key)
             out.append(status == Status.OK)
         if s.locations is not None:
-            s.locations.changed(names)
+            s.locations.forget(*names)
     return out
 
 

@@ -169,7 +169,7 @@ def finish(s: Session, one: OnePut, reply: Any, write_s: float, end_s: float) ->
     e = one.entry
     if status == Status.OK:
         if s.locations is not None:  # the key's old places are stale now
-            s.locations.changed([e.key])
+            s.locations.forget(e.key)
             if getattr(one.transport, "reads_own_mapping", False):
                 op = one.ops[0]  # the tier of a put-ahead replica is not known here: as disk
                 assert e.checksum is not None  # the PutEnd carried it

@@ -161,7 +161,6 @@ class PutBatch:
         self._bad_placement: dict[int, str] = {}
         self._op_owner: list[int] = []       # entry index per planned op
         self._ending: list[int] = []         # entry indexes of the last PutEnd, in order
-        self._last_ended: list[int] = []     # ... once its reply was read (`ended_ok`)
         self._planned: list[TransferOp] = []
         self._start_epoch = 0                # master epoch that answered the last PutStart
         # Put ahead (client/put_ahead.py): the pool, when this batch's puts may use it, and
@@ -411,8 +410,11 @@ class PutBatch:
         """The PutRef that revokes `e`'s put (a put-ahead allocation is named by "")."""
         return pb.PutRef(key="" if e.ahead_epoch else e.key, put_id=e.put_id)
 
-    def on_end_reply(self, reply: Any) -> None:
+    def on_end_reply(self, reply: Any) -> list[str]:
+        """Settle the keys of the last PutEnd from its reply; the keys it stored (a new
+        version each)."""
         check_result_count("PutEnd", len(reply.results), len(self._ending))
+        stored: list[str] = []
         # A master that restarted between PutStart and PutEnd never heard of the put: the key
         # is written again from the start (new placement) rather than reported as NOT_FOUND.
         epoch = int(reply.header.epoch)
@@ -437,17 +439,16 @@ class PutBatch:
                 e.status = status
                 continue
             e.status, e.message = status, res.message
-            if status == Status.OK and i in self._readable:
+            if status != Status.OK:
+                continue
+            stored.append(e.key)
+            if i in self._readable:
                 route, grant = self._readable[i]
                 assert e.checksum is not None  # a PutEnd carries it
                 self.written.append((e.key, route, grant, e.nbytes, e.checksum,
                                      route.segment_id not in self._dram_segments))
-        self._last_ended, self._ending = self._ending, []
-
-    def ended_ok(self) -> list[str]:
-        """The keys the last PutEnd stored (a new version each)."""
-        return [self.entries[i].key for i in self._last_ended
-                if self.entries[i].status == Status.OK]
+        self._ending = []
+        return stored
 
     def abandon(self, message: str) -> list[Any]:
         """Settle every key in flight as UNAVAILABLE; the PutRefs to revoke."""
