@@ -14,13 +14,12 @@ What it owns
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from cellar.client.puts import PutEntry, hash_values, unhashed_bytes
+from cellar.transfer.lazy_pool import LazyPool
 
 T = TypeVar("T")
 
@@ -32,21 +31,16 @@ class HashBehind:
     """The helper threads that hash put values behind a call."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        self._closed = False
+        self._pool = LazyPool(HASH_THREADS, "cellar-hash")
 
     def around(self, entries: Sequence[PutEntry], call: Callable[[], T]) -> T:
         """`call()`, with `entries` hashed on a helper thread meanwhile when there is enough
         to hash; returns once both ended (else the copy hashes them inline)."""
         hashing = None
         if unhashed_bytes(entries) >= HASH_BEHIND_MIN_BYTES:
-            with self._lock:
-                if not self._closed:  # a put racing close(): no new thread
-                    if self._pool is None:
-                        self._pool = ThreadPoolExecutor(HASH_THREADS,
-                                                        thread_name_prefix="cellar-hash")
-                    hashing = self._pool.submit(hash_values, entries)
+            pool = self._pool.get()  # None: a put racing close() hashes inline
+            if pool is not None:
+                hashing = pool.submit(hash_values, entries)
         try:
             return call()
         finally:
@@ -55,11 +49,7 @@ class HashBehind:
 
     def close(self) -> None:
         """Stop the threads once their work ended; later calls hash inline."""
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._pool.close()
 
 
 __all__ = ["HASH_BEHIND_MIN_BYTES", "HASH_THREADS", "HashBehind"]

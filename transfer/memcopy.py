@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -67,6 +66,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import xxhash
+
+from cellar.transfer.lazy_pool import LazyPool
 
 PIECE_BYTES = 4 << 20          # the longest uninterrupted memcpy (deadline granularity)
 FUSED_CHUNK_BYTES = 256 << 10  # reads hashed as they land: copy and hash this much at a time
@@ -321,16 +322,15 @@ class Copier:
 
     def __init__(self, parallel_min_bytes: int = PARALLEL_MIN_BYTES) -> None:
         self.parallel_min_bytes = parallel_min_bytes
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
-        self._closed = False
+        self._pool = LazyPool(1, "cellar-shm-copy")
 
     def run(self, jobs: Sequence[CopyJob], deadline: float) -> None:
         """Copy every job until the deadline (time.monotonic()); sets each job's `done` (and
         `digest` for hashed ones). Returns only when no copy it started is still running."""
         items = _items(jobs)
         total = sum(job.nbytes for job in jobs)
-        executor = self._helper() if total >= self.parallel_min_bytes and len(items) > 1 else None
+        executor = (self._pool.get() if total >= self.parallel_min_bytes and len(items) > 1
+                    else None)
         if executor is not None and all(job.file >= 0 for job in jobs):
             self._write_files(items, executor, deadline)
         elif executor is None:
@@ -360,17 +360,5 @@ class Copier:
         finally:
             fut.result()  # a digest is read only once the whole batch ran
 
-    def _helper(self) -> ThreadPoolExecutor | None:
-        with self._lock:
-            if self._closed:
-                return None
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="cellar-shm-copy")
-            return self._executor
-
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+        self._pool.close()
