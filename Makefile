@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py transfer/_copyv.c transfer/_spin.c
+$(STAMP): pyproject.toml setup.py transfer/_copyv.c transfer/_spin.c transfer/_replies.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=69" wheel
 	$(PY) -m pip install --quiet -e ".[dev]"

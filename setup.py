@@ -37,7 +37,8 @@ def mapped_packages(root: Path = ROOT) -> tuple[list[str], dict[str, str]]:
 # Native helpers, each optional: without a C compiler the install still succeeds and the code
 # that uses them falls back to pure Python (slower, same results).
 EXTENSIONS = [Extension("cellar.transfer._copyv", ["transfer/_copyv.c"], optional=True),
-              Extension("cellar.transfer._spin", ["transfer/_spin.c"], optional=True)]
+              Extension("cellar.transfer._spin", ["transfer/_spin.c"], optional=True),
+              Extension("cellar.transfer._replies", ["transfer/_replies.c"], optional=True)]
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
     _packages, _package_dir = mapped_packages()

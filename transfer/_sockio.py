@@ -14,10 +14,21 @@ against the frame limits before asking.
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import ssl
 import struct
 from collections.abc import Callable, Sequence
+
+try:  # the native helper (setup.py builds it when a C compiler is there)
+    from cellar.transfer._replies import read_replies as _read_replies
+except ImportError:  # pragma: no cover - depends on the install
+    _read_replies = None
+# `$CELLAR_NATIVE_REPLIES=0` receives READ replies in Python even with the helper built (the
+# fallback's tests, and A/B measurements).
+NATIVE_REPLIES = _read_replies is not None and os.environ.get("CELLAR_NATIVE_REPLIES") != "0"
+MAX_DEADLINE_S = 9e9  # a later deadline (or none: inf) is this one, within int64 ns
 
 Buffer = bytes | bytearray | memoryview
 
@@ -182,7 +193,7 @@ class Inbox:
     """
 
     __slots__ = ("_sock", "_buf", "_view", "_start", "_end", "size", "readahead", "outbox",
-                 "read_ahead_of_payload")
+                 "read_ahead_of_payload", "native")
 
     def __init__(self, sock: socket.socket, size: int, *, readahead: int = 64 << 10,
                  outbox: Outbox | None = None, read_ahead_of_payload: bool = False) -> None:
@@ -198,6 +209,9 @@ class Inbox:
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
+        # `read_replies` may run natively: a plain socket (the helper reads its fd; TLS records
+        # need OpenSSL) and no replies of our own to flush before a read (a server's outbox).
+        self.native = NATIVE_REPLIES and outbox is None and not isinstance(sock, ssl.SSLSocket)
 
     @property
     def buffered(self) -> int:
@@ -302,6 +316,28 @@ class Inbox:
             pos += self._recv_with_next(dst[pos:])
         while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
             pos += self._recv_into(dst[pos:], MSG_WAITALL, mid_payload=True)
+
+    def read_replies(self, items: list[tuple[int, memoryview]], deadline: float,
+                     max_bytes: int) -> tuple[int, BaseException | None]:
+        """Receive the OK READ replies of `items` ((request id, destination), in the order they
+        are due) in one native call (`native` must be True; transfer/_replies.c): each header
+        checked as `tcp_plan.check_response` checks an OK read's, its payload straight into the
+        destination. Stops after `max_bytes` of payload, or before a reply that is anything
+        else (left unread, as `take_scatter` would find it). Returns (how many items got their
+        reply, the error that stopped it or None); after an error the stream is out of step.
+        `deadline`: time.monotonic() s, checked before each reply."""
+        assert _read_replies is not None
+        done, self._start, self._end, code, err = _read_replies(
+            self._sock.fileno(), self._buf, self._start, self._end, items,
+            int(min(deadline, MAX_DEADLINE_S) * 1e9), max_bytes)
+        if code == 0:
+            return done, None
+        if code == 1:
+            return done, TimeoutError("deadline passed")
+        if code == 2:
+            return done, PeerClosed("peer closed the connection")
+        err = err or errno.EIO
+        return done, OSError(err, os.strerror(err))
 
     def read_into_views(self, views: Sequence[memoryview], skip: int = 0) -> None:
         """`read_into` for a payload spread over several destinations (scatter-gather), in

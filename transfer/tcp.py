@@ -117,6 +117,36 @@ RESPONSE_SIZE = RESPONSE.size
 NO_CONNECTION = "no free connection before the deadline"
 
 
+# Payload bytes one native call receives before it returns, so the lane hashes them while
+# they are still in the CPU's cache (L2 is 1.25 MiB a core on the machines measured here).
+NATIVE_RUN_BYTES = 512 << 10
+
+
+def _native_reads(inbox: Inbox, pending: deque[tuple[int, int, tuple[memoryview, ...], int]],
+                  deadline: float, hashed: list[bool], sums: list[int | None],
+                  most: int) -> tuple[int, BaseException | None]:
+    """Receive up to `most` of the `pending` READ replies (those due first, one destination
+    each, about NATIVE_RUN_BYTES) in one native call (`Inbox.read_replies`); pops and hashes
+    each that landed. Returns (how many, the error that stopped the call or None). What it
+    leaves (an error reply, a scattered destination) the pump's Python loop receives."""
+    items: list[tuple[int, memoryview]] = []
+    total = 0
+    for rid, _, views, size in pending:
+        if len(items) >= most or total >= NATIVE_RUN_BYTES or len(views) != 1 \
+                or len(views[0]) != size:
+            break
+        items.append((rid, views[0]))
+        total += size
+    if not items:
+        return 0, None
+    done, error = inbox.read_replies(items, deadline, NATIVE_RUN_BYTES)
+    for _ in range(done):
+        _, op_i, views, _ = pending.popleft()
+        if hashed[op_i]:
+            sums[op_i] = xxh3_64_intdigest(views[0])
+    return done, error
+
+
 class _Conn:
     __slots__ = ("sock", "inbox", "next_id", "gen", "io_timeout_s")
 
@@ -469,6 +499,7 @@ class TcpTransport(Transport):
         window = self.max_inflight_per_connection
         refill_at = window // 2
         is_write = op_code == OP_WRITE
+        native = not is_write and inbox.native
         # `spin`: once per pump, before the first reply it would block for
         pending: deque[tuple[int, int, tuple[memoryview, ...], int]] = deque()
         n = len(chunks)
@@ -497,6 +528,13 @@ class TcpTransport(Transport):
                 if spin is not None and i >= n and inbox.buffered < RESPONSE_SIZE:
                     spin.wait(sock)
                     spin = None
+                if native:  # a run of READ replies in one native call, then this loop's rest
+                    got, error = _native_reads(inbox, pending, deadline, hashed, sums,
+                                               len(pending) - refill_at if i < n else len(pending))
+                    if error is not None:
+                        raise error
+                    if got:
+                        continue
                 if is_write:
                     head, early = inbox.take(RESPONSE_SIZE), 0
                 else:  # header into the inbox, payload straight into the destination

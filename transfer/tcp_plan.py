@@ -93,6 +93,8 @@ def check_response(head: bytes | memoryview, rid: int, size: int,
     if header.status == ST_OK:
         if header.length != size if is_read else header.length not in (0, RECEIPT_BYTES):
             raise Desync(f"response length {header.length} for {size} bytes")
+        if header.msg_len:
+            raise Desync("an OK response with a message")
     elif header.length:
         raise Desync("error response with a payload")
     return header.status, header.flags, header.msg_len, header.length

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from cellar.proto.grant import sign
-from cellar.transfer import make_transport
+from cellar.transfer import _sockio, make_transport
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
     ST_CONNECTION_LOST,
@@ -59,13 +59,51 @@ from tests.support.transfer_node import (  # noqa: F401 - the fixtures access, s
 )
 
 
-@pytest.fixture
-def transport() -> Iterator[TcpTransport]:
+@pytest.fixture(params=["native", "python"])
+def transport(request: pytest.FixtureRequest,
+              monkeypatch: pytest.MonkeyPatch) -> Iterator[TcpTransport]:
+    """Every test on this fixture runs with READ replies received by the native helper
+    (transfer/_replies.c) and by the Python loop it falls back to."""
+    if request.param == "native" and not _sockio.NATIVE_REPLIES:
+        pytest.skip("the native helper is not built (or CELLAR_NATIVE_REPLIES=0)")
+    monkeypatch.setattr(_sockio, "NATIVE_REPLIES", request.param == "native")
     # small chunks force striping over all four connections
     t = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10,
                      socket_buffer_bytes=1 << 20)
     yield t
     t.close()
+
+
+def test_reads_take_the_native_path_only_where_it_runs(route: SegmentRoute,
+                                                       access: TransferNode,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of reads over plain TCP receives its replies natively (when built); with
+    NATIVE_REPLIES off it never does, and the bytes are the same either way."""
+    if not _sockio.NATIVE_REPLIES:
+        pytest.skip("the native helper is not built (or CELLAR_NATIVE_REPLIES=0)")
+    calls = []
+    real = _sockio._read_replies
+
+    def counted(*args: object) -> tuple[int, int, int, int, int]:
+        calls.append(args)
+        assert real is not None
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_sockio, "_read_replies", counted)
+    data = os.urandom(16 << 16)
+    access.view[:len(data)] = data
+    for native in (True, False):
+        monkeypatch.setattr(_sockio, "NATIVE_REPLIES", native)
+        calls.clear()
+        t = TcpTransport(connections_per_node=1)
+        try:
+            outs = [bytearray(64 << 10) for _ in range(16)]
+            res = t.read([rop(route, i << 16, outs[i]) for i in range(16)], 10)
+        finally:
+            t.close()
+        assert all(r.ok for r in res)
+        assert b"".join(outs) == data
+        assert bool(calls) is native
 
 
 SIZES = [1, 2, 4095, 4096, 4097, (64 << 10) - 1, 64 << 10, (64 << 10) + 1, 3 << 16,

@@ -288,6 +288,7 @@ def test_check_response_matches_a_reply_to_its_request_or_desyncs() -> None:
         (pack_response(0, 7, RECEIPT_BYTES - 1), 7, 4096, False, "response length"),
         (pack_response(5, 7, 16), 7, 4096, True, "error response with a payload"),
         (b"\0" * len(ok_read), 7, 4096, True, "bad response header"),
+        (RESPONSE.pack(b"CLRP", 1, 0, 0, 2, 7, 4096), 7, 4096, True, "OK response with a"),
     ]
     for head, rid, size, is_read, why in bad:
         with pytest.raises(Desync, match=why):
