@@ -28,6 +28,7 @@ from cellar.devtools.soak.settings import (
     ETCD_OUTAGE_MAX_FRACTION,
     FAULT_KINDS,
     HA_FAULT_KINDS,
+    LEADER_STOP_ALLOWANCE_S,
     LEADER_WAIT_S,
     RECOVERY_TIMEOUT_S,
     WATCH_INTERVAL_S,
@@ -152,12 +153,13 @@ class Chaos:
                             f"{took_over_s:.1f}s, restarted as {role or '?'}")
 
     def _leader_stop(self, t0: float) -> Fault:
-        """SIGSTOP the leader past its lease, then SIGCONT it. A standby must take over while
-        it is stopped (watched here, since the thawed master may win the next election itself
+        """SIGSTOP the leader past its lease (and LEADER_STOP_ALLOWANCE_S for etcd's revoke and
+        the standby's campaign), then SIGCONT it. A standby must take over while it is stopped (watched here, since the thawed master may win the next election itself
         and the epochs alone would not tell); if none did, the fault says NO TAKEOVER."""
         old = self.cluster.leader()
         name = self.cluster.masters[old].name
-        stop_s = self.rng.uniform(1.5 * self.lease_ttl_s, 2.5 * self.lease_ttl_s)
+        stop_s = LEADER_STOP_ALLOWANCE_S + self.rng.uniform(1.5 * self.lease_ttl_s,
+                                                            2.5 * self.lease_ttl_s)
         self.log(f"fault: SIGSTOP the leader {name} for {stop_s:.1f}s (lease {self.lease_ttl_s:g}s)")
         self.cluster.signal_master(signal.SIGSTOP, old)
         taker, took_over_s = "", 0.0

@@ -24,6 +24,12 @@ HA_FAULT_KINDS = ("node_kill_restart", "node_stop", "leader_kill_restart", "lead
 DEFAULT_LEASE_TTL_S = 3
 LEADER_WAIT_S = 30.0           # a new leader must be serving within this after a leader fault
 ETCD_OUTAGE_MAX_FRACTION = 0.6  # of the lease: an outage the leader must ride out
+# A leader stop lasts this long past 1.5-2.5 leases, so a standby that takes over at the end
+# of what a kill -9 showed still does so while the leader is stopped: after a kill the standby
+# led 3.4-4.7 s later (lease 3 s) in the HA soaks of 2026-12-05 (the lease runs up to a TTL
+# past the last renewal, then etcd revokes it through a raft commit, which a busy 2-core
+# machine delays), while a stop of 1.5 leases left it 4.5 s; one stop of 4.7 s saw no takeover.
+LEADER_STOP_ALLOWANCE_S = 2.0
 MASTER_FLAGS = {
     "node_suspect_after_s": 1, "node_expire_after_s": 3, "pin_ttl_s": 3,
     "write_grant_ttl_s": 5, "heartbeat_interval_s": 0.3, "new_node_ramp_s": 0,
