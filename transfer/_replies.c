@@ -21,6 +21,8 @@
  *   destination's bytes that were not payload are zeroed). code: 0 stopped as asked or at such
  *   a reply, 1 the deadline passed, 2 the peer closed the stream, 3 a recv failed (errno).
  *   After 1-3 the stream is out of step; the caller drops the connection.
+ * A recv interrupted by a signal is retried here (the GIL is released, so no handler can run):
+ * a KeyboardInterrupt lands once the run ends, which the socket's kernel timeouts bound.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
