@@ -19,9 +19,11 @@ from cellar.config import UNIT_BYTES, UNIT_SECONDS, require, setting
 from cellar.coord.target import is_etcd_url, parse_etcd_url
 from cellar.errors import InvalidArgument
 from cellar.transfer.base import local_host_id
+from cellar.transfer.spin_wait import MAX_SPIN_US
 from cellar.units import parse_host_port
 
 ENV_PREFIX = "CELLAR_NODE_"
+DEFAULT_DATA_SPIN_US = 300  # as the SDK's CELLAR_SPIN_US (make bench-spin, docs/sdk.md)
 PAGE_BYTES = 4096
 MIN_SEGMENT_BYTES = 1 << 20  # 1 MiB: smaller is useless and makes bin rounding dominate
 MAX_SEGMENTS = 64
@@ -128,6 +130,12 @@ class NodeConfig:
     frame_timeout_s: float = setting(
         30.0, "a WRITE's payload must arrive within this of its header", unit=UNIT_SECONDS
     )
+    data_spin_us: int = setting(
+        DEFAULT_DATA_SPIN_US, "how long an authenticated plain-TCP data connection polls for "
+        "its next request before it blocks (a waiting thread's halted vCPU costs a wake-up of "
+        "50-60 us on VMs); one connection of the node spins at a time, and one whose windows "
+        "keep ending empty rests (transfer/spin_wait.py); 0: never", unit="microseconds"
+    )
     tls_cert_file: str = setting(
         "", "PEM certificate (chain) of this node: with tls_key_file, the data port (tcp, and "
         "the shm/rdma COMMIT line) speaks TLS and is advertised as tls://HOST:PORT (empty: "
@@ -212,6 +220,8 @@ class NodeConfig:
         require(0.1 <= self.refusal_log_interval_s <= 86400, "refusal_log_interval_s",
                 "must be 0.1s..1 day")
         require(0.1 <= self.frame_timeout_s <= 3600, "frame_timeout_s", "must be 0.1s..1 hour")
+        require(0 <= self.data_spin_us <= MAX_SPIN_US, "data_spin_us",
+                f"must be 0..{MAX_SPIN_US} microseconds")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")
         require(bool(self.master_tls_cert_file) == bool(self.master_tls_key_file),

@@ -108,6 +108,7 @@ class StorageNode:
                                         max_connections_per_peer=cfg.max_connections_per_peer,
                                         idle_timeout_s=cfg.idle_timeout_s,
                                         frame_timeout_s=cfg.frame_timeout_s,
+                                        spin_us=cfg.data_spin_us,
                                         ssl_context=self._tls_context(),
                                         auth_timeout_s=cfg.auth_timeout_s,
                                         unauthenticated_backoff_s=(

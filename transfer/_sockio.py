@@ -20,6 +20,10 @@ import socket
 import ssl
 import struct
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cellar.transfer.spin_wait import SpinWait
 
 try:  # the native helper (setup.py builds it when a C compiler is there)
     from cellar.transfer._replies import read_replies as _read_replies
@@ -193,7 +197,7 @@ class Inbox:
     """
 
     __slots__ = ("_sock", "_buf", "_view", "_start", "_end", "size", "readahead", "outbox",
-                 "read_ahead_of_payload", "native")
+                 "read_ahead_of_payload", "native", "spin")
 
     def __init__(self, sock: socket.socket, size: int, *, readahead: int = 64 << 10,
                  outbox: Outbox | None = None, read_ahead_of_payload: bool = False) -> None:
@@ -212,6 +216,9 @@ class Inbox:
         # `read_replies` may run natively: a plain socket (the helper reads its fd; TLS records
         # need OpenSSL) and no replies of our own to flush before a read (a server's outbox).
         self.native = NATIVE_REPLIES and outbox is None and not isinstance(sock, ssl.SSLSocket)
+        # Set by a server (transfer/tcp_server.py): poll for the next request's header this
+        # long before blocking, replies flushed first (spin_wait.py says why and its bounds).
+        self.spin: SpinWait | None = None
 
     @property
     def buffered(self) -> int:
@@ -224,6 +231,7 @@ class Inbox:
         # with at least that many outstanding), and one sendmsg (plus the node's journal
         # write) per frame cost more than the frame's own Python. Waiting for a header, i.e.
         # for a request that may never come, the replies always leave first.
+        spin = None if mid_payload else self.spin
         if outbox is not None and outbox.parts and (
                 not mid_payload or len(outbox.parts) >= PAYLOAD_FLUSH_PARTS):
             try:
@@ -233,8 +241,12 @@ class Inbox:
             if got <= 0:  # would block, or the peer is done sending: it gets its replies
                 outbox.flush()
             if got < 0:
+                if spin is not None:
+                    spin.wait(self._sock)
                 got = self._sock.recv_into(view, 0, flags)
         else:
+            if spin is not None:
+                spin.wait(self._sock)
             got = self._sock.recv_into(view, 0, flags)
         if not got:
             raise PeerClosed("peer closed the connection")

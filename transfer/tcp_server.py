@@ -111,6 +111,7 @@ from cellar.transfer.frame import (
     pack_response,
 )
 from cellar.transfer.memcopy import pwritev_all
+from cellar.transfer.spin_wait import MAX_SPIN_US, SpinWait
 from cellar.transfer.tcp_admission import (
     AUTH_TIMEOUT,
     AUTHENTIC_REFUSALS,
@@ -213,11 +214,14 @@ class TcpDataServer:
                  ssl_context: ssl.SSLContext | None = None,
                  auth_timeout_s: float | None = None,
                  unauthenticated_backoff_s: float = 10.0,
-                 on_refusal: Callable[[str, str, str], None] | None = None) -> None:
+                 on_refusal: Callable[[str, str, str], None] | None = None,
+                 spin_us: int = 0) -> None:
         if (max_frame_payload_bytes <= 0 or max_connections <= 0 or idle_timeout_s <= 0
                 or frame_timeout_s <= 0 or max_connections_per_peer <= 0
                 or (auth_timeout_s is not None and auth_timeout_s <= 0)):
             raise ValueError("limits must be positive")
+        if not 0 <= spin_us <= MAX_SPIN_US:
+            raise ValueError(f"spin_us must be in 0..{MAX_SPIN_US}")
         self.access = access
         self.bounces = _Bounces()  # receive_file's buffers
         self.host = host
@@ -233,6 +237,11 @@ class TcpDataServer:
         # node sets it: see transfer/tcp_admission.py
         self.auth_timeout_s = auth_timeout_s
         self.on_refusal = on_refusal  # (peer, reason, detail), e.g. a rate-limited log
+        # How long an authenticated connection polls for its next request before it blocks
+        # (transfer/spin_wait.py: the wake-up a halted vCPU costs, one spinner per process,
+        # a rest after windows that end empty); never over TLS, whose records OpenSSL may
+        # hold decrypted where a poll of the socket cannot see them.
+        self.spin_us = 0 if ssl_context is not None else spin_us
         self.stats = DataServerStats()
         self.admission = Admission(max_connections, max_connections_per_peer,
                                    strict=auth_timeout_s is not None,
@@ -354,6 +363,8 @@ class TcpDataServer:
                                    readahead=READAHEAD_BYTES, outbox=outbox,
                                    read_ahead_of_payload=True)
             conn = _Connection(self, slot, inbox, outbox, counters, auth_deadline)
+            if auth_deadline is None and self.spin_us:  # no grant needed to hold it
+                inbox.spin = SpinWait(self.spin_us)
             while not self._stopping:
                 conn.serve_one()
         except TIMEOUT_ERRORS:  # a frame's deadline, the kernel's timeout, or no grant in time
@@ -407,6 +418,8 @@ class _Connection:
     def proved(self) -> None:
         """This connection sent an authentic grant: it keeps the usual deadlines now."""
         self.auth_deadline = None
+        if self.server.spin_us:  # a stranger's connection never makes the node spin
+            self.inbox.spin = SpinWait(self.server.spin_us)
         self.server.admission.authenticated(self.slot)
 
     def serve_one(self) -> None:

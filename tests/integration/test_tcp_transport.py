@@ -566,3 +566,48 @@ def test_a_batch_spins_for_its_reply_only_when_it_is_one_chunk(
     finally:
         t.close()
     assert TcpTransport(spin=spin, tls_context=ssl.create_default_context()).spin is None
+
+
+def test_a_server_spins_only_for_proven_plain_connections(
+        access: TransferNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`spin_us`: a connection polls for its next request before blocking once it proved a
+    grant (never a stranger's, which only pings here), never over TLS, never with 0; the
+    bytes served are the same."""
+    from cellar.transfer import tcp_server
+    from cellar.transfer.spin_wait import NATIVE, SpinWait
+
+    if not NATIVE:
+        pytest.skip("the native spin helper is not built")
+    waits: list[SpinWait] = []
+
+    class Counted(SpinWait):
+        def wait(self, sock: socket.socket) -> bool:
+            waits.append(self)
+            return super().wait(sock)
+
+    monkeypatch.setattr(tcp_server, "SpinWait", Counted)
+    assert TcpDataServer(access, "127.0.0.1", 0, spin_us=300,
+                         ssl_context=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                         ).spin_us == 0
+    with pytest.raises(ValueError):
+        TcpDataServer(access, "127.0.0.1", 0, spin_us=MAX_SPIN_US + 1)
+    access.view[:4096] = os.urandom(4096)
+    for spin_us, auth_timeout_s in ((0, None), (300, 5.0)):
+        waits.clear()
+        with TcpDataServer(access, "127.0.0.1", 0, spin_us=spin_us,
+                           auth_timeout_s=auth_timeout_s) as srv:
+            route = route_to(srv.address)
+            t = TcpTransport(connections_per_node=1)
+            try:
+                for _ in range(5):
+                    t.ping(srv.address, 1.0)  # a fresh connection each, no grant: no spin
+                assert not waits
+                for _ in range(20):
+                    out = bytearray(4096)
+                    assert t.read([rop(route, 0, out)], 5)[0].ok
+                    assert bytes(out) == bytes(access.view[:4096])
+            finally:
+                t.close()
+        assert bool(waits) is bool(spin_us)
+        if spin_us:
+            assert sum(w.hits for w in set(waits)) >= 1  # some request came within a window

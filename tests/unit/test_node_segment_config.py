@@ -92,7 +92,9 @@ def test_config_segment_size_alias_and_defaults(tmp_path: Path) -> None:
     cfg, _ = load(NodeConfig, env_prefix=ENV_PREFIX, args=args, environ={})
     assert cfg.segment_size_bytes == 2 << 20
     cfg, _ = load(NodeConfig, env_prefix=ENV_PREFIX, environ={"CELLAR_NODE_SEGMENTS": "3"})
-    assert cfg.segments == 3
+    assert cfg.segments == 3 and cfg.data_spin_us == 300
+    cfg, _ = load(NodeConfig, env_prefix=ENV_PREFIX, environ={"CELLAR_NODE_DATA_SPIN_US": "0"})
+    assert cfg.data_spin_us == 0
 
 
 @pytest.mark.parametrize("field,value", [
@@ -105,6 +107,8 @@ def test_config_segment_size_alias_and_defaults(tmp_path: Path) -> None:
     ("http", "bad"),
     ("heartbeat_interval_s", "0"),
     ("shm_dir", "/does/not/exist"),
+    ("data_spin_us", "-1"),
+    ("data_spin_us", "10001"),
 ])
 def test_config_validation_names_the_field(field: str, value: str) -> None:
     with pytest.raises(ConfigError) as exc:
