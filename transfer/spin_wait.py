@@ -10,7 +10,11 @@ Why
     bench-spin`, p50: a 1-key prefix_len 192-195 -> 107-124 us, a 256-key lookup 327-356 ->
     250-274 us). The SDK spins where a reply is due within microseconds: the master's probes
     and one-key requests (client/rpc.py), tcp transfers of one chunk (transfer/tcp.py), and
-    the lone COMMIT of a single put over shm (transfer/control.py).
+    the lone COMMIT of a single put over shm (transfer/control.py). A storage node's data
+    server spins the same way for the next request on a connection that proved a grant
+    (transfer/tcp_server.py `spin_us`, the node's `data_spin_us`): a client's next write,
+    read or COMMIT then lands on a running vCPU (a single 64 KiB tcp put 380-392 -> 284-297 us
+    p50, a read within its trust 126 -> 87-90 us; docs/sdk.md).
 
 What it costs and how that is bounded
     CPU of the calling thread, at most the window per call:
