@@ -3,7 +3,9 @@
 Model: one listener thread accepts; each connection gets its own thread with a blocking socket
 (CPython releases the GIL inside `recv_into`/`sendmsg`, so on a few cores this is the fastest
 simple model). A connection serves its requests strictly in order, so responses leave in
-request order and a client can pipeline as deep as it likes.
+request order and a client can pipeline as deep as it likes. A connection that proved a grant
+polls for its next request `spin_us` before its thread blocks (never over TLS, whose records
+OpenSSL may hold decrypted where a poll of the socket cannot see them; transfer/spin_wait.py).
 
 Per request: the fixed header is read through a preallocated per-connection buffer and decoded
 with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTES), then:
@@ -237,10 +239,6 @@ class TcpDataServer:
         # node sets it: see transfer/tcp_admission.py
         self.auth_timeout_s = auth_timeout_s
         self.on_refusal = on_refusal  # (peer, reason, detail), e.g. a rate-limited log
-        # How long an authenticated connection polls for its next request before it blocks
-        # (transfer/spin_wait.py: the wake-up a halted vCPU costs, one spinner per process,
-        # a rest after windows that end empty); never over TLS, whose records OpenSSL may
-        # hold decrypted where a poll of the socket cannot see them.
         self.spin_us = 0 if ssl_context is not None else spin_us
         self.stats = DataServerStats()
         self.admission = Admission(max_connections, max_connections_per_peer,
