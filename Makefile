@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-metadata profile soak soak-tls soak-ha soak-disk failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-read-backs bench-metadata profile soak soak-tls soak-ha soak-disk failover clean
 
 venv: $(STAMP)
 
@@ -96,6 +96,13 @@ bench-early-reads: venv
 # (bench/results/put-ahead-<date>-<host>.md; about 3 min).
 bench-put-ahead: venv
 	$(PY) -m cellar.bench.put_ahead
+
+# Read backs (a PutEnd's read grants, so the writer's first get of a key it just put is one read;
+# client/read_backs.py) with CELLAR_READ_BACK_KEYS=16 against the default (off): p50 of single
+# and batched puts and of the gets right after them, tcp and shm
+# (bench/results/read-backs-<date>-<host>.md; about 3 min).
+bench-read-backs: venv
+	$(PY) -m cellar.bench.read_backs
 
 # Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
 # over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).

@@ -1,5 +1,6 @@
 """One SDK switch, on against off, in alternated rounds: the harness the switch benches share
-(bench/early_reads.py: `CELLAR_EARLY_READS`, bench/put_ahead.py: `CELLAR_PUT_AHEAD`).
+(bench/early_reads.py: `CELLAR_EARLY_READS`, bench/put_ahead.py: `CELLAR_PUT_AHEAD`,
+bench/read_backs.py: `CELLAR_READ_BACK_KEYS`).
 
 Why alternated rounds: this VM's speed drifts by tens of percent over minutes, so a row runs
 its sides in turn within each round (the order flipping each round) on one cluster, two
@@ -64,6 +65,35 @@ def side_clients(address: str, transport: str, env: str,
     finally:
         for client in clients.values():
             client.close()
+
+
+def put_keys(client: Any, keys: list[str], value: bytes) -> None:
+    """`put` of one key, else `put_many` of them all (each must be stored)."""
+    if len(keys) == 1:
+        client.put(keys[0], value)
+        return
+    got = client.put_many([(k, value) for k in keys])
+    assert got == [cellar.Status.OK] * len(keys), got
+
+
+class Stored:
+    """Keys a bench put, removed (untimed, by their writer) every `every` keys and at the end,
+    so the node's memory is reused as in a full cache rather than faulted in anew."""
+
+    def __init__(self, client: Any, every: int) -> None:
+        self.client = client
+        self.every = every
+        self.keys: list[str] = []
+
+    def add(self, keys: list[str]) -> None:
+        self.keys += keys
+        if len(self.keys) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.keys:
+            self.client.remove_many(self.keys)
+            self.keys = []
 
 
 def alternate(row: dict[str, list[float]], rounds: int,

@@ -22,9 +22,17 @@ import time
 from functools import partial
 from typing import Any
 
-import cellar
 from cellar.bench import on_off
-from cellar.bench.on_off import Results, alternate, each_row, said, side_clients, size_name
+from cellar.bench.on_off import (
+    Results,
+    Stored,
+    alternate,
+    each_row,
+    put_keys,
+    said,
+    side_clients,
+    size_name,
+)
 from cellar.client.put_ahead import MAX_HELD_BYTES
 
 SIDES = {"on": "", "off": "0"}  # "": the default
@@ -39,22 +47,14 @@ def row_name(transport: str, size: int, batch: int) -> str:
 def measure(client: Any, prefix: str, value: bytes, batch: int, samples: int) -> float:
     """p50 of `samples` puts (or put_many of `batch`) of fresh keys, removals untimed."""
     times: list[float] = []
-    stored: list[str] = []
+    stored = Stored(client, REMOVE_EVERY)
     for n in range(samples):
         keys = [f"{prefix}/{n}/{i}" for i in range(batch)]
         start = time.perf_counter()
-        if batch == 1:
-            client.put(keys[0], value)
-        else:
-            got = client.put_many([(k, value) for k in keys])
-            assert got == [cellar.Status.OK] * batch, got
+        put_keys(client, keys, value)
         times.append(time.perf_counter() - start)
-        stored += keys
-        if len(stored) >= REMOVE_EVERY:
-            client.remove_many(stored)
-            stored = []
-    if stored:
-        client.remove_many(stored)
+        stored.add(keys)
+    stored.flush()
     return statistics.median(times) * 1e6
 
 

@@ -21,6 +21,8 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
                     PutStart (bound to its key at PutEnd)
     - `one_put.py`  a one-key put under a held allocation as one write and one PutEnd,
                     without the general put flow (the faces fall back to it for anything else)
+    - `read_backs.py` the read grants a small put's PutEnd brings back, so the writer's next
+                    get of a key is one read
     - `flows.py`    every multi-step operation as a generator of I/O requests (failover rounds,
                     retries, pin release, deadline-bounded gets, probes)
     - `key_flows.py` removes and key listing as flows (and the early-read bookkeeping a

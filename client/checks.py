@@ -263,18 +263,23 @@ def resolve_token(address: str, token: Any) -> str:
     return found if isinstance(found, str) else ""
 
 
-def spin_us_from_env() -> int:
-    """The SDK's spin window in microseconds (transfer/spin_wait.py) from $CELLAR_SPIN_US,
-    DEFAULT_SPIN_US when unset; `cellar.InvalidArgument` for anything but an integer in
-    0..MAX_SPIN_US (0: never spin)."""
-    text = os.environ.get(SPIN_ENV, "").strip()
+def int_from_env(name: str, default: int, limit: int, unit: str) -> int:
+    """$`name` as an integer in 0..`limit` (`default` when unset or blank);
+    `cellar.InvalidArgument` naming the variable, its range and `unit` for anything else."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return DEFAULT_SPIN_US
+        return default
     try:
         value = int(text)
     except ValueError:
         value = -1
-    if not 0 <= value <= MAX_SPIN_US:
-        raise InvalidArgument(f"${SPIN_ENV} must be an integer 0..{MAX_SPIN_US} (microseconds), "
-                              f"got {text!r}")
+    if not 0 <= value <= limit:
+        raise InvalidArgument(f"${name} must be an integer 0..{limit} ({unit}), got {text!r}")
     return value
+
+
+def spin_us_from_env() -> int:
+    """The SDK's spin window in microseconds (transfer/spin_wait.py) from $CELLAR_SPIN_US,
+    DEFAULT_SPIN_US when unset; `cellar.InvalidArgument` for anything but an integer in
+    0..MAX_SPIN_US (0: never spin)."""
+    return int_from_env(SPIN_ENV, DEFAULT_SPIN_US, MAX_SPIN_US, "microseconds")

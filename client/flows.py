@@ -25,6 +25,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, TypeVar
 
+from cellar.client import read_backs
 from cellar.client.checks import MAX_UNPINS_PER_CALL, MIN_RETRY_BUDGET_S, Limits, batch_ranges
 from cellar.client.early_reads import Locations
 from cellar.client.gets import GetBatch, GetEntry, release_views
@@ -140,6 +141,8 @@ class Session:
     costs: LoadCosts = field(default_factory=LoadCosts)  # measured load costs (lookup's estimate)
     locations: Locations | None = field(default_factory=Locations)  # None: no early reads
     aheads: PutAheadPool | None = None  # held put-ahead allocations (None: puts do not ask)
+    # PutEnds of at most this many keys read them back (client/read_backs.py; 0: none do)
+    read_back_keys: int = field(default_factory=read_backs.keys_from_env)
     tokens_per_key: int | None = None  # tokens one key stands for (the token metrics), if known
     # Whether the last put batch's replicas all went to transports that hash as they copy (a
     # hint, read and written without a lock: a stale value costs one batch some overlap).
@@ -257,8 +260,11 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
                 yield from revoke(s, revoke_items, deadline)
             if end_items:
                 ask = batch.ahead_ask() if ask is not None else None  # none granted at PutStart
-                end = (pb.PutEndRequest(header=s.header, items=end_items, ahead=ask)
-                       if ask is not None else pb.PutEndRequest(header=s.header, items=end_items))
+                wants = read_backs.wanted(s.locations, s.read_back_keys, len(end_items))
+                end = pb.PutEndRequest(header=s.header, items=end_items, read_back=wants)
+                if ask is not None:
+                    end.ahead.CopyFrom(ask)
+                sent_at = time.monotonic()
                 reply = yield Rpc("PutEnd", end, deadline)
                 stored = batch.on_end_reply(reply)
                 if s.locations is not None:  # the keys' old places are stale now
@@ -267,6 +273,10 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
                     assert s.locations is not None
                     s.locations.remember(batch.written, int(reply.header.master_time_ms))
                     batch.written = []
+                if end.read_back:  # ...or read them under the grants brought back, trusted
+                    assert s.locations is not None
+                    read_backs.remember(s.locations, [item.key for item in end_items], reply,
+                                        sent_at)
                 batch.on_ahead(reply, ask)
     except GeneratorExit:
         raise

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cellar.client import metrics
+from cellar.client import metrics, read_backs
 from cellar.client.checks import NODE_TROUBLE, attempt_budget_s
 from cellar.client.flows import REVOKE_MIN_S, Session, near_failover
 from cellar.client.put_ahead import Ahead, Shape
@@ -75,6 +75,7 @@ class OnePut:
     generation: int             # the master link's generation when the call began
     done: Callable[[], None]    # the face calls it once the put ended (a pointer lease's release)
     ask: Any = None             # the PutAheadAsk the PutEnd carried, if any
+    end_sent_at: float = 0.0    # monotonic s when the PutEnd left (its read backs' trust)
 
 
 def _nothing() -> None:
@@ -140,9 +141,12 @@ def end_request(s: Session, one: OnePut, results: list[TransferResult]) -> Any |
     aheads = s.aheads
     assert aheads is not None  # `plan` took from them
     one.ask = aheads.ask(one.shape, 1) if aheads.repeats(one.shape) else None
+    request = pb.PutEndRequest(header=s.header, items=[item],
+                               read_back=read_backs.wanted(s.locations, s.read_back_keys, 1))
     if one.ask is not None:
-        return pb.PutEndRequest(header=s.header, items=[item], ahead=one.ask)
-    return pb.PutEndRequest(header=s.header, items=[item])
+        request.ahead.CopyFrom(one.ask)
+    one.end_sent_at = time.monotonic()
+    return request
 
 
 def revoke_request(s: Session, one: OnePut) -> tuple[str, Any, float]:
@@ -170,7 +174,9 @@ def finish(s: Session, one: OnePut, reply: Any, write_s: float, end_s: float) ->
     if status == Status.OK:
         if s.locations is not None:  # the key's old places are stale now
             s.locations.forget(e.key)
-            if getattr(one.transport, "reads_own_mapping", False):
+            if read_backs.remember(s.locations, [e.key], reply, one.end_sent_at):
+                pass  # its next get reads under the grant the PutEnd brought back
+            elif getattr(one.transport, "reads_own_mapping", False):
                 op = one.ops[0]  # the tier of a put-ahead replica is not known here: as disk
                 assert e.checksum is not None  # the PutEnd carried it
                 s.locations.remember([(e.key, op.route, op.grant, e.nbytes, e.checksum, True)],

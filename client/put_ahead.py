@@ -35,7 +35,6 @@ What it keeps and its limits
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -43,8 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cellar.client.checks import int_from_env
 from cellar.client.session_state import replica_grant, routes_from_segments
-from cellar.errors import InvalidArgument
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
 from cellar.transfer.base import SegmentRoute
@@ -212,14 +211,5 @@ def _bytes(shape: Shape) -> int:
 def put_ahead_from_env() -> int:
     """Allocations held per size ($CELLAR_PUT_AHEAD: unset DEFAULT_MAX_HELD, 0 off, else
     1..MAX_HELD_LIMIT); `cellar.InvalidArgument` for anything else."""
-    text = os.environ.get(PUT_AHEAD_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_HELD
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_HELD_LIMIT:
-        raise InvalidArgument(f"${PUT_AHEAD_ENV} must be an int in [0, {MAX_HELD_LIMIT}] "
-                              f"(allocations held per size; 0: off), got {text!r}")
-    return value
+    return int_from_env(PUT_AHEAD_ENV, DEFAULT_MAX_HELD, MAX_HELD_LIMIT,
+                        "allocations held per size; 0: off")

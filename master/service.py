@@ -59,6 +59,7 @@ from cellar.master.replies import (
     GrantedReplica,
     GrantIssuer,
     HeartbeatOutcome,
+    KeyResults,
     MountOutcome,
     PutStartOutcome,
     PutStartResult,
@@ -67,6 +68,7 @@ from cellar.master.replies import (
 from cellar.master.requests import (
     Clock,
     PutEndItem,
+    PutEndLike,
     PutItem,
     PutRef,
     RequestRejected,
@@ -82,7 +84,7 @@ from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
 from cellar.master.state.placement import Placement
 from cellar.master.state.quarantine import Quarantine
-from cellar.master.state.read_trust import SHARED_READERS, ReadTrust
+from cellar.master.state.read_trust import ReadTrust, read_by
 from cellar.master.state.records import (
     ACTIVE,
     COMPLETE,
@@ -270,9 +272,7 @@ class MasterService:
                 ))
                 continue
             obj.prev_access, obj.last_access = obj.last_access, now
-            if obj.reader != client_id:  # who may reuse this reply (state/read_trust.py)
-                obj.reader = client_id if now - obj.read_at > trust_s else SHARED_READERS
-            obj.read_at = now  # this grant names its ranges for pin_ttl_s (read_frees.py)
+            read_by(obj, client_id, now, trust_s)
             if tiered:
                 tiers.on_read(obj, now)
             else:
@@ -286,6 +286,30 @@ class MasterService:
             tiers.hits[TIER_DRAM] += dram_hits
             tiers.read_bytes[TIER_DRAM] += dram_bytes
         return GetOutcome(results, list(segments.values()))
+
+    def read_back(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike],
+                  results: KeyResults) -> GetOutcome:
+        """The read grants a PutEnd's `read_back` asks for: per item, the replicas a GetReplicas
+        right after it would name, when that PutEnd (or the one it repeats) stored the item's
+        value; NOT_FOUND otherwise (a revoked put, a remove that won, a newer version). No pin,
+        no hit or access counted: the version counts as read by `client_id` now, so another
+        client's change of it within the trust waits for it (state/read_trust.py), and its
+        ranges, once freed, are remembered for claims as a read's are (read_frees.py)."""
+        tenant = self.tenant(tenant_name)
+        now = self.clock.monotonic()
+        expiry_ms = self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
+        trust_s = self.config.read_trust_s
+        segments: dict[int, Segment] = {}
+        out: list[GetResult] = []
+        for item, (status, _message) in zip(items, results, strict=True):
+            obj = tenant.objects.get(item.key) if status == OK else None
+            if obj is None or obj.put_id != item.put_id or not obj.replicas:
+                out.append(GetResult(Status.NOT_FOUND))
+                continue
+            read_by(obj, client_id, now, trust_s)
+            out.append(GetResult(OK, "", obj.size, obj.checksum, 0,
+                                 self.grants.all(obj, GRANT_OP_READ, expiry_ms, segments)))
+        return GetOutcome(out, list(segments.values()))
 
     def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:
         error = self.key_error(key)

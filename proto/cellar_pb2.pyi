@@ -214,26 +214,32 @@ class PutEndItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., checksum: _Optional[int] = ..., receipts: _Optional[_Iterable[bytes]] = ..., bind: _Optional[_Union[PutItem, _Mapping]] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
-    __slots__ = ("header", "items", "ahead")
+    __slots__ = ("header", "items", "ahead", "read_back")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
+    READ_BACK_FIELD_NUMBER: _ClassVar[int]
     header: RequestHeader
     items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
     ahead: PutAheadAsk
-    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ..., ahead: _Optional[_Union[PutAheadAsk, _Mapping]] = ...) -> None: ...
+    read_back: bool
+    def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ..., ahead: _Optional[_Union[PutAheadAsk, _Mapping]] = ..., read_back: _Optional[bool] = ...) -> None: ...
 
 class PutEndReply(_message.Message):
-    __slots__ = ("header", "results", "ahead", "segments")
+    __slots__ = ("header", "results", "ahead", "segments", "reads", "read_trust_ms")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    READS_FIELD_NUMBER: _ClassVar[int]
+    READ_TRUST_MS_FIELD_NUMBER: _ClassVar[int]
     header: ReplyHeader
     results: _containers.RepeatedCompositeFieldContainer[KeyResult]
     ahead: _containers.RepeatedCompositeFieldContainer[PutStartResult]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentInfo]
-    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., ahead: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ...) -> None: ...
+    reads: _containers.RepeatedCompositeFieldContainer[GetResult]
+    read_trust_ms: int
+    def __init__(self, header: _Optional[_Union[ReplyHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ..., ahead: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[SegmentInfo, _Mapping]]] = ..., reads: _Optional[_Iterable[_Union[GetResult, _Mapping]]] = ..., read_trust_ms: _Optional[int] = ...) -> None: ...
 
 class PutRef(_message.Message):
     __slots__ = ("key", "put_id")

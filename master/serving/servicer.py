@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from cellar.coord.redirect import LEADER_METADATA
 from cellar.master.lookup import lookup
 from cellar.master.repair import CopyOrder
+from cellar.master.replies import GetResult
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
 from cellar.master.serving.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
 from cellar.master.serving.cluster_summary import summarize
@@ -103,6 +104,20 @@ def _add_replicas(target: Any, replicas: list[GrantedReplica]) -> None:
         g.expiry_ms = r.expiry_ms
         g.key_tag = r.key_tag
         g.mac = r.mac
+
+
+def _add_get_results(target: Any, results: list[GetResult]) -> int:
+    """Append GetReplicas-style results to a repeated GetResult field; the failures' count."""
+    add = target.add
+    failures = 0
+    for r in results:
+        if r.status:
+            failures += 1
+            add(status=r.status, message=r.message)  # type: ignore[arg-type]
+        else:
+            _add_replicas(add(size_bytes=r.size_bytes, checksum=r.checksum, pin_id=r.pin_id).replicas,
+                          r.replicas)
+    return failures
 
 
 def _add_ahead(target: Any, granted: list[Any]) -> None:
@@ -198,17 +213,7 @@ class MasterServicer:
         outcome = self.service.get_replicas(h.tenant, h.client_id, req.keys, req.unpin_ids)
         reply = pb.GetReplicasReply(header=self._header(), segments=_segment_infos(outcome.segments),
                                     read_trust_ms=self._read_trust_ms)
-        add = reply.results.add
-        failures = 0
-        for r in outcome.results:
-            if r.status:
-                failures += 1
-                add(status=r.status, message=r.message)  # type: ignore[arg-type]
-            else:
-                _add_replicas(
-                    add(size_bytes=r.size_bytes, checksum=r.checksum, pin_id=r.pin_id).replicas,
-                    r.replicas,
-                )
+        failures = _add_get_results(reply.results, outcome.results)
         stats.keys += len(outcome.results)
         stats.key_failures += failures
         return reply
@@ -230,13 +235,21 @@ class MasterServicer:
         return reply
 
     def PutEnd(self, req: pb.PutEndRequest, stats: RpcStats) -> pb.PutEndReply:
-        results = self.service.put_end(req.header.tenant, req.header.client_id, req.items)
+        h = req.header
+        results = self.service.put_end(h.tenant, h.client_id, req.items)
         reply = self._key_reply(pb.PutEndReply, results, stats)
+        segments: list[Any] = []
         if req.HasField("ahead"):
-            ahead = self.service.put_ahead(req.header.tenant, req.ahead,
-                                           may_commit=_trusted_on_host())
+            ahead = self.service.put_ahead(h.tenant, req.ahead, may_commit=_trusted_on_host())
             _add_ahead(reply.ahead, ahead.ahead)
-            reply.segments.extend(_segment_infos(ahead.segments))
+            segments = ahead.segments
+        if req.read_back:  # client/read_backs.py
+            reads = self.service.read_back(h.tenant, h.client_id, req.items, results)
+            _add_get_results(reply.reads, reads.results)
+            reply.read_trust_ms = self._read_trust_ms
+            segments = list({seg.segment_id: seg for seg in (*segments, *reads.segments)}.values())
+        if segments:
+            reply.segments.extend(_segment_infos(segments))
         return reply
 
     def PutRevoke(self, req: pb.PutRevokeRequest, stats: RpcStats) -> pb.PutRevokeReply:

@@ -52,9 +52,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-__all__ = ["SHARED_READERS", "ReadTrust"]
+from cellar.master.state.records import Obj
+
+__all__ = ["SHARED_READERS", "ReadTrust", "read_by"]
 
 SHARED_READERS = "\0shared"  # Obj.reader when several clients read it within the trust
+
+
+def read_by(obj: Obj, client_id: str, now: float, trust_s: float) -> None:
+    """`obj` is named to `client_id` now, with read grants (a GetReplicas, or a
+    PutEnd's read_back): who may reuse them within the trust (`Obj.reader`), and since when
+    (`Obj.read_at`; its ranges are then named for pin_ttl_s, state/read_frees.py)."""
+    if obj.reader != client_id:
+        obj.reader = client_id if now - obj.read_at > trust_s else SHARED_READERS
+    obj.read_at = now
 
 
 class ReadTrust:

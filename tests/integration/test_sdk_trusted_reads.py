@@ -10,6 +10,10 @@ master/state/read_trust.py), both faces, tcp and shm.
   least the rest of it), and this client's next get sees the change: a miss, or the new
   value. Never the old bytes. The same after an eviction and a new put of the key.
 - A client's own remove or upsert of a key only it read does not wait, and it sees it.
+- With $CELLAR_READ_BACK_KEYS, a key this client just put (alone, or in a batch of at most
+  that many) is read without asking: its PutEnd brought back the read grants
+  (client/read_backs.py); a larger batch's keys are asked for, as are a client's without it. Another client's change of a key just put waits for the
+  writer's trust, and the writer then sees the change.
 - A master restarted within the trust holds changes until a former master's trust has ended
   (over shm nothing else stops a reuse).
 - Eight threads of one client putting, reading, replacing and reading again (the fast line's
@@ -35,6 +39,7 @@ from typing import Any
 import pytest
 
 import cellar
+from cellar.client import read_backs
 from cellar.client.early_reads import Locations
 from cellar.devtools.local_cluster import LocalCluster
 from tests.support.faces import client_locations
@@ -171,15 +176,22 @@ def test_another_processs_change_is_acknowledged_after_the_trust_and_then_seen(
                          tmp_path)
     asked = time.monotonic()
     assert reader.get("b") == old  # trusted until about `asked` + TRUST_S
+    waited_then_seen(other, asked, op, reader, "b", new)
+
+
+def waited_then_seen(other: OtherProcess, trusted_from: float, op: str, reader: Any, key: str,
+                     new: bytes) -> None:
+    """`other` changes `key`: its call waits out `reader`'s trust (from `trusted_from`), and
+    `reader` then sees the change."""
     took = other.run()
-    assert time.monotonic() - asked >= TRUST_S - 0.05, f"a {op} of a key read lately waits"
+    assert time.monotonic() - trusted_from >= TRUST_S - 0.05, f"a {op} of a trusted key waits"
     assert took >= TRUST_S / 2
     if op == "remove":
         with pytest.raises(cellar.NotFound):
-            reader.get("b")
+            reader.get(key)
     else:
-        assert reader.get("b") == new
-        reader.remove("b")
+        assert reader.get(key) == new
+        reader.remove(key)
 
 
 def test_a_clients_own_changes_do_not_wait_and_are_seen_by_it(tenant_client: Any) -> None:
@@ -230,6 +242,63 @@ def test_a_put_after_an_eviction_is_acknowledged_after_the_trust(
     assert took >= 0.1, "the put waited inside the call (at least 0.2 s of the trust was left)"
     assert reader.get("d") == new
     reader.remove_prefix("d")
+
+
+READ_BACK_KEYS = 8
+
+
+@pytest.mark.parametrize("how", ["put", "put_many"])
+def test_a_key_this_client_just_put_is_read_without_asking(
+        how: str, tenant_client: Any, cluster: LocalCluster,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With $CELLAR_READ_BACK_KEYS a PutEnd of at most that many keys brings back their read
+    grants (client/read_backs.py): the first get of each is one read, no GetReplicas; a
+    larger batch's keys are asked for, and so are a client's without the setting."""
+    plain = tenant_client(f"trust-put-{how}")
+    monkeypatch.setenv(read_backs.READ_BACK_ENV, str(READ_BACK_KEYS))
+    client = tenant_client(f"trust-put-{how}")
+    client.put("w0", os.urandom(SIZE))  # the size repeats: single puts take the one-step path
+    client.put("w1", os.urandom(SIZE))
+    values = {f"p{i}": os.urandom(SIZE) for i in range(4)}
+    if how == "put":
+        for key, value in values.items():
+            client.put(key, value)
+    else:
+        assert client.put_many(list(values.items())) == [cellar.Status.OK] * 4
+    seen = locations(client)
+    trusted, asked = seen.trusted, get_replicas_calls(cluster)
+    for key, value in values.items():
+        assert client.get(key) == value
+    assert (seen.trusted - trusted, get_replicas_calls(cluster) - asked) == (4, 0)
+    many = {f"m{i}": os.urandom(4096) for i in range(READ_BACK_KEYS + 1)}
+    assert client.put_many(list(many.items())) == [cellar.Status.OK] * len(many)
+    trusted, asked = seen.trusted, get_replicas_calls(cluster)
+    assert client.get_many(list(many)) == list(many.values())
+    assert (seen.trusted - trusted, get_replicas_calls(cluster) - asked) == (0, 1)
+    plain.put("w2", os.urandom(SIZE))
+    plain.put("p-plain", values["p0"])  # the one-step path, had it read back
+    trusted, asked = locations(plain).trusted, get_replicas_calls(cluster)
+    assert plain.get("p-plain") == values["p0"]
+    assert (locations(plain).trusted - trusted, get_replicas_calls(cluster) - asked) == (0, 1)
+    for prefix in ("w", "p", "m"):
+        client.remove_prefix(prefix)
+
+
+@pytest.mark.parametrize("op", ["remove", "upsert"])
+def test_another_processs_change_of_a_key_just_put_waits_for_the_writers_trust(
+        op: str, tenant_client: Any, cluster: LocalCluster, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer holds the read grants its PutEnd brought back: another client's change of
+    the key is acknowledged only after the writer's trust, and the writer then sees it."""
+    tenant = f"trust-put-{op}"
+    monkeypatch.setenv(read_backs.READ_BACK_ENV, "1")
+    writer = tenant_client(tenant)
+    old, new = os.urandom(SIZE), os.urandom(SIZE // 2)
+    other = OtherProcess(cluster, tenant, "tcp", op, "q", new if op == "upsert" else None,
+                         tmp_path)
+    sent = time.monotonic()
+    writer.put("q", old)  # trusted until about `sent` + TRUST_S, no get needed
+    waited_then_seen(other, sent, op, writer, "q", new)
 
 
 def test_eight_threads_read_their_newest_values(tenant_client: Any) -> None:

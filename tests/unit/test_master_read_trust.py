@@ -224,3 +224,40 @@ def test_remove_prefix_through_the_service_waits_for_an_evicted_key() -> None:
     assert trust.take() == 0.0
     assert svc.remove_prefix("", "p/", client_id="other") == 0
     assert trust.take() == pytest.approx(clock.monotonic() + 0.5)
+
+
+def test_a_putends_read_back_grants_the_stored_values_and_counts_as_their_writers_read() -> None:
+    """MasterService.read_back (a PutEnd's `read_back`, client/read_backs.py): read grants for
+    the values the PutEnd stored, none for an item it did not store (revoked, another put id); the writer becomes the
+    version's reader, so another client's change within the trust waits and its own does not."""
+    from test_master_support import SECRET, PutEndItem, put_start, receipts_for  # type: ignore[attr-defined]
+
+    from cellar.errors import Status
+    from cellar.proto.grant import GRANT_OP_READ
+
+    svc, clock = _service()
+    trust = svc.objects.read_trust
+    started = [put_start(svc, key, 4096) for key in ("a", "b")]
+    items = [PutEndItem("a", started[0].put_id, 7, receipts_for(SECRET, started[0], 7)),
+             PutEndItem("b", started[1].put_id, 7, [])]  # no receipt: the put is revoked
+    results = svc.put_end("", "writer", items)
+    assert [status for status, _ in results] == [Status.OK, Status.PERMISSION_DENIED]
+    outcome = svc.read_back("", "writer", items, results)
+    a, b = outcome.results
+    assert (a.status, a.size_bytes, a.checksum, a.pin_id) == (Status.OK, 4096, 7, 0)
+    assert [r.op for r in a.replicas] == [GRANT_OP_READ]
+    assert [s.segment_id for s in outcome.segments] == [a.replicas[0].segment_id]
+    assert (b.status, b.replicas) == (Status.NOT_FOUND, [])
+    assert len(svc.pins) == 0 and svc.tenant("").objects["a"].pins == 0  # no pin taken
+    read_at = clock.monotonic()
+    clock.advance(0.1)
+    assert trust.take() == 0.0
+    svc.remove("", ["a"], client_id="other")  # within the writer's trust: waits for its end
+    assert trust.take() == pytest.approx(read_at + 0.5)
+    put(svc, "c", 4096)
+    other_put = svc.read_back("", "writer", [PutEndItem("c", 1, 7, [])], [(Status.OK, "")])
+    assert other_put.results[0].status == Status.NOT_FOUND  # not the put id that stored it
+    ours = PutEndItem("c", svc.tenant("").objects["c"].put_id, 7, [])
+    assert svc.read_back("", "writer", [ours], [(Status.OK, "")]).results[0].status == Status.OK
+    svc.remove("", ["c"], client_id="writer")  # its own change: no wait
+    assert trust.take() == 0.0
