@@ -174,9 +174,9 @@ def finish(s: Session, one: OnePut, reply: Any, write_s: float, end_s: float) ->
     if status == Status.OK:
         if s.locations is not None:  # the key's old places are stale now
             s.locations.forget(e.key)
-            if read_backs.remember(s.locations, [e.key], reply, one.end_sent_at):
-                pass  # its next get reads under the grant the PutEnd brought back
-            elif getattr(one.transport, "reads_own_mapping", False):
+            # its next get reads under the grant the PutEnd brought back, if it asked...
+            kept = read_backs.remember(s.locations, [e.key], reply, one.end_sent_at)
+            if not kept and getattr(one.transport, "reads_own_mapping", False):  # ...else early
                 op = one.ops[0]  # the tier of a put-ahead replica is not known here: as disk
                 assert e.checksum is not None  # the PutEnd carried it
                 s.locations.remember([(e.key, op.route, op.grant, e.nbytes, e.checksum, True)],

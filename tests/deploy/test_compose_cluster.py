@@ -65,6 +65,7 @@ SCRAPE_TIMEOUT_S = 120.0
 LOOPBACK_PORTS = (2379, 2380, 9090, 9400, 9401, 50051, 50052, 50061, 50062, 7000, 7001, 7002,
                   9500, 9501, 9502)
 TIMES_FILE = ROOT / ".cellar" / "compose-times.json"
+PORTS_WAIT_S = 30.0  # how long a port the cluster binds may stay taken before the test fails
 T = TypeVar("T")
 
 
@@ -162,9 +163,7 @@ def write_secrets(folder: Path) -> str:
     return made.stdout.split()[0]
 
 
-def ports_free(ports: tuple[int, ...]) -> None:
-    """Fail clearly when something on this host holds a port the cluster binds (an etcd or
-    Prometheus service that apt started, another run of this test)."""
+def ports_taken(ports: tuple[int, ...]) -> list[int]:
     taken = []
     for port in ports:
         with socket.socket() as probe:
@@ -173,8 +172,25 @@ def ports_free(ports: tuple[int, ...]) -> None:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 taken.append(port)
-    assert not taken, (f"127.0.0.1 ports {taken} are in use; the compose cluster needs them "
-                       "(stop the service holding them, e.g. `ss -ltnp | grep :2379`)")
+    return taken
+
+
+def ports_free(ports: tuple[int, ...]) -> None:
+    """Fail clearly when something on this host holds a port the cluster binds (an etcd or
+    Prometheus service that apt started, another run of this test), after PORTS_WAIT_S: most
+    of these ports lie in Linux's ephemeral range (32768-60999), so a process of the step
+    before (the engine tests' clients) may hold one as the source of a connection it is still
+    closing (CI, 2026-12-05: 50052 taken for a moment, free seconds later)."""
+    deadline = time.monotonic() + PORTS_WAIT_S
+    while (taken := ports_taken(ports)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    holders: list[str] = []
+    if taken:
+        held = subprocess.run(["ss", "-tanp"], capture_output=True, text=True).stdout
+        holders = [line for line in held.splitlines()
+                   if any(f"127.0.0.1:{port} " in line for port in taken)]
+    assert not taken, (f"127.0.0.1 ports {taken} are in use after {PORTS_WAIT_S} s; the compose "
+                       f"cluster needs them (stop the service holding them): {holders}")
 
 
 def memlock_limit_bytes() -> int:
