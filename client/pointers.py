@@ -104,6 +104,9 @@ class PointerRegistry:
         self._merged_starts: list[int] = []   # the union, as disjoint sorted ranges
         self._merged_ends: list[int] = []
         self._dirty = False                   # registrations changed since the last merge
+        # (start, writable view of it) of the one registration `_lease_one_pool` slices; None
+        # until a lease needs it, dropped when that registration goes
+        self._pool_view: tuple[int, memoryview] | None = None
 
     def __len__(self) -> int:
         with self._lock:
@@ -141,6 +144,8 @@ class PointerRegistry:
                                       "unregister it after they return")
             del self._sizes[p]
             self._dirty = True
+            if self._pool_view is not None and self._pool_view[0] == p:
+                self._pool_view = None  # never a view of memory no longer registered
 
     def covers(self, ptr: int, size: int) -> bool:
         """Whether [ptr, ptr + size) lies inside the union of the registrations."""
@@ -165,6 +170,10 @@ class PointerRegistry:
             raise InvalidArgument(f"{len(ptrs)} ptrs but {len(sizes)} sizes")
         checked: list[tuple[int, int] | InvalidArgument] = []
         for ptr, size in zip(ptrs, sizes, strict=True):
+            if type(ptr) is int and type(size) is int and ptr > 0 and size >= 0 \
+                    and ptr + size <= _ADDRESS_LIMIT:  # check_range's answer, without its calls
+                checked.append((ptr, size))
+                continue
             try:
                 checked.append(check_range(ptr, size))
             except InvalidArgument as e:
@@ -172,6 +181,8 @@ class PointerRegistry:
         views: list[memoryview | InvalidArgument] = []
         held: list[int] = []
         with self._lock:
+            if len(self._sizes) == 1:
+                return self._lease_one_pool(checked, writable)
             for item in checked:
                 if isinstance(item, InvalidArgument):
                     views.append(item)
@@ -188,6 +199,42 @@ class PointerRegistry:
         return Lease(self, views, held)
 
     # -- internals (under the lock) --------------------------------------------------------
+
+    def _lease_one_pool(self, checked: list[tuple[int, int] | InvalidArgument],
+                        writable: bool) -> Lease:
+        """`lease` when one buffer is registered (an engine's one host pool, the common case):
+        each view a slice of one view of the pool made once, the pool held once per lease.
+        The same views, refusals and hold as the general path: measured on the 2-core VM, a
+        lease of 16 pointers cost 27 us that way (a ctypes view and a scan per pointer), about
+        5% of a batched 64 KiB get within its trust."""
+        ((start, size),) = self._sizes.items()
+        end = start + size
+        pool = self._pool_view
+        if pool is None or pool[0] != start:
+            pool = self._pool_view = (start, _make_view(start, size, True))
+        whole = pool[1]
+        views: list[memoryview | InvalidArgument] = []
+        used = False
+        for item in checked:
+            if isinstance(item, InvalidArgument):
+                views.append(item)
+                continue
+            p, n = item
+            if n == 0:
+                views.append(_make_view(p, 0, writable))
+                continue
+            if p < start or p + n > end:
+                views.append(InvalidArgument(f"[{p:#x}, +{n}) is outside every registered "
+                                             "buffer (register_buffer it first)"))
+                continue
+            view = whole[p - start:p - start + n]
+            views.append(view if writable else view.toreadonly())
+            used = True
+        held: list[int] = []
+        if used:
+            self._holds[start] = self._holds.get(start, 0) + 1
+            held.append(start)
+        return Lease(self, views, held)
 
     def _unhold(self, starts: list[int]) -> None:
         with self._lock:

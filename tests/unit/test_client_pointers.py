@@ -140,3 +140,33 @@ def test_threads_register_view_and_unregister_concurrently() -> None:
     for t in threads:
         t.join()
     assert errors == [] and len(reg) == 0
+
+
+@pytest.mark.parametrize("pools", [1, 2])
+def test_a_lease_is_the_same_with_one_pool_or_several(pools: int) -> None:
+    """One registration takes `_lease_one_pool` (slices of one view of the pool), more take
+    the general path: the same views, refusals, read-only-ness and hold either way; a pool
+    unregistered and another registered is leased from the new memory, never the old."""
+    reg = PointerRegistry()
+    a, ptr = _block(1000)
+    reg.register(ptr, 1000)
+    keep = [_block(64) for _ in range(pools - 1)]  # other pools: the general path
+    for _other, other_ptr in keep:
+        reg.register(other_ptr, 64)
+    with reg.lease([ptr + 5, ptr + 995, ptr + 990, 0], [3, 10, 0, 1], writable=False) as lease:
+        view, past_end, empty, null = lease.views
+        assert isinstance(view, memoryview) and view.readonly and bytes(view) == bytes([5, 6, 7])
+        assert isinstance(past_end, InvalidArgument) and isinstance(null, InvalidArgument)
+        assert isinstance(empty, memoryview) and len(empty) == 0
+        with pytest.raises(InvalidArgument, match="in use"):
+            reg.unregister(ptr)
+    with reg.lease([ptr + 1], [2], writable=True) as lease:
+        lease.views[0][:] = b"\xaa\xbb"  # type: ignore[index]
+    assert (a[1], a[2]) == (0xAA, 0xBB)
+    reg.unregister(ptr)
+    b, new_ptr = _block(1000)
+    reg.register(new_ptr, 1000)
+    with reg.lease([new_ptr + 1], [2], writable=False) as lease:
+        assert bytes(lease.views[0]) == bytes(b[1:3])  # type: ignore[arg-type]
+    with reg.lease([ptr + 1], [2], writable=False) as lease:
+        assert isinstance(lease.views[0], InvalidArgument)  # the old pool is gone
