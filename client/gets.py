@@ -39,6 +39,7 @@ from cellar.client.early_reads import Location, Locations
 from cellar.client.session_state import (
     DiskReadRates,
     NodeHealth,
+    disk_segment_ids,
     replica_grant,
     routes_from_segments,
 )
@@ -53,7 +54,6 @@ from cellar.client.statuses import (
 from cellar.errors import BufferTooSmall, CellarError, IntegrityError, InvalidArgument, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, Grant
-from cellar.proto.tiers import TIER_DISK
 from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult, hash_views
 
 # Read trust is cut short by this much (s): the master and this client time it on two clocks
@@ -309,8 +309,7 @@ class GetBatch:
         self._trusted_until = (self.asked_at + trust_ms / 1000 - TRUST_MARGIN_S
                                if trust_ms and self.asked_at else 0.0)
         routes = routes_from_segments(reply.segments)
-        disk = self.disk_segments = frozenset(
-            int(seg.segment_id) for seg in reply.segments if seg.tier == TIER_DISK)
+        disk = self.disk_segments = disk_segment_ids(reply.segments)
         bad = self._health.unhealthy()  # once per batch, not per key
         too_small: GetEntry | None = None
         for e, res in zip(self._asked, results, strict=True):

@@ -158,8 +158,7 @@ class PointerRegistry:
         p, n = check_range(ptr, size)
         with self._lock:
             if not self._covers(p, n):
-                raise InvalidArgument(f"[{p:#x}, +{n}) is outside every registered buffer "
-                                      "(register_buffer it first)")
+                raise _unregistered(p, n)
         return _make_view(p, n, writable)
 
     def lease(self, ptrs: Sequence[Any], sizes: Sequence[Any], *, writable: bool) -> Lease:
@@ -178,19 +177,18 @@ class PointerRegistry:
                 checked.append(check_range(ptr, size))
             except InvalidArgument as e:
                 checked.append(e)
-        views: list[memoryview | InvalidArgument] = []
-        held: list[int] = []
         with self._lock:
             if len(self._sizes) == 1:
                 return self._lease_one_pool(checked, writable)
+            views: list[memoryview | InvalidArgument] = []
+            held: list[int] = []
             for item in checked:
                 if isinstance(item, InvalidArgument):
                     views.append(item)
                     continue
                 p, n = item
                 if not self._covers(p, n):
-                    views.append(InvalidArgument(f"[{p:#x}, +{n}) is outside every registered "
-                                                 "buffer (register_buffer it first)"))
+                    views.append(_unregistered(p, n))
                     continue
                 for start in self._touching(p, n):
                     self._holds[start] = self._holds.get(start, 0) + 1
@@ -224,8 +222,7 @@ class PointerRegistry:
                 views.append(_make_view(p, 0, writable))
                 continue
             if p < start or p + n > end:
-                views.append(InvalidArgument(f"[{p:#x}, +{n}) is outside every registered "
-                                             "buffer (register_buffer it first)"))
+                views.append(_unregistered(p, n))
                 continue
             view = whole[p - start:p - start + n]
             views.append(view if writable else view.toreadonly())
@@ -270,6 +267,11 @@ class PointerRegistry:
                 ends.append(e)
         self._merged_starts, self._merged_ends = starts, ends
         self._dirty = False
+
+
+def _unregistered(p: int, n: int) -> InvalidArgument:
+    return InvalidArgument(f"[{p:#x}, +{n}) is outside every registered buffer "
+                           "(register_buffer it first)")
 
 
 def _make_view(p: int, n: int, writable: bool) -> memoryview:

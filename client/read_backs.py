@@ -39,9 +39,8 @@ from typing import Any
 from cellar.client.checks import int_from_env
 from cellar.client.early_reads import MAX_LOCATIONS, Locations
 from cellar.client.gets import TRUST_MARGIN_S
-from cellar.client.session_state import replica_grant, routes_from_segments
+from cellar.client.session_state import disk_segment_ids, replica_grant, routes_from_segments
 from cellar.proto.grant import GRANT_OP_READ, Grant
-from cellar.proto.tiers import TIER_DISK
 from cellar.transfer.base import SegmentRoute
 
 __all__ = ["MAX_KEYS_LIMIT", "READ_BACK_ENV", "keys_from_env", "remember", "wanted"]
@@ -72,7 +71,7 @@ def remember(locations: Locations, keys: Sequence[str], reply: Any, asked_at: fl
     trust_ms = int(reply.read_trust_ms)
     trusted_until = asked_at + trust_ms / 1000 - TRUST_MARGIN_S if trust_ms else 0.0
     routes = routes_from_segments(reply.segments)
-    disk = frozenset(int(seg.segment_id) for seg in reply.segments if seg.tier == TIER_DISK)
+    disk = disk_segment_ids(reply.segments)
     kept: list[tuple[str, SegmentRoute, Grant, int, int, bool]] = []
     for key, read in zip(keys, reads, strict=True):
         if read.status:

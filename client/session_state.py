@@ -50,7 +50,13 @@ from cellar.client.statuses import check_result_count
 from cellar.coord.link import EpochFence as EpochFence  # its home is the master link
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
-from cellar.proto.tiers import MOVE_COUNTERS, TIER_NAMES, merge_tier_stats, tier_totals
+from cellar.proto.tiers import (
+    MOVE_COUNTERS,
+    TIER_DISK,
+    TIER_NAMES,
+    merge_tier_stats,
+    tier_totals,
+)
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
     ST_CONNECTION_LOST,
@@ -70,6 +76,11 @@ def routes_from_segments(segments: Iterable[Any]) -> dict[int, tuple[SegmentRout
         route = SegmentRoute(int(seg.segment_id), seg.node_id, seg.host_id, endpoints)
         routes[int(seg.segment_id)] = (route, int(seg.size_bytes))
     return routes
+
+
+def disk_segment_ids(segments: Iterable[Any]) -> frozenset[int]:
+    """The ids of the disk-tier segments in a reply's `segments` table."""
+    return frozenset(int(seg.segment_id) for seg in segments if seg.tier == TIER_DISK)
 
 
 def grant_from_replica(replica: Any, op: int) -> Grant:

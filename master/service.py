@@ -249,7 +249,7 @@ class MasterService:
         for pin_id in unpin_ids:
             self.pins.unpin(pin_id, tenant)
         now = self.clock.monotonic()
-        expiry_ms = self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
+        expiry_ms = self.read_grant_expiry_ms()
         objects = tenant.objects
         pin = self.pins.pin
         trust_s = self.config.read_trust_s
@@ -297,7 +297,7 @@ class MasterService:
         ranges, once freed, are remembered for claims as a read's are (read_frees.py)."""
         tenant = self.tenant(tenant_name)
         now = self.clock.monotonic()
-        expiry_ms = self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
+        expiry_ms = self.read_grant_expiry_ms()
         trust_s = self.config.read_trust_s
         segments: dict[int, Segment] = {}
         out: list[GetResult] = []
@@ -310,6 +310,10 @@ class MasterService:
             out.append(GetResult(OK, "", obj.size, obj.checksum, 0,
                                  self.grants.all(obj, GRANT_OP_READ, expiry_ms, segments)))
         return GetOutcome(out, list(segments.values()))
+
+    def read_grant_expiry_ms(self) -> int:
+        """When a read grant issued now expires (master wall ms): it lives as long as a pin."""
+        return self.clock.wall_ms() + int(self.config.pin_ttl_s * 1000)
 
     def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]:
         error = self.key_error(key)

@@ -154,8 +154,9 @@ class Chaos:
 
     def _leader_stop(self, t0: float) -> Fault:
         """SIGSTOP the leader past its lease (and LEADER_STOP_ALLOWANCE_S for etcd's revoke and
-        the standby's campaign), then SIGCONT it. A standby must take over while it is stopped (watched here, since the thawed master may win the next election itself
-        and the epochs alone would not tell); if none did, the fault says NO TAKEOVER."""
+        the standby's campaign), then SIGCONT it. A standby must take over while it is stopped
+        (watched here, since the thawed master may win the next election itself and the epochs
+        alone would not tell); if none did, the fault says NO TAKEOVER."""
         old = self.cluster.leader()
         name = self.cluster.masters[old].name
         stop_s = LEADER_STOP_ALLOWANCE_S + self.rng.uniform(1.5 * self.lease_ttl_s,
