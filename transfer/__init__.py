@@ -12,7 +12,8 @@ Transports:
   requests, `recv_into`/`sendmsg` straight between sockets and the caller's or the segment's
   memory, never an intermediate bytes object for a payload.
 - `shm` (`shm.ShmTransport`): same host; memcpy into/out of the node's mapped segment file,
-  then a COMMIT control frame per write over the node's TCP port (`control.ControlChannel`).
+  then a COMMIT control frame per write over the node's TCP port (`control.ControlChannel`;
+  `shm_commits`: planned per batch, sent in groups while the rest is still copied).
 - `rdma` (`rdma.RdmaTransport` over the small verbs interface in `verbs`): one-sided RDMA
   READ/WRITE on RC queue pairs, COMMIT like shm; only where pyverbs and a device exist.
 TLS (optional, per node): a node with a certificate advertises its tcp endpoint as

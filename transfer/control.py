@@ -10,7 +10,9 @@ descriptions the same way.
 `ControlChannel` keeps a few persistent connections per node address and pipelines a whole
 batch's frames: every node's frames are sent first (in windows of `window` frames), then the
 replies are read in order, so one write call costs one round trip per node however many keys
-it holds. Replies are checked against their requests (id, length); a mismatch, timeout or
+it holds. A `ControlStream` (`ControlChannel.stream`) is the same call with its frames sent
+in groups as the caller has them: shm commits the writes already copied while it copies the
+rest (transfer/shm.py), and reads every reply once at the end. Replies are checked against their requests (id, length); a mismatch, timeout or
 socket error closes that connection and fails only the calls still waiting on it.
 
 A node whose endpoint is `tls://HOST:PORT` gets its frames over TLS (`tls_sock`), with the
@@ -128,42 +130,15 @@ class ControlChannel:
     def call(self, calls: Mapping[str, Sequence[ControlCall]],
              timeout_s: float) -> dict[str, list[ControlReply]]:
         """One reply per call, per address, in order. Never raises for network trouble."""
-        deadline = time.monotonic() + timeout_s
-        out: dict[str, list[ControlReply]] = {}
-        lanes: list[_Lane] = []
-        for address, batch in calls.items():
-            replies: list[ControlReply] = []
-            out[address] = replies
-            if not batch:
-                continue
-            try:
-                conn = self._checkout(address, deadline)
-            except (OSError, ValueError) as e:
-                status = ST_TIMEOUT if isinstance(e, TIMEOUT_ERRORS) else ST_CONNECT_FAILED
-                replies.extend(ControlReply(status, f"{address}: {e}") for _ in batch)
-                continue
-            lanes.append(_Lane(address, conn, batch, replies))
-        spin = self.spin if len(lanes) == 1 and len(lanes[0].batch) == 1 else None
-        while lanes:  # window by window: send to every node, then read every node's replies
-            for lane in lanes:
-                lane.send(self.window, deadline)
-            if spin is not None and lanes[0].failure is None and not lanes[0].conn.inbox.buffered:
-                spin.wait(lanes[0].conn.sock)
-            for lane in lanes:
-                lane.receive(deadline)
-            still: list[_Lane] = []
-            for lane in lanes:
-                if lane.failure is not None:
-                    lane.conn.close()
-                    status, why = lane.failure
-                    lane.replies.extend(ControlReply(status, why)
-                                        for _ in range(len(lane.batch) - len(lane.replies)))
-                elif len(lane.replies) == len(lane.batch):
-                    self._checkin(lane.address, lane.conn)
-                else:
-                    still.append(lane)
-            lanes = still
-        return out
+        stream = self.stream(timeout_s)
+        stream.send(calls)
+        return stream.finish()
+
+    def stream(self, timeout_s: float) -> ControlStream:
+        """A call whose frames are sent in groups as they become ready (`ControlStream.send`),
+        every reply read at the end (`finish`): a batch of shm writes commits what was copied
+        while the rest is still being copied."""
+        return ControlStream(self, time.monotonic() + timeout_s)
 
     def close(self) -> None:
         with self._lock:
@@ -207,23 +182,92 @@ class ControlChannel:
         conn.close()
 
 
+class ControlStream:
+    """One call's frames, sent group by group as the caller has them, replies read at the end
+    (`ControlChannel.stream`). Not thread-safe: one caller sends and finishes. Sends never
+    wait for replies unless a node's window of frames in flight is full."""
+
+    def __init__(self, channel: ControlChannel, deadline: float) -> None:
+        self._channel = channel
+        self._deadline = deadline
+        self._lanes: dict[str, _Lane] = {}
+
+    def send(self, calls: Mapping[str, Sequence[ControlCall]]) -> None:
+        """Send these frames now (what a full window holds back goes at `finish`)."""
+        channel = self._channel
+        for address, batch in calls.items():
+            if not batch:
+                continue
+            lane = self._lanes.get(address)
+            if lane is None:
+                try:
+                    lane = _Lane(address, channel._checkout(address, self._deadline))
+                except (OSError, ValueError) as e:
+                    status = ST_TIMEOUT if isinstance(e, TIMEOUT_ERRORS) else ST_CONNECT_FAILED
+                    lane = _Lane(address, None, (status, f"{address}: {e}"))
+                self._lanes[address] = lane
+            lane.batch.extend(batch)
+            lane.pump(channel.window, self._deadline)
+
+    def finish(self) -> dict[str, list[ControlReply]]:
+        """Every reply, per address in the order its frames were sent; every connection
+        checked back in (or closed, when its node failed). Never raises for network trouble."""
+        channel, deadline = self._channel, self._deadline
+        lanes = [lane for lane in self._lanes.values() if not self._settle(lane)]
+        lone = len(lanes) == 1 and len(lanes[0].batch) == 1
+        spin = channel.spin if lone else None
+        while lanes:  # window by window: send to every node, then read every node's replies
+            for lane in lanes:
+                lane.pump(channel.window, deadline)
+            if spin is not None and lanes[0].failure is None \
+                    and not lanes[0].conn.inbox.buffered:  # type: ignore[union-attr]
+                spin.wait(lanes[0].conn.sock)  # type: ignore[union-attr]
+            for lane in lanes:
+                lane.receive(deadline)
+            lanes = [lane for lane in lanes if not self._settle(lane)]
+        return {address: lane.replies for address, lane in self._lanes.items()}
+
+    def _settle(self, lane: _Lane) -> bool:
+        """Whether `lane` is done; a failed one's missing replies say why, its connection is
+        closed; a finished one's goes back to the channel."""
+        if lane.failure is not None:
+            if lane.conn is not None:
+                lane.conn.close()
+                lane.conn = None
+            status, why = lane.failure
+            lane.replies.extend(ControlReply(status, why)
+                                for _ in range(len(lane.batch) - len(lane.replies)))
+            return True
+        if len(lane.replies) == len(lane.batch):
+            if lane.conn is not None:
+                self._channel._checkin(lane.address, lane.conn)
+                lane.conn = None
+            return True
+        return False
+
+
 class _Lane:
     """One node's share of a call on one connection."""
 
     __slots__ = ("address", "conn", "batch", "replies", "in_flight", "failure")
 
-    def __init__(self, address: str, conn: _Conn, batch: Sequence[ControlCall],
-                 replies: list[ControlReply]) -> None:
+    def __init__(self, address: str, conn: _Conn | None,
+                 failure: tuple[int, str] | None = None) -> None:
         self.address = address
-        self.conn = conn
-        self.batch = batch
-        self.replies = replies
-        self.in_flight = 0
-        self.failure: tuple[int, str] | None = None
+        self.conn = conn      # None: it could not be had (`failure` says why)
+        self.batch: list[ControlCall] = []
+        self.replies: list[ControlReply] = []
+        self.in_flight = 0    # frames sent whose replies are not read yet
+        self.failure = failure
 
-    def send(self, window: int, deadline: float) -> None:
-        start = len(self.replies)
-        chunk = self.batch[start:start + window]
+    def pump(self, window: int, deadline: float) -> None:
+        """Send the frames not sent yet, as many as fit in `window` frames awaiting replies."""
+        if self.failure is not None or self.conn is None:
+            return
+        start = len(self.replies) + self.in_flight
+        chunk = self.batch[start:start + window - self.in_flight]
+        if not chunk:
+            return
         conn = self.conn
         first = conn.next_id
         try:
@@ -233,12 +277,12 @@ class _Lane:
             set_io_timeout(conn.sock, remaining)
             send_all(conn.sock, [_pack(c, first + k) for k, c in enumerate(chunk)])
             conn.next_id += len(chunk)
-            self.in_flight = len(chunk)
+            self.in_flight += len(chunk)
         except Exception as e:  # noqa: BLE001 - any failure breaks only this lane
             self.failure = _failure(self.address, e)
 
     def receive(self, deadline: float) -> None:
-        if self.failure is not None:
+        if self.failure is not None or self.conn is None:
             return
         conn, inbox = self.conn, self.conn.inbox
         first = conn.next_id - self.in_flight

@@ -216,10 +216,14 @@ except ImportError:  # pragma: no cover - depends on the install
 NATIVE = _copy_pieces is not _memmove_each
 
 
-def _run_items(items: Sequence[_Item], deadline: float, hash_files: bool = True) -> None:
+def _run_items(items: Sequence[_Item], deadline: float, hash_files: bool = True,
+               after: Callable[[], None] | None = None) -> None:
+    """Run `items` in order until the deadline; `after()` once each has run (see `_Reporter`)."""
     copy_pieces = _copy_pieces
     clock = time.monotonic
     for job, runs, k in items:
+        if after is not None:  # what ran before it
+            after()
         if job.file >= 0:
             if _write_file(job, deadline, hash_files):
                 job._pieces[k] = True
@@ -238,6 +242,30 @@ def _run_items(items: Sequence[_Item], deadline: float, hash_files: bool = True)
         if h is not None:
             job.digest = h.intdigest()
         job._pieces[k] = True
+
+
+class _Reporter:
+    """Hands each job that is complete (every piece ran, its digest made when hashed) to
+    `on_done`, in the batch's order, on the calling thread: a writer sends a job's COMMIT
+    while the jobs after it are still being copied (transfer/shm.py). A job that failed is
+    passed over; one not complete yet stops the sweep until the next call."""
+
+    __slots__ = ("jobs", "on_done", "next")
+
+    def __init__(self, jobs: Sequence[CopyJob], on_done: Callable[[CopyJob], None]) -> None:
+        self.jobs = jobs
+        self.on_done = on_done
+        self.next = 0
+
+    def __call__(self) -> None:
+        jobs = self.jobs
+        while self.next < len(jobs):
+            job = jobs[self.next]
+            if job.error is None:
+                if not all(job._pieces) or (job.hashed and job.digest is None):
+                    return
+                self.on_done(job)
+            self.next += 1
 
 
 def _hash_views(jobs: Sequence[CopyJob]) -> None:
@@ -324,17 +352,22 @@ class Copier:
         self.parallel_min_bytes = parallel_min_bytes
         self._pool = LazyPool(1, "cellar-shm-copy")
 
-    def run(self, jobs: Sequence[CopyJob], deadline: float) -> None:
+    def run(self, jobs: Sequence[CopyJob], deadline: float,
+            on_done: Callable[[CopyJob], None] | None = None) -> None:
         """Copy every job until the deadline (time.monotonic()); sets each job's `done` (and
-        `digest` for hashed ones). Returns only when no copy it started is still running."""
+        `digest` for hashed ones). Returns only when no copy it started is still running.
+        `on_done(job)`, on this thread, as jobs complete while later ones are still copied
+        (`_Reporter`); jobs it was not called for by the return (the last ones, and every job
+        of a batch split over two threads) are the caller's to take up."""
         items = _items(jobs)
         total = sum(job.nbytes for job in jobs)
         executor = (self._pool.get() if total >= self.parallel_min_bytes and len(items) > 1
                     else None)
+        after = None if on_done is None else _Reporter(jobs, on_done)
         if executor is not None and all(job.file >= 0 for job in jobs):
-            self._write_files(items, executor, deadline)
+            self._write_files(items, executor, deadline, after)
         elif executor is None:
-            _run_items(items, deadline)
+            _run_items(items, deadline, after=after)
         else:
             half, acc, cut = total // 2, 0, len(items)
             for k, (_, runs, _) in enumerate(items):
@@ -351,12 +384,14 @@ class Copier:
             job.done = all(job._pieces)
 
     @staticmethod
-    def _write_files(items: list[_Item], executor: ThreadPoolExecutor, deadline: float) -> None:
+    def _write_files(items: list[_Item], executor: ThreadPoolExecutor, deadline: float,
+                     after: Callable[[], None] | None = None) -> None:
         """A large batch of file writes: every pwritev on the calling thread, the hashing on
-        the helper (see "Why file writes stay on one thread" above)."""
+        the helper (see "Why file writes stay on one thread" above), a job's digest set as
+        soon as it is made (`after` may find it then)."""
         fut = executor.submit(_hash_views, [job for job, _, _ in items if job.hashed])
         try:
-            _run_items(items, deadline, hash_files=False)
+            _run_items(items, deadline, hash_files=False, after=after)
         finally:
             fut.result()  # a digest is read only once the whole batch ran
 

@@ -282,7 +282,7 @@ class RdmaTransport(Transport):
                 tcp, key, chunks = planned
                 keys[i] = key
                 by_peer.setdefault(tcp, []).extend((i,) + c for c in chunks)
-            if writing:  # claimed before any byte lands (shm.WritePlan says why)
+            if writing:  # claimed before any byte lands (shm_commits.WritePlan says why)
                 self.stats["claims_refused"] += self._control_round(
                     OP_CLAIM, ops, keys, results, deadline)
                 by_peer = {tcp: kept for tcp, chunks in by_peer.items()

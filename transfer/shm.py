@@ -9,7 +9,9 @@ node thread, no copy but the one.
 Writes: memcpy, then COMMIT. The payload is copied into the granted range first; then one
 small COMMIT frame per op (the WRITE grant, WriteMeta, the range, and the (st_dev, st_ino) of
 the file the client copied into; no payload) goes over the node's TCP port, all of a batch's
-commits to one node pipelined in one round trip (`control.ControlChannel`). The node runs
+commits to one node pipelined on one connection (`control.ControlStream`): those of ops
+already copied go in groups of EARLY_COMMIT_BYTES while the rest is still being copied, so
+the node checks them meanwhile, and the replies are read once the copy ended. The node runs
 exactly the checks a TCP WRITE gets (grant MAC, op, epoch, expiry, range, key tag, not sealed,
 same file) and only then records the range as written; a refused commit fails the op. Why
 copying before the check is acceptable: any process that can open the segment file (same
@@ -63,8 +65,9 @@ destination after `read` returned. Scatter-gather ops (`TransferOp.parts`) copy 
 into or out of consecutive ranges of the segment: no staging copy.
 
 `write` is `plan_write` (checks, the CLAIM and COMMIT calls) + the claims + `copy_write`
-(copies) + the commits + `finish_write`; the asyncio face (`shm_async`) runs the same parts
-around claims and commits sent on its event loop.
+(copies, early commits beside them) + the other commits + `finish_write`; the asyncio face
+(`shm_async`) runs the same parts around claims and commits sent on its event loop, all of
+its commits after the copy.
 
 It never lets a copy run outside the mapping or outside the op's grant (both checked first),
 and never imports storage-node code (the host id function is duplicated and pinned by a test).
@@ -80,8 +83,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
 
 from cellar.transfer.base import (
     ST_CONNECT_FAILED,
@@ -94,9 +96,8 @@ from cellar.transfer.base import (
     op_nbytes,
     op_views,
 )
-from cellar.transfer.control import ControlCall, ControlChannel, ControlReply
+from cellar.transfer.control import ControlCall, ControlChannel
 from cellar.transfer.frame import (
-    OP_CLAIM,
     OP_COMMIT,
     ST_BAD_FRAME,
     ST_INTERNAL,
@@ -105,10 +106,16 @@ from cellar.transfer.frame import (
     ST_UNKNOWN_SEGMENT,
     ST_UNSUPPORTED,
     FrameError,
-    decode_commit_meta,
     pack_commit_meta,
 )
 from cellar.transfer.memcopy import PARALLEL_MIN_BYTES, Copier, CopyJob, buffer_address
+from cellar.transfer.shm_commits import (
+    Commit,
+    EarlyCommits,
+    WritePlan,
+    group_commits,
+    triples,
+)
 from cellar.transfer.spin_wait import SpinWait
 
 NEGATIVE_CACHE_S = 1.0            # a path that failed to open is not retried for this long
@@ -227,10 +234,6 @@ class Mapping:
 
 
 
-# A planned write's commit: (op index, node tcp address, the COMMIT frame).
-Commit = tuple[int, str, ControlCall]
-
-
 class ShmTransport(Transport):
     """Same-host transfers through mapped segment files; thread-safe.
 
@@ -319,11 +322,12 @@ class ShmTransport(Transport):
         claims, claimed = group_commits(plan.claims(ops))
         if claims:
             replies = self._control.call(claims, max(0.0, deadline - time.monotonic()))
-            self.on_claims(ops, plan, claimed, _triples(replies))
-        results, commits = self.copy_write(ops, plan, deadline)
-        calls, which = group_commits(commits)
-        replies = self._control.call(calls, max(0.0, deadline - time.monotonic()))
-        return self.finish_write(ops, results, which, _triples(replies))
+            self.on_claims(ops, plan, claimed, triples(replies))
+        stream = self._control.stream(max(0.0, deadline - time.monotonic()))
+        early = EarlyCommits(ops, plan, stream)
+        results, commits = self.copy_write(ops, plan, deadline, early.on_done)
+        early.send_rest(results, commits)
+        return self.finish_write(ops, results, early.which, triples(stream.finish()))
 
     def plan_write(self, ops: Sequence[TransferOp]) -> WritePlan:
         """Check every op and plan its copy and COMMIT; `WritePlan.claims` are the CLAIMs to
@@ -348,21 +352,16 @@ class ShmTransport(Transport):
             with self._lock:
                 self._maps.pop(path, None)
 
-    def copy_write(self, ops: Sequence[TransferOp], plan: WritePlan, deadline: float
+    def copy_write(self, ops: Sequence[TransferOp], plan: WritePlan, deadline: float,
+                   on_done: Callable[[CopyJob], None] | None = None
                    ) -> tuple[list[TransferResult], list[Commit]]:
-        """Copy every op whose claim the node answered OK; the COMMITs to send for the ops
-        fully copied in time."""
+        """Copy every op whose claim the node answered OK; the COMMITs of the ops fully
+        copied in time, each to be given its digest (`with_digests`) before it is sent
+        (`on_done`: see `memcopy.Copier.run`)."""
         results, commits = plan.results, plan.commits
         jobs = [(i, job) for i, job in plan.jobs if results[i].ok]
-        self._copy(results, jobs, deadline)
-        done = [c for c in commits if results[c[0]].ok]
-        for i, _, call in done:
-            op = ops[i]
-            if op.want_checksum and op.meta is not None:  # the digest of what was copied
-                _, dev, ino = decode_commit_meta(call.meta)
-                call.meta = pack_commit_meta(replace(op.meta, checksum=results[i].checksum),
-                                             dev, ino)
-        return results, done
+        self._copy(results, jobs, deadline, on_done)
+        return results, [c for c in commits if results[c[0]].ok]
 
     def finish_write(self, ops: Sequence[TransferOp], results: list[TransferResult],
                      which: dict[str, list[int]],
@@ -386,8 +385,8 @@ class ShmTransport(Transport):
         return results
 
     def _copy(self, results: list[TransferResult], jobs: list[tuple[int, CopyJob]],
-              deadline: float) -> None:
-        self._copier.run([job for _, job in jobs], deadline)
+              deadline: float, on_done: Callable[[CopyJob], None] | None = None) -> None:
+        self._copier.run([job for _, job in jobs], deadline, on_done)
         for i, job in jobs:
             if job.error is not None:
                 results[i] = TransferResult(ST_INTERNAL, job.error)
@@ -511,52 +510,3 @@ class ShmTransport(Transport):
             self._unreachable.pop(path, None)
             self.stats["maps"] += 1
         return new
-
-
-def _triples(replies: dict[str, list[ControlReply]]) -> dict[str, list[tuple[int, str, bytes]]]:
-    return {a: [(r.status, r.message, r.payload) for r in rs] for a, rs in replies.items()}
-
-
-@dataclass(slots=True)
-class WritePlan:
-    """A batch of shm writes as planned: per op its result so far, its copy job and its
-    COMMIT. Before any byte is copied, each allocation the master flagged (`TransferOp.claim`:
-    its range may still be served to an old read grant, master/state/read_frees.py) is
-    CLAIMed at its node (frame.OP_CLAIM): the node drops the older entries of the range, so a
-    read under a grant of the range's previous allocation (freed by the master, its notice not
-    at the node yet) is refused rather than served from the bytes being copied there
-    (docs/security.md). One round trip per node per batch, all its claims pipelined; none when
-    no op is flagged."""
-
-    results: list[TransferResult]
-    jobs: list[tuple[int, CopyJob]]
-    commits: list[Commit]
-
-    def claims(self, ops: Sequence[TransferOp]) -> list[Commit]:
-        """A CLAIM per flagged op that will be copied: its COMMIT's frame under the claim op."""
-        return [(i, address, ControlCall(OP_CLAIM, call.grant, call.segment_id, call.offset,
-                                         call.length, call.meta))
-                for i, address, call in self.commits if ops[i].claim and self.results[i].ok]
-
-    def on_claims(self, which: dict[str, list[int]],
-                  replies: dict[str, list[tuple[int, str, bytes]]]) -> int:
-        """A refused claim fails its op (nothing is copied for it, no COMMIT is sent); how
-        many were refused."""
-        refused = 0
-        for address, indexes in which.items():
-            for i, (status, message, _) in zip(indexes, replies[address], strict=True):
-                if status != ST_OK:
-                    self.results[i] = TransferResult(status, f"claim: {message}")
-                    refused += 1
-        return refused
-
-
-def group_commits(commits: Sequence[Commit]
-                  ) -> tuple[dict[str, list[ControlCall]], dict[str, list[int]]]:
-    """Commits per node address, and the op index of each, in sending order."""
-    calls: dict[str, list[ControlCall]] = {}
-    which: dict[str, list[int]] = {}
-    for i, address, call in commits:
-        calls.setdefault(address, []).append(call)
-        which.setdefault(address, []).append(i)
-    return calls, which

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from cellar.transfer.base import AsyncTransport, SegmentRoute, TransferOp, TransferResult
 from cellar.transfer.control import ControlChannel
 from cellar.transfer.memcopy import PARALLEL_MIN_BYTES
-from cellar.transfer.shm import ShmTransport, group_commits
+from cellar.transfer.shm import ShmTransport
+from cellar.transfer.shm_commits import group_commits, with_digests
 from cellar.transfer.tcp_async import AsyncTcpTransport
 
 
@@ -69,6 +70,7 @@ class AsyncShmTransport(AsyncTransport):
             self._shm.on_claims(ops, plan, claimed, await self._control.commit(
                 claims, max(0.0, deadline - time.monotonic())))
         results, commits = self._shm.copy_write(ops, plan, deadline)
+        with_digests(ops, results, commits)
         calls, which = group_commits(commits)
         replies: dict[str, list[tuple[int, str, bytes]]] = {}
         if calls:

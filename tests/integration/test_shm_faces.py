@@ -78,6 +78,51 @@ def test_sync_shm_parts_write_commit_and_read(node: tuple[Segment, NodeAccess,
         shm.close()
 
 
+def test_a_batch_commits_in_groups_while_it_copies(
+        node: tuple[Segment, NodeAccess, SegmentRoute], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's COMMITs go EARLY_COMMIT_BYTES of copied ops at a time while the rest is still
+    being copied (transfer/shm_commits.py `EarlyCommits`), and each reply lands on its own op: the
+    first group is sent before the last op's bytes are in the segment; an op under a forged
+    grant in the middle fails alone; ops that left their checksum to the copy commit the
+    digest of what was copied; every other op is sealed with its receipt."""
+    from cellar.transfer import control, shm_commits
+
+    segment, access, route = node
+    monkeypatch.setattr(shm_commits, "EARLY_COMMIT_BYTES", 2 << 20)
+    size, count, forged = 1 << 20, 8, 3
+    values = [os.urandom(size) for _ in range(count)]
+    ops = [_write(route, i * size, [v], f"k{i}", 100 + i,
+                  secret=bytes(32) if i == forged else SECRET) for i, v in enumerate(values)]
+    for op in ops[::2]:  # these leave their checksum to the copy
+        op.want_checksum = True
+        op.meta = WriteMeta(0, size, "t", op.meta.key)  # type: ignore[union-attr]
+    last = segment.view((count - 1) * size, size)
+    sends: list[tuple[int, bool]] = []  # (frames in the group, the last op's bytes landed)
+    real_send = control.ControlStream.send
+
+    def recorded_send(self: control.ControlStream, calls: dict) -> None:  # type: ignore[type-arg]
+        sends.append((sum(len(c) for c in calls.values()), bytes(last) == values[-1]))
+        real_send(self, calls)
+
+    monkeypatch.setattr(control.ControlStream, "send", recorded_send)
+    shm = ShmTransport()
+    try:
+        results = shm.write(ops, 10)
+    finally:
+        shm.close()
+    assert len(sends) >= 3 and sum(n for n, _ in sends) == count
+    assert sends[0] == (2, False)  # two ops' commits went while the last was not copied yet
+    for i, (result, value) in enumerate(zip(results, values, strict=True)):
+        entry = access.index.get(100 + i)
+        if i == forged:
+            assert result.status == ST_BAD_GRANT and entry is None
+            continue
+        assert result.ok and result.receipt, (i, result)
+        assert entry is not None and entry.state.value == "sealed"
+        assert entry.checksum == xxh3_64_intdigest(value)
+        assert bytes(segment.view(i * size, size)) == value
+
+
 def test_shm_zero_budget_touches_nothing_and_commits_nothing(
         node: tuple[Segment, NodeAccess, SegmentRoute]) -> None:
     segment, access, route = node

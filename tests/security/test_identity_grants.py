@@ -150,7 +150,7 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
     heartbeat brings the notice. Alice's old grant reads the range right after Bob's copy.
     The master flags Bob's replica (`Replica.claim`: the range was read within `pin_ttl_s`
     and the node has not acknowledged its freed notice), so Bob's transport CLAIMs it before
-    copying (transfer/shm.py `WritePlan`). Without the claim, 10 of 10 tries read Bob's
+    copying (transfer/shm_commits.py `WritePlan`). Without the claim, 10 of 10 tries read Bob's
     bytes."""
     import xxhash
 
@@ -170,8 +170,8 @@ def test_stale_read_grant_never_reads_a_shm_writers_bytes_before_its_commit(
     late_reads: list[tuple[TransferOp, bytes]] = []  # Alice's read to make once Bob copied
 
     class CopyThenRead(ShmTransport):
-        def copy_write(self, ops, plan, deadline):  # type: ignore[no-untyped-def]
-            out = super().copy_write(ops, plan, deadline)  # Bob's bytes are in the range now
+        def copy_write(self, ops, plan, deadline, on_done=None):  # type: ignore[no-untyped-def]
+            out = super().copy_write(ops, plan, deadline, on_done)  # Bob's bytes are there now
             nonlocal leaked, served
             for op, theirs in late_reads:
                 (late,) = transport.read([op], 10)

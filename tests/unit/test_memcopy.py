@@ -237,3 +237,43 @@ def test_a_failed_file_write_fails_its_job_with_the_reason(tmp_path) -> None:
         os.close(fd)
     assert not job.done and job.error is not None and "segment file" in job.error
     assert after.done and after.error is None and bytes(after_span) == b"abcdefghij"
+
+
+@pytest.mark.parametrize("to_file", [False, True])
+def test_on_done_reports_complete_jobs_in_order_while_later_ones_wait(
+        tmp_path, to_file: bool) -> None:
+    """`Copier.run(..., on_done)` hands over each job once it is copied and hashed, in the
+    batch's order, on the calling thread, before the jobs after it are copied (a writer then
+    commits it meanwhile); a failed file write (job 1's) is passed over; the last job is left
+    to the caller.
+    With files the helper hashes (parallel_min_bytes=1): a reported job's digest is there."""
+    size = 3 * FUSED_CHUNK_BYTES
+    values = [os.urandom(size) for _ in range(4)]
+    path = tmp_path / "segment.bin"
+    path.write_bytes(bytes(4 * size))
+    fd = os.open(path, os.O_RDWR)
+    bad = os.open(tmp_path / "ro.bin", os.O_RDONLY | os.O_CREAT)  # job 1's writes: EBADF
+    spans = [memoryview(bytearray(size)) for _ in values]
+    try:
+        jobs = [CopyJob([memoryview(v)], span, memcopy.buffer_address(span), to_span=True,
+                        hashed=True, file=(bad if i == 1 else fd) if to_file else -1,
+                        file_offset=i * size)
+                for i, (v, span) in enumerate(zip(values, spans, strict=True))]
+        reported: list[tuple[int, int | None, bool, int]] = []
+
+        def on_done(job: CopyJob) -> None:
+            last_landed = (os.pread(fd, size, 3 * size) == values[3]) if to_file \
+                else bytes(spans[3]) == values[3]
+            reported.append((jobs.index(job), job.digest, last_landed, threading.get_ident()))
+
+        copier = Copier(parallel_min_bytes=1 if to_file else 1 << 40)
+        copier.run(jobs, deadline=float("inf"), on_done=on_done)
+        copier.close()
+    finally:
+        os.close(fd)
+        os.close(bad)
+    me = threading.get_ident()
+    assert [r[0] for r in reported] == ([0, 2] if to_file else [0, 1, 2])
+    for i, digest, last_landed, thread in reported:
+        assert digest == xxh3_64_intdigest(values[i]) and not last_landed and thread == me
+    assert jobs[3].done and jobs[3].digest == xxh3_64_intdigest(values[3])

@@ -312,7 +312,7 @@ def test_batch_in_order_with_per_op_failures(node: Node, rdma: RdmaTransport) ->
     assert rdma.stats["chunks"] - posted_before == 3  # nothing posted for the out-of-range op
     assert rdma.stats["commits_refused"] == 1
     # flagged for a claim (the master's Replica.claim), the forged op is refused before any
-    # byte is posted: the node refused its CLAIM (shm.WritePlan)
+    # byte is posted: the node refused its CLAIM (shm_commits.WritePlan)
     claimed = [dataclasses.replace(op, claim=True) for op in ops]
     posted_before = rdma.stats["chunks"]
     refused = rdma.write(claimed[1:3], 5.0)
