@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 from xxhash import xxh3_64_intdigest
@@ -241,12 +242,14 @@ def test_a_failed_file_write_fails_its_job_with_the_reason(tmp_path) -> None:
 
 @pytest.mark.parametrize("to_file", [False, True])
 def test_on_done_reports_complete_jobs_in_order_while_later_ones_wait(
-        tmp_path, to_file: bool) -> None:
+        tmp_path, monkeypatch: pytest.MonkeyPatch, to_file: bool) -> None:
     """`Copier.run(..., on_done)` hands over each job once it is copied and hashed, in the
     batch's order, on the calling thread, before the jobs after it are copied (a writer then
     commits it meanwhile); a failed file write (job 1's) is passed over; the last job is left
     to the caller.
-    With files the helper hashes (parallel_min_bytes=1): a reported job's digest is there."""
+    With files the helper hashes (parallel_min_bytes=1): a reported job's digest is there;
+    each write here first waits for the helper to have hashed the jobs before it (on a busy
+    machine the helper may start after the last write, and then the caller takes up all)."""
     size = 3 * FUSED_CHUNK_BYTES
     values = [os.urandom(size) for _ in range(4)]
     path = tmp_path / "segment.bin"
@@ -260,6 +263,16 @@ def test_on_done_reports_complete_jobs_in_order_while_later_ones_wait(
                         file_offset=i * size)
                 for i, (v, span) in enumerate(zip(values, spans, strict=True))]
         reported: list[tuple[int, int | None, bool, int]] = []
+        real_pwritev = os.pwritev
+
+        def pwritev_after_the_hashes(f: int, buffers: list[memoryview], offset: int) -> int:
+            until = time.monotonic() + 10
+            while any(job.digest is None for job in jobs[:offset // size]) \
+                    and time.monotonic() < until:
+                time.sleep(0.001)
+            return real_pwritev(f, buffers, offset)
+
+        monkeypatch.setattr(memcopy.os, "pwritev", pwritev_after_the_hashes)
 
         def on_done(job: CopyJob) -> None:
             last_landed = (os.pread(fd, size, 3 * size) == values[3]) if to_file \
