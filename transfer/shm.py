@@ -268,7 +268,7 @@ class ShmTransport(Transport):
         self._closed = False
         self.stats: dict[str, int] = {"maps": 0, "remaps": 0, "reads": 0, "writes": 0,
                                       "bytes_read": 0, "bytes_written": 0, "commits_refused": 0,
-                                      "claims_refused": 0}
+                                      "claims_refused": 0, "early_commit_groups": 0}
 
     # -- Transport -------------------------------------------------------------------------
 
@@ -327,6 +327,9 @@ class ShmTransport(Transport):
         early = EarlyCommits(ops, plan, stream)
         results, commits = self.copy_write(ops, plan, deadline, early.on_done)
         early.send_rest(results, commits)
+        if early.early_groups:
+            with self._lock:
+                self.stats["early_commit_groups"] += early.early_groups
         return self.finish_write(ops, results, early.which, triples(stream.finish()))
 
     def plan_write(self, ops: Sequence[TransferOp]) -> WritePlan:

@@ -103,6 +103,7 @@ class EarlyCommits:
         self._sent: set[int] = set()
         self._held: list[Commit] = []
         self._held_bytes = 0
+        self.early_groups = 0  # groups sent while the copy was still running
 
     def on_done(self, job: CopyJob) -> None:
         i = self._op_of[id(job)]
@@ -111,6 +112,7 @@ class EarlyCommits:
         self._held.append(commit)
         self._held_bytes += job.nbytes
         if self._held_bytes >= EARLY_COMMIT_BYTES:
+            self.early_groups += 1
             self._send(self._held)
             self._held, self._held_bytes = [], 0
 

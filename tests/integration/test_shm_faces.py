@@ -113,6 +113,7 @@ def test_a_batch_commits_in_groups_while_it_copies(
     finally:
         shm.close()
     assert len(sends) >= 3 and sum(n for n, _ in sends) == count
+    assert shm.stats["early_commit_groups"] == len(sends) - 1  # all but the rest after the copy
     assert sends[0] == (2, False)  # two ops' commits went while the last was not copied yet
     for i, (result, value) in enumerate(zip(results, values, strict=True)):
         entry = access.index.get(100 + i)
