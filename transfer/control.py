@@ -12,11 +12,13 @@ batch's frames: every node's frames are sent first (in windows of `window` frame
 replies are read in order, so one write call costs one round trip per node however many keys
 it holds. A `ControlStream` (`ControlChannel.stream`) is the same call with its frames sent
 in groups as the caller has them: shm commits the writes already copied while it copies the
-rest (transfer/shm.py), and reads every reply once at the end. Replies are checked against their requests (id, length); a mismatch, timeout or
-socket error closes that connection and fails only the calls still waiting on it.
+rest (transfer/shm_commits.py), and reads every reply once at the end. Replies are checked
+against their requests (id, length); a mismatch, timeout or socket error closes that
+connection and fails only the calls still waiting on it.
 
 A node whose endpoint is `tls://HOST:PORT` gets its frames over TLS (`tls_sock`), with the
-same context as the tcp transport's. It never carries payload bytes (replies at most MAX_META_BYTES) and never retries on its own.
+same context as the tcp transport's. It never carries payload bytes (replies at most
+MAX_META_BYTES) and never retries on its own.
 """
 
 from __future__ import annotations
@@ -132,7 +134,10 @@ class ControlChannel:
         """One reply per call, per address, in order. Never raises for network trouble."""
         stream = self.stream(timeout_s)
         stream.send(calls)
-        return stream.finish()
+        out = stream.finish()
+        for address in calls:  # an address with no calls still gets its (empty) list
+            out.setdefault(address, [])
+        return out
 
     def stream(self, timeout_s: float) -> ControlStream:
         """A call whose frames are sent in groups as they become ready (`ControlStream.send`),
