@@ -6,7 +6,9 @@ What it owns
     one call of the native helper `_copyv.copy_pieces` (GIL released; `ctypes.memmove` per
     piece without it), checking the batch deadline before every run. An op whose runs did not
     all go before the deadline is not `done` (the transport fails it with ST_TIMEOUT; a write is
-    then never committed).
+    then never committed). On the calling thread, jobs that completed are handed to the
+    caller's `on_done` in order while later ones are still copied (`_Reporter`: shm sends
+    their COMMITs meanwhile, transfer/shm_commits.py).
 
 Why pieces and a deadline
     The cancellation guarantee (`base`): when a read returns, no byte of its destinations is
