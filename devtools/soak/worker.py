@@ -353,7 +353,15 @@ class Worker:
             "put_ahead": self._put_ahead(),
             "one_step_puts": self._one_step_puts(),
             "trusted_reads": self._trusted_reads(),
+            "early_commit_groups": self._early_commit_groups(),
         }
+
+    def _early_commit_groups(self) -> int:
+        """shm COMMIT groups sent while the rest of their batch was still copied
+        (transfer/shm_commits.py) so far."""
+        transports = getattr(getattr(getattr(self.client, "_s", None), "transports", None),
+                             "transports", ())
+        return sum(int(getattr(t, "stats", {}).get("early_commit_groups", 0)) for t in transports)
 
     def _trusted_reads(self) -> int:
         """Gets read without asking the master, within its read trust (client/gets.py)."""
