@@ -29,6 +29,8 @@ Commit = tuple[int, str, ControlCall]
 
 
 def triples(replies: dict[str, list[ControlReply]]) -> dict[str, list[tuple[int, str, bytes]]]:
+    """The nodes' replies as (status, message, payload), per address: what `on_claims` and
+    `ShmTransport.finish_write` take (the asyncio face's channel answers in that form)."""
     return {a: [(r.status, r.message, r.payload) for r in rs] for a, rs in replies.items()}
 
 
