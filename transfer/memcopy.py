@@ -249,8 +249,8 @@ def _run_items(items: Sequence[_Item], deadline: float, hash_files: bool = True,
 class _Reporter:
     """Hands each job that is complete (every piece ran, its digest made when hashed) to
     `on_done`, in the batch's order, on the calling thread: a writer sends a job's COMMIT
-    while the jobs after it are still being copied (transfer/shm.py). A job that failed is
-    passed over; one not complete yet stops the sweep until the next call."""
+    while the jobs after it are still being copied (transfer/shm_commits.py). A job that
+    failed is passed over; one not complete yet stops the sweep until the next call."""
 
     __slots__ = ("jobs", "on_done", "next")
 
