@@ -15,8 +15,9 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `puts.py`, `gets.py` the put and get state machines (no I/O)
     - `early_reads.py` where this client last read each key, so a get can read it beside its
                     GetReplicas (kept only if the reply confirms the allocation)
-    - `one_read.py` a one-key get within its read trust as that one read, without the
-                    general get flow (the faces fall back to it for anything else)
+    - `one_read.py` a one-key get made in one step without the general get flow: one read
+                    within its read trust, or one lookup and one read (the faces fall back
+                    to the flow for anything else)
     - `put_ahead.py` write allocations held for the next puts of a size, so a put skips
                     PutStart (bound to its key at PutEnd)
     - `one_put.py`  a one-key put under a held allocation as one write and one PutEnd,

@@ -454,11 +454,25 @@ class AsyncClient:
         if one is None:
             return -1
         try:
+            if one.batch is not None:
+                request = one_read.lookup_request(s, one)
+                master = self._master
+                assert master is not None  # `_session` said the client is open
+                try:
+                    reply = await master.call("GetReplicas", request, one.deadline)
+                except BaseException as exc:
+                    one_read.lookup_failed(s, one, exc)
+                    raise
+                if not one_read.on_lookup(s, one, reply):
+                    return -1
             started = time.perf_counter()
             try:
-                (result,) = await one.transport.read([one.op], one.budget_s)
+                (result,) = await one.transport.read(one.ops(), one.budget_s)
             except OSError as exc:
                 result = TransferResult(ST_CONNECTION_LOST, str(exc))
+            except BaseException:
+                one_read.abandon(s, one)
+                raise
             return one_read.finish(s, one, result, started)
         finally:
             one.done()

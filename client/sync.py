@@ -449,17 +449,29 @@ class Client:
         return run.result
 
     def _read_one(self, one: OneRead | None) -> int:
-        """A one-key get made as one trusted read (client/one_read.py): its size, or -1 when
-        the general flow must answer the call."""
+        """A one-key get made in one step (client/one_read.py: a trusted read, or a lookup and
+        a read): its size, or -1 when the general flow must answer the call."""
         if one is None:
             return -1
         try:
             self._check_open()  # (else `_run` says so)
+            if one.batch is not None:
+                request = one_read.lookup_request(self._s, one)
+                try:
+                    reply = self._master.call("GetReplicas", request, one.deadline)
+                except BaseException as exc:
+                    one_read.lookup_failed(self._s, one, exc)
+                    raise
+                if not one_read.on_lookup(self._s, one, reply):
+                    return -1
             started = time.perf_counter()
             try:
-                (result,) = one.transport.read([one.op], one.budget_s)
+                (result,) = one.transport.read(one.ops(), one.budget_s)
             except OSError as exc:
                 result = TransferResult(ST_CONNECTION_LOST, str(exc))
+            except BaseException:
+                one_read.abandon(self._s, one)
+                raise
             return one_read.finish(self._s, one, result, started)
         finally:
             one.done()
