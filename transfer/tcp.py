@@ -15,9 +15,8 @@ How a batch moves:
    large object is striped across connections. How many: at most `connections_per_node`, at
    most one per `min_stripe_bytes` of the node's share, and just one when the frames are much
    smaller than `chunk_bytes` (measured on a 2-core loopback: small frames are bound by
-   per-frame CPU, where more lanes only add GIL handoffs; large written frames gain from
-   parallel kernel copies). Reads stripe over at most `read_lanes_per_node`: one on a machine
-   of two cores, where a second lane only slowed them (`tcp_plan.default_read_lanes`).
+   per-frame CPU, where more lanes only add GIL handoffs; large frames gain from parallel
+   kernel copies).
 3. Each checked-out connection is one *lane*, driven by one thread with a blocking socket: it
    sends up to `max_inflight_per_connection` requests (gathered into as few `sendmsg` calls as
    possible: header, meta and payload memoryviews, never concatenated) before it reads their
@@ -103,7 +102,6 @@ from cellar.transfer.tcp_plan import (
     add_request,
     check_response,
     deal,
-    default_read_lanes,
     fail_chunks,
     finish,
     lanes_for,
@@ -253,8 +251,6 @@ class TcpTransport(Transport):
     max_threads: the lane thread pool shared by all batches.
     min_stripe_bytes: a node's share of a batch uses at most one lane per this many bytes
         (0: no byte floor).
-    read_lanes_per_node: most lanes a read batch stripes one node's share over (None:
-        `default_read_lanes()`; writes may use `connections_per_node`).
     tls_context: verifies nodes whose endpoint is `tls://HOST:PORT` (`tls_sock`; None: the
         system's trust store). Plain endpoints never use it.
     `ping(address, timeout_s)` measures one round trip for latency probes.
@@ -267,16 +263,11 @@ class TcpTransport(Transport):
                  connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
                  max_inflight_per_connection: int = 64, max_threads: int = 16,
                  min_stripe_bytes: int = 8 << 20,
-                 read_lanes_per_node: int | None = None,
                  tls_context: ssl.SSLContext | None = None,
                  spin: SpinWait | None = None) -> None:
         if connections_per_node < 1 or max_inflight_per_connection < 1 or max_threads < 1:
             raise ValueError("connections_per_node, max_inflight_per_connection and "
                              "max_threads must be >= 1")
-        if read_lanes_per_node is None:
-            read_lanes_per_node = default_read_lanes()
-        if read_lanes_per_node < 1:
-            raise ValueError("read_lanes_per_node must be >= 1")
         if not 0 < chunk_bytes <= max_frame_payload_bytes:
             raise ValueError("chunk_bytes must be in (0, max_frame_payload_bytes]")
         self.connections_per_node = connections_per_node
@@ -287,7 +278,6 @@ class TcpTransport(Transport):
         self.max_inflight_per_connection = max_inflight_per_connection
         self.max_threads = max_threads
         self.min_stripe_bytes = min_stripe_bytes
-        self.read_lanes_per_node = min(read_lanes_per_node, connections_per_node)
         self.tls_context = tls_context
         # polls for the reply of a one-chunk transfer before blocking (transfer/spin_wait.py);
         # not over TLS, where a readable socket may hold only part of a record
@@ -388,7 +378,7 @@ class TcpTransport(Transport):
         for address in sorted(plan.by_address):
             chunks = plan.by_address[address]
             pool = self._pool(address)
-            want = self._lanes(len(chunks), plan.bytes_by_address[address], op_code)
+            want = self._lanes(len(chunks), plan.bytes_by_address[address])
             got = pool.acquire(want, deadline) if pool is not None else None
             if not got:
                 status, why = ((ST_TIMEOUT, NO_CONNECTION)
@@ -444,10 +434,10 @@ class TcpTransport(Transport):
                        plan, self.spin)
         return finish(plan)
 
-    def _lanes(self, n_chunks: int, nbytes: int, op_code: int) -> int:
-        most = self.read_lanes_per_node if op_code == OP_READ else self.connections_per_node
+    def _lanes(self, n_chunks: int, nbytes: int) -> int:
         return lanes_for(n_chunks, nbytes, chunk_bytes=self.chunk_bytes,
-                         connections_per_node=most, min_stripe_bytes=self.min_stripe_bytes)
+                         connections_per_node=self.connections_per_node,
+                         min_stripe_bytes=self.min_stripe_bytes)
 
     def _submit(self, lane: tuple[Any, ...]) -> Future[None]:
         with self._lock:

@@ -9,9 +9,8 @@ way, decided here once:
    one frame. A chunk is a tuple of views: one for a plain op, one per part it touches for a
    scatter-gather op (`TransferOp.parts`), so a chunk may start and end inside any part and the
    frame's payload still goes straight between the socket and the caller's memory (iovecs).
-2. `lanes_for` chooses how many connections one node's share is striped over (reads on a
-   2-core machine over one: `default_read_lanes`); `deal` hands the chunks out to them,
-   least-loaded first, keeping input order within each lane.
+2. `lanes_for` chooses how many connections one node's share is striped over; `deal` hands the
+   chunks out to them, least-loaded first, keeping input order within each lane.
 3. `finish` turns the plan's failures and lane checksums into one `TransferResult` per op.
 4. `add_request` appends one chunk's request frame to a send list (header, a write's meta and
    its payload views, one iovec each); `check_response` matches a reply's header to the request it must answer (both clients read
@@ -23,7 +22,6 @@ lands (`Plan.hashed`/`Plan.sums`); multi-frame reads are hashed by the caller af
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -159,25 +157,6 @@ def plan_batch(ops: Sequence[TransferOp], transport_name: str, op_code: int,
                 chunks.append((i, op.offset + pos, slice_views(views, pos, size), size, grant))
         bytes_by_address[address] = bytes_by_address.get(address, 0) + n
     return plan
-
-
-# Read batches on a machine of at most this many CPUs use one lane per node. On the 2-core VM
-# (2026-12-06, 16 x 1/4/16 MiB, six alternated rounds, one node over loopback) one lane read at
-# 3.89 / 4.42 / 3.81 GB/s, four at 3.39 / 3.68 / 3.62: the lane of the calling thread reads its
-# replies in one native call and spins for them, and every other lane is a thread the node's
-# sends and the caller share two cores with. Writes still gain from a second lane there (16 x
-# 4 / 16 MiB: 3.10 / 2.33 GB/s on one lane, 3.51 / 3.26 on two): the node's per-frame work
-# on one connection overlaps the copy on the other. Striping reads on more cores is kept
-# (not measured here; one TCP stream per node would cap a real NIC).
-ONE_READ_LANE_MAX_CPUS = 2
-
-
-def default_read_lanes(cpus: int | None = None) -> int:
-    """Most lanes a read batch stripes one node's share over by default (`TcpTransport`'s
-    `read_lanes_per_node`): 1 on a machine of at most ONE_READ_LANE_MAX_CPUS CPUs, else no
-    bound of its own (the connections per node bound it)."""
-    cpus = os.cpu_count() if cpus is None else cpus
-    return 1 if (cpus or 1) <= ONE_READ_LANE_MAX_CPUS else 1 << 16
 
 
 def lanes_for(n_chunks: int, nbytes: int, *, chunk_bytes: int, connections_per_node: int,

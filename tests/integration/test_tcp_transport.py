@@ -342,9 +342,8 @@ def test_connection_cut_mid_read_fails_that_op_and_retry_succeeds(
     n = 1 << 20
     data = os.urandom(4 * n)
     access.view[:4 * n] = data
-    # one op per connection (reads striped as on a machine of more than two cores)
-    t = TcpTransport(connections_per_node=4, chunk_bytes=n, min_stripe_bytes=0,
-                     read_lanes_per_node=4)
+    # one op per connection
+    t = TcpTransport(connections_per_node=4, chunk_bytes=n, min_stripe_bytes=0)
     try:
         # open the four connections first, so the cut hits one of four streams in flight
         assert all(r.ok for r in t.read([rop(route, i * n, bytearray(n)) for i in range(4)], 10))

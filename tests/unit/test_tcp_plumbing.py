@@ -20,9 +20,8 @@ from cellar.transfer._sockio import (
     set_io_timeout,
 )
 from cellar.transfer.base import byte_view
-from cellar.transfer.frame import OP_READ, OP_WRITE
 from cellar.transfer.tcp import TcpTransport, _Pool
-from cellar.transfer.tcp_plan import Chunk, deal, default_read_lanes
+from cellar.transfer.tcp_plan import Chunk, deal
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -223,26 +222,16 @@ def test_outbox_bounds() -> None:
 
 
 def test_lanes_policy() -> None:
-    t = TcpTransport(connections_per_node=4, chunk_bytes=4 << 20, min_stripe_bytes=8 << 20,
-                     read_lanes_per_node=4)
-    mib, w, r = 1 << 20, OP_WRITE, OP_READ
-    assert t._lanes(1, 64 * mib, w) == 1                # one frame: nothing to stripe
-    assert t._lanes(128, 128 * (64 << 10), w) == 1      # small frames: CPU-bound, one lane
-    assert t._lanes(16, 16 * 4 * mib, w) == 4           # large frames: striped
-    assert t._lanes(16, 16 * 4 * mib, r) == 4
-    assert t._lanes(4, 16 * mib, w) == 2                # at most one lane per min_stripe_bytes
-    assert t._lanes(2, 8 * mib, w) == 1
+    t = TcpTransport(connections_per_node=4, chunk_bytes=4 << 20, min_stripe_bytes=8 << 20)
+    mib = 1 << 20
+    assert t._lanes(1, 64 * mib) == 1                # one frame: nothing to stripe
+    assert t._lanes(128, 128 * (64 << 10)) == 1      # small frames: CPU-bound, one lane
+    assert t._lanes(16, 16 * 4 * mib) == 4           # large frames: striped
+    assert t._lanes(4, 16 * mib) == 2                # at most one lane per min_stripe_bytes
+    assert t._lanes(2, 8 * mib) == 1
     t0 = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0)
-    assert t0._lanes(3, 3 * (64 << 10), w) == 3
-    assert t0._lanes(100, 100 * (64 << 10), w) == 4
-    one = TcpTransport(connections_per_node=4, chunk_bytes=4 << 20, read_lanes_per_node=1)
-    assert one._lanes(16, 16 * 4 * mib, r) == 1          # reads over one lane ...
-    assert one._lanes(16, 16 * 4 * mib, w) == 4          # ... writes still striped
-    assert default_read_lanes(cpus=2) == 1 and default_read_lanes(cpus=1) == 1
-    assert default_read_lanes(cpus=8) >= 4                # more cores: the pool bounds it
-    assert TcpTransport(connections_per_node=2, read_lanes_per_node=8).read_lanes_per_node == 2
-    with pytest.raises(ValueError):
-        TcpTransport(read_lanes_per_node=0)
+    assert t0._lanes(3, 3 * (64 << 10)) == 3
+    assert t0._lanes(100, 100 * (64 << 10)) == 4
 
 
 def test_take_scatter_and_unread() -> None:
