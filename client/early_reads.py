@@ -109,6 +109,7 @@ class Locations:
         self.discarded = 0   # early reads read again (or not at all) after the reply
         self.trusted = 0     # keys read without asking the master
         self.untrusted = 0   # trusted reads that failed (the key was then asked for)
+        self.looked_up = 0   # one-key gets made as one lookup and one read (client/one_read.py)
         self._changed_at = 0.0  # when this process last began a change (`changing`)
         with _PROCESS_LOCK:  # registered last: `changing` may reach it from now on
             _PROCESS_LOCATIONS.add(self)
@@ -202,6 +203,11 @@ class Locations:
             self.trusted += kept
             self.untrusted += failed
         metrics.record_trusted_reads(kept, failed)
+
+    def counted_lookup(self) -> None:
+        """A one-key get of a key not known here, made as one lookup and one read."""
+        with self._lock:
+            self.looked_up += 1
 
 
 # Every Locations of this process: they share one client id (`changing`)

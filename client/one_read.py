@@ -217,6 +217,8 @@ def _finish_lookup(s: Session, one: OneRead, result: TransferResult, read_starte
         s.disk_rates.observe(node_id, nbytes, read_s)
     if entry.status == Status.OK:
         _count(s, one, entry.size, one.looked_up - one.started, read_started)
+        if s.locations is not None:
+            s.locations.counted_lookup()
         return entry.size
     if one.result is None and one.view is not None:  # the caller's memory, as above
         one.view[:] = bytes(one.view.nbytes)

@@ -146,6 +146,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     lost: list[dict[str, Any]] = []
     unverified = believed = unknown = 0
     bytes_written = bytes_read = put_ahead = one_step_puts = trusted_reads = 0
+    one_step_lookups = 0
     early_commit_groups = 0
     missing = []
     for i in range(args.clients):
@@ -173,6 +174,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         put_ahead += data.get("put_ahead", 0)
         one_step_puts += data.get("one_step_puts", 0)
         trusted_reads += data.get("trusted_reads", 0)
+        one_step_lookups += data.get("one_step_lookups", 0)
         early_commit_groups += data.get("early_commit_groups", 0)
     causes: Counter[str] = Counter()
     for loss in lost:
@@ -191,6 +193,8 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "put_ahead": put_ahead,  # writes under put-ahead allocations (client/put_ahead.py)
         "one_step_puts": one_step_puts,  # ... of single puts made in one step (client/one_put.py)
         "trusted_reads": trusted_reads,  # gets read without asking (client/gets.py)
+        # gets of keys not known made as one lookup and one read (client/one_read.py)
+        "one_step_lookups": one_step_lookups,
         # shm COMMIT groups sent while their batch still copied (transfer/shm_commits.py)
         "early_commit_groups": early_commit_groups,
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),

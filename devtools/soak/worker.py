@@ -353,6 +353,7 @@ class Worker:
             "put_ahead": self._put_ahead(),
             "one_step_puts": self._one_step_puts(),
             "trusted_reads": self._trusted_reads(),
+            "one_step_lookups": self._one_step_lookups(),
             "early_commit_groups": self._early_commit_groups(),
         }
 
@@ -367,6 +368,11 @@ class Worker:
         """Gets read without asking the master, within its read trust (client/gets.py)."""
         locations = getattr(getattr(self.client, "_s", None), "locations", None)
         return int(locations.trusted) if locations is not None else 0
+
+    def _one_step_lookups(self) -> int:
+        """Gets of keys not known here made as one lookup and one read (client/one_read.py)."""
+        locations = getattr(getattr(self.client, "_s", None), "locations", None)
+        return int(locations.looked_up) if locations is not None else 0
 
     def _put_ahead(self) -> int:
         """Writes that went under a put-ahead allocation (client/put_ahead.py) so far."""

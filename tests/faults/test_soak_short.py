@@ -61,6 +61,7 @@ def test_soak_short(tmp_path: Path, variant: str) -> None:
     assert report["put_ahead"] > 0, "no write went under a put-ahead allocation"
     assert report["one_step_puts"] > 0, "no single put was one write and one PutEnd"
     assert report["trusted_reads"] > 0, "no get was read without asking (client/gets.py)"
+    assert report["one_step_lookups"] > 0, "no get was one lookup and one read (one_read.py)"
     assert report["lost"]["unexplained"] == 0
     # 3 nodes of 256 MiB stay under half full: an eviction is a fault (make soak-ha found a new
     # leader emptying its one mounted node for 2-replica put-ahead asks it could not place)

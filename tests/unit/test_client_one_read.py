@@ -164,6 +164,7 @@ def test_a_key_never_read_is_one_lookup_then_one_read_of_its_first_replica() -> 
     assert bytes(buffer[:len(VALUE)]) == VALUE and bytes(buffer[len(VALUE):]) == bytes(10)
     assert released == [1]  # the lookup's pin, queued for release
     assert locations.find("k", time.monotonic()) is not None  # the next get may read early
+    assert locations.looked_up == 1  # counted (the soak reports it)
     assert gets_counted() == (requests + 1, nbytes + len(VALUE))
     s, one, planned = looked_up(Locations())  # `get`: into new bytes
     assert planned and one_read.finish(s, one, landed(one, VALUE), time.perf_counter()) > 0
