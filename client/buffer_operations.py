@@ -98,9 +98,9 @@ def put_many_from(s: Session, keys: Any, ptrs: Any, sizes: Any, *, replicas: Any
 
 
 def one_get_into_ptr(s: Session, key: Any, ptr: Any, size: Any) -> one_read.OneRead | None:
-    """`get_into_ptr` as one trusted read (client/one_read.py), holding its lease of the
-    range until the read's `done`; or None: the flow `get_into_ptr` then answers the call,
-    argument errors included."""
+    """`get_into_ptr` in one step (client/one_read.py: a trusted read, or one lookup and one
+    read), holding its lease of the range until the read's `done`; or None: the flow
+    `get_into_ptr` then answers the call, argument errors included."""
     try:
         key = validate_key(key, s.limits.max_key_bytes)
         lease = s.pointers.lease([ptr], [size], writable=True)

@@ -139,8 +139,8 @@ def put_many(s: Session, items: Any, *, replicas: Any = 1, soft_pin: Any = False
 # ---- get ----------------------------------------------------------------------------------
 
 def one_get(s: Session, key: Any) -> one_read.OneRead | None:
-    """`get` as one trusted read into new bytes (client/one_read.py), or None: the flow
-    `get` then answers the call, argument errors included."""
+    """`get` in one step into new bytes (client/one_read.py: a trusted read, or one lookup
+    and one read), or None: the flow `get` then answers the call, argument errors included."""
     try:
         key = validate_key(key, s.limits.max_key_bytes)
     except InvalidArgument:
@@ -184,8 +184,9 @@ def get_into_view(s: Session, key: str, dest: memoryview | tuple[memoryview, ...
 
 
 def one_get_into(s: Session, key: Any, buffer: Any) -> one_read.OneRead | None:
-    """`get_into` as one trusted read (client/one_read.py), or None: the flow `get_into` then
-    answers the call, argument errors included (raised and counted there)."""
+    """`get_into` in one step (client/one_read.py: a trusted read, or one lookup and one
+    read), or None: the flow `get_into` then answers the call, argument errors included
+    (raised and counted there)."""
     try:
         key = validate_key(key, s.limits.max_key_bytes)
         view = writable_view(buffer, "buffer")
