@@ -123,7 +123,7 @@ class AsyncClient:
                               aheads=PutAheadPool(held) if (held := put_ahead_from_env())
                               else None)
             self._unpins = AsyncUnpins(self._loop, self._s, self._master.call)
-            self._gets = CoalescedGets(self._loop, self._s, self._run)
+            self._gets = CoalescedGets(self._loop, self._s, self._run, self._get_one)
             reply = await self._master.call("ClusterStatus",
                                             pb.ClusterStatusRequest(header=self._s.header),
                                             deadline)
@@ -231,7 +231,7 @@ class AsyncClient:
     async def get(self, key: str) -> bytes:
         """As `Client.get`. The `get` calls made in one turn of the loop travel together (one
         GetReplicas, one transfer round; see "Coalesced gets" above); each still gets its own
-        result or exception."""
+        result or exception. A turn's lone get is made in one step, as `Client.get`'s."""
         s, loop = self._s, self._loop
         # `_session()`'s checks, inlined for the common case (this runs once per caller)
         if s is None or loop is None or self._closed or asyncio.get_running_loop() is not loop:
@@ -448,6 +448,16 @@ class AsyncClient:
             except BaseException as exc:  # noqa: BLE001 - handed to the flow, which re-raises
                 run.fail(exc, started)
         return run.result
+
+    async def _get_one(self, key: str) -> tuple[bytes | None, float | None]:
+        """A lone coalesced `get` of checked `key` in one step (client/one_read.py): its
+        value, or None and the deadline the general flow keeps (`CoalescedGets`)."""
+        s = self._session()
+        one = operations.one_get(s, key)
+        if await self._read_one(s, one) >= 0:
+            assert one is not None
+            return one_read.value(one), None
+        return None, one_read.deadline_of(one)
 
     async def _read_one(self, s: Session, one: OneRead | None) -> int:
         """As `Client._read_one`."""

@@ -7,7 +7,9 @@ Why
     bytes or its own exception, and a caller cancelled meanwhile just drops its result. Only
     `get` coalesces: the `_into` forms keep their per-call semantics (a too-small buffer fails
     only its own call). A batch holds at most PIPELINED_GETS keys, so that callers looping on
-    their gets keep two batches going: one's GetReplicas beside the other's transfer.
+    their gets keep two batches going: one's GetReplicas beside the other's transfer. A turn
+    with one get is that get made in one step when it can be (client/one_read.py: a trusted
+    read, or one lookup and one read), as the sync face's `get`; the flow answers it otherwise.
 
 What it owns
     `CoalescedGets`: this turn's queue of (key, the caller's future) and the batch tasks in
@@ -27,6 +29,9 @@ from cellar.client.flows import Session
 from cellar.client.statuses import ClientClosed
 from cellar.errors import CellarError, Status
 
+# A lone get in one step (the face's): its value, or None and the deadline the flow then keeps
+OneGet = Callable[[str], Awaitable[tuple[bytes | None, float | None]]]
+
 # Keys of one coalesced get batch: 64 looping callers then run as two batches, one's
 # GetReplicas round trip (the master's CPU, not this loop's) beside the other's socket reads
 # or shm copies. Whole batches of 64 left the loop idle through every round trip (measured in
@@ -38,10 +43,11 @@ class CoalescedGets:
     """The coalesced `get` batches of one client (`run`: the face's flow runner)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, s: Session,
-                 run: Callable[[Any], Awaitable[Any]]) -> None:
+                 run: Callable[[Any], Awaitable[Any]], one: OneGet | None = None) -> None:
         self._loop = loop
         self._s = s
         self._run = run
+        self._one = one
         self._closed = False
         self.queue: list[tuple[str, asyncio.Future[bytes]]] = []  # this loop turn's gets
         self.tasks: set[asyncio.Task[None]] = set()  # batches in flight
@@ -76,8 +82,16 @@ class CoalescedGets:
         try:
             if self._closed:
                 raise ClientClosed("this cellar.AsyncClient is closed")
+            deadline = None
+            if len(waiting) == 1 and self._one is not None:
+                value, deadline = await self._one(waiting[0][0])
+                if value is not None:  # counted as a get by the one step
+                    if not waiting[0][1].done():
+                        waiting[0][1].set_result(value)
+                    return
             started = time.perf_counter()
-            entries = await self._run(operations.get_each(self._s, [k for k, _ in waiting]))
+            entries = await self._run(operations.get_each(self._s, [k for k, _ in waiting],
+                                                          deadline))
             wait_s = time.perf_counter() - started
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch gets it
             if isinstance(exc, asyncio.CancelledError) and self._closed:
@@ -111,4 +125,4 @@ class CoalescedGets:
         return [t for t in self.tasks if not t.done()]
 
 
-__all__ = ["PIPELINED_GETS", "CoalescedGets"]
+__all__ = ["PIPELINED_GETS", "CoalescedGets", "OneGet"]

@@ -156,11 +156,13 @@ def get(s: Session, key: Any, deadline: float | None = None) -> Flow[bytes]:
     return value_or_raise(entry)
 
 
-def get_each(s: Session, names: list[str]) -> Flow[list[GetEntry]]:
+def get_each(s: Session, names: list[str], deadline: float | None = None
+             ) -> Flow[list[GetEntry]]:
     """Entries for checked keys read into fresh bytes, one per key, for a face that turns
     each into its own `get` result (`value_or_raise`): the asyncio face coalesces the `get`
-    calls made in one loop turn into one of these batches."""
-    entries = yield from flows.run_gets(s, names, None, s.deadline())
+    calls made in one loop turn into one of these batches. `deadline` (monotonic s): a call's
+    that began before (a lone get tried in one step first), else from now."""
+    entries = yield from flows.run_gets(s, names, None, deadline or s.deadline())
     yield get_record(entries, s.tokens_per_key)
     return entries
 

@@ -34,9 +34,9 @@ def test_one_turn_of_gets_larger_than_a_batch(cluster, monkeypatch, transport: s
             batches: list[int] = []
             real = aio_gets.operations.get_each
 
-            def spy(s, names):
+            def spy(s, names, deadline=None):
                 batches.append(len(names))
-                return real(s, names)
+                return real(s, names, deadline)
 
             monkeypatch.setattr(aio_gets.operations, "get_each", spy)
             asked = keys + ["coal-absent"]

@@ -2,8 +2,8 @@
 cluster (client/one_read.py: one GetReplicas, then one read of the first replica, without the
 general get flow), on every face and transport:
 
-- `get` (sync face; AsyncClient.get coalesces the gets of one loop turn instead),
-  `get_into` and `get_into_ptr` of keys another client put: the bytes are exact, no
+- `get` (AsyncClient.get: a loop turn's lone get), `get_into` and `get_into_ptr` of keys
+  another client put: the bytes are exact, no
   byte past the value's size is written, each get is one GetReplicas at the master and one
   lookup made in one step, and every pin those lookups took is released (the master's pin
   count falls back to where it was).
@@ -105,8 +105,7 @@ def test_a_key_never_read_is_one_lookup_and_one_read(cluster: LocalCluster, face
             assert reader.get_into_ptr(key, ctypes.addressof(memory), SIZE + 64) == SIZE
             assert memory.raw[:SIZE] == value_of(i)
             assert memory.raw[SIZE:] == bytes([SENTINEL]) * 64
-        # AsyncClient.get coalesces the gets of one loop turn (client/aio_gets.py) instead
-        one_step = len(keys) if face == "sync" else 2 * KEYS
+        one_step = len(keys)  # AsyncClient.get: each is its loop turn's lone get
         assert lookups == [True] * one_step, "each get was one lookup made in one step"
         assert get_replicas_calls(cluster) - asked == len(keys)
         assert pins_fall_to(cluster, pins), "every lookup's pin is released"
