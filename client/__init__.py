@@ -32,6 +32,7 @@ The room (one sans-I/O core, two faces, as httpx's `Client` and `AsyncClient`)
     - `buffer_operations.py` the same for raw pointers, scatter-gather parts and tensors
     - `flow_run.py` stepping one flow for a face (`FlowRun`) and the call's metrics
     - `connect_args.py` connect arguments, client id, master address parsing
+    - `probe.py`    `probe_master`: one master's own ClusterStatus, no redirect followed
     - `sync.py`     `Client`, the blocking face (threads); `connect`; `unpin_flusher.py` its
                     thread that sends pin releases no GetReplicas carried; `hash_behind.py`
                     its threads that hash put values while PutStart is in flight

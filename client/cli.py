@@ -225,7 +225,8 @@ def status_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
-        from cellar.client.sync import parse_master_address, probe_master
+        from cellar.client.probe import probe_master
+        from cellar.client.sync import parse_master_address
 
         target = parse_master_address(args.master)
         out: dict[str, Any] = {}

@@ -45,14 +45,11 @@ from cellar.client.checks import (
     DEFAULT_MAX_LIST_KEYS,
     UNPIN_FLUSH_TIMEOUT_S,
     Limits,
-    resolve_token,
     spin_us_from_env,
     validate_nbytes,
-    validate_tenant,
-    validate_timeout,
     validate_tokens_per_key,
 )
-from cellar.client.connect_args import ConnectArgs, client_id, opened, parse_master_address
+from cellar.client.connect_args import ConnectArgs, opened, parse_master_address
 from cellar.client.early_reads import Locations, early_reads_from_env, trusted_reads_from_env
 from cellar.client.flow_run import FlowRun
 from cellar.client.flows import Move, Rpc, RpcAndMove, Session, Sleep
@@ -67,7 +64,7 @@ from cellar.client.rpc import MasterChannel, Meanwhile
 from cellar.client.session_state import TransportSet
 from cellar.client.statuses import ClientClosed
 from cellar.client.unpin_flusher import UnpinFlusher
-from cellar.errors import CellarError, InvalidArgument, Status
+from cellar.errors import CellarError, Status
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer import open_transports
 from cellar.transfer.base import ST_CONNECTION_LOST, TransferResult
@@ -75,7 +72,7 @@ from cellar.transfer.spin_wait import SpinWait
 
 T = TypeVar("T")
 
-__all__ = ["Client", "connect", "parse_master_address", "probe_master"]
+__all__ = ["Client", "connect", "parse_master_address"]
 
 
 class Client:
@@ -588,24 +585,3 @@ def connect(address: str, *, tenant: str = "default", token: str | None = None,
     `cellar.PermissionDenied` when the master refuses the credential.
     """
     return Client(address, tenant=tenant, token=token, timeout_s=timeout_s, transport=transport)
-
-
-def probe_master(address: str, *, tenant: str = "default", token: str | None = None,
-                 timeout_s: float = 5.0) -> dict[str, Any]:
-    """One master's own ClusterStatus, not following any redirect: its role ("leader",
-    "standby", "single"), epoch and leader_address, plus (when it serves) the summary
-    `Client.status` gives. `address` is "host:port"; `cellar.Unavailable` if it is down."""
-    from cellar.client.session_state import status_to_dict
-
-    if parse_master_address(address) is not None:
-        raise InvalidArgument(f"probe_master takes one master's 'host:port', not {address!r}")
-    timeout_s = validate_timeout(timeout_s)
-    header = pb.RequestHeader(tenant=validate_tenant(tenant), client_id=client_id(),
-                              token=resolve_token(address, token))
-    channel = MasterChannel(address, fast=False, follow=False)
-    try:
-        reply = channel.call("ClusterStatus", pb.ClusterStatusRequest(header=header),
-                             time.monotonic() + timeout_s)
-    finally:
-        channel.close()
-    return status_to_dict(reply)

@@ -41,7 +41,7 @@ from typing import Any
 import cellar
 from cellar.client import Client
 from cellar.client.pointers import PointerRegistry
-from cellar.client.sync import probe_master
+from cellar.client.probe import probe_master
 from cellar.compat.mooncake import io
 from cellar.compat.mooncake import ranges as mooncake_ranges
 from cellar.compat.mooncake.codes import ErrorCode, code_for, put_code

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 import cellar
-from cellar.client import rpc, sync
+from cellar.client import probe, rpc, sync
 from cellar.coord import follow
 from cellar.coord.redirect import LEADER_METADATA, redirect_details
 from cellar.proto import cellar_pb2 as pb
@@ -419,7 +419,7 @@ def test_an_unreachable_etcd_is_unavailable_within_the_timeout(record_property):
 
 def test_probe_master_takes_one_master_address():
     with pytest.raises(cellar.InvalidArgument):
-        sync.probe_master("etcd://127.0.0.1:2379/c1")
+        probe.probe_master("etcd://127.0.0.1:2379/c1")
 
 
 # ---- cellar status ---------------------------------------------------------------------------
