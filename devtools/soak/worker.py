@@ -350,10 +350,14 @@ class Worker:
             "error_samples": self.error_samples,
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
-            "put_ahead": self._put_ahead(),
-            "one_step_puts": self._one_step_puts(),
-            "trusted_reads": self._trusted_reads(),
-            "one_step_lookups": self._one_step_lookups(),
+            # writes under a put-ahead allocation (client/put_ahead.py), and single puts made
+            # as one write and one PutEnd (client/one_put.py)
+            "put_ahead": self._counted("aheads", "used"),
+            "one_step_puts": self._counted("aheads", "one_step"),
+            # gets read without asking, within the read trust (client/gets.py), and gets of
+            # keys not known made as one lookup and one read (client/one_read.py)
+            "trusted_reads": self._counted("locations", "trusted"),
+            "one_step_lookups": self._counted("locations", "looked_up"),
             "early_commit_groups": self._early_commit_groups(),
         }
 
@@ -364,25 +368,10 @@ class Worker:
                              "transports", ())
         return sum(int(getattr(t, "stats", {}).get("early_commit_groups", 0)) for t in transports)
 
-    def _trusted_reads(self) -> int:
-        """Gets read without asking the master, within its read trust (client/gets.py)."""
-        locations = getattr(getattr(self.client, "_s", None), "locations", None)
-        return int(locations.trusted) if locations is not None else 0
-
-    def _one_step_lookups(self) -> int:
-        """Gets of keys not known here made as one lookup and one read (client/one_read.py)."""
-        locations = getattr(getattr(self.client, "_s", None), "locations", None)
-        return int(locations.looked_up) if locations is not None else 0
-
-    def _put_ahead(self) -> int:
-        """Writes that went under a put-ahead allocation (client/put_ahead.py) so far."""
-        aheads = getattr(getattr(self.client, "_s", None), "aheads", None)
-        return int(aheads.used) if aheads is not None else 0
-
-    def _one_step_puts(self) -> int:
-        """Single puts made as one write and one PutEnd (client/one_put.py) so far."""
-        aheads = getattr(getattr(self.client, "_s", None), "aheads", None)
-        return int(aheads.one_step) if aheads is not None else 0
+    def _counted(self, part: str, counter: str) -> int:
+        """`counter` of the client session's `part` so far (0 when the client has none)."""
+        held = getattr(getattr(self.client, "_s", None), part, None)
+        return int(getattr(held, counter)) if held is not None else 0
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         tmp = self.dir / f".{name}.tmp"
