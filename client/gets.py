@@ -12,7 +12,7 @@ What it owns
     and in prefix mode the keys after it are not read either),
     the per-key `GetEntry`, and turning finished entries into results: bytes, sizes, MISS or
     LATE (a key not read within a deadline-bounded call's budget). The choices a one-key get
-    made as one read shares with it (client/one_read.py): `trusted_place`, `landed_digest`,
+    made as one read shares with it (client/one_read.py): `is_trusted`, `landed_digest`,
     `finished_bytes`.
 
 The invariants
@@ -61,15 +61,11 @@ from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferR
 TRUST_MARGIN_S = 0.01
 
 
-def trusted_place(locations: Locations, key: str, now: float,
-                  health: NodeHealth) -> Location | None:
-    """Where `key` may be read without asking the master (`GetBatch.start_trusted`'s choice
-    for one key, and client/one_read.py's): its last place, within its read trust, on a node
-    no read failed on lately; else None."""
-    loc = locations.find(key, now)
-    if loc is None or loc.trusted_until <= now or not _readable(loc, health.unhealthy(), False):
-        return None
-    return loc
+def is_trusted(loc: Location, now: float, health: NodeHealth) -> bool:
+    """Whether `loc` (a key's remembered place, `Locations.find`) may be read without asking
+    the master (`GetBatch.start_trusted`'s rule for one key, and client/one_read.py's): within
+    its read trust, on a node no read failed on lately."""
+    return loc.trusted_until > now and _readable(loc, health.unhealthy(), False)
 
 
 def _readable(loc: Location, bad: AbstractSet[str], budgeted: bool) -> bool:

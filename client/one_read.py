@@ -26,7 +26,7 @@ What it owns
 
 The invariants
     The same as the general flow's, decided by the same code: a trusted read only of a DRAM
-    replica within its trust (`gets.trusted_place`); a lookup's reply read, checked, pinned
+    replica within its trust (`gets.is_trusted`); a lookup's reply read, checked, pinned
     and released by a `GetBatch` as the flow's; only bytes that hash to the value's checksum,
     never a byte past the value's size in the caller's buffer, and a failed read leaves no
     byte of it there.
@@ -47,7 +47,7 @@ from cellar.client.buffers import fresh_bytes
 from cellar.client.checks import NODE_TROUBLE, attempt_budget_s
 from cellar.client.early_reads import Location
 from cellar.client.flows import Session
-from cellar.client.gets import GetBatch, finished_bytes, landed_digest, release_views, trusted_place
+from cellar.client.gets import GetBatch, finished_bytes, is_trusted, landed_digest, release_views
 from cellar.errors import Status
 from cellar.transfer.base import TransferOp, TransferResult
 
@@ -88,14 +88,14 @@ def plan(s: Session, key: str, buffer: memoryview | None,
     None (`done` is then not kept: the caller ends what it holds itself)."""
     started, now = time.perf_counter(), time.monotonic()
     locations = s.locations
-    location = None if locations is None else trusted_place(locations, key, now, s.health)
+    location = None if locations is None else locations.find(key, now)
     if location is None:
-        if locations is not None and locations.find(key, now) is not None:
-            return None  # known but not trusted: the flow reads it early, beside GetReplicas
         batch = GetBatch([key], None if buffer is None else [buffer], health=s.health,
                          locations=locations)
         return OneRead(key, None, None, None, None, 0.0, started, now + s.timeout_s, done,
                        batch=batch)
+    if not is_trusted(location, now, s.health):
+        return None  # known but not trusted: the flow reads it early, beside GetReplicas
     if buffer is not None and buffer.nbytes < location.size:
         return None  # the general flow says BufferTooSmall once the master named the size
     transport = s.transports.pick(location.route)
@@ -232,10 +232,8 @@ def _count(s: Session, one: OneRead, size: int, lookup_s: float, read_started: f
     metrics.record_request("get", keys=1, hits=1, nbytes=size, lookup_s=lookup_s,
                            load_s=now - read_started, wait_s=now - one.started,
                            tokens_per_key=s.tokens_per_key)
-    costs = s.costs
-    if costs is not None:
-        costs.read(str(getattr(one.transport, "name", "")), size, now - read_started)
-        costs.load(size, now - one.started)
+    s.costs.read(str(getattr(one.transport, "name", "")), size, now - read_started)
+    s.costs.load(size, now - one.started)
 
 
 __all__ = ["OneRead", "abandon", "deadline_of", "finish", "lookup_failed", "lookup_request", "on_lookup",
