@@ -472,8 +472,10 @@ class AsyncTcpTransport(AsyncTransport):
         tasks = [t for c in channels for t in (c._writer, c._reader)]
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    @property
     def stats(self) -> dict[str, int]:
-        """Open channels and frames in flight (for tests and metrics)."""
+        """Open channels and frames in flight (for tests and metrics; a dict, as every
+        transport's `stats`)."""
         channels = [c for p in self._pools.values() for c in p.channels]
         return {"channels": len(channels),
                 "in_flight": sum(len(c.sent) + len(c.queue) for c in channels)}

@@ -41,6 +41,15 @@ from cellar.units import format_size
 
 EVICTION_EXPLAINS_FROM_USED = 0.5  # used/capacity below which no eviction is expected here
 
+# What each worker's client session counted (worker.py `stats`), summed in the report:
+# put_ahead: writes under put-ahead allocations (client/put_ahead.py); one_step_puts: of
+# them single puts made as one write and one PutEnd (client/one_put.py); trusted_reads: gets
+# read without asking (client/gets.py); one_step_lookups: gets of keys not known made as one
+# lookup and one read (client/one_read.py); early_commit_groups: shm COMMIT groups sent while
+# their batch still copied (transfer/shm_commits.py).
+SESSION_COUNTERS = ("put_ahead", "one_step_puts", "trusted_reads", "one_step_lookups",
+                    "early_commit_groups")
+
 
 def explained_evictions(watcher: Watcher) -> list[tuple[float, float, int, float]]:
     """The evictions the cluster's fill explains (module docstring)."""
@@ -145,9 +154,9 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     corrupt: list[dict[str, Any]] = []
     lost: list[dict[str, Any]] = []
     unverified = believed = unknown = 0
-    bytes_written = bytes_read = put_ahead = one_step_puts = trusted_reads = 0
-    one_step_lookups = 0
-    early_commit_groups = 0
+    bytes_written = bytes_read = 0
+    counted: Counter[str] = Counter()  # SESSION_COUNTERS over all workers
+    by_face: dict[str, Counter[str]] = {}  # per face: clients, ops and SESSION_COUNTERS
     missing = []
     for i in range(args.clients):
         data = _read_json(work_dir / f"result-{i}.json")
@@ -171,11 +180,12 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         unknown += data.get("unknown_at_end", 0)
         bytes_written += data.get("bytes_written", 0)
         bytes_read += data.get("bytes_read", 0)
-        put_ahead += data.get("put_ahead", 0)
-        one_step_puts += data.get("one_step_puts", 0)
-        trusted_reads += data.get("trusted_reads", 0)
-        one_step_lookups += data.get("one_step_lookups", 0)
-        early_commit_groups += data.get("early_commit_groups", 0)
+        face = by_face.setdefault(str(data.get("face", "sync")), Counter())
+        face["clients"] += 1
+        face["ops"] += sum(data["ops"].values())
+        for name in SESSION_COUNTERS:
+            counted[name] += data.get(name, 0)
+            face[name] += data.get(name, 0)
     causes: Counter[str] = Counter()
     for loss in lost:
         loss["cause"] = classify_loss(loss, chaos, watcher, args.replicas)
@@ -190,13 +200,9 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "clients": args.clients, "nodes": args.nodes, "replicas": args.replicas,
         "ops_total": sum(ops.values()), "ops": dict(sorted(ops.items())),
         "bytes_written": bytes_written, "bytes_read": bytes_read,
-        "put_ahead": put_ahead,  # writes under put-ahead allocations (client/put_ahead.py)
-        "one_step_puts": one_step_puts,  # ... of single puts made in one step (client/one_put.py)
-        "trusted_reads": trusted_reads,  # gets read without asking (client/gets.py)
-        # gets of keys not known made as one lookup and one read (client/one_read.py)
-        "one_step_lookups": one_step_lookups,
-        # shm COMMIT groups sent while their batch still copied (transfer/shm_commits.py)
-        "early_commit_groups": early_commit_groups,
+        **{name: counted[name] for name in SESSION_COUNTERS},
+        # the same, and clients and ops, per SDK face the workers drove (faces.py)
+        "by_face": {face: dict(sorted(c.items())) for face, c in sorted(by_face.items())},
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),
         "error_samples": dict(sorted(error_samples.items())),  # the first messages of each kind
         "faults_total": len(chaos.faults),
@@ -272,6 +278,10 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
     log("summary:")
     lines = [
         f"  ops: {report['ops_total']} {report['ops']}",
+        *(f"    {face} face: {c.get('clients', 0)} client(s), {c.get('ops', 0)} ops, "
+          f"{c.get('one_step_puts', 0)} one-step puts, {c.get('one_step_lookups', 0)} one-step "
+          f"lookups, {c.get('trusted_reads', 0)} trusted reads"
+          for face, c in report["by_face"].items()),
         f"  bytes: written {format_size(report['bytes_written'])}, "
         f"read {format_size(report['bytes_read'])}",
         f"  errors: {report['errors_total']} {report['errors']}",

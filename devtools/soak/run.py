@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cellar.devtools.soak.chaos import Chaos
+from cellar.devtools.soak.faces import face_of
 from cellar.devtools.soak.report import build_report, print_summary, progress_line
 from cellar.devtools.soak.settings import (
     MASTER_FLAGS,
@@ -111,7 +112,8 @@ def run_soak(args: argparse.Namespace) -> int:
                     "--min-size", str(parse_size_bytes(args.min_size)),
                     "--max-size", str(parse_size_bytes(args.max_size)),
                     "--page-size", str(parse_size_bytes(args.page_size)),
-                    "--page-share", repr(args.page_share), "--run-id", run_id]
+                    "--page-share", repr(args.page_share), "--run-id", run_id,
+                    "--face", face_of(args.faces, i)]
             with open(work_dir / f"worker-{i}.log", "wb") as out:
                 workers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                 stderr=subprocess.STDOUT, env=env))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+from cellar.devtools.soak.faces import FACE_CHOICES, FACES
+
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -78,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(docs/sdk.md; default 64KiB, within --min-size..--max-size)")
     parser.add_argument("--page-share", type=float, default=0.5,
                         help="the share of writes of --page-size (default 0.5; 0: none)")
+    parser.add_argument("--faces", choices=FACE_CHOICES, default="both",
+                        help="which SDK face the clients drive: sync (cellar.Client), async "
+                             "(cellar.AsyncClient, one call at a time on its own loop) or both "
+                             "(odd-numbered clients async; default both)")
     parser.add_argument("--report", default="", help="write the counts as JSON to this file")
     parser.add_argument("--ha", action="store_true",
                         help="etcd + --masters masters; the master faults become leader faults "
@@ -94,4 +100,5 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
     parser.add_argument("--load-until", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--run-id", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--face", choices=FACES, default="sync", help=argparse.SUPPRESS)
     return parser

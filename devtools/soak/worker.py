@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cellar.devtools.soak.faces import open_client
 from cellar.devtools.soak.settings import (
     CLIENT_TIMEOUT_S,
     ERROR_SAMPLE_CHARS,
@@ -88,7 +89,7 @@ class Worker:
         self.unverified = 0
         self.bytes_written = 0
         self.bytes_read = 0
-        self.client = cellar.connect(args.master, timeout_s=CLIENT_TIMEOUT_S)
+        self.client = open_client(cellar, args.face, args.master, CLIENT_TIMEOUT_S)
         self._channel: Any = None
         self._stub: Any = None
         self._stub_address = ""
@@ -346,7 +347,7 @@ class Worker:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "id": self.args.id, "ops": dict(self.ops), "errors": dict(self.errors),
+            "id": self.args.id, "face": self.args.face, "ops": dict(self.ops), "errors": dict(self.errors),
             "error_samples": self.error_samples,
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,

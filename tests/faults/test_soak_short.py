@@ -5,7 +5,8 @@ them durable; the report lists any by cause), no unexplained loss and no evictio
 cluster is under half full (exit 0), having injected
 faults of several kinds and done real work. Half its writes are of one size (an engine's
 page), so puts also go under put-ahead allocations through every fault, and gets of keys read
-moments before are read without asking the master (trusted reads) (docs/sdk.md).
+moments before are read without asking the master (trusted reads) (docs/sdk.md). Two of the
+four clients drive the asyncio face (`cellar.AsyncClient`), the other two the plain one.
 
 - single master: kills, stops and restarts nodes and the master;
 - `--ha` (etcd + 2 masters + 3 nodes): also kills -9 and SIGSTOPs the leader (past its lease)
@@ -62,6 +63,13 @@ def test_soak_short(tmp_path: Path, variant: str) -> None:
     assert report["one_step_puts"] > 0, "no single put was one write and one PutEnd"
     assert report["trusted_reads"] > 0, "no get was read without asking (client/gets.py)"
     assert report["one_step_lookups"] > 0, "no get was one lookup and one read (one_read.py)"
+    # both SDK faces ran under the faults (devtools/soak/faces.py: odd-numbered clients drive
+    # cellar.AsyncClient), each through its own one-step put and get paths
+    faces = report["by_face"]
+    assert set(faces) == {"sync", "async"}, faces
+    for face, counted in faces.items():
+        assert counted["clients"] == 2 and counted["ops"] > MIN_OPS // 4, (face, counted)
+        assert counted["one_step_puts"] > 0 and counted["one_step_lookups"] > 0, (face, counted)
     assert report["lost"]["unexplained"] == 0
     # 3 nodes of 256 MiB stay under half full: an eviction is a fault (make soak-ha found a new
     # leader emptying its one mounted node for 2-replica put-ahead asks it could not place)

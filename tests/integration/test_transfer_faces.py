@@ -161,8 +161,8 @@ def test_async_64_concurrent_reads_on_one_loop(route: SegmentRoute, access: Tran
             for _ in range(3):
                 got = await asyncio.gather(*(one(t, i) for i in range(64)))
                 assert got == blobs
-            assert t.stats()["channels"] <= 4  # pooled: never more than the per-node bound
-            assert t.stats()["in_flight"] == 0
+            assert t.stats["channels"] <= 4  # pooled: never more than the per-node bound
+            assert t.stats["in_flight"] == 0
         finally:
             await t.aclose()
 
