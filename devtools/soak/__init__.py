@@ -12,6 +12,7 @@ What it owns
 Modules, in the order a run meets them
     - `settings`: the bounds, the short liveness settings, the fault kinds, the command line;
     - `values`: the self-describing value format every read is checked against;
+    - `kinds`: which face and transport each worker's client is (four kinds by default);
     - `worker`: one client process and its model of what it had acknowledged;
     - `watcher`: the thread that records expiries, evictions and leader changes;
     - `chaos`: the faults, one at a time, each kind in turn, with their windows;

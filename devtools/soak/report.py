@@ -156,7 +156,8 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
     unverified = believed = unknown = 0
     bytes_written = bytes_read = 0
     counted: Counter[str] = Counter()  # SESSION_COUNTERS over all workers
-    by_face: dict[str, Counter[str]] = {}  # per face: clients, ops and SESSION_COUNTERS
+    # per face and per transport (kinds.py): clients, ops and SESSION_COUNTERS
+    by_kind: dict[str, dict[str, Counter[str]]] = {"face": {}, "transport": {}}
     missing = []
     for i in range(args.clients):
         data = _read_json(work_dir / f"result-{i}.json")
@@ -180,12 +181,15 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         unknown += data.get("unknown_at_end", 0)
         bytes_written += data.get("bytes_written", 0)
         bytes_read += data.get("bytes_read", 0)
-        face = by_face.setdefault(str(data.get("face", "sync")), Counter())
-        face["clients"] += 1
-        face["ops"] += sum(data["ops"].values())
+        kinds = [groups.setdefault(str(data.get(dimension, "")), Counter())
+                 for dimension, groups in by_kind.items()]
+        for kind in kinds:
+            kind["clients"] += 1
+            kind["ops"] += sum(data["ops"].values())
         for name in SESSION_COUNTERS:
             counted[name] += data.get(name, 0)
-            face[name] += data.get(name, 0)
+            for kind in kinds:
+                kind[name] += data.get(name, 0)
     causes: Counter[str] = Counter()
     for loss in lost:
         loss["cause"] = classify_loss(loss, chaos, watcher, args.replicas)
@@ -201,8 +205,9 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
         "ops_total": sum(ops.values()), "ops": dict(sorted(ops.items())),
         "bytes_written": bytes_written, "bytes_read": bytes_read,
         **{name: counted[name] for name in SESSION_COUNTERS},
-        # the same, and clients and ops, per SDK face the workers drove (faces.py)
-        "by_face": {face: dict(sorted(c.items())) for face, c in sorted(by_face.items())},
+        # the same, and clients and ops, per SDK face and per transport of the workers (kinds.py)
+        **{f"by_{dimension}": {kind: dict(sorted(c.items())) for kind, c in sorted(groups.items())}
+           for dimension, groups in by_kind.items()},
         "errors_total": sum(errors.values()), "errors": dict(sorted(errors.items())),
         "error_samples": dict(sorted(error_samples.items())),  # the first messages of each kind
         "faults_total": len(chaos.faults),
@@ -278,10 +283,10 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
     log("summary:")
     lines = [
         f"  ops: {report['ops_total']} {report['ops']}",
-        *(f"    {face} face: {c.get('clients', 0)} client(s), {c.get('ops', 0)} ops, "
+        *(f"    {kind} {dimension}: {c.get('clients', 0)} client(s), {c.get('ops', 0)} ops, "
           f"{c.get('one_step_puts', 0)} one-step puts, {c.get('one_step_lookups', 0)} one-step "
           f"lookups, {c.get('trusted_reads', 0)} trusted reads"
-          for face, c in report["by_face"].items()),
+          for dimension in ("face", "transport") for kind, c in report[f"by_{dimension}"].items()),
         f"  bytes: written {format_size(report['bytes_written'])}, "
         f"read {format_size(report['bytes_read'])}",
         f"  errors: {report['errors_total']} {report['errors']}",

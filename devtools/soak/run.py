@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cellar.devtools.soak.chaos import Chaos
-from cellar.devtools.soak.faces import face_of
+from cellar.devtools.soak.kinds import face_of, transport_of
 from cellar.devtools.soak.report import build_report, print_summary, progress_line
 from cellar.devtools.soak.settings import (
     MASTER_FLAGS,
@@ -113,7 +113,9 @@ def run_soak(args: argparse.Namespace) -> int:
                     "--max-size", str(parse_size_bytes(args.max_size)),
                     "--page-size", str(parse_size_bytes(args.page_size)),
                     "--page-share", repr(args.page_share), "--run-id", run_id,
-                    "--face", face_of(args.faces, i)]
+                    "--batch-share", repr(args.batch_share),
+                    "--face", face_of(args.faces, i),
+                    "--transport", transport_of(args.transports, i)]
             with open(work_dir / f"worker-{i}.log", "wb") as out:
                 workers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                                 stderr=subprocess.STDOUT, env=env))
@@ -216,4 +218,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"need {HEADER.size + 200} <= --min-size <= --max-size")
     if not min_size <= page_size <= max_size or not 0 <= args.page_share <= 1:
         parser.error("need --min-size <= --page-size <= --max-size and 0 <= --page-share <= 1")
+    if not 0 <= args.batch_share <= 1:
+        parser.error("need 0 <= --batch-share <= 1")
     return run_soak(args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from cellar.devtools.soak.faces import FACE_CHOICES, FACES
+from cellar.devtools.soak.kinds import BOTH, FACES, TRANSPORTS
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -48,6 +48,7 @@ RECOVERY_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 90.0
 WORKER_FINISH_TIMEOUT_S = 300.0
 FINAL_PASS_ATTEMPTS = 5
+MAX_BATCH_KEYS = 8           # keys in one batched operation of a worker (--batch-share)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,10 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "(docs/sdk.md; default 64KiB, within --min-size..--max-size)")
     parser.add_argument("--page-share", type=float, default=0.5,
                         help="the share of writes of --page-size (default 0.5; 0: none)")
-    parser.add_argument("--faces", choices=FACE_CHOICES, default="both",
+    parser.add_argument("--batch-share", type=float, default=0.2,
+                        help="the share of a client's steps that are batched operations "
+                             "(get_many, put_many with and without upsert, remove_many) of 2-"
+                             f"{MAX_BATCH_KEYS} of its keys, each key judged as its single "
+                             "operation would be (default 0.2; 0: none)")
+    parser.add_argument("--faces", choices=(BOTH, *FACES), default=BOTH,
                         help="which SDK face the clients drive: sync (cellar.Client), async "
                              "(cellar.AsyncClient, one call at a time on its own loop) or both "
                              "(odd-numbered clients async; default both)")
+    parser.add_argument("--transports", choices=(BOTH, *TRANSPORTS), default=BOTH,
+                        help="how the clients move bytes: auto (shared memory, all being on "
+                             "one host), tcp, or both (clients 2-3 of every 4 on tcp; default "
+                             "both)")
     parser.add_argument("--report", default="", help="write the counts as JSON to this file")
     parser.add_argument("--ha", action="store_true",
                         help="etcd + --masters masters; the master faults become leader faults "
@@ -101,4 +111,5 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load-until", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--run-id", default="", help=argparse.SUPPRESS)
     parser.add_argument("--face", choices=FACES, default="sync", help=argparse.SUPPRESS)
+    parser.add_argument("--transport", choices=TRANSPORTS, default="auto", help=argparse.SUPPRESS)
     return parser

@@ -1,5 +1,10 @@
 """A soak worker: one client process of random operations on its own keys, every read checked.
 
+What it runs
+    Single put/upsert/get/remove steps and, at --batch-share, batched ones (get_many, put_many
+    with and without upsert, remove_many of 2-MAX_BATCH_KEYS keys), through the face and on
+    the transport --face and --transport name (kinds.py).
+
 The model (what a worker knows)
     Every value is self-describing (`cellar.devtools.soak.values`), so any read is verified on
     its own. Each worker owns a disjoint key space and remembers, per key, what it last had
@@ -37,12 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cellar.devtools.soak.faces import open_client
+from cellar.devtools.soak.kinds import open_client
 from cellar.devtools.soak.settings import (
     CLIENT_TIMEOUT_S,
     ERROR_SAMPLE_CHARS,
     ERROR_SAMPLES_PER_KIND,
     FINAL_PASS_ATTEMPTS,
+    MAX_BATCH_KEYS,
     RECOVERY_TIMEOUT_S,
     SETTLE_TIMEOUT_S,
     STATS_INTERVAL_S,
@@ -89,7 +95,8 @@ class Worker:
         self.unverified = 0
         self.bytes_written = 0
         self.bytes_read = 0
-        self.client = open_client(cellar, args.face, args.master, CLIENT_TIMEOUT_S)
+        self.client = open_client(cellar, args.face, args.transport, args.master,
+                                  CLIENT_TIMEOUT_S)
         self._channel: Any = None
         self._stub: Any = None
         self._stub_address = ""
@@ -119,6 +126,9 @@ class Worker:
             samples.append((time.time(), message))
 
     def step(self) -> None:
+        if self.rng.random() < self.args.batch_share:
+            self.batch_step()
+            return
         key = self.rng.choice(self.keys)
         m = self.model[key]
         r = self.rng.random()
@@ -216,8 +226,12 @@ class Worker:
             self._error("remove", exc)
             self._unknown(m, before | {None})
             return
+        self._removed(key, m, existed, "remove")
+
+    def _removed(self, key: str, m: KeyModel, existed: bool, op: str) -> None:
+        """A remove of `key` was acknowledged, answering whether it `existed`."""
         if m.state == PRESENT and not existed:
-            self._loss(key, m, "remove returned False")
+            self._loss(key, m, f"{op} returned False")
         m.removed_how = f"{m.state}:{existed}"
         m.state, m.possible, m.nodes, m.removed_at = ABSENT, set(), None, time.time()
 
@@ -236,13 +250,18 @@ class Worker:
         except Exception as exc:
             self._error("final_get" if final else "get", exc)
             return False
+        self._judge(key, m, value)
+        return True
+
+    def _judge(self, key: str, m: KeyModel, value: bytes) -> None:
+        """Judge the value a read of `key` returned against what was acknowledged."""
         self.bytes_read += len(value)
         version, why = check_value(key, value)
         now = time.time()
         if version is None or version > m.attempted:
             why = why or f"version {version} was never written (highest attempted {m.attempted})"
             self.corrupt.append({"key": key, "t": now, "why": why, "size": len(value)})
-            return True
+            return
         if m.state == PRESENT and version < m.version:
             self.stale.append({"key": key, "kind": "older_version", "t": now,
                                "expected": m.version, "got": version, "ack_time": m.ack_time})
@@ -260,7 +279,93 @@ class Worker:
                 self.stale.append({"key": key, "kind": "older_version_unknown_state", "t": now,
                                    "possible": sorted(str(v) for v in m.possible),
                                    "got": version, "ack_time": max(m.ack_time, m.removed_at)})
-        return True
+
+    # -- batched operations: each key judged as its single operation would be --
+
+    def batch_step(self) -> None:
+        keys = self.rng.sample(self.keys, self.rng.randint(2, min(MAX_BATCH_KEYS, len(self.keys))))
+        r = self.rng.random()
+        if r < 0.45:
+            self.read_many(keys)
+        elif r < 0.75:
+            self.write_many(keys, upsert=True)
+        elif r < 0.90:
+            self.write_many(keys, upsert=False)  # present keys: put_overs, refused one by one
+        else:
+            self.remove_many(keys)
+
+    def write_many(self, keys: list[str], *, upsert: bool) -> None:
+        """`put_many` of a new version of each key (all of one page size, at --page-share):
+        OK acknowledges it; ALREADY_EXISTS must come only for a key not believed absent;
+        a refusal before writing leaves the key as it was; anything else leaves it unknown."""
+        op = "upsert_many" if upsert else "put_many"
+        self.ops[op] += 1
+        one_size = int(self.args.page_size) if self.rng.random() < self.args.page_share else 0
+        items: list[tuple[str, bytes]] = []
+        plans: list[tuple[str, KeyModel, int, set[int | None]]] = []
+        for key in keys:
+            m = self.model[key]
+            m.attempted += 1
+            items.append((key, make_value(key, m.attempted, one_size or self._size(), self.rng)))
+            plans.append((key, m, m.attempted, self._possible(m)))
+        try:
+            statuses = self.client.put_many(items, replicas=self.args.replicas, upsert=upsert)
+        except self._refused_up_front as exc:
+            self._error(op, exc)
+            return
+        except Exception as exc:
+            self._error(op, exc)
+            for _key, m, version, before in plans:
+                self._unknown(m, before | {version})
+            return
+        status = self.cellar.Status
+        refused = (status.NO_SPACE, status.QUOTA_EXCEEDED, status.INVALID)
+        for (key, m, version, before), (_, value), got in zip(plans, items, statuses, strict=True):
+            if got == status.OK:
+                if m.state == PRESENT and not upsert:  # the window put_over describes
+                    self.errors[f"{op}:acknowledged_over_present_value"] += 1
+                self._acknowledged(key, m, version, len(value))
+            elif got == status.ALREADY_EXISTS and not upsert:
+                if m.state == ABSENT:  # as `write`: a removed value came back
+                    self.errors[f"{op}:ALREADY_EXISTS"] += 1
+                    self.stale.append({"key": key, "kind": "put_already_exists", "t": time.time(),
+                                       "expected": "absent", "ack_time": m.removed_at,
+                                       "removed": m.removed_how})
+                    self._unknown(m, before)
+            elif got in refused:
+                self.errors[f"{op}:{got.name}"] += 1
+            else:
+                self.errors[f"{op}:{got.name}"] += 1
+                self._unknown(m, before | {version})
+
+    def read_many(self, keys: list[str]) -> None:
+        """`get_many`: each value judged as a get's; a None (missing or unreadable: the call
+        does not say which) proves nothing, so it is only counted."""
+        self.ops["get_many"] += 1
+        try:
+            values = self.client.get_many(keys)
+        except Exception as exc:
+            self._error("get_many", exc)
+            return
+        for key, value in zip(keys, values, strict=True):
+            m = self.model[key]
+            if value is not None:
+                self._judge(key, m, value)
+            elif m.state == PRESENT:
+                self.errors["get_many:None(present)"] += 1
+
+    def remove_many(self, keys: list[str]) -> None:
+        self.ops["remove_many"] += 1
+        befores = [self._possible(self.model[key]) for key in keys]
+        try:
+            existed = self.client.remove_many(keys)
+        except Exception as exc:
+            self._error("remove_many", exc)
+            for key, before in zip(keys, befores, strict=True):
+                self._unknown(self.model[key], before | {None})
+            return
+        for key, was in zip(keys, existed, strict=True):
+            self._removed(key, self.model[key], was, "remove_many")
 
     # -- model helpers --
 
@@ -347,7 +452,8 @@ class Worker:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "id": self.args.id, "face": self.args.face, "ops": dict(self.ops), "errors": dict(self.errors),
+            "id": self.args.id, "face": self.args.face, "transport": self.args.transport,
+            "ops": dict(self.ops), "errors": dict(self.errors),
             "error_samples": self.error_samples,
             "stale": len(self.stale), "corrupt": len(self.corrupt), "losses": len(self.losses),
             "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,

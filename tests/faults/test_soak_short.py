@@ -5,8 +5,9 @@ them durable; the report lists any by cause), no unexplained loss and no evictio
 cluster is under half full (exit 0), having injected
 faults of several kinds and done real work. Half its writes are of one size (an engine's
 page), so puts also go under put-ahead allocations through every fault, and gets of keys read
-moments before are read without asking the master (trusted reads) (docs/sdk.md). Two of the
-four clients drive the asyncio face (`cellar.AsyncClient`), the other two the plain one.
+moments before are read without asking the master (trusted reads) (docs/sdk.md). The four
+clients are the four kinds: the plain and the asyncio face, each over shared memory and over
+tcp; a fifth of their steps are batched (get_many, put_many, remove_many).
 
 - single master: kills, stops and restarts nodes and the master;
 - `--ha` (etcd + 2 masters + 3 nodes): also kills -9 and SIGSTOPs the leader (past its lease)
@@ -59,17 +60,22 @@ def test_soak_short(tmp_path: Path, variant: str) -> None:
     assert report["stale_reads"] == 0, (report["stale_by_cause"], report["stale_details"][:10])
     assert report["ops"].get("remove", 0) > 0 and report["ops"].get("upsert", 0) > 0
     assert report["ops"].get("put_over", 0) > 0  # refused puts of present keys, checked after
+    # batched operations, each key judged as its single operation would be (worker.py)
+    assert all(report["ops"].get(op, 0) > 0 for op in (
+        "get_many", "put_many", "upsert_many", "remove_many")), report["ops"]
     assert report["put_ahead"] > 0, "no write went under a put-ahead allocation"
     assert report["one_step_puts"] > 0, "no single put was one write and one PutEnd"
     assert report["trusted_reads"] > 0, "no get was read without asking (client/gets.py)"
     assert report["one_step_lookups"] > 0, "no get was one lookup and one read (one_read.py)"
-    # both SDK faces ran under the faults (devtools/soak/faces.py: odd-numbered clients drive
-    # cellar.AsyncClient), each through its own one-step put and get paths
-    faces = report["by_face"]
-    assert set(faces) == {"sync", "async"}, faces
-    for face, counted in faces.items():
-        assert counted["clients"] == 2 and counted["ops"] > MIN_OPS // 4, (face, counted)
-        assert counted["one_step_puts"] > 0 and counted["one_step_lookups"] > 0, (face, counted)
+    # both SDK faces and both transports ran under the faults (devtools/soak/kinds.py: the
+    # four clients are sync and async over shared memory and over tcp), each kind through its
+    # own one-step put and get paths
+    for dimension, kinds in (("face", {"sync", "async"}), ("transport", {"auto", "tcp"})):
+        counted_by_kind = report[f"by_{dimension}"]
+        assert set(counted_by_kind) == kinds, counted_by_kind
+        for kind, counted in counted_by_kind.items():
+            assert counted["clients"] == 2 and counted["ops"] > MIN_OPS // 4, (kind, counted)
+            assert counted["one_step_puts"] > 0 and counted["one_step_lookups"] > 0, (kind, counted)
     assert report["lost"]["unexplained"] == 0
     # 3 nodes of 256 MiB stay under half full: an eviction is a fault (make soak-ha found a new
     # leader emptying its one mounted node for 2-replica put-ahead asks it could not place)
