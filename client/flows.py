@@ -13,7 +13,8 @@ Why generators
 The invariants
     - A flow never blocks and never reads a clock to wait: it yields `Sleep`.
     - A put key is placed again only while time is left and a leader change is recent
-      (`MAX_FAILOVER_ROUNDS`); a get batch is asked again at most `MAX_GET_FAILOVER_ROUNDS`.
+      (`MAX_FAILOVER_ROUNDS`); a get batch is asked again at most `MAX_GET_FAILOVER_ROUNDS`
+      (a leader change, or a key's grants expired before any replica of it was read).
     - Every pin a flow is granted goes to `Session.release`, also when the flow fails.
     - A budgeted get never starts a transfer round after its budget; what is unread then is LATE.
 """
@@ -55,7 +56,8 @@ MAX_FAILOVER_ROUNDS = 32          # put rounds for keys a leader change left UNA
 FAILOVER_BACKOFF_FIRST_S = 0.05
 FAILOVER_BACKOFF_MAX_S = 0.5
 FAILOVER_PUT_STATUSES = frozenset({Status.UNAVAILABLE, Status.NO_SPACE})
-MAX_GET_FAILOVER_ROUNDS = 2       # gets whose batch straddled a leader change, asked again
+MAX_GET_FAILOVER_ROUNDS = 2       # gets whose batch straddled a leader change (or whose
+                                  # grants expired before a replica was read), asked again
 REVOKE_MIN_S = 1.0                # a revoke gets at least this long, even past the deadline
 
 
@@ -266,7 +268,8 @@ def put_batch(s: Session, entries: list[PutEntry], *, replicas: int, soft_pin: b
                     end.ahead.CopyFrom(ask)
                 sent_at = time.monotonic()
                 reply = yield Rpc("PutEnd", end, deadline)
-                stored = batch.on_end_reply(reply)
+                stored = batch.on_end_reply(
+                    reply, may_retry=deadline - time.monotonic() > MIN_RETRY_BUDGET_S)
                 if s.locations is not None:  # the keys' old places are stale now
                     s.locations.forget(*stored)
                 if batch.written:  # a get of these may read them early (client/early_reads.py)
@@ -416,10 +419,15 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
             for i, entry in zip(index, batch.entries, strict=True):
                 release_views([out[i]])
                 out[i] = entry
-        if s.master.generation == generation:
-            break
+        # Asked again: every key a leader change voided, and (in a call with no budget of its
+        # own and no prefix to keep whole) every key no replica was read for because its
+        # grants expired first (a node that stalled past the pin TTL mid-read: another replica
+        # was then refused the same grant, while the call still had time to ask for new ones)
+        changed = s.master.generation != generation
+        expiry_counts = budget_at is None and not prefix
         index = [i for i in index if out[i].status == Status.UNAVAILABLE
-                 and not out[i].corrupt and not out[i].late]
+                 and not out[i].corrupt and not out[i].late
+                 and (changed or (expiry_counts and out[i].grant_expired))]
         if not index or until - time.monotonic() <= MIN_RETRY_BUDGET_S:
             break
     return out

@@ -55,6 +55,7 @@ from cellar.errors import BufferTooSmall, CellarError, IntegrityError, InvalidAr
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import GRANT_OP_READ, Grant
 from cellar.transfer.base import ST_TIMEOUT, SegmentRoute, TransferOp, TransferResult, hash_views
+from cellar.transfer.frame import ST_EXPIRED
 
 # Read trust is cut short by this much (s): the master and this client time it on two clocks
 # whose rates may differ (NTP slews them by up to 0.05%), and a timer may fire a little early
@@ -101,6 +102,7 @@ class GetEntry:
     corrupt: int = 0                  # replicas that failed their checksum
     failures: list[str] = field(default_factory=list)
     timed_out: bool = False           # the last read attempt ran out of time
+    grant_expired: bool = False       # a node refused a read: its grant had expired
     late: bool = False                # not read within a deadline-bounded call's budget
     cut: bool = False                 # found, but after an unreadable key (prefix mode)
     parts: tuple[memoryview, ...] = ()  # scatter-gather destination (dest is None then)
@@ -408,6 +410,7 @@ class GetBatch:
                 disk_bytes[node] = disk_bytes.get(node, 0) + e.size
             if not res.ok:
                 e.timed_out = res.status == ST_TIMEOUT
+                e.grant_expired |= res.status == ST_EXPIRED
                 e.failures.append(f"node {node}: {res}")
                 if res.status in NODE_TROUBLE:
                     self._health.mark_failed(node)

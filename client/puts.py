@@ -410,9 +410,11 @@ class PutBatch:
         """The PutRef that revokes `e`'s put (a put-ahead allocation is named by "")."""
         return pb.PutRef(key="" if e.ahead_epoch else e.key, put_id=e.put_id)
 
-    def on_end_reply(self, reply: Any) -> list[str]:
+    def on_end_reply(self, reply: Any, *, may_retry: bool = False) -> list[str]:
         """Settle the keys of the last PutEnd from its reply; the keys it stored (a new
-        version each)."""
+        version each). With `may_retry` (time is left), a key whose put the master revoked
+        after its writer timeout (a node that stalled under the write past the write grant's
+        life) stays in flight, to be placed again."""
         check_result_count("PutEnd", len(reply.results), len(self._ending))
         stored: list[str] = []
         # A master that restarted between PutStart and PutEnd never heard of the put: the key
@@ -431,6 +433,11 @@ class PutBatch:
                     continue
             else:
                 master_changed = epoch != self._start_epoch
+                if status == Status.EXPIRED and may_retry and not master_changed \
+                        and e.attempts < self._max_attempts:
+                    # revoked, its allocation freed: nothing of it is stored or acknowledged
+                    e.message = f"revoked: {res.message}"
+                    continue
             if master_changed and status != Status.OK:
                 if e.attempts < self._max_attempts:
                     continue  # still unsettled: the next start_request places it again

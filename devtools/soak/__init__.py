@@ -14,6 +14,7 @@ Modules, in the order a run meets them
     - `values`: the self-describing value format every read is checked against;
     - `kinds`: which face and transport each worker's client is (four kinds by default);
     - `worker`: one client process and its model of what it had acknowledged;
+    - `replicas`: where a worker's key is stored, asked after each acknowledged write;
     - `watcher`: the thread that records expiries, evictions and leader changes;
     - `chaos`: the faults, one at a time, each kind in turn, with their windows;
     - `report`: loss and stale-read causes, the JSON report, the summary;

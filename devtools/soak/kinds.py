@@ -86,6 +86,9 @@ class BlockingAsync:
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         return self._run(self._client.get_many(keys))  # type: ignore[no-any-return]
 
+    def get_many_into(self, keys: list[str], buffers: list[bytearray], **kwargs: Any) -> list[int]:
+        return self._run(self._client.get_many_into(keys, buffers, **kwargs))  # type: ignore[no-any-return]
+
     def remove_many(self, keys: list[str]) -> list[bool]:
         return self._run(self._client.remove_many(keys))  # type: ignore[no-any-return]
 

@@ -42,7 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from cellar.devtools.soak.kinds import open_client
+from cellar.devtools.soak.replicas import ReplicaLocator
 from cellar.devtools.soak.settings import (
     CLIENT_TIMEOUT_S,
     ERROR_SAMPLE_CHARS,
@@ -57,6 +60,11 @@ from cellar.devtools.soak.values import check_value, make_value
 from cellar.lifecycle import die_with_parent_if_asked
 
 PRESENT, ABSENT, UNKNOWN = "present", "absent", "unknown"
+INTO_BUDGETS_S = (None, 0.05, 0.5)  # get_many_into's timeout_s: none, a prefetch's, a loose one
+
+
+def _digest(buffer: bytearray) -> int:
+    return xxhash.xxh3_64_intdigest(buffer)
 
 
 @dataclass
@@ -97,16 +105,11 @@ class Worker:
         self.bytes_read = 0
         self.client = open_client(cellar, args.face, args.transport, args.master,
                                   CLIENT_TIMEOUT_S)
-        self._channel: Any = None
-        self._stub: Any = None
-        self._stub_address = ""
-        self._pending_pin = 0
-        self._discovery: Any = None  # etcd:// (--ha): where the leader is
-        self._leader_address = ""
-        from cellar.coord.target import is_etcd_url, parse_etcd_url
-        if is_etcd_url(args.master):
-            from cellar.coord.discovery import LeaderDiscovery
-            self._discovery = LeaderDiscovery(parse_etcd_url(args.master))
+        self._replicas = ReplicaLocator(args.master)
+        # get_many_into's buffers (one per key of a batch, each of the largest value), and
+        # (key, index, digest) of those a call gave up on, checked before the next one
+        self._into_buffers = [bytearray(int(args.max_size)) for _ in range(MAX_BATCH_KEYS)]
+        self._abandoned: list[tuple[str, int, int]] = []
         self._log_min = math.log(args.min_size)
         self._log_max = math.log(args.max_size)
 
@@ -188,7 +191,7 @@ class Worker:
         """A write of `version` was acknowledged: it is what reads must return from now on."""
         self.bytes_written += nbytes
         m.state, m.version, m.ack_time, m.possible = PRESENT, version, time.time(), set()
-        m.nodes = self._locate(key)
+        m.nodes = self._replicas.nodes_of(key)
 
     def put_over(self, key: str, m: KeyModel) -> None:
         """A put without upsert of a key whose value is acknowledged: refused (AlreadyExists),
@@ -285,8 +288,10 @@ class Worker:
     def batch_step(self) -> None:
         keys = self.rng.sample(self.keys, self.rng.randint(2, min(MAX_BATCH_KEYS, len(self.keys))))
         r = self.rng.random()
-        if r < 0.45:
+        if r < 0.25:
             self.read_many(keys)
+        elif r < 0.45:
+            self.read_many_into(keys)
         elif r < 0.75:
             self.write_many(keys, upsert=True)
         elif r < 0.90:
@@ -354,6 +359,44 @@ class Worker:
             elif m.state == PRESENT:
                 self.errors["get_many:None(present)"] += 1
 
+    def read_many_into(self, keys: list[str]) -> None:
+        """`get_many_into` as a prefetch makes it (a budget of INTO_BUDGETS_S, half with
+        prefix=True) into this worker's own buffers: each size read judged as a get's value;
+        with prefix=True every size kept must be a read (the leading run); and the buffer of
+        every key it gave up on must not change after the call returned (checked before the
+        buffers are used again: bytes landing there later would overwrite an engine's memory)."""
+        self.ops["get_many_into"] += 1
+        self._check_abandoned()
+        prefix = self.rng.random() < 0.5
+        budget_s = self.rng.choice(INTO_BUDGETS_S)
+        buffers = self._into_buffers[:len(keys)]
+        try:
+            sizes = self.client.get_many_into(keys, buffers, timeout_s=budget_s, prefix=prefix)
+        except Exception as exc:
+            self._error("get_many_into", exc)
+            return
+        if len(sizes) > len(keys) or (not prefix and len(sizes) != len(keys)) or (
+                prefix and any(size < 0 for size in sizes)):
+            self.corrupt.append({"key": keys[0], "t": time.time(), "size": 0,
+                                 "why": f"get_many_into(prefix={prefix}) of {len(keys)} keys "
+                                        f"answered {sizes}"})
+            return
+        for i, (key, buffer) in enumerate(zip(keys, buffers, strict=False)):
+            size = sizes[i] if i < len(sizes) else self.cellar.MISS
+            if size >= 0:
+                self._judge(key, self.model[key], bytes(buffer[:size]))
+            else:
+                self.errors[f"get_many_into:{'LATE' if size == self.cellar.LATE else 'MISS'}"] += 1
+                self._abandoned.append((key, i, _digest(buffer)))
+
+    def _check_abandoned(self) -> None:
+        for key, i, digest in self._abandoned:
+            if _digest(self._into_buffers[i]) != digest:
+                self.corrupt.append({"key": key, "t": time.time(), "size": 0,
+                                     "why": "bytes landed in a buffer after get_many_into "
+                                            "returned without reading into it"})
+        self._abandoned = []
+
     def remove_many(self, keys: list[str]) -> None:
         self.ops["remove_many"] += 1
         befores = [self._possible(self.model[key]) for key in keys]
@@ -384,69 +427,6 @@ class Worker:
     def _loss(self, key: str, m: KeyModel, how: str) -> None:
         self.losses.append({"key": key, "version": m.version, "ack_time": m.ack_time,
                             "detect_time": time.time(), "nodes": m.nodes, "how": how})
-
-    def _master_address(self) -> str | None:
-        """The gRPC address to ask for replicas: the master, or (etcd://) the leader in etcd."""
-        if self._discovery is None:
-            return str(self.args.master)
-        if not self._leader_address:
-            try:
-                record = self._discovery.leader(timeout_s=1.0)
-            except self.cellar.Unavailable:
-                return None
-            if record is None:  # an election is under way
-                return None
-            self._leader_address = record.address
-        return self._leader_address
-
-    def _forget_master(self) -> None:
-        """After a failed call: ask etcd again next time (the leader may have changed)."""
-        if self._discovery is None:
-            return
-        self._leader_address = ""
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = self._stub = None
-        self._stub_address = ""
-        self._pending_pin = 0  # a pin lives on the master that granted it
-
-    def _locate(self, key: str) -> list[str] | None:
-        """The node ids holding `key`'s replicas (None if the master cannot say right now)."""
-        import grpc
-
-        from cellar.proto import cellar_pb2 as pb
-        from cellar.proto import cellar_pb2_grpc as pb_grpc
-
-        address = self._master_address()
-        if address is None:
-            return None
-        if self._stub is None or self._stub_address != address:
-            if self._channel is not None:
-                self._channel.close()
-            self._channel = grpc.insecure_channel(address)
-            self._stub = pb_grpc.MasterStub(self._channel)
-            self._stub_address = address
-        from cellar.client.connect_args import client_id
-        from cellar.credentials import default_token
-
-        # this process's client id, as its SDK client's: the master counts the lookup as this
-        # process's read (master/state/read_trust.py), so this worker's own removes and
-        # upserts are not held for a read trust nobody holds (a raw lookup keeps none)
-        header = pb.RequestHeader(tenant="default", client_id=client_id(),
-                                  token=default_token(address) or "")
-        unpin = [self._pending_pin] if self._pending_pin else []
-        try:
-            reply = self._stub.GetReplicas(
-                pb.GetReplicasRequest(header=header, keys=[key], unpin_ids=unpin), timeout=2.0)
-        except grpc.RpcError:
-            self._forget_master()
-            return None
-        self._pending_pin = 0
-        if len(reply.results) != 1 or reply.results[0].status != pb.OK:
-            return None
-        result = reply.results[0]
-        self._pending_pin = result.pin_id
-        return sorted({r.node_id for r in result.replicas})
 
     # -- the run --
 
@@ -505,14 +485,12 @@ class Worker:
                        "unknown_at_end": sum(m.state == UNKNOWN for m in self.model.values())})
         self._write_json(f"result-{self.args.id}.json", result)
         self.client.close()
-        if self._channel is not None:
-            self._channel.close()
-        if self._discovery is not None:
-            self._discovery.close()
+        self._replicas.close()
         return 0
 
     def final_pass(self) -> None:
         """Read every key believed present (and probe the removed ones for resurrection)."""
+        self._check_abandoned()
         for key, m in self.model.items():
             if m.state == UNKNOWN:
                 continue

@@ -7,7 +7,8 @@ faults of several kinds and done real work. Half its writes are of one size (an 
 page), so puts also go under put-ahead allocations through every fault, and gets of keys read
 moments before are read without asking the master (trusted reads) (docs/sdk.md). The four
 clients are the four kinds: the plain and the asyncio face, each over shared memory and over
-tcp; a fifth of their steps are batched (get_many, put_many, remove_many).
+tcp; a fifth of their steps are batched (get_many, get_many_into with a prefetch's budget
+and prefix, put_many, remove_many).
 
 - single master: kills, stops and restarts nodes and the master;
 - `--ha` (etcd + 2 masters + 3 nodes): also kills -9 and SIGSTOPs the leader (past its lease)
@@ -62,7 +63,7 @@ def test_soak_short(tmp_path: Path, variant: str) -> None:
     assert report["ops"].get("put_over", 0) > 0  # refused puts of present keys, checked after
     # batched operations, each key judged as its single operation would be (worker.py)
     assert all(report["ops"].get(op, 0) > 0 for op in (
-        "get_many", "put_many", "upsert_many", "remove_many")), report["ops"]
+        "get_many", "get_many_into", "put_many", "upsert_many", "remove_many")), report["ops"]
     assert report["put_ahead"] > 0, "no write went under a put-ahead allocation"
     assert report["one_step_puts"] > 0, "no single put was one write and one PutEnd"
     assert report["trusted_reads"] > 0, "no get was read without asking (client/gets.py)"

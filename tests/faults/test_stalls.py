@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import numpy as np
@@ -97,3 +98,60 @@ def test_stopped_node_is_expired_its_grants_die_and_it_rejoins(fault_cluster):
         assert client.get("fresh") == data
         rest = [k for k in values if k not in on_node0]
         assert client.get_many(rest) == [values[k] for k in rest]
+
+
+@pytest.mark.timeout(60)
+def test_a_get_whose_grants_expired_while_its_node_stalled_asks_again(fault_cluster):
+    """A node stopped under a read past the read grant's life (pin TTL 1 s, the node's skew
+    allowance 1 s) answers it, once continued, with "grant expired": the get asks the master
+    for new grants and reads, within its timeout, instead of failing the key (get_many said
+    None for every key before: flows.get_batch asked again only after a leader change)."""
+    cluster = fault_cluster(nodes=1, pin_ttl_s=1, read_trust_s=0, node_suspect_after_s=30,
+                            node_expire_after_s=60)
+    values = values_for("k", 8, 4)
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as writer:
+        assert writer.put_many(values, replicas=1) == [Status.OK] * len(values)
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as reader:
+        keys = list(values)
+        assert reader.get(keys[0]) == values[keys[0]]  # the data connection is open
+        cluster.signal_node(0, signal.SIGSTOP)
+        resume = threading.Timer(3.5, cluster.signal_node, (0, signal.SIGCONT))
+        resume.start()
+        try:
+            started = time.monotonic()
+            got = reader.get_many(keys[1:])
+            waited_s = time.monotonic() - started
+        finally:
+            resume.join()
+        assert waited_s >= 3.0, waited_s  # the read did wait for the stalled node
+        assert got == [values[k] for k in keys[1:]]
+
+
+@pytest.mark.timeout(60)
+def test_a_put_revoked_while_its_writer_stalled_is_placed_again(fault_cluster):
+    """A writer that stalls between its write and its PutEnd past the write grant's life
+    (write_grant_ttl_s 1 s; here the client's transport sleeps 3 s after the first write
+    returns, as a paused process would) finds its put revoked (EXPIRED at PutEnd): the put
+    places the key again and succeeds within its timeout, instead of failing it; the value
+    read back is the one put, and the first allocation was freed (one object, its size)."""
+    cluster = fault_cluster(nodes=1, write_grant_ttl_s=1)
+    value = values_for("v", 1, 5)["v/0"]
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+        (tcp,) = [t for t in client._s.transports.transports if t.name == "tcp"]  # noqa: SLF001
+        real_write = tcp.write
+        stalls: list[float] = []
+
+        def stalling_write(ops, budget_s):
+            results = real_write(ops, budget_s)
+            if not stalls:
+                stalls.append(time.monotonic())
+                time.sleep(3.0)
+            return results
+
+        tcp.write = stalling_write
+        started = time.monotonic()
+        client.put("revoked-then-placed", value)
+        assert stalls and time.monotonic() - started >= 3.0
+        assert client.get("revoked-then-placed") == value
+        status = client.status()
+        assert status["object_count"] == 1
