@@ -44,7 +44,7 @@ from cellar.client.session_state import (
     status_to_dict,
 )
 from cellar.client.statuses import check_result_count, status_error, to_status
-from cellar.errors import CellarError, Status, Timeout
+from cellar.errors import CellarError, Status, Timeout, Unavailable
 from cellar.proto import cellar_pb2 as pb
 from cellar.transfer.base import SegmentRoute, TransferOp, TransferResult
 
@@ -381,11 +381,14 @@ def get_batch(s: Session, keys: list[str], dests: list[Any] | None,
                     batch.on_trusted(results)
                 if batch.unsettled():
                     yield from get_replicas(s, batch, until)
-            except Timeout:
+            except (Timeout, Unavailable):
                 if budget_at is None or budget_at > deadline:
                     raise  # the call's own timeout, not the budget, ran out
-                batch.settle_late()  # the budget ran out while the master answered; the pins
-                # of a lookup abandoned in flight are released by the master's pin TTL
+                # The budget ran out while the master answered, or no master could answer
+                # within it (down, restarting, electing): every key not read yet is LATE, as
+                # the call promises, not an exception. The pins of a lookup abandoned in
+                # flight are released by the master's pin TTL.
+                batch.settle_late()
             if prefix:
                 batch.keep_prefix()
             while ops := batch.next_ops(

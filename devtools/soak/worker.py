@@ -381,13 +381,15 @@ class Worker:
                                  "why": f"get_many_into(prefix={prefix}) of {len(keys)} keys "
                                         f"answered {sizes}"})
             return
-        for i, (key, buffer) in enumerate(zip(keys, buffers, strict=False)):
-            size = sizes[i] if i < len(sizes) else self.cellar.MISS
-            if size >= 0:
+        for i, (key, buffer) in enumerate(zip(keys, buffers, strict=True)):
+            size = sizes[i] if i < len(sizes) else None  # None: after the prefix's cut
+            if size is not None and size >= 0:
                 self._judge(key, self.model[key], bytes(buffer[:size]))
-            else:
-                self.errors[f"get_many_into:{'LATE' if size == self.cellar.LATE else 'MISS'}"] += 1
-                self._abandoned.append((key, i, _digest(buffer)))
+                continue
+            self._abandoned.append((key, i, _digest(buffer)))
+            if size is not None and self.model[key].state == PRESENT:  # counted, not judged
+                self.errors[f"get_many_into:{'LATE' if size == self.cellar.LATE else 'MISS'}"
+                            "(present)"] += 1
 
     def _check_abandoned(self) -> None:
         for key, i, digest in self._abandoned:

@@ -15,6 +15,7 @@ from faultkit import locations, node_states, raw_stub, wait_until
 
 import cellar
 from cellar.errors import Status
+from tests.support.faces import FACES, open_face
 
 KIB = 1 << 10
 
@@ -287,3 +288,29 @@ def test_engine_hashes_outlive_node_and_master_kills(fault_cluster):
     assert after == 6 * page
     with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
         assert client.get_many(keys) == [bytes([i]) * 4096 for i in range(6)]
+
+
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.timeout(60)
+def test_a_deadline_get_with_no_master_says_late_not_an_exception(fault_cluster, face):
+    """With the master down (killed: connections refused at once), a deadline-bounded
+    get_many_into reports every key LATE, as its contract says, rather than raising the
+    channel's Unavailable (it did, within 22-303 ms of 50-500 ms budgets, before
+    2026-12-06: a prefetch got an exception); an ordinary call still raises once its own
+    timeout ends. A fresh reader, so no key is read without asking."""
+    cluster = fault_cluster(nodes=1)
+    values = {f"k{i}": bytes([i + 1]) * 1000 for i in range(4)}
+    with cellar.connect(cluster.address, timeout_s=20, transport="tcp") as writer:
+        assert writer.put_many(values) == [Status.OK] * len(values)
+    reader = open_face(face, "tcp", cluster.address, timeout_s=3.0)
+    try:
+        cluster.kill_master()
+        keys, buffers = list(values), [bytearray(1000) for _ in values]
+        for budget_s in (0.05, 0.5):
+            assert reader.get_many_into(keys, buffers, timeout_s=budget_s) == [cellar.LATE] * 4
+            assert reader.get_many_into(keys, buffers, timeout_s=budget_s, prefix=True) == []
+        assert buffers == [bytearray(1000)] * 4  # nothing landed
+        with pytest.raises(cellar.Unavailable):  # no budget: the client's timeout, then raised
+            reader.get_many_into(keys, buffers)
+    finally:
+        reader.close()
