@@ -1,6 +1,7 @@
 """Outages under LMCache 0.5.6's MP-mode StorageManager with Cellar as its L2: the master or a
 node is stopped while a load task is under way and then killed (kill -9). Every L2 task
-completes with a failure result (the prefetch finishes with what landed, never hangs), the
+completes, with what landed (the keys it could not read LATE or a failure result; the prefetch
+never hangs), the
 storage manager keeps serving (L1 writes and reads, new prefetches) and loads everything from
 Cellar again once the cluster is whole.
 
@@ -132,10 +133,13 @@ def test_node_killed_mid_load(cluster: LocalCluster) -> None:
 def test_master_killed_mid_load(cluster: LocalCluster) -> None:
     node, keys = _stored_node(cluster)
     try:
-        got, failed = _prefetch_through(node, keys,
-                                        stall=lambda: cluster.signal_master(signal.SIGSTOP),
-                                        kill=lambda: cluster.kill_master())
-        assert got.hits == 0 and failed >= 1  # no master: the load task failed as a whole
+        got, _ = _prefetch_through(node, keys,
+                                   stall=lambda: cluster.signal_master(signal.SIGSTOP),
+                                   kill=lambda: cluster.kill_master())
+        # no master: nothing loads; the load task ends within its budget with every key LATE
+        # (the SDK's contract for a deadline-bounded get; it raised Unavailable before
+        # 2026-12-06, when the task failed as a whole)
+        assert got.hits == 0
         _keeps_serving(node)
         cluster.start_master()  # rebuilds its table from the nodes' own indexes
         _recovers(node, keys)
