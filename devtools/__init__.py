@@ -6,12 +6,14 @@ Owns what a developer or an operator runs around a cluster rather than inside it
   `cluster_argv`, the command lines of its children;
 - `children`: one child process (`Child`), starting it, waiting for its ready line, stopping it;
 - `etcd_server`: the throwaway single-member etcd of `cellar up --ha` and the HA tests;
+- `ports`: free ports for the children, chosen below the kernel's ephemeral range;
 - `up`: `cellar up`; `token_cli`: `cellar token`;
 - `page_cache`: what of a file is in the page cache, and dropping it (cold reads for
   `make bench-disk` and the shm readahead test);
 - `soak/`: `cellar soak`, random traffic under chaos verified read by read, one module per part:
   `settings` (bounds, fault kinds, the command line), `values` (the self-checking value
-  format), `worker` (one client process and its model), `watcher` (expiries, evictions, leader
+  format), `kinds` (each worker's face and transport), `worker` (one client process and its
+  model), `replicas` (where its keys are), `watcher` (expiries, evictions, leader
   changes), `chaos` (one fault at a time), `report` (loss causes, the verdict), `run` (the
   parent and `main`; `python -m cellar.devtools.soak` runs it, and starts the workers so).
 Benchmarks (`cellar.bench`) sit beside it and may use it; nothing below imports it: the master,

@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cellar.devtools.children import send_signal, tail_of
+from cellar.devtools.ports import free_port
 from cellar.lifecycle import PARENT_PID_ENV
 
 ETCD_BIN_ENV = "CELLAR_ETCD_BIN"
@@ -93,13 +93,6 @@ def find_etcd_binary() -> str:
         if os.access(bundled, os.X_OK):
             return str(bundled)
     raise EtcdError(INSTALL_HINT)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class EtcdServer:

@@ -94,7 +94,8 @@ from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-
     terminate,
     wait_ready,
 )
-from cellar.devtools.etcd_server import EtcdServer, free_port
+from cellar.devtools.etcd_server import EtcdServer
+from cellar.devtools.ports import free_port
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import parse_size_bytes

@@ -33,8 +33,8 @@ import yaml
 from deploykit import DEPLOY, require_tool
 
 import cellar
-from cellar.devtools.etcd_server import free_port
 from cellar.devtools.local_cluster import LocalCluster
+from cellar.devtools.ports import free_port
 
 SCRAPE_INTERVAL = "1s"
 RATE_WINDOW = "15s"          # stands for Grafana's $__rate_interval

@@ -139,7 +139,7 @@ def test_cellar_top_follows_the_standby_to_the_leader(cluster: LocalCluster) -> 
 
 
 def test_cellar_top_without_a_master_exits_1() -> None:
-    from cellar.devtools.etcd_server import free_port
+    from cellar.devtools.ports import free_port
 
     proc = subprocess.run([sys.executable, "-m", "cellar", "top", "--once",
                            "--http", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60)

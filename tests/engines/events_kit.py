@@ -3,18 +3,13 @@ replay socket (no SUB join race), for the engine tests of engine hashes in event
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
 import msgspec
 import zmq
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from cellar.devtools.ports import free_port
 
 
 def event_flags() -> tuple[dict[str, str], str]:

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from sglang.srt.runtime_context import get_parallel
 
+from cellar.devtools.ports import free_port
+
 # No "interface_v1": the backend defaults it to 1 (the zero-copy path), as users now launch it.
 BACKEND_CONFIG = {"backend_name": "cellar", "module_path": "cellar.integrations.sglang",
                   "class_name": "CellarHiCacheStorage"}
@@ -43,18 +45,10 @@ def init_distributed(rank: int = 0, world_size: int = 1, port: int | None = None
     if dist.is_initialized():
         return
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port or _free_port())
+    os.environ["MASTER_PORT"] = str(port or free_port())
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     get_parallel().override_permanently(tp_rank=rank, tp_size=world_size, pp_rank=0, pp_size=1,
                                         attn_dcp_size=1, attn_dcp_rank=0)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 import cellar  # noqa: E402
 from cellar.devtools.local_cluster import LocalCluster  # noqa: E402
+from cellar.devtools.ports import free_port  # noqa: E402
 
 CHUNK = kit.CHUNK_TOKENS
 CHUNKS = 12
@@ -134,19 +135,11 @@ def test_master_killed_mid_retrieve(tmp_path: Path, cluster: LocalCluster) -> No
         kit.destroy(engine)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_engine_starts_while_cellar_is_down(tmp_path: Path) -> None:
     """No master at the configured address: the engine starts, lookups are 0 and stores are
     dropped without an exception; once a cluster serves that address the same engine stores
     and retrieves through it (the connector opens its client again after its backoff)."""
-    port = _free_port()
+    port = free_port()
     config = kit.write_config(tmp_path / "down.yaml", f"127.0.0.1:{port}", timeout_s=2.0)
     engine = kit.make_engine(config, model="test/down-at-start")
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,21 +16,16 @@ import pytest
 from sglang_harness import Engine, Shape
 
 import cellar
+from cellar.devtools.ports import free_port
 
 WORKER = Path(__file__).with_name("sglang_worker.py")
 WORKER_TIMEOUT_S = 240
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_ranks(address: str, model: str, shape: dict[str, Any], steps: list[dict[str, Any]],
               world_size: int) -> list[list[dict[str, Any]]]:
     """Run `steps` on `world_size` ranks (one process each, one gloo group); their results."""
-    port = _port()
+    port = free_port()
     procs = []
     for rank in range(world_size):
         spec = {"address": address, "model": model, "shape": shape, "steps": steps,

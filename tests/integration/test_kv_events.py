@@ -7,7 +7,6 @@ its own events."""
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 from typing import Any
 
@@ -19,6 +18,7 @@ import zmq
 import cellar
 from cellar.client import PutHints
 from cellar.devtools.local_cluster import LocalCluster
+from cellar.devtools.ports import free_port
 from cellar.master.serving.kv_events import key_hash
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
@@ -63,12 +63,6 @@ class KVEventBatch(EventBatch):
 DECODE = msgspec.msgpack.Decoder(KVEventBatch).decode
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Subscriber:
     def __init__(self, ctx: zmq.Context, address: str, topic: bytes) -> None:
         self.sock = ctx.socket(zmq.SUB)
@@ -109,8 +103,8 @@ def _replay(ctx: zmq.Context, address: str, start: int, topic: bytes | None = No
 
 @pytest.fixture(scope="module")
 def events_cluster():
-    port = _free_port()
-    replay = _free_port()
+    port = free_port()
+    replay = free_port()
     # no background eviction (it would evict down to the low watermark after the last put,
     # at a time the test cannot know): every eviction here is a put's, so events are settled
     # once the last put has returned
@@ -335,10 +329,10 @@ def test_engine_hashes_ride_in_block_hashes(events_cluster):
 def test_a_master_with_events_stops_cleanly_on_sigterm() -> None:
     """SIGTERM stops a master publishing events with exit code 0 and no traceback (its
     publisher's stop once raised TypeError: a `_stop` attribute shadowed Thread._stop)."""
-    port = _free_port()
+    port = free_port()
     cluster = LocalCluster(1, "16MiB", master_flags={
         "kv_events_bind": f"tcp://127.0.0.1:{port}",
-        "kv_events_replay_bind": f"tcp://127.0.0.1:{_free_port()}"})
+        "kv_events_replay_bind": f"tcp://127.0.0.1:{free_port()}"})
     cluster.start()
     try:
         with cellar.connect(cluster.address) as client:
