@@ -173,10 +173,7 @@ class Worker:
             # we believed the key absent: a removed value came back, or an earlier failed
             # write did land after all (then the key was UNKNOWN, not ABSENT)
             self._error(op, exc)
-            self.stale.append({"key": key, "kind": "put_already_exists", "t": time.time(),
-                               "expected": "absent", "ack_time": m.removed_at,
-                               "removed": m.removed_how})
-            self._unknown(m, before)
+            self._came_back(key, m, before)
             return
         except self._refused_up_front as exc:
             self._error(op, exc)  # refused before anything was written: the state holds
@@ -331,17 +328,13 @@ class Worker:
                     self.errors[f"{op}:acknowledged_over_present_value"] += 1
                 self._acknowledged(key, m, version, len(value))
             elif got == status.ALREADY_EXISTS and not upsert:
-                if m.state == ABSENT:  # as `write`: a removed value came back
+                if m.state == ABSENT:  # as `write`
                     self.errors[f"{op}:ALREADY_EXISTS"] += 1
-                    self.stale.append({"key": key, "kind": "put_already_exists", "t": time.time(),
-                                       "expected": "absent", "ack_time": m.removed_at,
-                                       "removed": m.removed_how})
-                    self._unknown(m, before)
-            elif got in refused:
-                self.errors[f"{op}:{got.name}"] += 1
+                    self._came_back(key, m, before)
             else:
                 self.errors[f"{op}:{got.name}"] += 1
-                self._unknown(m, before | {version})
+                if got not in refused:  # a refusal before writing leaves the key as it was
+                    self._unknown(m, before | {version})
 
     def read_many(self, keys: list[str]) -> None:
         """`get_many`: each value judged as a get's; a None (missing or unreadable: the call
@@ -425,6 +418,14 @@ class Worker:
     @staticmethod
     def _unknown(m: KeyModel, possible: set[int | None]) -> None:
         m.state, m.possible, m.nodes = UNKNOWN, possible, None
+
+    def _came_back(self, key: str, m: KeyModel, before: set[int | None]) -> None:
+        """A put of `key`, believed absent, was refused AlreadyExists: a removed value came
+        back, or an earlier failed write did land after all (then the key was UNKNOWN)."""
+        self.stale.append({"key": key, "kind": "put_already_exists", "t": time.time(),
+                           "expected": "absent", "ack_time": m.removed_at,
+                           "removed": m.removed_how})
+        self._unknown(m, before)
 
     def _loss(self, key: str, m: KeyModel, how: str) -> None:
         self.losses.append({"key": key, "version": m.version, "ack_time": m.ack_time,

@@ -19,6 +19,7 @@ import grpc
 import pytest
 import xxhash
 
+from cellar.devtools.ports import free_port
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant, key_tag, sign
@@ -363,9 +364,7 @@ def test_sigterm_exits_zero_and_removes_segment_files() -> None:
 
 
 def test_waits_for_an_unreachable_master() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     node = start_node(f"127.0.0.1:{port}", segment_size="4MiB", env=ENV, wait=False)
     try:
         wait_for(lambda: "waiting for master" in node.output(), 10, "the waiting line")
