@@ -14,11 +14,11 @@ It must not import the transports: it sits under transfer/shm.py and transfer/sh
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cellar.transfer.base import TransferOp, TransferResult
 from cellar.transfer.control import ControlCall, ControlReply, ControlStream
-from cellar.transfer.frame import OP_CLAIM, ST_OK, decode_commit_meta, pack_commit_meta
+from cellar.transfer.frame import OP_CLAIM, ST_OK, with_checksum
 from cellar.transfer.memcopy import CopyJob
 
 __all__ = ["EARLY_COMMIT_BYTES", "Commit", "EarlyCommits", "WritePlan", "group_commits",
@@ -72,8 +72,9 @@ def with_digest(op: TransferOp, call: ControlCall, digest: int | None) -> None:
     """An op that left its checksum to the copy (`want_checksum`): its COMMIT names the
     digest of what was copied."""
     if op.want_checksum and op.meta is not None:
-        _, dev, ino = decode_commit_meta(call.meta)
-        call.meta = pack_commit_meta(replace(op.meta, checksum=digest), dev, ino)
+        if digest is None:
+            raise ValueError("a write hashed as it was copied has no digest")
+        call.meta = with_checksum(call.meta, digest)
 
 
 def with_digests(ops: Sequence[TransferOp], results: Sequence[TransferResult],

@@ -33,6 +33,7 @@ from cellar.transfer.frame import (
     decode_response,
     decode_write_meta,
     pack_commit_meta,
+    with_checksum,
 )
 
 MAX_PAYLOAD = 64 << 20
@@ -98,6 +99,29 @@ def test_meta_round_trips(checksum: int, size: int, tenant: str, key: str, dev: 
         raise AssertionError("oversized meta packed")
     assert decode_write_meta(meta.pack()) == meta
     assert decode_commit_meta(pack_commit_meta(meta, dev, ino)) == (meta, dev, ino)
+
+
+@given(U64, U64, U64, TEXT, TEXT, U64, U64)
+def test_setting_the_checksum_of_packed_meta_is_packing_with_it(
+        checksum: int, digest: int, size: int, tenant: str, key: str, dev: int, ino: int) -> None:
+    # a shm COMMIT gets its digest after the copy (transfer/shm_commits.py with_digest)
+    meta = WriteMeta(checksum, size, tenant, key)
+    if WRITE_META.size + len(tenant.encode()) + len(key.encode()) > MAX_META_BYTES:
+        return
+    hashed = WriteMeta(digest, size, tenant, key)
+    assert with_checksum(meta.pack(), digest) == hashed.pack()
+    assert decode_commit_meta(with_checksum(pack_commit_meta(meta, dev, ino), digest)) == (
+        hashed, dev, ino)
+
+
+@given(st.binary(max_size=WRITE_META.size - 1), U64)
+def test_setting_the_checksum_of_a_short_meta_is_a_frame_error(meta: bytes, digest: int) -> None:
+    try:
+        with_checksum(meta, digest)
+    except FrameError as e:
+        assert e.status
+        return
+    raise AssertionError("a meta shorter than WRITE_META took a checksum")
 
 
 @given(st.one_of(
