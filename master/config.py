@@ -101,6 +101,12 @@ class MasterConfig:
         "certificate chaining to tls_client_ca_file (empty: none). gRPC's Python server cannot "
         "ask for an optional certificate, so certificate-less clients keep `listen`"
     )
+    refuse_node_credentials: bool = setting(
+        False, "refuse the node credential (cellarnode_..., derived from the cluster secret): "
+        "nodes join only with a mutual-TLS certificate on node_listen, so one compromised node "
+        "cannot speak for another. Needs node_listen; not with etcd (nodes of an HA leader "
+        "still use the credential)"
+    )
     default_replicas: int = setting(1, "replicas per object when a put asks for 0", unit="replicas")
     max_replicas: int = setting(8, "most replicas one object may ask for", unit="replicas")
     max_key_bytes: int = setting(1024, "longest key, UTF-8 encoded", unit=UNIT_BYTES)
@@ -345,6 +351,12 @@ class MasterConfig:
                 "node_listen and tls_client_ca_file go together")
         require(not self.node_listen or bool(self.tls_cert_file), "node_listen",
                 "mutual TLS needs the master's own certificate (tls_cert_file)")
+        require(not self.refuse_node_credentials or bool(self.node_listen),
+                "refuse_node_credentials", "nodes could not join: set node_listen and "
+                "tls_client_ca_file so that they join by certificate")
+        require(not self.refuse_node_credentials or not self.etcd, "refuse_node_credentials",
+                "an HA master's nodes join with the node credential (mutual TLS to an HA "
+                "leader is not built)")
         if self.node_listen:
             try:
                 parse_host_port(self.node_listen)

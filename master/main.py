@@ -111,7 +111,8 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
         log.info("%s %s loaded", what, path)
     if isinstance(leadership.removal_log, removal_log.FileRemovalLog):
         log.info("removal log: %d removal bound(s) loaded", leadership.removal_log.records_written)
-    authorizer = Authorizer(store, secret, refusal_log_interval_s=config.refusal_log_interval_s)
+    authorizer = Authorizer(store, secret, refusal_log_interval_s=config.refusal_log_interval_s,
+                            refuse_node_credentials=config.refuse_node_credentials)
     servicer = MasterServicer(leadership, authorizer)
     registry = make_registry(leadership, servicer.stats)
     registry.register(authorizer.collector())

@@ -10,6 +10,8 @@ Three identities (docs/security.md):
   cluster secret), or, with no token at all, a client certificate verified against the
   master's `tls_client_ca_file` whose subject CN is `node:<node id>` (mutual TLS, the
   master's `node_listen` port; the interceptor passes the verified id as `peer_node_id`).
+  With `refuse_node_credentials` the credential is refused (UNAUTHENTICATED
+  `node_credential_refused`): only the certificate makes a node.
   Only the node RPCs, and only with its own node id in the request; the
   service then keeps a node to its own segments (membership refuses a segment of another node).
 ClusterStatus is open to every authenticated identity. Any RPC not in `METHOD_POLICY` is
@@ -100,9 +102,12 @@ class Authorizer:
     """Authenticates tokens against one TokenStore and the cluster secret; applies METHOD_POLICY."""
 
     def __init__(self, store: TokenStore, secret: bytes, *,
-                 refusal_log_interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 refusal_log_interval_s: float = DEFAULT_INTERVAL_S,
+                 refuse_node_credentials: bool = False) -> None:
         self.store = store
         self._secret = secret
+        # nodes join only by certificate (MasterConfig.refuse_node_credentials)
+        self.refuse_node_credentials = refuse_node_credentials
         self._cache: dict[str, Identity] = {}
         self._cache_generation = store.generation
         self.refusals: dict[str, int] = {}
@@ -129,6 +134,11 @@ class Authorizer:
         except (TypeError, ValueError):  # belt and braces: no credential reaches a traceback
             raise self._refuse(UNAUTHENTICATED, "bad_token", "malformed credential") from None
         if node_id is not None:
+            if self.refuse_node_credentials:
+                raise self._refuse(UNAUTHENTICATED, "node_credential_refused",
+                                   f"node {node_id}: this master takes nodes by certificate "
+                                   "only (refuse_node_credentials): join on its node_listen "
+                                   "port with a node certificate")
             identity = Identity(KIND_NODE, node_id=node_id)
         else:
             if record is None and self.refresh():  # created in the file since the last tick

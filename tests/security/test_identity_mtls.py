@@ -153,6 +153,40 @@ def test_another_ca_or_no_certificate_gives_no_node_rights(mtls_cluster: LocalCl
     assert set(_segments(mtls_cluster)) == {"node-0", "node-1"}
 
 
+
+def test_a_master_that_refuses_node_credentials_takes_nodes_by_certificate_only() -> None:
+    # `refuse_node_credentials`: the credential any holder of the cluster secret can compute
+    # for any node id no longer makes a node; the certificate `node:<id>` still does
+    from cellar.proto.grant import node_credential
+    from cellar.secret import ENV_SECRET, load_cluster_secret
+
+    with LocalCluster(1, "64MiB", tls=True, node_flags={"heartbeat_interval_s": 0.2},
+                      master_flags={"refuse_node_credentials": "true"}) as cluster:
+        assert set(_segments(cluster)) == {"node-0"}  # mounted by its certificate
+        with cellar.connect(cluster.address) as client:
+            client.put("refuse/k", b"v" * 4096)
+            assert client.get("refuse/k") == b"v" * 4096
+        secret = load_cluster_secret(None, environ={ENV_SECRET: cluster.secret})
+        victim = _segments(cluster)["node-0"][0]
+        header = pb.RequestHeader(client_id="node-0", token=node_credential(secret, "node-0"))
+        requests = {
+            "MountSegment": pb.MountSegmentRequest(header=header, node_id="node-0",
+                                                   incarnation=7, segments=[victim.info]),
+            "Heartbeat": pb.HeartbeatRequest(header=header, node_id="node-0", incarnation=1),
+        }
+        for node_port in (False, True):  # the credential is nobody on either port
+            cert = _client_files(cluster, "node-0") if node_port else None
+            with _channel(cluster, cert, node_port=node_port) as channel:
+                stub = pb_grpc.MasterStub(channel)
+                for rpc, request in requests.items():
+                    assert code_of(lambda r=request, m=rpc, st=stub: getattr(st, m)(r, timeout=10)) == \
+                        grpc.StatusCode.UNAUTHENTICATED, (rpc, node_port)
+        assert _metric(cluster,
+                       'master_auth_refusals_total{reason="node_credential_refused"}') >= 4
+        after = _segments(cluster)["node-0"][0]
+        assert (after.info.segment_id, after.state) == (victim.info.segment_id, victim.state)
+
+
 # ---- the rules without processes (the same Authorizer.check the interceptor calls)
 
 def test_the_authorizer_takes_a_verified_peer_node_id_only_for_its_node_rpcs() -> None:
@@ -182,12 +216,39 @@ def test_the_authorizer_takes_a_verified_peer_node_id_only_for_its_node_rpcs() -
     assert info.value.reason == "no_token"
 
 
+def test_an_authorizer_that_refuses_node_credentials_still_takes_certificates() -> None:
+    from cellar.master.serving.auth import Authorizer, AuthRefused
+    from cellar.proto.grant import node_credential
+    from cellar.tokens import KIND_TENANT, TokenStore
+
+    store = TokenStore(None)
+    alice = store.create(KIND_TENANT, "alice")[1]
+    secret = bytes(range(32))
+    credential = node_credential(secret, "node-3")
+    heartbeat = pb.HeartbeatRequest(header=pb.RequestHeader(token=credential), node_id="node-3")
+    assert Authorizer(store, secret).check("Heartbeat", heartbeat).node_id == "node-3"
+    auth = Authorizer(store, secret, refuse_node_credentials=True)
+    for _ in range(2):  # refused every time, never cached as a node
+        with pytest.raises(AuthRefused) as info:
+            auth.check("Heartbeat", heartbeat)
+        assert (info.value.code, info.value.reason) == ("UNAUTHENTICATED",
+                                                        "node_credential_refused")
+    own = pb.HeartbeatRequest(header=pb.RequestHeader(), node_id="node-3")
+    assert auth.check("Heartbeat", own, "node-3").node_id == "node-3"  # the certificate
+    exists = pb.KeysRequest(header=pb.RequestHeader(token=alice), keys=["k"])
+    assert auth.check("Exists", exists).tenant == "alice"  # tenants are untouched
+
+
 @pytest.mark.parametrize(("overrides", "field"), [
     ({"node_listen": "127.0.0.1:0"}, "node_listen"),  # no client CA
     ({"tls_client_ca_file": "ca.pem"}, "node_listen"),  # no port for it
     ({"tls_client_ca_file": "ca.pem", "node_listen": "127.0.0.1:0"}, "node_listen"),  # no server cert
     ({"tls_client_ca_file": "ca.pem", "node_listen": "nowhere", "tls_cert_file": "c",
       "tls_key_file": "k"}, "node_listen"),
+    ({"refuse_node_credentials": "true"}, "refuse_node_credentials"),  # no way in for nodes
+    ({"refuse_node_credentials": "true", "tls_client_ca_file": "ca.pem",  # HA: credentials
+      "node_listen": "127.0.0.1:0", "tls_cert_file": "c", "tls_key_file": "k",
+      "etcd": "127.0.0.1:2379"}, "refuse_node_credentials"),
 ])
 def test_master_mtls_settings_go_together(overrides: dict[str, str], field: str) -> None:
     from cellar.config import load
