@@ -18,6 +18,7 @@ What it must never do
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -152,6 +153,29 @@ def remove_all(client: Client) -> int:
     `Client.remove_all`); the count, or a negative code."""
     try:
         return client.remove_all()
+    except CellarError as exc:
+        return code_for(exc)
+
+
+def remove_matching(client: Client, pattern: re.Pattern[str]) -> int:
+    """Remove every key of the client's tenant in which `pattern` finds a match (re.search,
+    as Mooncake's remove_by_regex), for patterns the master cannot serve as a prefix: the
+    tenant's keys are listed a page at a time (ListKeys, `limits.max_list_keys` a page) and
+    each page's matches removed in one batch before the next page is asked for, so memory stays
+    one page whatever the tenant holds. Not atomic: a key put after its page was listed stays.
+    The count removed, or a negative code (what was removed before the failure stays removed)."""
+    page_keys = client.limits.max_list_keys
+    removed = 0
+    after = ""
+    try:
+        while True:
+            page = client.list_keys(start_after=after, limit=page_keys)
+            matches = [key for key in page if pattern.search(key)]
+            if matches:
+                removed += sum(client.remove_many(matches))
+            if len(page) < page_keys:
+                return removed
+            after = page[-1]
     except CellarError as exc:
         return code_for(exc)
 

@@ -261,15 +261,16 @@ class MooncakeDistributedStore:
         return io.remove_all(client) if client is not None else INVALID
 
     def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
-        """Remove the keys the pattern finds (regex search, as Mooncake); the count. Cellar's
-        master removes by prefix only, so the patterns served are those that mean "starts
-        with L" (`^L`, `^L.*`), "is exactly L" (`^L$`) or "anything" (`.*`, `^`); any other
-        pattern returns NOT_SUPPORTED (docs/mooncake.md says which RPC that needs)."""
+        """Remove the keys the pattern finds (regex search, as Mooncake); the count. The
+        patterns that mean "starts with L" (`^L`, `^L.*`), "is exactly L" (`^L$`) or
+        "anything" (`.*`, `^`) are one master call (RemovePrefix, Remove, RemoveAll); any
+        other is served by listing the tenant's keys page by page and removing each page's
+        matches (`io.remove_matching`: not atomic, a cost in the tenant's key count)."""
         client = self._client
         if client is None:
             return INVALID
         try:
-            re.compile(regex_pattern)
+            compiled = re.compile(regex_pattern)
         except (re.error, TypeError):
             return INVALID
         kind, literal = _literal_pattern(regex_pattern)
@@ -282,7 +283,7 @@ class MooncakeDistributedStore:
                 return 1 if client.remove(literal) else 0
         except CellarError as exc:
             return code_for(exc)
-        return NOT_SUPPORTED
+        return io.remove_matching(client, compiled)
 
     # ---- registered memory and pointers ---------------------------------------------------
 

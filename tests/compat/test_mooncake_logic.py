@@ -1,13 +1,17 @@
 """Pure logic of cellar.compat.mooncake: setup arguments, the code table, ReplicateConfig,
-registered memory bounds and the regex patterns remove_by_regex can serve. No cluster."""
+registered memory bounds, the regex patterns remove_by_regex serves in one master call and
+the paging of the others. No cluster."""
 
 from __future__ import annotations
 
 import ctypes
+import re
+from typing import Any
 
 import pytest
 
 from cellar.client.pointers import PointerRegistry
+from cellar.compat.mooncake import io
 from cellar.compat.mooncake.codes import TABLE_ROWS, ErrorCode, code_for, put_code
 from cellar.compat.mooncake.config import (
     DEFAULT_SOFT_PIN_TTL_MS,
@@ -243,6 +247,46 @@ def test_buffer_handle_exports_its_bytes_at_a_stable_address():
 ])
 def test_regex_patterns_cellar_can_serve(pattern, expected):
     assert _literal_pattern(pattern) == expected
+
+
+class _Listing:
+    """What `io.remove_matching` uses of a Client: pages of sorted keys, batched removes."""
+
+    def __init__(self, keys: list[str], page_keys: int, fail_on_page: int = -1) -> None:
+        self.keys = sorted(keys)
+        self.limits: Any = type("L", (), {"max_list_keys": page_keys})()
+        self.pages = 0
+        self.removed: list[list[str]] = []
+        self.fail_on_page = fail_on_page
+
+    def list_keys(self, prefix: str = "", *, start_after: str = "", limit: int = 1000) -> list[str]:
+        if self.pages == self.fail_on_page:
+            raise Unavailable("master gone")
+        self.pages += 1
+        return [k for k in self.keys if k > start_after][:limit]
+
+    def remove_many(self, keys: list[str]) -> list[bool]:
+        self.removed.append(list(keys))
+        gone = set(keys)
+        self.keys = [k for k in self.keys if k not in gone]
+        return [True] * len(keys)
+
+
+def test_a_pattern_no_prefix_serves_is_searched_page_by_page():
+    keys = [f"doc/{i:02d}" for i in range(7)] + [f"img/{i:02d}" for i in range(5)]
+    listing = _Listing(keys, page_keys=4)
+    assert io.remove_matching(listing, re.compile(r"/0[13579]$")) == 5  # type: ignore[arg-type]
+    assert listing.pages == 4  # three full pages of 4, then an empty one says it ended
+    assert sorted(k for batch in listing.removed for k in batch) == [
+        "doc/01", "doc/03", "doc/05", "img/01", "img/03"]
+    assert all(len(batch) <= 4 for batch in listing.removed)  # one batch per page at most
+    assert len(listing.keys) == 7
+
+
+def test_a_listing_that_fails_midway_gives_its_code_and_keeps_what_was_removed():
+    listing = _Listing([f"k{i}" for i in range(6)], page_keys=2, fail_on_page=1)
+    assert io.remove_matching(listing, re.compile("k")) == code_for(Unavailable("x"))  # type: ignore[arg-type]
+    assert listing.removed == [["k0", "k1"]]
 
 
 def test_segment_names_split_into_host_and_port():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import uuid
 
 import pytest
@@ -288,9 +289,15 @@ def test_removal(new_store, mc_cluster, monkeypatch):
     assert store.remove_by_regex(f"^rx{tag}/a/.*") == 3
     assert store.batch_is_exist(keys) == [0, 0, 0, 1, 1]
     assert store.remove_by_regex(f"^rx{tag}/b/1$") == 1
-    assert store.remove_by_regex(f"rx{tag}") == NOT_SUPPORTED  # an unanchored search
     assert store.remove_by_regex("^(unclosed") == INVALID
-    assert store.is_exist(keys[3]) == 1  # nothing removed by the refusals
+    assert store.is_exist(keys[3]) == 1  # nothing removed by the refusal
+    # patterns no prefix serves: the tenant's keys listed page by page, the matches removed
+    searched = [f"rx{tag}/c/{i}" for i in range(6)]
+    assert store.put_batch(searched, [b"v"] * 6) == OK
+    assert store.remove_by_regex(f"{tag}/c/[0-3]$") == 4  # an unanchored search
+    assert store.remove_by_regex(f"^(nothing|rx{tag}/c/5)$") == 1  # an alternation
+    assert store.batch_is_exist(searched) == [0, 0, 0, 0, 1, 0]
+    assert store.is_exist(keys[3]) == 1  # what no pattern matched stays
 
     other = MooncakeDistributedStore()  # another tenant: removal must not reach it
     monkeypatch.setenv("CELLAR_TOKEN", mc_cluster.token_for(OTHER_TENANT))  # its credential
@@ -298,6 +305,7 @@ def test_removal(new_store, mc_cluster, monkeypatch):
     monkeypatch.delenv("CELLAR_TOKEN")
     kept = k("kept")
     assert other.put(kept, b"v") == OK
+    assert store.remove_by_regex(re.escape(kept)) == 0  # its listing is of its own tenant
     assert store.remove_all() >= 2  # keys[3] and keys[4] at least (other tests share the tenant)
     assert store.batch_is_exist(keys) == [0] * len(keys)
     assert store.remove_all() == 0
