@@ -10,7 +10,8 @@ write grant on the new range here. The copier
 1. opens the target range exactly as a client's WRITE would (`NodeAccess.writable`: the write
    grant is authentic, current, unexpired, its key tag is the tenant and key the order names,
    and the index admits the allocation), so an order is only as good as its grant;
-2. reads the source over the data plane (tcp, `cellar.transfer.tcp_async`) with the read grant,
+2. reads the source over the data plane (tcp, `cellar.transfer.tcp_async`; a `tls://` data
+   port over TLS, verified against the CA the node trusts for its master) with the read grant,
    straight into that range of segment memory (no staging copy), with the xxh3 computed as
    the bytes land;
 3. seals the allocation (`NodeAccess.written`, journal flushed) only when the xxh3 equals the
@@ -61,9 +62,14 @@ def _grant(g: Any, segment_id: int, offset: int, length: int) -> Grant:
 
 class Copier:
     def __init__(self, access: NodeAccess,
-                 transport_factory: Callable[[], AsyncTransport] | None = None) -> None:
+                 transport_factory: Callable[[], AsyncTransport] | None = None, *,
+                 tls_ca_file: str | None = None) -> None:
+        """`tls_ca_file`: the CA a source's `tls://` data port is verified against (the one
+        this node verifies its master with: nodes' data-port certificates come from the
+        cluster's CA as clients assume, connect_args.tls_ca_for); None: the system's trust
+        store. A copy never falls back to plaintext."""
         self._access = access
-        self._factory = transport_factory or _tcp_transport
+        self._factory = transport_factory or (lambda: _tcp_transport(tls_ca_file))
         self._transport: AsyncTransport | None = None
         self._running: dict[int, asyncio.Task[None]] = {}
         self._done: list[pb.CopyDone] = []
@@ -167,7 +173,8 @@ class Copier:
         del self._done[:-MAX_DONE_KEPT]
 
 
-def _tcp_transport() -> AsyncTransport:
+def _tcp_transport(tls_ca_file: str | None) -> AsyncTransport:
     from cellar.transfer.tcp_async import AsyncTcpTransport
+    from cellar.transfer.tls_sock import client_context
 
-    return AsyncTcpTransport(connections_per_node=2)
+    return AsyncTcpTransport(connections_per_node=2, tls_context=client_context(tls_ca_file))

@@ -23,6 +23,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
+from cellar.credentials import default_tls_ca
 from cellar.heap import freeze_survivors
 from cellar.http import HttpServer
 from cellar.proto.grant import node_credential
@@ -129,7 +130,8 @@ class StorageNode:
             heartbeat_interval_s=cfg.heartbeat_interval_s, master_timeout_s=cfg.master_timeout_s,
             credential=node_credential(self.secret, cfg.node_id),
             client_cert_file=cfg.master_tls_cert_file, client_key_file=cfg.master_tls_key_file,
-            cargo=HeartbeatCargo(self.verifier, self.mover, Copier(self.access)),
+            cargo=HeartbeatCargo(self.verifier, self.mover,
+                                 Copier(self.access, tls_ca_file=default_tls_ca(cfg.master))),
         )
         # Serve rdma too where this machine has a device; None (one log line) otherwise.
         self.rdma = attach_rdma(self.segments, self.access, self.control)

@@ -5,6 +5,8 @@
   back with its old replicas: the surplus copies are dropped, no object keeps more than 2.
 - drain one of 3 nodes under a get loop: no get fails, the drain reports done, then the node
   stops and every object reads back byte-exact.
+- the same re-replication when every data port speaks TLS: the copier verifies the source
+  node's certificate against the cluster's CA.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import threading
 import time
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
-from faultkit import TEST_ADMIN_TOKEN, locations, raw_stub, wait_until
+from faultkit import FAST, TEST_ADMIN_TOKEN, FaultCluster, locations, raw_stub, wait_until
 
 import cellar
 from cellar.errors import Status
+from cellar.proto import cellar_pb2_grpc as pb_grpc
 
 KIB = 1 << 10
 OBJECTS = 500
@@ -231,3 +235,35 @@ def test_a_lost_nodes_disk_values_are_copied_to_another_disk(fault_cluster, tmp_
                    interval_s=0.25)
         assert client.lookup(keys).tiers["disk"].keys == len(keys)  # no copy went to DRAM
         assert client.get_many(keys) == [values[k] for k in keys]
+
+
+@pytest.mark.timeout(120)
+def test_replicas_come_back_when_the_data_ports_speak_tls():
+    # LocalCluster(tls=True): every node's data port is tls://, its certificate from the
+    # cluster's CA. The copier must read the surviving replica over TLS, verified against that
+    # CA: before it was given the CA, every copy failed its handshake
+    # (CERTIFICATE_VERIFY_FAILED), and killed nodes' objects stayed short of a replica forever.
+    with FaultCluster(3, "64MiB", tls=True, master_flags={**FAST, "rebuild_grace_s": 1}) as cluster:
+        assert cluster.tls is not None
+        channel = grpc.secure_channel(cluster.address, grpc.ssl_channel_credentials(
+            cluster.tls.ca_file.read_bytes()))
+        stub = pb_grpc.MasterStub(channel)
+        values = values_for("tls", 200, 31)
+        keys = list(values)
+        with channel, cellar.connect(cluster.address, timeout_s=20, transport="tcp") as client:
+            assert client.put_many(values, replicas=2) == [Status.OK] * len(keys)
+            before = replica_nodes(stub, keys)
+            on_victim = [k for k in keys if "node-1" in before[k]]
+            assert len(on_victim) > len(keys) // 4
+            cluster.kill_node(1)
+
+            def restored() -> bool:
+                where = replica_nodes(stub, keys)
+                return all(len(set(n)) == 2 and "node-1" not in n for n in where.values())
+
+            wait_until("every object to have 2 live replicas again", restored, timeout_s=40,
+                       interval_s=0.25)
+            assert client.get_many(keys) == [values[k] for k in keys]
+        for index in (0, 2):
+            assert "CERTIFICATE_VERIFY_FAILED" not in cluster.node_log(index)
+        cluster.check_master_invariants()
