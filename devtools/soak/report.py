@@ -231,6 +231,7 @@ def build_report(args: argparse.Namespace, seed: int, started: float, work_dir: 
             e[2] for e in explained_evictions(watcher)),
         "max_used_fraction": round(watcher.max_used_fraction, 3),
         "node_expiries_seen": len(watcher.expiries),
+        "repair": watcher.repair_counts(),
         "failure": failure,
         **({"disk_size": args.disk_size, "disk": watcher.disk_counts()}
            if getattr(args, "disk_size", "") else {}),
@@ -304,6 +305,7 @@ def print_summary(report: dict[str, Any], log: Any) -> None:
         f"{EVICTION_EXPLAINS_FROM_USED:.0%} full, a failure: {report['evicted_below_half_full']}), "
         f"max used {report['max_used_fraction']:.0%}, node expiries seen: "
         f"{report['node_expiries_seen']}",
+        f"  re-replication: {report['repair']}",
     ]
     if "disk" in report:
         lines.append(f"  disk tier ({report['disk_size']} a node): {report['disk']}")

@@ -4,7 +4,8 @@ What it owns
     Node states (so an expiry is a recorded fact with its time), the eviction counter
     (`master_evicted_key_count`, so an eviction between a write and its miss explains a loss),
     leader changes (epochs), the highest use of capacity and, with a disk tier, its hits and
-    moves (demotions, promotions, spills, disk evictions) summed over masters. With HA it polls whichever master
+    moves (demotions, promotions, spills, disk evictions) summed over masters, and re-replication's
+    copies, failed copies and the objects short of a replica. With HA it polls whichever master
     serves as leader. Also the wall clock helpers the parent's log lines share (`now_s`,
     `stamp`).
 
@@ -27,6 +28,11 @@ from cellar.devtools.soak.settings import HTTP_TIMEOUT_S, WATCH_INTERVAL_S
 from cellar.proto.tiers import MOVE_COUNTERS
 
 DISK_COUNTERS = ("hits", *MOVE_COUNTERS)  # the disk row's counters the report sums
+# Re-replication's counters (master/repair.py), summed over masters like the disk tier's: a
+# copy that keeps failing leaves objects a replica short while every value still reads back
+# from the other one (TLS data ports did, until the copier verified them: test_repair.py)
+REPAIR_METRICS = {"copies": "master_repair_copies_total",
+                  "copy_failures": "master_repair_copy_failures_total"}
 
 
 def now_s() -> float:
@@ -63,6 +69,9 @@ class Watcher(threading.Thread):
         # so the run's totals are the last values of each epoch, summed
         self._disk_before: dict[str, int] = {}
         self._disk_now: dict[str, int] = {}
+        self._repair_before: dict[str, int] = {}  # the same for re-replication's counters
+        self._repair_now: dict[str, int] = {}
+        self.under_replicated = 0  # objects short of a replica at the last poll
 
     def _get_from(self, http: str, path: str) -> bytes:
         with urllib.request.urlopen(f"http://{http}{path}", timeout=HTTP_TIMEOUT_S) as response:
@@ -98,8 +107,7 @@ class Watcher(threading.Thread):
         http, status = found
         metrics = self._get_from(http, "/metrics").decode()
         now = now_s()
-        match = re.search(r"^master_evicted_key_count(?:\{[^}]*\})? ([0-9.e+]+)$", metrics, re.M)
-        evicted = int(float(match.group(1))) if match else 0
+        evicted = _metric(metrics, "master_evicted_key_count")
         epoch = int(status.get("epoch", 0))
         with self.lock:
             used_fraction = status["used"] / status["capacity"] if status.get("capacity") else 0.0
@@ -121,10 +129,14 @@ class Watcher(threading.Thread):
                 self.evicted_total += delta
             disk = (status.get("tiers") or {}).get("disk")
             if disk is not None:
-                if epoch != self._last_epoch:
-                    for name, count in self._disk_now.items():
-                        self._disk_before[name] = self._disk_before.get(name, 0) + count
-                self._disk_now = {name: int(disk.get(name, 0)) for name in DISK_COUNTERS}
+                self._disk_now = _carried(self._disk_before, self._disk_now,
+                                          epoch != self._last_epoch,
+                                          {name: int(disk.get(name, 0)) for name in DISK_COUNTERS})
+            self._repair_now = _carried(self._repair_before, self._repair_now,
+                                        epoch != self._last_epoch,
+                                        {name: _metric(metrics, metric)
+                                         for name, metric in REPAIR_METRICS.items()})
+            self.under_replicated = _metric(metrics, "master_objects_under_replicated")
             self._last_evicted, self._last_epoch, self._last_poll = evicted, epoch, now
             self._last_used_fraction = used_fraction
 
@@ -134,6 +146,15 @@ class Watcher(threading.Thread):
             names = self._disk_before.keys() | self._disk_now.keys()
             return {name: self._disk_before.get(name, 0) + self._disk_now.get(name, 0)
                     for name in DISK_COUNTERS if name in names}
+
+    def repair_counts(self) -> dict[str, int]:
+        """Re-replication over the run (every master's copies and failed copies) and the
+        objects short of a replica at the last poll."""
+        with self.lock:
+            counts = {name: self._repair_before.get(name, 0) + self._repair_now.get(name, 0)
+                      for name in REPAIR_METRICS}
+            counts["under_replicated_last_seen"] = self.under_replicated
+            return counts
 
     def run(self) -> None:
         while not self.stop_event.wait(WATCH_INTERVAL_S):
@@ -157,3 +178,19 @@ class Watcher(threading.Thread):
             return False
         states = {seg["node"]: seg["state"] for seg in found[1].get("segments", [])}
         return all(states.get(n) == "ACTIVE" for n in node_ids)
+
+
+def _metric(text: str, name: str) -> int:
+    """A counter or gauge of the master's /metrics text (0 when absent)."""
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    return int(float(match.group(1))) if match else 0
+
+
+def _carried(before: dict[str, int], now: dict[str, int], new_master: bool,
+             values: dict[str, int]) -> dict[str, int]:
+    """`values` as the current master's counts; a new master counts from 0, so the last
+    counts of the one before are added to `before` first."""
+    if new_master:
+        for name, count in now.items():
+            before[name] = before.get(name, 0) + count
+    return values
