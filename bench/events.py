@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import cellar
+from cellar.devtools.ports import free_port
 
 KiB = 1 << 10
 PUT_KEYS = 128
@@ -33,12 +34,6 @@ PUT_BYTES = 64 * KiB
 BATCHES_PER_BLOCK = 60
 SEGMENT = "256MiB"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _block(client: cellar.Client, value: bytes, tag: str) -> float:
@@ -59,7 +54,7 @@ def run(reps: int) -> list[dict[str, Any]]:
 
     from cellar.devtools.local_cluster import LocalCluster
 
-    port = _free_port()
+    port = free_port()
     rates: dict[str, list[float]] = {"off": [], "on": []}
     with contextlib.ExitStack() as stack:
         clusters = {
@@ -67,7 +62,7 @@ def run(reps: int) -> list[dict[str, Any]]:
             "on": stack.enter_context(LocalCluster(
                 nodes=1, segment_size=SEGMENT, port=0, master_flags={
                     "kv_events_bind": f"tcp://127.0.0.1:{port}",
-                    "kv_events_replay_bind": f"tcp://127.0.0.1:{_free_port()}"})),
+                    "kv_events_replay_bind": f"tcp://127.0.0.1:{free_port()}"})),
         }
         ctx = zmq.Context()
         stack.callback(ctx.destroy, 0)

@@ -78,12 +78,6 @@ ROWS = (Row("put", 64 * KiB, 1), Row("get", 64 * KiB, 1), Row("put", 64 * KiB, 1
 BUFFER_BYTES = max(r.size_bytes * max(r.batch, GET_KEYS if r.batch == 1 else 1) for r in ROWS)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_port(port: int, timeout_s: float = START_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -328,6 +322,8 @@ def _children(*argvs: list[str], log: Path) -> Iterator[list[subprocess.Popen[An
 
 @contextmanager
 def mooncake_server(work: Path) -> Iterator[str]:
+    from cellar.devtools.ports import free_port
+
     port = free_port()
     master = [_mooncake_master_binary(), f"--rpc_port={port}", "--rpc_address=127.0.0.1",
               "--enable_http_metadata_server=false", "--enable_metric_reporting=false"]
@@ -370,6 +366,8 @@ def _valkey_server_binary() -> str:
 
 @contextmanager
 def valkey_server(work: Path) -> Iterator[str]:
+    from cellar.devtools.ports import free_port
+
     port = free_port()
     argv = [_valkey_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--protected-mode", "no", "--dir", str(work)]

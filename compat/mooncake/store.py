@@ -60,7 +60,6 @@ HEALTH_TIMEOUT_S = 2.0          # health_check asks the master at most this long
 GET_BUFFER_ATTEMPTS = 2         # get_buffer sizes then reads; an upsert in between costs a retry
 HC_HEALTHY, HC_NOT_INITIALIZED, HC_MASTER_UNREACHABLE = 0, 1, 2
 INVALID = int(ErrorCode.INVALID_PARAMS)
-NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
 
 
 def _teardown(client: Client, node: EmbeddedNode | None) -> None:

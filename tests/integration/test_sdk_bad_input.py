@@ -7,12 +7,12 @@ BufferTooSmall is raised after the size is known but before any byte is transfer
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import numpy as np
 import pytest
 
 import cellar
+from cellar.devtools.ports import free_port
 from cellar.errors import Status
 from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, AsyncFace, open_face
 
@@ -168,9 +168,7 @@ def test_connect_arguments(cluster):
     with cellar.connect(cluster.address, transport="tcp") as c:
         c.upsert("bad/present", b"0123456789")
         assert c.get("bad/present") == b"0123456789"
-    with socket.socket() as s:  # a port with nobody listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port with nobody listening
     with pytest.raises(cellar.Unavailable):
         cellar.connect(f"127.0.0.1:{port}", timeout_s=0.5)
 
@@ -193,9 +191,7 @@ def test_async_connect_arguments_match_the_sync_ones(cluster):
             cellar.AsyncClient(cluster.address, **kwargs)
     with pytest.raises(cellar.InvalidArgument, match="host:port"):
         asyncio.run(cellar.connect_async("no-port-here"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with pytest.raises(cellar.Unavailable):
         asyncio.run(cellar.connect_async(f"127.0.0.1:{port}", timeout_s=0.5))
 

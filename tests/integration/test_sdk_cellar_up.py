@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from cellar.devtools.ports import free_port
 from tests.integration.proc_tools import alive, children_of, read_lines_until
 
 CELLAR = [sys.executable, "-m", "cellar"]
@@ -101,9 +102,7 @@ def test_cellar_up_one_liner_status_and_sigterm(cellar_up, tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens there
     out = run([*CELLAR, "status", "--master", f"127.0.0.1:{port}", "--timeout", "0.5s"])
     assert out.returncode == 1
     err = out.stderr.decode().strip()

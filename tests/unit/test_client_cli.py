@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cellar.client import cli
+from cellar.devtools.ports import free_port
 
 
 def test_format_table_aligns_columns():
@@ -48,11 +49,7 @@ def test_bad_usage_exits_2(capsys):
 
 
 def test_unreachable_master_is_one_line(capsys, monkeypatch):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens there
     monkeypatch.setenv("CELLAR_MASTER", f"127.0.0.1:{port}")
     assert cli.rm_main(["k", "--timeout", "200ms"]) == 1
     err = capsys.readouterr().err.strip()

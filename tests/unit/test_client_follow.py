@@ -14,6 +14,7 @@ import cellar
 from cellar.client import probe, rpc, sync
 from cellar.coord import follow
 from cellar.coord.redirect import LEADER_METADATA, redirect_details
+from cellar.devtools.ports import free_port
 from cellar.proto import cellar_pb2 as pb
 
 
@@ -406,11 +407,7 @@ def test_parse_master_address():
 
 def test_an_unreachable_etcd_is_unavailable_within_the_timeout(record_property):
     """The outcome is Unavailable, not a hang (the test's own timeout guards that)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens there
     started = time.monotonic()
     with pytest.raises(cellar.Unavailable):
         cellar.connect(f"etcd://127.0.0.1:{port}/c1", timeout_s=0.5)
@@ -452,13 +449,9 @@ def test_status_shows_role_epoch_leader_and_the_masters():
 
 
 def test_status_against_an_unreachable_etcd_is_one_line(capsys):
-    import socket
-
     from cellar.client import cli
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens there
     assert cli.status_main(["--master", f"etcd://127.0.0.1:{port}/c1", "--timeout", "300ms"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("cellar status: Unavailable:") and "\n" not in err
