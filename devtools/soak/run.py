@@ -166,9 +166,9 @@ def run_soak(args: argparse.Namespace) -> int:
         report = build_report(args, seed, started, work_dir, chaos, watcher, failure)
         ha_failures = (report.get("leader_stops_without_takeover", 0)
                        + report.get("etcd_outages_within_fence_window_that_changed_leader", 0))
-        keep = bool(failure or report["corrupt_reads"] or report["stale_reads"]
-                    or report["lost"]["unexplained"] or report["evicted_below_half_full"]
-                    or ha_failures)
+        keep = bool(args.keep_run_dir or failure or report["corrupt_reads"]
+                    or report["stale_reads"] or report["lost"]["unexplained"]
+                    or report["evicted_below_half_full"] or ha_failures)
         if keep:  # keep the logs for the post-mortem
             cluster.keep_run_dir = True
             report["run_dir"] = str(cluster.run_dir)

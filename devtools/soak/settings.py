@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "one host), tcp, or both (clients 2-3 of every 4 on tcp; default "
                              "both)")
     parser.add_argument("--report", default="", help="write the counts as JSON to this file")
+    parser.add_argument("--keep-run-dir", action="store_true",
+                        help="keep the run's folder (every process's log, the journals) when "
+                             "the soak passes too; a failed soak always keeps it")
     parser.add_argument("--ha", action="store_true",
                         help="etcd + --masters masters; the master faults become leader faults "
                              "(kill -9, SIGSTOP past the lease) and a brief etcd outage")
