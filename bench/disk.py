@@ -42,7 +42,6 @@ import socket
 import statistics
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ import numpy as np
 import cellar
 from cellar.bench.ceilings import COLD_SPAN_BYTES, tcp_loopback_GBps
 from cellar.devtools.page_cache import evict
+from cellar.http_fetch import fetch
 
 MIB = 1 << 20
 BATCH = 16
@@ -163,8 +163,7 @@ def _file_ceiling(directory: Path, size: int, reps: int, direct: bool) -> dict[s
 
 
 def _metric(http_url: str, name: str) -> float:
-    with urllib.request.urlopen(http_url + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
+    text = fetch(http_url, "/metrics", timeout_s=10).decode()
     match = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
 

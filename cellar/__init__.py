@@ -2,7 +2,8 @@
 
 The package root is the kernel, the ground floor every room stands on: typed errors
 (`cellar.errors`), the layered configuration (`cellar.config`), size/duration units, client
-credentials, the token store, the cluster secret, TLS contexts, the small HTTP server, heap and
+credentials, the token store, the cluster secret, TLS contexts, the small HTTP server (with its
+TLS, `cellar.http_tls`) and the one way callers ask an HTTP port (`cellar.http_fetch`), heap and
 process-lifecycle upkeep; and the `cellar` command (`cellar.cli`), whose subcommands are
 imported lazily by name. The tools (`cellar up`, `cellar soak`, the local cluster) live in
 `cellar.devtools`; leader election and discovery in `cellar.coord`. The SDK is exported here

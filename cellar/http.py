@@ -13,6 +13,13 @@ cannot take every slot); a request's line and headers must arrive within `header
 its connection (an idle or dripping connection is closed then, not after the whole
 `request_timeout_s`). Every refusal is counted by reason (`refusals`, exported through
 `collector`) and logged at most once per peer per interval (cellar.refusals).
+
+TLS (`http_tls`, docs/security.md): `start(..., ssl_context=)` serves HTTPS with the process's
+own certificate (the master's gRPC one, a node's data-port one), so admin tokens never cross
+the network in clear. The handshake comes after the connection limits admitted the connection
+(so a stranger's half-open handshakes hold no more slots than its plain connections would) and
+inside `header_timeout_s`; one that fails or does not end in time is refused, counted
+(`tls_handshake`) and closed. Callers name such a port `https://HOST:PORT` (cellar.http_fetch).
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ import asyncio
 import json
 import logging
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from cellar import http_tls
 from cellar.config import UNIT_SECONDS, require, setting
 from cellar.errors import CellarError
 from cellar.refusals import DEFAULT_INTERVAL_S, PEER, RefusalLog
@@ -42,8 +51,9 @@ REFUSED_MAX_CONNECTIONS = "max_connections"
 REFUSED_PER_PEER = "max_connections_per_peer"
 REFUSED_HEADER_TIMEOUT = "header_timeout"
 REFUSED_REQUEST_TIMEOUT = "request_timeout"
+REFUSED_TLS_HANDSHAKE = "tls_handshake"  # http_tls: no TLS handshake, a failed or a late one
 REFUSAL_REASONS = (REFUSED_MAX_CONNECTIONS, REFUSED_PER_PEER, REFUSED_HEADER_TIMEOUT,
-                   REFUSED_REQUEST_TIMEOUT)
+                   REFUSED_REQUEST_TIMEOUT, REFUSED_TLS_HANDSHAKE)
 log = logging.getLogger("cellar.http")
 # A JSON string, or one of the characters that open or close a level of nesting.
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
@@ -65,6 +75,13 @@ def header_timeout_setting() -> Any:
     """The `http_header_timeout_s` field (master and node)."""
     return setting(HEADER_TIMEOUT_S, "an HTTP request's line and headers must arrive within "
                    "this of its connection", unit=UNIT_SECONDS)
+
+
+def tls_setting() -> Any:
+    """The `http_tls` field (master and node)."""
+    return setting(False, "serve the HTTP port over TLS with this process's tls_cert_file and "
+                   "tls_key_file (callers then name it https://HOST:PORT and verify it against "
+                   "$CELLAR_TLS_CA)")
 
 
 def check_limits(max_connections: int, max_connections_per_peer: int,
@@ -148,6 +165,7 @@ class HttpServer:
     def __init__(self) -> None:
         self._routes: dict[tuple[str, str], Handler] = {}
         self._server: asyncio.AbstractServer | None = None
+        self._tls: ssl.SSLContext | None = None  # http_tls: each admitted connection's handshake
         self._open = 0
         self._per_peer: dict[str, int] = {}  # peer address -> open connections
         self.max_connections = MAX_CONNECTIONS
@@ -192,7 +210,11 @@ class HttpServer:
     def route(self, method: str, path: str, handler: Handler) -> None:
         self._routes[(method.upper(), path)] = handler
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int,
+                    ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on host:port (0: any free port; returns the port), over TLS with
+        `ssl_context` (each connection's handshake once it is admitted: `_respond`)."""
+        self._tls = ssl_context
         self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEADER_BYTES)
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -228,6 +250,16 @@ class HttpServer:
                        host: str) -> None:
         loop = asyncio.get_running_loop()
         header_deadline = loop.time() + self.header_timeout_s
+        stream: tuple[Any, Any] = (reader, writer)
+        if self._tls is not None:
+            try:  # the handshake counts against the header deadline: a stranger's stall ends
+                stream = await http_tls.handshake(self._tls, reader, writer, header_deadline,
+                                                  MAX_HEADER_BYTES)
+            except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+                self._refuse(host, REFUSED_TLS_HANDSHAKE, f"{type(exc).__name__}: {exc}")
+                writer.transport.abort()
+                return
+        reader, writer = stream
         try:
             response = await asyncio.wait_for(self._handle(reader, header_deadline),
                                               self.request_timeout_s)

@@ -7,7 +7,9 @@ node credentials then never cross the network in clear. The TCP data plane's TLS
 only makes its dev certificates. Mutual TLS for nodes: a master with `tls_client_ca_file`
 and `node_listen` has a second gRPC port that requires a client certificate from that CA; a
 node presenting one whose subject CN is `node:<node id>` (NODE_CN_PREFIX) is that node
-without a credential (cellar.master.serving.auth). Not covered: the HTTP admin API stays plaintext.
+without a credential (cellar.master.serving.auth). The HTTP port (status, /metrics, the admin
+API) speaks TLS with the same certificate when `http_tls` is set (cellar.http, and
+cellar.http_fetch for its callers); without it, it stays plaintext.
 
 Who uses what:
 - the master: `tls_cert_file` + `tls_key_file` (cellar.master.config) -> gRPC
@@ -110,7 +112,7 @@ def make_dev_pki(directory: Path, hosts: list[str], node_ids: Sequence[str] = ()
 
 
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """The fast line's server side (TLS 1.2+)."""
+    """The fast line's server side (TLS 1.2+), and the HTTP port's (`http_tls`)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert_file, key_file)

@@ -173,15 +173,14 @@ def render_status(address: str, status: dict[str, Any]) -> str:
 
 def fetch_http_status(http: str, timeout_s: float) -> dict[str, Any] | None:
     """A master's `/api/v1/status` JSON, or None when it did not answer."""
-    import json
     import urllib.error
-    import urllib.request
+
+    from cellar.http_fetch import fetch_json
 
     if not http:
         return None
     try:
-        with urllib.request.urlopen(f"http://{http}/api/v1/status", timeout=timeout_s) as reply:
-            body = json.loads(reply.read(MAX_STATUS_BYTES))
+        body = fetch_json(http, "/api/v1/status", timeout_s=timeout_s, max_bytes=MAX_STATUS_BYTES)
     except (OSError, ValueError, urllib.error.URLError):
         return None
     return body if isinstance(body, dict) else None

@@ -14,15 +14,14 @@ Exit codes: 0, 1 when no master answered, 2 for bad usage. It only reads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
 from cellar.client.cli import MAX_STATUS_BYTES, format_table
+from cellar.http_fetch import base_url, fetch_json
 from cellar.proto.tiers import moves_text
 from cellar.units import format_size, parse_duration_s
 
@@ -43,8 +42,7 @@ def bar(used: int, total: int, width: int = BAR_CHARS) -> str:
 
 
 def _get_json(http: str, path: str) -> Any:
-    with urllib.request.urlopen(f"http://{http}{path}", timeout=HTTP_TIMEOUT_S) as reply:
-        return json.loads(reply.read(MAX_STATUS_BYTES))
+    return fetch_json(http, path, timeout_s=HTTP_TIMEOUT_S, max_bytes=MAX_STATUS_BYTES)
 
 
 def fetch_view(http: str) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
@@ -118,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cellar top", description=(
         "Live view of a Cellar cluster (the master's status page in the terminal)."))
     parser.add_argument("--http", default=os.environ.get("CELLAR_STATUS_HTTP", DEFAULT_HTTP),
-                        help=f"a master's HTTP address HOST:PORT (default: $CELLAR_STATUS_HTTP or "
-                             f"{DEFAULT_HTTP}); a standby is followed to its leader")
+                        help=f"a master's HTTP address HOST:PORT, or https://HOST:PORT for a port "
+                             f"with http_tls (verified against $CELLAR_TLS_CA) (default: "
+                             f"$CELLAR_STATUS_HTTP or {DEFAULT_HTTP}); a standby is followed to "
+                             f"its leader")
     parser.add_argument("--interval", default="2s", type=parse_duration_s,
                         help="redraw period (default 2s)")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
@@ -132,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                 frame = render(*fetch_view(args.http))
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 if args.once:
-                    print(f"cellar top: no answer from http://{args.http}: {exc}", file=sys.stderr)
+                    print(f"cellar top: no answer from {base_url(args.http)}: {exc}",
+                          file=sys.stderr)
                     return 1
-                frame = f"cellar top: no answer from http://{args.http}: {exc} (retrying)"
+                frame = f"cellar top: no answer from {base_url(args.http)}: {exc} (retrying)"
             if args.once:
                 print(frame)
                 return 0

@@ -20,7 +20,6 @@ It imports only the standard library and the kernel's `cellar.lifecycle`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -28,11 +27,11 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cellar.http_fetch import fetch_json
 from cellar.lifecycle import PARENT_PID_ENV, open_private_log
 
 LOG_TAIL_LINES = 20
@@ -129,11 +128,12 @@ def running_threads(pid: int) -> list[int]:
     return running
 
 
-def fetch_status(http: str, timeout_s: float = STATUS_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
-    """A master's `/api/v1/status` JSON (HTTP address HOST:PORT), or None if it did not answer."""
+def fetch_status(http: str, timeout_s: float = STATUS_PROBE_TIMEOUT_S,
+                 ca_file: str | None = None) -> dict[str, Any] | None:
+    """A master's `/api/v1/status` JSON (HTTP address HOST:PORT, or https://HOST:PORT verified
+    against `ca_file`), or None if it did not answer."""
     try:
-        with urllib.request.urlopen(f"http://{http}/api/v1/status", timeout=timeout_s) as reply:
-            body = json.loads(reply.read())
+        body = fetch_json(http, "/api/v1/status", timeout_s=timeout_s, ca_file=ca_file)
     except (OSError, ValueError, urllib.error.URLError):
         return None
     return body if isinstance(body, dict) else None

@@ -56,11 +56,11 @@ def flags(settings: Mapping[str, Any]) -> list[str]:
 
 def shared_master_flags(cluster: LocalCluster) -> list[str]:
     """--tokens-file (unless the caller brings its own store) and, with tls, the certificate
-    flags: what every master of this cluster shares."""
+    flags and HTTPS: what every master of this cluster shares."""
     argv = [] if "tokens_file" in cluster.master_flags else ["--tokens-file", str(cluster.tokens_path)]
-    if cluster.tls is not None:
+    if cluster.tls is not None:  # the HTTP port too (https://, cellar.http_fetch)
         argv += ["--tls-cert-file", str(cluster.tls.cert_file),
-                 "--tls-key-file", str(cluster.tls.key_file)]
+                 "--tls-key-file", str(cluster.tls.key_file), "--http-tls", "true"]
     return argv
 
 
@@ -101,7 +101,7 @@ def node_argv(cluster: LocalCluster, index: int, extra_flags: Mapping[str, Any])
             "--shm-dir", str(c.shm_dir)]
     if c.tls is not None:  # the data port over TLS too, from the same throwaway CA
         argv += ["--tls-cert-file", str(c.tls.node_cert_file),
-                 "--tls-key-file", str(c.tls.node_key_file)]
+                 "--tls-key-file", str(c.tls.node_key_file), "--http-tls", "true"]
         client = c.tls.node_client_files(node_id)
         if client is not None and c.node_port:  # mutual TLS: no node credential sent
             master = f"{c.host}:{c.node_port}"

@@ -65,8 +65,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -96,6 +94,7 @@ from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-
 )
 from cellar.devtools.etcd_server import EtcdServer
 from cellar.devtools.ports import free_port
+from cellar.http_fetch import base_url, fetch_json
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import parse_size_bytes
@@ -219,10 +218,15 @@ class LocalCluster:
     def http_url(self) -> str:
         """The master's status/metrics base URL (with ha=True: the current leader's)."""
         if self.ha:
-            return f"http://{self.masters[self.leader()].http}"
+            return base_url(self.masters[self.leader()].http)
         if self.master is None or not self.master.http:
             raise ClusterError("the cluster is not started")
-        return f"http://{self.master.http}"
+        return base_url(self.master.http)
+
+    @property
+    def http_ca(self) -> str | None:
+        """The CA file its https ports are verified with (tls=True), else None."""
+        return str(self.tls.ca_file) if self.tls is not None else None
 
     def master_status(self, index: int = 0,
                       timeout_s: float = STATUS_PROBE_TIMEOUT_S) -> dict[str, Any] | None:
@@ -230,7 +234,7 @@ class LocalCluster:
         child = self.masters[index]
         if not child.http or not child.alive():
             return None
-        return fetch_status(child.http, timeout_s)
+        return fetch_status(child.http, timeout_s, self.http_ca)
 
     def roles(self) -> list[str]:
         """Each master's `role` ("leader", "standby", "single"; "" when it does not answer)."""
@@ -310,12 +314,10 @@ class LocalCluster:
         """One call of the (leader) master's JSON admin API with the admin token; the decoded
         reply. urllib.error.HTTPError on a refusal."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.http_url + path, data=data, method=method,
-            headers={"Authorization": f"Bearer {self.admin_token if token is None else token}",
-                     "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=STATUS_PROBE_TIMEOUT_S * 10) as reply:
-            return json.loads(reply.read())
+        return fetch_json(self.http_url, path, method=method, data=data, ca_file=self.http_ca,
+                          timeout_s=STATUS_PROBE_TIMEOUT_S * 10, headers={
+                              "Authorization": f"Bearer {self.admin_token if token is None else token}",
+                              "Content-Type": "application/json"})
 
     def _write_credentials(self) -> None:
         """The tokens, 0600, under the run dir and in the per-user credentials directory, for

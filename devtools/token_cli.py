@@ -18,10 +18,10 @@ import json
 import os
 import sys
 import urllib.error
-import urllib.request
 from typing import Any
 
-from cellar.credentials import default_admin_token, read_credentials
+from cellar.credentials import default_admin_token, default_tls_ca, read_credentials
+from cellar.http_fetch import fetch_json
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 
 HTTP_TIMEOUT_S = 10.0
@@ -54,8 +54,10 @@ def admin_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """--master, --http and --token: how an admin command finds a master and proves itself."""
     parser.add_argument("--master", default=os.environ.get("CELLAR_MASTER", "127.0.0.1:50051"),
                         help="the cluster's gRPC address (names its credentials file)")
-    parser.add_argument("--http", default="", help="the masters' HTTP address(es) HOST:PORT, "
-                        "comma-separated (default: from the credentials file of --master)")
+    parser.add_argument("--http", default="", help="the masters' HTTP address(es) HOST:PORT "
+                        "(https://HOST:PORT for a port with http_tls, verified against "
+                        "$CELLAR_TLS_CA or the credentials' CA), comma-separated (default: from "
+                        "the credentials file of --master)")
     parser.add_argument("--token", default=None, help="admin token (default: $CELLAR_ADMIN_TOKEN "
                         "or the credentials file)")
     return parser
@@ -80,13 +82,12 @@ def admin_call(args: argparse.Namespace, method: str, path: str, body: Any = Non
         raise TokenCommandError("no admin token: pass --token or set CELLAR_ADMIN_TOKEN")
     last = ""
     for http in _http_addresses(args):
-        request = urllib.request.Request(
-            f"http://{http}{path}", method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
-                return json.loads(reply.read())
+            return fetch_json(http, path, method=method, timeout_s=HTTP_TIMEOUT_S,
+                              data=None if body is None else json.dumps(body).encode(),
+                              ca_file=default_tls_ca(args.master), headers={
+                                  "Authorization": f"Bearer {token}",
+                                  "Content-Type": "application/json"})
         except urllib.error.HTTPError as exc:
             try:
                 detail = json.loads(exc.read()).get("error", "")

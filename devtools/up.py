@@ -22,6 +22,7 @@ from cellar.devtools.local_cluster import (
     ClusterError,
     LocalCluster,
 )
+from cellar.http_fetch import base_url
 from cellar.units import format_size, parse_size_bytes
 
 
@@ -143,7 +144,7 @@ def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
                 f"Ctrl-C stops the cluster.")
     leader = cluster.leader()
     masters = "\n".join(
-        f"           {m.name} {m.address} (http http://{m.http}/api/v1/status)"
+        f"           {m.name} {m.address} (http {base_url(m.http)}/api/v1/status)"
         f"{'  <- leader' if i == leader else ''}" for i, m in enumerate(cluster.masters))
     return (f"Cellar is up (high availability): {len(cluster.masters)} masters, {nodes} node(s) x "
             f"{format_size(segment_bytes)}\n"

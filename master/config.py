@@ -291,6 +291,7 @@ class MasterConfig:
     http_max_connections: int = http_limits.max_connections_setting()
     http_max_connections_per_peer: int = http_limits.max_connections_per_peer_setting()
     http_header_timeout_s: float = http_limits.header_timeout_setting()
+    http_tls: bool = http_limits.tls_setting()
     refusal_log_interval_s: float = setting(
         10.0, "at most one log line per peer per this about refused requests, with a count "
         "(every refusal is counted in master_auth_refusals_total)", unit=UNIT_SECONDS
@@ -347,6 +348,8 @@ class MasterConfig:
                 raise ConfigError(name, str(exc)) from None
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")
+        require(not self.http_tls or bool(self.tls_cert_file), "http_tls",
+                "an HTTPS port needs this process's certificate (tls_cert_file, tls_key_file)")
         require(bool(self.tls_client_ca_file) == bool(self.node_listen), "node_listen",
                 "node_listen and tls_client_ca_file go together")
         require(not self.node_listen or bool(self.tls_cert_file), "node_listen",

@@ -28,6 +28,7 @@ import grpc
 from cellar.config import add_arguments, from_cli
 from cellar.errors import ConfigError
 from cellar.heap import freeze_survivors
+from cellar.http_fetch import advertised
 from cellar.lifecycle import die_with_parent_if_asked
 from cellar.master.config import ENV_PREFIX, MasterConfig
 from cellar.master.serving import removal_log, tenant_log
@@ -167,10 +168,12 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     registry.register(http.collector("master"))
     http_host, http_port = parse_host_port(config.http)
     try:
-        http_bound = await http.start(http_host, http_port)
+        http_bound = await http.start(http_host, http_port, server_context(
+            config.tls_cert_file, config.tls_key_file) if config.http_tls else None)
     except OSError as exc:
         print(f"cellar master: cannot serve HTTP on {config.http}: {exc.strerror}", file=sys.stderr)
         return 1
+    http_named = advertised(http_host, http_bound, config.http_tls)  # https://... with TLS
     await server.start()
     fast = FastRpcServer(servicer, limit, max_connections_per_peer=config.max_connections_per_peer,
                          idle_timeout_s=config.idle_timeout_s,
@@ -190,10 +193,10 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     ticker = asyncio.create_task(_ticker(leadership, authorizer, config.tick_interval_s))
     campaign = None
     if leadership.ha:
-        election = _election(config, leadership, f"{host}:{bound}", f"{http_host}:{http_bound}")
+        election = _election(config, leadership, f"{host}:{bound}", http_named)
         campaign = asyncio.create_task(election.run(stop))
     print(
-        f"cellar master listening on {host}:{bound} (http {http_host}:{http_bound}, epoch {leadership.epoch})"
+        f"cellar master listening on {host}:{bound} (http {http_named}, epoch {leadership.epoch})"
         + (f" mtls nodes on {parse_host_port(config.node_listen)[0]}:{node_bound}" if config.node_listen else ""),
         flush=True,
     )

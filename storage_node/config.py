@@ -117,6 +117,7 @@ class NodeConfig:
     http_max_connections: int = http_limits.max_connections_setting()
     http_max_connections_per_peer: int = http_limits.max_connections_per_peer_setting()
     http_header_timeout_s: float = http_limits.header_timeout_setting()
+    http_tls: bool = http_limits.tls_setting()
     refusal_log_interval_s: float = setting(
         10.0, "at most one log line per peer per this about refused grants, commits and "
         "connections, with a count (all are counted in node_refusals_total and "
@@ -224,6 +225,8 @@ class NodeConfig:
                 f"must be 0..{MAX_SPIN_US} microseconds")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file), "tls_cert_file",
                 "tls_cert_file and tls_key_file go together")
+        require(not self.http_tls or bool(self.tls_cert_file), "http_tls",
+                "an HTTPS port needs this process's certificate (tls_cert_file, tls_key_file)")
         require(bool(self.master_tls_cert_file) == bool(self.master_tls_key_file),
                 "master_tls_cert_file", "master_tls_cert_file and master_tls_key_file go together")
         for name in ("tls_cert_file", "tls_key_file", "master_tls_cert_file", "master_tls_key_file"):

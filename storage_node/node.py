@@ -26,6 +26,7 @@ from typing import Any
 from cellar.credentials import default_tls_ca
 from cellar.heap import freeze_survivors
 from cellar.http import HttpServer
+from cellar.http_fetch import advertised
 from cellar.proto.grant import node_credential
 from cellar.proto.tiers import TIER_DRAM
 from cellar.refusals import RefusalLog
@@ -43,6 +44,7 @@ from cellar.storage_node.rdma import NodeRdma
 from cellar.storage_node.rdma import attach as attach_rdma
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
+from cellar.tls import server_context as http_server_context
 from cellar.transfer.tcp_server import TcpDataServer
 from cellar.transfer.tls_sock import server_context, tls_endpoint
 from cellar.units import format_size
@@ -183,8 +185,10 @@ class StorageNode:
                                  header_timeout_s=self.cfg.http_header_timeout_s,
                                  refusal_log_interval_s=self.cfg.refusal_log_interval_s)
             registry.register(self.http.collector("node"))
-            port = await self.http.start(host, port)
-            self.http_address = f"{host}:{port}"
+            tls = http_server_context(self.cfg.tls_cert_file, self.cfg.tls_key_file) \
+                if self.cfg.http_tls else None  # the data port's certificate
+            port = await self.http.start(host, port, tls)
+            self.http_address = advertised(host, port, self.cfg.http_tls)
         task = asyncio.create_task(control.run(stop), name="cellar-node-control")
         freezer = asyncio.create_task(_freeze_heap_every(HEAP_FREEZE_INTERVAL_S),
                                       name="cellar-node-gc-freeze")

@@ -21,10 +21,10 @@ import json
 import re
 import threading
 import time
-import urllib.request
 from typing import Any
 
 from cellar.devtools.soak.settings import HTTP_TIMEOUT_S, WATCH_INTERVAL_S
+from cellar.http_fetch import advertised, fetch
 from cellar.proto.tiers import MOVE_COUNTERS
 
 DISK_COUNTERS = ("hits", *MOVE_COUNTERS)  # the disk row's counters the report sums
@@ -74,9 +74,7 @@ class Watcher(threading.Thread):
         self.under_replicated = 0  # objects short of a replica at the last poll
 
     def _get_from(self, http: str, path: str) -> bytes:
-        with urllib.request.urlopen(f"http://{http}{path}", timeout=HTTP_TIMEOUT_S) as response:
-            data: bytes = response.read()
-            return data
+        return fetch(http, path, timeout_s=HTTP_TIMEOUT_S, ca_file=self.cluster.http_ca)
 
     @staticmethod
     def _serves(status: dict[str, Any]) -> bool:
@@ -85,7 +83,7 @@ class Watcher(threading.Thread):
     def leader_status(self) -> tuple[str, dict[str, Any]] | None:
         """(HTTP address, /api/v1/status) of the master serving as leader, or None."""
         if not self.cluster.ha:
-            http = f"127.0.0.1:{self.cluster.http_port}"
+            http = advertised("127.0.0.1", self.cluster.http_port, self.cluster.tls is not None)
             return http, json.loads(self._get_from(http, "/api/v1/status"))
         candidates = [self._leader_http] if self._leader_http else []
         candidates += [m.http for m in list(self.cluster.masters)

@@ -19,7 +19,6 @@ import json
 import os
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import pytest
 import cellar
 from cellar.client.session_state import grant_from_replica
 from cellar.devtools.local_cluster import LocalCluster
+from cellar.http_fetch import advertised, fetch_json
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
@@ -64,12 +64,10 @@ class FaultCluster(LocalCluster):
     def check_master_invariants(self) -> None:
         """The master's full O(n) table check (GET /api/v1/invariants, cellar.master.state.audit);
         the fixture runs it after every passing test whose master is still up."""
-        request = urllib.request.Request(
-            f"http://{self.host}:{self.http_port}/api/v1/invariants",
-            headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
+        http = advertised(self.host, self.http_port, self.tls is not None)
         try:
-            with urllib.request.urlopen(request, timeout=10) as reply:
-                body = json.loads(reply.read())
+            body = fetch_json(http, "/api/v1/invariants", timeout_s=10, ca_file=self.http_ca,
+                              headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
         except urllib.error.HTTPError as exc:
             body = json.loads(exc.read() or b"{}")
         assert body.get("ok"), f"master invariants broken: {body}"

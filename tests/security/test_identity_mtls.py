@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from identity_kit import code_of
 
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
+from cellar.http_fetch import fetch
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 
@@ -37,9 +37,12 @@ def mtls_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
+def _metrics(cluster: LocalCluster) -> str:
+    return fetch(cluster.http_url, "/metrics", timeout_s=5, ca_file=cluster.http_ca).decode()
+
+
 def _metric(cluster: LocalCluster, name: str) -> float:
-    with urllib.request.urlopen(f"{cluster.http_url}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
+    text = _metrics(cluster)
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
@@ -86,8 +89,7 @@ def test_nodes_with_a_certificate_and_no_credential_mount_heartbeat_and_serve(
     assert _metric(mtls_cluster, "master_heartbeat_failures_total") == 0
     assert _metric(mtls_cluster, "master_mount_segment_failures_total") == 0
     # the nodes sent no token: a master that ignored the certificate would have refused them
-    assert 'master_auth_refusals_total{reason="no_token"}' not in \
-        urllib.request.urlopen(f"{mtls_cluster.http_url}/metrics", timeout=5).read().decode()
+    assert 'master_auth_refusals_total{reason="no_token"}' not in _metrics(mtls_cluster)
     with cellar.connect(mtls_cluster.address) as client:  # a tenant client without a certificate
         blobs = {f"mtls/{i}": bytes([i]) * (64 << 10) for i in range(16)}
         for key, value in blobs.items():
