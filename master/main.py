@@ -34,11 +34,12 @@ from cellar.master.config import ENV_PREFIX, MasterConfig
 from cellar.master.serving import removal_log, tenant_log
 from cellar.master.serving.auth import Authorizer
 from cellar.master.serving.fastrpc import FastRpcServer
+from cellar.master.serving.grpc_auth import AuthInterceptor
 from cellar.master.serving.http_api import build_http
 from cellar.master.serving.kv_events_start import start_kv_events
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import make_registry
-from cellar.master.serving.servicer import AuthInterceptor, MasterServicer
+from cellar.master.serving.servicer import MasterServicer
 from cellar.secret import load_cluster_secret
 from cellar.tls import read_pem, server_context
 from cellar.tokens import DEFAULT_TOKENS_PATH, TokenStore, ensure_private
@@ -64,13 +65,23 @@ def _freeze_heap() -> None:
 
 
 async def _ticker(leadership: Leadership, authorizer: Authorizer, interval_s: float) -> None:
-    """Run the background sweeps every `interval_s`; the lateness of each wake-up is loop lag."""
+    """Run the background sweeps every `interval_s`; the lateness of each wake-up is loop lag,
+    and so is the whole time since the last one while the master cannot serve."""
     loop = asyncio.get_running_loop()
-    expected = loop.time() + interval_s
+    last = loop.time()
+    expected = last + interval_s
     while True:
         await asyncio.sleep(max(0.0, expected - loop.time()))
         woke = loop.time()
         lag = max(0.0, woke - expected)
+        if not leadership.serving():
+            # A leader unsure of its lease (etcd away, the keep-alive late) refuses every
+            # call, the nodes' heartbeats too: their silence meanwhile is its own, as a stalled
+            # loop's is (membership.credit_lag). Uncredited, the nodes were SUSPECT when it
+            # served again, and puts were refused for want of live nodes until their next
+            # heartbeats (`cellar soak --ha`: 50 refused in 60 ms after an etcd outage).
+            lag = max(lag, woke - last)
+        last = woke
         expected = woke + interval_s
         try:
             leadership.service.tick(lag)  # the live service: a new one after each election

@@ -89,6 +89,7 @@ MAX_BACKOFF_S = 2.0
 UNMOUNT_TIMEOUT_S = 2.0
 MIN_LOOKUP_INTERVAL_S = 0.25  # at most 4 etcd lookups a second per node
 LOOKUP_TIMEOUT_S = 2.0
+MIN_LOOKUP_TIMEOUT_S = 0.25  # a lookup's bound while a mounted master may still lead
 FAILOVER_POLL_S = 0.25  # retry period while the leader may be changing (etcd or redirects)
 FOLLOW_MAX_BACKOFF_S = 0.5  # mount retry bound when the leader may be changing
 FOLLOW_HEARTBEAT_TIMEOUT_S = 1.0  # heartbeat deadline floor when the leader may be changing
@@ -352,6 +353,12 @@ class ControlLoop:
             if stop.is_set():
                 return None
         timeout_s = min(LOOKUP_TIMEOUT_S, self.master_timeout_s)
+        if self.mounted and self.master:
+            # The master in use may lead still (a moment unsure of its lease, a heartbeat that
+            # timed out while etcd was away): a lookup of an etcd that does not answer must
+            # not stop the heartbeats to it for longer than one, or it finds this node
+            # SUSPECT once it serves again and refuses puts for want of live nodes.
+            timeout_s = min(timeout_s, max(MIN_LOOKUP_TIMEOUT_S, self.heartbeat_interval_s))
         try:
             record = await asyncio.to_thread(self._discovery.leader, timeout_s)
         except Unavailable as exc:

@@ -71,6 +71,7 @@ class ReplicaLocator:
         """The node ids holding `key`'s replicas (None if the master cannot say right now)."""
         import grpc
 
+        from cellar.client.connect_args import client_id, master_channel
         from cellar.proto import cellar_pb2 as pb
         from cellar.proto import cellar_pb2_grpc as pb_grpc
 
@@ -80,10 +81,13 @@ class ReplicaLocator:
         if self._stub is None or self._stub_address != address:
             if self._channel is not None:
                 self._channel.close()
-            self._channel = grpc.insecure_channel(address)
+            # over TLS when a CA is known for it (--tls), as the SDK's own channel: a
+            # plaintext channel to a TLS master failed every handshake, so a --tls soak never
+            # knew where a key's replicas were (and its masters logged ~170 refused handshakes
+            # a second)
+            self._channel, _ca = master_channel(address, [])
             self._stub = pb_grpc.MasterStub(self._channel)
             self._stub_address = address
-        from cellar.client.connect_args import client_id
         from cellar.credentials import default_token
 
         # this process's client id, as its SDK client's: the master counts the lookup as this

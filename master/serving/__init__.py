@@ -6,7 +6,8 @@ What it owns: every protocol the master speaks and the objects that live as long
 - http_api: /metrics, /health and the JSON admin API (tenants, quotas, tokens);
 - status_page: the HTML page at `/`; cluster_summary: the one summary ClusterStatus, the status
   page and the admin API all read; events: the bounded log of failovers, rebuilds and expiries;
-- metrics: the Prometheus collectors; auth: who may call what (tenant, node, admin identities);
+- metrics: the Prometheus collectors; auth: who may call what (tenant, node, admin identities),
+  and grpc_auth: the interceptor that asks it before every gRPC handler;
 - leadership: the role of this process (single, leader, follower), the election, the service it
   serves and the rebuild after a failover.
 

@@ -23,6 +23,7 @@ whose port ClusterStatus advertises in its trailing metadata.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -37,7 +38,13 @@ from cellar.master.lookup import lookup
 from cellar.master.repair import CopyOrder
 from cellar.master.replies import GetResult
 from cellar.master.service import GrantedReplica, MasterService, RequestRejected
-from cellar.master.serving.auth import CURRENT_IDENTITY, Authorizer, AuthRefused, node_id_of_peer
+from cellar.master.serving.auth import (
+    CURRENT_IDENTITY,
+    METHOD_POLICY,
+    NODE_RPC,
+    Authorizer,
+    AuthRefused,
+)
 from cellar.master.serving.cluster_summary import summarize
 from cellar.master.serving.fastrpc import FAST_PORT_METADATA
 from cellar.master.serving.kv_stream import METHOD as KV_WATCH
@@ -46,7 +53,6 @@ from cellar.master.serving.leadership import DurableWork, Leadership, Leadership
 from cellar.master.serving.metrics import RPC_METRIC_NAMES, RpcStats
 from cellar.master.serving.request_memory import RequestMemory, request_tag
 from cellar.proto import cellar_pb2 as pb
-from cellar.refusals import PEER
 
 SERVICE_NAME = "cellar.v1.Master"
 log = logging.getLogger("cellar.master")
@@ -71,7 +77,7 @@ def _token_id() -> str:
     return identity.token_id if identity is not None else ""
 
 
-class _Malformed:
+class Malformed:
     __slots__ = ("reason",)
 
     def __init__(self, reason: str) -> None:
@@ -85,7 +91,7 @@ def _parser(cls: Any) -> Callable[[bytes], Any]:
         try:
             return from_string(data)
         except DecodeError as exc:
-            return _Malformed(str(exc))
+            return Malformed(str(exc))
 
     return parse
 
@@ -174,6 +180,7 @@ class MasterServicer:
         # replies of mutating calls by request id, for both lines (request_memory.py)
         self.requests = RequestMemory(config.request_id_memory_entries,
                                       config.request_id_memory_s, config.request_id_memory_bytes)
+        self._behind: set[asyncio.Task[str]] = set()  # node calls' bounds being written
 
     @property
     def service(self) -> MasterService:
@@ -393,6 +400,15 @@ class MasterServicer:
         leadership = self.leadership
         serving = leadership.serving
         gated = name != "ClusterStatus"
+        # A node's call acknowledges nothing to a client: the bounds it queued (the dead writes
+        # of puts its lost ranges held, a moved or lost version) go to the removal log behind
+        # its reply. Waiting for them, a heartbeat hung as long as etcd did (SIGSTOPped for
+        # 1-2 s in `cellar soak --ha`), its node took the timeout for a lost master and went
+        # to etcd for the leader, and the leader found its nodes SUSPECT and refused puts for
+        # want of live nodes. Its ranges stay held until the write succeeds (make_durable),
+        # a failed write is carried by the next change's (Leadership._unwritten), and a
+        # client's request on another connection was never held behind it anyway.
+        behind = METHOD_POLICY.get(name) == NODE_RPC
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             stats.requests += 1
@@ -401,7 +417,7 @@ class MasterServicer:
                 stats.failures += 1
                 context.set_trailing_metadata(((LEADER_METADATA, leadership.redirect_address()),))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, leadership.redirect())
-            if type(request) is _Malformed:
+            if type(request) is Malformed:
                 stats.failures += 1
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -417,16 +433,25 @@ class MasterServicer:
                 log.exception("%s failed", name)
                 await context.abort(grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc!r}")
             if leadership.durable_due(name):  # a remove or upsert: acknowledged once durable
-                failure = await self.make_durable(name)
-                if failure:
-                    stats.failures += 1
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
+                if behind:
+                    self._write_behind(name, leadership.take_durable())
+                else:
+                    failure = await self.make_durable(name)
+                    if failure:
+                        stats.failures += 1
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, failure)
             stats.observe(perf_counter() - started)
             if advertise and self.fast_port and serving():
                 context.set_trailing_metadata(((FAST_PORT_METADATA, str(self.fast_port)),))
             return reply
 
         return handle
+
+    def _write_behind(self, name: str, work: DurableWork) -> None:
+        """Make `work` durable in a task of its own (kept referenced until it ends)."""
+        task = asyncio.get_running_loop().create_task(self.make_durable(name, work))
+        self._behind.add(task)
+        task.add_done_callback(self._behind.discard)
 
     async def make_durable(self, name: str, work: DurableWork | None = None) -> str:
         """Write the bounds this request queued to the removal log (removal_log.py) and wait
@@ -463,7 +488,7 @@ class MasterServicer:
             stats.failures += 1
             return grpc.StatusCode.UNAVAILABLE.value[0], self.leadership.redirect().encode()
         request = parse(data)
-        if type(request) is _Malformed:
+        if type(request) is Malformed:
             stats.failures += 1
             return (grpc.StatusCode.INVALID_ARGUMENT.value[0],
                     f"malformed {name} request (strings must be valid UTF-8): "
@@ -530,65 +555,6 @@ class MasterServicer:
         handlers[KV_WATCH] = watch_handler(self.leadership, self.authorizer, rejection)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
         server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """The one gRPC check in front of every handler: `Authorizer.check` on the parsed request
-    (the token is `RequestHeader.token`), then the handler with `CURRENT_IDENTITY` set. A
-    refusal is answered through `rejection` and counted in the RPC's failures."""
-
-    def __init__(self, servicer: MasterServicer, *, mtls: bool = False) -> None:
-        self._servicer = servicer
-        self._mtls = mtls  # a node_listen port exists: read verified peer certificates
-        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-
-    async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        method = handler_call_details.method
-        wrapped = self._wrapped.get(method)
-        if wrapped is not None:
-            return wrapped
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        wrapped = self._wrap(method.rpartition("/")[2], handler)
-        self._wrapped[method] = wrapped
-        return wrapped
-
-    def _wrap(self, name: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
-        inner: Any = handler.unary_unary  # an async handler on grpc.aio (the stubs say sync)
-        assert inner is not None
-        check = self._servicer.authorizer.check
-        stats = self._servicer.stats.get(name)
-        mtls = self._mtls
-
-        async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if type(request) is _Malformed:  # no header to read: the handler says INVALID_ARGUMENT
-                return await inner(request, context)
-            # Only the node_listen port asks for a certificate, and gRPC verified it against
-            # tls_client_ca_file before this runs; other ports carry no x509 fields.
-            peer = node_id_of_peer(context.auth_context().get("x509_common_name", [])) if mtls else ""
-            # refusal lines name the address, not the port (each RPC runs in its own task)
-            PEER.set(context.peer().partition(":")[2].rpartition(":")[0].strip("[]"))
-            try:
-                identity = check(name, request, peer)
-            except AuthRefused as exc:
-                if stats is not None:
-                    stats.requests += 1
-                    stats.failures += 1
-                await context.abort(*rejection(exc))
-            token = CURRENT_IDENTITY.set(identity)
-            try:
-                return await inner(request, context)
-            finally:
-                CURRENT_IDENTITY.reset(token)
-
-        return grpc.unary_unary_rpc_method_handler(
-            checked, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
 
 
 def tier_move(move: Any) -> pb.Move:

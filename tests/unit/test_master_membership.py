@@ -149,3 +149,54 @@ def test_freed_sequence_numbers_grow_across_master_restarts() -> None:
         put(svc, "k", 100)
         svc.remove("", ["k"])
     assert second.heartbeat("n1", 1, 0).freed_seq > first.heartbeat("n1", 1, 0).freed_seq
+
+
+class _TickedService:
+    def __init__(self) -> None:
+        self.lags: list[tuple[bool, float]] = []  # (serving then, lag credited)
+        self.serving = True
+
+    def tick(self, lag_s: float) -> None:
+        self.lags.append((self.serving, lag_s))
+
+
+class _Leadership:
+    def __init__(self) -> None:
+        self.service = _TickedService()
+
+    def serving(self) -> bool:
+        return self.service.serving
+
+    def tick(self) -> None:
+        pass
+
+
+class _Authorizer:
+    def refresh(self) -> None:
+        pass
+
+
+def test_time_a_leader_could_not_serve_is_credited_to_its_nodes() -> None:
+    # `cellar soak --ha`: a leader unsure of its lease for a moment (etcd away) refused the
+    # nodes' heartbeats, found them SUSPECT when it served again and refused 50 puts in 60 ms
+    # for want of live nodes. The ticker now credits that time as it credits a stalled loop.
+    import asyncio
+
+    from cellar.master.main import _ticker
+
+    interval_s, away_s = 0.02, 0.5
+    leadership = _Leadership()
+
+    async def run() -> None:
+        ticker = asyncio.create_task(_ticker(leadership, _Authorizer(), interval_s))  # type: ignore[arg-type]
+        await asyncio.sleep(0.2)
+        leadership.service.serving = False
+        await asyncio.sleep(away_s)
+        leadership.service.serving = True
+        await asyncio.sleep(0.2)
+        ticker.cancel()
+
+    asyncio.run(run())
+    credited_away = sum(lag for serving, lag in leadership.service.lags if not serving)
+    assert credited_away >= away_s - 2 * interval_s, leadership.service.lags
+    assert any(serving for serving, _ in leadership.service.lags[-3:])  # it serves again
