@@ -67,7 +67,11 @@ def credentials_path(address: str, environ: Mapping[str, str] | None = None) -> 
 
 def read_credentials(address: str, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The parsed credentials file of `address`, or None (absent, unreadable, not private)."""
-    path = credentials_path(address, environ)
+    return read_private_json(credentials_path(address, environ))
+
+
+def read_private_json(path: Path) -> dict[str, Any] | None:
+    """A credentials file's JSON object, or None (absent, unreadable, not private, too large)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -115,6 +119,19 @@ def default_tls_ca(address: str, environ: Mapping[str, str] | None = None) -> st
     """The CA file a client or node verifies the master at `address` with: $CELLAR_TLS_CA,
     else the "tls_ca" of the address's credentials file, else None (plaintext)."""
     return _lookup(address, ENV_TLS_CA, "tls_ca", environ)
+
+
+MAX_CREDENTIALS_FILES_LISTED = 256  # `credentials_files` names at most this many
+
+
+def credentials_files(environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every readable private credentials file of the directory (at most
+    MAX_CREDENTIALS_FILES_LISTED, in name order), parsed."""
+    try:
+        paths = sorted(credentials_dir(environ).glob("*.json"))[:MAX_CREDENTIALS_FILES_LISTED]
+    except OSError:
+        return []
+    return [creds for path in paths if (creds := read_private_json(path)) is not None]
 
 
 def write_private_bytes(path: Path, data: bytes) -> None:

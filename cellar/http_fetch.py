@@ -9,8 +9,9 @@ line, advertises in etcd and names as the leader in its status, so a caller that
 taken too.
 
 An https port is verified against a CA file: the caller's, else `$CELLAR_TLS_CA` (the one
-clients verify the master's gRPC port with), else the system's trust store. Never falls back
-to plaintext, never skips verification.
+clients verify the master's gRPC port with), else the `tls_ca` of the credentials file whose
+`http` addresses name that port (`cellar up --tls` writes one), else the system's trust store.
+Never falls back to plaintext, never skips verification.
 
 It must not import the client, master or node rooms (it is the kernel's).
 """
@@ -22,7 +23,7 @@ import ssl
 import urllib.request
 from typing import Any
 
-from cellar.credentials import ENV_TLS_CA
+from cellar.credentials import ENV_TLS_CA, credentials_files
 
 HTTPS = "https://"
 HTTP = "http://"
@@ -52,12 +53,28 @@ def base_url(http: str) -> str:
     return (HTTPS if is_tls(http) else HTTP) + host_port(http)
 
 
+def default_ca(http: str) -> str | None:
+    """$CELLAR_TLS_CA, else the "tls_ca" of the credentials file whose "http" addresses name
+    the port of `http`, else None."""
+    if os.environ.get(ENV_TLS_CA, "").strip():
+        return os.environ[ENV_TLS_CA].strip()
+    want = host_port(http)
+    for creds in credentials_files():
+        named = creds.get("http") or []
+        ca = creds.get("tls_ca")
+        if isinstance(ca, str) and ca.strip() and any(
+                isinstance(a, str) and host_port(a) == want
+                for a in ([named] if isinstance(named, str) else named)):
+            return ca.strip()
+    return None
+
+
 def context(http: str, ca_file: str | None = None) -> ssl.SSLContext | None:
-    """The client TLS context for `http` (None for plain HTTP): `ca_file`, else
-    $CELLAR_TLS_CA, else the system's trust store; the server's name is checked."""
+    """The client TLS context for `http` (None for plain HTTP): `ca_file`, else `default_ca`,
+    else the system's trust store; the server's name is checked."""
     if not is_tls(http):
         return None
-    ca = ca_file or os.environ.get(ENV_TLS_CA) or None
+    ca = ca_file or default_ca(http)
     tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
     tls.minimum_version = ssl.TLSVersion.TLSv1_2  # as every other Cellar port
     return tls

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         "Live view of a Cellar cluster (the master's status page in the terminal)."))
     parser.add_argument("--http", default=os.environ.get("CELLAR_STATUS_HTTP", DEFAULT_HTTP),
                         help=f"a master's HTTP address HOST:PORT, or https://HOST:PORT for a port "
-                             f"with http_tls (verified against $CELLAR_TLS_CA) (default: "
+                             f"with http_tls (verified against $CELLAR_TLS_CA or the credentials "
+                             f"file naming that port) (default: "
                              f"$CELLAR_STATUS_HTTP or {DEFAULT_HTTP}); a standby is followed to "
                              f"its leader")
     parser.add_argument("--interval", default="2s", type=parse_duration_s,

@@ -44,11 +44,15 @@ def cluster() -> Iterator[tuple[LocalCluster, str]]:
         yield c, f"https://{node_http}"
 
 
-def _env(c: LocalCluster, *, trusted: bool) -> dict[str, str]:
+def _env(c: LocalCluster, *, trusted: bool, credentials: str | None = None) -> dict[str, str]:
+    """The CLI's environment: the CA in $CELLAR_TLS_CA (trusted) or not; `credentials`: a
+    credentials directory of its own (an empty one knows no CA)."""
     env = {k: v for k, v in os.environ.items() if k != "CELLAR_TLS_CA"}
     if trusted:
         assert c.http_ca is not None
         env["CELLAR_TLS_CA"] = c.http_ca
+    if credentials is not None:
+        env["CELLAR_CREDENTIALS_DIR"] = credentials
     return env
 
 
@@ -104,7 +108,7 @@ def test_a_stalled_handshake_is_closed_after_the_header_timeout(cluster):
         time.sleep(0.1)
 
 
-def test_admin_api_and_cli_tools_over_https(cluster):
+def test_admin_api_and_cli_tools_over_https(cluster, tmp_path):
     c, _ = cluster
     made = c.admin_request("POST", "/api/v1/tokens", {"kind": "tenant", "tenant": "default",
                                                       "label": "over https"})
@@ -129,8 +133,12 @@ def test_admin_api_and_cli_tools_over_https(cluster):
                            env=_env(c, trusted=True))
     assert shown.returncode == 0, shown.stderr
     assert "node-0" in shown.stdout
+    # no $CELLAR_TLS_CA: the CA of the credentials file that names this HTTP port
+    by_file = subprocess.run(top, capture_output=True, text=True, timeout=60,
+                             env=_env(c, trusted=False))
+    assert by_file.returncode == 0, by_file.stderr
     unverified = subprocess.run(top, capture_output=True, text=True, timeout=60,
-                                env=_env(c, trusted=False))
+                                env=_env(c, trusted=False, credentials=str(tmp_path)))
     assert unverified.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in unverified.stderr
 
 

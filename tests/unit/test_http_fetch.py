@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import ssl
+from pathlib import Path
 
 import pytest
 
-from cellar.http_fetch import advertised, base_url, context, host_port, is_tls
+from cellar.credentials import write_private_json
+from cellar.http_fetch import advertised, base_url, context, default_ca, host_port, is_tls
 
 
 @pytest.mark.parametrize(("address", "url", "bare", "tls"), [
@@ -34,3 +37,22 @@ def test_https_is_verified_and_plain_http_gets_no_context(monkeypatch: pytest.Mo
     assert tls is not None
     assert tls.verify_mode == ssl.CERT_REQUIRED and tls.check_hostname
     assert tls.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+def test_an_https_port_finds_its_ca_in_the_credentials_that_name_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CELLAR_CREDENTIALS_DIR", str(tmp_path))
+    monkeypatch.delenv("CELLAR_TLS_CA", raising=False)
+    write_private_json(tmp_path / "127.0.0.1_50051.json",
+                       {"token": "t", "http": ["https://127.0.0.1:9400"], "tls_ca": "/ca/one.pem"})
+    write_private_json(tmp_path / "10.0.0.9_50051.json",
+                       {"http": "10.0.0.9:9400", "tls_ca": "/ca/two.pem"})
+    loose = tmp_path / "127.0.0.2_50051.json"  # not private: never trusted
+    loose.write_text(json.dumps({"http": ["https://127.0.0.2:9400"], "tls_ca": "/ca/evil.pem"}))
+    loose.chmod(0o644)
+    assert default_ca("https://127.0.0.1:9400") == "/ca/one.pem"
+    assert default_ca("https://10.0.0.9:9400") == "/ca/two.pem"  # written without its scheme
+    assert default_ca("https://127.0.0.2:9400") is None
+    assert default_ca("https://127.0.0.1:9401") is None  # another port: the system's store
+    monkeypatch.setenv("CELLAR_TLS_CA", "/ca/env.pem")
+    assert default_ca("https://127.0.0.1:9400") == "/ca/env.pem"  # the environment first
