@@ -47,6 +47,7 @@ RECHECK_INTERVAL_S = 1.0      # a standby re-reads the leader key this often bes
 MIN_LEASE_TTL_S = 2           # etcd refuses shorter leases (about 1.5 x its election timeout)
 MAX_LEASE_TTL_S = 60
 SESSION_BACKOFF_S = (0.1, 2.0)
+WATCH_BACKOFF_S = (0.1, 1.0)  # a cut leader watch is opened again after this (doubling)
 
 
 def fence_margin_s(ttl_s: float) -> float:
@@ -342,8 +343,37 @@ class LeaderElection:
         return int(response.TTL)
 
     async def _watch_leader(self, client: Any) -> None:
-        async for _response in client.watch.watch(self.target.leader_key):
-            self._changed.set()
+        """Set `_changed` at every change of the leader key, until cancelled (the session's
+        end); a stream etcd cut is opened again after WATCH_BACKOFF_S.
+
+        A watch stream of our own, written to, not etcd3aio's `watch`: that one feeds its
+        request from a generator that then waits forever, which grpc.aio runs in a task it
+        cancels only while the call still runs. Every stream etcd cut (an outage, a restart)
+        left such a task behind, destroyed pending when the session ended and logged as
+        asyncio ERRORs ("Task was destroyed but it is pending", "aclose(): asynchronous
+        generator is already running"). The campaign re-reads the key every
+        RECHECK_INTERVAL_S anyway, so a watch that is down delays nothing by more."""
+        import grpc.aio
+        from etcd3aio._protobuf import WatchCreateRequest, WatchRequest
+
+        watch = client.watch
+        request = WatchRequest(create_request=WatchCreateRequest(
+            key=self.target.leader_key.encode()))
+        backoff_s = WATCH_BACKOFF_S[0]
+        while True:
+            call = watch._stub.Watch(metadata=watch._metadata or None)
+            try:
+                await call.write(request)
+                while (response := await call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
+                    if response.events:
+                        self._changed.set()
+                    backoff_s = WATCH_BACKOFF_S[0]
+            except Exception as exc:  # noqa: BLE001 - etcd away: the session's keep-alive decides
+                log.debug("leader watch ended (%s); watching again", _describe(exc))
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, WATCH_BACKOFF_S[1])
 
     def _see_leader(self, raw: bytes) -> None:
         try:
