@@ -81,7 +81,7 @@ def tls_setting() -> Any:
     """The `http_tls` field (master and node)."""
     return setting(False, "serve the HTTP port over TLS with this process's tls_cert_file and "
                    "tls_key_file (callers then name it https://HOST:PORT and verify it against "
-                   "$CELLAR_TLS_CA)")
+                   "$CELLAR_TLS_CA or the CA of the credentials file naming it)")
 
 
 def check_limits(max_connections: int, max_connections_per_peer: int,

@@ -27,7 +27,6 @@ from cellar.units import format_size, parse_duration_s
 DEFAULT_MASTER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = 10.0
 HTTP_PROBE_TIMEOUT_S = 2.0        # one master's /api/v1/status, for `cellar status`
-MAX_STATUS_BYTES = 16 << 20
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -180,7 +179,7 @@ def fetch_http_status(http: str, timeout_s: float) -> dict[str, Any] | None:
     if not http:
         return None
     try:
-        body = fetch_json(http, "/api/v1/status", timeout_s=timeout_s, max_bytes=MAX_STATUS_BYTES)
+        body = fetch_json(http, "/api/v1/status", timeout_s=timeout_s)  # http_fetch's bound
     except (OSError, ValueError, urllib.error.URLError):
         return None
     return body if isinstance(body, dict) else None

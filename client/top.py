@@ -20,7 +20,7 @@ import time
 import urllib.error
 from typing import Any
 
-from cellar.client.cli import MAX_STATUS_BYTES, format_table
+from cellar.client.cli import format_table
 from cellar.http_fetch import base_url, fetch_json
 from cellar.proto.tiers import moves_text
 from cellar.units import format_size, parse_duration_s
@@ -42,7 +42,7 @@ def bar(used: int, total: int, width: int = BAR_CHARS) -> str:
 
 
 def _get_json(http: str, path: str) -> Any:
-    return fetch_json(http, path, timeout_s=HTTP_TIMEOUT_S, max_bytes=MAX_STATUS_BYTES)
+    return fetch_json(http, path, timeout_s=HTTP_TIMEOUT_S)  # at most http_fetch.MAX_REPLY_BYTES
 
 
 def fetch_view(http: str) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:

@@ -343,8 +343,10 @@ class LeaderElection:
         return int(response.TTL)
 
     async def _watch_leader(self, client: Any) -> None:
-        """Set `_changed` at every change of the leader key, until cancelled (the session's
-        end); a stream etcd cut is opened again after WATCH_BACKOFF_S.
+        """Set `_changed` at every answer of the leader key's watch (its creation too, so the
+        campaign reads the key again after each stream opened: a change between two streams is
+        not lost), until cancelled (the session's end); a stream etcd cut is opened again after
+        WATCH_BACKOFF_S.
 
         A watch stream of our own, written to, not etcd3aio's `watch`: that one feeds its
         request from a generator that then waits forever, which grpc.aio runs in a task it
@@ -364,9 +366,8 @@ class LeaderElection:
             call = watch._stub.Watch(metadata=watch._metadata or None)
             try:
                 await call.write(request)
-                while (response := await call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
-                    if response.events:
-                        self._changed.set()
+                while await call.read() is not grpc.aio.EOF:  # type: ignore[attr-defined]
+                    self._changed.set()
                     backoff_s = WATCH_BACKOFF_S[0]
             except Exception as exc:  # noqa: BLE001 - etcd away: the session's keep-alive decides
                 log.debug("leader watch ended (%s); watching again", _describe(exc))

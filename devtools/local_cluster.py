@@ -94,7 +94,7 @@ from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-
 )
 from cellar.devtools.etcd_server import EtcdServer
 from cellar.devtools.ports import free_port
-from cellar.http_fetch import base_url, fetch_json
+from cellar.http_fetch import advertised, base_url, fetch_json
 from cellar.tls import TlsFiles, make_dev_pki
 from cellar.tokens import KIND_ADMIN, KIND_TENANT, TokenStore
 from cellar.units import parse_size_bytes
@@ -222,6 +222,12 @@ class LocalCluster:
         if self.master is None or not self.master.http:
             raise ClusterError("the cluster is not started")
         return base_url(self.master.http)
+
+    @property
+    def master_http(self) -> str:
+        """The single master's HTTP address from its fixed port (https:// with tls): the same
+        across its restarts, and known while it is down, unlike `http_url`."""
+        return advertised(self.host, self.http_port, self.tls is not None)
 
     @property
     def http_ca(self) -> str | None:

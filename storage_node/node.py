@@ -44,7 +44,6 @@ from cellar.storage_node.rdma import NodeRdma
 from cellar.storage_node.rdma import attach as attach_rdma
 from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
-from cellar.tls import server_context as http_server_context
 from cellar.transfer.tcp_server import TcpDataServer
 from cellar.transfer.tls_sock import server_context, tls_endpoint
 from cellar.units import format_size
@@ -139,7 +138,8 @@ class StorageNode:
         self.rdma = attach_rdma(self.segments, self.access, self.control)
 
     def _tls_context(self) -> ssl.SSLContext | None:
-        """The data port's TLS context when the node has a certificate (tls_sock)."""
+        """The data port's TLS context when the node has a certificate (tls_sock); the HTTP
+        port's too with http_tls."""
         cfg = self.cfg
         if not cfg.tls_cert_file:
             return None
@@ -185,9 +185,9 @@ class StorageNode:
                                  header_timeout_s=self.cfg.http_header_timeout_s,
                                  refusal_log_interval_s=self.cfg.refusal_log_interval_s)
             registry.register(self.http.collector("node"))
-            tls = http_server_context(self.cfg.tls_cert_file, self.cfg.tls_key_file) \
-                if self.cfg.http_tls else None  # the data port's certificate
-            port = await self.http.start(host, port, tls)
+            # the data port's certificate and context (http_tls needs tls_cert_file)
+            port = await self.http.start(host, port,
+                                         self._tls_context() if self.cfg.http_tls else None)
             self.http_address = advertised(host, port, self.cfg.http_tls)
         task = asyncio.create_task(control.run(stop), name="cellar-node-control")
         freezer = asyncio.create_task(_freeze_heap_every(HEAP_FREEZE_INTERVAL_S),

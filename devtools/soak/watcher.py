@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from cellar.devtools.soak.settings import HTTP_TIMEOUT_S, WATCH_INTERVAL_S
-from cellar.http_fetch import advertised, fetch
+from cellar.http_fetch import fetch
 from cellar.proto.tiers import MOVE_COUNTERS
 
 DISK_COUNTERS = ("hits", *MOVE_COUNTERS)  # the disk row's counters the report sums
@@ -83,7 +83,7 @@ class Watcher(threading.Thread):
     def leader_status(self) -> tuple[str, dict[str, Any]] | None:
         """(HTTP address, /api/v1/status) of the master serving as leader, or None."""
         if not self.cluster.ha:
-            http = advertised("127.0.0.1", self.cluster.http_port, self.cluster.tls is not None)
+            http = self.cluster.master_http
             return http, json.loads(self._get_from(http, "/api/v1/status"))
         candidates = [self._leader_http] if self._leader_http else []
         candidates += [m.http for m in list(self.cluster.masters)

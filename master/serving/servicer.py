@@ -400,9 +400,9 @@ class MasterServicer:
         leadership = self.leadership
         serving = leadership.serving
         gated = name != "ClusterStatus"
-        # A node's call acknowledges nothing to a client: the bounds it queued (the dead writes
-        # of puts its lost ranges held, a moved or lost version) go to the removal log behind
-        # its reply. Waiting for them, a heartbeat hung as long as etcd did (SIGSTOPped for
+        # A node's call acknowledges nothing to a client: the bounds it takes (most often the
+        # dead writes the ticker queued for puts it timed out, which whoever asks next takes)
+        # go to the removal log behind its reply. Waiting for them, a heartbeat hung as long as etcd did (SIGSTOPped for
         # 1-2 s in `cellar soak --ha`), its node took the timeout for a lost master and went
         # to etcd for the leader, and the leader found its nodes SUSPECT and refused puts for
         # want of live nodes. Its ranges stay held until the write succeeds (make_durable),

@@ -29,7 +29,7 @@ import pytest
 import cellar
 from cellar.client.session_state import grant_from_replica
 from cellar.devtools.local_cluster import LocalCluster
-from cellar.http_fetch import advertised, fetch_json
+from cellar.http_fetch import fetch_json
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.proto.grant import GRANT_OP_WRITE, Grant
@@ -64,9 +64,8 @@ class FaultCluster(LocalCluster):
     def check_master_invariants(self) -> None:
         """The master's full O(n) table check (GET /api/v1/invariants, cellar.master.state.audit);
         the fixture runs it after every passing test whose master is still up."""
-        http = advertised(self.host, self.http_port, self.tls is not None)
         try:
-            body = fetch_json(http, "/api/v1/invariants", timeout_s=10, ca_file=self.http_ca,
+            body = fetch_json(self.master_http, "/api/v1/invariants", timeout_s=10, ca_file=self.http_ca,
                               headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"})
         except urllib.error.HTTPError as exc:
             body = json.loads(exc.read() or b"{}")

@@ -21,7 +21,7 @@ def metrics(copies: int, failures: int, under: int, evicted: int = 0) -> str:
 
 
 def answering(epoch: int, text: str) -> Watcher:
-    watcher = Watcher(SimpleNamespace(ha=False, http_port=1, tls=None, http_ca=None))
+    watcher = Watcher(SimpleNamespace(ha=False, master_http="127.0.0.1:1", http_ca=None))
     status = {"role": "single", "epoch": epoch, "used": 1, "capacity": 4, "segments": []}
     watcher._get_from = lambda http, path: (  # type: ignore[method-assign]
         json.dumps(status).encode() if path == "/api/v1/status" else text.encode())
