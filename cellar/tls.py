@@ -60,10 +60,12 @@ class TlsFiles:
         return directory / f"client-{node_id}.pem", directory / f"client-{node_id}.key"
 
 
-def make_dev_pki(directory: Path, hosts: list[str], node_ids: Sequence[str] = ()) -> TlsFiles:
-    """A new CA, a master and a node certificate for `hosts` (IPs or names), and a client
-    certificate `node:<id>` for each of `node_ids`; PEM files under `directory` (keys 0600).
-    For local and test clusters: the CA key is thrown away."""
+def make_dev_pki(directory: Path, hosts: list[str], node_ids: Sequence[str] = (), *,
+                 loopback: bool = True) -> TlsFiles:
+    """A new CA, a master and a node certificate for `hosts` (IPs or names; with `loopback`,
+    127.0.0.1 and localhost too), and a client certificate `node:<id>` for each of `node_ids`;
+    PEM files under `directory` (keys 0600). For local and test clusters: the CA key is thrown
+    away."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -79,7 +81,7 @@ def make_dev_pki(directory: Path, hosts: list[str], node_ids: Sequence[str] = ()
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
     names: list[x509.GeneralName] = []
-    for host in dict.fromkeys([*hosts, "127.0.0.1", "localhost"]):
+    for host in dict.fromkeys([*hosts, *(("127.0.0.1", "localhost") if loopback else ())]):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:

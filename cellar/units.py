@@ -48,6 +48,11 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
+# Hosts that listen on every interface: an address to bind, never one to give others (a
+# server listening on one names itself by its advertised host instead)
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
+
+
 def parse_host_port(text: str, *, default_host: str = "127.0.0.1") -> tuple[str, int]:
     """'127.0.0.1:50051' -> ('127.0.0.1', 50051); ':50051' uses default_host; '[::1]:1' works."""
     host, sep, port = text.rpartition(":")

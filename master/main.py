@@ -43,7 +43,7 @@ from cellar.master.serving.servicer import MasterServicer
 from cellar.secret import load_cluster_secret
 from cellar.tls import read_pem, server_context
 from cellar.tokens import DEFAULT_TOKENS_PATH, TokenStore, ensure_private
-from cellar.units import parse_host_port
+from cellar.units import WILDCARD_HOSTS, parse_host_port
 
 if TYPE_CHECKING:
     from cellar.coord.election import LeaderElection
@@ -184,7 +184,9 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     except OSError as exc:
         print(f"cellar master: cannot serve HTTP on {config.http}: {exc.strerror}", file=sys.stderr)
         return 1
-    http_named = advertised(http_host, http_bound, config.http_tls)  # https://... with TLS
+    # https://... with TLS; a wildcard listen is named by the advertised host (etcd's record
+    # sends callers there, and a certificate covers that name, not 0.0.0.0)
+    http_named = advertised(_named_host(http_host, config.advertise), http_bound, config.http_tls)
     await server.start()
     fast = FastRpcServer(servicer, limit, max_connections_per_peer=config.max_connections_per_peer,
                          idle_timeout_s=config.idle_timeout_s,
@@ -232,13 +234,21 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     return 0
 
 
+def _named_host(listen_host: str, advertise: str) -> str:
+    """The host others reach a port listening on `listen_host` by: the advertised address's
+    host when the listen host is a wildcard and one is advertised, else the listen host."""
+    if listen_host in WILDCARD_HOSTS and advertise:
+        return parse_host_port(advertise)[0]
+    return listen_host
+
+
 def _election(config: MasterConfig, leadership: Leadership, bound: str, http: str) -> LeaderElection:
     """Wire the etcd election to the leadership (cellar.coord.election, master/serving/leadership.py)."""
     from cellar.coord.election import LeaderElection
     from cellar.coord.target import EtcdTarget, LeaderRecord, parse_endpoints
 
     address = config.advertise or bound
-    if parse_host_port(address)[0] in ("0.0.0.0", "::", "[::]", ""):
+    if parse_host_port(address)[0] in WILDCARD_HOSTS:
         log.warning("advertising %s, which others cannot reach: set --advertise", address)
     leadership.master_id = config.master_id or address
     election = LeaderElection(

@@ -20,7 +20,7 @@ from cellar.coord.target import is_etcd_url, parse_etcd_url
 from cellar.errors import InvalidArgument
 from cellar.transfer.base import local_host_id
 from cellar.transfer.spin_wait import MAX_SPIN_US
-from cellar.units import parse_host_port
+from cellar.units import WILDCARD_HOSTS, parse_host_port
 
 ENV_PREFIX = "CELLAR_NODE_"
 DEFAULT_DATA_SPIN_US = 300  # as the SDK's CELLAR_SPIN_US (make bench-spin, docs/sdk.md)
@@ -255,6 +255,6 @@ class NodeConfig:
         """The host part of the tcp endpoint the node mounts with."""
         if self.advertise_host:
             return self.advertise_host
-        if listen_host in ("0.0.0.0", "::", ""):
+        if listen_host in WILDCARD_HOSTS:
             return socket.gethostname()
         return listen_host

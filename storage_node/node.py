@@ -46,7 +46,7 @@ from cellar.storage_node.segment import Segment
 from cellar.storage_node.verifier import Verifier
 from cellar.transfer.tcp_server import TcpDataServer
 from cellar.transfer.tls_sock import server_context, tls_endpoint
-from cellar.units import format_size
+from cellar.units import WILDCARD_HOSTS, format_size
 
 log = logging.getLogger("cellar.node")
 
@@ -188,7 +188,10 @@ class StorageNode:
             # the data port's certificate and context (http_tls needs tls_cert_file)
             port = await self.http.start(host, port,
                                          self._tls_context() if self.cfg.http_tls else None)
-            self.http_address = advertised(host, port, self.cfg.http_tls)
+            # a wildcard listen is named by the advertised host (the data port's), which
+            # others reach and a TLS certificate covers
+            named = self.cfg.advertised_host(host) if host in WILDCARD_HOSTS else host
+            self.http_address = advertised(named, port, self.cfg.http_tls)
         task = asyncio.create_task(control.run(stop), name="cellar-node-control")
         freezer = asyncio.create_task(_freeze_heap_every(HEAP_FREEZE_INTERVAL_S),
                                       name="cellar-node-gc-freeze")

@@ -1,9 +1,12 @@
 """deploy/helm/cellar: rendered with the Helm v4 SDK for Python (helm-python-sdk, no helm binary),
 linted, every manifest validated offline against the Kubernetes schemas (kubernetes-validate),
-for the default values, deploy/helm/values-ha-hugepages.yaml (a disk tier on a PVC) and
-deploy/helm/values-disk-hostpath.yaml (a disk tier on a hostPath); then the masters' and
-nodes' container args (with their env, $(VAR) expanded as the kubelet does) run through
-`cellar master|node --print-config` for real, so every flag the chart passes exists.
+for the default values, deploy/helm/values-ha-hugepages.yaml (a disk tier on a PVC),
+deploy/helm/values-disk-hostpath.yaml (a disk tier on a hostPath) and deploy/helm/values-tls.yaml
+(every port over TLS); then the masters' and nodes' container args (with their env, $(VAR)
+expanded as the kubelet does) run through `cellar master|node --print-config` for real, so every
+flag the chart passes exists. With TLS, a certificate of exactly the names the chart's
+Certificate asks for is handshaken, as Cellar's callers verify it, against every address they
+are given (test_the_certificate_covers_every_address_callers_verify).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from deploykit import DEPLOY, print_config
 CHART = DEPLOY / "helm" / "cellar"
 K8S_VERSION = "1.31.0"
 VALUE_SETS = {"default": None, "ha-hugepages": DEPLOY / "helm" / "values-ha-hugepages.yaml",
-              "disk-hostpath": DEPLOY / "helm" / "values-disk-hostpath.yaml"}
-FAKE_FIELDS = {"metadata.name": "cellar-node-0", "metadata.namespace": "kv",
-               "status.podIP": "10.1.2.3"}
+              "disk-hostpath": DEPLOY / "helm" / "values-disk-hostpath.yaml",
+              "tls": DEPLOY / "helm" / "values-tls.yaml"}
+CUSTOM_API_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")  # CRDs: no upstream schema
 
 
 def values_of(name: str) -> dict[str, Any] | None:
@@ -79,18 +82,19 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(rendered: tuple
     name, docs = rendered
     custom = []
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            custom.append(doc)  # CRDs: no upstream schema; checked in the test below
+        if doc["apiVersion"].startswith(CUSTOM_API_GROUPS):
+            custom.append(doc)  # CRDs: no upstream schema; checked in the tests below
             continue
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-    assert {d["kind"] for d in docs} >= {"Deployment", "StatefulSet", "Service", "Secret",
+    assert {d["kind"] for d in docs} >= {"StatefulSet", "Service", "Secret",
                                          "PodDisruptionBudget"} - ({"Secret"} if name != "default" else set())
-    assert bool(custom) == (name == "ha-hugepages")
+    assert {d["kind"] for d in custom} == {"ha-hugepages": {"ServiceMonitor", "PrometheusRule"},
+                                           "tls": {"ServiceMonitor", "Certificate"}}.get(name, set())
 
 
 def test_validation_can_fail() -> None:
     """A manifest with a wrong field type is refused (the check above is not vacuous)."""
-    doc = one(render("default"), "Deployment", "-master")
+    doc = one(render("default"), "StatefulSet", "-master")
     doc["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -110,10 +114,34 @@ def test_prometheus_rule_is_deploy_prometheus_rules_yml(rendered: tuple[str, lis
         assert not found
 
 
+def test_the_service_monitor_scrapes_each_pod_once_over_the_ports_scheme(
+        rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """It selects the masters' and nodes' Services, not the masters' headless one (which names
+    the same pods); with TLS it scrapes https, verified against the chart's CA."""
+    name, docs = rendered
+    monitors = kind(docs, "ServiceMonitor")
+    if not monitors:
+        return
+    (monitor,) = monitors
+    selector = monitor["spec"]["selector"]
+    selected = [d["metadata"]["name"] for d in kind(docs, "Service")
+                if all(d["metadata"]["labels"].get(k) == v
+                       for k, v in selector["matchLabels"].items())
+                and all(d["metadata"]["labels"].get(e["key"]) in e["values"]
+                        for e in selector["matchExpressions"])]
+    assert sorted(selected) == ["cellar-master", "cellar-node"]
+    endpoint = monitor["spec"]["endpoints"][0]
+    if name == "tls":
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "cellar-tls", "key": "ca.crt"}
+    else:
+        assert "scheme" not in endpoint and "tlsConfig" not in endpoint
+
+
 def test_masters_shape(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     values = values_of(name) or {}
-    deploy = one(docs, "Deployment", "-master")
+    deploy = one(docs, "StatefulSet", "-master")
     want = values.get("master", {}).get("replicas", 2)
     assert deploy["spec"]["replicas"] == want >= 2
     anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
@@ -121,6 +149,9 @@ def test_masters_shape(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     assert ("requiredDuringSchedulingIgnoredDuringExecution" in anti) == hard
     service = one(docs, "Service", "-master")
     assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "fast", "http"}
+    pods = one(docs, "Service", "-master-pods")  # one DNS name per master: what each advertises
+    assert pods["spec"]["clusterIP"] == "None" and pods["spec"]["publishNotReadyAddresses"]
+    assert deploy["spec"]["serviceName"] == pods["metadata"]["name"]
     pdb = one(docs, "PodDisruptionBudget", "-master")
     assert pdb["spec"]["minAvailable"] >= 1
     # the etcd subchart runs only when no external etcd is named
@@ -157,52 +188,89 @@ def test_nodes_shape_and_resources_match_the_segment(rendered: tuple[str, list[d
 
 
 def test_every_cellar_container_probes_health(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    _, docs = rendered
+    name, docs = rendered
     for doc in kind(docs, "Deployment") + kind(docs, "StatefulSet"):
         for container in doc["spec"]["template"]["spec"]["containers"]:
             if container["name"] == "etcd":
                 continue
             for probe in ("livenessProbe", "readinessProbe"):
-                assert container[probe]["httpGet"]["path"] == "/health", (doc["metadata"]["name"], probe)
+                get = container[probe]["httpGet"]
+                assert get["path"] == "/health", (doc["metadata"]["name"], probe)
+                assert get["scheme"] == ("HTTPS" if name == "tls" else "HTTP")
 
 
-def _kubelet_args(container: dict[str, Any], tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+def _kubelet_args(container: dict[str, Any], tmp_path: Path,
+                  pod: str) -> tuple[list[str], dict[str, str]]:
     """The container's args as the kubelet runs them: $(VAR) expanded from its env (fieldRefs
-    given fake pod values), volume mount points made under tmp_path."""
+    given the values of pod `pod` in namespace kv), volume mount points made under tmp_path."""
+    fields = {"metadata.name": pod, "metadata.namespace": "kv", "status.podIP": "10.1.2.3"}
     env = {}
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = item["value"]
-        else:
-            env[item["name"]] = FAKE_FIELDS[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        elif "fieldRef" in item["valueFrom"]:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:  # a Secret's key (the drain's admin token)
+            env[item["name"]] = "from-a-secret"
     mounts = {}
     for mount in container.get("volumeMounts", []):
         mounts[mount["mountPath"]] = str(tmp_path / mount["mountPath"].lstrip("/"))
         Path(mounts[mount["mountPath"]]).mkdir(parents=True, exist_ok=True)
+        if mount["name"] == "tls":  # the kubernetes.io/tls Secret's files, as projected
+            _project_tls_secret(Path(mounts[mount["mountPath"]]))
+
+    def local(path: str) -> str:  # a path inside a mount, as this test laid the mount out
+        for point, there in mounts.items():
+            if path == point or path.startswith(point + "/"):
+                return there + path[len(point):]
+        return path
+
     args = []
     for arg in container["args"]:
         arg = re.sub(r"\$\(([A-Z_]+)\)", lambda m: env[m.group(1)], arg)
-        args.append(mounts.get(arg, arg))
-    return args, {k: v for k, v in env.items() if k.startswith("CELLAR_") and k != "CELLAR_HEALTH_URL"}
+        args.append(local(arg))
+    return args, {k: local(v) for k, v in env.items()
+                  if k.startswith("CELLAR_") and k != "CELLAR_HEALTH_URL"}
+
+
+def _project_tls_secret(directory: Path) -> None:
+    """tls.crt, tls.key and ca.crt in `directory`, as the chart's TLS Secret mounts them."""
+    from cellar.tls import make_dev_pki
+
+    pki = make_dev_pki(directory / "made", ["cellar-master"])
+    for name, source in (("tls.crt", pki.cert_file), ("tls.key", pki.key_file),
+                         ("ca.crt", pki.ca_file)):
+        (directory / name).write_bytes(source.read_bytes())
 
 
 def test_rendered_container_args_parse_with_cellar_print_config(
         rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     name, docs = rendered
-    master = one(docs, "Deployment", "-master")["spec"]["template"]["spec"]["containers"][0]
-    args, env = _kubelet_args(master, tmp_path / "master")
+    tls = name == "tls"
+    master = one(docs, "StatefulSet", "-master")["spec"]["template"]["spec"]["containers"][0]
+    args, env = _kubelet_args(master, tmp_path / "master", "cellar-master-0")
     assert args[0] == "master"
     settings = print_config(args, env)
-    assert settings["advertise"] == "10.1.2.3:50051" and settings["fast_port"] == "50052"
+    assert settings["advertise"] == "cellar-master-0.cellar-master-pods.kv.svc:50051"
+    assert settings["fast_port"] == "50052"
+    tls_dir = str(tmp_path / "master" / "etc/cellar/tls")
+    assert settings["tls_cert_file"] == (f"{tls_dir}/tls.crt" if tls else "")
+    assert settings["http_tls"] == str(tls)
+    assert env.get("CELLAR_TLS_CA") == (f"{tls_dir}/ca.crt" if tls else None)
     assert settings["etcd"] == (values_of(name) or {}).get("etcd", {}).get("endpoints", "cellar-etcd.kv.svc:2379")
     tokens_secret = (values_of(name) or {}).get("tokens", {}).get("existingSecret")
-    assert (env.get("CELLAR_MASTER_TOKENS_FILE") == "/etc/cellar/tokens/tokens.json") == bool(tokens_secret)
+    assert (env.get("CELLAR_MASTER_TOKENS_FILE", "").endswith("/etc/cellar/tokens/tokens.json")
+            == bool(tokens_secret))
     if "tokens_file" in settings:  # the authentication work (tokens) is in this tree
         assert settings["tokens_file"] == env.get("CELLAR_MASTER_TOKENS_FILE", "")
     node = one(docs, "StatefulSet", "-node")["spec"]["template"]["spec"]["containers"][0]
-    args, env = _kubelet_args(node, tmp_path / "node")
+    args, env = _kubelet_args(node, tmp_path / "node", "cellar-node-0")
     assert args[0] == "node"
     settings = print_config(args, env)
+    tls_dir = str(tmp_path / "node" / "etc/cellar/tls")
+    assert settings["tls_key_file"] == (f"{tls_dir}/tls.key" if tls else "")
+    assert settings["http_tls"] == str(tls)
+    assert env.get("CELLAR_TLS_CA") == (f"{tls_dir}/ca.crt" if tls else None)
     assert settings["node_id"] == "cellar-node-0"
     assert settings["advertise_host"] == "cellar-node-0.cellar-node.kv.svc"
     assert settings["master"].startswith("etcd://") and settings["master"].endswith("/cellar")
@@ -263,7 +331,7 @@ def test_the_disk_tier_volume_is_a_pvc_or_a_hostpath_or_absent(name: str) -> Non
     args = spec["containers"][0]["args"]
     disk_volumes = [v for v in spec["volumes"] if v["name"] == "disk"]
     claims = [c["metadata"]["name"] for c in nodes["spec"].get("volumeClaimTemplates", [])]
-    if name == "default":
+    if not (values_of(name) or {}).get("node", {}).get("disk", {}).get("sizeMiB"):
         assert "--disk-dir" not in args and not disk_volumes and not claims
         return
     assert args[args.index("--disk-dir") + 1] == "/disk"
@@ -274,3 +342,79 @@ def test_the_disk_tier_volume_is_a_pvc_or_a_hostpath_or_absent(name: str) -> Non
         assert disk_volumes[0]["hostPath"]["path"] == "/var/lib/cellar" and not claims
     else:
         assert claims == ["disk"] and not disk_volumes
+
+
+def _handshake(pki: Any, server_name: str) -> None:
+    """A TLS handshake on loopback with the chart-shaped certificate, verified by Cellar's own
+    client context against `server_name` (ssl.SSLCertVerificationError if not covered)."""
+    import socket
+    import threading
+
+    from cellar.tls import client_context, server_context
+
+    server = server_context(str(pki.cert_file), str(pki.key_file))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def serve() -> None:
+            conn, _ = listener.accept()
+            try:
+                with server.wrap_socket(conn, server_side=True):
+                    pass
+            except OSError:  # the client refused the certificate
+                pass
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        raw = socket.create_connection(listener.getsockname(), timeout=10)
+        try:
+            client_context(str(pki.ca_file)).wrap_socket(raw, server_hostname=server_name).close()
+        finally:
+            raw.close()
+            thread.join(timeout=10)
+
+
+def test_the_certificate_covers_every_address_callers_verify(tmp_path: Path) -> None:
+    """Every address a caller of a TLS install is given, read from the rendered manifests (the
+    masters' and nodes' advertised hosts as `--print-config` resolves them, the Service clients
+    and the preStop drain use, the ServiceMonitor's serverName), handshakes against a
+    certificate of exactly the Certificate's dnsNames, and so does the status page's address
+    NOTES.txt gives for a port-forward; a pod IP (what masters advertised before they were a
+    StatefulSet) does not."""
+    import ssl
+
+    from cellar.tls import make_dev_pki
+
+    values = {**values_of("tls"), "node": {"drain": {"adminTokenSecret": "cellar-admin"}}}
+    out = helm.Chart.load(str(CHART)).render(values, name="cellar", namespace="kv", is_install=True)
+    docs = [d for t, text in out.items() if not t.endswith("NOTES.txt")
+            for d in yaml.safe_load_all(text) if d]
+    notes = next(text for t, text in out.items() if t.endswith("NOTES.txt"))
+    certificate = one(docs, "Certificate", "-tls")
+    assert certificate["spec"]["secretName"] == "cellar-tls"
+    pki = make_dev_pki(tmp_path / "pki", certificate["spec"]["dnsNames"], loopback=False)
+
+    addresses = {}
+    master = one(docs, "StatefulSet", "-master")["spec"]["template"]["spec"]["containers"][0]
+    for pod in ("cellar-master-0", "cellar-master-2"):
+        args, env = _kubelet_args(master, tmp_path / pod, pod)
+        addresses[f"{pod} advertised"] = print_config(args, env)["advertise"].rpartition(":")[0]
+    node = one(docs, "StatefulSet", "-node")["spec"]["template"]["spec"]["containers"][0]
+    args, env = _kubelet_args(node, tmp_path / "node", "cellar-node-5")
+    addresses["cellar-node-5 advertised"] = print_config(args, env)["advertise_host"]
+    script = node["lifecycle"]["preStop"]["exec"]["command"][2]
+    drain = re.search(r"--http (\S+)", script).group(1)
+    assert drain.startswith("https://")
+    addresses["preStop drain"] = drain.removeprefix("https://").rpartition(":")[0]
+    addresses["ServiceMonitor"] = one(docs, "ServiceMonitor", "cellar")["spec"]["endpoints"][0][
+        "tlsConfig"]["serverName"]
+    service = one(docs, "Service", "-master")["metadata"]["name"]
+    addresses["clients in the namespace"] = service
+    addresses["clients elsewhere"] = f"{service}.kv.svc"
+    addresses["NOTES.txt's port-forward"] = re.search(r"open https://([^:/]+):", notes).group(1)
+    assert addresses["cellar-master-2 advertised"] == "cellar-master-2.cellar-master-pods.kv.svc"
+    for who, host in addresses.items():
+        try:
+            _handshake(pki, host)
+        except ssl.SSLCertVerificationError as exc:
+            pytest.fail(f"the certificate does not cover {who}'s address {host}: {exc}")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(pki, "10.1.2.3")

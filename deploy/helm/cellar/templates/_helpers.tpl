@@ -41,3 +41,34 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "cellar.masterUrl" -}}
 etcd://{{ include "cellar.etcdEndpoints" . }}/{{ .Values.clusterName }}
 {{- end -}}
+
+{{/* the masters' headless Service: one DNS name per master pod (the address each advertises) */}}
+{{- define "cellar.masterPods" -}}
+{{- printf "%s-master-pods" (include "cellar.fullname" .) -}}
+{{- end -}}
+
+{{/* the Secret (kubernetes.io/tls: tls.crt, tls.key, ca.crt) every port's TLS comes from */}}
+{{- define "cellar.tlsSecretName" -}}
+{{- if .Values.tls.secretName -}}
+{{- .Values.tls.secretName -}}
+{{- else if .Values.tls.certManager.issuerName -}}
+{{- printf "%s-tls" (include "cellar.fullname" .) -}}
+{{- else -}}
+{{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret with ca.crt) or tls.certManager.issuerName" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* every name a client, node, probe or scraper verifies the certificate against: the masters'
+Service (short, namespaced, cluster-qualified), each master pod and each node pod (wildcards
+of the headless Services: the addresses they advertise), and localhost (an operator's
+`kubectl port-forward` to the status page, as NOTES.txt shows it) */}}
+{{- define "cellar.tlsDnsNames" -}}
+{{- $full := include "cellar.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+- {{ $full }}-master
+- {{ $full }}-master.{{ $ns }}.svc
+- {{ $full }}-master.{{ $ns }}.svc.cluster.local
+- "*.{{ include "cellar.masterPods" . }}.{{ $ns }}.svc"
+- "*.{{ $full }}-node.{{ $ns }}.svc"
+- localhost
+{{- end -}}
