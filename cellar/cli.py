@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "get": ("cellar.client.cli", "get_main", "fetch a key's bytes to a file or stdout"),
     "rm": ("cellar.client.cli", "rm_main", "remove a key"),
     "token": ("cellar.devtools.token_cli", "main", "create, list or revoke the cluster's bearer tokens"),
+    "tls": ("cellar.devtools.tls_cli", "main", "`tls create`: a private CA and a certificate for a cluster's names"),
+    "health": ("cellar.devtools.health_cli", "main", "probe a master's or node's /health (the image's HEALTHCHECK)"),
     "bench": ("cellar.bench", "main", "run the data-plane and metadata benchmarks"),
     "soak": ("cellar.devtools.soak", "main", "random traffic under chaos (kills, stops, restarts); verify every read"),
 }

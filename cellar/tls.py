@@ -61,18 +61,18 @@ class TlsFiles:
 
 
 def make_dev_pki(directory: Path, hosts: list[str], node_ids: Sequence[str] = (), *,
-                 loopback: bool = True) -> TlsFiles:
+                 loopback: bool = True, days: int = DEV_CERT_DAYS) -> TlsFiles:
     """A new CA, a master and a node certificate for `hosts` (IPs or names; with `loopback`,
-    127.0.0.1 and localhost too), and a client certificate `node:<id>` for each of `node_ids`;
-    PEM files under `directory` (keys 0600). For local and test clusters: the CA key is thrown
-    away."""
+    127.0.0.1 and localhost too), and a client certificate `node:<id>` for each of `node_ids`,
+    valid `days`; PEM files under `directory` (keys 0600). For local and test clusters and
+    `cellar tls create`: the CA key is thrown away."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     now = datetime.datetime.now(datetime.timezone.utc)
-    not_after = now + datetime.timedelta(days=DEV_CERT_DAYS)
+    not_after = now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cellar dev CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)

@@ -7,7 +7,9 @@ Owns what a developer or an operator runs around a cluster rather than inside it
 - `children`: one child process (`Child`), starting it, waiting for its ready line, stopping it;
 - `etcd_server`: the throwaway single-member etcd of `cellar up --ha` and the HA tests;
 - `ports`: free ports for the children, chosen below the kernel's ephemeral range;
-- `up`: `cellar up`; `token_cli`: `cellar token`;
+- `up`: `cellar up`; `token_cli`: `cellar token`; `drain_cli`: `cellar node drain`;
+  `tls_cli`: `cellar tls create` (a private CA and a certificate for compose and trials);
+  `health_cli`: `cellar health` (the image's HEALTHCHECK, over https when its server serves it);
 - `page_cache`: what of a file is in the page cache, and dropping it (cold reads for
   `make bench-disk` and the shm readahead test);
 - `soak/`: `cellar soak`, random traffic under chaos verified read by read, one module per part:

@@ -20,8 +20,8 @@ up), on success and on failure alike.
   Prometheus images (tests/deploy/compose/service.Dockerfile, the programs of Debian's
   etcd-server and prometheus packages on the same base).
 - `Compose`: `docker-compose -p cellar-ci -f compose.yaml -f compose.loopback.yaml -f
-  compose.ci.yaml` (Debian's docker-compose 1.29, or `docker compose` v2 where that is what exists
-  or CELLAR_COMPOSE_CLI asks for).
+  compose.ci.yaml` and any further files (compose.tls.yaml) (Debian's docker-compose 1.29, or
+  `docker compose` v2 where that is what exists or CELLAR_COMPOSE_CLI asks for).
 """
 
 from __future__ import annotations
@@ -269,11 +269,13 @@ def compose_cli() -> list[str]:
 class Compose:
     """The cluster's compose command line; `down()` removes its containers, volumes and network."""
 
-    def __init__(self, engine: Engine, variables: dict[str, str]) -> None:
+    def __init__(self, engine: Engine, variables: dict[str, str],
+                 extra_files: tuple[Path, ...] = ()) -> None:
         self.engine = engine
+        self.variables = dict(variables)
         self.env = {**engine.env, **variables}
         self.argv = [*compose_cli(), "-p", PROJECT]
-        for path in COMPOSE_FILES:
+        for path in (*COMPOSE_FILES, *extra_files):  # extra_files: e.g. compose.tls.yaml, last
             self.argv += ["-f", str(path)]
 
     def __call__(self, *args: str, timeout_s: float = 300.0) -> str:

@@ -11,7 +11,11 @@ etcd and Prometheus images, this test's secrets), and everything is checked from
 - `docker kill` of the leader's container: the standby takes over and every object reads back;
 - `docker restart` of a node's container: its objects re-attach from its volume;
 - Prometheus's targets show both masters and the three nodes up, and a query of the Grafana
-  dashboard returns the cluster's object count.
+  dashboard returns the cluster's object count;
+- then the same cluster again with deploy/compose/compose.tls.yaml (TLS on every Cellar port,
+  a certificate from `cellar tls create`): every HEALTHCHECK turns healthy over https, the SDK
+  writes and reads back objects over TLS (the nodes advertise tls:// endpoints), plaintext HTTP
+  gets no answer, and Prometheus scrapes every master and node over https.
 Grafana itself does not run (not in Debian, no registry here). The teardown removes the
 containers, volumes and network, and stops the dockerd it started, on failure too.
 
@@ -222,7 +226,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         times["build_s"] = time.monotonic() - t
         token = write_secrets(work / "secrets")
         compose = Compose(engine, {
-            "CELLAR_VERSION": "ci", "CELLAR_CI_ETCD_IMAGE": images["etcd"],
+            "CELLAR_CI_WORK": str(work), "CELLAR_VERSION": "ci", "CELLAR_CI_ETCD_IMAGE": images["etcd"],
             "CELLAR_CI_PROMETHEUS_IMAGE": images["prometheus"],
             "CELLAR_CI_SECRETS": str(work / "secrets"), "CELLAR_SEGMENT_SIZE": SEGMENT_SIZE,
             "CELLAR_SHM_SIZE": "64m", "CELLAR_MLOCK": "false",
@@ -384,3 +388,88 @@ def per_master_now(query: str) -> dict[str, Any]:
                                 if k in (inner, "master_is_leader", "master_epoch")}
                          for name, port in MASTERS.items()},
             "prometheus": [(r["metric"].get("instance"), r["value"][1]) for r in held["data"]["result"]]}
+
+
+TLS_OBJECTS = 50
+
+
+def https_get(port: int, path: str, ca_file: str) -> str:
+    from cellar.http_fetch import fetch
+
+    return fetch(f"https://127.0.0.1:{port}", path, timeout_s=5, ca_file=ca_file).decode()
+
+
+def test_the_cluster_again_with_tls_on_every_port(cluster: Cluster) -> None:
+    """compose.tls.yaml on the same images, after the plaintext cluster went down: the
+    HEALTHCHECKs (`cellar health`) pass over https, the SDK's objects travel over TLS (the nodes
+    advertise tls:// data endpoints), plaintext HTTP gets no answer, Prometheus scrapes https."""
+    cluster.close()
+    cluster.compose.down()
+    ports_free(LOOPBACK_PORTS)
+    work = Path(cluster.compose.variables["CELLAR_CI_WORK"])
+    tls_dir = work / "tls"
+    made = subprocess.run([sys.executable, "-m", "cellar", "tls", "create", "--dir", str(tls_dir),
+                           "--readable-key", "--days", "2", "127.0.0.1"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    ca_file = str(tls_dir / "ca.crt")
+    compose = Compose(cluster.engine, {
+        **cluster.compose.variables, "CELLAR_TLS_DIR": str(tls_dir),
+        "CELLAR_PROMETHEUS_TLS_CONFIG": str(DEPLOY / "prometheus" / "prometheus-loopback-tls.yml")},
+        extra_files=(DEPLOY / "compose" / "compose.tls.yaml",))
+    start = time.monotonic()
+    try:
+        compose("up", "-d", "--no-build", *SERVICES)
+        ids = {name: compose.container(name) for name in [*MASTERS, *NODES]}
+
+        def statuses() -> dict[str, str] | None:
+            now = {name: cluster.engine.docker("inspect", "--format", "{{.State.Health.Status}}", cid)
+                   for name, cid in ids.items()}
+            assert "unhealthy" not in now.values(), now
+            return now if set(now.values()) == {"healthy"} else None
+
+        poll("every master and node healthy over https", HEALTHY_TIMEOUT_S, statuses)
+        cluster.times["tls_healthy_s"] = time.monotonic() - start
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            http_get("http://127.0.0.1:9400/health")  # the port speaks TLS only
+
+        def connected() -> Any:
+            return cellar.connect(ETCD_TARGET, tenant="default", token=cluster.token,
+                                  transport="tcp", timeout_s=30)
+
+        os.environ["CELLAR_TLS_CA"] = ca_file  # the SDK verifies the masters and nodes with it
+        try:
+            client, _ = poll("the SDK connects through etcd over TLS", 60, connected)
+            with client:
+                values = {f"tls/{i:03d}": value_of(f"tls/{i:03d}") for i in range(TLS_OBJECTS)}
+                for key, value in values.items():
+                    client.put(key, value)
+                assert all(client.get(key) == value for key, value in values.items())
+        finally:
+            del os.environ["CELLAR_TLS_CA"]
+        leader = next(name for name, port in MASTERS.items()
+                      if json.loads(https_get(port, "/api/v1/status", ca_file)).get("role") == "leader")
+        status = json.loads(https_get(MASTERS[leader], "/api/v1/status", ca_file))
+        endpoints = [e["address"] for segment in status["segments"] for e in segment["endpoints"]
+                     if e["transport"] == "tcp"]
+        assert len(endpoints) == 3 and all(e.startswith("tls://") for e in endpoints), endpoints
+        count = sum(float(line.rpartition(" ")[2]) for line in
+                    https_get(MASTERS[leader], "/metrics", ca_file).splitlines()
+                    if line.startswith("master_key_count"))
+        assert count == TLS_OBJECTS
+
+        def jobs_up() -> dict[str, int] | None:
+            targets = json.loads(http_get(f"{PROMETHEUS}/api/v1/targets"))["data"]["activeTargets"]
+            up: dict[str, int] = {}
+            for target in targets:
+                if target["health"] == "up":
+                    assert target["scrapeUrl"].startswith("https://"), target["scrapeUrl"]
+                    up[target["labels"]["job"]] = up.get(target["labels"]["job"], 0) + 1
+            return up if up.get("cellar-master") == 2 and up.get("cellar-node") == 3 else None
+
+        poll("Prometheus scrapes 2 masters and 3 nodes over https", SCRAPE_TIMEOUT_S, jobs_up)
+        cluster.times["tls_total_s"] = time.monotonic() - start
+    except ComposeError as exc:
+        pytest.fail(f"{exc}\n{compose.logs()}")
+    finally:
+        compose.down()

@@ -1,6 +1,7 @@
 """The compose files beside compose.yaml: compose.override.yaml (the published ports, read by
-default) and compose.loopback.yaml (every service on the host network, on 127.0.0.1; what
-test_compose_cluster.py runs for real), with prometheus-loopback.yml.
+default), compose.loopback.yaml (every service on the host network, on 127.0.0.1; what
+test_compose_cluster.py runs for real), with prometheus-loopback.yml, and compose.tls.yaml (TLS
+on every Cellar port), with prometheus-tls.yml and prometheus-loopback-tls.yml.
 
 Checked offline: the Compose Specification schema, the loopback addresses against each other and
 against Prometheus's targets, and Debian's docker-compose 1.29 accepting both combinations
@@ -11,15 +12,17 @@ are docs/compose.md's table; the ones a file could break silently are asserted h
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from deploykit import DEPLOY, require_tool
+from deploykit import DEPLOY, print_config, require_tool
 
 COMPOSE_DIR = DEPLOY / "compose"
 SERVICE_ADDRESS = re.compile(r"(?<![\w/.-])(etcd|master-\d|node-\d|prometheus):\d")
@@ -30,7 +33,8 @@ def load(name: str) -> dict[str, Any]:
     return yaml.safe_load((COMPOSE_DIR / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["compose.override.yaml", "compose.loopback.yaml"])
+@pytest.mark.parametrize("name", ["compose.override.yaml", "compose.loopback.yaml",
+                                  "compose.tls.yaml"])
 def test_override_files_validate_against_the_compose_spec_schema(name: str) -> None:
     validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
     errors = sorted(validator.iter_errors(load(name)), key=str)
@@ -96,8 +100,65 @@ def test_loopback_prometheus_scrapes_the_loopback_http_ports_with_the_same_jobs(
     assert targets == http
 
 
-@pytest.mark.parametrize("files", [[], ["compose.yaml", "compose.loopback.yaml"]],
-                         ids=["default", "loopback"])
+@pytest.mark.parametrize("plain, tls", [("prometheus.yml", "prometheus-tls.yml"),
+                                        ("prometheus-loopback.yml", "prometheus-loopback-tls.yml")])
+def test_tls_prometheus_configs_are_the_plain_ones_scraping_https(plain: str, tls: str) -> None:
+    """The same jobs, targets and rules; the masters' and nodes' jobs over https with the
+    cluster's CA (the compose secret compose.tls.yaml gives Prometheus)."""
+    original = yaml.safe_load((DEPLOY / "prometheus" / plain).read_text())
+    config = yaml.safe_load((DEPLOY / "prometheus" / tls).read_text())
+    assert {k: v for k, v in config.items() if k != "scrape_configs"} == \
+        {k: v for k, v in original.items() if k != "scrape_configs"}
+    for job, before in zip(config["scrape_configs"], original["scrape_configs"], strict=True):
+        cellar_port = job["job_name"] in ("cellar-master", "cellar-node")
+        https = {"scheme": "https", "tls_config": {"ca_file": "/run/secrets/tls_ca"}}
+        assert job == ({**before, **https} if cellar_port else before), job["job_name"]
+    services = load("compose.tls.yaml")["services"]
+    assert "tls_ca" in services["prometheus"]["secrets"]
+    assert services["prometheus"]["volumes"] == [
+        "${CELLAR_PROMETHEUS_TLS_CONFIG:-../prometheus/prometheus-tls.yml}:"
+        "/etc/prometheus/prometheus.yml:ro"]
+
+
+@pytest.mark.parametrize("service", ["master-0", "node-1"])
+def test_tls_override_turns_tls_on_for_every_port_of_the_process(service: str, tmp_path: Path) -> None:
+    """The merged settings of a master and a node (`docker-compose config` of compose.yaml and
+    compose.tls.yaml) run through `cellar <master|node> --print-config` with the secrets of a
+    real `cellar tls create`: certificate, key, HTTP over TLS and the CA all set."""
+    tool = require_tool("docker-compose")
+    tls_dir = tmp_path / "tls"
+    made = subprocess.run([sys.executable, "-m", "cellar", "tls", "create", "--dir", str(tls_dir),
+                           "master-0"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    proc = subprocess.run([tool, "-f", "compose.yaml", "-f", "compose.tls.yaml", "config"],
+                          cwd=COMPOSE_DIR, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CELLAR_TLS_DIR": str(tls_dir)})
+    assert proc.returncode == 0, proc.stderr
+    merged = yaml.safe_load(proc.stdout)
+    svc = merged["services"][service]
+    secrets = {entry["source"] if isinstance(entry, dict) else entry for entry in svc["secrets"]}
+    assert {"tls_cert", "tls_key", "tls_ca", "cluster_secret"} <= secrets
+    assert merged["secrets"]["tls_key"]["file"] == str(tls_dir / "tls.key")
+    files = {"/run/secrets/tls_cert": tls_dir / "tls.crt", "/run/secrets/tls_key": tls_dir / "tls.key",
+             "/run/secrets/tls_ca": tls_dir / "ca.crt"}
+    env = {k: str(files.get(str(v), v)) for k, v in svc["environment"].items()
+           if k.startswith("CELLAR_") and k not in ("CELLAR_HEALTH_URL",)}
+    env = {k: v for k, v in env.items() if not v.startswith("/run/secrets/")}  # the others' secrets
+    argv = [a for a in svc["command"]]
+    if argv[0] == "node":
+        shm = tmp_path / "segments"
+        shm.mkdir()
+        env["CELLAR_NODE_SHM_DIR"] = str(shm)
+    settings = print_config(argv, env)
+    assert settings["tls_cert_file"] == str(tls_dir / "tls.crt")
+    assert settings["tls_key_file"] == str(tls_dir / "tls.key")
+    assert settings["http_tls"] == "True"
+    assert env["CELLAR_TLS_CA"] == str(tls_dir / "ca.crt")
+
+
+@pytest.mark.parametrize("files", [[], ["compose.yaml", "compose.loopback.yaml"],
+                                   ["compose.yaml", "compose.loopback.yaml", "compose.tls.yaml"]],
+                         ids=["default", "loopback", "loopback-tls"])
 def test_docker_compose_1_29_accepts_the_files(files: list[str]) -> None:
     tool = require_tool("docker-compose")
     argv = [tool, *[a for f in files for a in ("-f", f)], "config", "--services"]

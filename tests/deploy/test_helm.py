@@ -345,31 +345,10 @@ def test_the_disk_tier_volume_is_a_pvc_or_a_hostpath_or_absent(name: str) -> Non
 
 
 def _handshake(pki: Any, server_name: str) -> None:
-    """A TLS handshake on loopback with the chart-shaped certificate, verified by Cellar's own
-    client context against `server_name` (ssl.SSLCertVerificationError if not covered)."""
-    import socket
-    import threading
+    """A loopback TLS handshake with the chart-shaped certificate, verified as `server_name`."""
+    from tests.support.tls_handshake import handshake
 
-    from cellar.tls import client_context, server_context
-
-    server = server_context(str(pki.cert_file), str(pki.key_file))
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        def serve() -> None:
-            conn, _ = listener.accept()
-            try:
-                with server.wrap_socket(conn, server_side=True):
-                    pass
-            except OSError:  # the client refused the certificate
-                pass
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        raw = socket.create_connection(listener.getsockname(), timeout=10)
-        try:
-            client_context(str(pki.ca_file)).wrap_socket(raw, server_hostname=server_name).close()
-        finally:
-            raw.close()
-            thread.join(timeout=10)
+    handshake(pki.cert_file, pki.key_file, pki.ca_file, server_name)
 
 
 def test_the_certificate_covers_every_address_callers_verify(tmp_path: Path) -> None:

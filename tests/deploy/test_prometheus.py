@@ -198,8 +198,10 @@ def _skip_client_metrics(prom: Prom, expr: str) -> None:
 
 def test_promtool_accepts_the_shipped_config_and_rules() -> None:
     promtool = require_tool("promtool")
-    for argv in (["check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
-                 ["check", "rules", str(DEPLOY / "prometheus" / "rules.yml")]):
+    configs = sorted((DEPLOY / "prometheus").glob("prometheus*.yml"))
+    assert len(configs) == 4  # plain and TLS, default and loopback
+    for argv in ([*(["check", "config", str(c)] for c in configs)] +
+                 [["check", "rules", str(DEPLOY / "prometheus" / "rules.yml")]]):
         proc = subprocess.run([promtool, *argv], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
