@@ -15,9 +15,15 @@ The file
     JSON `{"version": 1, "tokens": [{"id", "kind", "tenant", "sha256", "shm", "label",
     "created_ms"}, ...]}`, mode 0600, replaced atomically. `cellar up` and `cellar token create
     --store FILE` write it before a master starts; a running master writes it for
-    `POST /api/v1/tokens` and `DELETE /api/v1/tokens/<id>`, and re-reads it when its mtime
+    `POST /api/v1/tokens` and `POST /api/v1/tokens/revoke`, and re-reads it when its mtime
     changes (`refresh`), so a second master sharing the file sees a revocation within a tick.
-    Storing it in etcd for HA is not built: HA masters share the file path.
+
+The shared layer (HA)
+    Masters elected through etcd keep what the admin API creates and revokes in etcd instead
+    (cellar.master.serving.token_log), so every later leader knows it whatever file it was
+    given (a read-only Kubernetes Secret, another host's): `set_shared` lays those records and
+    revoked ids over the file's. A shared record is used like a file one; a revoked id is
+    refused whichever layer holds it. The file stays the bootstrap (the first admin token).
 
 Invariant: a token string is held only long enough to hash it; nothing here logs, prints or
 stores a plaintext token (only `create` returns one, once).
@@ -88,7 +94,7 @@ class TokenRecord:
                 "label": self.label, "created_ms": self.created_ms}
 
 
-def _record(raw: Any, origin: str) -> TokenRecord:
+def parse_record(raw: Any, origin: str) -> TokenRecord:
     if not isinstance(raw, dict):
         raise ConfigError("tokens_file", f"{origin}: a token record must be an object")
     try:
@@ -110,12 +116,33 @@ class TokenStore:
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path).expanduser() if path else None
         self._records: dict[str, TokenRecord] = {}
+        # the shared layer (module docstring): records and revoked ids kept in etcd
+        self._shared: dict[str, TokenRecord] = {}
+        self._revoked: set[str] = set()
         self._mtime_ns = -1
         self.generation = 0  # grows on every change, so callers can drop cached lookups
         self.refresh()
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self.records())
+
+    def set_shared(self, records: dict[str, TokenRecord], revoked: set[str]) -> None:
+        """Lay `records` and `revoked` (the shared layer, read from etcd) over the file's."""
+        self._shared, self._revoked = dict(records), set(revoked)
+        self.generation += 1
+
+    def add_shared(self, record: TokenRecord) -> None:
+        self._shared[record.id] = record
+        self.generation += 1
+
+    def revoke_shared(self, token_id: str) -> None:
+        self._revoked.add(token_id)
+        self.generation += 1
+
+    def known(self, token_id: str) -> bool:
+        """Whether `token_id` names a token this store accepts (either layer, not revoked)."""
+        return token_id not in self._revoked and (token_id in self._shared
+                                                  or token_id in self._records)
 
     def refresh(self) -> bool:
         """Re-read the file if it changed since the last read; True if it did."""
@@ -147,7 +174,7 @@ class TokenStore:
         items = raw.get("tokens") if isinstance(raw, dict) else None
         if not isinstance(items, list) or len(items) > MAX_TOKENS:
             raise ConfigError("tokens_file", f"{self.path}: expected {{\"tokens\": [...]}}")
-        records = [_record(item, str(self.path)) for item in items]
+        records = [parse_record(item, str(self.path)) for item in items]
         return {r.id: r for r in records}
 
     def _save(self) -> None:
@@ -158,20 +185,27 @@ class TokenStore:
         self._mtime_ns = self.path.stat().st_mtime_ns
 
     def create(self, kind: str, tenant: str = "", *, shm: bool = False, label: str = "") -> tuple[TokenRecord, str]:
-        """A new token: its record and the plaintext (returned only here, once)."""
+        """A new token, saved to the file: its record and the plaintext (returned only here,
+        once)."""
+        record, token = self.draft(kind, tenant, shm=shm, label=label)
+        self._records[record.id] = record
+        self._save()
+        return record, token
+
+    def draft(self, kind: str, tenant: str = "", *, shm: bool = False, label: str = "") -> tuple[TokenRecord, str]:
+        """A new token's record and plaintext, kept nowhere yet (the shared layer's writer
+        stores it, then `add_shared`)."""
         if kind not in KINDS:
             raise ValueError(f"token kind must be one of {KINDS}, not {kind!r}")
         if kind == KIND_TENANT and not tenant:
             raise ValueError("a tenant token needs a tenant")
-        if len(self._records) >= MAX_TOKENS:
+        if len(self._records) + len(self._shared) + len(self._revoked) >= MAX_TOKENS:
             raise ValueError(f"the store already holds {MAX_TOKENS} tokens (max_tokens)")
         token_id, token = new_token()
-        while token_id in self._records:
+        while token_id in self._records or token_id in self._shared or token_id in self._revoked:
             token_id, token = new_token()
         record = TokenRecord(token_id, kind, tenant if kind == KIND_TENANT else "", digest(token),
                              shm, label[:200], int(time.time() * 1000))
-        self._records[token_id] = record
-        self._save()
         return record, token
 
     def add(self, kind: str, token: str, tenant: str = "", *, shm: bool = False,
@@ -196,12 +230,16 @@ class TokenStore:
         return True
 
     def records(self) -> list[TokenRecord]:
-        return sorted(self._records.values(), key=lambda r: (r.created_ms, r.id))
+        merged = {**self._records, **self._shared}
+        return sorted((r for r in merged.values() if r.id not in self._revoked),
+                      key=lambda r: (r.created_ms, r.id))
 
     def lookup(self, token: str) -> TokenRecord | None:
         """The record of `token` if it is one of this store's, compared in constant time."""
         token_id = token_id_of(token)
-        record = self._records.get(token_id) if token_id else None
+        if not token_id or token_id in self._revoked:
+            return None
+        record = self._shared.get(token_id) or self._records.get(token_id)
         if record is None or not hmac.compare_digest(record.sha256, digest(token)):
             return None
         return record

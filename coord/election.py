@@ -94,8 +94,10 @@ class LeaderElection:
         self.record: LeaderRecord | None = None  # ours, while we lead
         self.expected_nodes: frozenset[str] | None = None  # the previous leader's, at takeover
         self.removal_values: list[bytes] = []  # the removal log's values, read at takeover
-        # the tenant log's (key, value) pairs, read at takeover (master/serving/tenant_log.py)
+        # the tenant log's (key, value) pairs, read at takeover (master/serving/tenant_log.py),
+        # and the token log's (master/serving/token_log.py)
         self.tenant_values: list[tuple[bytes, bytes]] = []
+        self.token_values: list[tuple[bytes, bytes]] = []
         self._deadline = 0.0          # monotonic: the lease is surely valid until then
         self._client: Any = None
         self._changed = asyncio.Event()
@@ -272,6 +274,7 @@ class LeaderElection:
         # anything: no report may be adopted before the removes acknowledged by earlier leaders.
         self.removal_values = await self._read_removals(kv)
         self.tenant_values = await self._read_prefix(kv, self.target.tenants_prefix)
+        self.token_values = await self._read_prefix(kv, self.target.tokens_prefix)
         self.record = record
         self.is_leader = True
         self.epoch = epoch

@@ -77,6 +77,11 @@ class EtcdTarget:
         return self.prefix + "tenants/"
 
     @property
+    def tokens_prefix(self) -> str:
+        """The admin API's tokens and revocations (cellar.master.serving.token_log)."""
+        return self.prefix + "tokens/"
+
+    @property
     def masters_prefix(self) -> str:
         return self.prefix + "masters/"
 

@@ -40,6 +40,7 @@ from cellar.master.serving.kv_events_start import start_kv_events
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.metrics import make_registry
 from cellar.master.serving.servicer import MasterServicer
+from cellar.master.serving.token_log import EtcdTokenLog
 from cellar.secret import load_cluster_secret
 from cellar.tls import read_pem, server_context
 from cellar.tokens import DEFAULT_TOKENS_PATH, TokenStore, ensure_private
@@ -206,7 +207,7 @@ async def serve(config: MasterConfig, secret: bytes, store: TokenStore, *,
     ticker = asyncio.create_task(_ticker(leadership, authorizer, config.tick_interval_s))
     campaign = None
     if leadership.ha:
-        election = _election(config, leadership, f"{host}:{bound}", http_named)
+        election = _election(config, leadership, f"{host}:{bound}", http_named, store)
         campaign = asyncio.create_task(election.run(stop))
     print(
         f"cellar master listening on {host}:{bound} (http {http_named}, epoch {leadership.epoch})"
@@ -242,7 +243,8 @@ def _named_host(listen_host: str, advertise: str) -> str:
     return listen_host
 
 
-def _election(config: MasterConfig, leadership: Leadership, bound: str, http: str) -> LeaderElection:
+def _election(config: MasterConfig, leadership: Leadership, bound: str, http: str,
+              store: TokenStore) -> LeaderElection:
     """Wire the etcd election to the leadership (cellar.coord.election, master/serving/leadership.py)."""
     from cellar.coord.election import LeaderElection
     from cellar.coord.target import EtcdTarget, LeaderRecord, parse_endpoints
@@ -261,6 +263,7 @@ def _election(config: MasterConfig, leadership: Leadership, bound: str, http: st
     leadership.election = election
     leadership.attach_removal_log(removal_log.EtcdRemovalLog(election))
     leadership.attach_tenant_log(tenant_log.EtcdTenantLog(election))
+    leadership.token_log = EtcdTokenLog(election, store)
     log.info("master %s campaigning in etcd %s for cluster %r (lease %d s)", leadership.master_id,
              config.etcd, config.cluster, config.lease_ttl_s)
     return election

@@ -9,7 +9,8 @@ What it owns: every protocol the master speaks and the objects that live as long
 - metrics: the Prometheus collectors; auth: who may call what (tenant, node, admin identities),
   and grpc_auth: the interceptor that asks it before every gRPC handler;
 - leadership: the role of this process (single, leader, follower), the election, the service it
-  serves and the rebuild after a failover.
+  serves and the rebuild after a failover; removal_log, tenant_log and token_log: what outlives
+  a leader (acknowledged removes, the API's tenants and tokens), in a file or in etcd.
 
 The invariant: it decides nothing about metadata. A request is checked for identity here, then
 handed whole to `MasterService` or its node RPCs; what they return is encoded and sent.

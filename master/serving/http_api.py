@@ -49,6 +49,7 @@ from cellar.master.serving.drain_api import add_drain_routes
 from cellar.master.serving.leadership import Leadership
 from cellar.master.serving.lookup_http import add_lookup_route
 from cellar.master.serving.prefix_query import add_prefix_query_routes
+from cellar.master.serving.token_log import NotWritten
 from cellar.master.state.audit import InvariantBroken
 from cellar.master.state.membership import STATE_NAMES
 from cellar.master.state.records import Tenant
@@ -296,11 +297,17 @@ def add_token_routes(
             return Response.json({"error": f"bad tenant name {tenant!r}"}, 400)
         label = body.get("label", "")
         store.refresh()
+        shm = bool(body.get("shm", False))
         try:
-            record, token = store.create(kind, tenant, shm=bool(body.get("shm", False)),
-                                         label=str(label))
+            if leadership.token_log is not None:  # HA: in etcd, for every later leader
+                record, token = await leadership.token_log.create(kind, tenant, shm=shm,
+                                                                  label=str(label))
+            else:
+                record, token = store.create(kind, tenant, shm=shm, label=str(label))
         except ValueError as exc:
             return Response.json({"error": str(exc)}, 400)
+        except NotWritten as exc:
+            return Response.json({"error": str(exc)}, 503)
         log.info("token %s (%s %s) created by admin token %s", record.id, record.kind,
                  record.tenant or "-", admin.token_id)
         # a tenant token is of use once the tenant exists (PUT /api/v1/tenants creates it)
@@ -313,7 +320,12 @@ def add_token_routes(
         if not isinstance(token_id, str):
             return Response.json({"error": 'expected {"id": ...}'}, 400)
         store.refresh()
-        if not store.revoke(token_id):
+        try:
+            revoked = (await leadership.token_log.revoke(token_id)
+                       if leadership.token_log is not None else store.revoke(token_id))
+        except NotWritten as exc:
+            return Response.json({"error": str(exc)}, 503)
+        if not revoked:
             return Response.json({"error": f"no token {token_id!r}"}, 404)
         log.info("token %s revoked by admin token %s", token_id, admin.token_id)
         return Response.json({"id": token_id, "revoked": True})

@@ -41,6 +41,7 @@ from cellar.master.serving.events import (
 )
 from cellar.master.serving.removal_log import EtcdRemovalLog, FileRemovalLog
 from cellar.master.serving.tenant_log import EtcdTenantLog, FileTenantLog
+from cellar.master.serving.token_log import EtcdTokenLog
 from cellar.master.state.tombstones import TombstoneRecord
 
 if TYPE_CHECKING:
@@ -113,6 +114,8 @@ class Leadership:
         self.removal_log: FileRemovalLog | EtcdRemovalLog | None = None
         # cellar.master.serving.tenant_log: None when turned off (tenant_log_file = none)
         self.tenant_log: FileTenantLog | EtcdTenantLog | None = None
+        # cellar.master.serving.token_log: HA masters only (a single master keeps its file)
+        self.token_log: EtcdTokenLog | None = None
         self._setting_tenant: asyncio.Lock | None = None
         # Bounds whose write failed, with the service that made them (a takeover drops them),
         # and the versions whose ranges wait for them
@@ -293,6 +296,8 @@ class Leadership:
             self.service.load_removals(self.removal_log.load(epoch))
         if isinstance(self.tenant_log, EtcdTenantLog):  # so is a tenant the API created
             self._load_tenants(self.tenant_log.load())
+        if self.token_log is not None:  # and its tokens, before any call is authenticated
+            self.token_log.load()
         self.events.record(ELECTED, f"became leader with epoch {epoch}: rebuilding from the nodes' reports")
         log.info("took over as leader with epoch %d: rebuilding from the reports of %s", epoch,
                  f"{len(expected)} node(s)" if expected is not None else "the nodes (count unknown)")

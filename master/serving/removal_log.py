@@ -46,9 +46,9 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cellar.master.state.ids import MAX_ID
 from cellar.master.state.tombstones import TombstoneRecord
@@ -289,3 +289,20 @@ def listen_file(stem: str, listen: str, suffix: str) -> Path:
     """~/.cellar/<stem>-<listen address><suffix>: a single master's file, one per address."""
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in listen)
     return Path("~/.cellar").expanduser() / f"{stem}-{safe}{suffix}"
+
+
+def json_records(values: Iterable[tuple[bytes, bytes]], prefix: str, max_bytes: int,
+                 what: str) -> Iterator[tuple[str, Any]]:
+    """(name under `prefix`, decoded JSON) of each etcd (key, value) an election read for a log
+    of one key per record (the tenant and token logs); a value over `max_bytes` or not JSON is
+    skipped with a log line naming `what`."""
+    raw_prefix = prefix.encode()
+    for key, value in values:
+        name = key[len(raw_prefix):].decode("utf-8", "replace") if key.startswith(raw_prefix) else ""
+        if len(value) > max_bytes:
+            log.warning("%s in etcd: record %r over %d bytes skipped", what, name, max_bytes)
+            continue
+        try:
+            yield name, json.loads(value)
+        except (ValueError, RecursionError):
+            log.warning("%s in etcd: record %r is not JSON; skipped", what, name)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from cellar.errors import ConfigError
 from cellar.master.config import parse_tenant_quota
-from cellar.master.serving.removal_log import listen_file, replace_file
+from cellar.master.serving.removal_log import json_records, listen_file, replace_file
 from cellar.master.state.records import TenantQuota
 
 if TYPE_CHECKING:
@@ -120,18 +120,9 @@ class EtcdTenantLog:
 
     def load(self) -> dict[str, TenantQuota]:
         """The tenants the election read at its win (coord/election.py)."""
-        records: dict[str, Any] = {}
-        prefix = self.election.target.tenants_prefix.encode()
-        for key, value in self.election.tenant_values:
-            name = key[len(prefix):].decode("utf-8", "replace") if key.startswith(prefix) else ""
-            if len(value) > MAX_RECORD_BYTES:
-                log.warning("tenant log in etcd: record of %r over %d bytes skipped", name,
-                            MAX_RECORD_BYTES)
-                continue
-            try:
-                records[name] = json.loads(value)
-            except (ValueError, RecursionError):
-                log.warning("tenant log in etcd: record of %r is not JSON; skipped", name)
+        records = dict(json_records(self.election.tenant_values,
+                                    self.election.target.tenants_prefix, MAX_RECORD_BYTES,
+                                    "tenant log"))
         return parse_records(records, "etcd")
 
     async def write(self, name: str, quota: TenantQuota) -> None:
