@@ -3,7 +3,8 @@
 Owns the only imports of the etcd client library (etcd3aio) and the layout of Cellar's keys
 under `/cellar/<cluster>/`. Masters campaign with `election.LeaderElection`; nodes, clients and
 the CLI find the current leader with `discovery.LeaderDiscovery`. `target` parses the
-`etcd://HOST:PORT[,HOST:PORT...]/NAME` addresses they are all given.
+`etcd://HOST:PORT[,HOST:PORT...]/NAME` addresses they are all given; `etcd_tls` how every
+one of them reaches an etcd that wants TLS and a client certificate (set by the environment).
 
 The master link, once for every caller: `link` decides what to do after each answer of a
 master (retry with bounded backoff, follow a redirect, ask etcd, switch, fence by epoch) as

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from cellar.coord.etcd_tls import EtcdTls
 from cellar.coord.target import EtcdTarget, LeaderRecord
 from cellar.errors import Unavailable
 
@@ -62,7 +63,11 @@ class LeaderDiscovery:
             if self._channel is not None:
                 self._channel.close()
             kv_stub, _ = _etcd_protocol()
-            self._channel = grpc.insecure_channel(endpoint, options=[("grpc.enable_retries", 0)])
+            tls = EtcdTls.from_env()  # coord/etcd_tls.py: TLS when configured, never a fallback
+            options = [("grpc.enable_retries", 0)]
+            self._channel = (grpc.insecure_channel(endpoint, options=options) if tls is None else
+                             grpc.secure_channel(endpoint, tls.credentials(),
+                                                 options=options + tls.channel_options()))
             self._stub = kv_stub(self._channel)
             self._endpoint = endpoint
         return self._stub

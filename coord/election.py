@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cellar.coord.etcd_tls import EtcdTls
 from cellar.coord.target import EtcdTarget, LeaderRecord, decode_node_ids, encode_node_ids
 
 log = logging.getLogger("cellar.coord")
@@ -183,7 +184,9 @@ class LeaderElection:
     async def _session(self, stop: asyncio.Event) -> None:
         from etcd3aio import Etcd3Client
 
-        client: Any = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1)
+        tls = EtcdTls.from_env()  # TLS (and a client certificate) when configured
+        client: Any = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1,
+                                  **(tls.client_args() if tls is not None else {}))
         await client.connect()
         self._client = client
         if self._ended_lease_id:

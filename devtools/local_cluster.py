@@ -48,6 +48,9 @@ Credentials (docs/security.md)
     certificate `node:<node id>` from the throwaway CA and reaches the master's mutual-TLS port
     (`node_port`, `--node-listen`) with it and no credential; nodes past `nodes` +
     MTLS_SPARE_NODES, node ids of its own, and `ha=True` clusters use the credential.
+    With `etcd_tls=True` (ha) etcd speaks only TLS and asks for client certificates (a CA of
+    its own under `<run_dir>/etcd-tls`); the masters and nodes get `etcd_env`, the settings of
+    coord/etcd_tls.py, which a client of the cluster needs in its environment too.
 
 What it must never do
     Import the master, node or client code (children are separate processes); wait without a
@@ -92,7 +95,7 @@ from cellar.devtools.children import (  # Child, ClusterError, fetch_status: re-
     terminate,
     wait_ready,
 )
-from cellar.devtools.etcd_server import EtcdServer
+from cellar.devtools.etcd_server import ETCD_CLIENT_ID, EtcdServer
 from cellar.devtools.ports import free_port
 from cellar.http_fetch import advertised, base_url, fetch_json
 from cellar.tls import TlsFiles, make_dev_pki
@@ -131,13 +134,18 @@ class LocalCluster:
                  ha: bool = False, masters: int | None = None,
                  cluster_name: str = DEFAULT_CLUSTER_NAME, etcd_port: int = 0,
                  lease_ttl_s: int = DEFAULT_LEASE_TTL_S,
-                 admin_tokens: Sequence[str] = (), tls: bool = False) -> None:
+                 admin_tokens: Sequence[str] = (), tls: bool = False,
+                 etcd_tls: bool = False) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         master_count = masters if masters is not None else (2 if ha else 1)
         if master_count < 1 or (master_count > 1 and not ha):
             raise ValueError(f"masters must be 1 without ha, >= 1 with it; got {master_count}")
         self.ha = ha
+        if etcd_tls and not ha:
+            raise ValueError("etcd_tls needs ha=True (only an HA cluster uses etcd)")
+        self.etcd_tls = etcd_tls
+        self.etcd_env: dict[str, str] = {}  # coord/etcd_tls.py's settings when etcd_tls
         self.cluster_name = cluster_name
         self.etcd_port = etcd_port
         self.lease_ttl_s = lease_ttl_s
@@ -355,10 +363,14 @@ class LocalCluster:
         data_dir, log_path = self.run_dir / "etcd-data", self.run_dir / "etcd.log"
         shutil.rmtree(data_dir, ignore_errors=True)
         log_path.unlink(missing_ok=True)
+        tls = (make_dev_pki(self.run_dir / "etcd-tls", [self.host], [ETCD_CLIENT_ID])
+               if self.etcd_tls else None)
         self.etcd = EtcdServer(host=self.host, client_port=self.etcd_port,
                                data_dir=data_dir, log_path=log_path,
                                start_timeout_s=self.start_timeout_s,
-                               stop_grace_s=self.stop_grace_s)
+                               stop_grace_s=self.stop_grace_s, tls=tls)
+        self.etcd_env = self.etcd.client_env()
+        self._env.update(self.etcd_env)  # the masters and nodes reach etcd with it
         self.etcd.start()
         for i in range(self._master_count):
             self.masters.append(self._spawn(f"master-{i}", self._ha_master_argv(i)))

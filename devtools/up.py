@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"cluster name in etcd with --ha (default {DEFAULT_CLUSTER_NAME!r})")
     ha.add_argument("--lease-ttl-s", type=int, default=DEFAULT_LEASE_TTL_S,
                     help=f"leader lease in etcd, whole seconds (default {DEFAULT_LEASE_TTL_S})")
+    ha.add_argument("--etcd-tls", action="store_true",
+                    help="etcd speaks only TLS and asks for client certificates (a CA of its "
+                    "own); the banner prints what a client then sets (CELLAR_ETCD_*)")
     args = parser.parse_args(argv)
     try:
         segment_bytes = parse_size_bytes(args.segment_size)
@@ -73,20 +76,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be 0..65535")
     if args.ha and not 1 <= args.masters <= 9:
         parser.error("--masters must be 1..9")
+    if args.etcd_tls and not args.ha:
+        parser.error("--etcd-tls needs --ha (only an HA cluster uses etcd)")
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
-    if args.tls:
+    if args.tls or args.etcd_tls:
         try:
             import cryptography  # noqa: F401  (only to say what is missing before starting)
         except ImportError:
-            parser.error("--tls needs the cryptography package: pip install 'cellar-kv[tls]'")
+            parser.error("--tls and --etcd-tls need the cryptography package: "
+                         "pip install 'cellar-kv[tls]'")
     cluster = LocalCluster(args.nodes, segment_bytes, host=args.host, port=args.port,
                            http_port=args.http_port, run_dir=Path(args.run_dir).resolve(),
                            start_timeout_s=args.start_timeout, ha=args.ha,
                            masters=args.masters if args.ha else None,
                            cluster_name=args.cluster, etcd_port=args.etcd_port,
-                           lease_ttl_s=args.lease_ttl_s, tls=args.tls)
+                           lease_ttl_s=args.lease_ttl_s, tls=args.tls, etcd_tls=args.etcd_tls)
     code = 0
     try:
         what = (f"etcd, {args.masters} masters" if args.ha else "a master")
@@ -149,13 +155,21 @@ def _up_banner(cluster: LocalCluster, nodes: int, segment_bytes: int) -> str:
     return (f"Cellar is up (high availability): {len(cluster.masters)} masters, {nodes} node(s) x "
             f"{format_size(segment_bytes)}\n"
             f"  connect: {address}   (clients and nodes find the leader through etcd)\n"
-            f"  etcd:    {cluster.etcd.client_address if cluster.etcd else '?'}\n"
+            f"  etcd:    {cluster.etcd.client_url if cluster.etcd else '?'}\n"
+            f"{_etcd_tls_line(cluster)}"
             f"  masters:\n{masters}\n"
             f"  status:  cellar status --master {address}\n"
             f"{try_line}"
             f"{_credentials_line(cluster)}"
             f"  logs:    {cluster.run_dir}\n"
             f"Ctrl-C stops the cluster.")
+
+
+def _etcd_tls_line(cluster: LocalCluster) -> str:
+    if not cluster.etcd_env:
+        return ""
+    settings = " ".join(f"{k}={v}" for k, v in sorted(cluster.etcd_env.items()))
+    return f"  etcd TLS: clients set {settings}\n"
 
 
 def _credentials_line(cluster: LocalCluster) -> str:

@@ -397,3 +397,27 @@ def test_the_certificate_covers_every_address_callers_verify(tmp_path: Path) -> 
             pytest.fail(f"the certificate does not cover {who}'s address {host}: {exc}")
     with pytest.raises(ssl.SSLCertVerificationError):
         _handshake(pki, "10.1.2.3")
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_tls_to_an_external_etcd_reaches_the_masters_and_nodes(name: str) -> None:
+    """etcd.tls.secretName: its files mounted into every master and node with the settings of
+    coord/etcd_tls.py; refused with the bundled etcd, which serves plaintext only."""
+    secret = ((values_of(name) or {}).get("etcd", {}).get("tls", {}).get("secretName"))
+    docs = render(name)
+    for suffix in ("-master", "-node"):
+        pod = one(docs, "StatefulSet", suffix)["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        if secret:
+            assert env["CELLAR_ETCD_CA_FILE"] == "/etc/cellar/etcd-tls/ca.crt"
+            assert env["CELLAR_ETCD_CERT_FILE"] == "/etc/cellar/etcd-tls/tls.crt"
+            assert env["CELLAR_ETCD_KEY_FILE"] == "/etc/cellar/etcd-tls/tls.key"
+            assert mounts["etcd-tls"] == "/etc/cellar/etcd-tls"
+            assert volumes["etcd-tls"]["secret"]["secretName"] == secret
+        else:
+            assert not any(k.startswith("CELLAR_ETCD_") for k in env) and "etcd-tls" not in mounts
+    with pytest.raises(Exception, match="bundled etcd serves plaintext"):
+        helm.Chart.load(str(CHART)).render({"etcd": {"tls": {"secretName": "x"}}}, name="cellar",
+                                           namespace="kv", is_install=True)

@@ -38,6 +38,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* the env and volume of TLS to etcd (etcd.tls.secretName), for the masters and nodes */}}
+{{- define "cellar.etcdTlsEnv" -}}
+{{- if .Values.etcd.tls.secretName }}
+{{- if not .Values.etcd.endpoints }}
+{{- fail "etcd.tls.secretName is for an external etcd (etcd.endpoints): the bundled etcd serves plaintext" }}
+{{- end }}
+# TLS to etcd (coord/etcd_tls.py): never plaintext once the CA is set
+- name: CELLAR_ETCD_CA_FILE
+  value: /etc/cellar/etcd-tls/ca.crt
+- name: CELLAR_ETCD_CERT_FILE
+  value: /etc/cellar/etcd-tls/tls.crt
+- name: CELLAR_ETCD_KEY_FILE
+  value: /etc/cellar/etcd-tls/tls.key
+{{- with .Values.etcd.tls.serverName }}
+- name: CELLAR_ETCD_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "cellar.masterUrl" -}}
 etcd://{{ include "cellar.etcdEndpoints" . }}/{{ .Values.clusterName }}
 {{- end -}}
