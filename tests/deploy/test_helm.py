@@ -258,9 +258,8 @@ def test_rendered_container_args_parse_with_cellar_print_config(
     assert settings["http_tls"] == str(tls)
     assert env.get("CELLAR_TLS_CA") == (f"{tls_dir}/ca.crt" if tls else None)
     assert settings["etcd"] == (values_of(name) or {}).get("etcd", {}).get("endpoints", "cellar-etcd.kv.svc:2379")
-    tokens_secret = (values_of(name) or {}).get("tokens", {}).get("existingSecret")
-    assert (env.get("CELLAR_MASTER_TOKENS_FILE", "").endswith("/etc/cellar/tokens/tokens.json")
-            == bool(tokens_secret))
+    # the operator's token store, or the one the chart makes (test_a_fresh_install_...)
+    assert env.get("CELLAR_MASTER_TOKENS_FILE", "").endswith("/etc/cellar/tokens/tokens.json")
     if "tokens_file" in settings:  # the authentication work (tokens) is in this tree
         assert settings["tokens_file"] == env.get("CELLAR_MASTER_TOKENS_FILE", "")
     node = one(docs, "StatefulSet", "-node")["spec"]["template"]["spec"]["containers"][0]
@@ -421,3 +420,33 @@ def test_tls_to_an_external_etcd_reaches_the_masters_and_nodes(name: str) -> Non
     with pytest.raises(Exception, match="bundled etcd serves plaintext"):
         helm.Chart.load(str(CHART)).render({"etcd": {"tls": {"secretName": "x"}}}, name="cellar",
                                            namespace="kv", is_install=True)
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_a_fresh_install_has_an_admin_token_its_masters_accept(name: str, tmp_path: Path) -> None:
+    """Without tokens.existingSecret the chart makes Secret cellar-tokens: an admin token and
+    the store holding its hash, which Cellar's own TokenStore (what the masters run) reads and
+    accepts it from as an admin; the masters mount that Secret (or the operator's)."""
+    import base64
+
+    from cellar.tokens import KIND_ADMIN, TokenStore
+
+    existing = (values_of(name) or {}).get("tokens", {}).get("existingSecret")
+    docs = render(name)
+    secrets = {d["metadata"]["name"]: d for d in kind(docs, "Secret")}
+    master = one(docs, "StatefulSet", "-master")["spec"]["template"]["spec"]
+    volume = next(v for v in master["volumes"] if v["name"] == "tokens")
+    if existing:
+        assert "cellar-tokens" not in secrets and volume["secret"]["secretName"] == existing
+        return
+    assert volume["secret"]["secretName"] == "cellar-tokens"
+    data = {k: base64.b64decode(v) for k, v in secrets["cellar-tokens"]["data"].items()}
+    (tmp_path / "tokens.json").write_bytes(data["tokens.json"])
+    store = TokenStore(tmp_path / "tokens.json")
+    record = store.lookup(data["admin-token"].decode())
+    assert record is not None and record.kind == KIND_ADMIN and len(store) == 1
+    token = data["admin-token"].decode()
+    assert store.lookup(token[:-1] + ("y" if token.endswith("x") else "x")) is None
+    # a second render makes another token (an upgrade keeps the first: looked up in the cluster)
+    again = next(d for d in kind(render(name), "Secret") if d["metadata"]["name"] == "cellar-tokens")
+    assert again["data"]["admin-token"] != secrets["cellar-tokens"]["data"]["admin-token"]

@@ -92,3 +92,9 @@ of the headless Services: the addresses they advertise), and localhost (an opera
 - "*.{{ $full }}-node.{{ $ns }}.svc"
 - localhost
 {{- end -}}
+
+
+{{/* the Secret of the masters' token store: the operator's, or the one the chart creates */}}
+{{- define "cellar.tokensSecretName" -}}
+{{- .Values.tokens.existingSecret | default (printf "%s-tokens" (include "cellar.fullname" .)) -}}
+{{- end -}}
