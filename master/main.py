@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from cellar.config import add_arguments, from_cli
+from cellar.coord.etcd_tls import EtcdTls
 from cellar.errors import ConfigError
 from cellar.heap import freeze_survivors
 from cellar.http_fetch import advertised
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     config = from_cli(MasterConfig, args, env_prefix=ENV_PREFIX)  # exits on --print-config/errors
     try:
         secret = load_cluster_secret(config.cluster_secret_file or None)
+        if config.etcd:
+            EtcdTls.from_env()  # a bad TLS setting for etcd stops the start, not each session
         tokens_path = Path(config.tokens_file or DEFAULT_TOKENS_PATH).expanduser()
         ensure_private(tokens_path)
         store = TokenStore(tokens_path)

@@ -18,6 +18,8 @@ import signal
 import sys
 
 from cellar.config import add_arguments, from_cli
+from cellar.coord.etcd_tls import EtcdTls
+from cellar.coord.target import is_etcd_url
 from cellar.errors import ConfigError
 from cellar.lifecycle import die_with_parent_if_asked
 from cellar.secret import load_cluster_secret
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         secret = load_cluster_secret(cfg.cluster_secret_file or None)
+        if is_etcd_url(cfg.master):
+            EtcdTls.from_env()  # a bad TLS setting for etcd stops the start, not each lookup
     except ConfigError as exc:
         print(f"cellar node: invalid configuration: {exc}", file=sys.stderr)
         return 2

@@ -75,3 +75,14 @@ def test_settings_are_checked_before_any_connection(tmp_path: object) -> None:
         EtcdTls.from_env({ENV_CA: "/etc/hostname"})
     with pytest.raises(ConfigError, match=ENV_CA):
         EtcdTls.from_env({ENV_CA: "/no/such/ca.pem"})
+
+
+@pytest.mark.parametrize("argv", [
+    ["master", "--listen", "127.0.0.1:0", "--etcd", "127.0.0.1:9", "--cluster-secret-file", ""],
+    ["node", "--master", "etcd://127.0.0.1:9/c", "--listen", "127.0.0.1:0", "--http", ""],
+], ids=["master", "node"])
+def test_a_bad_etcd_tls_setting_stops_the_start(argv: list[str], tmp_path: object) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELLAR_ETCD_")}
+    proc = subprocess.run([sys.executable, "-m", "cellar", *argv], capture_output=True, text=True,
+                          timeout=60, env={**env, ENV_CA: "/no/such/ca.pem", "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and ENV_CA in proc.stderr, (proc.returncode, proc.stderr)
