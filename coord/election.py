@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Callable
@@ -142,6 +143,8 @@ class LeaderElection:
 
     # ---- the loop ------------------------------------------------------------------------
 
+    _sessions = 0  # sessions opened so far (the endpoint a named list's next one uses)
+
     async def run(self, stop: asyncio.Event) -> None:
         backoff_s = SESSION_BACKOFF_S[0]
         while not stop.is_set():
@@ -182,11 +185,8 @@ class LeaderElection:
             log.info("resigned: revoked lease %x", lease_id)
 
     async def _session(self, stop: asyncio.Event) -> None:
-        from etcd3aio import Etcd3Client
-
-        tls = EtcdTls.from_env()  # TLS (and a client certificate) when configured
-        client: Any = Etcd3Client(list(self.target.endpoints), rpc_max_attempts=1,
-                                  **(tls.client_args() if tls is not None else {}))
+        client = _etcd_client(self.target.endpoints, self._sessions, EtcdTls.from_env())
+        self._sessions += 1  # endpoints given by name: the next session tries the next one
         await client.connect()
         self._client = client
         if self._ended_lease_id:
@@ -448,3 +448,30 @@ def _cancelled_by_owner() -> bool:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _etcd_client(endpoints: tuple[str, ...], turn: int, tls: EtcdTls | None) -> Any:
+    """An etcd3aio client for one session. etcd3aio writes every target as `ipv4:HOST:PORT,...`
+    (round-robin over the list), which gRPC refuses for a host name: a master given
+    `--etcd etcd-0.etcd:2379` (the Helm chart's Services, compose's `etcd:2379`) never opened a
+    session. IPv4 literals keep that list; otherwise each session dials one endpoint, the
+    `turn`-th, through gRPC's DNS resolver (TLS then verifies that name), and a session that
+    fails moves to the next."""
+    from etcd3aio import Etcd3Client
+
+    args = tls.client_args() if tls is not None else {}
+    if all(_ipv4_endpoint(e) for e in endpoints):
+        return Etcd3Client(list(endpoints), rpc_max_attempts=1, **args)
+    endpoint = endpoints[turn % len(endpoints)]
+    client: Any = Etcd3Client([endpoint], rpc_max_attempts=1, **args)
+    client._manager.target = f"dns:///{endpoint}"  # etcd3aio's private manager (pinned)
+    return client
+
+
+def _ipv4_endpoint(endpoint: str) -> bool:
+    host = endpoint.rpartition(":")[0]
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address) and \
+            str(ipaddress.ip_address(host)) == host
+    except ValueError:
+        return False

@@ -65,7 +65,7 @@ def test_a_cluster_over_an_etcd_that_wants_tls_and_client_certificates() -> None
             assert client.get("k/over-tls-etcd") == b"v" * 1000
 
 
-def test_settings_are_checked_before_any_connection(tmp_path: object) -> None:
+def test_settings_are_checked_before_any_connection() -> None:
     assert EtcdTls.from_env({}) is None
     with pytest.raises(ConfigError, match=ENV_CA):
         EtcdTls.from_env({ENV_CERT: "/x", ENV_KEY: "/y"})
