@@ -50,6 +50,18 @@ def _flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+def parse_bool(value: Any) -> bool:
+    """A boolean setting from a file, the environment or a flag: a bool, or 1/true/yes/on and
+    0/false/no/off in any case; ValueError otherwise."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
 def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
     """Turn a raw value from a file, the environment or a flag into the field's type."""
     unit = field.metadata.get("unit", "")
@@ -60,14 +72,7 @@ def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
         elif unit == UNIT_SECONDS:
             result = parse_duration_s(value)
         elif kind == "bool":
-            if isinstance(value, bool):
-                result = value
-            elif str(value).lower() in ("1", "true", "yes", "on"):
-                result = True
-            elif str(value).lower() in ("0", "false", "no", "off"):
-                result = False
-            else:
-                raise ValueError(f"not a boolean: {value!r}")
+            result = parse_bool(value)
         elif kind == "int":
             if isinstance(value, bool):
                 raise ValueError(f"not an integer: {value!r}")

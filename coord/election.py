@@ -103,6 +103,7 @@ class LeaderElection:
         self._deadline = 0.0          # monotonic: the lease is surely valid until then
         self._client: Any = None
         self._changed = asyncio.Event()
+        self._sessions = 0  # sessions opened so far (the endpoint a named list's next one uses)
         self._state = ""
 
     # ---- what the owner asks -------------------------------------------------------------
@@ -142,8 +143,6 @@ class LeaderElection:
         return max(0.0, self._deadline - self._monotonic()) if self.is_leader else 0.0
 
     # ---- the loop ------------------------------------------------------------------------
-
-    _sessions = 0  # sessions opened so far (the endpoint a named list's next one uses)
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff_s = SESSION_BACKOFF_S[0]
@@ -469,9 +468,10 @@ def _etcd_client(endpoints: tuple[str, ...], turn: int, tls: EtcdTls | None) -> 
 
 
 def _ipv4_endpoint(endpoint: str) -> bool:
+    """Whether `endpoint`'s host is an IPv4 address written as gRPC's ipv4: parser takes it."""
     host = endpoint.rpartition(":")[0]
     try:
-        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address) and \
-            str(ipaddress.ip_address(host)) == host
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    return address.version == 4 and str(address) == host

@@ -113,9 +113,12 @@ class EtcdServer:
                  stop_grace_s: float = DEFAULT_STOP_GRACE_S, tls: TlsFiles | None = None) -> None:
         self.host = host
         self.tls = tls
-        if tls is not None and tls.node_client_files(ETCD_CLIENT_ID) is None:
+        # (certificate, key) a TLS etcd's callers present, and the health probe's context
+        self._client_files = tls.node_client_files(ETCD_CLIENT_ID) if tls is not None else None
+        if tls is not None and self._client_files is None:
             raise EtcdError(f"the TLS files name no client certificate {ETCD_CLIENT_ID!r} "
                             f"(make_dev_pki(..., node_ids=[{ETCD_CLIENT_ID!r}]))")
+        self._probe_context: ssl.SSLContext | None = None
         self.client_port = client_port
         self.peer_port = peer_port
         self.name = name
@@ -149,11 +152,10 @@ class EtcdServer:
 
     def client_env(self) -> dict[str, str]:
         """What a Cellar process needs in its environment to reach this etcd (empty: plaintext)."""
-        if self.tls is None:
+        if self.tls is None or self._client_files is None:
             return {}
-        files = self.tls.node_client_files(ETCD_CLIENT_ID)
-        assert files is not None  # checked at construction
-        return {ENV_CA: str(self.tls.ca_file), ENV_CERT: str(files[0]), ENV_KEY: str(files[1])}
+        cert, key = self._client_files
+        return {ENV_CA: str(self.tls.ca_file), ENV_CERT: str(cert), ENV_KEY: str(key)}
 
     def etcd_url(self, cluster: str) -> str:
         """The `etcd://HOST:PORT/NAME` address of a Cellar cluster kept in this etcd."""
@@ -234,19 +236,23 @@ class EtcdServer:
         """True when `GET /health` answers `"health": "true"` (etcd has a raft leader)."""
         if not self.client_port:
             return False
-        context = None
-        if self.tls is not None:  # etcd asks every client for a certificate, the probe too
-            files = self.tls.node_client_files(ETCD_CLIENT_ID)
-            assert files is not None
-            context = ssl.create_default_context(cafile=str(self.tls.ca_file))
-            context.load_cert_chain(str(files[0]), str(files[1]))
         try:
             with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout_s,
-                                        context=context) as reply:
+                                        context=self._health_context()) as reply:
                 body = json.loads(reply.read() or b"{}")
         except (OSError, ValueError, urllib.error.URLError):
             return False
         return str(body.get("health", "")).lower() == "true"
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        """The probe's TLS context (made once): etcd asks every client for a certificate."""
+        if self.tls is None or self._client_files is None:
+            return None
+        if self._probe_context is None:
+            context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+            context.load_cert_chain(str(self._client_files[0]), str(self._client_files[1]))
+            self._probe_context = context
+        return self._probe_context
 
     def describe_exit(self) -> str:
         code = self.proc.returncode if self.proc is not None else None
@@ -257,7 +263,7 @@ class EtcdServer:
     # ---- internals ---------------------------------------------------------------------------
 
     def _argv(self) -> list[str]:
-        client = f"{self.client_url}"
+        client = self.client_url
         peer = f"http://{self.host}:{self.peer_port}"  # one member: its peer port talks to nobody
         return [
             self.binary,

@@ -15,6 +15,7 @@ import os
 import sys
 import urllib.parse
 
+from cellar.config import parse_bool
 from cellar.http_fetch import HTTPS, fetch
 
 DEFAULT_TIMEOUT_S = 2.0
@@ -22,9 +23,15 @@ TLS_SETTINGS = ("CELLAR_MASTER_HTTP_TLS", "CELLAR_NODE_HTTP_TLS")
 
 
 def serves_tls(env: dict[str, str]) -> bool:
-    """Whether this container's server serves its HTTP port over TLS (its own env setting)."""
-    return any(env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-               for name in TLS_SETTINGS)
+    """Whether this container's server serves its HTTP port over TLS (its own env setting, read
+    as the server reads it; a value the server would refuse counts as no)."""
+    for name in TLS_SETTINGS:
+        try:
+            if parse_bool(env.get(name, "").strip()):
+                return True
+        except ValueError:
+            pass
+    return False
 
 
 def probe_address(url: str, env: dict[str, str]) -> tuple[str, str]:

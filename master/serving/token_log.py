@@ -83,8 +83,8 @@ class EtcdTokenLog:
         return record, token
 
     async def revoke(self, token_id: str) -> bool:
-        """Revoke `token_id` (either layer) for every later leader too; False if unknown."""
-        self.store.refresh()
+        """Revoke `token_id` (either layer) for every later leader too; False if unknown (the
+        caller refreshed the store's file first, as for any token call)."""
         if not self.store.known(token_id):
             return False
         await self._write(token_id, {"id": token_id, "revoked": True})

@@ -5,7 +5,6 @@ ever led (coord/election.py `_etcd_client`). Real etcd, a real master process.""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import socket
@@ -20,25 +19,16 @@ from cellar.coord.election import _etcd_client
 from cellar.devtools.children import fetch_status
 from cellar.devtools.etcd_server import EtcdServer
 from cellar.devtools.ports import free_port
+from tests.support.host_names import loopback_host_name
 
 READY = re.compile(r"\(http (\S+), epoch")
 
 
-def loopback_name() -> tuple[str, str]:
-    """(this machine's host name, the loopback address it resolves to); "localhost" would not
-    do: etcd3aio rewrites that one to 127.0.0.1 itself."""
-    name = socket.gethostname()
-    try:
-        address = socket.gethostbyname(name)
-    except OSError:
-        pytest.skip(f"the host name {name!r} does not resolve")
-    if not ipaddress.ip_address(address).is_loopback or name.startswith("localhost"):
-        pytest.skip(f"the host name {name!r} resolves to {address}, not a loopback address")
-    return name, address
-
-
 def test_a_master_given_etcd_by_name_becomes_leader(tmp_path: Path) -> None:
-    name, address = loopback_name()
+    found = loopback_host_name()
+    if found is None:
+        pytest.skip(f"the host name {socket.gethostname()!r} does not resolve to a loopback address")
+    name, address = found
     with EtcdServer(host=address) as etcd:
         port = free_port("127.0.0.1")
         proc = subprocess.Popen(
