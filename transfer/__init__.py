@@ -10,7 +10,8 @@ Transports:
 - `tcp` (`tcp.TcpTransport`, served by `tcp_server.TcpDataServer`): always available;
   persistent connections per node, large objects striped over several connections, pipelined
   requests, `recv_into`/`sendmsg` straight between sockets and the caller's or the segment's
-  memory, never an intermediate bytes object for a payload.
+  memory, never an intermediate bytes object for a payload; reads hashed as they land
+  (`tcp_reads`), a read batch on fewer lanes than a write on a small machine.
 - `shm` (`shm.ShmTransport`): same host; memcpy into/out of the node's mapped segment file,
   then a COMMIT control frame per write over the node's TCP port (`control.ControlChannel`;
   `shm_commits`: planned per batch, sent in groups while the rest is still copied).

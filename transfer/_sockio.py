@@ -22,6 +22,8 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from xxhash import xxh3_64
+
 if TYPE_CHECKING:
     from cellar.transfer.spin_wait import SpinWait
 
@@ -328,6 +330,23 @@ class Inbox:
             pos += self._recv_with_next(dst[pos:])
         while pos < n:  # WAITALL: one wakeup per payload, not one per arriving segment
             pos += self._recv_into(dst[pos:], MSG_WAITALL, mid_payload=True)
+
+    def read_into_hashed(self, dst: memoryview, landed: int, piece_bytes: int,
+                         digest: xxh3_64) -> None:
+        """`read_into(dst[landed:])` piece_bytes at a time, each piece fed to `digest` right
+        after it lands, while the CPU's cache still holds it (the first `landed` bytes, already
+        in `dst`, first). Measured on these 2-core VMs (a 4 MiB payload over loopback into 64 MiB
+        of destinations): receiving and hashing 256 KiB at a time ran at the rate of receiving
+        alone, hashing the whole payload after it landed at 0.75-0.85x."""
+        if landed:
+            digest.update(dst[:landed])
+        pos, n = landed, len(dst)
+        while pos < n:
+            end = min(pos + piece_bytes, n)
+            piece = dst[pos:end]
+            self.read_into(piece)
+            digest.update(piece)
+            pos = end
 
     def read_replies(self, items: list[tuple[int, memoryview]], deadline: float,
                      max_bytes: int) -> tuple[int, BaseException | None]:

@@ -22,10 +22,12 @@ How a batch moves:
    possible: header, meta and payload memoryviews, never concatenated) before it reads their
    responses in order. A READ reply is read with one `recvmsg_into([inbox, destination])`, so
    its payload goes straight into the op's own destination slice, the rest with `recv_into`
-   (MSG_WAITALL) on that slice: no intermediate buffer, no copy. A one-frame read whose op
-   asked for its checksum (`want_checksum`) is hashed (xxh3_64) by its lane right after its
-   last byte lands, while it is still in cache: on these VMs hashing a just-received MiB runs
-   at ~40 GB/s against ~9 GB/s for the whole batch afterwards. Lanes run on a small bounded
+   (MSG_WAITALL) on that slice: no intermediate buffer, no copy. A read whose op asked for
+   its checksum (`want_checksum`) is hashed (xxh3_64) by its lane as it lands, while it is
+   still in cache (a large one HASHED_PIECE_BYTES at a time; a multi-frame one when this lane
+   had all of its frames, `_read_span_frame`): on these VMs hashing a just-received MiB runs
+   at ~40 GB/s against ~9 GB/s for the whole batch afterwards. A read batch stripes over
+   fewer lanes than a write (READ_LANE_CPUS says why). Lanes run on a small bounded
    pool of threads owned by the transport; the last lane of a batch runs on the calling
    thread, so a batch that needs one connection costs no thread hop.
 
@@ -49,6 +51,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import threading
@@ -57,8 +60,6 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
-
-from xxhash import xxh3_64_intdigest
 
 from cellar.transfer._sockio import (
     MAX_IOV,
@@ -107,6 +108,7 @@ from cellar.transfer.tcp_plan import (
     lanes_for,
     plan_batch,
 )
+from cellar.transfer.tcp_reads import Pending, Runs, native_reads, receive_payload
 from cellar.transfer.tls_sock import dial
 
 # Per-connection receive buffer for response headers and error messages.
@@ -117,34 +119,27 @@ RESPONSE_SIZE = RESPONSE.size
 NO_CONNECTION = "no free connection before the deadline"
 
 
-# Payload bytes one native call receives before it returns, so the lane hashes them while
-# they are still in the CPU's cache (L2 is 1.25 MiB a core on the machines measured here).
-NATIVE_RUN_BYTES = 512 << 10
+# A read batch of up to READ_FEW_LANES_MAX_BYTES from one node stripes over at most one lane
+# per READ_LANE_CPUS of this process's CPUs (`read_connections_per_node` may say otherwise).
+# Measured on the 2-core VMs (`cellar bench --only data --transports tcp`, three runs each way,
+# alternated): get/ceiling with one lane against four, 4 MiB x 16 0.73-0.88 vs 0.50-0.68,
+# 4 MiB x 128 0.71-0.86 vs 0.57-0.72, 1 MiB x 16/128 0.51-0.79 vs 0.43-0.64, 16 MiB x 16 the
+# same (0.59-0.70): each lane's thread and its twin on the node contend for two cores and
+# their caches. A larger share stripes as writes do: 16 MiB x 128 (2 GiB) into fresh memory
+# ran 0.15-0.24 with one lane against 0.36-0.46 with four, the page faults of the
+# destinations then being the bound, and they spread over lanes. Writes stripe in any case:
+# 2-4 lanes put 16 x 4 MiB at 2.5-3.1 GB/s against 2.1-2.2 for one (the node's per-frame
+# work overlaps another lane's bytes).
+READ_LANE_CPUS = 2
+READ_FEW_LANES_MAX_BYTES = 512 << 20
 
 
-def _native_reads(inbox: Inbox, pending: deque[tuple[int, int, tuple[memoryview, ...], int]],
-                  deadline: float, hashed: list[bool], sums: list[int | None],
-                  most: int) -> tuple[int, BaseException | None]:
-    """Receive up to `most` of the `pending` READ replies (those due first, one destination
-    each, about NATIVE_RUN_BYTES) in one native call (`Inbox.read_replies`); pops and hashes
-    each that landed. Returns (how many, the error that stopped the call or None). What it
-    leaves (an error reply, a scattered destination) the pump's Python loop receives."""
-    items: list[tuple[int, memoryview]] = []
-    total = 0
-    for rid, _, views, size in pending:
-        if len(items) >= most or total >= NATIVE_RUN_BYTES or len(views) != 1 \
-                or len(views[0]) != size:
-            break
-        items.append((rid, views[0]))
-        total += size
-    if not items:
-        return 0, None
-    done, error = inbox.read_replies(items, deadline, NATIVE_RUN_BYTES)
-    for _ in range(done):
-        _, op_i, views, _ = pending.popleft()
-        if hashed[op_i]:
-            sums[op_i] = xxh3_64_intdigest(views[0])
-    return done, error
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class _Conn:
@@ -251,6 +246,8 @@ class TcpTransport(Transport):
     max_threads: the lane thread pool shared by all batches.
     min_stripe_bytes: a node's share of a batch uses at most one lane per this many bytes
         (0: no byte floor).
+    read_connections_per_node: most lanes a read batch stripes one node's share over (None:
+        one per READ_LANE_CPUS of this process's CPUs, at most connections_per_node).
     tls_context: verifies nodes whose endpoint is `tls://HOST:PORT` (`tls_sock`; None: the
         system's trust store). Plain endpoints never use it.
     `ping(address, timeout_s)` measures one round trip for latency probes.
@@ -263,11 +260,17 @@ class TcpTransport(Transport):
                  connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
                  max_inflight_per_connection: int = 64, max_threads: int = 16,
                  min_stripe_bytes: int = 8 << 20,
+                 read_connections_per_node: int | None = None,
                  tls_context: ssl.SSLContext | None = None,
                  spin: SpinWait | None = None) -> None:
         if connections_per_node < 1 or max_inflight_per_connection < 1 or max_threads < 1:
             raise ValueError("connections_per_node, max_inflight_per_connection and "
                              "max_threads must be >= 1")
+        if read_connections_per_node is None:
+            read_connections_per_node = max(1, min(connections_per_node,
+                                                   usable_cpus() // READ_LANE_CPUS))
+        if not 1 <= read_connections_per_node <= connections_per_node:
+            raise ValueError("read_connections_per_node must be in [1, connections_per_node]")
         if not 0 < chunk_bytes <= max_frame_payload_bytes:
             raise ValueError("chunk_bytes must be in (0, max_frame_payload_bytes]")
         self.connections_per_node = connections_per_node
@@ -278,6 +281,7 @@ class TcpTransport(Transport):
         self.max_inflight_per_connection = max_inflight_per_connection
         self.max_threads = max_threads
         self.min_stripe_bytes = min_stripe_bytes
+        self.read_connections_per_node = read_connections_per_node
         self.tls_context = tls_context
         # polls for the reply of a one-chunk transfer before blocking (transfer/spin_wait.py);
         # not over TLS, where a readable socket may hold only part of a record
@@ -378,7 +382,7 @@ class TcpTransport(Transport):
         for address in sorted(plan.by_address):
             chunks = plan.by_address[address]
             pool = self._pool(address)
-            want = self._lanes(len(chunks), plan.bytes_by_address[address])
+            want = self._lanes(len(chunks), plan.bytes_by_address[address], op_code)
             got = pool.acquire(want, deadline) if pool is not None else None
             if not got:
                 status, why = ((ST_TIMEOUT, NO_CONNECTION)
@@ -434,10 +438,12 @@ class TcpTransport(Transport):
                        plan, self.spin)
         return finish(plan)
 
-    def _lanes(self, n_chunks: int, nbytes: int) -> int:
+    def _lanes(self, n_chunks: int, nbytes: int, op_code: int) -> int:
+        most = (self.read_connections_per_node
+                if op_code != OP_WRITE and nbytes <= READ_FEW_LANES_MAX_BYTES
+                else self.connections_per_node)
         return lanes_for(n_chunks, nbytes, chunk_bytes=self.chunk_bytes,
-                         connections_per_node=self.connections_per_node,
-                         min_stripe_bytes=self.min_stripe_bytes)
+                         connections_per_node=most, min_stripe_bytes=self.min_stripe_bytes)
 
     def _submit(self, lane: tuple[Any, ...]) -> Future[None]:
         with self._lock:
@@ -501,7 +507,9 @@ class TcpTransport(Transport):
         is_write = op_code == OP_WRITE
         native = not is_write and inbox.native
         # `spin`: once per pump, before the first reply it would block for
-        pending: deque[tuple[int, int, tuple[memoryview, ...], int]] = deque()
+        pending: deque[Pending] = deque()
+        spans = plan.spans
+        runs: Runs = {}  # see tcp_reads.read_span_frame
         n = len(chunks)
         i = 0
         try:
@@ -514,14 +522,14 @@ class TcpTransport(Transport):
                     parts: list[bytes | memoryview] = []
                     while i < n and len(pending) < window and len(parts) < MAX_IOV - 2:
                         chunk = chunks[i]
-                        op_i, _, views, size, _ = chunk
+                        op_i, offset, views, size, _ = chunk
                         rid = conn.next_id
                         conn.next_id = rid + 1
                         add_request(parts, op_code, rid, chunk, metas[op_i])
-                        pending.append((rid, op_i, views, size))
+                        pending.append((rid, op_i, views, size, offset))
                         i += 1
                     send_all(sock, parts)
-                rid, op_i, views, size = pending[0]
+                rid, op_i, views, size, offset = pending[0]
                 view = views[0]
                 if time.monotonic() > deadline:
                     raise TimeoutError("deadline passed")
@@ -529,7 +537,7 @@ class TcpTransport(Transport):
                     spin.wait(sock)
                     spin = None
                 if native:  # a run of READ replies in one native call, then this loop's rest
-                    got, error = _native_reads(inbox, pending, deadline, hashed, sums,
+                    got, error = native_reads(inbox, pending, deadline, hashed, sums, spans,
                                                len(pending) - refill_at if i < n else len(pending))
                     if error is not None:
                         raise error
@@ -546,9 +554,7 @@ class TcpTransport(Transport):
                             receipts[op_i] = bytes(inbox.take(length))
                     else:
                         if len(views) == 1:
-                            inbox.read_into(view[early:])
-                            if hashed[op_i]:
-                                sums[op_i] = xxh3_64_intdigest(view)
+                            receive_payload(inbox, view, early, op_i, offset, plan, runs)
                         else:  # straight into every part, one recvmsg_into iovec each
                             inbox.read_into_views(views, early)
                             if hashed[op_i]:
@@ -569,7 +575,7 @@ class TcpTransport(Transport):
             status, why = ST_TIMEOUT, f"{address}: timed out ({e or type(e).__name__})"
         except (OSError, FrameError, Desync) as e:
             status, why = ST_CONNECTION_LOST, f"{address}: {e}"
-        for _, op_i, _, _ in pending:
+        for _, op_i, _, _, _ in pending:
             if fail[op_i] is None:
                 fail[op_i] = TransferResult(status, why)
         fail_chunks(fail, chunks[i:], status, why)

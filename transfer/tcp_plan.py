@@ -16,8 +16,10 @@ way, decided here once:
    its payload views, one iovec each); `check_response` matches a reply's header to the request it must answer (both clients read
    replies in order on each connection); anything else is a `Desync` and ends the connection.
 
-A one-frame read whose op asked for its checksum is hashed by its lane right after its last byte
-lands (`Plan.hashed`/`Plan.sums`); multi-frame reads are hashed by the caller afterwards.
+A one-frame read whose op asked for its checksum is hashed by its lane as its bytes land
+(`Plan.hashed`/`Plan.sums`); so is a multi-frame one whose frames all went to one lane
+(`Plan.spans`, as a read batch of one node on one lane does); others are hashed by the caller
+afterwards.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class Plan:
     hashed: list[bool]                     # per op: the lane hashes it (one-frame reads)
     sums: list[int | None]                 # per op: the lane's xxh3_64 of a hashed read
     receipts: list[bytes]                  # per op: the write receipt a reply carried
+    # multi-frame reads that want their checksum: op -> (first, end) segment offset; a lane
+    # that receives all of such an op's frames, in order, hashes it as it lands
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
     by_address: dict[str, list[Chunk]] = field(default_factory=dict)
     bytes_by_address: dict[str, int] = field(default_factory=dict)
 
@@ -148,6 +153,8 @@ def plan_batch(ops: Sequence[TransferOp], transport_name: str, op_code: int,
             chunks.append((i, op.offset, views, n, grant))
         elif len(views) == 1:
             view = views[0]
+            if op.want_checksum and is_read:
+                plan.spans[i] = (op.offset, op.offset + n)
             for pos in range(0, n, chunk_bytes):
                 piece = view[pos:pos + chunk_bytes]
                 chunks.append((i, op.offset + pos, (piece,), len(piece), grant))

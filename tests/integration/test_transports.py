@@ -18,6 +18,7 @@ subprocesses on 127.0.0.1) and a client forced onto one transport with
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import time
@@ -244,3 +245,27 @@ def cellar_host_id() -> str:
     from cellar.transfer.shm import local_host_id
 
     return local_host_id()
+
+
+def test_tcp_multi_frame_read_of_corrupt_bytes_is_refused(
+        make_cluster: Callable[..., LocalCluster],
+        connect_to: Callable[..., cellar.Client]) -> None:
+    """A value of three 4 MiB frames, read over tcp on one lane, is hashed as its frames land
+    (transfer/tcp.py `_read_span_frame`); a byte flipped in its middle frame on the node must
+    fail the get (IntegrityError), whatever the transport hashed, never return the bytes."""
+    cluster = make_cluster(nodes=1, segment_size="64MiB")
+    client = connect_to(cluster, transport="tcp")
+    value = os.urandom((9 << 20) + 1)
+    client.put("span/corrupt", value)
+    assert client.get("span/corrupt") == value  # read intact first: the lane's digest matches
+    [segment_file] = Path(cluster.shm_dir).glob("*.seg")
+    with open(segment_file, "r+b") as f, mmap.mmap(f.fileno(), 0) as mapped:
+        at = mapped.find(value[:4096])
+        assert at >= 0
+        flip = at + (5 << 20) + 17  # inside the second 4 MiB frame
+        mapped[flip] ^= 0xFF
+    with pytest.raises(cellar.IntegrityError):
+        client.get("span/corrupt")
+    out = bytearray(len(value))
+    with pytest.raises(cellar.IntegrityError):
+        client.get_into("span/corrupt", out)

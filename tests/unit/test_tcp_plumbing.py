@@ -8,7 +8,10 @@ import threading
 import time
 
 import pytest
+from xxhash import xxh3_64, xxh3_64_intdigest
 
+import cellar.transfer.tcp as tcp_module
+import cellar.transfer.tcp_reads as tcp_reads
 from cellar.proto.grant import Grant
 from cellar.transfer import available_transports, make_transport
 from cellar.transfer._sockio import (
@@ -20,6 +23,7 @@ from cellar.transfer._sockio import (
     set_io_timeout,
 )
 from cellar.transfer.base import byte_view
+from cellar.transfer.frame import OP_READ, OP_WRITE
 from cellar.transfer.tcp import TcpTransport, _Pool
 from cellar.transfer.tcp_plan import Chunk, deal
 
@@ -222,16 +226,53 @@ def test_outbox_bounds() -> None:
 
 
 def test_lanes_policy() -> None:
-    t = TcpTransport(connections_per_node=4, chunk_bytes=4 << 20, min_stripe_bytes=8 << 20)
+    t = TcpTransport(connections_per_node=4, chunk_bytes=4 << 20, min_stripe_bytes=8 << 20,
+                     read_connections_per_node=2)
     mib = 1 << 20
-    assert t._lanes(1, 64 * mib) == 1                # one frame: nothing to stripe
-    assert t._lanes(128, 128 * (64 << 10)) == 1      # small frames: CPU-bound, one lane
-    assert t._lanes(16, 16 * 4 * mib) == 4           # large frames: striped
-    assert t._lanes(4, 16 * mib) == 2                # at most one lane per min_stripe_bytes
-    assert t._lanes(2, 8 * mib) == 1
+    w, r = OP_WRITE, OP_READ
+    assert t._lanes(1, 64 * mib, w) == 1                # one frame: nothing to stripe
+    assert t._lanes(128, 128 * (64 << 10), w) == 1      # small frames: CPU-bound, one lane
+    assert t._lanes(16, 16 * 4 * mib, w) == 4           # large frames: striped
+    assert t._lanes(16, 16 * 4 * mib, r) == 2           # reads: read_connections_per_node
+    assert t._lanes(512, 2048 * mib, r) == 4            # ...up to READ_FEW_LANES_MAX_BYTES
+    assert t._lanes(4, 16 * mib, w) == 2                # at most one lane per min_stripe_bytes
+    assert t._lanes(2, 8 * mib, w) == 1
     t0 = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0)
-    assert t0._lanes(3, 3 * (64 << 10)) == 3
-    assert t0._lanes(100, 100 * (64 << 10)) == 4
+    assert t0._lanes(3, 3 * (64 << 10), w) == 3
+    assert t0._lanes(100, 100 * (64 << 10), w) == 4
+
+
+def test_read_lanes_follow_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default a read stripes over one lane per READ_LANE_CPUS CPUs, within the pool."""
+    for cpus, lanes in ((1, 1), (2, 1), (4, 2), (8, 4), (64, 4)):
+        monkeypatch.setattr(tcp_module, "usable_cpus", lambda cpus=cpus: cpus)
+        assert TcpTransport(connections_per_node=4).read_connections_per_node == lanes
+    with pytest.raises(ValueError):
+        TcpTransport(connections_per_node=2, read_connections_per_node=3)
+    with pytest.raises(ValueError):
+        TcpTransport(read_connections_per_node=0)
+
+
+def test_read_into_hashed_hashes_what_landed() -> None:
+    """A payload received piece by piece and hashed as each lands (the bytes already taken
+    into the destination included) has the digest of the whole, and the stream stays in step."""
+    a, b = _pair()
+    inbox = Inbox(b, 64)
+    payload = os.urandom(300_001)
+    sender = threading.Thread(target=send_all,
+                              args=(a, [memoryview(b"HDR1" + payload + b"NEXT")]))
+    sender.start()
+    dst = memoryview(bytearray(len(payload)))
+    head, early = inbox.take_scatter(4, dst)
+    assert bytes(head) == b"HDR1"
+    digest = xxh3_64()
+    inbox.read_into_hashed(dst, early, 65536, digest)
+    assert digest.intdigest() == xxh3_64_intdigest(payload)
+    assert bytes(dst) == payload
+    assert bytes(inbox.take(4)) == b"NEXT"
+    sender.join()
+    a.close()
+    b.close()
 
 
 def test_take_scatter_and_unread() -> None:
@@ -293,3 +334,37 @@ def test_check_response_matches_a_reply_to_its_request_or_desyncs() -> None:
     for head, rid, size, is_read, why in bad:
         with pytest.raises(Desync, match=why):
             check_response(head, rid, size, is_read)
+
+
+def test_a_multi_frame_read_is_hashed_only_when_one_lane_had_every_frame() -> None:
+    """`_read_span_frame`: frames of one op received in order on one lane give the op's
+    checksum at its last frame; a lane that misses a frame (another lane had it) gives none,
+    so the caller hashes the op itself."""
+    a, b = _pair()
+    inbox = Inbox(b, 64)
+    frame_bytes = 100_000
+    payload = os.urandom(3 * frame_bytes)
+    span = (4096, 4096 + len(payload))
+    sender = threading.Thread(target=send_all, args=(a, [memoryview(payload + payload)]))
+    sender.start()
+    dst = memoryview(bytearray(len(payload)))
+    sums: list[int | None] = [None]
+    runs: dict = {}
+    for k in range(3):  # every frame, in order: hashed as they land
+        piece = dst[k * frame_bytes:(k + 1) * frame_bytes]
+        tcp_reads.read_span_frame(inbox, piece, 0, 0, span[0] + k * frame_bytes, span,
+                                    runs, sums)
+        assert sums[0] is None if k < 2 else sums[0] == xxh3_64_intdigest(payload)
+    assert bytes(dst) == payload and not runs
+    sums = [None]
+    for k in (0, 2):  # the middle frame went to another lane: no checksum from this one
+        piece = dst[k * frame_bytes:(k + 1) * frame_bytes]
+        tcp_reads.read_span_frame(inbox, piece, 0, 0, span[0] + k * frame_bytes, span,
+                                    runs, sums)
+        if k == 0:
+            inbox.skip(frame_bytes)  # the other lane's frame, as far as this stream goes
+    assert sums[0] is None and not runs
+    assert bytes(dst[2 * frame_bytes:]) == payload[2 * frame_bytes:]
+    sender.join()
+    a.close()
+    b.close()
