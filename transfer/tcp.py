@@ -27,7 +27,7 @@ How a batch moves:
    still in cache (a large one HASHED_PIECE_BYTES at a time; a multi-frame one when this lane
    had all of its frames, `_read_span_frame`): on these VMs hashing a just-received MiB runs
    at ~40 GB/s against ~9 GB/s for the whole batch afterwards. A read batch stripes over
-   fewer lanes than a write (READ_LANE_CPUS says why). Lanes run on a small bounded
+   fewer lanes than a write (`tcp_plan.READ_LANE_CPUS` says why). Lanes run on a small bounded
    pool of threads owned by the transport; the last lane of a batch runs on the calling
    thread, so a batch that needs one connection costs no thread hop.
 
@@ -51,7 +51,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 import threading
@@ -107,6 +106,7 @@ from cellar.transfer.tcp_plan import (
     finish,
     lanes_for,
     plan_batch,
+    read_lanes,
 )
 from cellar.transfer.tcp_reads import Pending, Runs, native_reads, receive_payload
 from cellar.transfer.tls_sock import dial
@@ -117,29 +117,6 @@ assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 _ZERO_MAC = bytes(16)
 RESPONSE_SIZE = RESPONSE.size
 NO_CONNECTION = "no free connection before the deadline"
-
-
-# A read batch of up to READ_FEW_LANES_MAX_BYTES from one node stripes over at most one lane
-# per READ_LANE_CPUS of this process's CPUs (`read_connections_per_node` may say otherwise).
-# Measured on the 2-core VMs (`cellar bench --only data --transports tcp`, three runs each way,
-# alternated): get/ceiling with one lane against four, 4 MiB x 16 0.73-0.88 vs 0.50-0.68,
-# 4 MiB x 128 0.71-0.86 vs 0.57-0.72, 1 MiB x 16/128 0.51-0.79 vs 0.43-0.64, 16 MiB x 16 the
-# same (0.59-0.70): each lane's thread and its twin on the node contend for two cores and
-# their caches. A larger share stripes as writes do: 16 MiB x 128 (2 GiB) into fresh memory
-# ran 0.15-0.24 with one lane against 0.36-0.46 with four, the page faults of the
-# destinations then being the bound, and they spread over lanes. Writes stripe in any case:
-# 2-4 lanes put 16 x 4 MiB at 2.5-3.1 GB/s against 2.1-2.2 for one (the node's per-frame
-# work overlaps another lane's bytes).
-READ_LANE_CPUS = 2
-READ_FEW_LANES_MAX_BYTES = 512 << 20
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class _Conn:
@@ -246,8 +223,8 @@ class TcpTransport(Transport):
     max_threads: the lane thread pool shared by all batches.
     min_stripe_bytes: a node's share of a batch uses at most one lane per this many bytes
         (0: no byte floor).
-    read_connections_per_node: most lanes a read batch stripes one node's share over (None:
-        one per READ_LANE_CPUS of this process's CPUs, at most connections_per_node).
+    read_connections_per_node: most lanes a read batch of one node stripes over (None: one per
+        READ_LANE_CPUS of this process's CPUs, at most connections_per_node; `tcp_plan`).
     tls_context: verifies nodes whose endpoint is `tls://HOST:PORT` (`tls_sock`; None: the
         system's trust store). Plain endpoints never use it.
     `ping(address, timeout_s)` measures one round trip for latency probes.
@@ -266,11 +243,7 @@ class TcpTransport(Transport):
         if connections_per_node < 1 or max_inflight_per_connection < 1 or max_threads < 1:
             raise ValueError("connections_per_node, max_inflight_per_connection and "
                              "max_threads must be >= 1")
-        if read_connections_per_node is None:
-            read_connections_per_node = max(1, min(connections_per_node,
-                                                   usable_cpus() // READ_LANE_CPUS))
-        if not 1 <= read_connections_per_node <= connections_per_node:
-            raise ValueError("read_connections_per_node must be in [1, connections_per_node]")
+        read_connections_per_node = read_lanes(connections_per_node, read_connections_per_node)
         if not 0 < chunk_bytes <= max_frame_payload_bytes:
             raise ValueError("chunk_bytes must be in (0, max_frame_payload_bytes]")
         self.connections_per_node = connections_per_node
@@ -439,11 +412,10 @@ class TcpTransport(Transport):
         return finish(plan)
 
     def _lanes(self, n_chunks: int, nbytes: int, op_code: int) -> int:
-        most = (self.read_connections_per_node
-                if op_code != OP_WRITE and nbytes <= READ_FEW_LANES_MAX_BYTES
-                else self.connections_per_node)
         return lanes_for(n_chunks, nbytes, chunk_bytes=self.chunk_bytes,
-                         connections_per_node=most, min_stripe_bytes=self.min_stripe_bytes)
+                         connections_per_node=self.connections_per_node,
+                         min_stripe_bytes=self.min_stripe_bytes, is_read=op_code == OP_READ,
+                         read_connections_per_node=self.read_connections_per_node)
 
     def _submit(self, lane: tuple[Any, ...]) -> Future[None]:
         with self._lock:

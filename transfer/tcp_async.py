@@ -81,6 +81,7 @@ from cellar.transfer.tcp_plan import (
     finish,
     lanes_for,
     plan_batch,
+    read_lanes,
 )
 from cellar.transfer.tls_async import start_tls
 from cellar.transfer.tls_sock import split_endpoint
@@ -432,9 +433,12 @@ class AsyncTcpTransport(AsyncTransport):
                  max_frame_payload_bytes: int = DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
                  connect_timeout_s: float = 5.0, socket_buffer_bytes: int = 4 << 20,
                  max_inflight_per_connection: int = 64, min_stripe_bytes: int = 8 << 20,
+                 read_connections_per_node: int | None = None,
                  tls_context: ssl.SSLContext | None = None, **_ignored: object) -> None:
         if connections_per_node < 1 or max_inflight_per_connection < 1:
             raise ValueError("connections_per_node and max_inflight_per_connection must be >= 1")
+        self.read_connections_per_node = read_lanes(connections_per_node,
+                                                    read_connections_per_node)
         if not 0 < chunk_bytes <= max_frame_payload_bytes:
             raise ValueError("chunk_bytes must be in (0, max_frame_payload_bytes]")
         self.connections_per_node = connections_per_node
@@ -530,7 +534,9 @@ class AsyncTcpTransport(AsyncTransport):
                 lanes = lanes_for(len(chunks), plan.bytes_by_address[address],
                                   chunk_bytes=self.chunk_bytes,
                                   connections_per_node=self.connections_per_node,
-                                  min_stripe_bytes=self.min_stripe_bytes)
+                                  min_stripe_bytes=self.min_stripe_bytes,
+                                  is_read=op_code == OP_READ,
+                                  read_connections_per_node=self.read_connections_per_node)
                 picked = await pool.pick(lanes, deadline)
                 if isinstance(picked, TransferResult):
                     fail_chunks(plan.fail, chunks, picked.status, picked.message)

@@ -24,6 +24,7 @@ afterwards.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -166,13 +167,50 @@ def plan_batch(ops: Sequence[TransferOp], transport_name: str, op_code: int,
     return plan
 
 
+# A read batch of up to READ_FEW_LANES_MAX_BYTES from one node stripes over at most one lane
+# per READ_LANE_CPUS of this process's CPUs (`read_connections_per_node` may say otherwise).
+# Measured on the 2-core VMs (`cellar bench --only data --transports tcp`, three runs each way,
+# alternated): get/ceiling with one lane against four, 4 MiB x 16 0.73-0.88 vs 0.50-0.68,
+# 4 MiB x 128 0.71-0.86 vs 0.57-0.72, 1 MiB x 16/128 0.51-0.79 vs 0.43-0.64, 16 MiB x 16 the
+# same (0.59-0.70): each lane's thread and its twin on the node contend for two cores and
+# their caches. A larger share stripes as writes do: 16 MiB x 128 (2 GiB) into fresh memory
+# ran 0.15-0.24 with one lane against 0.36-0.46 with four, the page faults of the
+# destinations then being the bound, and they spread over lanes. Writes stripe in any case:
+# 2-4 lanes put 16 x 4 MiB at 2.5-3.1 GB/s against 2.1-2.2 for one (the node's per-frame
+# work overlaps another lane's bytes). The asyncio transport (one loop, a socket per lane) the
+# same: 16 x 1/4/16 MiB get_many_into on one lane 3.70/4.10/3.67 GB/s against 2.84/3.49/3.23.
+READ_LANE_CPUS = 2
+READ_FEW_LANES_MAX_BYTES = 512 << 20
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def read_lanes(connections_per_node: int, read_connections_per_node: int | None) -> int:
+    """A transport's `read_connections_per_node` option checked, or its default (None)."""
+    if read_connections_per_node is None:
+        return max(1, min(connections_per_node, usable_cpus() // READ_LANE_CPUS))
+    if not 1 <= read_connections_per_node <= connections_per_node:
+        raise ValueError("read_connections_per_node must be in [1, connections_per_node]")
+    return read_connections_per_node
+
+
 def lanes_for(n_chunks: int, nbytes: int, *, chunk_bytes: int, connections_per_node: int,
-              min_stripe_bytes: int) -> int:
+              min_stripe_bytes: int, is_read: bool = False,
+              read_connections_per_node: int | None = None) -> int:
     """How many connections to stripe one node's share of a batch over."""
     if n_chunks <= 1 or nbytes * STRIPE_CHUNK_FRACTION < chunk_bytes * n_chunks:
         return 1
+    most = connections_per_node
+    if is_read and read_connections_per_node is not None and nbytes <= READ_FEW_LANES_MAX_BYTES:
+        most = read_connections_per_node
     by_bytes = nbytes // min_stripe_bytes if min_stripe_bytes > 0 else n_chunks
-    return max(1, min(connections_per_node, n_chunks, by_bytes))
+    return max(1, min(most, n_chunks, by_bytes))
 
 
 def deal(chunks: list[Chunk], lanes: int) -> list[list[Chunk]]:

@@ -10,7 +10,7 @@ import time
 import pytest
 from xxhash import xxh3_64, xxh3_64_intdigest
 
-import cellar.transfer.tcp as tcp_module
+import cellar.transfer.tcp_plan as tcp_plan
 import cellar.transfer.tcp_reads as tcp_reads
 from cellar.proto.grant import Grant
 from cellar.transfer import available_transports, make_transport
@@ -25,6 +25,7 @@ from cellar.transfer._sockio import (
 from cellar.transfer.base import byte_view
 from cellar.transfer.frame import OP_READ, OP_WRITE
 from cellar.transfer.tcp import TcpTransport, _Pool
+from cellar.transfer.tcp_async import AsyncTcpTransport
 from cellar.transfer.tcp_plan import Chunk, deal
 
 
@@ -245,8 +246,9 @@ def test_lanes_policy() -> None:
 def test_read_lanes_follow_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """By default a read stripes over one lane per READ_LANE_CPUS CPUs, within the pool."""
     for cpus, lanes in ((1, 1), (2, 1), (4, 2), (8, 4), (64, 4)):
-        monkeypatch.setattr(tcp_module, "usable_cpus", lambda cpus=cpus: cpus)
+        monkeypatch.setattr(tcp_plan, "usable_cpus", lambda cpus=cpus: cpus)
         assert TcpTransport(connections_per_node=4).read_connections_per_node == lanes
+        assert AsyncTcpTransport(connections_per_node=4).read_connections_per_node == lanes
     with pytest.raises(ValueError):
         TcpTransport(connections_per_node=2, read_connections_per_node=3)
     with pytest.raises(ValueError):
