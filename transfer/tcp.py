@@ -25,9 +25,9 @@ How a batch moves:
    (MSG_WAITALL) on that slice: no intermediate buffer, no copy. A read whose op asked for
    its checksum (`want_checksum`) is hashed (xxh3_64) by its lane as it lands, while it is
    still in cache (a large one HASHED_PIECE_BYTES at a time; a multi-frame one when this lane
-   had all of its frames, `_read_span_frame`): on these VMs hashing a just-received MiB runs
-   at ~40 GB/s against ~9 GB/s for the whole batch afterwards. A read batch stripes over
-   fewer lanes than a write (`tcp_plan.READ_LANE_CPUS` says why). Lanes run on a small bounded
+   had all of its frames, `tcp_reads.frame_digest`): on these VMs hashing a just-received
+   MiB runs at ~40 GB/s against ~9 GB/s for the whole batch afterwards. A read batch stripes
+   over fewer lanes than a write (`tcp_plan.READ_LANE_CPUS` says why). Lanes run on a bounded
    pool of threads owned by the transport; the last lane of a batch runs on the calling
    thread, so a batch that needs one connection costs no thread hop.
 
@@ -108,7 +108,7 @@ from cellar.transfer.tcp_plan import (
     plan_batch,
     read_lanes,
 )
-from cellar.transfer.tcp_reads import Pending, Runs, native_reads, receive_payload
+from cellar.transfer.tcp_reads import Pending, native_reads, receive_payload
 from cellar.transfer.tls_sock import dial
 
 # Per-connection receive buffer for response headers and error messages.
@@ -481,7 +481,6 @@ class TcpTransport(Transport):
         # `spin`: once per pump, before the first reply it would block for
         pending: deque[Pending] = deque()
         spans = plan.spans
-        runs: Runs = {}  # see tcp_reads.read_span_frame
         n = len(chunks)
         i = 0
         try:
@@ -526,7 +525,7 @@ class TcpTransport(Transport):
                             receipts[op_i] = bytes(inbox.take(length))
                     else:
                         if len(views) == 1:
-                            receive_payload(inbox, view, early, op_i, offset, plan, runs)
+                            receive_payload(inbox, view, early, op_i, offset, plan)
                         else:  # straight into every part, one recvmsg_into iovec each
                             inbox.read_into_views(views, early)
                             if hashed[op_i]:

@@ -14,7 +14,9 @@ queued frames in order (many callers' frames gathered into one `sendmsg`), a rea
 replies in order and matches each to the request it answers (id, length), so concurrent calls
 pipeline on one connection as a sync batch does. A node's pool holds at most
 `connections_per_node` channels; a batch picks the least-loaded ones (more than one only when
-`tcp_plan.lanes_for` stripes a large share), opening new ones while under the limit.
+`tcp_plan.lanes_for` stripes a large share), opening new ones while under the limit. The
+reader task reads each reply with a synchronous stepper (`tcp_async_replies.ReplyStepper`),
+which hashes a read as it lands where the op wants its checksum (`tcp_reads`).
 
 Cancellation guarantee: when `read` returns (deadline passed, the caller's task was cancelled,
 or done), every one of its frames still outstanding is marked cancelled before it returns.
@@ -40,8 +42,6 @@ import ssl
 from collections import deque
 from collections.abc import Sequence
 
-from xxhash import xxh3_64_intdigest
-
 from cellar.transfer._sockio import (
     MAX_IOV,
     Inbox,
@@ -58,7 +58,6 @@ from cellar.transfer.base import (
     SegmentRoute,
     TransferOp,
     TransferResult,
-    hash_views,
 )
 from cellar.transfer.control import ControlCall
 from cellar.transfer.frame import (
@@ -67,15 +66,13 @@ from cellar.transfer.frame import (
     OP_COMMIT,
     OP_READ,
     OP_WRITE,
-    RESP_FLAG_CLOSE,
     RESPONSE,
-    ST_OK,
 )
 from cellar.transfer.tcp_async_frames import Frame, Wait, wake
+from cellar.transfer.tcp_async_replies import ReplyStepper
 from cellar.transfer.tcp_plan import (
     Plan,
     add_request,
-    check_response,
     deal,
     fail_chunks,
     finish,
@@ -87,16 +84,14 @@ from cellar.transfer.tls_async import start_tls
 from cellar.transfer.tls_sock import split_endpoint
 
 INBOX_BYTES = 64 << 10
-SCRATCH_BYTES = 256 << 10  # where a cancelled frame's payload is received and dropped
 # A retired channel still waiting for replies after this long is closed (its node stalled):
 # the bound on how long a timed-out batch's connection can linger.
 RETIRED_DRAIN_S = 10.0
 assert RESPONSE.size + MAX_MESSAGE_BYTES <= INBOX_BYTES
 RESPONSE_SIZE = RESPONSE.size
-_HEADER, _PAYLOAD, _MESSAGE, _RECEIPT = 0, 1, 2, 3  # the stages of reading one reply (`_Channel._advance`)
 
 
-class _Channel:
+class _Channel(ReplyStepper):
     """One connection shared by every batch on the loop: a writer task and a reader task."""
 
     def __init__(self, pool: _Pool, sock: socket.socket, window: int) -> None:
@@ -114,11 +109,7 @@ class _Channel:
         self.closed = False
         self._writer_wake: asyncio.Future[None] | None = None
         self._reader_wake: asyncio.Future[None] | None = None
-        self._scratch: memoryview | None = None
-        self._stage = _HEADER                  # where the oldest reply stands (`_advance`)
-        self._rest: list[memoryview] = []
-        self._left = 0
-        self._error: tuple[int, int, int] = (ST_OK, 0, 0)
+        self.init_reader()
         pool.transport._channels.add(self)
         self.loop.add_reader(self.fd, self._on_readable)
         self._writer = self.loop.create_task(self._write_loop())
@@ -258,109 +249,6 @@ class _Channel:
             raise
         except Exception as e:  # noqa: BLE001 - any failure closes only this channel
             self.close(ST_CONNECTION_LOST, f"{e or type(e).__name__}")
-
-    # The reply to the oldest frame is read by a synchronous stepper, not a coroutine per
-    # frame: `_advance` moves it on as far as the socket allows without waiting and says
-    # whether it is complete; the reader task awaits readability only when it is not. 64
-    # replies that are already in the socket buffer then cost no coroutine and no loop turn.
-    # Where the reply stands between two calls: _stage 0 = its header, 1 = its payload
-    # (`_rest` still to fill, `_left` bytes to go), 2 = its error message (`_error`).
-
-    def _advance(self, frame: Frame) -> bool:
-        if self._stage == _HEADER and not self._read_header(frame):
-            return False
-        if self._stage == _PAYLOAD:
-            if not self._read_payload(frame):
-                return False
-            op_i, _, views, _, _ = frame.chunk
-            if not frame.cancelled and frame.plan.hashed[op_i]:
-                frame.plan.sums[op_i] = (xxh3_64_intdigest(views[0]) if len(views) == 1
-                                         else hash_views(views))
-            self._stage = _HEADER
-            frame.finish()
-            return True
-        if self._stage == _MESSAGE:
-            status, msg_len, flags = self._error
-            try:
-                msg = bytes(self.inbox.take(msg_len)).decode("utf-8", "replace")
-            except BlockingIOError:
-                return False
-            self._stage = _HEADER
-            frame.finish(status, f"{self.pool.address}: {msg}")
-            if flags & RESP_FLAG_CLOSE:
-                raise PeerClosed(f"node closed the connection after: {msg}")
-            return True
-        if self._stage == _RECEIPT:  # a write's OK reply that carries its receipt
-            try:
-                receipt = bytes(self.inbox.take(self._error[1]))
-            except BlockingIOError:
-                return False
-            self._stage = _HEADER
-            frame.plan.receipts[frame.chunk[0]] = receipt
-            frame.finish()
-            return True
-        return True  # a write's reply: the header was all of it
-
-    def _read_header(self, frame: Frame) -> bool:
-        """The header and, for a read, its first payload bytes straight into its first view;
-        False if the header is not all there yet (nothing consumed then)."""
-        inbox = self.inbox
-        _, _, views, size, _ = frame.chunk
-        is_read = frame.op_code == OP_READ
-        try:
-            if is_read and size and not frame.cancelled:
-                head, early = inbox.take_scatter(RESPONSE_SIZE, views[0])
-            else:
-                head, early = inbox.take(RESPONSE_SIZE), 0
-        except BlockingIOError:
-            return False
-        status, flags, msg_len, length = check_response(head, frame.rid, size, is_read)
-        self.load_bytes -= size
-        if status == ST_OK:
-            if is_read:
-                self._rest = [] if frame.cancelled else inbox.drain_into(views, early)
-                self._left = size - early if frame.cancelled else sum(len(v) for v in self._rest)
-                self._stage = _PAYLOAD
-            elif length:
-                self._error = (status, length, flags)
-                self._stage = _RECEIPT
-            else:
-                frame.finish()
-            return True
-        if early:  # not payload after all: the error message and whatever follows it
-            inbox.unread(views[0][:early])
-            views[0][:early] = bytes(early)  # no refusal text left in the caller's buffer
-        self._error = (status, msg_len, flags)
-        self._stage = _MESSAGE
-        return True
-
-    def _read_payload(self, frame: Frame) -> bool:
-        """The rest of a read's payload into its views, into scratch once it is cancelled
-        (checked before every receive: never into the caller's view); False when the socket
-        has nothing more for now."""
-        rest = self._rest
-        while self._left:
-            if frame.cancelled:
-                self._left -= self.inbox.discard_buffered(self._left)
-                if not self._left:
-                    break
-                if self._scratch is None:
-                    self._scratch = memoryview(bytearray(SCRATCH_BYTES))
-                targets = [self._scratch[:min(self._left, SCRATCH_BYTES)]]
-            else:
-                targets = rest[:MAX_IOV]
-            try:
-                got = self.sock.recvmsg_into(targets)[0]
-            except (BlockingIOError, InterruptedError):
-                return False
-            if not got:
-                raise PeerClosed("peer closed the connection")
-            self._left -= got
-            if not frame.cancelled:
-                advance_views(rest, got)
-        self._rest = []
-        return True
-
 
 class _Pool:
     """The channels to one node address (at most `limit`, retired ones not counted), on one

@@ -6,9 +6,10 @@ Why here
     batch landed (from memory, at a fraction of the rate). Three shapes: runs of small replies
     in one native call (`native_reads`, each hashed right after it lands), a large payload
     received and hashed HASHED_PIECE_BYTES at a time (`receive_payload`), and the frames of a
-    multi-frame op hashed in turn when one lane had all of them (`read_span_frame`).
+    multi-frame op hashed in turn when one lane had all of them (`frame_digest`). The
+    asyncio transport (`tcp_async`) feeds the same digests as its non-blocking receives land.
 
-It owns no socket and no state beyond the lane's `Runs`; the pump hands it its inbox and plan.
+It owns no socket and no state beyond the plan's (`Plan.runs`, `Plan.sums`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ NATIVE_RUN_BYTES = 512 << 10
 # A larger read that wants its checksum is received and hashed this much at a time
 # (`Inbox.read_into_hashed`), not hashed whole once it landed (4 MiB no longer sit in L2).
 HASHED_PIECE_BYTES = 256 << 10
-# A multi-frame read being hashed on this lane: op index -> (its digest so far, the segment
-# offset its next frame must start at).
-Runs = dict[int, tuple[xxh3_64, int]]
-
 # A reply due: (request id, op index, destination views, payload bytes, segment offset).
 Pending = tuple[int, int, tuple[memoryview, ...], int, int]
 
@@ -60,45 +57,47 @@ def native_reads(inbox: Inbox, pending: deque[Pending], deadline: float, hashed:
     return done, error
 
 
-def read_span_frame(inbox: Inbox, view: memoryview, early: int, op_i: int, offset: int,
-                     span: tuple[int, int], runs: Runs,
-                     sums: list[int | None]) -> None:
-    """Receive one frame of a multi-frame read that wants its checksum (`Plan.spans`), hashing
-    it as it lands while this lane has had every earlier frame of the op, in order: the op's
-    first frame starts a run, each next one must start where the run ended, the last one
-    gives the op its checksum. A frame that does not continue a run (the op's frames went to
-    several lanes) ends it; the caller then hashes the op once it has landed."""
-    first, end = span
-    if offset == first:
-        digest: xxh3_64 | None = xxh3_64()
+def frame_digest(plan: Plan, op_i: int, offset: int, size: int) -> xxh3_64 | None:
+    """The digest an OK READ frame of `size` bytes at segment `offset` is to be hashed into as
+    it lands, or None (a small frame is hashed whole after it landed, if at all). A frame of a
+    multi-frame read (`Plan.spans`) continues its op's run: the op's first frame starts one,
+    each next frame must start where the run ended (frames of one op reach one lane in
+    order; when they went to several, a frame finds no run to continue and the caller hashes
+    the op once it has landed). Pops the run: only the frame holding a digest updates it."""
+    span = plan.spans.get(op_i) if plan.spans else None
+    if span is not None:
+        if offset == span[0]:
+            return xxh3_64()
+        run = plan.runs.pop(op_i, None)
+        return run[0] if run is not None and run[1] == offset else None
+    if plan.hashed[op_i] and size > HASHED_PIECE_BYTES:
+        return xxh3_64()
+    return None
+
+
+def frame_hashed(plan: Plan, op_i: int, offset: int, size: int, digest: xxh3_64) -> None:
+    """A frame fed to `digest` (`frame_digest`) has landed: the op's checksum when it was the
+    op's last frame, else its run goes on."""
+    span = plan.spans.get(op_i) if plan.spans else None
+    if span is None or offset + size == span[1]:
+        plan.sums[op_i] = digest.intdigest()
     else:
-        run = runs.pop(op_i, None)
-        digest = run[0] if run is not None and run[1] == offset else None
-    if digest is None:
-        inbox.read_into(view[early:])
-        return
-    inbox.read_into_hashed(view, early, HASHED_PIECE_BYTES, digest)
-    if offset + len(view) == end:
-        sums[op_i] = digest.intdigest()
-    else:
-        runs[op_i] = (digest, offset + len(view))
+        plan.runs[op_i] = (digest, offset + size)
 
 
 def receive_payload(inbox: Inbox, view: memoryview, early: int, op_i: int, offset: int,
-                    plan: Plan, runs: Runs) -> None:
+                    plan: Plan) -> None:
     """The rest of an OK READ reply's payload into its one destination `view` (its first
     `early` bytes landed with the header), hashed as it lands when the op wants its checksum."""
-    if plan.spans and op_i in plan.spans:  # a frame of a multi-frame read
-        read_span_frame(inbox, view, early, op_i, offset, plan.spans[op_i], runs, plan.sums)
-    elif plan.hashed[op_i] and len(view) > HASHED_PIECE_BYTES:
-        digest = xxh3_64()
+    digest = frame_digest(plan, op_i, offset, len(view))
+    if digest is not None:
         inbox.read_into_hashed(view, early, HASHED_PIECE_BYTES, digest)
-        plan.sums[op_i] = digest.intdigest()
-    else:
-        inbox.read_into(view[early:])
-        if plan.hashed[op_i]:
-            plan.sums[op_i] = xxh3_64_intdigest(view)
+        frame_hashed(plan, op_i, offset, len(view), digest)
+        return
+    inbox.read_into(view[early:])
+    if plan.hashed[op_i]:
+        plan.sums[op_i] = xxh3_64_intdigest(view)
 
 
-__all__ = ["HASHED_PIECE_BYTES", "NATIVE_RUN_BYTES", "Pending", "Runs", "native_reads",
-           "read_span_frame", "receive_payload"]
+__all__ = ["HASHED_PIECE_BYTES", "NATIVE_RUN_BYTES", "Pending", "frame_digest", "frame_hashed",
+           "native_reads", "receive_payload"]

@@ -67,9 +67,9 @@ def transport(request: pytest.FixtureRequest,
     if request.param == "native" and not _sockio.NATIVE_REPLIES:
         pytest.skip("the native helper is not built (or CELLAR_NATIVE_REPLIES=0)")
     monkeypatch.setattr(_sockio, "NATIVE_REPLIES", request.param == "native")
-    # small chunks force striping over all four connections
+    # small chunks force striping over all four connections (reads too, whatever the CPUs)
     t = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10,
-                     socket_buffer_bytes=1 << 20)
+                     socket_buffer_bytes=1 << 20, read_connections_per_node=4)
     yield t
     t.close()
 
@@ -140,9 +140,10 @@ def test_exact_bytes_over_chunk_boundaries(transport: TcpTransport, route: Segme
 
 def test_reads_report_their_checksum_when_asked(transport: TcpTransport,
                                                route: SegmentRoute) -> None:
-    """A one-frame read with want_checksum comes back with the xxh3_64 of the bytes read; a
-    read cut into several frames, or one that did not ask, leaves checksum None (the caller
-    hashes)."""
+    """A one-frame read with want_checksum comes back with the xxh3_64 of the bytes read, so
+    does one cut into frames that all came over one lane (hashed as they land); one whose
+    frames were striped over several lanes, or one that did not ask, leaves checksum None
+    (the caller hashes)."""
     import xxhash
 
     small, large = os.urandom(1000), os.urandom((64 << 10) * 3 + 5)  # large: 4 frames
@@ -155,8 +156,20 @@ def test_reads_report_their_checksum_when_asked(transport: TcpTransport,
     res = transport.read(ops, 30)
     assert all(r.ok for r in res)
     assert res[0].checksum == xxhash.xxh3_64_intdigest(small)
-    assert res[1].checksum is None and bytes(outs[1]) == large
+    # under min_stripe_bytes: one lane, which had every frame of the large read
+    assert res[1].checksum == xxhash.xxh3_64_intdigest(large) and bytes(outs[1]) == large
     assert res[2].checksum is None and bytes(outs[2]) == small
+    striped = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0,
+                           read_connections_per_node=4)
+    try:
+        outs = [bytearray(len(small)), bytearray(len(large))]
+        ops = [rop(route, 0, outs[0], key="s"), rop(route, 1 << 20, outs[1], key="l")]
+        ops[0].want_checksum = ops[1].want_checksum = True
+        res = striped.read(ops, 30)
+        assert res[1].checksum is None and bytes(outs[1]) == large  # frames on several lanes
+        assert res[0].checksum == xxhash.xxh3_64_intdigest(small)
+    finally:
+        striped.close()
 
 
 def test_one_bad_op_fails_alone(transport: TcpTransport, route: SegmentRoute,
@@ -343,7 +356,8 @@ def test_connection_cut_mid_read_fails_that_op_and_retry_succeeds(
     data = os.urandom(4 * n)
     access.view[:4 * n] = data
     # one op per connection
-    t = TcpTransport(connections_per_node=4, chunk_bytes=n, min_stripe_bytes=0)
+    t = TcpTransport(connections_per_node=4, chunk_bytes=n, min_stripe_bytes=0,
+                     read_connections_per_node=4)
     try:
         # open the four connections first, so the cut hits one of four streams in flight
         assert all(r.ok for r in t.read([rop(route, i * n, bytearray(n)) for i in range(4)], 10))

@@ -50,7 +50,7 @@ RUNNERS = pytest.mark.parametrize("run", [asyncio.run, _uvloop_run], ids=["async
 @pytest.fixture
 def sync_tcp() -> Iterator[TcpTransport]:
     t = TcpTransport(connections_per_node=4, chunk_bytes=CHUNK, socket_buffer_bytes=1 << 20,
-                     min_stripe_bytes=0)
+                     min_stripe_bytes=0, read_connections_per_node=4)  # reads striped too
     yield t
     t.close()
 
@@ -72,7 +72,8 @@ TOTAL = sum(PART_SIZES) + 70_000
 
 def _async_tcp() -> AsyncTcpTransport:
     return AsyncTcpTransport(connections_per_node=4, chunk_bytes=CHUNK,
-                             socket_buffer_bytes=1 << 20, min_stripe_bytes=0)
+                             socket_buffer_bytes=1 << 20, min_stripe_bytes=0,
+                             read_connections_per_node=4)  # reads striped too
 
 
 # -- scatter-gather ------------------------------------------------------------------------
@@ -140,6 +141,43 @@ def test_async_plain_and_parts_roundtrip_exact_bytes(route: SegmentRoute,
             await t.aclose()
 
     asyncio.run(main())
+
+
+@RUNNERS
+def test_async_reads_hashed_as_they_land(route: SegmentRoute, access: TransferNode,
+                                         run) -> None:
+    """The asyncio transport hashes a large one-frame read piece by piece as it lands and a
+    multi-frame read whose frames all came over one channel frame by frame: each reports the
+    xxh3_64 of its bytes; striped over four channels, the multi-frame read reports None (the
+    caller hashes), its bytes exact all the same."""
+    one_frame = os.urandom(1 << 20)   # > HASHED_PIECE_BYTES, one 4 MiB-chunk frame
+    frames = os.urandom(5 * CHUNK + 7)  # six frames of CHUNK
+    access.view[0:len(one_frame)] = one_frame
+    access.view[2 << 20:(2 << 20) + len(frames)] = frames
+
+    async def read(t: AsyncTcpTransport) -> tuple[list[int | None], list[bytes]]:
+        outs = [bytearray(len(one_frame)), bytearray(len(frames))]
+        ops = [rop(route, 0, outs[0]), rop(route, 2 << 20, outs[1])]
+        for op in ops:
+            op.want_checksum = True
+        try:
+            res = await t.read(ops, 30)
+        finally:
+            await t.aclose()
+        assert all(r.ok for r in res)
+        return [r.checksum for r in res], [bytes(o) for o in outs]
+
+    whole = AsyncTcpTransport(connections_per_node=4, chunk_bytes=4 << 20)
+    sums, outs = run(read(whole))
+    assert sums == [xxh3_64_intdigest(one_frame), xxh3_64_intdigest(frames)]  # both one frame
+    assert outs == [one_frame, frames]
+    one_lane = AsyncTcpTransport(connections_per_node=4, chunk_bytes=CHUNK,
+                                 read_connections_per_node=1)
+    sums, outs = run(read(one_lane))
+    assert sums == [xxh3_64_intdigest(one_frame), xxh3_64_intdigest(frames)]
+    assert outs == [one_frame, frames]
+    sums, outs = run(read(_async_tcp()))  # four channels
+    assert sums[1] is None and outs == [one_frame, frames]
 
 
 @RUNNERS

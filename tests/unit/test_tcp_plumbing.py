@@ -26,7 +26,7 @@ from cellar.transfer.base import byte_view
 from cellar.transfer.frame import OP_READ, OP_WRITE
 from cellar.transfer.tcp import TcpTransport, _Pool
 from cellar.transfer.tcp_async import AsyncTcpTransport
-from cellar.transfer.tcp_plan import Chunk, deal
+from cellar.transfer.tcp_plan import Chunk, Plan, deal
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
@@ -339,33 +339,36 @@ def test_check_response_matches_a_reply_to_its_request_or_desyncs() -> None:
 
 
 def test_a_multi_frame_read_is_hashed_only_when_one_lane_had_every_frame() -> None:
-    """`_read_span_frame`: frames of one op received in order on one lane give the op's
-    checksum at its last frame; a lane that misses a frame (another lane had it) gives none,
-    so the caller hashes the op itself."""
+    """`tcp_reads.receive_payload`: frames of one op received in order give the op's checksum
+    at its last frame; a run that misses a frame (another lane had it) gives none, so the
+    caller hashes the op itself."""
     a, b = _pair()
     inbox = Inbox(b, 64)
     frame_bytes = 100_000
     payload = os.urandom(3 * frame_bytes)
-    span = (4096, 4096 + len(payload))
+    first = 4096
     sender = threading.Thread(target=send_all, args=(a, [memoryview(payload + payload)]))
     sender.start()
     dst = memoryview(bytearray(len(payload)))
-    sums: list[int | None] = [None]
-    runs: dict = {}
+
+    def plan() -> Plan:
+        p = Plan([None], [b""], [False], [None], [b""])
+        p.spans[0] = (first, first + len(payload))
+        return p
+
+    whole = plan()
     for k in range(3):  # every frame, in order: hashed as they land
         piece = dst[k * frame_bytes:(k + 1) * frame_bytes]
-        tcp_reads.read_span_frame(inbox, piece, 0, 0, span[0] + k * frame_bytes, span,
-                                    runs, sums)
-        assert sums[0] is None if k < 2 else sums[0] == xxh3_64_intdigest(payload)
-    assert bytes(dst) == payload and not runs
-    sums = [None]
+        tcp_reads.receive_payload(inbox, piece, 0, 0, first + k * frame_bytes, whole)
+        assert whole.sums[0] is None if k < 2 else whole.sums[0] == xxh3_64_intdigest(payload)
+    assert bytes(dst) == payload and not whole.runs
+    gap = plan()
     for k in (0, 2):  # the middle frame went to another lane: no checksum from this one
         piece = dst[k * frame_bytes:(k + 1) * frame_bytes]
-        tcp_reads.read_span_frame(inbox, piece, 0, 0, span[0] + k * frame_bytes, span,
-                                    runs, sums)
+        tcp_reads.receive_payload(inbox, piece, 0, 0, first + k * frame_bytes, gap)
         if k == 0:
             inbox.skip(frame_bytes)  # the other lane's frame, as far as this stream goes
-    assert sums[0] is None and not runs
+    assert gap.sums[0] is None and not gap.runs
     assert bytes(dst[2 * frame_bytes:]) == payload[2 * frame_bytes:]
     sender.join()
     a.close()
