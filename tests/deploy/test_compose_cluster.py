@@ -12,10 +12,11 @@ etcd and Prometheus images, this test's secrets), and everything is checked from
 - `docker restart` of a node's container: its objects re-attach from its volume;
 - Prometheus's targets show both masters and the three nodes up, and a query of the Grafana
   dashboard returns the cluster's object count;
-- then the same cluster again with deploy/compose/compose.tls.yaml (TLS on every Cellar port,
-  a certificate from `cellar tls create`): every HEALTHCHECK turns healthy over https, the SDK
-  writes and reads back objects over TLS (the nodes advertise tls:// endpoints), plaintext HTTP
-  gets no answer, and Prometheus scrapes every master and node over https.
+- then the same cluster again with deploy/compose/compose.tls.yaml (TLS on every port, a
+  certificate from `cellar tls create`): every HEALTHCHECK turns healthy over https, etcd
+  answers only TLS clients with a certificate of the CA, the SDK writes and reads back objects
+  over TLS (the nodes advertise tls:// endpoints), plaintext HTTP gets no answer, and
+  Prometheus scrapes every master and node over https.
 Grafana itself does not run (not in Debian, no registry here). The teardown removes the
 containers, volumes and network, and stops the dockerd it started, on failure too.
 
@@ -36,6 +37,7 @@ import re
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -400,32 +402,55 @@ def https_get(port: int, path: str, ca_file: str) -> str:
     return fetch(f"https://127.0.0.1:{port}", path, timeout_s=5, ca_file=ca_file).decode()
 
 
+def assert_etcd_refuses_strangers(tls_dir: Path) -> None:
+    """etcd's client port speaks TLS only, and answers only a client whose certificate its CA
+    signed: plaintext gets no HTTP answer, TLS without a certificate is refused, the
+    certificate is served."""
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        http_get("http://127.0.0.1:2379/health")
+    context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)), \
+            urllib.request.urlopen("https://127.0.0.1:2379/health", timeout=5,
+                                   context=context) as reply:
+        reply.read()
+    context.load_cert_chain(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"))
+    with urllib.request.urlopen("https://127.0.0.1:2379/health", timeout=5,
+                                context=context) as reply:
+        assert json.loads(reply.read())["health"] == "true"
+
+
 def test_the_cluster_again_with_tls_on_every_port(cluster: Cluster) -> None:
     """compose.tls.yaml on the same images, after the plaintext cluster went down: the
     HEALTHCHECKs (`cellar health`) pass over https, the SDK's objects travel over TLS (the nodes
     advertise tls:// data endpoints), plaintext HTTP gets no answer, Prometheus scrapes https;
-    the masters and nodes name etcd by host name where this machine has one for 127.0.0.1."""
+    etcd serves TLS to certificate holders only, and the masters and nodes (which hold one)
+    name it by host name where this machine has one for 127.0.0.1."""
     cluster.close()
     cluster.compose.down()
     ports_free(LOOPBACK_PORTS)
     work = Path(cluster.compose.variables["CELLAR_CI_WORK"])
     tls_dir = work / "tls"
-    made = subprocess.run([sys.executable, "-m", "cellar", "tls", "create", "--dir", str(tls_dir),
-                           "--readable-key", "--days", "2", "127.0.0.1"],
-                          capture_output=True, text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
-    ca_file = str(tls_dir / "ca.crt")
     # The masters and nodes name etcd by this machine's host name when it resolves to
     # 127.0.0.1 (as compose's bridge network names it `etcd`): a master given a name never led
     # before coord/election.py's _etcd_client (tests/integration/test_etcd_by_name.py).
     found = loopback_host_name()  # etcd binds 127.0.0.1 in this variant: that address only
     etcd_name = found[0] if found is not None and found[1] == "127.0.0.1" else ""
     cluster.times["tls_etcd_by_name"] = 1.0 if etcd_name else 0.0
+    made = subprocess.run([sys.executable, "-m", "cellar", "tls", "create", "--dir", str(tls_dir),
+                           "--readable-key", "--days", "2", "127.0.0.1",
+                           *([etcd_name] if etcd_name else [])],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    ca_file = str(tls_dir / "ca.crt")
+    # etcd too serves TLS, to clients with a certificate of the CA only: the same one here
+    etcd_env = {"CELLAR_ETCD_CA_FILE": ca_file, "CELLAR_ETCD_CERT_FILE": str(tls_dir / "tls.crt"),
+                "CELLAR_ETCD_KEY_FILE": str(tls_dir / "tls.key")}
     compose = Compose(cluster.engine, {
         **cluster.compose.variables, "CELLAR_TLS_DIR": str(tls_dir),
         "CELLAR_ETCD_ADDRESS": f"{etcd_name or '127.0.0.1'}:2379",
         "CELLAR_PROMETHEUS_TLS_CONFIG": str(DEPLOY / "prometheus" / "prometheus-loopback-tls.yml")},
-        extra_files=(DEPLOY / "compose" / "compose.tls.yaml",))
+        extra_files=(DEPLOY / "compose" / "compose.tls.yaml",
+                     DEPLOY / "compose" / "compose.loopback-tls.yaml"))
     start = time.monotonic()
     try:
         compose("up", "-d", "--no-build", *SERVICES)
@@ -446,7 +471,10 @@ def test_the_cluster_again_with_tls_on_every_port(cluster: Cluster) -> None:
             return cellar.connect(ETCD_TARGET, tenant="default", token=cluster.token,
                                   transport="tcp", timeout_s=30)
 
-        os.environ["CELLAR_TLS_CA"] = ca_file  # the SDK verifies the masters and nodes with it
+        assert_etcd_refuses_strangers(tls_dir)
+        # the SDK verifies the masters and nodes with the CA, and finds the leader in etcd
+        # over TLS with the certificate
+        os.environ.update({"CELLAR_TLS_CA": ca_file, **etcd_env})
         try:
             client, _ = poll("the SDK connects through etcd over TLS", 60, connected)
             with client:
@@ -455,7 +483,8 @@ def test_the_cluster_again_with_tls_on_every_port(cluster: Cluster) -> None:
                     client.put(key, value)
                 assert all(client.get(key) == value for key, value in values.items())
         finally:
-            del os.environ["CELLAR_TLS_CA"]
+            for name in ("CELLAR_TLS_CA", *etcd_env):
+                del os.environ[name]
         leader = next(name for name, port in MASTERS.items()
                       if json.loads(https_get(port, "/api/v1/status", ca_file)).get("role") == "leader")
         status = json.loads(https_get(MASTERS[leader], "/api/v1/status", ca_file))

@@ -154,10 +154,39 @@ def test_tls_override_turns_tls_on_for_every_port_of_the_process(service: str, t
     assert settings["tls_key_file"] == str(tls_dir / "tls.key")
     assert settings["http_tls"] == "True"
     assert env["CELLAR_TLS_CA"] == str(tls_dir / "ca.crt")
+    # etcd over TLS with the same certificate as the client's (coord/etcd_tls.py)
+    assert (env["CELLAR_ETCD_CA_FILE"], env["CELLAR_ETCD_CERT_FILE"], env["CELLAR_ETCD_KEY_FILE"]) \
+        == (str(tls_dir / "ca.crt"), str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"))
+
+
+@pytest.mark.parametrize("files, host", [
+    (["compose.yaml", "compose.tls.yaml"], "0.0.0.0"),
+    (["compose.yaml", "compose.loopback.yaml", "compose.tls.yaml", "compose.loopback-tls.yaml"],
+     "127.0.0.1")], ids=["bridge", "loopback"])
+def test_tls_override_makes_etcd_serve_tls_to_certificate_holders(files: list[str], host: str,
+                                                                  tmp_path: Path) -> None:
+    """The merged etcd service (`docker-compose config`): client URLs over https on the
+    variant's address only, the certificate and CA of the compose secrets, clients asked for a
+    certificate; the tools container holds one. test_compose_cluster.py runs it for real."""
+    tool = require_tool("docker-compose")
+    proc = subprocess.run([tool, *[a for f in files for a in ("-f", f)], "config"],
+                          cwd=COMPOSE_DIR, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CELLAR_TLS_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    command = services["etcd"]["command"]
+    assert f"--listen-client-urls=https://{host}:2379" in command
+    assert not any(a.startswith("--listen-client-urls=http:") for a in command)
+    assert {"--client-cert-auth", "--cert-file=/run/secrets/tls_cert",
+            "--key-file=/run/secrets/tls_key", "--trusted-ca-file=/run/secrets/tls_ca"} <= set(command)
+    secrets = {e["source"] if isinstance(e, dict) else e for e in services["etcd"]["secrets"]}
+    assert {"tls_cert", "tls_key", "tls_ca"} <= secrets
+    assert services["tools"]["environment"]["CELLAR_ETCD_CERT_FILE"] == "/run/secrets/tls_cert"
 
 
 @pytest.mark.parametrize("files", [[], ["compose.yaml", "compose.loopback.yaml"],
-                                   ["compose.yaml", "compose.loopback.yaml", "compose.tls.yaml"]],
+                                   ["compose.yaml", "compose.loopback.yaml", "compose.tls.yaml",
+                                    "compose.loopback-tls.yaml"]],
                          ids=["default", "loopback", "loopback-tls"])
 def test_docker_compose_1_29_accepts_the_files(files: list[str]) -> None:
     tool = require_tool("docker-compose")

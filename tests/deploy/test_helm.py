@@ -388,6 +388,12 @@ def test_the_certificate_covers_every_address_callers_verify(tmp_path: Path) -> 
     addresses["clients in the namespace"] = service
     addresses["clients elsewhere"] = f"{service}.kv.svc"
     addresses["NOTES.txt's port-forward"] = re.search(r"open https://([^:/]+):", notes).group(1)
+    etcd_arg = master["args"][master["args"].index("--etcd") + 1]
+    addresses["the bundled etcd, as the masters name it"] = etcd_arg.rpartition(":")[0]
+    etcd = one(docs, "StatefulSet", "-etcd")["spec"]["template"]["spec"]["containers"][0]
+    probe = etcd["readinessProbe"]["exec"]["command"]
+    addresses["the bundled etcd's probe"] = re.search(
+        r"https://([^:]+):", next(a for a in probe if a.startswith("--endpoints="))).group(1)
     assert addresses["cellar-master-2 advertised"] == "cellar-master-2.cellar-master-pods.kv.svc"
     for who, host in addresses.items():
         try:
@@ -400,9 +406,12 @@ def test_the_certificate_covers_every_address_callers_verify(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_tls_to_an_external_etcd_reaches_the_masters_and_nodes(name: str) -> None:
-    """etcd.tls.secretName: its files mounted into every master and node with the settings of
-    coord/etcd_tls.py; refused with the bundled etcd, which serves plaintext only."""
-    secret = ((values_of(name) or {}).get("etcd", {}).get("tls", {}).get("secretName"))
+    """etcd.tls.secretName (an external etcd's client side) or, for the bundled etcd,
+    etcd.serverTls.secretName: its files mounted into every master and node with the settings
+    of coord/etcd_tls.py; etcd.tls.secretName with the bundled etcd is refused."""
+    etcd_values = (values_of(name) or {}).get("etcd", {})
+    secret = (etcd_values.get("tls", {}).get("secretName")
+              or etcd_values.get("serverTls", {}).get("secretName"))
     docs = render(name)
     for suffix in ("-master", "-node"):
         pod = one(docs, "StatefulSet", suffix)["spec"]["template"]["spec"]
@@ -417,7 +426,7 @@ def test_tls_to_an_external_etcd_reaches_the_masters_and_nodes(name: str) -> Non
             assert volumes["etcd-tls"]["secret"]["secretName"] == secret
         else:
             assert not any(k.startswith("CELLAR_ETCD_") for k in env) and "etcd-tls" not in mounts
-    with pytest.raises(Exception, match="bundled etcd serves plaintext"):
+    with pytest.raises(Exception, match="the bundled etcd's TLS is etcd.serverTls.secretName"):
         helm.Chart.load(str(CHART)).render({"etcd": {"tls": {"secretName": "x"}}}, name="cellar",
                                            namespace="kv", is_install=True)
 
@@ -450,3 +459,72 @@ def test_a_fresh_install_has_an_admin_token_its_masters_accept(name: str, tmp_pa
     # a second render makes another token (an upgrade keeps the first: looked up in the cluster)
     again = next(d for d in kind(render(name), "Secret") if d["metadata"]["name"] == "cellar-tokens")
     assert again["data"]["admin-token"] != secrets["cellar-tokens"]["data"]["admin-token"]
+
+
+def test_the_bundled_etcd_serves_tls_to_certificate_holders_only(tmp_path: Path) -> None:
+    """values-tls.yaml: the bundled etcd's rendered command, run for real (the etcd of the dev
+    extra, its files and addresses moved to this machine) with a certificate of exactly the
+    Certificate's dnsNames, answers no plaintext and no TLS client without a certificate, and
+    its rendered readiness probe (etcdctl with the Secret's certificate) passes; the masters and
+    nodes mount that Secret for etcd, and the Certificate allows client auth."""
+    import ssl
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    from cellar.devtools.etcd_server import find_etcd_binary
+    from cellar.devtools.ports import free_port
+    from cellar.tls import make_dev_pki
+
+    docs = render("tls")
+    certificate = one(docs, "Certificate", "-tls")
+    assert "client auth" in certificate["spec"]["usages"]
+    for suffix in ("-master", "-node"):
+        pod = one(docs, "StatefulSet", suffix)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["etcd-tls"]["secret"]["secretName"] == certificate["spec"]["secretName"]
+    etcd_pod = one(docs, "StatefulSet", "-etcd")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in etcd_pod["volumes"]}["tls"]["secret"]["secretName"] == \
+        certificate["spec"]["secretName"]
+    container = etcd_pod["containers"][0]
+    assert "--client-cert-auth" in container["command"]
+    pki = make_dev_pki(tmp_path / "pki", certificate["spec"]["dnsNames"], loopback=False)
+    files = {"/etc/etcd/tls/tls.crt": str(pki.cert_file), "/etc/etcd/tls/tls.key": str(pki.key_file),
+             "/etc/etcd/tls/ca.crt": str(pki.ca_file)}
+    port, peer = free_port("127.0.0.1"), free_port("127.0.0.1")
+
+    def here(arg: str) -> str:
+        for path, local in files.items():
+            arg = arg.replace(path, local)
+        return (arg.replace("0.0.0.0:2379", f"127.0.0.1:{port}")
+                .replace(":2379", f":{port}").replace("/var/lib/etcd", str(tmp_path / "data")))
+
+    command = [find_etcd_binary(), *map(here, container["command"][1:]),
+               f"--listen-peer-urls=http://127.0.0.1:{peer}",
+               f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+               f"--initial-cluster=etcd=http://127.0.0.1:{peer}"]
+    probe = [find_etcd_binary("etcdctl"),
+             *map(here, container["readinessProbe"]["exec"]["command"][1:])]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(probe, capture_output=True, timeout=10).returncode != 0:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:] if server.stderr else ""
+            assert time.monotonic() < deadline, "the rendered readiness probe never passed"
+            time.sleep(0.2)
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)), \
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+            reply.read()  # plaintext: no answer
+        context = ssl.create_default_context(cafile=str(pki.ca_file))
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)), \
+                urllib.request.urlopen(f"https://localhost:{port}/health", timeout=5,
+                                       context=context) as reply:
+            reply.read()  # TLS without a certificate: refused
+        context.load_cert_chain(str(pki.cert_file), str(pki.key_file))
+        with urllib.request.urlopen(f"https://localhost:{port}/health", timeout=5,
+                                    context=context) as reply:
+            assert reply.status == 200
+    finally:
+        server.kill()
+        server.wait(timeout=10)

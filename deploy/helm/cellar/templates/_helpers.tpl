@@ -38,12 +38,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* the env and volume of TLS to etcd (etcd.tls.secretName), for the masters and nodes */}}
+{{/* the Secret the masters and nodes reach etcd over TLS with: etcd.tls.secretName (an external
+etcd's client side), or etcd.serverTls.secretName (the bundled etcd's own); empty: plaintext */}}
+{{- define "cellar.etcdTlsSecret" -}}
+{{- if .Values.etcd.tls.secretName -}}
+{{- if not .Values.etcd.endpoints -}}
+{{- fail "etcd.tls.secretName is for an external etcd (etcd.endpoints); the bundled etcd's TLS is etcd.serverTls.secretName" -}}
+{{- end -}}
+{{- .Values.etcd.tls.secretName -}}
+{{- else if and .Values.etcd.enabled (not .Values.etcd.endpoints) .Values.etcd.serverTls.secretName -}}
+{{- .Values.etcd.serverTls.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* the env of TLS to etcd (cellar.etcdTlsSecret, mounted at /etc/cellar/etcd-tls), for the
+masters and nodes */}}
 {{- define "cellar.etcdTlsEnv" -}}
-{{- if .Values.etcd.tls.secretName }}
-{{- if not .Values.etcd.endpoints }}
-{{- fail "etcd.tls.secretName is for an external etcd (etcd.endpoints): the bundled etcd serves plaintext" }}
-{{- end }}
+{{- if include "cellar.etcdTlsSecret" . }}
 # TLS to etcd (coord/etcd_tls.py): never plaintext once the CA is set
 - name: CELLAR_ETCD_CA_FILE
   value: /etc/cellar/etcd-tls/ca.crt
@@ -91,6 +102,12 @@ of the headless Services: the addresses they advertise), and localhost (an opera
 - "*.{{ include "cellar.masterPods" . }}.{{ $ns }}.svc"
 - "*.{{ $full }}-node.{{ $ns }}.svc"
 - localhost
+{{- if and .Values.etcd.enabled (not .Values.etcd.endpoints) }}
+{{- $etcd := printf "%s-etcd" (.Release.Name | trunc 58 | trimSuffix "-") }}
+- {{ $etcd }}
+- {{ $etcd }}.{{ $ns }}.svc
+- {{ $etcd }}.{{ $ns }}.svc.cluster.local
+{{- end }}
 {{- end -}}
 
 
