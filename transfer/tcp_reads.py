@@ -32,8 +32,8 @@ Pending = tuple[int, int, tuple[memoryview, ...], int, int]
 
 
 def native_reads(inbox: Inbox, pending: deque[Pending], deadline: float, hashed: list[bool],
-                  sums: list[int | None], spans: dict[int, tuple[int, int]],
-                  most: int) -> tuple[int, BaseException | None]:
+                 sums: list[int | None], spans: dict[int, tuple[int, int]],
+                 most: int) -> tuple[int, BaseException | None]:
     """Receive up to `most` of the `pending` READ replies (those due first, one destination
     each, about NATIVE_RUN_BYTES) in one native call (`Inbox.read_replies`); pops and hashes
     each that landed. Returns (how many, the error that stopped the call or None). What it
