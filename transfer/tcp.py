@@ -355,7 +355,7 @@ class TcpTransport(Transport):
         for address in sorted(plan.by_address):
             chunks = plan.by_address[address]
             pool = self._pool(address)
-            want = self._lanes(len(chunks), plan.bytes_by_address[address], op_code)
+            want = self._lanes(len(chunks), plan.bytes_by_address[address], op_code, address)
             got = pool.acquire(want, deadline) if pool is not None else None
             if not got:
                 status, why = ((ST_TIMEOUT, NO_CONNECTION)
@@ -411,11 +411,12 @@ class TcpTransport(Transport):
                        plan, self.spin)
         return finish(plan)
 
-    def _lanes(self, n_chunks: int, nbytes: int, op_code: int) -> int:
+    def _lanes(self, n_chunks: int, nbytes: int, op_code: int, address: str = "") -> int:
         return lanes_for(n_chunks, nbytes, chunk_bytes=self.chunk_bytes,
                          connections_per_node=self.connections_per_node,
                          min_stripe_bytes=self.min_stripe_bytes, is_read=op_code == OP_READ,
-                         read_connections_per_node=self.read_connections_per_node)
+                         read_connections_per_node=self.read_connections_per_node,
+                         address=address)
 
     def _submit(self, lane: tuple[Any, ...]) -> Future[None]:
         with self._lock:

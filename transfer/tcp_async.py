@@ -424,7 +424,8 @@ class AsyncTcpTransport(AsyncTransport):
                                   connections_per_node=self.connections_per_node,
                                   min_stripe_bytes=self.min_stripe_bytes,
                                   is_read=op_code == OP_READ,
-                                  read_connections_per_node=self.read_connections_per_node)
+                                  read_connections_per_node=self.read_connections_per_node,
+                                  address=address)
                 picked = await pool.pick(lanes, deadline)
                 if isinstance(picked, TransferResult):
                     fail_chunks(plan.fail, chunks, picked.status, picked.message)

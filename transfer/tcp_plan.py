@@ -47,6 +47,7 @@ from cellar.transfer.frame import (
     decode_response,
     grant_flags,
 )
+from cellar.transfer.tls_sock import TLS_SCHEME
 
 # Striping policy, measured on 2-core loopback (see tcp.py's docstring): frames much smaller
 # than chunk_bytes are bound by per-frame CPU, where extra lanes only add GIL and thread-hop
@@ -184,7 +185,10 @@ def plan_batch(ops: Sequence[TransferOp], transport_name: str, op_code: int,
 # work overlaps another lane's bytes). The asyncio transport (one loop, a socket per lane) the
 # same: 16 x 1/4/16 MiB get_many_into on one lane 3.70/4.10/3.67 GB/s against 2.84/3.49/3.23
 # (and with its reads hashed as they land, 20 alternated batches: 16 MiB 4.50 against 3.92,
-# 1 and 4 MiB the same, 3.9 and 3.7).
+# 1 and 4 MiB the same, 3.9 and 3.7). Not over TLS, where each lane's decryption is CPU work
+# that spreads over the cores: 16 x 1/4/16 MiB gets from a TLS node, 16 alternated batches
+# in two runs, ran 0.73-1.05/0.78-1.29/0.81-0.85 GB/s on one lane against
+# 0.94-1.13/1.01-1.18/0.98-1.10 on four; TLS endpoints stripe reads as writes.
 READ_LANE_CPUS = 2
 READ_FEW_LANES_MAX_BYTES = 512 << 20
 
@@ -208,12 +212,14 @@ def read_lanes(connections_per_node: int, read_connections_per_node: int | None)
 
 def lanes_for(n_chunks: int, nbytes: int, *, chunk_bytes: int, connections_per_node: int,
               min_stripe_bytes: int, is_read: bool = False,
-              read_connections_per_node: int | None = None) -> int:
-    """How many connections to stripe one node's share of a batch over."""
+              read_connections_per_node: int | None = None, address: str = "") -> int:
+    """How many connections to stripe one node's share of a batch over (`address`: the node's
+    endpoint; a TLS one stripes reads as writes, READ_LANE_CPUS says why)."""
     if n_chunks <= 1 or nbytes * STRIPE_CHUNK_FRACTION < chunk_bytes * n_chunks:
         return 1
     most = connections_per_node
-    if is_read and read_connections_per_node is not None and nbytes <= READ_FEW_LANES_MAX_BYTES:
+    if is_read and read_connections_per_node is not None and nbytes <= READ_FEW_LANES_MAX_BYTES \
+            and not address.startswith(TLS_SCHEME):
         most = read_connections_per_node
     by_bytes = nbytes // min_stripe_bytes if min_stripe_bytes > 0 else n_chunks
     return max(1, min(most, n_chunks, by_bytes))

@@ -236,6 +236,8 @@ def test_lanes_policy() -> None:
     assert t._lanes(16, 16 * 4 * mib, w) == 4           # large frames: striped
     assert t._lanes(16, 16 * 4 * mib, r) == 2           # reads: read_connections_per_node
     assert t._lanes(512, 2048 * mib, r) == 4            # ...up to READ_FEW_LANES_MAX_BYTES
+    assert t._lanes(16, 16 * 4 * mib, r, "127.0.0.1:7000") == 2
+    assert t._lanes(16, 16 * 4 * mib, r, "tls://127.0.0.1:7000") == 4  # TLS: as writes
     assert t._lanes(4, 16 * mib, w) == 2                # at most one lane per min_stripe_bytes
     assert t._lanes(2, 8 * mib, w) == 1
     t0 = TcpTransport(connections_per_node=4, chunk_bytes=64 << 10, min_stripe_bytes=0)
