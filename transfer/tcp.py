@@ -481,7 +481,6 @@ class TcpTransport(Transport):
         native = not is_write and inbox.native
         # `spin`: once per pump, before the first reply it would block for
         pending: deque[Pending] = deque()
-        spans = plan.spans
         n = len(chunks)
         i = 0
         try:
@@ -509,8 +508,8 @@ class TcpTransport(Transport):
                     spin.wait(sock)
                     spin = None
                 if native:  # a run of READ replies in one native call, then this loop's rest
-                    got, error = native_reads(inbox, pending, deadline, hashed, sums, spans,
-                                               len(pending) - refill_at if i < n else len(pending))
+                    got, error = native_reads(inbox, pending, deadline, plan,
+                                              len(pending) - refill_at if i < n else len(pending))
                     if error is not None:
                         raise error
                     if got:

@@ -44,10 +44,9 @@ class ReplyStepper:
         self._stage = _HEADER                  # where the oldest reply stands (`_advance`)
         self._rest: list[memoryview] = []
         self._left = 0
-        # a payload hashed as it lands (tcp_reads.frame_digest): its digest, its one view, and
-        # how much of the view the digest has had
+        # a payload hashed as it lands (tcp_reads.frame_digest): its digest, and how much of
+        # the frame's one view the digest has had
         self._digest: xxh3_64 | None = None
-        self._view: memoryview | None = None
         self._hashed_to = 0
         self._error: tuple[int, int, int] = (ST_OK, 0, 0)
 
@@ -58,14 +57,13 @@ class ReplyStepper:
             if not self._read_payload(frame):
                 return False
             op_i, offset, views, size, _ = frame.chunk
-            digest, self._digest, self._view = self._digest, None, None
-            if frame.cancelled:
-                pass
-            elif digest is not None:
-                frame_hashed(frame.plan, op_i, offset, size, digest)
-            elif frame.plan.hashed[op_i]:
-                frame.plan.sums[op_i] = (xxh3_64_intdigest(views[0]) if len(views) == 1
-                                         else hash_views(views))
+            digest, self._digest = self._digest, None
+            if not frame.cancelled:
+                if digest is not None:
+                    frame_hashed(frame.plan, op_i, offset, size, digest)
+                elif frame.plan.hashed[op_i]:
+                    frame.plan.sums[op_i] = (xxh3_64_intdigest(views[0]) if len(views) == 1
+                                             else hash_views(views))
             self._stage = _HEADER
             frame.finish()
             return True
@@ -114,7 +112,7 @@ class ReplyStepper:
                 if not frame.cancelled and len(views) == 1:
                     op_i, offset = frame.chunk[0], frame.chunk[1]
                     self._digest = frame_digest(frame.plan, op_i, offset, size)
-                    self._view, self._hashed_to = views[0], 0
+                    self._hashed_to = 0
             elif length:
                 self._error = (status, length, flags)
                 self._stage = _RECEIPT
@@ -142,7 +140,7 @@ class ReplyStepper:
                     self._scratch = memoryview(bytearray(SCRATCH_BYTES))
                 targets = [self._scratch[:min(self._left, SCRATCH_BYTES)]]
             elif self._digest is not None:  # HASHED_PIECE_BYTES at a time, each hashed on landing
-                self._hash_landed(HASHED_PIECE_BYTES)
+                self._hash_landed(frame, HASHED_PIECE_BYTES)
                 targets = [rest[0][:HASHED_PIECE_BYTES]]
             else:
                 targets = rest[:MAX_IOV]
@@ -156,15 +154,16 @@ class ReplyStepper:
             if not frame.cancelled:
                 advance_views(rest, got)
         if self._digest is not None and not frame.cancelled:
-            self._hash_landed(0)
+            self._hash_landed(frame, 0)
         self._rest = []
         return True
 
-    def _hash_landed(self, at_least: int) -> None:
-        """Feed the digest what landed in the view since it last did, once that is at least
-        `at_least` bytes (0: whatever there is)."""
-        assert self._digest is not None and self._view is not None
-        landed = len(self._view) - self._left
+    def _hash_landed(self, frame: Frame, at_least: int) -> None:
+        """Feed the digest what landed in the frame's view since it last did, once that is at
+        least `at_least` bytes (0: whatever there is)."""
+        assert self._digest is not None
+        view = frame.chunk[2][0]
+        landed = len(view) - self._left
         if landed - self._hashed_to >= max(at_least, 1):
-            self._digest.update(self._view[self._hashed_to:landed])
+            self._digest.update(view[self._hashed_to:landed])
             self._hashed_to = landed

@@ -31,25 +31,25 @@ HASHED_PIECE_BYTES = 256 << 10
 Pending = tuple[int, int, tuple[memoryview, ...], int, int]
 
 
-def native_reads(inbox: Inbox, pending: deque[Pending], deadline: float, hashed: list[bool],
-                 sums: list[int | None], spans: dict[int, tuple[int, int]],
+def native_reads(inbox: Inbox, pending: deque[Pending], deadline: float, plan: Plan,
                  most: int) -> tuple[int, BaseException | None]:
     """Receive up to `most` of the `pending` READ replies (those due first, one destination
     each, about NATIVE_RUN_BYTES) in one native call (`Inbox.read_replies`); pops and hashes
     each that landed. Returns (how many, the error that stopped the call or None). What it
-    leaves (an error reply, a scattered destination) the pump's Python loop receives."""
+    leaves (an error reply, a scattered destination, a frame hashed as it lands) the pump's
+    Python loop receives."""
     items: list[tuple[int, memoryview]] = []
     total = 0
     for rid, op_i, views, size, _ in pending:
         if len(items) >= most or total >= NATIVE_RUN_BYTES or len(views) != 1 \
-                or len(views[0]) != size or op_i in spans \
-                or (hashed[op_i] and size > HASHED_PIECE_BYTES):
-            break  # what follows is hashed as it lands (the pump's loop)
+                or len(views[0]) != size or lands_hashed(plan, op_i, size):
+            break
         items.append((rid, views[0]))
         total += size
     if not items:
         return 0, None
     done, error = inbox.read_replies(items, deadline, NATIVE_RUN_BYTES)
+    hashed, sums = plan.hashed, plan.sums
     for _ in range(done):
         _, op_i, views, _, _ = pending.popleft()
         if hashed[op_i]:
@@ -57,22 +57,29 @@ def native_reads(inbox: Inbox, pending: deque[Pending], deadline: float, hashed:
     return done, error
 
 
+def lands_hashed(plan: Plan, op_i: int, size: int) -> bool:
+    """Whether an OK READ frame of op `op_i`, `size` bytes, is hashed piece by piece as it
+    lands (`frame_digest`): a frame of a multi-frame read that wants its checksum
+    (`Plan.spans`), or a one-frame read larger than HASHED_PIECE_BYTES that does."""
+    return (bool(plan.spans) and op_i in plan.spans) or \
+        (plan.hashed[op_i] and size > HASHED_PIECE_BYTES)
+
+
 def frame_digest(plan: Plan, op_i: int, offset: int, size: int) -> xxh3_64 | None:
     """The digest an OK READ frame of `size` bytes at segment `offset` is to be hashed into as
-    it lands, or None (a small frame is hashed whole after it landed, if at all). A frame of a
-    multi-frame read (`Plan.spans`) continues its op's run: the op's first frame starts one,
-    each next frame must start where the run ended (frames of one op reach one lane in
-    order; when they went to several, a frame finds no run to continue and the caller hashes
-    the op once it has landed). Pops the run: only the frame holding a digest updates it."""
-    span = plan.spans.get(op_i) if plan.spans else None
-    if span is not None:
-        if offset == span[0]:
-            return xxh3_64()
-        run = plan.runs.pop(op_i, None)
-        return run[0] if run is not None and run[1] == offset else None
-    if plan.hashed[op_i] and size > HASHED_PIECE_BYTES:
+    it lands, or None (`lands_hashed` says which; a small frame is hashed whole after it
+    landed, if at all). A frame of a multi-frame read continues its op's run: the op's first
+    frame starts one, each next frame must start where the run ended (frames of one op reach
+    one lane in order; when they went to several, a frame finds no run to continue and the
+    caller hashes the op once it has landed). Pops the run: only the frame holding a digest
+    updates it."""
+    if not lands_hashed(plan, op_i, size):
+        return None
+    span = plan.spans.get(op_i)
+    if span is None or offset == span[0]:
         return xxh3_64()
-    return None
+    run = plan.runs.pop(op_i, None)
+    return run[0] if run is not None and run[1] == offset else None
 
 
 def frame_hashed(plan: Plan, op_i: int, offset: int, size: int, digest: xxh3_64) -> None:
@@ -100,4 +107,4 @@ def receive_payload(inbox: Inbox, view: memoryview, early: int, op_i: int, offse
 
 
 __all__ = ["HASHED_PIECE_BYTES", "NATIVE_RUN_BYTES", "Pending", "frame_digest", "frame_hashed",
-           "native_reads", "receive_payload"]
+           "lands_hashed", "native_reads", "receive_payload"]
