@@ -37,7 +37,6 @@ import re
 import resource
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -52,6 +51,7 @@ from composekit import Compose, ComposeError, Engine, base_image, build_images
 from deploykit import DEPLOY, ROOT
 
 import cellar
+from tests.support.etcd_probe import assert_etcd_refuses_strangers
 from tests.support.host_names import loopback_host_name
 
 pytestmark = pytest.mark.skipif(os.environ.get("CELLAR_COMPOSE_TEST") != "1",
@@ -402,23 +402,6 @@ def https_get(port: int, path: str, ca_file: str) -> str:
     return fetch(f"https://127.0.0.1:{port}", path, timeout_s=5, ca_file=ca_file).decode()
 
 
-def assert_etcd_refuses_strangers(tls_dir: Path) -> None:
-    """etcd's client port speaks TLS only, and answers only a client whose certificate its CA
-    signed: plaintext gets no HTTP answer, TLS without a certificate is refused, the
-    certificate is served."""
-    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
-        http_get("http://127.0.0.1:2379/health")
-    context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)), \
-            urllib.request.urlopen("https://127.0.0.1:2379/health", timeout=5,
-                                   context=context) as reply:
-        reply.read()
-    context.load_cert_chain(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"))
-    with urllib.request.urlopen("https://127.0.0.1:2379/health", timeout=5,
-                                context=context) as reply:
-        assert json.loads(reply.read())["health"] == "true"
-
-
 def test_the_cluster_again_with_tls_on_every_port(cluster: Cluster) -> None:
     """compose.tls.yaml on the same images, after the plaintext cluster went down: the
     HEALTHCHECKs (`cellar health`) pass over https, the SDK's objects travel over TLS (the nodes
@@ -471,7 +454,8 @@ def test_the_cluster_again_with_tls_on_every_port(cluster: Cluster) -> None:
             return cellar.connect(ETCD_TARGET, tenant="default", token=cluster.token,
                                   transport="tcp", timeout_s=30)
 
-        assert_etcd_refuses_strangers(tls_dir)
+        assert_etcd_refuses_strangers("127.0.0.1:2379", tls_dir / "ca.crt",
+                                      tls_dir / "tls.crt", tls_dir / "tls.key")
         # the SDK verifies the masters and nodes with the CA, and finds the leader in etcd
         # over TLS with the certificate
         os.environ.update({"CELLAR_TLS_CA": ca_file, **etcd_env})

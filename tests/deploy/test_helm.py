@@ -467,15 +467,13 @@ def test_the_bundled_etcd_serves_tls_to_certificate_holders_only(tmp_path: Path)
     Certificate's dnsNames, answers no plaintext and no TLS client without a certificate, and
     its rendered readiness probe (etcdctl with the Secret's certificate) passes; the masters and
     nodes mount that Secret for etcd, and the Certificate allows client auth."""
-    import ssl
     import subprocess
     import time
-    import urllib.error
-    import urllib.request
 
     from cellar.devtools.etcd_server import find_etcd_binary
     from cellar.devtools.ports import free_port
     from cellar.tls import make_dev_pki
+    from tests.support.etcd_probe import assert_etcd_refuses_strangers
 
     docs = render("tls")
     certificate = one(docs, "Certificate", "-tls")
@@ -513,18 +511,8 @@ def test_the_bundled_etcd_serves_tls_to_certificate_holders_only(tmp_path: Path)
             assert server.poll() is None, server.stderr.read().decode()[-2000:] if server.stderr else ""
             assert time.monotonic() < deadline, "the rendered readiness probe never passed"
             time.sleep(0.2)
-        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)), \
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
-            reply.read()  # plaintext: no answer
-        context = ssl.create_default_context(cafile=str(pki.ca_file))
-        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)), \
-                urllib.request.urlopen(f"https://localhost:{port}/health", timeout=5,
-                                       context=context) as reply:
-            reply.read()  # TLS without a certificate: refused
-        context.load_cert_chain(str(pki.cert_file), str(pki.key_file))
-        with urllib.request.urlopen(f"https://localhost:{port}/health", timeout=5,
-                                    context=context) as reply:
-            assert reply.status == 200
+        assert_etcd_refuses_strangers(f"localhost:{port}", pki.ca_file, pki.cert_file,
+                                      pki.key_file)
     finally:
         server.kill()
         server.wait(timeout=10)

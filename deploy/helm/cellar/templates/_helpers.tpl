@@ -27,12 +27,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.clusterSecret.existingSecret | default (printf "%s-secret" (include "cellar.fullname" .)) -}}
 {{- end -}}
 
+{{/* the bundled etcd's Service name (charts/etcd names it so) */}}
+{{- define "cellar.bundledEtcdName" -}}
+{{- printf "%s-etcd" (.Release.Name | trunc 58 | trimSuffix "-") -}}
+{{- end -}}
+
 {{/* etcd endpoints: the configured ones, else the bundled etcd's Service */}}
 {{- define "cellar.etcdEndpoints" -}}
 {{- if .Values.etcd.endpoints -}}
 {{- .Values.etcd.endpoints -}}
 {{- else if .Values.etcd.enabled -}}
-{{- printf "%s-etcd.%s.svc:2379" (.Release.Name | trunc 58 | trimSuffix "-") .Release.Namespace -}}
+{{- printf "%s.%s.svc:2379" (include "cellar.bundledEtcdName" .) .Release.Namespace -}}
 {{- else -}}
 {{- fail "set etcd.endpoints or etcd.enabled=true: the masters elect their leader in etcd" -}}
 {{- end -}}
@@ -103,7 +108,7 @@ of the headless Services: the addresses they advertise), and localhost (an opera
 - "*.{{ $full }}-node.{{ $ns }}.svc"
 - localhost
 {{- if and .Values.etcd.enabled (not .Values.etcd.endpoints) }}
-{{- $etcd := printf "%s-etcd" (.Release.Name | trunc 58 | trimSuffix "-") }}
+{{- $etcd := include "cellar.bundledEtcdName" . }}
 - {{ $etcd }}
 - {{ $etcd }}.{{ $ns }}.svc
 - {{ $etcd }}.{{ $ns }}.svc.cluster.local
