@@ -426,6 +426,11 @@ def test_tls_to_an_external_etcd_reaches_the_masters_and_nodes(name: str) -> Non
             assert volumes["etcd-tls"]["secret"]["secretName"] == secret
         else:
             assert not any(k.startswith("CELLAR_ETCD_") for k in env) and "etcd-tls" not in mounts
+    out = helm.Chart.load(str(CHART)).render(values_of(name), name="cellar", namespace="kv",
+                                             is_install=True)
+    notes = next(text for t, text in out.items() if t.endswith("NOTES.txt"))
+    assert (f"the files of Secret {secret} and" in notes) if secret else \
+        "etcd speaks TLS" not in notes  # NOTES.txt tells a client what it needs
     with pytest.raises(Exception, match="the bundled etcd's TLS is etcd.serverTls.secretName"):
         helm.Chart.load(str(CHART)).render({"etcd": {"tls": {"secretName": "x"}}}, name="cellar",
                                            namespace="kv", is_install=True)
