@@ -252,7 +252,13 @@ class Leadership:
 
     @property
     def role(self) -> str:
-        return self.service.role
+        """What this master is, as its status says: a leader past its lease answers as the
+        standby it is about to be (ClusterStatus does too, `cluster_summary.summarize`), so no
+        status reads "leader" while the master refuses every request; the election loop,
+        which makes the change itself, may notice the lapse up to a keep-alive interval
+        later."""
+        role = self.service.role
+        return STANDBY if role == LEADER and not self.serving() else role
 
     @property
     def epoch(self) -> int:
@@ -276,7 +282,8 @@ class Leadership:
     def redirect(self) -> str:
         """The details of the UNAVAILABLE a non-serving master answers with."""
         leader = self.leader
-        return redirect_details(self.master_id, self.role if self.role != LEADER else "lease lapsed",
+        role = self.service.role
+        return redirect_details(self.master_id, role if role != LEADER else "lease lapsed",
                                 self.redirect_address(), leader.epoch if leader is not None else 0)
 
     def lease_remaining_s(self) -> float:

@@ -263,6 +263,21 @@ def test_an_rpc_cancelled_by_etcd_does_not_end_the_campaign() -> None:
     asyncio.run(scenario())
 
 
+def test_a_leader_past_its_lease_says_standby_before_its_loop_notices() -> None:
+    """The status (`role`) follows the lease on the master's own clock, as serving does: a
+    leader whose election loop has not run since its lease lapsed must not say it leads (the
+    HA etcd-outage fault test once asked 3.00 s into an outage of a 3 s lease and read
+    "leader")."""
+    leadership, election = ha_leadership()
+    leadership.on_elected(LEADER.epoch + 1)
+    election.lease_valid = True
+    assert leadership.role == "leader" and leadership.serving()
+    election.lease_valid = False  # no on_deposed yet: the loop sleeps
+    assert leadership.service.role == "leader"
+    assert leadership.role == "standby" and not leadership.serving()
+    assert "(lease lapsed)" in leadership.redirect()
+
+
 def test_a_leader_past_its_lease_does_not_redirect_to_itself() -> None:
     leadership, election = ha_leadership()
     leadership.on_elected(LEADER.epoch + 1)
