@@ -52,8 +52,8 @@ def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool 
     """The summary as `caller_tenant` sees it; `trusted`: show shm endpoints."""
     service = leadership.service
     config = service.config
-    if not leadership.serving():  # a leader past its lease answers as what it is about to be
-        return ClusterSummary(False, "standby", leadership.epoch, service.clock.wall_ms(),
+    if not leadership.serving():  # a standby, or a leader past its lease (`Leadership.role`)
+        return ClusterSummary(False, leadership.role, leadership.epoch, service.clock.wall_ms(),
                               leadership.leader_address, config.max_key_bytes,
                               config.max_batch_keys, config.max_list_keys)
     epoch, wall_ms = service.header()
@@ -65,7 +65,7 @@ def summarize(leadership: Leadership, *, caller_tenant: str = "", trusted: bool 
         for s in service.membership.segments.values()
     )
     return ClusterSummary(
-        True, service.role, epoch, wall_ms, leadership.leader_address, config.max_key_bytes,
+        True, leadership.role, epoch, wall_ms, leadership.leader_address, config.max_key_bytes,
         config.max_batch_keys, config.max_list_keys, capacity, used, service.objects.complete_count,
         service.largest_placeable_bytes(), segments,
         tuple(service.status_tenants(caller_tenant)),  # bounded: max_status_tenants

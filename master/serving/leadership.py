@@ -253,7 +253,7 @@ class Leadership:
     @property
     def role(self) -> str:
         """What this master is, as its status says: a leader past its lease answers as the
-        standby it is about to be (ClusterStatus does too, `cluster_summary.summarize`), so no
+        standby it is about to be (the HTTP status and ClusterStatus both ask here), so no
         status reads "leader" while the master refuses every request; the election loop,
         which makes the change itself, may notice the lapse up to a keep-alive interval
         later."""
