@@ -1,7 +1,7 @@
 """`make bench-peers`: Cellar beside Mooncake Store and Valkey, same workloads, one run.
 
     python -m cellar.bench.peers [--runs 3] [--seconds 2] [--systems cellar,mooncake,valkey]
-                                 [--out bench/results/peers-<date>-<host>.md]
+                                 [--guest-halt-poll-ns N] [--out bench/results/peers-<date>-<host>.md]
 
 What it measures
     Every row (`ROWS`: op, object size, keys per call) on each system, with the client in its
@@ -17,7 +17,10 @@ What it measures
     Each run measures the loopback TCP ceiling (`ceilings.tcp_loopback_GBps`, issue 4's) and
     then every system, in an order rotated per run so no system always goes first; the report
     gives per row the range over the runs of each system's ops/s and of Cellar's ratio to each
-    peer (ratios are taken within a run, then ranged).
+    peer (ratios are taken within a run, then ranged). The header names the guest's halt-poll
+    window (bench/halt_poll.py says why: at 200,000 ns the peers' small operations ran 2-3x
+    faster here while Cellar's, which spin already, hardly moved); `--guest-halt-poll-ns` sets
+    it for the run (root) and puts it back after.
 
 Where the peers come from
     `make bench-peers` builds a venv from tests/engines/recipes/peers (PyPI:
@@ -49,6 +52,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cellar.bench import halt_poll
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent / "results"
@@ -400,14 +405,17 @@ def _rate(values: list[float]) -> str:
     return f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}-{hi:,.0f}"
 
 
-def report(runs: list[dict[str, Any]], systems: list[str], rows: list[Row], seconds: float) -> str:
+def report(runs: list[dict[str, Any]], systems: list[str], rows: list[Row], seconds: float,
+           halt_poll_ns: int | None) -> str:
     now = dt.datetime.now()
     ceilings = [r["ceiling_GBps"] for r in runs]
     lines = [f"# Cellar beside Mooncake Store and Valkey, {now:%Y-%m-%d %H:%M} on "
              f"{socket.gethostname()} ({os.cpu_count()} cores)", "",
              f"Reproduce: `make bench-peers` ({len(runs)} runs, {seconds:g} s per row; "
              "`cellar.bench.peers` says how). Loopback TCP ceiling of the run (issue 4's: "
-             f"4 MiB sendall/recv_into): {_span(ceilings)} GB/s.", "",
+             f"4 MiB sendall/recv_into): {_span(ceilings)} GB/s; "
+             f"{halt_poll.describe(halt_poll_ns)}.",
+             "",
              "Cellar: master + 1 node, client over TCP; Mooncake Store 0.3.13.post1: master + 1 "
              "storage node, TCP transport; Valkey 9: one server, batches pipelined. Ops/s over "
              "the time inside the calls (ranges over the runs); ratios are Cellar's within each run.",
@@ -449,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="per row and system")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--rows", help="comma list of row numbers (default: all)")
+    parser.add_argument("--guest-halt-poll-ns", type=int, default=None,
+                        help="set the guest's halt-poll window for the run (root; restored "
+                             "after); default: leave it as it is")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--client", help=argparse.SUPPRESS)       # internal: the client process
     parser.add_argument("--address", help=argparse.SUPPRESS)
@@ -467,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="cellar-peers-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="cellar-peers-") as tmp, \
+            halt_poll.window(args.guest_halt_poll_ns) as halt_poll_ns:
         for r in range(args.runs):
             ceiling = tcp_loopback_GBps(aligned=False)
             results: list[dict[str, Any]] = []
@@ -479,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
                 for x in got:
                     print(f"    {x}", file=sys.stderr, flush=True)
                 results += got
-            runs.append({"ceiling_GBps": round(ceiling, 3), "results": results})
-    text = report(runs, systems, rows, args.seconds)
+            runs.append({"ceiling_GBps": round(ceiling, 3), "guest_halt_poll_ns": halt_poll_ns,
+                         "results": results})
+    text = report(runs, systems, rows, args.seconds, halt_poll_ns)
     now = dt.datetime.now()
     out = args.out or DEFAULT_OUT_DIR / f"peers-{now:%Y-%m-%d}-{socket.gethostname()}.md"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cellar.bench import ceilings
+from cellar.bench import ceilings, halt_poll
 from cellar.units import parse_size_bytes
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -107,7 +107,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"ratios below are to this), {ceil['tcp_GBps']:.2f} GB/s with page-aligned buffers "
         f"(stricter), {ceil.get('tcp_cold_GBps', 0):.2f} GB/s over 64 MiB spans (memory "
         f"past the caches, as a batch of large objects is); aligned memcpy "
-        f"{ceil['memcpy_aligned_GBps']:.2f} GB/s (the shm ratios are to this).",
+        f"{ceil['memcpy_aligned_GBps']:.2f} GB/s (the shm ratios are to this)"
+        + (f"; {halt_poll.describe(report['guest_halt_poll_ns'])}."  # reports since 2026-12-06
+           if "guest_halt_poll_ns" in report else "."),
         "",
         "| transport | api | size | batch | put GB/s | put ops/s | put / ceiling "
         "| get GB/s | get ops/s | get / ceiling |",
@@ -315,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": now.strftime("%Y-%m-%d %H:%M"),
         "host": socket.gethostname(),
         "cpus": os.cpu_count(),
+        "guest_halt_poll_ns": halt_poll.read_ns(),
         "python": platform.python_version(),
         "quick": args.quick,
         "ceilings": limits,

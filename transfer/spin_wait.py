@@ -14,7 +14,9 @@ Why
     server spins the same way for the next request on a connection that proved a grant
     (transfer/tcp_server.py `spin_us`, the node's `data_spin_us`): a client's next write,
     read or COMMIT then lands on a running vCPU (a single 64 KiB tcp put 380-392 -> 284-297 us
-    p50, a read within its trust 126 -> 87-90 us; docs/sdk.md).
+    p50, a read within its trust 126 -> 87-90 us; docs/sdk.md). Where the guest polls before
+    it halts (`guest_halt_poll_ns` > 0) the kernel gives the same and spinning adds little:
+    single 64 KiB puts and gets ran as fast with it off there (bench/halt_poll.py says more).
 
 What it costs and how that is bounded
     CPU of the calling thread, at most the window per call:

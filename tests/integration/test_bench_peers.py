@@ -26,7 +26,7 @@ def test_report_ranges_ratios_taken_within_each_run():
     # of the ranges (1000/2000 .. 3000/1500 mixed across runs) would give other numbers.
     runs = [{"ceiling_GBps": 2.0, "results": [_result("cellar", row, 1000), _result("mooncake", row, 2000)]},
             {"ceiling_GBps": 4.0, "results": [_result("cellar", row, 3000), _result("mooncake", row, 1500)]}]
-    text = report(runs, ["cellar", "mooncake"], [row], 1.0)
+    text = report(runs, ["cellar", "mooncake"], [row], 1.0, 0)
     line = next(x for x in text.splitlines() if x.startswith("| 64 KiB get"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1] == "1,000-3,000" and cells[2] == "1,500-2,000"
@@ -34,6 +34,7 @@ def test_report_ranges_ratios_taken_within_each_run():
     gb = 1000 * row.size_bytes / 1e9
     assert cells[4].startswith(f"{gb:.2f}-")       # GB/s, and its share of each run's ceiling
     assert "2.00-4.00 GB/s" in text               # the ceiling's range is in the header
+    assert "`guest_halt_poll_ns`): 0 ns" in text  # and the halt-poll window it ran under
 
 
 def test_cellar_rows_run_on_a_real_cluster_and_clean_up(make_cluster, connect_to):
