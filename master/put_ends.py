@@ -74,7 +74,9 @@ class PutEnds:
         s.check_batch(len(items))
         now = s.clock.monotonic()
         puts = s.objects.puts
-        if s.recovering() and any(item.put_id not in puts for item in items):
+        if s.recovering() and any(item.put_id not in puts
+                                  or _binds_a_missing_key(puts[item.put_id], tenant, item)
+                                  for item in items):
             raise s.grace.error()  # before anything changes (the module docstring)
         results: KeyResults = []
         for item in items:
@@ -167,3 +169,13 @@ class PutEnds:
 
 
 __all__ = ["PutEnds"]
+
+
+def _binds_a_missing_key(obj: Obj, tenant: Tenant, item: PutEndLike) -> bool:
+    """A put-ahead PutEnd that would bind, without upsert, a key missing from a table still
+    being rebuilt (it may be a value not reported yet: put_starts.py refuses such a PutStart
+    for the same reason)."""
+    if not is_ahead(obj):
+        return False
+    bind = getattr(item, "bind", None)
+    return not (bind is not None and bind.upsert) and item.key not in tenant.objects

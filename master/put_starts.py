@@ -23,6 +23,7 @@ from xxhash import xxh64_intdigest
 
 from cellar.errors import Status
 from cellar.master.config import MasterConfig
+from cellar.master.grace import RebuildGrace
 from cellar.master.put_ahead import PutAheads
 from cellar.master.quota import SpaceMaker
 from cellar.master.replies import GrantIssuer, PutStartOutcome, PutStartResult
@@ -68,8 +69,10 @@ class MasterService(Protocol):
     alloc_ids: AllocIds
     next_put_id: Callable[[], int]
     no_space_count: int
+    grace: RebuildGrace
 
     def tenant(self, name: str) -> Tenant: ...
+    def recovering(self) -> bool: ...
     def check_batch(self, count: int, what: str = ...) -> Any: ...
     def key_error(self, key: str) -> str: ...
 
@@ -105,6 +108,14 @@ class PutStarts:
         tenant = s.tenant(tenant_name)
         write_op = GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE
         s.check_batch(len(items))
+        if s.membership.segments and s.recovering() and any(
+                not item.upsert and item.key not in tenant.objects for item in items):
+            # A key missing from a table still being rebuilt may be a value not reported
+            # yet: a put of it now would make a newer version, and the report would then be
+            # refused as older (an acknowledged value replaced by a put that should have
+            # been ALREADY_EXISTS). Retried once the table is whole, as GetReplicas is.
+            # (With no segment at all, each key says UNAVAILABLE "no storage segments".)
+            raise s.grace.error()
         now = s.clock.monotonic()
         wall_ms = s.clock.wall_ms()
         segments: dict[int, Segment] = {}

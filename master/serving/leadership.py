@@ -85,8 +85,10 @@ class Takeover:
     complete: bool = False
 
 
-# The calls whose reply acknowledges a remove or an upsert (the removal log's subject).
-REMOVING_METHODS = frozenset({"Remove", "RemovePrefix", "RemoveAll", "PutEnd"})
+# The calls whose reply acknowledges a remove or an upsert (the removal log's subject), or a
+# revoke: its dead writes (state/tombstones.py) are bounds too, and a repeat answered from the
+# reply memory must not be acknowledged before an earlier failed write of them went out.
+REMOVING_METHODS = frozenset({"Remove", "RemovePrefix", "RemoveAll", "PutEnd", "PutRevoke"})
 
 
 class Leadership:
@@ -187,6 +189,19 @@ class Leadership:
             held = failed_held + held
         return DurableWork(records, service.objects.read_trust.take(), held, service, unwritten)
 
+    def _keep_unwritten(self, service: MasterService, records: list[TombstoneRecord],
+                        held: list[Obj]) -> None:
+        """Keep a failed write's bounds and held versions beside those already kept (each
+        once), the newest `max_remove_tombstones` bounds at most."""
+        kept_service, kept_records, kept_held = self._unwritten
+        if kept_service is not service:
+            kept_records, kept_held = [], []
+        seen = set(kept_records)
+        merged = kept_records + [r for r in records if r not in seen]
+        held_ids = {id(obj) for obj in kept_held}
+        self._unwritten = (service, merged[-max(1, self.config.max_remove_tombstones):],
+                           kept_held + [obj for obj in held if id(obj) not in held_ids])
+
     async def make_durable(self, work: DurableWork | None = None) -> None:
         """Write `work`'s bounds (default: `take_durable()` now) to the removal log, then wait
         out its read trust; the caller replies only once this returns (raises: not
@@ -200,11 +215,12 @@ class Leadership:
                 # The change is in this master's memory though not acknowledged: keep its
                 # bounds (at most `max_remove_tombstones`), so the next remove's or upsert's
                 # write (its retry, or any other) makes them durable too; the ranges of what
-                # it dropped stay on their nodes until then (state/objects.py)
+                # it dropped stay on their nodes until then (state/objects.py). Added to what
+                # earlier failures kept, never in place of it: two writes in flight at once
+                # (the etcd log's group commit) carry disjoint bounds, and the one that
+                # failed first would otherwise be forgotten while its retry is answered OK.
                 if work.service is self.service:
-                    self._unwritten = (work.service,
-                                       records[-max(1, self.config.max_remove_tombstones):],
-                                       work.held)
+                    self._keep_unwritten(work.service, records, work.held)
                 raise
             if work.unwritten is not None and self._unwritten[1] is work.unwritten:
                 # written with these: unless a later failure left newer ones (a superset)

@@ -281,6 +281,8 @@ def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
     # The remove's repeat (answered from the reply memory: no new bound) still waits for the
     # write, and a read does not.
     assert leadership.durable_due("Remove") and not leadership.durable_due("GetReplicas")
+    # so does a revoke's repeat: its dead writes are bounds a successor must know too
+    assert leadership.durable_due("PutRevoke")
     svc.remove("", ["b"])
     asyncio.run(leadership.make_durable())
     assert [key for _, key, _, _ in flaky.written] == ["a", "b"]
@@ -288,6 +290,38 @@ def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
     asyncio.run(leadership.make_durable())  # written once: nothing is carried twice
     assert [key for _, key, _, _ in flaky.written] == ["a", "b", "c"]
     assert not leadership.durable_due("Remove")
+
+
+def test_bounds_of_two_writes_failing_at_once_both_go_out_with_the_next() -> None:
+    """Two removes whose writes are in flight together (the etcd log's group commit: each
+    took its own bounds before either failed) and both fail: the bounds of both are kept, not
+    only the last to fail, so the first one's repeat (answered OK from the reply memory) is
+    acknowledged only once its bound is in the log, and its old value's ranges are freed."""
+    from cellar.master.config import MasterConfig
+    from cellar.master.serving.leadership import Leadership
+
+    leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
+    flaky = _FlakyLog(failures=2)
+    leadership.removal_log = flaky  # type: ignore[assignment]
+    svc = leadership.service
+    mount(svc, "n1", 1)
+    for key in "abc":
+        put(svc, key, 4096)
+    svc.remove("", ["a"])
+    first = leadership.take_durable()
+    svc.remove("", ["b"])
+    second = leadership.take_durable()
+    assert svc.objects.held_count == 2
+    for work in (first, second):
+        with pytest.raises(ConnectionError):
+            asyncio.run(leadership.make_durable(work))
+    assert flaky.written == [] and leadership.durable_due("Remove")
+    asyncio.run(leadership.make_durable())  # a's repeat: writes what both failures kept
+    assert sorted(key for _, key, _, _ in flaky.written) == ["a", "b"]
+    assert svc.objects.held_count == 0 and not leadership.durable_due("Remove")
+    svc.remove("", ["c"])
+    asyncio.run(leadership.make_durable())  # nothing carried twice
+    assert sorted(key for _, key, _, _ in flaky.written) == ["a", "b", "c"]
 
 
 def test_a_changes_ranges_stay_on_their_nodes_until_its_bound_is_written() -> None:

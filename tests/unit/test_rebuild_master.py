@@ -11,6 +11,7 @@ from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, moun
 from cellar.errors import Status
 from cellar.master.service import ID_EPOCH_SHIFT, PutItem, RequestRejected
 from cellar.master.state.allocator import SegmentAllocator
+from cellar.proto.grant import key_tag
 
 OLD = (EPOCH - 60_000) << ID_EPOCH_SHIFT  # alloc ids of an earlier master
 
@@ -33,8 +34,12 @@ def rebuilding_mount(svc, node_id: str, segment_id: int, size: int = 64 * MiB, i
 def test_adopts_reported_objects_and_accounts_them() -> None:
     svc = make_service(FakeClock(), rebuild_grace_s=0)
     rebuilding_mount(svc, "n1", 1)
-    # nothing is placeable until the report ends
-    assert svc.put_start("", "c", [PutItem("new", MiB)]).results[0].status == Status.UNAVAILABLE
+    # nothing is placeable until the report ends (the key may be in it: the whole call waits)
+    with pytest.raises(RequestRejected) as refused:
+        svc.put_start("", "c", [PutItem("new", MiB)])
+    assert refused.value.code == "UNAVAILABLE"
+    assert svc.put_start("", "c", [PutItem("new", MiB, upsert=True)]).results[0].status == \
+        Status.UNAVAILABLE  # an upsert goes on, to find no segment it could use yet
     entries = [Entry(f"k{i}", OLD + i, i * MiB, 1000 + i) for i in range(10)]
     out = svc.report_objects("n1", 1, 1, entries[:5], last=False)
     assert (out.status, out.accepted, out.refused) == (Status.OK, 5, [])
@@ -213,3 +218,41 @@ def test_a_removed_key_is_not_revived_by_a_late_report(when: str) -> None:
     # a value written after the remove is a new value, not a revival
     put(svc, "k", 100)  # asserts PutStart and PutEnd succeed
     assert get(svc, "k").status == Status.OK
+
+
+def test_puts_of_keys_missing_from_a_table_still_rebuilding_wait_for_it() -> None:
+    """A key missing while a node's report is still to come may be a value in that report: a
+    put of it now (PutStart, or a put-ahead PutEnd binding it) would make a newer version and
+    the report would be refused as older, an acknowledged value replaced by a put that should
+    have been ALREADY_EXISTS. Such puts are refused UNAVAILABLE (retried, as GetReplicas is)
+    until the table is whole; upserts, which replace anyway, go ahead."""
+    from test_master_support import SECRET
+
+    from cellar.master.requests import PutAheadAsk
+    from cellar.master.service import PutEndItem
+    from tests.support.receipts import receipts_for
+
+    svc = make_service(FakeClock(), rebuild_grace_s=0)
+    rebuilding_mount(svc, "n1", 1)
+    rebuilding_mount(svc, "n2", 2)
+    assert svc.report_objects("n1", 1, 1, [Entry("other", OLD + 1, 0, 1000)], last=True).accepted == 1
+    assert svc.recovering()  # n2's report, which holds "k", is still to come
+    before = svc.tenant("").writing_bytes
+    with pytest.raises(RequestRejected) as info:
+        svc.put_start("", "c", [PutItem("k", 1000)])
+    assert info.value.code == "UNAVAILABLE" and svc.tenant("").writing_bytes == before
+    upsert = svc.put_start("", "c", [PutItem("u", 1000, upsert=True)]).results[0]
+    assert upsert.status == Status.OK
+    # a put-ahead allocation reserved now cannot bind the missing key either (nothing changes)
+    granted = svc.put_ahead("", PutAheadAsk(1, 1000)).ahead[0]
+    item = PutEndItem("k", granted.put_id, 7, receipts_for(SECRET, granted, 7, key_tag("default", "k")),
+                      bind=PutItem(key="", size_bytes=1000))
+    with pytest.raises(RequestRejected):
+        svc.put_end("", "c", [item])
+    assert granted.put_id in svc.objects.puts
+    # the report arrives: "k" is its value, and a put of it is ALREADY_EXISTS as it always was
+    assert svc.report_objects("n2", 1, 2, [Entry("k", OLD + 2, 0, 1000, checksum=55)], last=True).accepted == 1
+    assert not svc.recovering()
+    assert svc.put_start("", "c", [PutItem("k", 1000)]).results[0].status == Status.ALREADY_EXISTS
+    assert svc.put_end("", "c", [item])[0][0] == Status.ALREADY_EXISTS
+    assert get(svc, "k").checksum == 55
