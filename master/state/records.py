@@ -45,6 +45,12 @@ SUSPECT = 2
 EXPIRED = 3
 
 
+# Transports whose endpoint lets a client reach a whole segment without the node's per-op
+# grant checks (a mapping of its file; one-sided RDMA under its remote key): shown only to
+# identities trusted on the node's host (`--shm` tokens, admins).
+TRUSTED_TRANSPORTS = frozenset({"shm", "rdma"})
+
+
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
     """A tenant's limits and rights; a quota of 0 means unlimited.
@@ -255,14 +261,15 @@ class Segment:
         self._untrusted_info: Any = None
 
     def untrusted_info(self) -> Any:
-        """`info` without its shm endpoints: what a client not trusted on the node's host sees
-        (mapping the segment file would expose every tenant's bytes; docs/security.md)."""
+        """`info` without its shm and rdma endpoints: what a client not trusted on the node's
+        host sees (mapping the segment file, or one-sided RDMA under the segment's remote key,
+        which the rdma endpoint carries, would expose every tenant's bytes; docs/security.md)."""
         if self._untrusted_info is None:
             info = self.info
-            if any(e.transport == "shm" for e in info.endpoints):
+            if any(e.transport in TRUSTED_TRANSPORTS for e in info.endpoints):
                 info = type(info)()
                 info.CopyFrom(self.info)
-                kept = [e for e in info.endpoints if e.transport != "shm"]
+                kept = [e for e in info.endpoints if e.transport not in TRUSTED_TRANSPORTS]
                 del info.endpoints[:]
                 info.endpoints.extend(kept)
             self._untrusted_info = info
