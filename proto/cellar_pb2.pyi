@@ -622,7 +622,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[RequestHeader, _Mapping]] = ..., node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., freed_ack_seq: _Optional[int] = ..., lost: _Optional[_Iterable[_Union[FreedRange, _Mapping]]] = ..., copied: _Optional[_Iterable[_Union[CopyDone, _Mapping]]] = ..., moved: _Optional[_Iterable[_Union[MoveDone, _Mapping]]] = ...) -> None: ...
 
 class Move(_message.Message):
-    __slots__ = ("src_segment_id", "src_alloc_id", "src_offset", "length", "dst_segment_id", "dst_alloc_id", "dst_offset")
+    __slots__ = ("src_segment_id", "src_alloc_id", "src_offset", "length", "dst_segment_id", "dst_alloc_id", "dst_offset", "expires_in_ms")
     SRC_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
     SRC_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -630,6 +630,7 @@ class Move(_message.Message):
     DST_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     DST_ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
     DST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_MS_FIELD_NUMBER: _ClassVar[int]
     src_segment_id: int
     src_alloc_id: int
     src_offset: int
@@ -637,7 +638,8 @@ class Move(_message.Message):
     dst_segment_id: int
     dst_alloc_id: int
     dst_offset: int
-    def __init__(self, src_segment_id: _Optional[int] = ..., src_alloc_id: _Optional[int] = ..., src_offset: _Optional[int] = ..., length: _Optional[int] = ..., dst_segment_id: _Optional[int] = ..., dst_alloc_id: _Optional[int] = ..., dst_offset: _Optional[int] = ...) -> None: ...
+    expires_in_ms: int
+    def __init__(self, src_segment_id: _Optional[int] = ..., src_alloc_id: _Optional[int] = ..., src_offset: _Optional[int] = ..., length: _Optional[int] = ..., dst_segment_id: _Optional[int] = ..., dst_alloc_id: _Optional[int] = ..., dst_offset: _Optional[int] = ..., expires_in_ms: _Optional[int] = ...) -> None: ...
 
 class MoveDone(_message.Message):
     __slots__ = ("dst_segment_id", "dst_alloc_id", "ok")

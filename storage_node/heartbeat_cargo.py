@@ -6,7 +6,8 @@ copies finished or failed (`copied`, storage_node/copier.py). Down: the moves an
 the master asks for (`moves`, `copies`). The master link (master_link.py) sends the heartbeat and decides
 when it was delivered; this module only loads a request, puts the load back when the
 heartbeat failed (so the next one carries it: nothing is reported twice or lost), and hands
-the reply's moves to the mover. It never talks to the master itself.
+the reply's moves to the mover (and tells it before each mount: earlier moves are void). It
+never talks to the master itself.
 
 Limits: a load is bounded by its sources (`Verifier.take_lost`, `TierMover.take_done`,
 `Copier.take_done`).
@@ -30,6 +31,7 @@ class Load:
     lost: list[tuple[int, int, int, int]] = field(default_factory=list)
     moved: list[tuple[int, int, bool]] = field(default_factory=list)
     copied: list[pb.CopyDone] = field(default_factory=list)
+    sent_s: float = 0.0  # the mover's clock when it was loaded, just before the send
 
 
 class HeartbeatCargo:
@@ -47,6 +49,7 @@ class HeartbeatCargo:
         for segment_id, alloc_id, offset, length in load.lost:
             request.lost.add(segment_id=segment_id, alloc_id=alloc_id, offset=offset, length=length)
         if self.mover is not None:
+            load.sent_s = self.mover.clock()
             load.moved = self.mover.take_done()
         for segment_id, alloc_id, ok in load.moved:
             request.moved.add(dst_segment_id=segment_id, dst_alloc_id=alloc_id, ok=ok)
@@ -64,13 +67,20 @@ class HeartbeatCargo:
         if load.copied and self.copier is not None:
             self.copier.requeue(load.copied)
 
-    def unload(self, reply: Any) -> None:
+    def unload(self, reply: Any, load: Load | None = None) -> None:
         """Hand the reply's moves to the mover and its copies to the copier (after the freed
-        ranges they may reuse)."""
+        ranges they may reuse); `load` is what the request carried (its send time bounds the
+        moves' deadlines)."""
         if reply.moves and self.mover is not None:
-            self.mover.submit(reply.moves)
+            self.mover.submit(reply.moves, load.sent_s if load is not None and load.sent_s
+                              else None)
         if reply.copies and self.copier is not None:
             self.copier.start(reply.copies)
+
+    def begin_mount(self) -> bool:
+        """Before a mount: the mover drops an earlier mount's moves (disk_tier.py); False if a
+        move is still writing (bounded wait; blocking: call it off the event loop)."""
+        return self.mover is None or self.mover.begin_mount()
 
     async def aclose(self) -> None:
         if self.copier is not None:

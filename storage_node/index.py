@@ -363,6 +363,17 @@ class ObjectIndex:
             self._flush_drops()
             return True
 
+    def move_target_free(self, alloc_id: int, segment_id: int, offset: int, length: int) -> bool:
+        """Whether a tier move may write [offset, +length) for `alloc_id`: the id is neither
+        known (done already) nor tombstoned (freed), and no newer allocation overlaps it
+        (the master reused the range). Called with the mover's own gate held, right before
+        the pwrite (storage_node/disk_tier.py says why the moment after it is safe too)."""
+        with self._lock:
+            order = self._order.get(segment_id)
+            return (alloc_id not in self._entries and alloc_id not in self._tombstones
+                    and not (order and any(e.alloc_id > alloc_id for e in
+                                           self._overlapping(order, offset, offset + length))))
+
     def set_value_id(self, alloc_id: int, value_id: int) -> None:
         """A repair copy's value (proto CopyTask.value_alloc_id: the alloc id of the put that
         wrote the bytes), set on its allocation before the copy seals it, so the SEALED record

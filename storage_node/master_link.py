@@ -404,6 +404,9 @@ class ControlLoop:
                              self.extra_endpoints)
 
     async def _try_mount(self) -> bool:
+        if not await asyncio.to_thread(self.cargo.begin_mount):  # before the index is reported
+            self.last_error = "a tier move of an earlier mount is still writing"
+            return False
         now_ms = self.clock.now_ms()
         if self._report_next:
             entries = self.index.prepare_report(now_ms)
@@ -528,7 +531,7 @@ class ControlLoop:
                             self.clock.epoch, reply.header.epoch)
             return
         self.freed.take(reply, self.index, self.clock.now_ms())
-        self.cargo.unload(reply)  # after the freed ranges its moves may reuse
+        self.cargo.unload(reply, load)  # after the freed ranges its moves may reuse
         if reply.engine_hashes:  # for the next report: a rebuilt master knows them
             self.index.set_engine_hashes(reply.engine_hashes)
         if reply.soft_pins:  # the same: a rebuilt master soft-pins them again

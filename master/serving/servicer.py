@@ -351,7 +351,7 @@ class MasterServicer:
         return pb.HeartbeatReply(
             header=self._header(), remount=outcome.remount, freed=freed, freed_seq=outcome.freed_seq,
             copies=copies,
-            moves=[tier_move(m) for m in outcome.moves],
+            moves=[tier_move(m, self.service.clock.monotonic()) for m in outcome.moves],
             engine_hashes=[pb.EngineHashNote(segment_id=seg, alloc_id=alloc, engine_hash=value)
                            for seg, alloc, value in outcome.engine_hashes],
             soft_pins=[pb.SoftPinNote(segment_id=seg, alloc_id=alloc, until_ms=until)
@@ -557,10 +557,12 @@ class MasterServicer:
         server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
 
 
-def tier_move(move: Any) -> pb.Move:
-    """A state/tiers.py Move as the node reads it."""
+def tier_move(move: Any, now: float) -> pb.Move:
+    """A state/tiers.py Move as the node reads it, with the time it has left at `now` (at
+    least 1 ms: 0 would mean "not sent", and an overdue move must read as expired)."""
     src, dst = move.src, move.dst
     return pb.Move(src_segment_id=src.segment.segment_id, src_alloc_id=src.alloc_id,
                    src_offset=src.offset, length=move.obj.size,
                    dst_segment_id=dst.segment.segment_id, dst_alloc_id=dst.alloc_id,
-                   dst_offset=dst.offset)
+                   dst_offset=dst.offset,
+                   expires_in_ms=max(1, int((move.deadline - now) * 1000)))

@@ -93,14 +93,18 @@ class TierSettings:
 
 
 class Move:
-    __slots__ = ("obj", "src", "dst", "node_id", "started")
+    __slots__ = ("obj", "src", "dst", "node_id", "started", "deadline")
 
-    def __init__(self, obj: Obj, src: Replica, dst: Replica, started: float) -> None:
+    def __init__(self, obj: Obj, src: Replica, dst: Replica, started: float,
+                 timeout_s: float) -> None:
         self.obj = obj
         self.src = src
         self.dst = dst
         self.node_id = src.segment.node.node_id
         self.started = started
+        # when `tick` abandons it; the node is told the time left (proto Move.expires_in_ms)
+        # and never writes the target after it (storage_node/disk_tier.py)
+        self.deadline = started + timeout_s
 
     @property
     def to_disk(self) -> bool:
@@ -277,7 +281,7 @@ class Tiers:
         return obj.pin_kind == NO_PIN and self._movable(obj) and not being_replaced(obj)
 
     def _start(self, obj: Obj, src: Replica, dst: Replica, now: float) -> None:
-        move = Move(obj, src, dst, now)
+        move = Move(obj, src, dst, now, self.settings.move_timeout_s)
         assert dst.alloc_id not in self.pending and obj not in self.moving
         self.pending[dst.alloc_id] = move
         self.moving[obj] = move

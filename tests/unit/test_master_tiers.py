@@ -28,6 +28,7 @@ from test_master_support import (
 from cellar.errors import Status
 from cellar.master.requests import RequestRejected
 from cellar.master.service import PutEndItem, PutItem
+from cellar.master.serving.servicer import tier_move
 from cellar.master.state.records import TIER_DISK, TIER_DRAM
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import tiers
@@ -600,3 +601,19 @@ def test_kv_events_name_the_medium_of_a_move(clock) -> None:  # type: ignore[no-
     svc.tick()
     _report(svc, clock)
     assert [medium_of(_obj(svc, k)) for k in keys[:5]] == [MEDIUM_DISK] * 4 + [MEDIUM_DRAM]
+
+
+def test_a_move_tells_the_node_how_long_the_master_waits_for_it(clock) -> None:  # type: ignore[no-untyped-def]
+    """Each Move carries the time left before the master abandons it (`move_timeout_s` from
+    its start): the node skips a move past it (storage_node/disk_tier.py), so no late copy
+    lands in a range reused after the quarantine. Overdue reads as 1 ms, never 0 (unknown)."""
+    svc = _service(clock)
+    _fill(svc, clock, 14)
+    svc.tick()
+    move = svc.tiers.moves_for("n1")[0]
+    timeout_s = svc.tiers.settings.move_timeout_s
+    assert tier_move(move, clock.monotonic()).expires_in_ms == int(timeout_s * 1000)
+    clock.advance(timeout_s - 2.5)
+    assert tier_move(move, clock.monotonic()).expires_in_ms == 2_500
+    clock.advance(10)
+    assert tier_move(move, clock.monotonic()).expires_in_ms == 1

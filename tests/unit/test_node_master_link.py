@@ -13,6 +13,7 @@ import pytest
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
 from cellar.storage_node.clock import MasterClock, wall_ms
+from cellar.storage_node.heartbeat_cargo import HeartbeatCargo
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.master_link import ControlLoop
 from cellar.storage_node.segment import Segment
@@ -168,6 +169,33 @@ def test_remount_on_epoch_change() -> None:
         fake.epoch = 4
         await until(lambda: len(fake.mounts) == 2 and loop.mounted)
         assert loop.clock.epoch == 4
+
+    run(body)
+
+
+class MountGate(HeartbeatCargo):
+    """Cargo whose mover says `busy` times that a move is still writing (disk_tier.py)."""
+
+    def __init__(self, fake: FakeMaster, busy: int) -> None:
+        super().__init__(None, None)
+        self.fake = fake
+        self.busy = busy
+        self.calls: list[int] = []  # mounts the master had seen at each call
+
+    def begin_mount(self) -> bool:
+        self.calls.append(len(self.fake.mounts))
+        self.busy -= 1
+        return self.busy < 0
+
+
+def test_every_mount_first_voids_the_tier_moves_and_waits_for_the_one_writing() -> None:
+    """Before a mount sends the index (a new master treats what it lacks as free), the mover
+    drops the moves an earlier master ordered; while one is still writing the mount waits."""
+    async def body(fake: FakeMaster, loop: ControlLoop, *_: Any) -> None:
+        gate = loop.cargo = MountGate(fake, busy=2)
+        fake.epoch = 4  # a new master: mount again
+        await until(lambda: len(fake.mounts) == 2 and loop.mounted)
+        assert gate.calls == [1, 1, 1]  # twice refused (no mount sent), then the mount
 
     run(body)
 
