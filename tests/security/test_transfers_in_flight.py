@@ -22,10 +22,11 @@ from cellar.client.session_state import grant_from_replica
 from cellar.devtools.local_cluster import LocalCluster
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc as pb_grpc
-from cellar.proto.grant import GRANT_OP_WRITE
+from cellar.proto.grant import GRANT_OP_READ, GRANT_OP_WRITE
 from cellar.transfer._sockio import PAYLOAD_FLUSH_PARTS
 from cellar.transfer.frame import (
     OP_PING,
+    OP_READ,
     OP_WRITE,
     RESPONSE,
     ST_BUSY,
@@ -103,6 +104,76 @@ def test_a_stalled_second_write_cannot_overwrite_the_next_tenants_object(
         assert status == ST_BUSY, f"C1 sealed Bob's allocation with C2 in flight ({status})"
         assert ended.results[0].status != pb.OK
         del late  # refused, or OK for a range no longer Bob's: Alice's object is whole
+
+
+BIG = 16 << 20  # over what the kernel buffers between a node and a reader that stops reading
+
+
+@pytest.fixture(scope="module")
+def tight_node() -> Iterator[LocalCluster]:
+    """One node, a small segment: a BIG object put after a remove overlaps the freed range
+    (the allocator coalesces the free space and places it first)."""
+    with LocalCluster(1, "32MiB") as cluster:
+        yield cluster
+
+
+def test_a_stalled_read_never_delivers_the_next_tenants_bytes(
+        tight_node: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: Alice sends a READ of her whole object and stops reading her socket; the node's
+    reply (a view of segment memory) waits in sendmsg. She unpins and removes the object
+    (freed at once), Bob's object is written into the range, and the rest of her reply
+    carried Bob's bytes. Now the reply holds the allocation until it is with the kernel:
+    Bob's writes over the range are refused (ST_BUSY; his put fails or goes elsewhere), and
+    every byte Alice receives is her own."""
+    monkeypatch.setenv("CELLAR_PUT_AHEAD", "0")
+    alice_h = pb.RequestHeader(tenant="alice", client_id="alice-raw",
+                               token=tight_node.token_for("alice"))
+    mine = os.urandom(BIG)
+    with grpc.insecure_channel(tight_node.address) as channel, \
+            cellar.connect(tight_node.address, tenant="alice",
+                           token=tight_node.token_for("alice")) as alice, \
+            cellar.connect(tight_node.address, tenant="bob",
+                           token=tight_node.token_for("bob")) as bob:
+        stub = pb_grpc.MasterStub(channel)
+        alice.put("mine", mine)
+        got = stub.GetReplicas(pb.GetReplicasRequest(header=alice_h, keys=["mine"]))
+        rep = got.results[0].replicas[0]
+        frame = RequestHeader(OP_READ, 1, rep.segment_id, rep.offset, BIG,
+                              grant=grant_from_replica(rep, GRANT_OP_READ)).pack()
+        reader = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+        reader.settimeout(30)
+        reader.connect(_tcp_address(got.segments, rep.segment_id))
+        with reader:
+            reader.sendall(frame)
+            status, _ = decode_response(_exactly(reader, RESPONSE.size), max_payload_bytes=BIG)\
+                .status, None
+            assert status == ST_OK
+            head = _exactly(reader, 64 << 10)  # the reply began; the node now waits on us
+            stub.Unpin(pb.UnpinRequest(header=alice_h, pin_ids=[got.results[0].pin_id]))
+            alice.remove("mine")
+            theirs = os.urandom(BIG)
+            try:
+                bob.put("theirs", theirs)
+            except cellar.CellarError:
+                pass  # refused while Alice's reply is in flight: nothing of his in the range
+            try:
+                rest = _exactly(reader, BIG - len(head))
+            except (ConnectionError, TimeoutError):
+                rest = b""  # closed: whatever arrived is checked below
+        received = head + rest
+        assert received == mine[:len(received)], "Alice's reply carried bytes that are not hers"
+        assert len(received) == BIG
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        got = sock.recv(min(n - len(data), 1 << 20))
+        if not got:
+            raise ConnectionError("node closed")
+        data += got
+    return bytes(data)
 
 
 def _admit_and_stall(sock: socket.socket, frame: bytes, part: bytes) -> None:
