@@ -19,8 +19,15 @@ with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTE
   ~35 ms a batch in an alternated A/B here. A failed pwrite refuses that write only (its
   payload is drained). Bound: one bounce buffer per connection receiving such a write,
   BOUNCES_KEPT kept between writes.
+  A `Discard` instead (a retried chunk of an allocation already sealed) is drained through
+  the connection's own buffer, then `written` as usual.
 - READ: `access.readable()` returns a memoryview of segment memory; the reply header and that
   view are sent with `sendmsg` (no copy into bytes).
+- Holds: every WRITE or READ the access layer admitted is handed back with its optional
+  `release(request)` exactly once: a write when its payload arrived (after `written`) or never
+  will (refused, peer gone, timed out), a read once the flush carrying its reply returned or
+  the connection is going (HoldingOutbox). A storage node admits no newer allocation over a
+  range, and seals no allocation, while such a transfer is in flight (storage_node/inflight.py).
 - PING: OK.
 - COMMIT / RDMA_CONNECT (shm and rdma control frames, no payload): `access.commit()` checks
   and records a range the client copied into segment memory itself; `access.rdma_connect`
@@ -51,13 +58,15 @@ Errors and what they cost:
 - every refusal (a request's or a connection's) goes to `on_refusal(peer, reason, detail)`
   when given (the node logs it at most once per peer per interval, cellar.refusals).
 
-Deadlines (against slowloris): every request's header and meta must have arrived within
-idle_timeout_s of the moment the server started waiting for it, however the bytes trickle in
-(a deadline per frame, not per recv: one byte a minute no longer keeps a connection); the
-kernel's receive timeout is lowered to what is left once a frame is slow, so a drip is cut
-within a second of its deadline. A WRITE payload must arrive within frame_timeout_s of its
-header (checked as its bytes arrive; a payload that stalls outright meets the kernel timeout,
-idle_timeout_s). Every send is bounded by idle_timeout_s (readers that never read).
+Deadlines (against slowloris, and tied to grants): every request's header and meta must have
+arrived within idle_timeout_s of the moment the server started waiting for it, however the
+bytes trickle in (a deadline per frame, not per recv: one byte a minute no longer keeps a
+connection). A WRITE payload must arrive within frame_timeout_s of its header and before its
+grant expires; a READ reply must be handed to the kernel before its grant expires (the access
+layer's optional `time_left_s`, the node's clock; one already past is refused ST_EXPIRED).
+Replies holding no read are bounded by idle_timeout_s. Past a deadline the connection closes
+(and its transfers are released). The kernel timeouts follow the nearest deadline within
+REARM_SLACK_S without a syscall per op (tcp_server_io.py says how).
 
 TLS (optional, `ssl_context` from `tls_sock.server_context`): each connection's thread does
 the handshake first (each of its reads bounded by frame_timeout_s; a peer that does not speak
