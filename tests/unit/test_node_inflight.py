@@ -117,3 +117,16 @@ def test_every_hold_is_released_once() -> None:
     # holds are off by default (callers that move no bytes: claims, tests of the sealing rule)
     admit(index, 2, offset=200, hold=False)
     assert index.in_flight(2) == 0
+
+
+def test_busy_is_a_retryable_refusal_for_the_sdk() -> None:
+    """ST_BUSY makes the put revoke and retry on a new allocation (client/puts.py: any write
+    status but NODE_TROUBLE), never marks the node failed, and proves the grant was authentic."""
+    from cellar.client.checks import NODE_TROUBLE
+    from cellar.storage_node.access import REFUSED_STATUS
+    from cellar.transfer.frame import ST_BUSY, STATUS_NAMES
+    from cellar.transfer.tcp_admission import AUTHENTIC_REFUSALS
+
+    assert REFUSED_STATUS[WriteRefused.BUSY] == ST_BUSY
+    assert ST_BUSY not in NODE_TROUBLE and ST_BUSY in AUTHENTIC_REFUSALS
+    assert STATUS_NAMES[ST_BUSY] == "range busy"
