@@ -36,6 +36,12 @@ the sealed object (a retried chunk whose reply, receipt included, was lost), is 
 its payload lands in a scratch buffer, never over the sealed bytes, and the OK reply carries
 the allocation's receipt again (the same MAC), so the put does not fail for a lost reply.
 
+Transfers in flight (storage_node/inflight.py says why): every write admitted by `writable` or
+`receiver` and every read admitted by `readable` holds its allocation in the index until the
+server calls `release`; `written` refuses (ST_BUSY, nothing recorded) to seal an allocation
+while another write of it is held, and the index refuses (ST_BUSY) a newer allocation over a
+range still held. `time_left_s` tells the server when the grant, and so the transfer, ends.
+
 Invariant: no byte of segment memory is handed out for a request that failed any check, and
 `written` is the only way an allocation's received ranges (and so its sealing) advance.
 shm and rdma READS never reach this gate (the client maps or reads the memory itself): that
@@ -61,7 +67,7 @@ from cellar.proto.receipt import ReceiptSigner
 from cellar.storage_node.clock import MasterClock
 from cellar.storage_node.index import IndexEntry, ObjectIndex, ReadRefused, WriteRefused
 from cellar.storage_node.segment import Segment
-from cellar.transfer.base import FileRange
+from cellar.transfer.base import Discard, FileRange
 from cellar.transfer.frame import (
     OP_CLAIM,
     OP_COMMIT,
@@ -69,6 +75,7 @@ from cellar.transfer.frame import (
     OP_WRITE,
     ST_BAD_FRAME,
     ST_BAD_GRANT,
+    ST_BUSY,
     ST_EXPIRED,
     ST_OUT_OF_RANGE,
     ST_SEALED,
@@ -90,6 +97,7 @@ REFUSED_STATUS = {
     WriteRefused.SEALED: ST_SEALED,
     WriteRefused.FREED: ST_SEALED,  # the allocation takes no more writes, ever
     WriteRefused.CONFLICT: ST_BAD_GRANT,
+    WriteRefused.BUSY: ST_BUSY,  # transfers in flight (storage_node/inflight.py): retry
 }
 
 
@@ -120,32 +128,46 @@ class NodeAccess:
         # Set by storage_node/rdma.py when this node serves RDMA: client QP info -> node QP info.
         self.rdma_connect: Callable[[bytes], bytes] | None = None
 
-    def writable(self, request: RequestHeader, meta: WriteMeta) -> memoryview:
+    def writable(self, request: RequestHeader, meta: WriteMeta) -> memoryview | Discard:
+        """The segment memory the write's payload goes to, held in flight until `release`
+        (transfer/base.py SegmentAccess)."""
         segment = self._admit_write(request, meta)
         if segment is None:
             # A retried chunk of this very allocation (its reply, receipt and all, was lost):
-            # its payload goes to scratch, never over the sealed bytes, and `written` resends
-            # the receipt.
-            return memoryview(bytearray(request.length))
+            # its payload lands nowhere (the server drains it through a buffer of its own, so a
+            # retry costs no allocation of its length), and `written` resends the receipt.
+            return Discard(request.length)
         offset = request.offset  # inside the segment: _check made sure
         return segment.memory[offset:offset + request.length]
 
-    def receiver(self, request: RequestHeader, meta: WriteMeta) -> memoryview | FileRange:
+    def receiver(self, request: RequestHeader, meta: WriteMeta) -> memoryview | FileRange | Discard:
         """`writable` for the TCP data server: a disk-tier range comes back as its FileRange,
         received through a buffer and pwrite (FileRange says why); memory as `writable`."""
         segment = self.segments.get(request.segment_id)
         if segment is None or not segment.writes_through_file:
             return self.writable(request, meta)
         if self._admit_write(request, meta) is None:
-            return memoryview(bytearray(request.length))  # scratch, as `writable` says
+            return Discard(request.length)  # as `writable` says
         return FileRange(segment.fd, request.offset, request.length)
+
+    def release(self, request: RequestHeader) -> None:
+        """The transfer `writable`/`receiver`/`readable` admitted for `request` is over."""
+        assert request.grant is not None  # admitted: it had one
+        self.index.release(request.grant.alloc_id)
+
+    def time_left_s(self, request: RequestHeader) -> float:
+        """Seconds until the grant of an admitted `request` expires, by the node's clock (as
+        the grant check reads it): its transfer must be over by then (docs/security.md)."""
+        assert request.grant is not None
+        return (request.grant.expiry_ms - self.clock.now_ms()) / 1000.0
 
     def _admit_write(self, request: RequestHeader, meta: WriteMeta,
                      claim: bool = False) -> Segment | None:
         """Every check of a WRITE (grant, key tag, sizes, the index admits the range); the
-        segment, or None for a retried chunk of an allocation this very write sealed. With
-        `claim` (a shm/rdma writer about to copy, OP_CLAIM) the index only drops the older
-        entries the range overlaps: the object is admitted, checksum and all, at its COMMIT."""
+        segment, or None for a retried chunk of an allocation this very write sealed. Either
+        way the write is held in flight until `release`. With `claim` (a shm/rdma writer about
+        to copy, OP_CLAIM) the index only drops the older entries the range overlaps (nothing
+        held): the object is admitted, checksum and all, at its COMMIT."""
         segment, grant = self._check(request, OP_WRITE)
         # A put-ahead grant (proto/grant.py ANY_KEY) names the tenant only: the first write of
         # the allocation names the key (the index holds every later chunk to it), and the
@@ -180,9 +202,11 @@ class NodeAccess:
                 checksum=meta.checksum,
                 epoch=grant.epoch,
                 grant_expiry_ms=grant.expiry_ms,
+                hold=True,
             )
         except WriteRefused as exc:
             if exc.reason == WriteRefused.SEALED and self._own_sealed(grant, meta) is not None:
+                self.index.hold(grant.alloc_id)  # released like any admitted write
                 return None
             raise FrameError(REFUSED_STATUS[exc.reason], str(exc)) from None
         return segment
@@ -204,18 +228,23 @@ class NodeAccess:
         grant = request.grant
         assert grant is not None  # writable() accepted this request
         start = request.offset - grant.offset
-        receipt = self.seal(grant.alloc_id, start, start + request.length)
+        receipt = self.seal(grant.alloc_id, start, start + request.length, held=True)
         if not receipt:  # sealed before (a retried chunk, a lost reply): the same receipt again
             entry = self._own_sealed(grant, meta)
             if entry is not None:
                 return self._receipt(entry)
         return receipt
 
-    def seal(self, alloc_id: int, rel_start: int, rel_end: int) -> bytes:
+    def seal(self, alloc_id: int, rel_start: int, rel_end: int, *, held: bool = False) -> bytes:
         """Bytes [rel_start, rel_end) of allocation `alloc_id` (admitted by `admit_write`)
         arrived; when that completes it, the index seals it and this returns its receipt (the
-        one place a receipt is signed), else b"". Any writer on this node calls it."""
-        entry = self.index.record_written(alloc_id, rel_start, rel_end)
+        one place a receipt is signed), else b"". Any writer on this node calls it; `held`:
+        its write is held in flight (`writable`). ST_BUSY, nothing recorded, when this would
+        seal while another write of the allocation is in flight."""
+        try:
+            entry = self.index.record_written(alloc_id, rel_start, rel_end, held=held)
+        except WriteRefused as exc:
+            raise FrameError(REFUSED_STATUS[exc.reason], str(exc)) from None
         return b"" if entry is None else self._receipt(entry)
 
     def _receipt(self, entry: IndexEntry) -> bytes:
@@ -245,8 +274,11 @@ class NodeAccess:
         if request.op == OP_CLAIM:  # before the copy: the range's older entries go
             self._admit_write(as_write, meta, claim=True)
             return b""
-        self.writable(as_write, meta)
-        return self.written(as_write, meta)
+        self._admit_write(as_write, meta)  # held, the copy done: released below
+        try:
+            return self.written(as_write, meta)
+        finally:
+            self.release(as_write)
 
     def flush(self) -> None:
         """Make every write completed so far durable in the index journal; the data server
@@ -258,11 +290,12 @@ class NodeAccess:
         try:
             tenant, key = self.index.admit_read(
                 alloc_id=grant.alloc_id, segment_id=segment.segment_id, object_offset=grant.offset,
-                length=grant.length, grant_expiry_ms=grant.expiry_ms)
+                length=grant.length, grant_expiry_ms=grant.expiry_ms, hold=True)
         except ReadRefused as exc:
             raise FrameError(ST_EXPIRED if exc.reason == ReadRefused.STALE else ST_BAD_GRANT,
                              str(exc)) from None
         if key_tag(tenant, key) != grant.key_tag:
+            self.index.release(grant.alloc_id)  # refused: nothing is sent
             raise FrameError(ST_BAD_GRANT, f"allocation {grant.alloc_id} holds another object "
                              "than the grant names")
         offset = request.offset  # inside the segment: _check made sure

@@ -39,7 +39,7 @@ from xxhash import xxh3_64_intdigest
 from cellar.proto import cellar_pb2 as pb
 from cellar.proto.grant import Grant
 from cellar.storage_node.access import NodeAccess
-from cellar.transfer.base import AsyncTransport, SegmentRoute, TransferOp
+from cellar.transfer.base import AsyncTransport, Discard, SegmentRoute, TransferOp
 from cellar.transfer.frame import OP_WRITE, FrameError, RequestHeader, WriteMeta
 
 log = logging.getLogger("cellar.node.copier")
@@ -145,6 +145,18 @@ class Copier:
             view = self._access.writable(target, meta)  # every check of a client's WRITE
         except FrameError as exc:
             raise CopyFailed(f"target range refused: {exc}") from None
+        try:  # held in flight from here (storage_node/inflight.py): released in any case
+            return await self._fill(order, target, meta, view)
+        finally:
+            self._access.release(target)
+
+    async def _fill(self, order: Any, target: RequestHeader, meta: WriteMeta,
+                    view: memoryview | Discard) -> tuple[int, bytes]:
+        """Read the source into the admitted target `view`, check it and seal."""
+        length = int(order.length)
+        address = str(order.source_address)
+        if isinstance(view, Discard):  # sealed by an earlier try of this order: its receipt
+            return int(order.checksum), self._written(target, meta)
         # the bytes are the value of an older put: a rebuilt master orders the key's values by it
         self._access.index.set_value_id(int(order.alloc_id), int(order.value_alloc_id))
         if self._transport is None:
@@ -160,9 +172,15 @@ class Copier:
         checksum = result.checksum if result.checksum is not None else xxh3_64_intdigest(view)
         if checksum != int(order.checksum):
             raise CopyFailed(f"checksum {checksum:#x} is not the object's {int(order.checksum):#x}")
-        receipt = self._access.written(target, meta)  # seals: every byte of the allocation arrived
+        return checksum, self._written(target, meta)  # seals: every byte arrived
+
+    def _written(self, target: RequestHeader, meta: WriteMeta) -> bytes:
+        try:
+            receipt = self._access.written(target, meta)
+        except FrameError as exc:  # ST_BUSY: another write of the allocation in flight
+            raise CopyFailed(f"not sealed: {exc}") from None
         self._access.flush()
-        return checksum, receipt
+        return receipt
 
     def _report(self, order: Any, checksum: int, status: int, message: str,
                 receipt: bytes = b"") -> None:

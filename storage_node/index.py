@@ -61,14 +61,18 @@ The read check (grants that prove the bytes are the reader's)
     nothing even if the range already holds the next tenant's object. `set_mount` also sets a
     read floor: read grants issued before the current mount are refused.
 
+Transfers in flight (storage_node/inflight.py says why)
+    `admit_write(hold=True)`/`admit_read(hold=True)` count a transfer on its allocation until
+    `release`. A write that would seal is refused (BUSY) while another write of the allocation
+    is held; a newer allocation is refused (BUSY) over an older entry with holds, or over the
+    range of one dropped while held (freed, cleared), until its last hold ends.
+
 It never touches segment memory and never decides whether a grant is authentic (access.py
 does); alloc ids are unique per master epoch, which is all this issue relies on.
 """
 
 from __future__ import annotations
 
-import heapq
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -84,39 +88,15 @@ from cellar.storage_node.index_records import (
     WriteRefused,
     merge_ranges,
 )
+from cellar.storage_node.index_table import TOMBSTONE_GRACE_MS, IndexTable, journal_entry
 from cellar.storage_node.journal import IndexJournal, JournalEntry
 from cellar.storage_node.sortedspans import SortedSpans
-
-# Extra time a tombstone outlives its grant's expiry (beyond the allowed skew), so that a
-# correction of the master-clock estimate cannot revive a grant whose tombstone is gone.
-TOMBSTONE_GRACE_MS = 5_000
 
 _NO_WRITES_MS = 1 << 62  # write floor before the first mount: every grant is older
 
 
-class ObjectIndex:
-    def __init__(self, *, allowed_skew_ms: int = 0, journal: IndexJournal | None = None,
-                 defer_journal: bool = False) -> None:
-        self._lock = threading.Lock()
-        self._allowed_skew_ms = allowed_skew_ms
-        self._journal = journal
-        # Seals from the data path reach the journal at the next flush_journal() (one write
-        # for many objects); whoever acknowledges writes must flush before it does.
-        self._defer_journal = defer_journal
-        self._write_floor_ms = 0      # grants issued before this master time are refused
-        self._write_grant_ttl_ms = 0
-        self._read_floor_ms = 0       # read grants issued before this master time are refused
-        self._read_grant_ttl_ms = 0
-        self._entries: dict[int, IndexEntry] = {}
-        # per segment: (offset, alloc_id) of entries holding bytes, sorted
-        self._order: dict[int, SortedSpans] = {}
-        self._tombstones: dict[int, int] = {}  # alloc_id -> write grant expiry (master ms)
-        self._tombstone_heap: list[tuple[int, int]] = []  # (expiry_ms, alloc_id)
-        # per segment: [objects, sealed objects, sealed bytes, WRITING bytes received], kept
-        # as entries come, seal and go: `usage` and `counts` (every /metrics scrape and status
-        # call) read them instead of walking every entry under the lock (at 10^6 entries that
-        # walk held the data path's lock 0.3 s + 0.13 s per scrape)
-        self._usage: dict[int, list[int]] = {}
+class ObjectIndex(IndexTable):
+    """The rules over the table (module docstring); every public method takes the lock."""
 
     # ---- data plane ------------------------------------------------------------------
 
@@ -132,8 +112,10 @@ class ObjectIndex:
         checksum: int,
         epoch: int,
         grant_expiry_ms: int,
+        hold: bool = False,
     ) -> None:
-        """Accept a write into this allocation or raise WriteRefused.
+        """Accept a write into this allocation or raise WriteRefused. With `hold`, the write is
+        counted in flight until `release` (its payload is streaming into the range).
 
         The caller has already checked the grant and that the range lies inside the segment and
         inside [object_offset, object_offset + object_size).
@@ -149,6 +131,8 @@ class ObjectIndex:
                     alloc_id, segment_id, object_offset, object_size, tenant, key, checksum,
                     epoch, grant_expiry_ms)
                 self._count(entry, 1)
+                if hold:
+                    self._inflight.hold(alloc_id)
                 return
             if entry.state is AllocState.SEALED:
                 raise WriteRefused(WriteRefused.SEALED, f"allocation {alloc_id} is complete")
@@ -162,6 +146,31 @@ class ObjectIndex:
                 )
             if grant_expiry_ms > entry.write_grant_expiry_ms:
                 entry.write_grant_expiry_ms = grant_expiry_ms
+            if hold:
+                self._inflight.hold(alloc_id)
+
+    def hold(self, alloc_id: int) -> None:
+        """Count one more transfer in flight on `alloc_id` (one not admitted through
+        `admit_write`/`admit_read`, e.g. a retried chunk drained while its reply is due)."""
+        with self._lock:
+            self._inflight.hold(alloc_id)
+
+    def release(self, alloc_id: int) -> None:
+        """One transfer held on `alloc_id` is over (its payload arrived or never will; its
+        reply was handed to the kernel or never will be). The last one of an entry dropped
+        meanwhile unblocks its range."""
+        with self._lock:
+            self._inflight.release(alloc_id)
+
+    def in_flight(self, alloc_id: int) -> int:
+        """How many transfers are held on `alloc_id`."""
+        with self._lock:
+            return self._inflight.others(alloc_id, held=False)
+
+    def draining(self) -> int:
+        """How many dropped entries still have transfers in flight (their ranges blocked)."""
+        with self._lock:
+            return len(self._inflight.draining)
 
     def claim(self, *, alloc_id: int, segment_id: int, object_offset: int, object_size: int,
               grant_expiry_ms: int) -> None:
@@ -181,31 +190,30 @@ class ObjectIndex:
                 self._drop_older_overlaps(order, segment_id, object_offset, object_size,
                                           alloc_id)
 
-    def _refuse_dead_grant(self, alloc_id: int, grant_expiry_ms: int) -> None:
-        """WriteRefused(FREED) for a write grant issued before this node's current mount, or
-        for an allocation the master freed (tombstoned here). Under the lock."""
-        if grant_expiry_ms - self._write_grant_ttl_ms < self._write_floor_ms:
-            raise WriteRefused(
-                WriteRefused.FREED,
-                f"allocation {alloc_id}: the grant was issued before this node's current mount",
-            )
-        if alloc_id in self._tombstones:
-            raise WriteRefused(WriteRefused.FREED, f"allocation {alloc_id} was freed")
-
     def sealed(self, alloc_id: int) -> IndexEntry | None:
         """The SEALED entry of `alloc_id` still held here (its fields no longer change), or None."""
         with self._lock:
             entry = self._entries.get(alloc_id)
             return entry if entry is not None and entry.state is AllocState.SEALED else None
 
-    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> IndexEntry | None:
+    def record_written(self, alloc_id: int, rel_start: int, rel_end: int, *,
+                       held: bool = False) -> IndexEntry | None:
         """Bytes [rel_start, rel_end) of the object arrived; the entry (now SEALED, so its
-        fields no longer change) if this completed it, else None."""
+        fields no longer change) if this completed it, else None. `held`: the caller's own
+        write is one of the holds on the allocation (it releases it itself, after this).
+        WriteRefused(BUSY), nothing recorded, when this would complete the allocation while
+        another write of it is still in flight: that one could land over the sealed bytes
+        (and, once the range is freed and reused, over the next object's)."""
         with self._lock:
             entry = self._entries.get(alloc_id)
             if entry is None or entry.state is AllocState.SEALED:
                 return None  # freed meanwhile, or a concurrent duplicate chunk
             assert 0 <= rel_start <= rel_end <= entry.length, (rel_start, rel_end, entry.length)
+            others = self._inflight.others(alloc_id, held)
+            if others > 0 and self._would_complete(entry, rel_start, rel_end):
+                raise WriteRefused(WriteRefused.BUSY,
+                                   f"allocation {alloc_id}: {others} other write(s) of it still "
+                                   "in flight; not sealed")
             self._count(entry, -1)  # counted out as it was, back in as it is below
             if rel_start == 0 and rel_end == entry.length:  # the whole object (one frame)
                 entry.received_bytes = entry.length
@@ -282,10 +290,12 @@ class ObjectIndex:
             self._read_grant_ttl_ms = max(read_grant_ttl_ms, 0)
 
     def admit_read(self, *, alloc_id: int, segment_id: int, object_offset: int, length: int,
-                   grant_expiry_ms: int) -> tuple[str, str]:
+                   grant_expiry_ms: int, hold: bool = False) -> tuple[str, str]:
         """(tenant, key) of the SEALED allocation a read grant names, if this node still holds
         it exactly there; else ReadRefused. The caller checks that (tenant, key) is the
-        object the grant was signed for: a reused range holds another allocation (or none)."""
+        object the grant was signed for: a reused range holds another allocation (or none).
+        With `hold`, the read is counted in flight until `release` (its reply is a view of
+        the range until it has left)."""
         with self._lock:
             if self._read_floor_ms and grant_expiry_ms - self._read_grant_ttl_ms < self._read_floor_ms:
                 raise ReadRefused(ReadRefused.STALE,
@@ -300,6 +310,8 @@ class ObjectIndex:
                 raise ReadRefused(ReadRefused.GONE,
                                   f"allocation {alloc_id} is {entry.length} bytes at "
                                   f"{entry.segment_id}/{entry.offset}, not where the grant says")
+            if hold:
+                self._inflight.hold(alloc_id)
             return entry.tenant, entry.key
 
     def restore(self, entries: Iterable[JournalEntry], segment_sizes: dict[int, int]) -> list[int]:
@@ -326,7 +338,7 @@ class ObjectIndex:
                 restored.append(j.alloc_id)
             if self._journal is not None:
                 try:
-                    self._journal.rewrite([_journal_entry(e) for e in self._entries.values()])
+                    self._journal.rewrite([journal_entry(e) for e in self._entries.values()])
                 except OSError:
                     self._journal.failed = True
                     self._journal.close(unlink=True)
@@ -355,7 +367,10 @@ class ObjectIndex:
                                value_id=source.value_id or source.alloc_id,
                                soft_pin_until_ms=source.soft_pin_until_ms)
             assert entry.length > 0, "a tier move of an empty object"
-            self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
+            try:
+                self._insert_dropping_overlaps(segment_id, offset, entry.length, alloc_id)
+            except WriteRefused:  # a newer entry, or transfers in flight, in the range
+                return False
             self._entries[alloc_id] = entry
             self._count(entry, 1)
             if self._journal is not None:
@@ -453,7 +468,7 @@ class ObjectIndex:
             return False
         with self._lock:
             try:
-                journal.rewrite([_journal_entry(e) for e in self._entries.values()
+                journal.rewrite([journal_entry(e) for e in self._entries.values()
                                  if e.state is AllocState.SEALED])
             except OSError:
                 journal.failed = True
@@ -490,113 +505,6 @@ class ObjectIndex:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    # ---- internals (lock held) -------------------------------------------------------
-
-    def _overlaps(self, segment_id: int, offset: int, length: int) -> bool:
-        order = self._order.get(segment_id)
-        return bool(order) and bool(self._overlapping(order, offset, offset + length))
-
-    def _overlapping(self, order: SortedSpans, offset: int, end: int) -> list[IndexEntry]:
-        """The entries of `order` that overlap [offset, end): the one starting before `offset`
-        if it reaches into it, and every one starting inside it (all have length > 0)."""
-        found = []
-        prev = order.before((offset, -1))
-        if prev is not None and self._entries[prev[1]].end() > offset:
-            found.append(self._entries[prev[1]])
-        for start, alloc_id in order.from_((offset, -1)):
-            if start >= end:
-                break
-            found.append(self._entries[alloc_id])
-        return found
-
-    def _count(self, entry: IndexEntry, sign: int) -> None:
-        """Add (+1) or take away (-1) `entry` in its segment's usage counters, as it is now
-        (an entry that changes is taken away before and added after: `record_written`)."""
-        row = self._usage.setdefault(entry.segment_id, [0, 0, 0, 0])
-        row[0] += sign
-        if entry.state is AllocState.SEALED:
-            row[1] += sign
-            row[2] += sign * entry.length
-        else:
-            row[3] += sign * entry.received_bytes
-        if not row[0]:
-            del self._usage[entry.segment_id]
-
-    def _drop(self, entry: IndexEntry) -> None:
-        del self._entries[entry.alloc_id]
-        self._count(entry, -1)
-        if entry.state is AllocState.SEALED and self._journal is not None:
-            self._journal.dropped(entry.alloc_id, defer=True)  # the caller flushes
-        if entry.length > 0:
-            order = self._order.get(entry.segment_id)
-            if order is not None:
-                order.remove((entry.offset, entry.alloc_id))
-        self._tombstones[entry.alloc_id] = entry.write_grant_expiry_ms
-        heapq.heappush(self._tombstone_heap, (entry.write_grant_expiry_ms, entry.alloc_id))
-
-    def _insert_dropping_overlaps(self, segment_id: int, offset: int, length: int,
-                                  alloc_id: int) -> None:
-        """_drop_overlapping, then insert (offset, alloc_id) into the segment's order; in the
-        common case of nothing to drop (the first write of every object comes here) that is
-        two neighbour lookups and one insert, each O(log n) plus one bucket."""
-        order = self._order.get(segment_id)
-        if order is None:
-            order = self._order[segment_id] = SortedSpans()
-        self._drop_older_overlaps(order, segment_id, offset, length, alloc_id)
-        order.add((offset, alloc_id))
-
-    def _drop_older_overlaps(self, order: SortedSpans, segment_id: int, offset: int,
-                             length: int, alloc_id: int) -> None:
-        """Drop the entries [offset, +length) overlaps (the master freed them before it granted
-        `alloc_id`), or WriteRefused(FREED) if one is newer than `alloc_id`. Nothing to drop,
-        the common case, costs two neighbour lookups."""
-        end = offset + length
-        # Overlapped: the entry starting before `offset` reaching into it, or one starting
-        # inside [offset, end) (entries never overlap each other, and all have length > 0).
-        prev, after = order.neighbours((offset, -1))
-        if ((prev is not None and self._entries[prev[1]].end() > offset)
-                or (after is not None and after[0] < end)):
-            newer = [e.alloc_id for e in self._overlapping(order, offset, end)
-                     if e.alloc_id > alloc_id]
-            if newer:  # a dead grant: the master freed this range before it granted `newer`
-                raise WriteRefused(
-                    WriteRefused.FREED,
-                    f"allocation {alloc_id} overlaps the newer allocation {newer[0]}: the "
-                    "master freed this range since that grant was issued")
-            self._drop_overlapping(segment_id, offset, length)
-            if not self._defer_journal:  # else the data server's flush writes the drops
-                self._flush_drops()
-
-    def _flush_drops(self) -> None:
-        """Write the drop records `_drop` queued (one write for the whole call)."""
-        if self._journal is not None:
-            self._journal.flush()
-
-    def _drop_overlapping(self, segment_id: int, offset: int, length: int) -> None:
-        order = self._order.get(segment_id)
-        if not order or length <= 0:
-            return
-        for entry in self._overlapping(order, offset, offset + length):
-            self._drop(entry)
-
-    def _purge(self, now_ms: int) -> int:
-        purged = 0
-        heap = self._tombstone_heap
-        horizon = now_ms - self._allowed_skew_ms - TOMBSTONE_GRACE_MS
-        while heap and heap[0][0] < horizon:
-            expiry, alloc_id = heapq.heappop(heap)
-            if self._tombstones.get(alloc_id) == expiry:
-                del self._tombstones[alloc_id]
-                purged += 1
-        return purged
-
-
-def _journal_entry(e: IndexEntry) -> JournalEntry:
-    return JournalEntry(e.alloc_id, e.segment_id, e.offset, e.length, e.checksum, e.epoch,
-                        e.write_grant_expiry_ms, e.tenant, e.key, e.engine_hash, e.value_id,
-                        e.soft_pin_until_ms)
-
 
 __all__ = ["TOMBSTONE_GRACE_MS", "AllocState", "IndexEntry", "ObjectIndex", "ReadRefused",
            "SegmentUsage", "WriteRefused"]

@@ -58,6 +58,9 @@ class WriteRefused(Exception):
     SEALED = "sealed"      # the allocation was completely written already
     FREED = "freed"        # the master freed the allocation (tombstone)
     CONFLICT = "conflict"  # metadata disagrees with the allocation's first write
+    # transfers are still in flight on the allocation (its seal), or on an older allocation
+    # the range overlaps (a newer allocation's admission): retry, the hold ends by a deadline
+    BUSY = "busy"
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)

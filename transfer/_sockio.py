@@ -173,7 +173,11 @@ class Outbox:
             if self.before_send is not None:
                 self.before_send()
             parts, self.parts, self.nbytes = self.parts, [], 0
-            send_all(self._sock, parts)
+            self._send(parts)
+
+    def _send(self, parts: list[Buffer]) -> None:
+        """Send the flushed `parts` (a server's outbox bounds this by deadlines)."""
+        send_all(self._sock, parts)
 
 
 class Inbox:

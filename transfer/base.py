@@ -174,6 +174,15 @@ class FileRange:
     length: int
 
 
+@dataclass(slots=True, frozen=True)
+class Discard:
+    """What a write's `length` payload bytes are for when they must land nowhere (a retried
+    chunk of an allocation that very write sealed already, its reply lost): a server receives
+    them through a bounded buffer of its own and drops them, then calls `written` as usual."""
+
+    length: int
+
+
 class SegmentAccess(Protocol):
     """Implemented by a storage node; called by transport servers from their own threads.
 
@@ -200,6 +209,17 @@ class SegmentAccess(Protocol):
     # `written` deferred (a storage node's journal appends) is done before a client hears OK.
     # Optional: `receiver(request, meta)`, `writable` for a server that can write a file: the
     # same checks, and a `FileRange` instead of memory where the segment is a disk-backed file.
+    # Either may answer a `Discard` instead (the payload must land nowhere).
+    # Optional: `release(request)`. A storage node counts each transfer it admitted
+    # (`writable`/`receiver`/`readable` returned) as in flight on its allocation until the
+    # server calls this, exactly once: when a write's payload arrived (after `written`) or
+    # never will, and when a read's reply was handed to the kernel or never will be. Until
+    # then the node seals nothing else of that allocation and admits no newer allocation in
+    # its range.
+    # Optional: `time_left_s(request)`: seconds until the grant of an admitted `request`
+    # expires (the node's clock). The transfer must be over by then: a server closes the
+    # connection of one that is not (the master's quarantine and claim windows end with the
+    # grants), and lowers its socket timeouts to keep that bound.
 
 
 def byte_view(buf: Any, *, writable: bool) -> memoryview:

@@ -69,11 +69,15 @@ ST_TOO_LARGE = 7         # length or meta over the limit
 ST_INTERNAL = 8
 ST_UNSUPPORTED = 9
 ST_STALE_EPOCH = 10      # grant from an older master
+# Transfers are still in flight on this allocation (a seal waits for them) or on an older
+# allocation in its range (a newer one is admitted once they end, by their grants' expiry at
+# the latest): nothing was recorded; the SDK retries the put on a new allocation
+ST_BUSY = 11
 STATUS_NAMES = {
     ST_OK: "ok", ST_BAD_FRAME: "bad frame", ST_BAD_GRANT: "bad grant", ST_EXPIRED: "grant expired",
     ST_OUT_OF_RANGE: "out of range", ST_UNKNOWN_SEGMENT: "unknown segment",
     ST_SEALED: "allocation sealed", ST_TOO_LARGE: "too large", ST_INTERNAL: "internal error",
-    ST_UNSUPPORTED: "unsupported", ST_STALE_EPOCH: "stale epoch",
+    ST_UNSUPPORTED: "unsupported", ST_STALE_EPOCH: "stale epoch", ST_BUSY: "range busy",
 }
 
 # Limits (bytes). A node may configure a lower max frame payload; never a higher meta limit.

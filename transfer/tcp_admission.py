@@ -43,11 +43,17 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from cellar.transfer.frame import ST_EXPIRED, ST_OUT_OF_RANGE, ST_SEALED, ST_STALE_EPOCH
+from cellar.transfer.frame import (
+    ST_BUSY,
+    ST_EXPIRED,
+    ST_OUT_OF_RANGE,
+    ST_SEALED,
+    ST_STALE_EPOCH,
+)
 
 # Refusals raised only after the grant's MAC verified (cellar.proto.grant.verify checks the MAC
-# first; the node's access layer checks range, seal and key after it).
-AUTHENTIC_REFUSALS = frozenset({ST_EXPIRED, ST_STALE_EPOCH, ST_OUT_OF_RANGE, ST_SEALED})
+# first; the node's access layer checks range, seal, transfers in flight and key after it).
+AUTHENTIC_REFUSALS = frozenset({ST_EXPIRED, ST_STALE_EPOCH, ST_OUT_OF_RANGE, ST_SEALED, ST_BUSY})
 
 # Why a connection was refused or closed: the `reason` label of node_connections_refused_total.
 REFUSED_MAX_CONNECTIONS = "max_connections"

@@ -19,8 +19,15 @@ with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTE
   ~35 ms a batch in an alternated A/B here. A failed pwrite refuses that write only (its
   payload is drained). Bound: one bounce buffer per connection receiving such a write,
   BOUNCES_KEPT kept between writes.
+  A `Discard` instead (a retried chunk of an allocation already sealed) is drained through
+  the connection's own buffer, then `written` as usual.
 - READ: `access.readable()` returns a memoryview of segment memory; the reply header and that
   view are sent with `sendmsg` (no copy into bytes).
+- Holds: every WRITE or READ the access layer admitted is handed back with its optional
+  `release(request)` exactly once: a write when its payload arrived (after `written`) or never
+  will (refused, peer gone, timed out), a read once the flush carrying its reply returned or
+  the connection is going (HoldingOutbox). A storage node admits no newer allocation over a
+  range, and seals no allocation, while such a transfer is in flight (storage_node/inflight.py).
 - PING: OK.
 - COMMIT / RDMA_CONNECT (shm and rdma control frames, no payload): `access.commit()` checks
   and records a range the client copied into segment memory itself; `access.rdma_connect`
@@ -51,13 +58,15 @@ Errors and what they cost:
 - every refusal (a request's or a connection's) goes to `on_refusal(peer, reason, detail)`
   when given (the node logs it at most once per peer per interval, cellar.refusals).
 
-Deadlines (against slowloris): every request's header and meta must have arrived within
-idle_timeout_s of the moment the server started waiting for it, however the bytes trickle in
-(a deadline per frame, not per recv: one byte a minute no longer keeps a connection); the
-kernel's receive timeout is lowered to what is left once a frame is slow, so a drip is cut
-within a second of its deadline. A WRITE payload must arrive within frame_timeout_s of its
-header (checked as its bytes arrive; a payload that stalls outright meets the kernel timeout,
-idle_timeout_s). Every send is bounded by idle_timeout_s (readers that never read).
+Deadlines (against slowloris, and tied to grants): every request's header and meta must have
+arrived within idle_timeout_s of the moment the server started waiting for it, however the
+bytes trickle in (a deadline per frame, not per recv: one byte a minute no longer keeps a
+connection). A WRITE payload must arrive within frame_timeout_s of its header and before its
+grant expires; a READ reply must be handed to the kernel before its grant expires (the access
+layer's optional `time_left_s`, the node's clock; one already past is refused ST_EXPIRED).
+Replies holding no read are bounded by idle_timeout_s. Past a deadline the connection closes
+(and its transfers are released). The kernel timeouts follow the nearest deadline within
+REARM_SLACK_S without a syscall per op (tcp_server_io.py says how).
 
 TLS (optional, `ssl_context` from `tls_sock.server_context`): each connection's thread does
 the handshake first (each of its reads bounded by frame_timeout_s; a peer that does not speak
@@ -72,7 +81,6 @@ exception from one connection reach another or the listener.
 from __future__ import annotations
 
 import logging
-import mmap
 import socket
 import ssl
 import struct
@@ -81,15 +89,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from cellar.transfer._sockio import (
-    TIMEOUT_ERRORS,
-    Inbox,
-    Outbox,
-    PeerClosed,
-    set_io_timeout,
-    tune_socket,
-)
-from cellar.transfer.base import FileRange, SegmentAccess
+from cellar.transfer._sockio import TIMEOUT_ERRORS, PeerClosed, set_io_timeout, tune_socket
+from cellar.transfer.base import Discard, FileRange, SegmentAccess
 from cellar.transfer.frame import (
     DEFAULT_MAX_FRAME_PAYLOAD_BYTES,
     MAX_META_BYTES,
@@ -101,6 +102,7 @@ from cellar.transfer.frame import (
     REQUEST_ID_OFFSET,
     REQUEST_MAGIC,
     RESP_FLAG_CLOSE,
+    ST_EXPIRED,
     ST_INTERNAL,
     ST_OK,
     ST_UNSUPPORTED,
@@ -119,6 +121,13 @@ from cellar.transfer.tcp_admission import (
     AUTHENTIC_REFUSALS,
     Admission,
     Slot,
+)
+from cellar.transfer.tcp_server_io import (
+    FILE_CHUNK_BYTES,
+    Bounces,
+    DeadlineInbox,
+    HoldingOutbox,
+    IoTimer,
 )
 from cellar.transfer.tcp_stats import OP_NAMES, ConnectionCounters, DataServerStats
 from cellar.transfer.tls_sock import wrap_server
@@ -139,66 +148,6 @@ OUTBOX_BYTES = 1 << 20
 LINGER_S = 0.2
 LINGER_BYTES = 1 << 20
 _REQUEST_ID = struct.Struct("<Q")
-# A frame deadline lowers the kernel receive timeout only once it would overshoot by more than
-# this, so a connection that keeps up costs no setsockopt per frame.
-REARM_SLACK_S = 1.0
-# A payload bound for a disk-backed file crosses a buffer of this size (one per connection
-# receiving one; at most BOUNCES_KEPT kept between writes): FileRange says why.
-FILE_CHUNK_BYTES = 1 << 20
-BOUNCES_KEPT = 4
-
-
-class FrameTimeout(TimeoutError):
-    """A frame did not arrive within its deadline: the connection is closed."""
-
-
-class _DeadlineInbox(Inbox):
-    """An Inbox whose receives are bounded by one deadline per frame (module docstring)."""
-
-    __slots__ = ("deadline", "arm", "armed_s", "base_s")
-
-    def __init__(self, sock: socket.socket, size: int, base_s: float, **kw: Any) -> None:
-        super().__init__(sock, size, **kw)
-        self.base_s = base_s  # the kernel timeout set on the socket (idle_timeout_s)
-        self.armed_s = base_s
-        self.deadline = 0.0
-        self.arm = False
-
-    def expect(self, within_s: float, *, arm: bool) -> None:
-        """The bytes read from now on for this frame are due within `within_s`."""
-        self.deadline = time.monotonic() + within_s
-        self.arm = arm
-        if self.armed_s != self.base_s:  # a slow frame lowered it: back to the idle timeout
-            set_io_timeout(self._sock, self.base_s)
-            self.armed_s = self.base_s
-
-    def _recv_into(self, view: memoryview, flags: int = 0, *, mid_payload: bool = False) -> int:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise FrameTimeout("frame deadline passed")
-        if self.arm and left < self.armed_s - REARM_SLACK_S:
-            set_io_timeout(self._sock, left)
-            self.armed_s = left
-        return Inbox._recv_into(self, view, flags, mid_payload=mid_payload)
-
-
-class _Bounces:
-    """Page-aligned FILE_CHUNK_BYTES buffers for payloads bound for a file; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: list[memoryview] = []
-
-    def take(self) -> memoryview:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return memoryview(mmap.mmap(-1, FILE_CHUNK_BYTES))
-
-    def give_back(self, bounce: memoryview) -> None:
-        with self._lock:
-            if len(self._idle) < BOUNCES_KEPT:
-                self._idle.append(bounce)
 
 
 class _Fatal(Exception):
@@ -225,7 +174,7 @@ class TcpDataServer:
         if not 0 <= spin_us <= MAX_SPIN_US:
             raise ValueError(f"spin_us must be in 0..{MAX_SPIN_US}")
         self.access = access
-        self.bounces = _Bounces()  # receive_file's buffers
+        self.bounces = Bounces()  # receive_file's buffers
         self.host = host
         self.port = port
         self.max_frame_payload_bytes = max_frame_payload_bytes
@@ -344,6 +293,7 @@ class TcpDataServer:
         counters = self.stats.opened()
         sock = slot.sock
         auth_deadline = None if self.auth_timeout_s is None else started + self.auth_timeout_s
+        outbox: HoldingOutbox | None = None
         try:
             sock.settimeout(None)  # blocking; the kernel enforces the idle timeout
             tune_socket(sock, 0)  # buffers were inherited from the listener
@@ -353,13 +303,14 @@ class TcpDataServer:
                 sock = wrap_server(sock, self.ssl_context, handshake_s)
                 # stop() and eviction must shut the TLS socket down (the plain one is spent)
                 self.admission.replace_sock(slot, sock)
-            set_io_timeout(sock, self.idle_timeout_s)
+            timer = IoTimer(sock, self.idle_timeout_s)
+            timer.set(self.idle_timeout_s)
             # access.flush (optional): e.g. journal what was written, before any reply says so
-            outbox = Outbox(sock, max_bytes=OUTBOX_BYTES,
-                            before_send=getattr(self.access, "flush", None))
-            inbox = _DeadlineInbox(sock, INBOX_BYTES, self.idle_timeout_s,
-                                   readahead=READAHEAD_BYTES, outbox=outbox,
-                                   read_ahead_of_payload=True)
+            outbox = HoldingOutbox(sock, timer, self.idle_timeout_s,
+                                   getattr(self.access, "release", None), max_bytes=OUTBOX_BYTES,
+                                   before_send=getattr(self.access, "flush", None))
+            inbox = DeadlineInbox(sock, INBOX_BYTES, timer, readahead=READAHEAD_BYTES,
+                                  outbox=outbox, read_ahead_of_payload=True)
             conn = _Connection(self, slot, inbox, outbox, counters, auth_deadline)
             if auth_deadline is None and self.spin_us:  # no grant needed to hold it
                 inbox.spin = SpinWait(self.spin_us)
@@ -374,6 +325,8 @@ class TcpDataServer:
         except Exception:  # never let one connection take anything else down
             log.exception("data connection failed")
         finally:
+            if outbox is not None:
+                outbox.release_all()  # reads whose replies never left (access.release)
             self.admission.release(slot)
             try:
                 sock.close()
@@ -386,11 +339,19 @@ class _Connection:
     """One client connection's request loop state."""
 
     __slots__ = ("access", "receiver", "max_payload", "sock", "inbox", "outbox", "counters",
-                 "idle_timeout_s", "frame_timeout_s", "server", "slot", "auth_deadline")
+                 "idle_timeout_s", "frame_timeout_s", "server", "slot", "auth_deadline",
+                 "release", "time_left_s")
 
-    def __init__(self, server: TcpDataServer, slot: Slot, inbox: _DeadlineInbox,
-                 outbox: Outbox, counters: ConnectionCounters, auth_deadline: float | None) -> None:
+    def __init__(self, server: TcpDataServer, slot: Slot, inbox: DeadlineInbox,
+                 outbox: HoldingOutbox, counters: ConnectionCounters,
+                 auth_deadline: float | None) -> None:
         self.access = server.access
+        # optional hooks (transfer/base.py SegmentAccess): the end of an admitted transfer,
+        # and the seconds its grant has left
+        self.release: Callable[[RequestHeader], None] | None = getattr(
+            server.access, "release", None)
+        self.time_left_s: Callable[[RequestHeader], float] | None = getattr(
+            server.access, "time_left_s", None)
         # the access's `receiver` where it has one (a FileRange for disk-tier ranges)
         self.receiver: Callable[[RequestHeader, Any], Any] = getattr(
             server.access, "receiver", server.access.writable)
@@ -446,25 +407,39 @@ class _Connection:
         try:
             wmeta = decode_write_meta(meta)  # before the inbox moves on (meta is its view)
             target = self.receiver(req, wmeta)
-            if isinstance(target, FileRange):
+        except Exception as e:  # refused before the payload: drain it, stay in sync
+            self.refuse_and_drain(req, e)
+            return
+        try:  # admitted: held in flight until its payload arrived or never will
+            self.receive(req, wmeta, target)
+        finally:
+            if self.release is not None:
+                self.release(req)
+
+    def receive(self, req: RequestHeader, wmeta: Any, target: Any) -> None:
+        """An admitted WRITE's payload into `target`, by its deadline: frame_timeout_s after
+        its header and before its grant expires (module docstring), then `written`."""
+        try:
+            within_s = min(self.frame_timeout_s, self.grant_left_s(req))
+            if isinstance(target, FileRange | Discard):
                 if target.length != req.length:
-                    raise FrameError(ST_INTERNAL, f"file range is {target.length} bytes, "
+                    raise FrameError(ST_INTERNAL, f"target is {target.length} bytes, "
                                      f"request {req.length}")
             else:
                 target = _byte_view(target, req.length, writable=True)
-        except Exception as e:  # refused before the payload: drain it, stay in sync
-            self.refuse(req, e)  # counted first: a stranger's drain may be cut short
-            self.inbox.expect(self.within(self.frame_timeout_s), arm=self.auth_deadline is not None)
-            self.inbox.skip(req.length)
+        except Exception as e:
+            self.refuse_and_drain(req, e)
             return
         if self.auth_deadline is not None:
             self.proved()
-        self.inbox.expect(self.frame_timeout_s, arm=False)
+        self.inbox.expect(within_s, arm=True)
         if isinstance(target, FileRange):
             failed = self.receive_file(target)
             if failed is not None:
                 self.refuse(req, failed)  # the allocation stays unsealed: nothing recorded
                 return
+        elif isinstance(target, Discard):  # a retried chunk of a sealed allocation
+            self.inbox.skip(req.length)  # through this connection's buffer: no allocation
         else:
             self.inbox.read_into(target)  # PeerClosed / timeout here: the write never completes
         del target
@@ -478,6 +453,23 @@ class _Connection:
             self.outbox.add(pack_response(ST_OK, req.request_id, len(receipt)) + receipt)
         else:
             self.outbox.add(pack_response(ST_OK, req.request_id))
+
+    def refuse_and_drain(self, req: RequestHeader, e: Exception) -> None:
+        """Refuse a WRITE and drain its payload (bounded by the frame limit) through this
+        connection's buffer, so the stream stays in sync."""
+        self.refuse(req, e)  # counted first: a stranger's drain may be cut short
+        self.inbox.expect(self.within(self.frame_timeout_s), arm=self.auth_deadline is not None)
+        self.inbox.skip(req.length)
+
+    def grant_left_s(self, req: RequestHeader) -> float:
+        """Seconds the admitted request's grant has left (access `time_left_s`); ST_EXPIRED
+        when none: a transfer begun past its grant's expiry could not end before it."""
+        if self.time_left_s is None:
+            return float("inf")
+        left = self.time_left_s(req)
+        if left <= 0:
+            raise FrameError(ST_EXPIRED, "the grant expired before its transfer began")
+        return left
 
     def receive_file(self, target: FileRange) -> FrameError | None:
         """Receive a payload into a disk-backed file: FILE_CHUNK_BYTES at a time into this
@@ -529,13 +521,21 @@ class _Connection:
 
     def read(self, req: RequestHeader) -> None:
         try:
-            view = _byte_view(self.access.readable(req), req.length, writable=False)
+            view = self.access.readable(req)
         except Exception as e:
+            self.refuse(req, e)
+            return
+        try:  # admitted: held until its reply is with the kernel (HoldingOutbox), by its grant
+            view = _byte_view(view, req.length, writable=False)
+            deadline = time.monotonic() + self.grant_left_s(req)
+        except Exception as e:
+            if self.release is not None:
+                self.release(req)
             self.refuse(req, e)
             return
         if self.auth_deadline is not None:
             self.proved()
-        self.outbox.add(pack_response(ST_OK, req.request_id, req.length), view)
+        self.outbox.add_held(pack_response(ST_OK, req.request_id, req.length), view, req, deadline)
         self.counters.bytes_out += req.length
 
     def refuse(self, req: RequestHeader, e: Exception) -> None:

@@ -24,7 +24,9 @@ code serves both and the plaintext path keeps its syscalls:
 - `recv(n, MSG_PEEK | MSG_DONTWAIT)` (`_sockio.idle_alive`): TLS cannot peek, so this reads;
   it is only asked of a connection that must have nothing to read, where any byte means dead.
 Timeouts: `_sockio.set_io_timeout` gives a TLS socket a Python timeout (the kernel's
-SO_RCVTIMEO would surface as SSLWantReadError); a timeout raises TimeoutError as before.
+SO_RCVTIMEO would surface as SSLWantReadError); a timeout raises TimeoutError as before, except
+that a MSG_WAITALL read cut short after some bytes returns their count (as the kernel does), and
+a timed-out write is retried first with the same bytes: a caller may go on after a timeout.
 
 Contexts: TLS 1.2+, the server sends no session tickets (clients never resume: one handshake
 per pooled connection). Import rule: standard library and cellar.transfer._sockio only.
@@ -78,7 +80,12 @@ class TlsSocket(ssl.SSLSocket):
         view = memoryview(buffer)[:n]
         pos = 0
         while pos < n:  # MSG_WAITALL
-            got = self.recv_into(view[pos:])
+            try:
+                got = self.recv_into(view[pos:])
+            except (TimeoutError, BlockingIOError):
+                if pos:  # as the kernel's: a timeout after some bytes returns their count
+                    return pos
+                raise
             if not got:
                 break  # EOF: the caller sees the short count, then 0
             pos += got
@@ -135,6 +142,9 @@ class TlsSocket(ssl.SSLSocket):
         except _WOULD_BLOCK:
             self._unsent = data
             raise BlockingIOError("TLS write would block") from None
+        except TimeoutError:  # the caller may go on (tcp_server_io.py): the same bytes again
+            self._unsent = data
+            raise
         self._unsent = None
         return sent
 

@@ -227,7 +227,7 @@ def test_a_malformed_frame_over_tls_gets_its_error_then_the_close(pki: TlsFiles)
 
 def test_a_dripped_header_over_tls_meets_the_frame_deadline(pki: TlsFiles) -> None:
     """One byte a record, each well within the kernel timeout: only the per-frame deadline
-    (`_DeadlineInbox`, over a TLS socket's own timeout) can end it, long before the header."""
+    (`DeadlineInbox`, over a TLS socket's own timeout) can end it, long before the header."""
     context = server_context(str(pki.cert_file), str(pki.key_file))
     header = REQUEST.pack(REQUEST_MAGIC, VERSION, OP_PING, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
                           bytes(16), 0, 0)

@@ -52,8 +52,14 @@ class OpenIndex:
     def admit_write(self, **_: object) -> None:
         return None
 
-    def record_written(self, alloc_id: int, rel_start: int, rel_end: int) -> None:
+    def record_written(self, alloc_id: int, rel_start: int, rel_end: int, **_: object) -> None:
         return None  # never seals: no receipt
+
+    def hold(self, alloc_id: int) -> None:
+        return None  # nothing is counted in flight here
+
+    def release(self, alloc_id: int) -> None:
+        return None
 
     def sealed(self, alloc_id: int) -> None:
         return None  # nothing is ever sealed here

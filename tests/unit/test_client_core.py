@@ -617,3 +617,23 @@ def test_a_newer_epoch_counts_as_a_master_change_for_the_puts_it_voided():
     with pytest.raises(cellar.Unavailable):
         link.fence.check(8, "m:1")
     assert link.switched_at == 200.0
+
+
+def test_a_busy_range_revokes_and_retries_without_marking_the_node_failed():
+    """ST_BUSY (a node's range still has transfers in flight: storage_node/inflight.py) puts
+    the key again on a new allocation; the node stays healthy."""
+    from cellar.transfer.frame import ST_BUSY
+
+    health = NodeHealth()
+    batch = make_put(["a"], health)
+    req = batch.start_request(HEADER)
+    batch.on_start_reply(placed(batch, req, [["n1", "n2"]]))
+    end, revoke = batch.on_write_results([TransferResult(ST_BUSY, "range busy"), OK],
+                                         may_retry=True)
+    assert end is None and [r.key for r in revoke] == ["a"]
+    assert not batch.done and not health.unhealthy()
+    req = batch.start_request(HEADER)
+    assert list(req.items[0].avoid_node_ids) == []
+    batch.on_start_reply(placed(batch, req, [["n1", "n2"]]))
+    end, revoke = batch.on_write_results([OK, OK], may_retry=True)
+    assert revoke is None and len(end) == 1

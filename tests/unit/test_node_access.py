@@ -11,6 +11,7 @@ from cellar.storage_node.clock import MasterClock, wall_ms
 from cellar.storage_node.index import ObjectIndex
 from cellar.storage_node.segment import Segment
 from cellar.transfer import frame
+from cellar.transfer.base import Discard
 from cellar.transfer.frame import FrameError, RequestHeader, WriteMeta
 
 SECRET = bytes(range(32))
@@ -58,9 +59,13 @@ def write(node: NodeAccess, grant: Grant, data: bytes, offset: int | None = None
           wmeta: WriteMeta | None = None) -> None:
     req = request(grant, offset, len(data))
     wm = wmeta or meta(grant.length)
-    view = node.writable(req, wm)
-    view[:] = data
-    node.written(req, wm)
+    view = node.writable(req, wm)  # held in flight until released, as the data server does
+    try:
+        if isinstance(view, memoryview):
+            view[:] = data
+        node.written(req, wm)
+    finally:
+        node.release(req)
 
 
 def test_write_then_read_round_trip(node: NodeAccess) -> None:
@@ -171,17 +176,25 @@ def test_a_retried_chunk_of_a_sealed_alloc_gets_its_receipt_again(node: NodeAcce
     g = make_grant()
     req = request(g, g.offset, 1000)
     view = node.writable(req, meta())
+    assert isinstance(view, memoryview)
     view[:] = b"a" * 1000
     receipt = node.written(req, meta())
+    node.release(req)
     assert receipt
-    again = node.writable(req, meta())  # ST_SEALED before
-    again[:] = b"b" * 1000
+    # ST_SEALED before; now its payload is drained (Discard): no allocation of its length
+    again = node.writable(req, meta())
+    assert again == Discard(1000)
     assert node.written(req, meta()) == receipt
-    assert bytes(node.readable(request(make_grant(GRANT_OP_READ)))) == b"a" * 1000
+    node.release(req)
+    read = request(make_grant(GRANT_OP_READ))
+    assert bytes(node.readable(read)) == b"a" * 1000  # type: ignore[arg-type]
+    node.release(read)
+    assert node.index.in_flight(g.alloc_id) == 0
     # a chunk of it (a striped write's part) gets the receipt too; another tenant's meta not
     part = request(g, g.offset + 500, 500)
-    node.writable(part, meta())
+    assert node.writable(part, meta()) == Discard(500)
     assert node.written(part, meta()) == receipt
+    node.release(part)
     assert status_of(node.writable, req, meta(tenant="u")) in (frame.ST_BAD_GRANT, frame.ST_SEALED)
 
 
@@ -217,11 +230,12 @@ def test_put_ahead_grant_takes_any_key_of_its_tenant_only(node: NodeAccess) -> N
     assert status_of(node.writable, request(g, length=500), meta(tenant="u", key="k")) == \
         frame.ST_BAD_GRANT
     first = request(g, length=500)
-    node.writable(first, meta(key="chosen"))[:] = b"a" * 500
+    node.writable(first, meta(key="chosen"))[:] = b"a" * 500  # type: ignore[index]
     assert node.written(first, meta(key="chosen")) == b""  # not sealed yet
+    node.release(first)
     rest = request(g, g.offset + 500, 500)
     assert status_of(node.writable, rest, meta(key="other")) == frame.ST_BAD_GRANT
-    node.writable(rest, meta(key="chosen"))[:] = b"b" * 500
+    node.writable(rest, meta(key="chosen"))[:] = b"b" * 500  # type: ignore[index]
     raw = node.written(rest, meta(key="chosen"))
     got = ReceiptSigner(SECRET).open(raw)
     assert got.key_tag == key_tag("t", "chosen") and got.alloc_id == 7 and got.length == 1000

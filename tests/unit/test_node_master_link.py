@@ -136,6 +136,26 @@ def test_freed_applied_then_acked() -> None:
     run(body)
 
 
+def test_freed_ranges_are_not_acknowledged_while_one_still_drains() -> None:
+    """A freed allocation with a transfer in flight (a READ reply not yet with the kernel)
+    keeps its notice unacknowledged, so the master keeps asking shm writers to claim its
+    range (which the node refuses meanwhile); acknowledged once the transfer ends."""
+    async def body(fake: FakeMaster, loop: ControlLoop, *_: Any) -> None:
+        admit(loop.index, 1, 0)
+        loop.index.hold(1)  # a transfer in flight on allocation 1
+        fake.next_reply.append(pb.HeartbeatReply(
+            freed=[pb.FreedRange(segment_id=11, alloc_id=1, offset=0, length=10)], freed_seq=41))
+        await until(lambda: loop.index.get(1) is None)
+        n = len(fake.heartbeats)
+        await until(lambda: len(fake.heartbeats) >= n + 3)
+        assert all(h.freed_ack_seq < 41 for h in fake.heartbeats)
+        assert loop.index.draining() == 1
+        loop.index.release(1)
+        await until(lambda: any(h.freed_ack_seq == 41 for h in fake.heartbeats))
+
+    run(body)
+
+
 def test_freed_ranges_are_acknowledged_soon_not_an_interval_later() -> None:
     """Heartbeats every 2 s: the heartbeat after one that brought freed ranges comes within
     freed_acks.ACK_SOON_S, so the master soon stops asking shm writers to claim those ranges
