@@ -385,9 +385,16 @@ class ObjectIndex(IndexTable):
         the pwrite (storage_node/disk_tier.py says why the moment after it is safe too)."""
         with self._lock:
             order = self._order.get(segment_id)
-            return (alloc_id not in self._entries and alloc_id not in self._tombstones
-                    and not (order and any(e.alloc_id > alloc_id for e in
-                                           self._overlapping(order, offset, offset + length))))
+            overlapped = self._overlapping(order, offset, offset + length) if order else []
+            if (alloc_id in self._entries or alloc_id in self._tombstones
+                    or any(e.alloc_id > alloc_id for e in overlapped)):
+                return False
+            try:  # nor an older one whose transfers still move its bytes (inflight.py)
+                self._inflight.refuse_busy(alloc_id, segment_id, offset, offset + length,
+                                           overlapped)
+            except WriteRefused:
+                return False
+            return True
 
     def set_value_id(self, alloc_id: int, value_id: int) -> None:
         """A repair copy's value (proto CopyTask.value_alloc_id: the alloc id of the put that

@@ -130,3 +130,17 @@ def test_busy_is_a_retryable_refusal_for_the_sdk() -> None:
     assert REFUSED_STATUS[WriteRefused.BUSY] == ST_BUSY
     assert ST_BUSY not in NODE_TROUBLE and ST_BUSY in AUTHENTIC_REFUSALS
     assert STATUS_NAMES[ST_BUSY] == "range busy"
+
+
+def test_a_tier_move_never_writes_over_a_range_whose_reads_are_in_flight() -> None:
+    """The mover's last look before its pwrite (`move_target_free`): a range whose older
+    object is still being read out (or was freed while read) is not this move's yet."""
+    index = ObjectIndex()
+    sealed_object(index, 1)
+    read(index, 1)                                    # a reply still leaving from the range
+    assert not index.move_target_free(5, SEG, 0, 100)
+    index.apply_freed([freed(1)], 0)                  # freed meanwhile: the range drains
+    assert not index.move_target_free(5, SEG, 0, 100)
+    assert index.move_target_free(5, SEG, 200, 100)   # elsewhere is free
+    index.release(1)                                  # the reply left
+    assert index.move_target_free(5, SEG, 0, 100)
