@@ -300,9 +300,10 @@ class TcpDataServer:
             if self.ssl_context is not None:  # the handshake here, never in the accept loop
                 handshake_s = self.frame_timeout_s if auth_deadline is None else max(
                     0.001, min(self.frame_timeout_s, auth_deadline - time.monotonic()))
-                sock = wrap_server(sock, self.ssl_context, handshake_s)
-                # stop() and eviction must shut the TLS socket down (the plain one is spent)
-                self.admission.replace_sock(slot, sock)
+                # stop() and eviction must shut the TLS socket down (the plain one is spent
+                # once wrapped, before its handshake: an eviction during it must reach it)
+                sock = wrap_server(sock, self.ssl_context, handshake_s,
+                                   lambda tls: self.admission.replace_sock(slot, tls))
             timer = IoTimer(sock, self.idle_timeout_s)
             timer.set(self.idle_timeout_s)
             # access.flush (optional): e.g. journal what was written, before any reply says so

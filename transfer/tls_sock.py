@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cellar.transfer._sockio import MSG_DONTWAIT, MSG_WAITALL, parse_address, tune_socket
@@ -206,8 +206,20 @@ def dial(address: str, timeout_s: float, buffer_bytes: int,
         raise
 
 
-def wrap_server(sock: socket.socket, context: ssl.SSLContext, timeout_s: float) -> socket.socket:
+def wrap_server(sock: socket.socket, context: ssl.SSLContext, timeout_s: float,
+                wrapped: Callable[[socket.socket], None] | None = None) -> socket.socket:
     """A node's accepted connection after its TLS handshake (each read of it bounded by
-    `timeout_s`). Raises OSError (ssl.SSLError) for a peer that does not speak TLS."""
+    `timeout_s`). Raises OSError (ssl.SSLError) for a peer that does not speak TLS.
+    `wrapped(tls)` is called before the handshake: wrapping detaches the plain socket, so
+    whoever may have to cut the connection short meanwhile (the node's eviction of a
+    connection that has not proved a grant) must hold the TLS socket from then on."""
     sock.settimeout(timeout_s)
-    return context.wrap_socket(sock, server_side=True)
+    tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+    try:
+        if wrapped is not None:
+            wrapped(tls)
+        tls.do_handshake()
+    except BaseException:
+        tls.close()  # it holds the connection's descriptor now (wrap_socket closed it so)
+        raise
+    return tls

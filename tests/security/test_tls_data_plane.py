@@ -244,3 +244,37 @@ def test_a_dripped_header_over_tls_meets_the_frame_deadline(pki: TlsFiles) -> No
                 if not tls.recv(1):  # the whole header went through: the node must have closed
                     raise ConnectionResetError("closed")
             assert sent < len(header)
+
+
+def test_a_stranger_evicted_during_its_tls_handshake_is_cut_at_once(pki: TlsFiles) -> None:
+    """Wrapping a connection detaches its plain socket; an eviction (a newer connection of the
+    same unproven address) used to shut that spent socket down, which did nothing: the
+    evicted handshake ran on to its deadline, uncounted, so strangers could keep threads
+    beyond max_connections_per_peer. Now the eviction reaches the TLS socket."""
+    context = server_context(str(pki.cert_file), str(pki.key_file))
+    with TcpDataServer(TransferNode(1 * MiB), "127.0.0.1", 0, ssl_context=context,
+                       max_connections_per_peer=2, auth_timeout_s=30.0) as server:
+        # a client of this address shows a grant first: its strangers then push out their
+        # own oldest instead of being refused (transfer/tcp_admission.py)
+        transport = TcpTransport(tls_context=client_context(str(pki.ca_file)))
+        route = route_to(f"{TLS_SCHEME}127.0.0.1:{server.port}")
+        assert transport.write([wop(route, 0, b"x" * 4096)], 10)[0].ok
+        silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                  for _ in range(2)]  # TCP up, no ClientHello: each handshake waits
+        try:
+            deadline = time.monotonic() + 5
+            while server.stats.snapshot()["active_connections"] < 3:  # the client's and two
+                assert time.monotonic() < deadline, "the two connections were never served"
+                time.sleep(0.01)
+            time.sleep(0.2)  # both threads are inside their handshakes by now
+            silent.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+            silent[0].settimeout(5)
+            assert silent[0].recv(1) == b""  # the oldest is closed well before its 30 s
+            deadline = time.monotonic() + 5
+            while server.stats.snapshot()["active_connections"] > 3:
+                assert time.monotonic() < deadline, "the evicted handshake still runs"
+                time.sleep(0.01)
+        finally:
+            for sock in silent:
+                sock.close()
+            transport.close()
