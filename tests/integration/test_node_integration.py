@@ -67,6 +67,17 @@ def _readable(c: Cluster, key: str) -> bool:
     return True
 
 
+def _put_when_whole(c: Cluster, key: str, data: bytes) -> bool:
+    """Put `key`; False while the master refuses it UNAVAILABLE (still rebuilding)."""
+    try:
+        c.put(key, data)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return False
+        raise
+    return True
+
+
 def _kill_master(master: MasterProcess) -> None:
     master.proc.kill()
     master.proc.wait(10)
@@ -328,9 +339,10 @@ def test_remounts_after_master_restart() -> None:
                      "the node to re-mount on the restarted master")
             assert node.alive
             data = os.urandom(300_000)
-            c.put("after", data)  # grants of the new epoch are accepted
-            # reads wait out the rebuild window (the node said it was mounted before)
-            wait_for(lambda: _readable(c, "after"), 15, "the rebuild window to close")
+            # puts of a key the table lacks, as reads, wait out the rebuild window (the node
+            # said it was mounted before: the key may be in a report still to come)
+            wait_for(lambda: _put_when_whole(c, "after", data), 15, "the rebuild window to close")
+            assert _readable(c, "after")  # grants of the new epoch were accepted
             assert c.get("after") == data
             assert c.status().header.epoch > first_epoch
             # a grant of the dead master is fenced off by the new epoch

@@ -26,7 +26,8 @@ SEGMENT_BYTES = 64 * MiB
 
 
 def _service() -> MasterService:
-    config = MasterConfig(new_node_ramp_s=0.0)
+    # no rebuild grace: the report below is the whole table, so puts follow it at once
+    config = MasterConfig(new_node_ramp_s=0.0, rebuild_grace_s=0.0)
     config.validate()
     svc = MasterService(config, SECRET, rng=random.Random(0))
     info = pb.SegmentInfo(segment_id=7, size_bytes=SEGMENT_BYTES, host_id="h", node_id="n1",
