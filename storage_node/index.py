@@ -384,14 +384,11 @@ class ObjectIndex(IndexTable):
         (the master reused the range). Called with the mover's own gate held, right before
         the pwrite (storage_node/disk_tier.py says why the moment after it is safe too)."""
         with self._lock:
-            order = self._order.get(segment_id)
-            overlapped = self._overlapping(order, offset, offset + length) if order else []
-            if (alloc_id in self._entries or alloc_id in self._tombstones
-                    or any(e.alloc_id > alloc_id for e in overlapped)):
+            if alloc_id in self._entries or alloc_id in self._tombstones:
                 return False
             try:  # nor an older one whose transfers still move its bytes (inflight.py)
-                self._inflight.refuse_busy(alloc_id, segment_id, offset, offset + length,
-                                           overlapped)
+                self._refuse_over(self._order.get(segment_id), segment_id, offset, length,
+                                  alloc_id)
             except WriteRefused:
                 return False
             return True

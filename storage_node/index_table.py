@@ -118,7 +118,7 @@ class IndexTable:
 
     def _insert_dropping_overlaps(self, segment_id: int, offset: int, length: int,
                                   alloc_id: int) -> None:
-        """_drop_overlapping, then insert (offset, alloc_id) into the segment's order; in the
+        """_drop_older_overlaps, then insert (offset, alloc_id) into the segment's order; in the
         common case of nothing to drop (the first write of every object comes here) that is
         two neighbour lookups and one insert, each O(log n) plus one bucket."""
         order = self._order.get(segment_id)
@@ -130,42 +130,46 @@ class IndexTable:
     def _drop_older_overlaps(self, order: SortedSpans, segment_id: int, offset: int,
                              length: int, alloc_id: int) -> None:
         """Drop the entries [offset, +length) overlaps (the master freed them before it granted
-        `alloc_id`), or WriteRefused(FREED) if one is newer than `alloc_id`, or
-        WriteRefused(BUSY) if transfers are still in flight on one (or on a dropped entry in
-        the range): their bytes would cross the new allocation's. Nothing to drop and nothing
+        `alloc_id`), unless `_refuse_over` refuses the range. Nothing to drop and nothing
         draining, the common case, costs two neighbour lookups."""
+        overlapped = self._refuse_over(order, segment_id, offset, length, alloc_id)
+        if overlapped and length > 0:  # (an empty range drops nothing)
+            for entry in overlapped:
+                self._drop(entry)
+            if not self._defer_journal:  # else the data server's flush writes the drops
+                self._flush_drops()
+
+    def _refuse_over(self, order: SortedSpans | None, segment_id: int, offset: int,
+                     length: int, alloc_id: int) -> list[IndexEntry]:
+        """The entries [offset, +length) overlaps, which `alloc_id` may take the range from;
+        WriteRefused(FREED) if one is newer than `alloc_id`, WriteRefused(BUSY) if transfers
+        are still in flight on one (or on a dropped entry in the range): their bytes would
+        cross the new allocation's."""
         end = offset + length
         if self._inflight.draining:
-            self._inflight.refuse_busy(alloc_id, segment_id, offset, end, ())
+            self._inflight.refuse_draining(alloc_id, segment_id, offset, end)
+        if not order:
+            return []
         # Overlapped: the entry starting before `offset` reaching into it, or one starting
         # inside [offset, end) (entries never overlap each other, and all have length > 0).
         prev, after = order.neighbours((offset, -1))
-        if ((prev is not None and self._entries[prev[1]].end() > offset)
+        if not ((prev is not None and self._entries[prev[1]].end() > offset)
                 or (after is not None and after[0] < end)):
-            newer = [e.alloc_id for e in self._overlapping(order, offset, end)
-                     if e.alloc_id > alloc_id]
-            if newer:  # a dead grant: the master freed this range before it granted `newer`
-                raise WriteRefused(
-                    WriteRefused.FREED,
-                    f"allocation {alloc_id} overlaps the newer allocation {newer[0]}: the "
-                    "master freed this range since that grant was issued")
-            self._inflight.refuse_busy(alloc_id, segment_id, offset, end,
-                                       self._overlapping(order, offset, end))
-            self._drop_overlapping(segment_id, offset, length)
-            if not self._defer_journal:  # else the data server's flush writes the drops
-                self._flush_drops()
+            return []
+        overlapped = self._overlapping(order, offset, end)
+        newer = [e.alloc_id for e in overlapped if e.alloc_id > alloc_id]
+        if newer:  # a dead grant: the master freed this range before it granted `newer`
+            raise WriteRefused(
+                WriteRefused.FREED,
+                f"allocation {alloc_id} overlaps the newer allocation {newer[0]}: the "
+                "master freed this range since that grant was issued")
+        self._inflight.refuse_held(alloc_id, overlapped)
+        return overlapped
 
     def _flush_drops(self) -> None:
         """Write the drop records `_drop` queued (one write for the whole call)."""
         if self._journal is not None:
             self._journal.flush()
-
-    def _drop_overlapping(self, segment_id: int, offset: int, length: int) -> None:
-        order = self._order.get(segment_id)
-        if not order or length <= 0:
-            return
-        for entry in self._overlapping(order, offset, offset + length):
-            self._drop(entry)
 
     def _purge(self, now_ms: int) -> int:
         purged = 0
@@ -177,7 +181,6 @@ class IndexTable:
                 del self._tombstones[alloc_id]
                 purged += 1
         return purged
-
 
 
 def journal_entry(e: IndexEntry) -> JournalEntry:

@@ -58,14 +58,15 @@ class InFlight:
         if entry.length > 0 and entry.alloc_id in self.counts:
             self.draining[entry.alloc_id] = (entry.segment_id, entry.offset, entry.end())
 
-    def refuse_busy(self, alloc_id: int, segment_id: int, offset: int, end: int,
-                    overlapped: Iterable[IndexEntry]) -> None:
-        """WriteRefused(BUSY) if a draining range, or one of the `overlapped` entries (their
-        ranges overlap [offset, end) of `segment_id`), has transfers in flight."""
+    def refuse_draining(self, alloc_id: int, segment_id: int, offset: int, end: int) -> None:
+        """WriteRefused(BUSY) if a draining range overlaps [offset, end) of `segment_id`."""
         for other, (seg, start, stop) in self.draining.items():
             if seg == segment_id and start < end and offset < stop:
                 raise WriteRefused(WriteRefused.BUSY, f"allocation {alloc_id} overlaps the "
                                    f"freed allocation {other}, whose transfers are in flight")
+
+    def refuse_held(self, alloc_id: int, overlapped: Iterable[IndexEntry]) -> None:
+        """WriteRefused(BUSY) if one of the `overlapped` entries has transfers in flight."""
         for entry in overlapped:
             if entry.alloc_id in self.counts:
                 raise WriteRefused(WriteRefused.BUSY, f"allocation {alloc_id} overlaps the "
