@@ -45,6 +45,7 @@ from cellar.transfer.frame import (
 )
 from cellar.transfer.tcp import TcpTransport
 from cellar.transfer.tcp_server import TcpDataServer
+from tests.support.sockets import recv_exactly
 from tests.support.transfer_node import SECRET, SEGMENT_ID, TransferNode, rop, route_to, wop
 
 _allocs = itertools.count(1 << 40)  # the well-behaved client's allocation ids, never reused
@@ -87,19 +88,9 @@ def _connect(srv: TcpDataServer) -> socket.socket:
     return s
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        got = s.recv(n - len(out))
-        if not got:
-            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
-        out += got
-    return out
-
-
 def _response(s: socket.socket) -> tuple[int, int, int]:
-    h = decode_response(_recv_exact(s, RESPONSE.size), max_payload_bytes=LIMIT)
-    _recv_exact(s, h.msg_len)
+    h = decode_response(recv_exactly(s, RESPONSE.size), max_payload_bytes=LIMIT)
+    recv_exactly(s, h.msg_len)
     return h.status, h.request_id, h.flags
 
 

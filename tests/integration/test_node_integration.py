@@ -39,6 +39,7 @@ from cellar.transfer.tcp import TcpTransport
 from tests.integration.master_harness import MasterProcess, admin_header, start_master
 from tests.integration.node_harness import NodeProcess, kill_node, start_node
 from tests.support.receipts import receipts_for
+from tests.support.sockets import recv_exactly
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,20 +159,10 @@ def raw_write(address: str, grant: Grant, offset: int, payload: bytes,
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(header.pack() + packed_meta + payload)
-        raw = _recv_exactly(sock, RESPONSE.size)
+        raw = recv_exactly(sock, RESPONSE.size)
         response = decode_response(raw, max_payload_bytes=1 << 30)
-        message = _recv_exactly(sock, response.msg_len).decode() if response.msg_len else ""
+        message = recv_exactly(sock, response.msg_len).decode() if response.msg_len else ""
         return response.status, message
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return bytes(buf)
 
 
 def wait_for(cond: Any, timeout_s: float, what: str) -> None:

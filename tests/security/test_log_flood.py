@@ -35,6 +35,7 @@ from cellar.transfer.frame import (
     decode_response,
     pack_commit_meta,
 )
+from tests.support.sockets import recv_exactly
 
 # a node credential's shape (cellarnode_<32 hex>_<node id>) with a non-ASCII MAC, and without
 # the node id part: both must be refused the same way
@@ -71,16 +72,6 @@ def _fast_port(cluster: LocalCluster) -> int:
     raise AssertionError("the master advertises no fast line")
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        got = sock.recv(n - len(out))
-        if not got:
-            raise ConnectionError("closed")
-        out += got
-    return out
-
-
 def test_non_ascii_credential_is_unauthenticated_counted_and_logged_once(
         cluster_and_metrics: tuple[LocalCluster, str]) -> None:
     cluster, _ = cluster_and_metrics
@@ -104,8 +95,8 @@ def test_non_ascii_credential_is_unauthenticated_counted_and_logged_once(
             frame = pb.GetReplicasRequest(header=pb.RequestHeader(token=BAD_TOKENS[i % 2]),
                                           keys=["k"]).SerializeToString()
             sock.sendall(FRAME.pack(len(frame), METHOD_IDS["GetReplicas"]) + frame)
-            length, code = FRAME.unpack(_recv_exactly(sock, FRAME.size))
-            _recv_exactly(sock, length)
+            length, code = FRAME.unpack(recv_exactly(sock, FRAME.size))
+            recv_exactly(sock, length)
             fast_codes.add(code)
     took = time.monotonic() - t0
     counted = metric(metrics, "master_auth_refusals_total", reason="bad_token") - before
@@ -141,9 +132,9 @@ def test_node_counts_and_logs_refused_grants_and_commits_once(
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall((write + commit) * 10)
             for _ in range(20):
-                reply = decode_response(_recv_exactly(sock, RESPONSE.size),
+                reply = decode_response(recv_exactly(sock, RESPONSE.size),
                                         max_payload_bytes=1 << 20)
-                _recv_exactly(sock, reply.msg_len + reply.length)  # the refusal's message
+                recv_exactly(sock, reply.msg_len + reply.length)  # the refusal's message
                 statuses.append(reply.status)
     counted = {op: metric(metrics, "node_refusals_total", op=op) - n
                for op, n in before.items()}

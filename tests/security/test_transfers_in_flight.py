@@ -35,6 +35,7 @@ from cellar.transfer.frame import (
     WriteMeta,
     decode_response,
 )
+from tests.support.sockets import recv_exactly
 
 SIZE = 256 * 1024
 
@@ -53,16 +54,8 @@ def _tcp_address(segments: Any, segment_id: int) -> tuple[str, int]:
 
 def _reply(sock: socket.socket) -> tuple[int, bytes]:
     """(status, payload or message) of the next reply on `sock`."""
-    def exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            got = sock.recv(n - len(data))
-            if not got:
-                raise ConnectionError("node closed")
-            data += got
-        return data
-    head = decode_response(exactly(RESPONSE.size), max_payload_bytes=1 << 20)
-    return head.status, exactly(head.msg_len + head.length)
+    head = decode_response(recv_exactly(sock, RESPONSE.size), max_payload_bytes=1 << 20)
+    return head.status, recv_exactly(sock, head.msg_len + head.length)
 
 
 def test_a_stalled_second_write_cannot_overwrite_the_next_tenants_object(

@@ -26,6 +26,7 @@ import grpc
 
 from cellar.proto.fastline import FRAME
 from cellar.proto.fastline import PORT_METADATA as FAST_PORT_METADATA
+from tests.support.sockets import recv_exactly
 
 
 class LostReplies:
@@ -107,12 +108,12 @@ class LostReplies:
         self._socks += [client, upstream]
         try:
             while True:
-                head = _recv_exact(client, FRAME.size)
+                head = recv_exactly(client, FRAME.size)
                 length, method = FRAME.unpack(head)
-                body = _recv_exact(client, length)
+                body = recv_exactly(client, length)
                 upstream.sendall(head + body)
-                reply_head = _recv_exact(upstream, FRAME.size)
-                reply = _recv_exact(upstream, FRAME.unpack(reply_head)[0])
+                reply_head = recv_exactly(upstream, FRAME.size)
+                reply = recv_exactly(upstream, FRAME.unpack(reply_head)[0])
                 if self._first(self.seen_fast, (method, body), "fast", f"fast:{method}"):
                     return  # the master acted; its reply never reaches the client
                 client.sendall(reply_head + reply)
@@ -135,12 +136,3 @@ class _Forward(grpc.GenericRpcHandler):
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        got = sock.recv(n - len(data))
-        if not got:
-            raise ConnectionError("closed")
-        data += got
-    return data

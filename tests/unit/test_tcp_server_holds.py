@@ -22,6 +22,7 @@ from cellar.transfer.frame import (
     decode_response,
 )
 from cellar.transfer.tcp_server import TcpDataServer
+from tests.support.sockets import recv_exactly
 from tests.support.transfer_node import SEGMENT_ID, TENANT, TransferNode, grant
 
 SIZE = 8 << 20  # over what the kernel buffers for a reader that stops reading
@@ -50,12 +51,7 @@ def read_frame(key: str, alloc: int, *, ttl_ms: int = 600_000) -> bytes:
 
 
 def status_of(sock: socket.socket) -> int:
-    head = b""
-    while len(head) < RESPONSE.size:
-        got = sock.recv(RESPONSE.size - len(head))
-        assert got, "the node closed the connection"
-        head += got
-    reply = decode_response(head, max_payload_bytes=SIZE)
+    reply = decode_response(recv_exactly(sock, RESPONSE.size), max_payload_bytes=SIZE)
     sock.recv(reply.msg_len, socket.MSG_WAITALL) if reply.msg_len else None
     return reply.status
 
