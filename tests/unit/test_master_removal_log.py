@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from test_master_support import (
@@ -30,6 +31,9 @@ from cellar.master.serving.removal_log import FileRemovalLog, decode, encode
 from cellar.master.state.records import HARD_PIN
 from cellar.master.state.tombstones import DEAD_WRITE, HARD_PIN_RECORD, Tombstones
 from tests.support.receipts import receipts_for
+
+if TYPE_CHECKING:
+    from cellar.master.serving.leadership import Leadership
 
 
 def replica_ids(svc, key: str) -> list[int]:
@@ -262,15 +266,22 @@ class _FlakyLog:
         self.written += records
 
 
-def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
+def _leadership_on_a_flaky_log(failures: int) -> tuple[Leadership, _FlakyLog]:
+    """A single master's Leadership whose removal log fails its first `failures` appends,
+    with one node mounted."""
     from cellar.master.config import MasterConfig
     from cellar.master.serving.leadership import Leadership
 
     leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
-    flaky = _FlakyLog(failures=1)
+    flaky = _FlakyLog(failures=failures)
     leadership.removal_log = flaky  # type: ignore[assignment]
+    mount(leadership.service, "n1", 1)
+    return leadership, flaky
+
+
+def test_bounds_of_a_failed_write_go_out_with_the_next_remove() -> None:
+    leadership, flaky = _leadership_on_a_flaky_log(failures=1)
     svc = leadership.service
-    mount(svc, "n1", 1)
     for key in "abc":
         put(svc, key, 4096)
     assert svc.tombstones.take_pending() == []
@@ -297,14 +308,8 @@ def test_bounds_of_two_writes_failing_at_once_both_go_out_with_the_next() -> Non
     took its own bounds before either failed) and both fail: the bounds of both are kept, not
     only the last to fail, so the first one's repeat (answered OK from the reply memory) is
     acknowledged only once its bound is in the log, and its old value's ranges are freed."""
-    from cellar.master.config import MasterConfig
-    from cellar.master.serving.leadership import Leadership
-
-    leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
-    flaky = _FlakyLog(failures=2)
-    leadership.removal_log = flaky  # type: ignore[assignment]
+    leadership, flaky = _leadership_on_a_flaky_log(failures=2)
     svc = leadership.service
-    mount(svc, "n1", 1)
     for key in "abc":
         put(svc, key, 4096)
     svc.remove("", ["a"])
@@ -330,14 +335,8 @@ def test_a_changes_ranges_stay_on_their_nodes_until_its_bound_is_written() -> No
     still find it (tests/faults/test_durable_removes.py, the same across a failover). Once a
     write succeeds (the retry's, or any later change's) they are freed; a reader's pin still
     holds them past that, as for any drop."""
-    from cellar.master.config import MasterConfig
-    from cellar.master.serving.leadership import Leadership
-
-    leadership = Leadership(MasterConfig(new_node_ramp_s=0.0), SECRET, ha=False)
-    flaky = _FlakyLog(failures=1)
-    leadership.removal_log = flaky  # type: ignore[assignment]
+    leadership, flaky = _leadership_on_a_flaky_log(failures=1)
     svc = leadership.service
-    mount(svc, "n1", 1)
     segment = svc.membership.segments[1]
     outbox = segment.node.outbox
     for key in ("a", "up", "read", "later"):
