@@ -16,9 +16,7 @@ general get flow), on every face and transport:
 from __future__ import annotations
 
 import ctypes
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +26,7 @@ import cellar
 from cellar.client import one_read
 from cellar.devtools.local_cluster import LocalCluster
 from tests.support.faces import open_pair
+from tests.support.http import master_metric
 
 SIZE = 48 << 10 | 123  # not a multiple of any page, so a write past the value would show
 KEYS = 8
@@ -40,21 +39,13 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-def master_figure(cluster: LocalCluster, name: str) -> float:
-    with urllib.request.urlopen(cluster.http_url + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    assert match, f"the master exports {name}"
-    return float(match.group(1))
-
-
 def get_replicas_calls(cluster: LocalCluster) -> float:
-    return master_figure(cluster, "master_get_replica_list_requests_total")
+    return master_metric(cluster, "master_get_replica_list_requests_total")
 
 
 def pins_fall_to(cluster: LocalCluster, count: float, within_s: float = 10.0) -> bool:
     deadline = time.monotonic() + within_s
-    while master_figure(cluster, "master_pin_count") > count:
+    while master_metric(cluster, "master_pin_count") > count:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -89,7 +80,7 @@ def test_a_key_never_read_is_one_lookup_and_one_read(cluster: LocalCluster, face
         keys = [f"k/{i}" for i in range(3 * KEYS)]
         for i, key in enumerate(keys):
             writer.put(key, value_of(i))
-        pins = master_figure(cluster, "master_pin_count")
+        pins = master_metric(cluster, "master_pin_count")
         asked = get_replicas_calls(cluster)
         for i, key in enumerate(keys[:KEYS]):  # get_into: exact bytes, nothing past them
             buffer = bytearray([SENTINEL]) * (SIZE + 64)
@@ -123,7 +114,7 @@ def test_a_miss_and_a_buffer_too_small_are_raised_after_one_lookup_holding_no_pi
     writer, reader = open_pair(face, "tcp", cluster, f"one-lookup-errors-{face}")
     try:
         writer.put("there", value_of(1))
-        pins = master_figure(cluster, "master_pin_count")
+        pins = master_metric(cluster, "master_pin_count")
         asked = get_replicas_calls(cluster)
         with pytest.raises(cellar.NotFound):
             reader.get("not-there")
