@@ -93,7 +93,7 @@ class TierSettings:
 
 
 class Move:
-    __slots__ = ("obj", "src", "dst", "node_id", "started", "deadline")
+    __slots__ = ("obj", "src", "dst", "node_id", "deadline")
 
     def __init__(self, obj: Obj, src: Replica, dst: Replica, started: float,
                  timeout_s: float) -> None:
@@ -101,9 +101,8 @@ class Move:
         self.src = src
         self.dst = dst
         self.node_id = src.segment.node.node_id
-        self.started = started
-        # when `tick` abandons it; the node is told the time left (proto Move.expires_in_ms)
-        # and never writes the target after it (storage_node/disk_tier.py)
+        # past it `tick` abandons the move; the node is told the time left (proto
+        # Move.expires_in_ms) and never writes the target after it (storage_node/disk_tier.py)
         self.deadline = started + timeout_s
 
     @property
@@ -209,9 +208,8 @@ class Tiers:
         if self.retired:
             self._release_retired(now)
         if self.enabled or self.pending:
-            timeout = self.settings.move_timeout_s
             for move in list(self.pending.values()):
-                if now - move.started > timeout:
+                if now > move.deadline:
                     self.moves_timed_out += 1
                     self._abandon(move, now, late_write_possible=True)
             self._move_round(now)
