@@ -71,6 +71,7 @@ from cellar.transfer.base import Discard, FileRange
 from cellar.transfer.frame import (
     OP_CLAIM,
     OP_COMMIT,
+    OP_RDMA_CONNECT,
     OP_READ,
     OP_WRITE,
     ST_BAD_FRAME,
@@ -81,6 +82,7 @@ from cellar.transfer.frame import (
     ST_SEALED,
     ST_STALE_EPOCH,
     ST_UNKNOWN_SEGMENT,
+    ST_UNSUPPORTED,
     FrameError,
     RequestHeader,
     WriteMeta,
@@ -126,7 +128,7 @@ class NodeAccess:
                 st = os.stat(seg.path)
                 self._file_ids[sid] = (st.st_dev, st.st_ino)
         # Set by storage_node/rdma.py when this node serves RDMA: client QP info -> node QP info.
-        self.rdma_connect: Callable[[bytes], bytes] | None = None
+        self.rdma_acceptor: Callable[[bytes], bytes] | None = None
 
     def writable(self, request: RequestHeader, meta: WriteMeta) -> memoryview | Discard:
         """The segment memory the write's payload goes to, held in flight until `release`
@@ -301,9 +303,25 @@ class NodeAccess:
         offset = request.offset  # inside the segment: _check made sure
         return segment.memory[offset:offset + request.length]
 
-    def _check(self, request: RequestHeader, op: int) -> tuple[Segment, Grant]:
+    def rdma_connect(self, request: RequestHeader, qp_info: bytes) -> bytes:
+        """RDMA_CONNECT: a queue pair for a peer that shows the grant of a data op on this node
+        (authentic, of the current epoch, unexpired, inside a segment: `_check`); the node's
+        queue-pair description. A stranger gets no queue pair (docs/security.md)."""
+        accept = self.rdma_acceptor
+        if accept is None:
+            raise FrameError(ST_UNSUPPORTED, "this node serves no rdma")
+        if request.op != OP_RDMA_CONNECT or request.grant is None:
+            raise FrameError(ST_BAD_GRANT, "an RDMA_CONNECT must carry a grant for this node")
+        self._check(request, request.grant.op & ~GRANT_FLAG_COMMIT, request.op)
+        return accept(qp_info)
+
+    def _check(self, request: RequestHeader, op: int,
+               request_op: int | None = None) -> tuple[Segment, Grant]:
+        """The segment of a request whose grant is for `op` (authentic, current, unexpired,
+        covering the range inside the segment); `request_op`: the request's own op when it is
+        not `op` (an RDMA_CONNECT)."""
         grant = request.grant
-        if grant is None or request.op != op:
+        if grant is None or request.op != (op if request_op is None else request_op):
             raise FrameError(ST_BAD_FRAME, "data request without a grant")
         segment = self.segments.get(request.segment_id)
         if segment is None:

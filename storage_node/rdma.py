@@ -9,8 +9,9 @@ Endpoint(transport="rdma", address, extra) the node mounts with: extra is the pa
 "<device>/<port>/<gid hex>/<extra hex>" (see cellar.transfer.rdma).
 
 Clients connect one RC queue pair each through an RDMA_CONNECT frame on the node's TCP port:
-`NodeAccess.rdma_connect` is set to `accept`, which creates a queue pair, connects it to the
-client's and answers with its own description. The node never posts work requests; its queue
+`NodeAccess.rdma_acceptor` is set to `accept`, which creates a queue pair, connects it to the
+client's and answers with its own description; `NodeAccess.rdma_connect` calls it only for a
+frame that carries an authentic, current grant for this node (a stranger gets no queue pair). The node never posts work requests; its queue
 pairs are only targets of one-sided READ/WRITE, and the bytes a client WRITEs are recorded only
 when its COMMIT passes the same checks as a TCP write (NodeAccess.commit). At most
 `max_queue_pairs` are kept: beyond that the oldest is closed (its client reconnects).
@@ -127,7 +128,7 @@ def attach(segments: Sequence[Segment], access: Any, control: Any = None, *,
     except verbs.VerbsError as e:
         log.warning("rdma off: cannot register segments: %s", e)
         return None
-    access.rdma_connect = rdma.accept
+    access.rdma_acceptor = rdma.accept
     if control is not None:
         control.extra_endpoints = {sid: [ep] for sid, ep in rdma.pb_endpoints().items()}
     log.info("rdma on %s port %d: %d segments registered", device.name, device.port,

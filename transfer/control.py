@@ -5,7 +5,7 @@ segment file, one-sided RDMA WRITE), but the node must still check and record ev
 after the bytes landed, the client sends one small COMMIT frame per op (the same request header
 as a WRITE, with the grant, no payload) and the node runs the WRITE checks and records the
 range (see `cellar.storage_node.access.NodeAccess.commit`). RDMA_CONNECT exchanges queue-pair
-descriptions the same way.
+descriptions the same way, under the grant of a data op the client is about to run there.
 
 `ControlChannel` keeps a few persistent connections per node address and pipelines a whole
 batch's frames: every node's frames are sent first (in windows of `window` frames), then the
@@ -49,7 +49,7 @@ from cellar.transfer.frame import (
     RESPONSE_MAGIC,
     ST_OK,
     VERSION,
-    grant_flags,
+    request_flags,
 )
 from cellar.transfer.spin_wait import SpinWait
 from cellar.transfer.tls_sock import dial
@@ -102,8 +102,8 @@ def _pack(call: ControlCall, rid: int) -> bytes:
         head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, 0, len(call.meta), rid,
                             call.segment_id, 0, 0, 0, 0, 0, 0, _ZERO_MAC, call.offset, call.length)
     else:
-        head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, grant_flags(g), len(call.meta), rid,
-                            g.segment_id, g.offset, g.length, g.alloc_id, g.epoch, g.expiry_ms,
+        head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, request_flags(call.op, g),
+                            len(call.meta), rid, g.segment_id, g.offset, g.length, g.alloc_id, g.epoch, g.expiry_ms,
                             g.key_tag, g.mac, call.offset, call.length)
     return head + call.meta
 

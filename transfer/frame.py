@@ -42,8 +42,11 @@ OP_PING = 3  # no grant, no payload: liveness and latency probe
 # is bounded by the grant and the segment, not by the frame payload limit. The node runs the
 # WRITE checks, then records the range as written.
 OP_COMMIT = 4
-# RDMA_CONNECT: no grant; meta = the client's queue-pair description; an OK reply carries the
-# node's queue-pair description as `length` payload bytes (at most MAX_META_BYTES).
+# RDMA_CONNECT: meta = the client's queue-pair description; an OK reply carries the node's
+# queue-pair description as `length` payload bytes (at most MAX_META_BYTES). It carries the
+# grant of a data op the client is about to run on this node (a READ grant when the request
+# flags say REQ_FLAG_READ_GRANT, else a WRITE grant), with `offset`/`length` its range: a queue
+# pair is opened only for a peer the master granted something on this node (docs/security.md).
 OP_RDMA_CONNECT = 5
 # CLAIM: "I am about to copy into [offset, +length) of this allocation myself" (shm, rdma),
 # sent and answered before the copy. Same grant and meta as COMMIT (the checksum is not known
@@ -55,7 +58,7 @@ OP_CLAIM = 6
 OPS = frozenset({OP_WRITE, OP_READ, OP_PING, OP_COMMIT, OP_RDMA_CONNECT, OP_CLAIM})
 # Ops whose frame carries a WRITE grant and COMMIT meta but no payload
 OPS_COMMIT_LIKE = frozenset({OP_COMMIT, OP_CLAIM})
-OPS_WITHOUT_GRANT = frozenset({OP_PING, OP_RDMA_CONNECT})
+OPS_WITHOUT_GRANT = frozenset({OP_PING})
 
 # Response statuses (frame level; the SDK maps them to its exceptions).
 ST_OK = 0
@@ -96,6 +99,8 @@ RESP_FLAG_CLOSE = 0x1
 # Request flags. MAY_COMMIT: the grant's op carries GRANT_FLAG_COMMIT (the frame carries no
 # grant op of its own: the request's op stands for it), so the MAC covers the right.
 REQ_FLAG_MAY_COMMIT = 0x1
+# READ_GRANT: an RDMA_CONNECT carries a READ grant (its op field stands for no data op).
+REQ_FLAG_READ_GRANT = 0x2
 # Byte offset of request_id in a REQUEST header, so an error reply to a header that failed to
 # decode can still name the request it answers.
 REQUEST_ID_OFFSET = 12
@@ -117,6 +122,14 @@ def grant_flags(grant: Grant) -> int:
     return REQ_FLAG_MAY_COMMIT if grant.op & GRANT_FLAG_COMMIT else 0
 
 
+def request_flags(op: int, grant: Grant) -> int:
+    """`grant_flags`, plus, for an RDMA_CONNECT, whether its grant is a READ grant."""
+    flags = grant_flags(grant)
+    if op == OP_RDMA_CONNECT and (grant.op & ~GRANT_FLAG_COMMIT) == GRANT_OP_READ:
+        flags |= REQ_FLAG_READ_GRANT
+    return flags
+
+
 @dataclass(slots=True)
 class RequestHeader:
     op: int
@@ -134,7 +147,7 @@ class RequestHeader:
             return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags, self.meta_len,
                                 self.request_id, self.segment_id, 0, 0, 0, 0, 0, 0,
                                 bytes(GRANT_MAC_BYTES), self.offset, self.length)
-        return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags | grant_flags(g),
+        return REQUEST.pack(REQUEST_MAGIC, VERSION, self.op, self.flags | request_flags(self.op, g),
                             self.meta_len, self.request_id, g.segment_id, g.offset, g.length, g.alloc_id,
                             g.epoch, g.expiry_ms, g.key_tag, g.mac, self.offset, self.length)
 
@@ -157,8 +170,11 @@ def decode_request(header: bytes | memoryview, *, max_payload_bytes: int) -> Req
         raise FrameError(ST_TOO_LARGE, f"length {length} > {max_payload_bytes} bytes")
     grant = None
     if op not in OPS_WITHOUT_GRANT:
-        # a commit finishes a granted write, a claim starts one
-        grant_op = OP_WRITE if op in OPS_COMMIT_LIKE else op
+        # a commit finishes a granted write, a claim starts one; a connect names its grant's op
+        if op == OP_RDMA_CONNECT:
+            grant_op = OP_READ if flags & REQ_FLAG_READ_GRANT else OP_WRITE
+        else:
+            grant_op = OP_WRITE if op in OPS_COMMIT_LIKE else op
         if flags & REQ_FLAG_MAY_COMMIT:
             grant_op |= GRANT_FLAG_COMMIT
         grant = Grant(grant_op, segment_id, grant_offset, grant_length, alloc_id, epoch,

@@ -11,8 +11,9 @@ address is "<device>/<port>/<gid hex>/<extra hex>": the SDK's routes keep endpoi
 only, so the address carries the key too, and `parse_endpoint` reads it from there.
 
 Connections: one RC queue pair per node, set up on first use by an RDMA_CONNECT control frame
-on the node's TCP port (meta: our `QpInfo`; reply payload: the node's), so no side channel and
-no extra port. `forget(route)` closes it; the next batch connects again.
+on the node's TCP port (meta: our `QpInfo`; reply payload: the node's; the grant of one of the
+batch's ops on that node, which the node checks before it opens a queue pair), so no side
+channel and no extra port. `forget(route)` closes it; the next batch connects again.
 
 A batch: every op is checked (grant covers the range, range inside the segment, a write has
 its meta and the node a tcp endpoint), its buffer is found in (or added to) the MR cache, and
@@ -67,9 +68,12 @@ from cellar.transfer.frame import (
     OP_COMMIT,
     OP_RDMA_CONNECT,
     ST_BAD_FRAME,
+    ST_BAD_GRANT,
+    ST_EXPIRED,
     ST_INTERNAL,
     ST_OK,
     ST_OUT_OF_RANGE,
+    ST_STALE_EPOCH,
     ST_UNSUPPORTED,
     FrameError,
     pack_commit_meta,
@@ -82,6 +86,10 @@ DEFAULT_MAX_OUTSTANDING = 64        # signalled work requests in flight per queu
 DEFAULT_MR_CACHE_REGIONS = 256
 DEFAULT_MR_CACHE_BYTES = 64 << 30
 POLL_SLICE_S = 0.01                 # longest single wait in poll when several peers are busy
+# A queue pair is connected under one op's grant; when the node refuses that grant as such,
+# at most this many ops' grants are tried before the batch's ops on that node fail.
+CONNECT_GRANT_TRIES = 3
+GRANT_REFUSALS = frozenset({ST_BAD_GRANT, ST_EXPIRED, ST_STALE_EPOCH, ST_OUT_OF_RANGE})
 
 # rkey, base address, size, file dev, file ino
 _SEGMENT_KEY = struct.Struct("<IQQQQ")
@@ -289,7 +297,7 @@ class RdmaTransport(Transport):
                            if (kept := [c for c in chunks if results[c[0]].ok])}
             peers: dict[str, _Peer] = {}
             for tcp, chunks in by_peer.items():
-                peer = self._peer(tcp, deadline)
+                peer = self._peer(tcp, deadline, [ops[c[0]] for c in chunks])
                 if isinstance(peer, TransferResult):
                     _fail(results, chunks, peer)
                 else:
@@ -360,8 +368,11 @@ class RdmaTransport(Transport):
             self._parsed[address] = key
         return self._parsed[address]
 
-    def _peer(self, tcp: str, deadline: float) -> _Peer | TransferResult:
-        """The connected queue pair to the node at `tcp`, connecting it if needed."""
+    def _peer(self, tcp: str, deadline: float,
+              ops: Sequence[TransferOp]) -> _Peer | TransferResult:
+        """The connected queue pair to the node at `tcp`, connecting it if needed under the
+        grant of one of `ops` (the node opens queue pairs only for a granted peer): the next
+        op's, up to CONNECT_GRANT_TRIES, while the node refuses a grant as such."""
         peer = self._peers.get(tcp)
         if peer is not None:
             return peer
@@ -369,18 +380,31 @@ class RdmaTransport(Transport):
             qp = self._device.create_qp()
         except VerbsError as e:
             return TransferResult(ST_CONNECT_FAILED, f"{tcp}: create_qp: {e}")
-        call = ControlCall(OP_RDMA_CONNECT, None, 0, 0, 0, qp.info.pack())
-        reply = self._control.call({tcp: [call]}, max(0.0, deadline - time.monotonic()))[tcp][0]
-        try:
-            if reply.status != ST_OK:
-                raise VerbsError(reply.message or f"status {reply.status}")
-            qp.connect(verbs.QpInfo.unpack(reply.payload))
-        except VerbsError as e:
-            qp.close()
-            return TransferResult(ST_CONNECT_FAILED, f"{tcp}: rdma connect: {e}")
-        peer = self._peers[tcp] = _Peer(tcp, qp)
-        self.stats["connects"] += 1
-        return peer
+        tried: set[int] = set()
+        for op in ops:
+            grant = op.grant
+            if grant.alloc_id in tried:
+                continue  # the chunks of one op
+            tried.add(grant.alloc_id)
+            call = ControlCall(OP_RDMA_CONNECT, grant, op.route.segment_id, grant.offset,
+                               grant.length, qp.info.pack())
+            reply = self._control.call({tcp: [call]},
+                                       max(0.0, deadline - time.monotonic()))[tcp][0]
+            if reply.status in GRANT_REFUSALS and len(tried) < CONNECT_GRANT_TRIES:
+                continue  # this op's grant (forged, expired): another op's may do
+            try:
+                if reply.status != ST_OK:
+                    raise VerbsError(reply.message or f"status {reply.status}")
+                qp.connect(verbs.QpInfo.unpack(reply.payload))
+            except VerbsError as e:
+                qp.close()
+                return TransferResult(ST_CONNECT_FAILED, f"{tcp}: rdma connect: {e}")
+            peer = self._peers[tcp] = _Peer(tcp, qp)
+            self.stats["connects"] += 1
+            return peer
+        qp.close()
+        return TransferResult(ST_CONNECT_FAILED, f"{tcp}: rdma connect: no grant of the batch "
+                              "was taken")
 
     def _move(self, peers: dict[str, _Peer], by_peer: dict[str, list[_Chunk]],
               results: list[TransferResult], deadline: float, writing: bool) -> None:

@@ -8,7 +8,7 @@ same-host client's put (issue #19). The rule (`TcpDataServer(auth_timeout_s=...)
 - A connection is *unauthenticated* from accept until it sends a frame whose grant the access
   layer finds authentic: the request was served, or refused for a reason that is only checked
   after the grant's MAC (expired, stale epoch, out of range, sealed: `AUTHENTIC_REFUSALS`).
-  PING and RDMA_CONNECT carry no grant and prove nothing.
+  PING carries no grant and proves nothing; an RDMA_CONNECT carries one like a data op.
 - An unauthenticated connection must prove itself within `auth_timeout_s` of accept, or it is
   closed (reason `auth_timeout`). An authenticated one keeps the usual deadlines (idle_timeout_s).
 - Only unauthenticated connections count against `max_connections_per_peer`. At that limit, a

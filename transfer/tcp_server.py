@@ -31,7 +31,7 @@ with its bounds checked (`decode_request`), then the meta (at most MAX_META_BYTE
 - PING: OK.
 - COMMIT / RDMA_CONNECT (shm and rdma control frames, no payload): `access.commit()` checks
   and records a range the client copied into segment memory itself; `access.rdma_connect`
-  answers a queue-pair exchange with the node's QP description as the reply payload.
+  answers a granted queue-pair exchange with the node's QP description as the reply payload.
 Replies are corked: they queue (READ payloads as views) while more requests are already
 waiting in the socket, and leave together in one `sendmsg` before the connection would block
 on a read, or once 1 MiB is queued. A pipelined run of small requests thus costs a few
@@ -509,14 +509,14 @@ class _Connection:
                 wmeta, dev, ino = decode_commit_meta(meta)
                 reply = commit(req, wmeta, dev, ino) or b""  # the receipt, if it sealed
             else:
-                accept = getattr(self.access, "rdma_connect", None)
-                if accept is None:
+                connect = getattr(self.access, "rdma_connect", None)
+                if connect is None:
                     raise FrameError(ST_UNSUPPORTED, "this node serves no rdma")
-                reply = bytes(accept(meta))
+                reply = bytes(connect(req, meta))  # checks its grant first
         except Exception as e:
             self.refuse(req, e)
             return
-        if self.auth_deadline is not None and req.op in OPS_COMMIT_LIKE:
+        if self.auth_deadline is not None:  # served under a grant the access layer checked
             self.proved()
         self.outbox.add(pack_response(ST_OK, req.request_id, len(reply)) + reply)
 

@@ -34,7 +34,17 @@ from cellar.transfer.base import (
     SegmentRoute,
     TransferOp,
 )
-from cellar.transfer.frame import ST_BAD_GRANT, ST_OUT_OF_RANGE, WriteMeta
+from cellar.transfer.control import ControlCall, ControlChannel
+from cellar.transfer.frame import (
+    OP_RDMA_CONNECT,
+    ST_BAD_GRANT,
+    ST_EXPIRED,
+    ST_OK,
+    ST_OUT_OF_RANGE,
+    ST_STALE_EPOCH,
+    ST_UNKNOWN_SEGMENT,
+    WriteMeta,
+)
 from cellar.transfer.rdma import (
     MrCache,
     RdmaTransport,
@@ -414,10 +424,10 @@ def test_attach_wires_access_and_control(fabric: FakeFabric) -> None:
     import types
 
     seg = Segment.in_memory(9, 1 << 16)
-    access = types.SimpleNamespace(rdma_connect=None)
+    access = types.SimpleNamespace(rdma_acceptor=None)
     control = types.SimpleNamespace()
     node = attach([seg], access, control, device=FakeDevice(fabric))
-    assert node is not None and access.rdma_connect == node.accept
+    assert node is not None and access.rdma_acceptor == node.accept
     [ep] = control.extra_endpoints[9]
     assert ep.transport == "rdma" and ep.extra == node.keys[9].pack()
     assert parse_endpoint(ep.address) == ("fake0", node.keys[9])
@@ -428,3 +438,60 @@ def test_attach_without_a_device_is_off() -> None:
     if verbs.list_devices():
         pytest.skip("this machine has an RDMA device")
     assert attach([Segment.in_memory(9, 1 << 16)], object()) is None
+
+
+def _connect(node: Node, fabric: FakeFabric, g: Grant | None, *, segment_id: int = SEG_ID,
+             offset: int = 0, length: int = 4096) -> int:
+    """The status of one raw RDMA_CONNECT to `node` under `g` (None: no grant at all)."""
+    channel = ControlChannel()
+    try:
+        info = FakeDevice(fabric, "stranger").create_qp().info.pack()
+        call = ControlCall(OP_RDMA_CONNECT, g, segment_id, offset, length, info)
+        return channel.call({node.server.address: [call]}, 5.0)[node.server.address][0].status
+    finally:
+        channel.close()
+
+
+def test_a_peer_without_a_grant_of_the_node_gets_no_queue_pair(node: Node,
+                                                                fabric: FakeFabric) -> None:
+    def signed(op: int, **over: int) -> Grant:
+        fields = dict(op=op, segment_id=SEG_ID, offset=0, length=4096, alloc_id=9_999,
+                      epoch=EPOCH, expiry_ms=wall_ms() + 60_000, tag=key_tag("t", "k"))
+        fields.update(over)
+        return sign(SECRET, **fields)  # type: ignore[arg-type]
+
+    refused = {
+        "no grant": (_connect(node, fabric, None), ST_BAD_GRANT),
+        "forged": (_connect(node, fabric, sign(b"f" * 32, op=GRANT_OP_WRITE_COMMIT,
+                                               segment_id=SEG_ID, offset=0, length=4096,
+                                               alloc_id=1, epoch=EPOCH,
+                                               expiry_ms=wall_ms() + 60_000,
+                                               tag=key_tag("t", "k"))), ST_BAD_GRANT),
+        "expired": (_connect(node, fabric, signed(GRANT_OP_READ,
+                                                  expiry_ms=wall_ms() - 60_000)), ST_EXPIRED),
+        "older master": (_connect(node, fabric, signed(GRANT_OP_READ, epoch=EPOCH - 1)),
+                         ST_STALE_EPOCH),
+        "past its grant": (_connect(node, fabric, signed(GRANT_OP_READ), length=8192),
+                           ST_OUT_OF_RANGE),
+        "another segment": (_connect(node, fabric, signed(GRANT_OP_READ, segment_id=5),
+                                     segment_id=5), ST_UNKNOWN_SEGMENT),
+    }
+    assert {why: got for why, (got, _) in refused.items()} == \
+        {why: want for why, (_, want) in refused.items()}
+    assert node.rdma.queue_pairs == 0  # not one queue pair for any of them
+    assert node.server.stats.snapshot()["requests"]["rdma_connect"] == len(refused)
+    # a write grant (with the COMMIT right) and a read grant (the READ_GRANT flag) both open one
+    assert _connect(node, fabric, signed(GRANT_OP_WRITE_COMMIT)) == ST_OK
+    assert _connect(node, fabric, signed(GRANT_OP_READ)) == ST_OK
+    assert node.rdma.queue_pairs == 2
+
+
+def test_a_batch_connects_under_the_next_grant_when_the_first_is_refused(
+        node: Node, rdma: RdmaTransport) -> None:
+    forged_data, data = os.urandom(5000), os.urandom(7000)
+    forged = wop(node, 0, forged_data, key="f",
+                 g=grant(GRANT_OP_WRITE_COMMIT, 0, 5000, key="f", secret=b"f" * 32))
+    results = rdma.write([forged, wop(node, 8192, data, key="g")], 5.0)
+    assert [r.status for r in results] == [ST_BAD_GRANT, ST_OK]
+    assert rdma.stats["connects"] == 1 and node.rdma.queue_pairs == 1
+    assert bytes(node.segment.view(8192, len(data))) == data
