@@ -382,13 +382,16 @@ class ObjectIndex(IndexTable):
         """Whether a tier move may write [offset, +length) for `alloc_id`: the id is neither
         known (done already) nor tombstoned (freed), and no newer allocation overlaps it
         (the master reused the range). Called with the mover's own gate held, right before
-        the pwrite (storage_node/disk_tier.py says why the moment after it is safe too)."""
+        the pwrite (storage_node/disk_tier.py says why the moment after it is safe too). When
+        it may, the older entries the range overlaps (the master freed them before it placed
+        the move there) go now, as a shm writer's `claim` drops them: no read under their
+        grants is admitted between this look and the copy, which would send the moved bytes."""
         with self._lock:
             if alloc_id in self._entries or alloc_id in self._tombstones:
                 return False
             try:  # nor an older one whose transfers still move its bytes (inflight.py)
-                self._refuse_over(self._order.get(segment_id), segment_id, offset, length,
-                                  alloc_id)
+                self._drop_older_overlaps(self._order.get(segment_id), segment_id, offset,
+                                          length, alloc_id)
             except WriteRefused:
                 return False
             return True

@@ -127,7 +127,7 @@ class IndexTable:
         self._drop_older_overlaps(order, segment_id, offset, length, alloc_id)
         order.add((offset, alloc_id))
 
-    def _drop_older_overlaps(self, order: SortedSpans, segment_id: int, offset: int,
+    def _drop_older_overlaps(self, order: SortedSpans | None, segment_id: int, offset: int,
                              length: int, alloc_id: int) -> None:
         """Drop the entries [offset, +length) overlaps (the master freed them before it granted
         `alloc_id`), unless `_refuse_over` refuses the range. Nothing to drop and nothing

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cellar.storage_node.index import AllocState, ObjectIndex, WriteRefused
+from cellar.storage_node.index import AllocState, ObjectIndex, ReadRefused, WriteRefused
 
 SEG = 3
 
@@ -144,3 +144,19 @@ def test_a_tier_move_never_writes_over_a_range_whose_reads_are_in_flight() -> No
     assert index.move_target_free(5, SEG, 200, 100)   # elsewhere is free
     index.release(1)                                  # the reply left
     assert index.move_target_free(5, SEG, 0, 100)
+
+
+def test_a_tier_move_takes_its_range_from_the_older_objects_before_it_copies() -> None:
+    """Between the mover's last look and its copy, no read of an older object in the target
+    range (freed by the master, its notice not here yet) is admitted: it would send the moved
+    object's bytes under the older object's grant."""
+    index = ObjectIndex()
+    sealed_object(index, 1)
+    sealed_object(index, 2, offset=100)
+    assert index.move_target_free(5, SEG, 50, 100)    # over the end of 1 and the start of 2
+    for alloc, offset in ((1, 0), (2, 100)):
+        with pytest.raises(ReadRefused, match="not held here"):
+            read(index, alloc, offset)
+    sealed_object(index, 3, offset=300)               # outside the move's range: still read
+    read(index, 3, offset=300)
+    index.release(3)
