@@ -116,6 +116,14 @@ class MasterConfig:
         64, "most put-ahead allocations (docs/sdk.md) one PutStart or PutEnd is granted; "
         "0 grants none", unit="keys"
     )
+    max_put_ahead_dropped_keys: int = setting(
+        65_536, "most keys remembered with a version the master dropped on its own (evicted, or "
+        "lost with its node) while an older put-ahead allocation was outstanding, so that no such "
+        "allocation is bound to the key (a rebuild would prefer the dropped version); kept only "
+        "while one is (at most write_grant_ttl_s). Beyond it the lowest is forgotten and every "
+        "bind at or below it refused, whatever the key (the client puts again through PutStart)",
+        unit="keys"
+    )
     pin_ttl_s: float = setting(10.0, "a read pin (and its read grant) expires after this", unit=UNIT_SECONDS)
     read_trust_s: float = setting(
         0.5, "a client may read a key again from the replicas GetReplicas named, without asking, "
@@ -372,6 +380,7 @@ class MasterConfig:
         require(1 <= self.max_batch_keys <= 1 << 16, "max_batch_keys", "must be in [1, 65536]")
         require(1 <= self.max_list_keys <= 1 << 16, "max_list_keys", "must be in [1, 65536]")
         require(0 <= self.max_put_ahead_keys <= 1 << 16, "max_put_ahead_keys", "must be in [0, 65536]")
+        require(self.max_put_ahead_dropped_keys >= 0, "max_put_ahead_dropped_keys", "must be >= 0")
         require(self.pin_ttl_s > 0, "pin_ttl_s", "must be > 0")
         require(self.max_pins_per_client >= 1, "max_pins_per_client", "must be >= 1")
         require(self.write_grant_ttl_s > 0, "write_grant_ttl_s", "must be > 0")

@@ -29,7 +29,10 @@ The rules
       keeps the newest, a removal's tombstone kills every older one. A put-ahead allocation
       may be older than the key's last version or removal; binding it then could bring an
       older value back after a restart, or lose the put to a removal acknowledged before it.
-      It answers EXPIRED instead, and the client puts the key again through PutStart.
+      It answers EXPIRED instead, and the client puts the key again through PutStart. So
+      too for a version the master dropped on its own (evicted, or lost with its node) while
+      the allocation was outstanding: the key is absent, but the node may still report that
+      version to a rebuild, which prefers it (state/ahead_drops.py keeps those, bounded).
     - Once bound it is a put like any other (put_ends.py): the upsert's tombstone, COMPLETE.
 
 It never touches payload bytes; it runs on the master's one event loop like every service
@@ -46,6 +49,7 @@ from cellar.master.quota import SpaceMaker
 from cellar.master.receipts import ReceiptChecker
 from cellar.master.replies import GrantIssuer, PutStartResult
 from cellar.master.requests import MAX_SOFT_PIN_TTL_MS, Clock
+from cellar.master.state.ahead_drops import AheadDrops
 from cellar.master.state.allocator import SegmentAllocator
 from cellar.master.state.ids import AllocIds
 from cellar.master.state.membership import Membership
@@ -81,6 +85,7 @@ class MasterService(Protocol):
 
     def next_put_id(self) -> int: ...
     def key_error(self, key: str) -> str: ...
+    def ranges_of(self, obj: Obj) -> list[int]: ...
 
 
 class PutAheads:
@@ -91,6 +96,8 @@ class PutAheads:
         self.granted = 0   # allocations handed out
         self.bound = 0     # ... bound to a key at PutEnd
         self.refused = 0   # ... refused at PutEnd (dropped; the client puts through PutStart)
+        # the outstanding ones, and the versions dropped behind them (state/ahead_drops.py)
+        self.drops = AheadDrops(service.config.max_put_ahead_dropped_keys)
 
     def reserve(self, tenant: Tenant, ask: Any, write_op: int, now: float, wall_ms: int,
                 segments: dict[int, Segment]) -> list[PutStartResult]:
@@ -130,6 +137,7 @@ class PutAheads:
             obj = Obj(tenant, AHEAD_KEY_MARK + str(put_id), size, reserved, put_id, NO_PIN,
                       now + ttl_s, tag)
             s.objects.begin(obj, placements, s.alloc_ids.next)
+            self.drops.granted(put_id, obj.version)
             out.append(PutStartResult(OK, "", put_id, s.grants.all(obj, write_op, expiry_ms,
                                                                      segments)))
         self.granted += len(out)
@@ -155,10 +163,12 @@ class PutAheads:
                 first_alloc = min(rep.alloc_id for rep in obj.replicas)
                 newest = max((rep.alloc_id for rep in current.replicas), default=0) \
                     if current is not None else 0
-                if first_alloc <= max(newest, s.tombstones.removed_alloc_id(tenant.name, key)):
+                if first_alloc <= max(newest, s.tombstones.removed_alloc_id(tenant.name, key),
+                                      self.drops.refused_at_or_below(tenant.name, key)):
                     refusal = Status.EXPIRED, (
-                        "the put-ahead allocation is older than the key's last version or "
-                        "removal: put the key again")
+                        "the put-ahead allocation is older than the key's last version, "
+                        "removal or dropped version: put the key again")
+        self.drops.ended(obj.put_id)  # decided: bound, or dropped below
         if refusal is None:
             obj.tag = key_tag(tenant.name, key)  # the receipts must name this key
             why = s.receipts.why_not(obj, item.checksum, item.receipts)
@@ -178,6 +188,20 @@ class PutAheads:
         obj.engine_hash = bytes(put.engine_hash)
         self.bound += 1
         return None
+
+    def vanished(self, obj: Obj) -> None:
+        """A COMPLETE version left the table without a client's remove or upsert (the object
+        table's hook): no outstanding allocation older than its newest range may be bound to
+        its key. Only an outstanding allocation makes it cost more than one look."""
+        if self.drops.outstanding:
+            newest = max([obj.version, *self.service.ranges_of(obj)])
+            self.drops.dropped_version(obj.tenant.name, obj.key, newest)
+
+    def dropped_unbound(self, obj: Obj) -> None:
+        """A WRITING version was dropped (the object table's hook): if it was an outstanding
+        put-ahead allocation (handed back, revoked, lost), it is no longer."""
+        if is_ahead(obj):
+            self.drops.ended(obj.put_id)
 
 
 def _bind_error(obj: Obj, put: Any, default_replicas: int) -> str:

@@ -163,8 +163,7 @@ class MasterService:
         self.no_space_count = 0
         self.grace = RebuildGrace(self.clock.monotonic(), config.rebuild_grace_s)
         self.tombstones = Tombstones(config.max_remove_tombstones)
-        self.objects.dead_write = lambda obj: self.tombstones.kill_write(
-            obj.tenant.name, obj.key, [rep.alloc_id for rep in obj.replicas])
+        self.objects.dead_write = self._dead_write
         self.tiers = Tiers(self.membership, self.objects, self.quarantine,
                            lambda: self.alloc_ids.next(), config.tier_settings(), rng)
         self.space.spill = self.tiers.spill
@@ -190,6 +189,7 @@ class MasterService:
         self.tick = self.nodes.tick
         self.evict_to_watermark = self.nodes.evict_to_watermark
         self.aheads = PutAheads(self)  # put-ahead allocations (master/put_ahead.py)
+        self.objects.vanished = self.aheads.vanished
         self.put_starts = PutStarts(self)  # PutStart and ahead asks (master/put_starts.py)
         self.put_start = self.put_starts.put_start
         self.put_ahead = self.put_starts.put_ahead
@@ -222,6 +222,12 @@ class MasterService:
 
     def header(self) -> tuple[int, int]:
         return self.epoch, self.clock.wall_ms()
+
+    def _dead_write(self, obj: Obj) -> None:
+        """A version dropped while WRITING (the object table's hook): never to be adopted, and
+        no longer an outstanding put-ahead allocation if it was one."""
+        self.tombstones.kill_write(obj.tenant.name, obj.key, [rep.alloc_id for rep in obj.replicas])
+        self.aheads.dropped_unbound(obj)
 
     def ranges_of(self, obj: Obj) -> list[int]:
         """The alloc ids of every range holding or receiving `obj`'s bytes: its replicas, a
@@ -393,7 +399,9 @@ class MasterService:
         """The full O(n) check of every table (master/state/audit.py); returns the versions
         checked. Tests, the soak (GET /api/v1/invariants) and the fault tests call it; never a
         request path."""
-        return check_tables(self.membership, self.tenants, self.objects)
+        checked = check_tables(self.membership, self.tenants, self.objects)
+        self.aheads.drops.check_invariants(self.objects.puts)
+        return checked
 
     @property
     def replicas_lost(self) -> int:

@@ -10,7 +10,8 @@ What it owns: every table the master's decisions read and write, one subsystem a
 - eviction: approximate LRU pools (Redis's lineage); quarantine: freed ranges a late write could
   still reach; read_frees: freed ranges an old read grant could still reach through the node
   until it applies the notice (a shm/rdma write over one claims it first); tombstones: removed
-  keys a late report must not revive;
+  keys a late report must not revive; ahead_drops: the outstanding put-ahead allocations and
+  the versions dropped behind them, which such an allocation must not be bound past;
 - placement: which segment takes a replica (power of n choices over free space);
 - tiers: a node's disk below its DRAM (demotion, promotion, disk eviction); coldest: the order
   they take a segment's objects in (a partial sort, sampled past 4,096 objects);

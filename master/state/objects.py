@@ -11,9 +11,11 @@ State machine (asserted at every transition):
 - `complete`: PutEnd; the version becomes the visible one (`tenant.objects`), evictable unless
   hard-pinned; an upserted old version is dropped.
 - `drop`: revoke, writer timeout, remove, eviction, upsert replacement or loss of every replica.
-  The version leaves every table and stops being charged. Its ranges are released at once
-  unless readers still pin it, in which case the last unpin releases them, or unless a client's
-  remove or upsert dropped it: then they wait for the removal log (below).
+  The version leaves every table and stops being charged, and the service hears of it
+  (`dead_write` for a WRITING one, `vanished` for a COMPLETE one no client removed). Its ranges
+  are released at once unless readers still pin it, in which case the last unpin releases
+  them, or unless a client's remove or upsert dropped it: then they wait for the removal log
+  (below).
 
 Durable first (a remove's or an upsert's drop, `drop(..., until_durable=True)`): the ranges of
 the version a client removed or replaced stay allocated, and its nodes untold, until the bound
@@ -138,6 +140,11 @@ class ObjectTable:
         # remembers its alloc ids as dead writes (state/tombstones.py) so that no rebuild
         # adopts bytes a node sealed for a put that was never acknowledged.
         self.dead_write: Callable[[Obj], None] = _ignore
+        # Called with a COMPLETE version dropped without a client's remove or upsert (evicted,
+        # lost with its node, replaced by a newer report), before its ranges go: no put-ahead
+        # allocation older than it may be bound to its key (state/ahead_drops.py), since its
+        # node may still report it to a rebuild, which prefers the newer allocation.
+        self.vanished: Callable[[Obj], None] = _ignore
         # Versions a remove or upsert dropped whose ranges wait for the removal log: all of
         # them, and those the current request dropped (taken with its bounds, `take_held`).
         # Only where a servicer writes that log and releases them (serving/leadership.py
@@ -236,6 +243,8 @@ class ObjectTable:
                 self.observer.dropped(obj)
             if obj.read_at:
                 self.read_trust.dropped(tenant.name, obj.key, obj.read_at, obj.reader, now)
+            if not until_durable:  # a remove's or upsert's bound covers its older versions
+                self.vanished(obj)
         elif state == WRITING:
             del self.puts[obj.put_id]
             if tenant.writing.get(obj.key) is obj:
@@ -502,4 +511,4 @@ def _remember(memory: OrderedDict[Any, None], item: object, limit: int) -> None:
 
 
 def _ignore(obj: Obj) -> None:
-    """The default `watch`: no repair queue listens."""
+    """The default `watch`, `dead_write` and `vanished`: nobody listens."""

@@ -6,7 +6,7 @@
 - An allocation granted before the key's last version or removal is never bound to it: the
   upsert and the put after a remove take effect (through PutStart), and a kill -9 of the
   master, which rebuilds from the nodes, brings back neither the replaced value nor the
-  removed one.
+  removed one; nor, once the key's newer version was evicted, that evicted version.
 - Allocations a client holds are handed back when it closes.
 """
 
@@ -53,6 +53,18 @@ def writing_count(cluster: LocalCluster) -> int:
     return int(float(match.group(1)))
 
 
+def ahead_and_plain(cluster: LocalCluster) -> tuple[cellar.Client, cellar.Client]:
+    """Two tcp clients of `cluster`: one that puts ahead (the default), one that never does."""
+    ahead = cellar.connect(cluster.address, timeout_s=30, transport="tcp")
+    os.environ["CELLAR_PUT_AHEAD"] = "0"
+    try:
+        plain = cellar.connect(cluster.address, timeout_s=30, transport="tcp")
+    finally:
+        del os.environ["CELLAR_PUT_AHEAD"]
+    assert plain._s.aheads is None
+    return ahead, plain
+
+
 @pytest.mark.parametrize("face_transport", FACE_TRANSPORTS, ids=FACE_TRANSPORT_IDS)
 def test_puts_of_one_size_skip_put_start_and_read_back_exact(
         cluster: LocalCluster, face_transport: tuple[str, str]) -> None:
@@ -85,14 +97,8 @@ def test_puts_of_one_size_skip_put_start_and_read_back_exact(
 def test_an_older_allocation_never_brings_back_a_replaced_or_removed_value(
         make_cluster: Any) -> None:
     cluster = make_cluster(nodes=1, segment_size=64 << 20)
-    ahead = cellar.connect(cluster.address, timeout_s=30, transport="tcp")
-    os.environ["CELLAR_PUT_AHEAD"] = "0"
+    ahead, plain = ahead_and_plain(cluster)
     try:
-        plain = cellar.connect(cluster.address, timeout_s=30, transport="tcp")
-    finally:
-        del os.environ["CELLAR_PUT_AHEAD"]
-    try:
-        assert plain._s.aheads is None
         ahead.put("warm", os.urandom(SIZE))  # the first put of a size asks for nothing,
         ahead.put("warm2", os.urandom(SIZE))  # the second does: allocations now held
         held = pool(ahead).held()
@@ -139,6 +145,40 @@ def test_a_put_refused_under_a_held_allocation_is_not_adopted_after_a_restart(
             assert get_once_rebuilt(after, "k") == acked
     finally:
         ahead.close()
+
+
+def test_an_older_allocation_never_brings_back_an_evicted_newer_value(make_cluster: Any) -> None:
+    # Found by review on 2026-12-06: allocations held, then the key put newer by another
+    # client and evicted, then put under a held (older) allocation while absent. Bound and
+    # acknowledged, it lost to the evicted version after a kill -9 of the master: the node,
+    # which had not heard that version's freed notice yet (heartbeats every 2 s), reported it,
+    # and a rebuild keeps a key's newest allocation. The master now refuses the bind (EXPIRED)
+    # and the SDK puts the key again through PutStart, newer than the evicted version.
+    cluster = make_cluster(nodes=1, segment_size=16 << 20, heartbeat_interval_s=2,
+                           node_suspect_after_s=6, node_expire_after_s=12, rebuild_grace_s=3)
+    ahead, plain = ahead_and_plain(cluster)
+    try:
+        ahead.put("warm", os.urandom(SIZE))  # the second put of a size holds allocations
+        ahead.put("warm2", os.urandom(SIZE))
+        assert pool(ahead).held() >= 1
+        old, new = os.urandom(SIZE), os.urandom(SIZE)
+        plain.put("k", old)  # newer than every allocation `ahead` holds
+        for i in range(64):  # fill the node until the least recently used k is evicted
+            plain.put(f"fill{i}", os.urandom(1 << 20))
+            if not plain.exists("k"):
+                break
+        assert not plain.exists("k")
+        used, starts = pool(ahead).used, rpc_count(cluster, "PutStart")
+        ahead.put("k", new)
+        # written under held allocations (the one-step put's, then the flow's), each refused,
+        # then put again through PutStart
+        assert pool(ahead).used > used and rpc_count(cluster, "PutStart") == starts + 1
+        cluster.restart_master()  # kill -9 before the node hears that k's old range is free
+        with cellar.connect(cluster.address, timeout_s=30, transport="tcp") as after:
+            assert get_once_rebuilt(after, "k") == new
+    finally:
+        ahead.close()
+        plain.close()
 
 
 def test_held_allocations_are_handed_back_at_close(cluster: LocalCluster) -> None:

@@ -1,21 +1,27 @@
 """Put-ahead allocations (master/put_ahead.py): granted where the puts they stand for would be
 placed (evicting for room as they would, never for want of nodes), bound to a key at PutEnd only when the node's receipt names the key and the allocation is newer
-than the key's last version and removal; everything refused is dropped, nothing stored."""
+than the key's last version and removal, and than a version of it the master evicted or lost
+while the allocation was held (state/ahead_drops.py, bounded); everything refused is dropped,
+nothing stored."""
 
 from __future__ import annotations
 
-from test_master_support import SECRET, FakeClock, make_service, mount
+from typing import Any
+
+from test_master_support import SECRET, Entry, FakeClock, make_service, mount, segment_info
 
 from cellar.errors import Status
 from cellar.master.config import TenantQuota
 from cellar.master.requests import PutAheadAsk
 from cellar.master.service import MasterService, PutEndItem, PutItem, PutRef
+from cellar.master.state.ahead_drops import AheadDrops
 from cellar.proto.grant import any_key_tag, key_tag
 from tests.support.receipts import receipts_for
 
 KiB = 1024
 MiB = 1024 * KiB
 T = "default"
+OK = Status.OK
 
 
 def service(**settings) -> MasterService:  # type: ignore[no-untyped-def]
@@ -180,3 +186,98 @@ def test_put_start_and_put_end_carry_asks() -> None:
     assert len(outcome.results) == 1 and len(outcome.ahead) == 2
     seg_ids = {s.segment_id for s in outcome.segments}
     assert {g.segment_id for r in outcome.ahead for g in r.replicas} <= seg_ids
+
+
+def put_now(svc: MasterService, key: str, size: int, checksum: int, **flags) -> Any:  # type: ignore[no-untyped-def]
+    """PutStart + PutEnd of `key`, then a second on the clock (LRU order is put order)."""
+    started = svc.put_start(T, "c", [PutItem(key, size, **flags)]).results[0]
+    assert started.status == Status.OK, started.message
+    assert svc.put_end(T, "c", [PutEndItem(key, started.put_id, checksum,
+                                           receipts_for(SECRET, started, checksum))]) == [(OK, "")]
+    svc.clock.advance(1)  # type: ignore[attr-defined]
+    return started
+
+
+def test_a_bind_behind_an_evicted_newer_version_is_refused() -> None:
+    """Reserved ahead, then the key put newer through PutStart and evicted: the key is absent,
+    but its node may still report the evicted version to a rebuild, which prefers it (newer)
+    over a put bound to the older allocation. Refused, nothing stored; an allocation newer
+    than the evicted version binds (docs/security.md, put-ahead writes)."""
+    svc = service()  # one 8 MiB node
+    older = ahead(svc, 1)[0]
+    evicted = [put_now(svc, key, 64 * KiB, 5) for key in ("k", "j")]
+    assert all(e.replicas[0].alloc_id > older.replicas[0].alloc_id for e in evicted)
+    middle = ahead(svc, 1)[0]  # newer than both versions
+    for i in range(8):  # fill the node: the last put evicts k and j, the least recently used
+        put_now(svc, f"f{i}", MiB, 1)
+    assert svc.exists(T, ["k", "j"]) == [Status.NOT_FOUND] * 2
+    drops = svc.aheads.drops
+    assert drops.dropped[(T, "j")] == evicted[1].replicas[0].alloc_id
+    assert bind(svc, middle, "k", checksum=6) == (OK, "")
+    status, message = bind(svc, older, "j", checksum=6)
+    assert status == Status.EXPIRED and "older" in message
+    assert svc.exists(T, ["j"]) == [Status.NOT_FOUND] and not svc.tenant(T).writing
+    assert older.put_id not in svc.objects.puts
+    assert not drops.dropped and not drops.outstanding  # nothing left to refuse: forgotten
+    assert bind(svc, ahead(svc, 1)[0], "j", checksum=8) == (OK, "")  # granted after: binds
+    assert svc.get_replicas(T, "c", ["k", "j"]).results[1].checksum == 8
+    svc.check_invariants()
+
+
+def test_a_bind_behind_a_version_lost_with_its_node_is_refused() -> None:
+    """As above, the newer version lost with its node, which then comes back with it: the key
+    holds the value acknowledged last (put again through PutStart), not the returning one."""
+    svc = service(rebuild_grace_s=0)  # a returning node's report ends its rebuild
+    mount(svc, "n2", 2, size=8 * MiB)
+    older = ahead(svc, 1)[0]
+    away = "n2" if older.replicas[0].segment_id == 1 else "n1"  # E lives where older does not
+    lost = put_now(svc, "k", 64 * KiB, 5, avoid_node_ids=["n1" if away == "n2" else "n2"])
+    rep = lost.replicas[0]
+    svc.expire_node(svc.membership.nodes[away])
+    assert svc.exists(T, ["k"]) == [Status.NOT_FOUND]
+    assert bind(svc, older, "k", checksum=6)[0] == Status.EXPIRED
+    assert svc.exists(T, ["k"]) == [Status.NOT_FOUND]
+    put_now(svc, "k", 64 * KiB, 6)  # the client puts again: a version newer than the lost one
+    back = svc.mount_segment(away, 2, [segment_info(rep.segment_id, 8 * MiB)], report_follows=True)
+    assert back.results == [(OK, "")]
+    out = svc.report_objects(away, 2, rep.segment_id,
+                             [Entry("k", rep.alloc_id, rep.offset, 64 * KiB, checksum=5)], last=True)
+    assert out.refused == [rep.alloc_id]
+    assert svc.get_replicas(T, "c", ["k"]).results[0].checksum == 6
+    svc.check_invariants()
+
+
+def test_dropped_versions_are_kept_only_behind_an_outstanding_allocation_and_bounded() -> None:
+    svc = service(max_put_ahead_dropped_keys=3)
+    for i in range(4):  # nothing outstanding: an eviction is remembered nowhere
+        put_now(svc, f"a{i}", MiB, 1)
+    assert svc.evictor.evict_one() > 0 and not svc.aheads.drops.dropped
+    held = ahead(svc, 1)[0]
+    for i in range(8):  # behind `held`: each remembered, at most 3, the lowest into the floor
+        put_now(svc, f"k{i}", 512 * KiB, 1)
+    while svc.evictor.evict_one() > 0:
+        pass
+    drops = svc.aheads.drops
+    assert len(drops.dropped) == 3 and drops.forgotten >= 5
+    assert drops.floor > held.replicas[0].alloc_id  # forgetting fails safe: any key refused
+    assert drops.refused_at_or_below(T, "never-stored") == drops.floor
+    svc.check_invariants()
+    assert svc.put_revoke(T, "c", [PutRef("", held.put_id)]) == [(OK, "")]
+    assert not drops.dropped and not drops.floor and len(drops) == 0  # all forgotten
+
+
+def test_ahead_drops_forget_what_no_outstanding_allocation_is_older_than() -> None:
+    drops = AheadDrops(max_keys=2)
+    drops.dropped_version(T, "a", 20)  # none outstanding: not kept
+    drops.granted(1, 10)
+    drops.dropped_version(T, "b", 5)  # older than every outstanding allocation: not kept
+    drops.dropped_version(T, "a", 20)
+    drops.granted(2, 30)
+    drops.dropped_version(T, "c", 25)
+    drops.dropped_version(T, "d", 40)  # a third: the lowest (a, 20) goes into the floor
+    assert drops.dropped == {(T, "c"): 25, (T, "d"): 40} and drops.floor == 20
+    assert [drops.refused_at_or_below(T, key) for key in "acdx"] == [20, 25, 40, 20]
+    drops.ended(1)  # the oldest is now 30: c and the floor matter to nothing outstanding
+    assert drops.dropped == {(T, "d"): 40} and drops.floor == 0
+    drops.ended(2)
+    assert not drops.dropped and len(drops) == 0 and drops.oldest() == 0
