@@ -21,6 +21,16 @@ write grant on the new range here. The copier
    master adds the replica only if those are exactly the allocation it granted.
 The source keeps serving readers meanwhile: a copy is one more grant-checked read.
 
+A copy's bytes land only while its master still owns the range for it (the late-write rule,
+as for tier moves in disk_tier.py). From `writable` to its end the copy holds its target in
+flight (storage_node/inflight.py), so a tcp write or CLAIM of a newer allocation there is
+refused ST_BUSY; but a shm or rdma writer the master did not flag to claim copies into the
+range without asking this node, and its COMMIT is admitted once the copy has ended. So a
+copy belongs to the mount it was ordered under: `begin_mount` (before every mount, before the
+index is reported; the next master treats what the report lacks as free) cancels every running
+copy and waits until each has released its range (the transport writes nothing into a view
+once its read returned), and forgets their reports (nobody waits for them).
+
 Pacing is the master's (`repair_bytes_per_s`: it hands out orders at that rate per source and
 per target); this module bounds what it holds: MAX_COPIES_IN_FLIGHT copies, MAX_DONE_KEPT
 reports. Every field of an order is checked (lengths against the segment, the grant by
@@ -77,6 +87,7 @@ class Copier:
         self.copies_failed = 0
         self.bytes_copied = 0
         self.orders_refused = 0
+        self.copies_stale = 0  # cancelled by a mount: ordered by a master no longer served
 
     def start(self, orders: Sequence[Any]) -> None:
         """Start the copies of one heartbeat reply (on the running loop)."""
@@ -97,6 +108,18 @@ class Copier:
             if running is task:
                 del self._running[alloc_id]
 
+    async def begin_mount(self, timeout_s: float) -> bool:
+        """A mount is about to start: cancel the copies an earlier mount's master ordered and
+        forget their reports (module docstring). False if one has not released its range
+        within `timeout_s` (the mount is tried again later)."""
+        running = list(self._running.values())
+        self.copies_stale += sum(task.cancel() for task in running)
+        self._done.clear()
+        if not running:
+            return True
+        _, pending = await asyncio.wait(running, timeout=timeout_s)
+        return not pending
+
     def take_done(self) -> list[pb.CopyDone]:
         out, self._done = self._done[:MAX_DONE_PER_HEARTBEAT], self._done[MAX_DONE_PER_HEARTBEAT:]
         return out
@@ -115,7 +138,8 @@ class Copier:
 
     def status(self) -> dict[str, int]:
         return {"copies_running": len(self._running), "copies_ok": self.copies_ok,
-                "copies_failed": self.copies_failed, "bytes_copied": self.bytes_copied}
+                "copies_failed": self.copies_failed, "copies_stale": self.copies_stale,
+                "bytes_copied": self.bytes_copied}
 
     # ---- one copy ----------------------------------------------------------------------
 
