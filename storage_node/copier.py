@@ -29,7 +29,9 @@ range without asking this node, and its COMMIT is admitted once the copy has end
 copy belongs to the mount it was ordered under: `begin_mount` (before every mount, before the
 index is reported; the next master treats what the report lacks as free) cancels every running
 copy and waits until each has released its range (the transport writes nothing into a view
-once its read returned), and forgets their reports (nobody waits for them).
+once its read returned), and forgets their reports (nobody waits for them). And a copy's read
+ends by its write grant's expiry (the node's clock, as the data server cuts its transfers):
+the master hands an abandoned target out again after that expiry and `grant_skew_s`.
 
 Pacing is the master's (`repair_bytes_per_s`: it hands out orders at that rate per source and
 per target); this module bounds what it holds: MAX_COPIES_IN_FLIGHT copies, MAX_DONE_KEPT
@@ -57,7 +59,7 @@ log = logging.getLogger("cellar.node.copier")
 MAX_COPIES_IN_FLIGHT = 64     # copies running at once on this node
 MAX_DONE_KEPT = 4096          # reports kept for the next heartbeats (oldest dropped beyond)
 MAX_DONE_PER_HEARTBEAT = 1024  # reports one heartbeat carries (the master's max_batch_keys)
-COPY_TIMEOUT_S = 30.0         # one copy's read; the write grant's expiry bounds it anyway
+COPY_TIMEOUT_S = 30.0         # one copy's read at most; its write grant's expiry sooner
 MAX_ADDRESS_CHARS = 4096
 
 
@@ -190,7 +192,10 @@ class Copier:
         source = TransferOp(route, _grant(order.source_grant, int(order.source_segment_id),
                                           int(order.source_offset), length),
                             int(order.source_offset), view, want_checksum=True)
-        (result,) = await self._transport.read([source], COPY_TIMEOUT_S)
+        budget_s = min(COPY_TIMEOUT_S, self._access.time_left_s(target))
+        if budget_s <= 0:  # as the data server: begun past its grant, it cannot end before it
+            raise CopyFailed("the write grant expired before the read began")
+        (result,) = await self._transport.read([source], budget_s)
         if not result.ok:
             raise CopyFailed(f"read from {address}: {result}")
         checksum = result.checksum if result.checksum is not None else xxh3_64_intdigest(view)

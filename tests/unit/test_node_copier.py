@@ -148,3 +148,22 @@ def test_a_copy_ordered_before_a_remount_never_lands_over_the_next_masters_put()
 
     asyncio.run(body())
 
+
+def test_a_copy_ends_by_its_write_grant_expiry() -> None:
+    """The master gives up a copy not reported by its write grant's expiry and hands the range
+    out again `grant_skew_s` later: the copy's read, and its hold on the range, must be over by
+    then, as the data server cuts its own transfers. Before, the read ran COPY_TIMEOUT_S (30 s)
+    whatever the grant's life (`write_grant_ttl_s` may be a few seconds)."""
+    async def body() -> None:
+        node = Node(ttl_ms=300)
+        source = SlowSource(b"o" * SIZE)  # never answers
+        copier = Copier(node.access, lambda: source)
+        copier.start([node.order(source.data)])
+        await asyncio.wait_for(until_idle(copier), 5)
+        assert source.budgets_s and 0 < source.budgets_s[0] <= 0.3
+        (done,) = copier.take_done()
+        assert done.status == pb.INTERNAL and copier.status()["copies_failed"] == 1
+        assert node.index.in_flight(OLD_COPY) == 0
+
+    asyncio.run(body())
+
