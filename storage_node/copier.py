@@ -16,7 +16,8 @@ write grant on the new range here. The copier
    the bytes land;
 3. seals the allocation (`NodeAccess.written`, journal flushed) only when the xxh3 equals the
    object's checksum; otherwise it reports the failure and leaves the allocation unsealed (the
-   master frees it and this node drops it from its index at the freed notice);
+   master frees it and this node drops it from its index at the freed notice). An allocation
+   the index dropped meanwhile (freed, or a remount) is not sealed either: a failure too;
 4. reports (alloc id, segment, offset, length, checksum, status) in the next heartbeat. The
    master adds the replica only if those are exactly the allocation it granted.
 The source keeps serving readers meanwhile: a copy is one more grant-checked read.
@@ -208,6 +209,8 @@ class Copier:
             receipt = self._access.written(target, meta)
         except FrameError as exc:  # ST_BUSY: another write of the allocation in flight
             raise CopyFailed(f"not sealed: {exc}") from None
+        if not receipt:  # the index no longer holds the allocation: the master freed it
+            raise CopyFailed("not sealed: the allocation was freed while the copy ran")
         self._access.flush()
         return receipt
 

@@ -167,3 +167,24 @@ def test_a_copy_ends_by_its_write_grant_expiry() -> None:
 
     asyncio.run(body())
 
+
+def test_a_copy_whose_range_was_freed_while_it_read_reports_a_failure() -> None:
+    """The master frees the target (it gave the copy up) while the source is slow; the copy's
+    bytes then arrive whole and check out, but its allocation is gone: nothing is sealed, and
+    the report says so (before: OK, with no receipt, counted in copies_ok)."""
+    async def body() -> None:
+        node = Node()
+        source = SlowSource(b"o" * SIZE)
+        copier = Copier(node.access, lambda: source)
+        copier.start([node.order(source.data)])
+        await source.reading.wait()
+        freed = pb.FreedRange(segment_id=SEG, alloc_id=OLD_COPY, offset=0, length=SIZE)
+        assert node.index.apply_freed([freed], node.clock.now_ms()) == 1
+        assert node.index.draining() == 1  # held: the range stays blocked until the copy ends
+        source.go.set()
+        await until_idle(copier)
+        (done,) = copier.take_done()
+        assert done.status == pb.INTERNAL and not done.receipt, done
+        assert copier.status()["copies_ok"] == 0 and node.index.draining() == 0
+
+    asyncio.run(body())
