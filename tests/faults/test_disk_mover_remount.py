@@ -1,7 +1,7 @@
 """A master killed while its demotions wait on the node: no old move lands in a new value.
 
 One node (64 MiB DRAM, 512 MiB disk) whose tier moves each take MOVE_DELAY_S (a slow disk,
-tests/faults/slow_mover/sitecustomize.py). Puts push DRAM past its watermark, so master A
+tests/faults/slow_node/sitecustomize.py). Puts push DRAM past its watermark, so master A
 orders demotions, which queue on the node; A is killed with -9 and started again (master B).
 The node mounts B and reports its index, in which the queued moves' targets are not: B treats
 those disk ranges as free, and the next puts, which find DRAM full, spill into them and are
@@ -32,7 +32,7 @@ from tests.support.http import master_metric
 MIB = 1 << 20
 MOVE_DELAY_S = 0.5  # each tier move's wait on the node: ~25 demotions queue for ~12 s
 FIRST, SECOND = 60, 40  # 1 MiB values before and after the master restart (DRAM: 64 MiB)
-SLOW_MOVER = Path(__file__).resolve().parent / "slow_mover"
+SLOW_NODE = Path(__file__).resolve().parent / "slow_node"
 MASTER_FLAGS = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05,
                 "node_suspect_after_s": 5, "node_expire_after_s": 30}
 
@@ -84,7 +84,7 @@ def _put(client: cellar.Client, values: dict[str, bytes], timeout_s: float = 30.
 def test_demotions_queued_for_a_killed_master_never_overwrite_acknowledged_values(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    path = os.pathsep.join(p for p in (str(SLOW_MOVER), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(SLOW_NODE), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "CELLAR_TEST_MOVE_DELAY_S": str(MOVE_DELAY_S)}
     cluster = FaultCluster(1, 64 * MIB, master_flags=MASTER_FLAGS, env=env,
                            node_flags={"disk_dir": str(disk), "disk_size": 512 * MIB,
