@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import urllib.request
@@ -32,6 +31,7 @@ from faultkit import (
     header,
     locations,
     node_states,
+    node_status,
     raw_stub,
     wait_until,
 )
@@ -61,15 +61,8 @@ MASTER_FLAGS = {**FAST, "write_grant_ttl_s": 60,  # the copy's grants outlive it
                 "repair_bytes_per_s": 32 << 10}
 
 
-def _node_status(cluster: FaultCluster, index: int) -> dict[str, Any]:
-    found = re.findall(r"serving tcp \S+ \(http (\S+?),", cluster.node_log(index))
-    assert found and found[-1] != "off", "the node serves no status"
-    with urllib.request.urlopen(f"http://{found[-1]}/api/v1/status", timeout=10) as reply:
-        return dict(json.loads(reply.read()))
-
-
 def _copies_running(cluster: FaultCluster, index: int) -> int:
-    return int(_node_status(cluster, index)["copier"]["copies_running"])
+    return int(node_status(cluster, index)["copier"]["copies_running"])
 
 
 def _drain(cluster: FaultCluster, node_id: str) -> None:
@@ -146,7 +139,7 @@ def test_a_copy_reading_at_a_remount_never_lands_over_the_next_put(tmp_path: Pat
                 got = client.get("p")
             except IntegrityError:  # what the old copy left: V's bytes under P's checksum
                 got = b"(bytes that fail P's checksum)"
-            copier = _node_status(cluster, iy)["copier"]
+            copier = node_status(cluster, iy)["copier"]
             print(f"\nY's copier: {copier}")
             assert got == new, "the old copy's bytes landed over the acknowledged put"
             assert client.get("v") == old

@@ -13,16 +13,13 @@ checksum), then the mover thread died on the seal's WriteRefused (no move ran ag
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from faultkit import FaultCluster
+from faultkit import FaultCluster, node_status
 
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
@@ -52,12 +49,7 @@ def _wait(what: str, predicate, timeout_s: float = 60.0) -> None:  # type: ignor
 
 def _node_moves(cluster: LocalCluster) -> dict[str, int]:
     """Node 0's `disk_tier` status block (moved, failed, queued, ...), for the report."""
-    log = cluster.nodes[0].log_path.read_text(errors="replace")
-    found = re.findall(r"serving tcp \S+ \(http (\S+?),", log)
-    if not found or found[-1] == "off":
-        return {}
-    with urllib.request.urlopen(f"http://{found[-1]}/api/v1/status", timeout=10) as reply:
-        return dict(json.loads(reply.read()).get("disk_tier") or {})
+    return dict(node_status(cluster, 0).get("disk_tier") or {})
 
 
 def _values(prefix: str, count: int, seed: int) -> dict[str, bytes]:
