@@ -18,6 +18,7 @@ from cellar.errors import ConfigError, InvalidArgument
 from cellar.master.state.records import TenantQuota
 from cellar.master.state.tenants import DEFAULT_TENANT, TENANT_NAME
 from cellar.master.state.tiers import TierSettings
+from cellar.proto.tiers import MOVE_DEADLINE_MARGIN_S
 from cellar.units import parse_host_port, parse_size_bytes
 
 ENV_PREFIX = "CELLAR_MASTER_"
@@ -213,7 +214,9 @@ class MasterConfig:
         "eviction_samples random picks (master/state/coldest.py)", unit="objects",
     )
     tier_move_timeout_s: float = setting(
-        30.0, "disk tier: a move the node has not reported by then is abandoned", unit=UNIT_SECONDS
+        30.0, "disk tier: a move the node has not reported by then is abandoned; at least "
+        "heartbeat_interval_s + 1 s (the node skips a move with under 1 s left)",
+        unit=UNIT_SECONDS
     )
     eviction_samples: int = setting(
         16, "objects sampled per eviction (approximate LRU), and per demotion or disk eviction "
@@ -423,8 +426,14 @@ class MasterConfig:
                 "must be in [1, 65536]")
         require(0 <= self.tier_exact_scan_objects <= 1 << 24, "tier_exact_scan_objects",
                 "must be in [0, 16777216]")
-        require(0.1 <= self.tier_move_timeout_s <= 3600, "tier_move_timeout_s",
-                "must be in [0.1s, 1 hour]")
+        least_s = MOVE_DEADLINE_MARGIN_S + self.heartbeat_interval_s
+        require(self.tier_move_timeout_s >= least_s, "tier_move_timeout_s",
+                f"{self.tier_move_timeout_s:g} s is below the minimum of {least_s:g} s: "
+                "heartbeat_interval_s (a move may wait that long for the heartbeat that carries "
+                f"it) plus the {MOVE_DEADLINE_MARGIN_S:g} s a node keeps before a move's "
+                "deadline (MOVE_DEADLINE_MARGIN_S, proto/tiers.py); every move, or most, would "
+                "be skipped")
+        require(self.tier_move_timeout_s <= 3600, "tier_move_timeout_s", "must be at most 1 hour")
         require(1 <= self.eviction_samples <= 1024, "eviction_samples", "must be in [1, 1024]")
         require(self.max_evictions_per_put >= 0, "max_evictions_per_put", "must be >= 0")
         require(self.max_evictions_per_tick >= 1, "max_evictions_per_tick", "must be >= 1")

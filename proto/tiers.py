@@ -9,6 +9,9 @@ The per-tier status rows are built here once, for every face that shows them (th
 and `cellar top`): `tier_totals` sums the segment rows, `merge_tier_stats` adds the master's
 tier counters (ClusterStatus's `tier_stats` and `tier_moves`) to those rows, and
 `moves_text` words the disk's moves alike on the page and in the terminal.
+
+One figure of the moves is both sides': the margin a node keeps before a move's deadline
+(MOVE_DEADLINE_MARGIN_S), under which the master's `tier_move_timeout_s` cannot work.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ TIER_NAMES = {TIER_DRAM: "dram", TIER_DISK: "disk"}
 # order the status tables print them.
 TIER_COUNTERS = ("hits", "read_bytes", "write_bytes")
 MOVE_COUNTERS = ("demotions", "promotions", "disk_evictions", "spills")
+# A node skips a tier move (proto Move) with less than this left before its master abandons it
+# (storage_node/disk_tier.py: it covers the seal after the last deadline check and the rate
+# difference of two monotonic clocks). A move may also wait a heartbeat interval before it is
+# sent, so the master refuses a `tier_move_timeout_s` under this plus `heartbeat_interval_s`
+# (master/config.py): every move, or most, would be skipped.
+MOVE_DEADLINE_MARGIN_S = 1.0
 
 
 def tier_totals(rows: Iterable[tuple[int, int, int, int]]) -> dict[str, dict[str, int]]:

@@ -16,10 +16,23 @@ write grant on the new range here. The copier
    the bytes land;
 3. seals the allocation (`NodeAccess.written`, journal flushed) only when the xxh3 equals the
    object's checksum; otherwise it reports the failure and leaves the allocation unsealed (the
-   master frees it and this node drops it from its index at the freed notice);
+   master frees it and this node drops it from its index at the freed notice). An allocation
+   the index dropped meanwhile (freed, or a remount) is not sealed either: a failure too;
 4. reports (alloc id, segment, offset, length, checksum, status) in the next heartbeat. The
    master adds the replica only if those are exactly the allocation it granted.
 The source keeps serving readers meanwhile: a copy is one more grant-checked read.
+
+A copy's bytes land only while its master still owns the range for it (the late-write rule,
+as for tier moves in disk_tier.py). From `writable` to its end the copy holds its target in
+flight (storage_node/inflight.py), so a tcp write or CLAIM of a newer allocation there is
+refused ST_BUSY; but a shm or rdma writer the master did not flag to claim copies into the
+range without asking this node, and its COMMIT is admitted once the copy has ended. So a
+copy belongs to the mount it was ordered under: `begin_mount` (before every mount, before the
+index is reported; the next master treats what the report lacks as free) cancels every running
+copy and waits until each has released its range (the transport writes nothing into a view
+once its read returned), and forgets their reports (nobody waits for them). And a copy's read
+ends by its write grant's expiry (the node's clock, as the data server cuts its transfers):
+the master hands an abandoned target out again after that expiry and `grant_skew_s`.
 
 Pacing is the master's (`repair_bytes_per_s`: it hands out orders at that rate per source and
 per target); this module bounds what it holds: MAX_COPIES_IN_FLIGHT copies, MAX_DONE_KEPT
@@ -47,7 +60,7 @@ log = logging.getLogger("cellar.node.copier")
 MAX_COPIES_IN_FLIGHT = 64     # copies running at once on this node
 MAX_DONE_KEPT = 4096          # reports kept for the next heartbeats (oldest dropped beyond)
 MAX_DONE_PER_HEARTBEAT = 1024  # reports one heartbeat carries (the master's max_batch_keys)
-COPY_TIMEOUT_S = 30.0         # one copy's read; the write grant's expiry bounds it anyway
+COPY_TIMEOUT_S = 30.0         # one copy's read at most; its write grant's expiry sooner
 MAX_ADDRESS_CHARS = 4096
 
 
@@ -77,6 +90,7 @@ class Copier:
         self.copies_failed = 0
         self.bytes_copied = 0
         self.orders_refused = 0
+        self.copies_stale = 0  # cancelled by a mount: ordered by a master no longer served
 
     def start(self, orders: Sequence[Any]) -> None:
         """Start the copies of one heartbeat reply (on the running loop)."""
@@ -97,6 +111,18 @@ class Copier:
             if running is task:
                 del self._running[alloc_id]
 
+    async def begin_mount(self, timeout_s: float) -> bool:
+        """A mount is about to start: cancel the copies an earlier mount's master ordered and
+        forget their reports (module docstring). False if one has not released its range
+        within `timeout_s` (the mount is tried again later)."""
+        running = list(self._running.values())
+        self.copies_stale += sum(task.cancel() for task in running)
+        self._done.clear()
+        if not running:
+            return True
+        _, pending = await asyncio.wait(running, timeout=timeout_s)
+        return not pending
+
     def take_done(self) -> list[pb.CopyDone]:
         out, self._done = self._done[:MAX_DONE_PER_HEARTBEAT], self._done[MAX_DONE_PER_HEARTBEAT:]
         return out
@@ -115,7 +141,8 @@ class Copier:
 
     def status(self) -> dict[str, int]:
         return {"copies_running": len(self._running), "copies_ok": self.copies_ok,
-                "copies_failed": self.copies_failed, "bytes_copied": self.bytes_copied}
+                "copies_failed": self.copies_failed, "copies_stale": self.copies_stale,
+                "bytes_copied": self.bytes_copied}
 
     # ---- one copy ----------------------------------------------------------------------
 
@@ -166,7 +193,10 @@ class Copier:
         source = TransferOp(route, _grant(order.source_grant, int(order.source_segment_id),
                                           int(order.source_offset), length),
                             int(order.source_offset), view, want_checksum=True)
-        (result,) = await self._transport.read([source], COPY_TIMEOUT_S)
+        budget_s = min(COPY_TIMEOUT_S, self._access.time_left_s(target))
+        if budget_s <= 0:  # as the data server: begun past its grant, it cannot end before it
+            raise CopyFailed("the write grant expired before the read began")
+        (result,) = await self._transport.read([source], budget_s)
         if not result.ok:
             raise CopyFailed(f"read from {address}: {result}")
         checksum = result.checksum if result.checksum is not None else xxh3_64_intdigest(view)
@@ -179,6 +209,8 @@ class Copier:
             receipt = self._access.written(target, meta)
         except FrameError as exc:  # ST_BUSY: another write of the allocation in flight
             raise CopyFailed(f"not sealed: {exc}") from None
+        if not receipt:  # the index no longer holds the allocation: the master freed it
+            raise CopyFailed("not sealed: the allocation was freed while the copy ran")
         self._access.flush()
         return receipt
 

@@ -68,7 +68,7 @@ from typing import Any
 
 import xxhash
 
-from cellar.proto.tiers import TIER_DISK
+from cellar.proto.tiers import MOVE_DEADLINE_MARGIN_S, TIER_DISK  # the margin: why, there
 from cellar.storage_node.index import AllocState, ObjectIndex, WriteRefused
 from cellar.storage_node.segment import Segment
 
@@ -78,10 +78,6 @@ DISK_SEGMENT_INDEX = 1000  # segment index of the disk tier (its id and file nam
 MAX_QUEUED_MOVES = 4096
 MAX_DONE_PER_HEARTBEAT = 4096
 MAX_SEEN_MOVES = 4 * MAX_QUEUED_MOVES  # past it forgotten: an old re-send is refused by the index
-# Kept between the last check of a move's deadline and the master's: covers the seal after the
-# second check (a journal append) and the rate difference of two monotonic clocks. A master
-# whose tier_move_timeout_s is not well above it gets every move skipped.
-MOVE_DEADLINE_MARGIN_S = 1.0
 # The deadline of a move from a master that sends none (expires_in_ms = 0, older than the
 # field): the master's default tier_move_timeout_s, counted from receipt (not a bound then).
 DEFAULT_MOVE_TIMEOUT_S = 30.0

@@ -6,8 +6,8 @@ copies finished or failed (`copied`, storage_node/copier.py). Down: the moves an
 the master asks for (`moves`, `copies`). The master link (master_link.py) sends the heartbeat and decides
 when it was delivered; this module only loads a request, puts the load back when the
 heartbeat failed (so the next one carries it: nothing is reported twice or lost), and hands
-the reply's moves to the mover (and tells it before each mount: earlier moves are void). It
-never talks to the master itself.
+the reply's moves to the mover and its copies to the copier (and tells both before each mount:
+earlier moves and copies are void). It never talks to the master itself.
 
 Limits: a load is bounded by its sources (`Verifier.take_lost`, `TierMover.take_done`,
 `Copier.take_done`).
@@ -15,12 +15,13 @@ Limits: a load is bounded by its sources (`Verifier.take_lost`, `TierMover.take_
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from cellar.proto import cellar_pb2 as pb
 from cellar.storage_node.copier import Copier
-from cellar.storage_node.disk_tier import TierMover
+from cellar.storage_node.disk_tier import MOUNT_GATE_TIMEOUT_S, TierMover
 from cellar.storage_node.verifier import Verifier
 
 
@@ -77,10 +78,13 @@ class HeartbeatCargo:
         if reply.copies and self.copier is not None:
             self.copier.start(reply.copies)
 
-    def begin_mount(self) -> bool:
-        """Before a mount: the mover drops an earlier mount's moves (disk_tier.py); False if a
-        move is still writing (bounded wait; blocking: call it off the event loop)."""
-        return self.mover is None or self.mover.begin_mount()
+    async def begin_mount(self) -> bool:
+        """Before a mount: the copier cancels an earlier mount's copies (copier.py), the mover
+        drops its moves (disk_tier.py, in a thread); False if a copy or a move is still writing
+        after MOUNT_GATE_TIMEOUT_S (the mount is tried again)."""
+        if self.copier is not None and not await self.copier.begin_mount(MOUNT_GATE_TIMEOUT_S):
+            return False
+        return self.mover is None or await asyncio.to_thread(self.mover.begin_mount)
 
     async def aclose(self) -> None:
         if self.copier is not None:

@@ -404,8 +404,8 @@ class ControlLoop:
                              self.extra_endpoints)
 
     async def _try_mount(self) -> bool:
-        if not await asyncio.to_thread(self.cargo.begin_mount):  # before the index is reported
-            self.last_error = "a tier move of an earlier mount is still writing"
+        if not await self.cargo.begin_mount():  # before the index is reported
+            self.last_error = "a tier move or copy of an earlier mount is still writing"
             return False
         now_ms = self.clock.now_ms()
         if self._report_next:

@@ -251,6 +251,7 @@ class StorageNode:
 
     def status(self) -> dict[str, Any]:
         usage = self.index.usage()
+        copier = self.control.cargo.copier if self.control else None
         segments = []
         for s in self.segments:
             row = usage.get(s.segment_id)
@@ -273,4 +274,5 @@ class StorageNode:
             "master": self.control.status() if self.control else {},
             "data_plane": self.server.stats.snapshot() if self.server else {},
             "disk_tier": self.mover.status() if self.mover else {},
+            "copier": copier.status() if copier else {},
         }

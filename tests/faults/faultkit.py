@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,17 @@ def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 20.0,
             return last
         time.sleep(interval_s)
     pytest.fail(f"timed out after {timeout_s:g}s waiting for {what} (last: {last!r})")
+
+
+def node_status(cluster: LocalCluster, index: int) -> dict[str, Any]:
+    """Node `index`'s /api/v1/status, {} when it serves none (start it with node_flags
+    {"http": "127.0.0.1:0"}: its ready line in the log names the port)."""
+    log = cluster.nodes[index].log_path.read_text(errors="replace")
+    found = re.findall(r"serving tcp \S+ \(http (\S+?),", log)
+    if not found or found[-1] == "off":
+        return {}
+    with urllib.request.urlopen(f"http://{found[-1]}/api/v1/status", timeout=10) as reply:
+        return dict(json.loads(reply.read()))
 
 
 def node_states(client: cellar.Client) -> dict[str, str]:

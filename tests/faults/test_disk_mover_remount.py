@@ -1,7 +1,7 @@
 """A master killed while its demotions wait on the node: no old move lands in a new value.
 
 One node (64 MiB DRAM, 512 MiB disk) whose tier moves each take MOVE_DELAY_S (a slow disk,
-tests/faults/slow_mover/sitecustomize.py). Puts push DRAM past its watermark, so master A
+tests/faults/slow_node/sitecustomize.py). Puts push DRAM past its watermark, so master A
 orders demotions, which queue on the node; A is killed with -9 and started again (master B).
 The node mounts B and reports its index, in which the queued moves' targets are not: B treats
 those disk ranges as free, and the next puts, which find DRAM full, spill into them and are
@@ -13,16 +13,13 @@ checksum), then the mover thread died on the seal's WriteRefused (no move ran ag
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from faultkit import FaultCluster
+from faultkit import FaultCluster, node_status
 
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
@@ -32,7 +29,7 @@ from tests.support.http import master_metric
 MIB = 1 << 20
 MOVE_DELAY_S = 0.5  # each tier move's wait on the node: ~25 demotions queue for ~12 s
 FIRST, SECOND = 60, 40  # 1 MiB values before and after the master restart (DRAM: 64 MiB)
-SLOW_MOVER = Path(__file__).resolve().parent / "slow_mover"
+SLOW_NODE = Path(__file__).resolve().parent / "slow_node"
 MASTER_FLAGS = {"heartbeat_interval_s": 0.1, "tick_interval_s": 0.05,
                 "node_suspect_after_s": 5, "node_expire_after_s": 30}
 
@@ -52,12 +49,7 @@ def _wait(what: str, predicate, timeout_s: float = 60.0) -> None:  # type: ignor
 
 def _node_moves(cluster: LocalCluster) -> dict[str, int]:
     """Node 0's `disk_tier` status block (moved, failed, queued, ...), for the report."""
-    log = cluster.nodes[0].log_path.read_text(errors="replace")
-    found = re.findall(r"serving tcp \S+ \(http (\S+?),", log)
-    if not found or found[-1] == "off":
-        return {}
-    with urllib.request.urlopen(f"http://{found[-1]}/api/v1/status", timeout=10) as reply:
-        return dict(json.loads(reply.read()).get("disk_tier") or {})
+    return dict(node_status(cluster, 0).get("disk_tier") or {})
 
 
 def _values(prefix: str, count: int, seed: int) -> dict[str, bytes]:
@@ -84,7 +76,7 @@ def _put(client: cellar.Client, values: dict[str, bytes], timeout_s: float = 30.
 def test_demotions_queued_for_a_killed_master_never_overwrite_acknowledged_values(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    path = os.pathsep.join(p for p in (str(SLOW_MOVER), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(SLOW_NODE), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "CELLAR_TEST_MOVE_DELAY_S": str(MOVE_DELAY_S)}
     cluster = FaultCluster(1, 64 * MIB, master_flags=MASTER_FLAGS, env=env,
                            node_flags={"disk_dir": str(disk), "disk_size": 512 * MIB,

@@ -11,6 +11,7 @@ import pytest
 from cellar.config import load, render
 from cellar.errors import ConfigError
 from cellar.master.config import ENV_PREFIX, MasterConfig
+from cellar.proto.tiers import MOVE_DEADLINE_MARGIN_S
 from cellar.secret import ENV_SECRET, load_cluster_secret
 
 
@@ -41,6 +42,25 @@ def test_invalid_values_name_the_field(overrides, field) -> None:  # type: ignor
     with pytest.raises(ConfigError) as info:
         load(MasterConfig, env_prefix=ENV_PREFIX, environ={}, overrides=overrides)
     assert info.value.field == field
+
+
+def test_tier_move_timeout_below_what_a_node_can_carry_out_is_refused() -> None:
+    """A node skips a tier move with less than MOVE_DEADLINE_MARGIN_S left (storage_node/
+    disk_tier.py), and a move may wait heartbeat_interval_s for the heartbeat that carries it:
+    a shorter tier_move_timeout_s (0.1 s was accepted) got every move, or most, skipped."""
+    def with_(timeout_s: float, heartbeat_s: float) -> MasterConfig:
+        config, _ = load(MasterConfig, env_prefix=ENV_PREFIX, environ={}, overrides={
+            "tier_move_timeout_s": timeout_s, "heartbeat_interval_s": heartbeat_s})
+        return config
+
+    least_s = MOVE_DEADLINE_MARGIN_S + 1.0
+    assert with_(least_s, 1.0).tier_move_timeout_s == least_s
+    for timeout_s, heartbeat_s in ((0.1, 1.0), (least_s - 0.01, 1.0), (least_s, 1.5)):
+        with pytest.raises(ConfigError) as info:
+            with_(timeout_s, heartbeat_s)
+        assert info.value.field == "tier_move_timeout_s"
+        floor_s = MOVE_DEADLINE_MARGIN_S + heartbeat_s
+        assert f"{timeout_s:g} s is below the minimum of {floor_s:g} s" in str(info.value)
 
 
 def test_layers_and_sizes(tmp_path: Path) -> None:

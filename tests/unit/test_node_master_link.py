@@ -202,7 +202,7 @@ class MountGate(HeartbeatCargo):
         self.busy = busy
         self.calls: list[int] = []  # mounts the master had seen at each call
 
-    def begin_mount(self) -> bool:
+    async def begin_mount(self) -> bool:
         self.calls.append(len(self.fake.mounts))
         self.busy -= 1
         return self.busy < 0
