@@ -167,6 +167,15 @@ class NodeRpcs:
         self.grace.on_mount(report_follows, previous_epoch, self.epoch)
         results = self.membership.mount(node_id, incarnation, list(segments), now,
                                         rebuilding=report_follows)
+        node = self.membership.nodes.get(node_id)
+        if previous_epoch and node is not None:
+            # This process mounted before (on us or an earlier master): a transfer it admitted
+            # then may still be moving bytes, until its grant expires, in a range we now treat
+            # as free. A tcp write's first frame finds it there (the node answers ST_BUSY); a
+            # shm or rdma writer copies on its own, so it claims first until those grants
+            # have expired (docs/security.md, "Transfers in flight").
+            cfg = self.config
+            node.claim_until = now + max(cfg.write_grant_ttl_s, cfg.pin_ttl_s) + cfg.grant_skew_s
         return MountOutcome(results, int(self.config.heartbeat_interval_s * 1000),
                             int(self.config.write_grant_ttl_s * 1000),
                             int(self.config.pin_ttl_s * 1000))  # read grants live as long as pins
@@ -231,6 +240,8 @@ class NodeRpcs:
                 if segment is not None:
                     self.replicas_lost += self.objects.lose_replicas(segment, alloc_ids, now)
         freed = self.membership.take_freed(node, freed_ack_seq, self.config.max_freed_per_heartbeat)
+        if node.claim_until and now >= node.claim_until:
+            node.claim_until = 0.0  # the grants of its earlier mount have expired
         if freed_ack_seq > node.freed_acked:
             # the node applied every notice up to its ack (storage_node/freed_acks.py): the
             # ranges it freed need no claim before a shm/rdma write any more

@@ -181,9 +181,14 @@ class GrantIssuer:
 def _claim(segment: Segment, op: int, offset: int, size: int,
            clock: Callable[[], float]) -> bool:
     """Whether a write grant with the COMMIT right (a shm/rdma writer copies itself) covers a
-    range the node may still serve to an old read grant (state/read_frees.py)."""
-    frees = segment.read_frees
-    if frees is None or not op & GRANT_FLAG_COMMIT:
+    range the node may still serve to an old read grant (state/read_frees.py), or is on a
+    node whose transfers of an earlier mount may still be moving bytes (`Node.claim_until`)."""
+    if not op & GRANT_FLAG_COMMIT:
         return False
     node = segment.node
+    if node.claim_until and clock() < node.claim_until:
+        return True
+    frees = segment.read_frees
+    if frees is None:
+        return False
     return frees.overlaps(offset, size, node.freed_acked, clock(), node.outbox_dropped_seq)

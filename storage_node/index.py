@@ -185,10 +185,9 @@ class ObjectIndex(IndexTable):
             self._refuse_dead_grant(alloc_id, grant_expiry_ms)
             if alloc_id in self._entries:
                 return  # admitted already (a retry; its COMMIT decides): its overlaps went then
-            order = self._order.get(segment_id)
-            if order is not None and object_size > 0:
-                self._drop_older_overlaps(order, segment_id, object_offset, object_size,
-                                          alloc_id)
+            if object_size > 0:  # a segment with no entries left may still drain (inflight.py)
+                self._drop_older_overlaps(self._order.get(segment_id), segment_id,
+                                          object_offset, object_size, alloc_id)
 
     def sealed(self, alloc_id: int) -> IndexEntry | None:
         """The SEALED entry of `alloc_id` still held here (its fields no longer change), or None."""

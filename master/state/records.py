@@ -282,7 +282,7 @@ class Node:
     __slots__ = (
         "node_id", "incarnation", "state", "last_seen", "joined_at", "segments", "outbox",
         "outbox_dropped", "outbox_dropped_seq", "freed_acked", "ramps", "draining",
-        "hash_notes", "pin_notes",
+        "hash_notes", "pin_notes", "claim_until",
     )
 
     def __init__(self, node_id: str, incarnation: int, now: float) -> None:
@@ -298,6 +298,11 @@ class Node:
         self.outbox_dropped = 0
         self.outbox_dropped_seq = 0  # the newest notice dropped unsent (backlog overflow)
         self.freed_acked = 0  # the newest freed-range notice the node acknowledged
+        # Monotonic s until which every shm/rdma write on its segments claims its range first
+        # (0: none): set when a node process that had mounted before mounts again, since
+        # transfers it admitted under the earlier mount may still move bytes in ranges this
+        # master treats as free (node_rpcs.py `mount_segment`, replies.py `_claim`).
+        self.claim_until = 0.0
         # An admin drains it (state/repair.py): no new placements, its replicas are copied to
         # other nodes and no longer count towards an object's replica count.
         self.draining = False

@@ -8,7 +8,16 @@ tests/security/test_identity_grants.py (a stale read after a shm write: refused)
 
 from __future__ import annotations
 
-from test_master_support import FakeClock, MiB, PutItem, get, make_service, mount, put
+from test_master_support import (
+    FakeClock,
+    MiB,
+    PutItem,
+    get,
+    make_service,
+    mount,
+    put,
+    segment_info,
+)
 
 from cellar.errors import Status
 from cellar.master.state.read_frees import RecentReadFrees
@@ -99,3 +108,28 @@ def test_a_notice_dropped_unsent_keeps_its_range_flagged_until_the_grants_expire
     assert not frees.overlaps(500, 10, acked_seq=20, now=1.0, unsent_through=3)
     frees.prune(acked_seq=20, now=10.0, unsent_through=3)
     assert len(frees) == 0
+
+
+def test_a_node_process_mounting_again_has_shm_writes_claim_until_its_old_grants_expired() -> None:
+    """A node that mounted before (its mount names a previous epoch: a master restart, or this
+    master expired it) may still move bytes for transfers admitted under the earlier mount;
+    this master knows nothing of them, so every shm/rdma write there claims first (the node
+    refuses a claim over such a range ST_BUSY) until their grants have expired. A fresh node
+    process, and tcp writers, claim nothing."""
+    clock = FakeClock()
+    svc = make_service(clock, write_grant_ttl_s=10.0, pin_ttl_s=4.0, grant_skew_s=0.5)
+    mount(svc, "n1", 1, 8 * MiB)  # a fresh process: previous_epoch 0
+    first = svc.put_start("", "writer", [_item("a")], may_commit=True).results[0]
+    assert first.status == Status.OK and not first.replicas[0].claim
+    outcome = svc.mount_segment("n1", 1, [segment_info(1, 8 * MiB)], previous_epoch=svc.epoch)
+    assert outcome.results == [(Status.OK, "")], outcome.results
+    for key, may_commit, want in (("b", True, True), ("c", False, False)):
+        started = svc.put_start("", "writer", [_item(key)], may_commit=may_commit).results[0]
+        assert started.status == Status.OK and started.replicas[0].claim is want, key
+    clock.advance(10.4)  # the longest grant (10 s) and the skew (0.5 s) not yet over
+    assert svc.put_start("", "writer", [_item("d")], may_commit=True).results[0].replicas[0].claim
+    clock.advance(0.2)
+    svc.heartbeat("n1", 1, 0)
+    assert svc.membership.nodes["n1"].claim_until == 0.0
+    assert not svc.put_start("", "writer", [_item("e")],
+                             may_commit=True).results[0].replicas[0].claim

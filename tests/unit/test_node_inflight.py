@@ -160,3 +160,27 @@ def test_a_tier_move_takes_its_range_from_the_older_objects_before_it_copies() -
     sealed_object(index, 3, offset=300)               # outside the move's range: still read
     read(index, 3, offset=300)
     index.release(3)
+
+
+def test_transfers_of_an_earlier_mount_keep_their_ranges_blocked_across_a_remount() -> None:
+    """A remount (prepare_report for a rebuilding master, clear for one that expired this
+    node) drops entries the new master will not know of; a write or read of them still in
+    flight keeps its range from a newer allocation's claim (the master has shm writers claim
+    on such a node: master/node_rpcs.py) until it ends."""
+    for remount in ("prepare_report", "clear"):
+        index = ObjectIndex()
+        admit(index, 1)                                 # a write still streaming
+        sealed_object(index, 2, offset=200)
+        read(index, 2, offset=200)                      # a reply still leaving
+        getattr(index, remount)(0)
+        for alloc, offset in ((3, 50), (4, 250)):
+            with pytest.raises(WriteRefused) as exc:
+                index.claim(alloc_id=alloc, segment_id=SEG, object_offset=offset,
+                            object_size=100, grant_expiry_ms=10_000)
+            assert exc.value.reason == WriteRefused.BUSY, remount
+        index.release(1)
+        index.release(2)
+        index.claim(alloc_id=3, segment_id=SEG, object_offset=50, object_size=100,
+                    grant_expiry_ms=10_000)
+        index.claim(alloc_id=4, segment_id=SEG, object_offset=250, object_size=100,
+                    grant_expiry_ms=10_000)
