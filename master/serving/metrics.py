@@ -208,6 +208,17 @@ class MasterCollector(Collector):
         yield from _tier_gauges(service)
         yield _total("master_put_start_alloc_failures", "put keys refused NO_SPACE",
                      service.no_space_count)
+        aheads = service.aheads  # put-ahead allocations (master/put_ahead.py)
+        yield _total("master_put_ahead_granted", "put-ahead allocations granted", aheads.granted)
+        yield _total("master_put_ahead_bound", "put-ahead allocations bound to a key at PutEnd",
+                     aheads.bound)
+        yield _total("master_put_ahead_refused", "put-ahead binds refused (the key put again "
+                     "through PutStart, or the PutEnd refused)", aheads.refused)
+        yield GaugeMetricFamily("master_put_ahead_outstanding", "put-ahead allocations granted "
+                                "and not yet bound or dropped", value=len(aheads.drops.outstanding))
+        yield GaugeMetricFamily("master_put_ahead_dropped_keys", "versions evicted or lost that "
+                                "an outstanding put-ahead allocation must not be bound behind "
+                                "(state/ahead_drops.py)", value=len(aheads.drops))
         yield _total("master_pin_expired", "pins released by their TTL", service.pins.expired_total)
         yield _total("master_put_timeout", "puts revoked by the writer timeout", service.nodes.puts_timed_out)
         yield _total("master_node_expired", "nodes expired", service.nodes.nodes_expired)

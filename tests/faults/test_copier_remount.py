@@ -7,7 +7,7 @@ Y's first range. Y is then stopped past its expiry and continued: it mounts agai
 master, which dropped Y's ranges and starts it empty), and a shm writer puts a new value P
 into Y's first range: it copies P into the segment file itself (the master flags no claim: it
 freed nothing there) and then COMMITs, once Y runs no copy. P is acknowledged and must read
-back byte-exact. On the copier before 2026-12-07 the old copy read on after the remount, wrote
+back byte-exact. On the copier before 2026-12-06 the old copy read on after the remount, wrote
 V's bytes over P's, ended (releasing its hold, so nothing refused the COMMIT), and the put was
 sealed over V's bytes: the read of P failed its checksum.
 """

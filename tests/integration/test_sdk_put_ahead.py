@@ -24,6 +24,7 @@ import pytest
 import cellar
 from cellar.devtools.local_cluster import LocalCluster
 from tests.support.faces import FACE_TRANSPORT_IDS, FACE_TRANSPORTS, open_pair
+from tests.support.http import master_metric
 from tests.support.put_ahead import pool, rpc_count
 
 SIZE = 64 << 10
@@ -74,6 +75,8 @@ def test_puts_of_one_size_skip_put_start_and_read_back_exact(
         values = {f"k{i}": os.urandom(SIZE) for i in range(52)}
         items = list(values.items())
         starts_before = rpc_count(cluster, "PutStart")
+        bound_before = master_metric(cluster, "master_put_ahead_bound")
+        refused_before = master_metric(cluster, "master_put_ahead_refused")
         for key, value in items[:20]:
             writer.put(key, value)
         assert writer.put_many(items[20:36]) == [cellar.Status.OK] * 16
@@ -85,6 +88,12 @@ def test_puts_of_one_size_skip_put_start_and_read_back_exact(
         # batches' worth), and the last batch writes under held ones
         assert starts == 3, (starts, pool(writer).used, pool(writer).granted)
         assert pool(writer).used == 18 + 16
+        # the master's own count of binds agrees, and it refused none
+        assert master_metric(cluster, "master_put_ahead_bound") - bound_before == 18 + 16
+        assert master_metric(cluster, "master_put_ahead_refused") == refused_before
+        assert master_metric(cluster, "master_put_ahead_granted") >= \
+            master_metric(cluster, "master_put_ahead_bound") + \
+            master_metric(cluster, "master_put_ahead_outstanding")
         assert reader.get_many(list(values)) == list(values.values())
         for key in ("k0", "k25", "k51"):
             assert reader.get(key) == values[key]
