@@ -16,6 +16,9 @@ from cellar.proto.grant import GRANT_MAC_BYTES, Grant
 from cellar.transfer.frame import (
     MAX_MESSAGE_BYTES,
     MAX_META_BYTES,
+    OP_RDMA_CONNECT,
+    OP_READ,
+    OP_WRITE,
     OPS,
     OPS_COMMIT_LIKE,
     OPS_WITHOUT_GRANT,
@@ -33,6 +36,7 @@ from cellar.transfer.frame import (
     decode_response,
     decode_write_meta,
     pack_commit_meta,
+    request_flags,
     with_checksum,
 )
 
@@ -66,15 +70,18 @@ def test_any_header_decodes_within_limits_or_is_a_frame_error(raw: bytes) -> Non
 
 
 @given(st.sampled_from(sorted(OPS)), U64, U64, U64, U64, U64, U64, U64, U64,
-       st.integers(0, MAX_META_BYTES), st.binary(min_size=GRANT_MAC_BYTES, max_size=GRANT_MAC_BYTES))
+       st.integers(0, MAX_META_BYTES), st.binary(min_size=GRANT_MAC_BYTES, max_size=GRANT_MAC_BYTES),
+       st.sampled_from((OP_READ, OP_WRITE)))
 def test_in_range_headers_round_trip(op: int, request_id: int, segment_id: int, offset: int,
                                      length: int, alloc_id: int, epoch: int, expiry_ms: int,
-                                     tag: int, meta_len: int, mac: bytes) -> None:
+                                     tag: int, meta_len: int, mac: bytes, connect_op: int) -> None:
     length %= MAX_PAYLOAD + 1
+    # a commit or claim carries a write grant; a connect, a read or a write grant (its flag)
+    grant_op = OP_WRITE if op in OPS_COMMIT_LIKE else connect_op if op == OP_RDMA_CONNECT else op
     grant = None if op in OPS_WITHOUT_GRANT else Grant(
-        2 if op in OPS_COMMIT_LIKE else op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag,
-        mac)
-    header = RequestHeader(op, request_id, segment_id, offset, length, meta_len, 0, grant)
+        grant_op, segment_id, offset, length, alloc_id, epoch, expiry_ms, tag, mac)
+    flags = 0 if grant is None else request_flags(op, grant)
+    header = RequestHeader(op, request_id, segment_id, offset, length, meta_len, flags, grant)
     assert decode_request(header.pack(), max_payload_bytes=MAX_PAYLOAD) == header
 
 
