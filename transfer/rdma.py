@@ -47,7 +47,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cellar.transfer import verbs
@@ -297,7 +297,7 @@ class RdmaTransport(Transport):
                            if (kept := [c for c in chunks if results[c[0]].ok])}
             peers: dict[str, _Peer] = {}
             for tcp, chunks in by_peer.items():
-                peer = self._peer(tcp, deadline, [ops[c[0]] for c in chunks])
+                peer = self._peer(tcp, deadline, (ops[c[0]] for c in chunks))
                 if isinstance(peer, TransferResult):
                     _fail(results, chunks, peer)
                 else:
@@ -369,7 +369,7 @@ class RdmaTransport(Transport):
         return self._parsed[address]
 
     def _peer(self, tcp: str, deadline: float,
-              ops: Sequence[TransferOp]) -> _Peer | TransferResult:
+              ops: Iterable[TransferOp]) -> _Peer | TransferResult:
         """The connected queue pair to the node at `tcp`, connecting it if needed under the
         grant of one of `ops` (the node opens queue pairs only for a granted peer): the next
         op's, up to CONNECT_GRANT_TRIES, while the node refuses a grant as such."""
