@@ -71,7 +71,7 @@ from cellar.master.requests import (
     valid_id,
 )
 from cellar.master.state.allocator import SegmentAllocator
-from cellar.master.state.ids import AllocIds
+from cellar.master.state.ids import ID_EPOCH_SHIFT, AllocIds
 from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
@@ -93,6 +93,9 @@ from cellar.proto import engine_hash
 from cellar.proto.grant import key_tag
 
 MAX_REPORT_ENTRIES = 16384  # per ReportObjects call (the node sends 2000)
+# An adopted object's age per alloc id between its version and this master's first id: keeps
+# the put order (1 M allocations of one epoch span 1 ms) and puts earlier epochs far behind.
+ADOPTED_AGE_S_PER_ID = 1e-9
 
 
 class ReportedLike(Protocol):
@@ -364,7 +367,13 @@ class NodeRpcs:
                   pin_kind, 0.0, key_tag(tenant.name, key))
         obj.engine_hash = _reported_hash(e)
         obj.version = version
-        self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, now)
+        # Its last access by its put's place in the id order (an alloc id counts allocations
+        # above its master's epoch in ms), behind everything put or read since this master
+        # started: a rebuilt table over its watermark (ranges the old master evicted, their
+        # notices unsent) evicts its oldest puts first, not at random among equals.
+        first_id = self.epoch << ID_EPOCH_SHIFT
+        accessed = now - ADOPTED_AGE_S_PER_ID * max(0, first_id - version)
+        self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, accessed)
         if soft_left_s:
             self.objects.lapse_soft_pin(obj, now + soft_left_s)
         return True

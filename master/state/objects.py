@@ -387,17 +387,18 @@ class ObjectTable:
 
     # ---------------------------------------------------------------- rebuild
 
-    def adopt(self, obj: Obj, replica: Replica, checksum: int, now: float) -> None:
+    def adopt(self, obj: Obj, replica: Replica, checksum: int, last_access: float) -> None:
         """A new COMPLETE version from a node's report (master/node_rpcs.py): its one replica is
         already reserved in its segment's allocator; the version is charged and, unless the
         removal log says it is hard-pinned (`obj.pin_kind`), evictable (in the second pass if
-        its node reported a soft pin that has not lapsed)."""
+        its node reported a soft pin that has not lapsed). `last_access`: the caller's
+        estimate (monotonic s) of when it was last used."""
         tenant = obj.tenant
         assert obj.state == WRITING and not obj.replicas, "adopt a fresh Obj"
         assert obj.key not in tenant.objects, "adopt of a key the tenant already holds"
         obj.state = COMPLETE
         obj.checksum = checksum
-        obj.last_access = now
+        obj.last_access = last_access
         obj.deadline = 0.0
         obj.replicas = (replica,)
         replica.segment.objects.add(obj)
