@@ -310,18 +310,19 @@ class NodeAccess:
         accept = self.rdma_acceptor
         if accept is None:
             raise FrameError(ST_UNSUPPORTED, "this node serves no rdma")
-        if request.op != OP_RDMA_CONNECT or request.grant is None:
+        grant = request.grant
+        if request.op != OP_RDMA_CONNECT or grant is None:
             raise FrameError(ST_BAD_GRANT, "an RDMA_CONNECT must carry a grant for this node")
-        self._check(request, request.grant.op & ~GRANT_FLAG_COMMIT, request.op)
+        # Checked as the data request its grant is for (built directly, as `commit` does)
+        data_op = grant.op & ~GRANT_FLAG_COMMIT
+        self._check(RequestHeader(data_op, request.request_id, request.segment_id,
+                                  request.offset, request.length, request.meta_len,
+                                  request.flags, grant), data_op)
         return accept(qp_info)
 
-    def _check(self, request: RequestHeader, op: int,
-               request_op: int | None = None) -> tuple[Segment, Grant]:
-        """The segment of a request whose grant is for `op` (authentic, current, unexpired,
-        covering the range inside the segment); `request_op`: the request's own op when it is
-        not `op` (an RDMA_CONNECT)."""
+    def _check(self, request: RequestHeader, op: int) -> tuple[Segment, Grant]:
         grant = request.grant
-        if grant is None or request.op != (op if request_op is None else request_op):
+        if grant is None or request.op != op:
             raise FrameError(ST_BAD_FRAME, "data request without a grant")
         segment = self.segments.get(request.segment_id)
         if segment is None:

@@ -103,8 +103,8 @@ def _pack(call: ControlCall, rid: int) -> bytes:
                             call.segment_id, 0, 0, 0, 0, 0, 0, _ZERO_MAC, call.offset, call.length)
     else:
         head = REQUEST.pack(REQUEST_MAGIC, VERSION, call.op, request_flags(call.op, g),
-                            len(call.meta), rid, g.segment_id, g.offset, g.length, g.alloc_id, g.epoch, g.expiry_ms,
-                            g.key_tag, g.mac, call.offset, call.length)
+                            len(call.meta), rid, g.segment_id, g.offset, g.length, g.alloc_id,
+                            g.epoch, g.expiry_ms, g.key_tag, g.mac, call.offset, call.length)
     return head + call.meta
 
 
