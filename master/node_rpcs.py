@@ -71,7 +71,7 @@ from cellar.master.requests import (
     valid_id,
 )
 from cellar.master.state.allocator import SegmentAllocator
-from cellar.master.state.ids import ID_EPOCH_SHIFT, AllocIds
+from cellar.master.state.ids import AllocIds, epoch_base
 from cellar.master.state.membership import MAX_NODE_ID_CHARS, Membership
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
@@ -129,6 +129,7 @@ class NodeRpcs:
         self.config = config
         self.clock = clock
         self.epoch = epoch
+        self._ids_base = epoch_base(epoch)  # every id this master numbers is above it
         self.tenants = tenants
         self.membership = membership
         self.objects = objects
@@ -371,8 +372,7 @@ class NodeRpcs:
         # above its master's epoch in ms), behind everything put or read since this master
         # started: a rebuilt table over its watermark (ranges the old master evicted, their
         # notices unsent) evicts its oldest puts first, not at random among equals.
-        first_id = self.epoch << ID_EPOCH_SHIFT
-        accessed = now - ADOPTED_AGE_S_PER_ID * max(0, first_id - version)
+        accessed = now - ADOPTED_AGE_S_PER_ID * max(0, self._ids_base - version)
         self.objects.adopt(obj, Replica(segment, offset, alloc_id), checksum, accessed)
         if soft_left_s:
             self.objects.lapse_soft_pin(obj, now + soft_left_s)

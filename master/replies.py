@@ -183,12 +183,12 @@ def _claim(segment: Segment, op: int, offset: int, size: int,
     """Whether a write grant with the COMMIT right (a shm/rdma writer copies itself) covers a
     range the node may still serve to an old read grant (state/read_frees.py), or is on a
     node whose transfers of an earlier mount may still be moving bytes (`Node.claim_until`)."""
-    if not op & GRANT_FLAG_COMMIT:
-        return False
     node = segment.node
-    if node.claim_until and clock() < node.claim_until:
-        return True
     frees = segment.read_frees
-    if frees is None:
+    if not op & GRANT_FLAG_COMMIT or (frees is None and not node.claim_until):
         return False
-    return frees.overlaps(offset, size, node.freed_acked, clock(), node.outbox_dropped_seq)
+    now = clock()
+    if now < node.claim_until:
+        return True
+    return frees is not None and frees.overlaps(offset, size, node.freed_acked, now,
+                                                node.outbox_dropped_seq)

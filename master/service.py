@@ -78,7 +78,7 @@ from cellar.master.requests import (
 )
 from cellar.master.state.audit import check_tables
 from cellar.master.state.eviction import Evictor
-from cellar.master.state.ids import ID_EPOCH_SHIFT, AllocIds, SecretIds
+from cellar.master.state.ids import AllocIds, SecretIds, epoch_base
 from cellar.master.state.membership import Membership
 from cellar.master.state.objects import ObjectTable
 from cellar.master.state.pins import PinTable
@@ -136,7 +136,7 @@ class MasterService:
             expire_after_s=config.node_expire_after_s,
             max_segments_per_node=config.max_segments_per_node,
             max_freed_backlog=config.max_freed_backlog,
-            seq_base=self.epoch << ID_EPOCH_SHIFT,
+            seq_base=epoch_base(self.epoch),
         )
         self.quarantine = Quarantine()
         self.objects = ObjectTable(

@@ -29,13 +29,18 @@ ID_EPOCH_SHIFT = 22
 MAX_ID = (1 << 63) - 1
 
 
+def epoch_base(epoch: int) -> int:
+    """Every id a master of `epoch` numbers is above this; every id of an earlier one below."""
+    return epoch << ID_EPOCH_SHIFT
+
+
 class AllocIds:
     """`next()` returns the next allocation id; ids only grow."""
 
     __slots__ = ("next",)
 
     def __init__(self, epoch: int) -> None:
-        self.next = itertools.count((epoch << ID_EPOCH_SHIFT) + 1).__next__
+        self.next = itertools.count(epoch_base(epoch) + 1).__next__
 
     def ensure_above(self, alloc_id: int) -> None:
         """Make every future id greater than `alloc_id` (an adopted one)."""

@@ -25,9 +25,10 @@ from test_master_support import (
 
 from cellar.errors import Status
 from cellar.master.requests import PutRef
-from cellar.master.service import ID_EPOCH_SHIFT, PutEndItem, PutItem
+from cellar.master.service import PutEndItem, PutItem
 from cellar.master.serving import removal_log
 from cellar.master.serving.removal_log import FileRemovalLog, decode, encode
+from cellar.master.state.ids import ID_EPOCH_SHIFT
 from cellar.master.state.records import HARD_PIN
 from cellar.master.state.tombstones import DEAD_WRITE, HARD_PIN_RECORD, Tombstones
 from tests.support.receipts import receipts_for

@@ -9,8 +9,9 @@ import pytest
 from test_master_support import EPOCH, Entry, FakeClock, MiB, make_service, mount, put, segment_info
 
 from cellar.errors import Status
-from cellar.master.service import ID_EPOCH_SHIFT, PutItem, RequestRejected
+from cellar.master.service import PutItem, RequestRejected
 from cellar.master.state.allocator import SegmentAllocator
+from cellar.master.state.ids import ID_EPOCH_SHIFT
 from cellar.proto.grant import key_tag
 
 OLD = (EPOCH - 60_000) << ID_EPOCH_SHIFT  # alloc ids of an earlier master
