@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-read-backs bench-metadata profile soak soak-tls soak-ha soak-disk failover clean
+.PHONY: venv run run-ha test test-fast test-compose wheelhouse fuzz lint proto bench bench-quick bench-disk bench-parts bench-peers bench-spin bench-early-reads bench-put-ahead bench-read-backs bench-metadata bench-after-copy profile soak soak-tls soak-ha soak-disk failover clean
 
 venv: $(STAMP)
 
@@ -103,6 +103,12 @@ bench-put-ahead: venv
 # (bench/results/read-backs-<date>-<host>.md; about 3 min).
 bench-read-backs: venv
 	$(PY) -m cellar.bench.read_backs
+
+# The node's own per-WRITE Python (decode, grant check, index admit and seal), timed right after
+# payloads of 4 KiB to 4 MiB landed: what a large copy leaves of it in the caches
+# (bench/results/after-copy-<date>-<host>.md; about 20 s).
+bench-after-copy: venv
+	$(PY) -m cellar.bench.after_copy
 
 # Scatter-gather (SGLang's layer_first shape: 128 x 32 parts of 64 KiB) against whole values,
 # over shm and tcp (bench/results/sdk-parts-<transport>-<date>-<host>.md; about 30 s).
