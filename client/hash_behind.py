@@ -51,7 +51,11 @@ class HashBehind:
             if pool is not None:
                 halves = split_by_bytes(entries, to_hash) if to_hash >= SPLIT_MIN_BYTES \
                     else (entries,)
-                hashing = [pool.submit(hash_values, half) for half in halves if half]
+                for half in (h for h in halves if h):
+                    try:
+                        hashing.append(pool.submit(hash_values, half))
+                    except RuntimeError:  # closed meanwhile: the rest is hashed inline
+                        break
         try:
             return call()
         finally:

@@ -60,3 +60,29 @@ def test_a_large_batch_is_hashed_on_two_threads_before_around_returns(
             assert e.checksum == (hash_views((e.value,)) if threads else None)
     finally:
         behind.close()
+
+
+def test_a_pool_closed_between_the_halves_leaves_the_rest_to_the_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put racing `close`: the half submitted before is still waited for; the other stays
+    unhashed (`plan_writes` hashes it inline), and the put does not fail."""
+    behind = HashBehind()
+    pool = behind._pool.get()
+    assert pool is not None
+    submit = pool.submit
+    calls: list[int] = []
+
+    def closing_after_one(fn, *args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return submit(fn, *args)
+
+    monkeypatch.setattr(pool, "submit", closing_after_one)
+    entries = _entries([4 * MiB] * 8)
+    try:
+        assert behind.around(entries, lambda: "reply") == "reply"
+        assert [e.checksum is not None for e in entries] == [True] * 4 + [False] * 4
+        assert entries[0].checksum == hash_views((entries[0].value,))
+    finally:
+        behind.close()
