@@ -10,9 +10,10 @@ Why
     A batch with at least SPLIT_MIN_BYTES to hash is split in two halves of about the same
     bytes, one per thread: there the hashing, not PutStart, is what the writes wait for (16 x
     4 MiB took 4.6 ms to hash on one thread, PutStart's reply 0.5-1.2 ms), and the other core
-    has little else to do meanwhile. Measured over tcp, 10 alternated blocks each way, twice:
-    16 x 4 MiB puts 1.03-1.07x, 16 x 2 MiB 1.08x; 16 x 1 MiB 0.99-1.01x and 16 x 256 KiB 0.96x
-    when split too (their hashing ends near PutStart's reply anyway), hence the floor.
+    has little else to do meanwhile. Measured over tcp, 10 alternated blocks each way a run:
+    16 x 4 MiB puts 1.03-1.07x in four runs, 16 x 2 MiB 1.08x; split too, 16 x 1 MiB ran
+    0.99-1.01x in two runs and 16 x 256 KiB 0.96x (their hashing ends near PutStart's reply
+    anyway), hence the floor (docs/benchmarks.md, session 37).
 
 What it owns
     `HashBehind`: at most HASH_THREADS threads shared by every call of one client, started at
