@@ -3,9 +3,10 @@
 Why
     The master needs only a put's sizes at PutStart; the values' checksums are needed only
     once the writes go out. xxh3 releases the GIL on long inputs, so a helper thread hashes a
-    batch's values while the caller waits for PutStart's reply (the asyncio face overlaps the
-    same way on its own loop). Below HASH_BEHIND_MIN_BYTES to hash, the thread hop costs more
-    than the overlap saves, and the values are hashed inline (`PutBatch.on_start_reply`).
+    batch's values while the caller waits for PutStart's reply. (The asyncio face does not: it
+    ignores `Rpc.hash_behind` and hashes when it plans the writes, `PutBatch.on_start_reply`,
+    on its event loop.) Below HASH_BEHIND_MIN_BYTES to hash, the thread hop costs more than the
+    overlap saves, and the values are hashed inline (`PutBatch.on_start_reply`).
 
     A batch with at least SPLIT_MIN_BYTES to hash is split in two halves of about the same
     bytes, one per thread: there the hashing, not PutStart, is what the writes wait for (16 x
