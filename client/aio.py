@@ -16,7 +16,8 @@ One loop
 
 Cancellation
     A cancelled call stops where it is: the transports guarantee that no byte of a read they
-    gave up on lands in the caller's buffer afterwards, its pins are queued for release, and a
+    gave up on lands in the caller's buffer afterwards, its pins are queued for release (also
+    those of a GetReplicas still with the master: client/aio_unpins.py `lookup`), and a
     put in flight is revoked (best effort; the master's writer timeout does it otherwise).
 
 Coalesced gets
@@ -466,10 +467,9 @@ class AsyncClient:
         try:
             if one.batch is not None:
                 request = one_read.lookup_request(s, one)
-                master = self._master
-                assert master is not None  # `_session` said the client is open
+                assert self._unpins is not None  # `_session` said the client is open
                 try:
-                    reply = await master.call("GetReplicas", request, one.deadline)
+                    reply = await self._unpins.lookup(request, one.deadline)
                 except BaseException as exc:
                     one_read.lookup_failed(s, one, exc)
                     raise
@@ -524,7 +524,9 @@ class AsyncClient:
 
     async def _perform(self, effect: flows.Effect) -> Any:
         if isinstance(effect, Rpc):
-            assert self._master is not None
+            assert self._master is not None and self._unpins is not None
+            if effect.method == "GetReplicas":  # its pins outlive a cancelled caller
+                return await self._unpins.lookup(effect.request, effect.deadline)
             return await self._master.call(effect.method, effect.request, effect.deadline)
         if isinstance(effect, Move):
             return await self._move(effect)
@@ -537,15 +539,9 @@ class AsyncClient:
 
     async def _rpc_and_move(self, effect: RpcAndMove) -> tuple[Any, list[TransferResult]]:
         """Both at once; returns (or raises the call's error) only once both ended."""
-        assert self._master is not None
-        rpc = effect.rpc
-        reply, moved = await asyncio.gather(
-            self._master.call(rpc.method, rpc.request, rpc.deadline), self._move(effect.move),
-            return_exceptions=True)
-        for outcome in (reply, moved):
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return reply, moved  # type: ignore[return-value]
+        assert self._unpins is not None and effect.rpc.method == "GetReplicas"
+        return await self._unpins.lookup_beside(effect.rpc.request, effect.rpc.deadline,
+                                                self._move(effect.move))
 
     async def _move(self, effect: Move) -> list[TransferResult]:
         """Every transport's share of the round at once, each by the round's deadline."""

@@ -64,6 +64,7 @@ from cellar.proto import cellar_pb2 as pb
 from cellar.proto import cellar_pb2_grpc, fastline
 
 AsyncResolver = Callable[[float], Awaitable[str]]
+Orphan = Callable[[int, bytes], None]  # takes an abandoned fast-line call's (code, reply bytes)
 FAST_ASYNC_CONNECTIONS = 2  # pipelined connections per client to the master's fast line
 
 log = logging.getLogger("cellar.client")
@@ -82,13 +83,15 @@ class _Pipe(asyncio.Protocol):
     and the master answers each connection's requests in order, so replies are matched to
     callers first in, first out as they are parsed (`data_received`, no task hop). A caller that
     gives up (timeout, cancellation) leaves its slot in the queue; the reply that fills it is
-    dropped."""
+    dropped, or handed to the caller's `orphans` callback (a GetReplicas's pins are released)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.pending: collections.deque[asyncio.Future[tuple[int, bytes]]] = collections.deque()
         self.down = False
         self._inbox = bytearray()
+        # an abandoned call's slot -> who takes its reply when it comes (`AsyncFastLine.call`)
+        self.orphans: dict[asyncio.Future[tuple[int, bytes]], Orphan] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Duck-typed: uvloop's TCPTransport has every method used here but does not subclass
@@ -117,6 +120,8 @@ class _Pipe(asyncio.Protocol):
             waiter = self.pending.popleft()
             if not waiter.done():
                 waiter.set_result((code, bytes(inbox[used + head_bytes:end])))
+            elif self.orphans and (orphan := self.orphans.pop(waiter, None)) is not None:
+                orphan(code, bytes(inbox[used + head_bytes:end]))
             used = end
         if used:
             del inbox[:used]
@@ -133,6 +138,7 @@ class _Pipe(asyncio.Protocol):
             self.down = True
             if self.transport is not None:
                 self.transport.close()
+        self.orphans.clear()
         while self.pending:
             waiter = self.pending.popleft()
             if not waiter.done():
@@ -151,9 +157,11 @@ class AsyncFastLine:
         self._opening: asyncio.Lock | None = None
         self._closed = False
 
-    async def call(self, method_id: int, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    async def call(self, method_id: int, body: bytes, timeout_s: float,
+                   orphan: Orphan | None = None) -> tuple[int, bytes]:
         """(numeric gRPC code, reply bytes); _FastLineDown if nothing could be exchanged,
-        TimeoutError if the master did not answer in time."""
+        TimeoutError if the master did not answer in time. `orphan` takes the reply of a call
+        given up once its request was sent (timed out, cancelled), when it comes."""
         try:
             async with asyncio.timeout(timeout_s):
                 pipe = await self._pipe()
@@ -161,7 +169,15 @@ class AsyncFastLine:
                     asyncio.get_running_loop().create_future()
                 pipe.pending.append(waiter)
                 pipe.send(fastline.pack_head(len(body), method_id) + body)
-                return await waiter
+                try:
+                    return await waiter
+                except asyncio.CancelledError:
+                    if orphan is not None:
+                        if waiter.cancelled():  # unanswered yet: the pipe hands it over
+                            pipe.orphans[waiter] = orphan
+                        elif waiter.exception() is None:  # answered as the caller gave up
+                            orphan(*waiter.result())
+                    raise
         except (OSError, ValueError) as exc:
             raise _FastLineDown(str(exc)) from None
 
@@ -210,7 +226,11 @@ class AsyncMasterChannel(LinkFace):
         self._fast_relearn_at = 0.0
         self._resolve = resolve
 
-    async def call(self, method: str, request: Any, deadline: float) -> Any:
+    async def call(self, method: str, request: Any, deadline: float,
+                   orphan: Callable[[Any], None] | None = None) -> Any:
+        """The reply to `method`; `orphan` takes the reply of a fast-line call that the caller
+        gave up on (cancelled, timed out) after its request left, should it come (a
+        GetReplicas's pins, to release); a call carried by gRPC is cancelled with its caller."""
         stamp(method, request)  # one id for every attempt of this call (client/request_ids.py)
         fast = FAST_METHODS.get(method)
         if fast is not None:
@@ -218,19 +238,20 @@ class AsyncMasterChannel(LinkFace):
             if line is None and time.monotonic() >= self._fast_relearn_at:
                 line = await self._relearn(request, deadline)
             if line is not None:
-                reply = await self._call_fast(line, method, fast, request, deadline)
+                reply = await self._call_fast(line, method, fast, request, deadline,
+                                              None if orphan is None else _decoded(fast, orphan))
                 if reply is not None:
                     return reply
         return await self._call_grpc(method, request, deadline, learn=method == "ClusterStatus")
 
     async def _call_fast(self, line: AsyncFastLine, method: str, fast: tuple[int, Any],
-                         request: Any, deadline: float) -> Any | None:
+                         request: Any, deadline: float, orphan: Orphan | None = None) -> Any | None:
         address, generation = self._link.address, self._link.generation
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
             raise Timeout(f"{method} to master {address}: timed out")
         method_id, reply_cls = fast
-        exchange = line.call(method_id, request.SerializeToString(), remaining_s)
+        exchange = line.call(method_id, request.SerializeToString(), remaining_s, orphan)
         try:
             code, data = await (self._watched(exchange, generation, deadline)
                                 if self._resolve is not None else exchange)
@@ -350,3 +371,17 @@ class AsyncMasterChannel(LinkFace):
             await channel.close(grace=None)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _decoded(fast: tuple[int, Any], take: Callable[[Any], None]) -> Orphan:
+    """An `Orphan` that hands `take` the decoded reply of an answered call (a refusal, or
+    bytes that do not parse, carry nothing to take)."""
+    def on_reply(code: int, data: bytes) -> None:
+        if code != fastline.OK_CODE:
+            return
+        try:
+            reply = fast[1].FromString(data)
+        except Exception:  # noqa: BLE001 - a reply nobody awaits: nothing to release
+            return
+        take(reply)
+    return on_reply

@@ -6,13 +6,18 @@ Unpin call of their own, sent by a task on the client's loop so no caller waits 
 client's close sends what is left (best effort: the master's pin TTL releases the rest). The
 sync face does the same from a thread (client/unpin_flusher.py). The call itself is the
 face's `call` (its master channel); this module imports no transport.
+
+A GetReplicas given up while its request is with the master (its caller cancelled by
+`task.cancel()` or `asyncio.wait_for`, or its own deadline passed) still pins what the master
+grants: `lookup` has the pins of its reply, when it comes, queued for release as a get that
+read them would (dropped unread, they were held until the master's pin TTL).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cellar.client import flows
 from cellar.client.checks import UNPIN_DELAY_S, UNPIN_FLUSH_TIMEOUT_S
@@ -21,12 +26,14 @@ from cellar.errors import CellarError
 
 __all__ = ["AsyncUnpins"]
 
+T = TypeVar("T")
+
 
 class AsyncUnpins:
     """The release task of one `AsyncClient` (its loop, its session, its master call)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, s: Session,
-                 call: Callable[[str, Any, float], Awaitable[Any]]) -> None:
+                 call: Callable[..., Awaitable[Any]]) -> None:
         self._loop = loop
         self._s = s
         self._call = call
@@ -43,6 +50,38 @@ class AsyncUnpins:
             self._spawn()
         else:
             self._schedule()
+
+    def lookup(self, request: Any, deadline: float) -> Awaitable[Any]:
+        """GetReplicas `request` by `deadline`. Given up after its request left (the caller
+        cancelled, the call timed out), its reply still has its pins queued for release when
+        it comes (over the fast line; `AsyncMasterChannel.call`'s `orphan`)."""
+        return self._call("GetReplicas", request, deadline, orphan=self.release_reply)
+
+    async def lookup_beside(self, request: Any, deadline: float,
+                            move: Awaitable[T]) -> tuple[Any, T]:
+        """`lookup` and `move` at once (a get's early reads beside its GetReplicas); returns,
+        or raises the call's error (else the move's), only once both ended. A reply that no
+        caller takes then (cancelled as the move went on, or the move raised) has its pins
+        queued for release."""
+        call: asyncio.Future[Any] = asyncio.ensure_future(self.lookup(request, deadline))
+        reply: Any
+        moved: Any
+        try:
+            reply, moved = await asyncio.gather(call, move, return_exceptions=True)
+        except asyncio.CancelledError:
+            if call.done() and not call.cancelled() and call.exception() is None:
+                self.release_reply(call.result())
+            raise
+        for outcome in (reply, moved):
+            if isinstance(outcome, BaseException):
+                if not isinstance(reply, BaseException):
+                    self.release_reply(reply)
+                raise outcome
+        return reply, moved
+
+    def release_reply(self, reply: Any) -> None:
+        """Queue the pins of a GetReplicas reply that no caller takes."""
+        self.release([int(r.pin_id) for r in reply.results if r.pin_id])
 
     def stop(self) -> None:
         """No new task from now on (the client is closing; it cancels `task` itself)."""
