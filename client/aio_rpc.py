@@ -178,6 +178,8 @@ class AsyncFastLine:
                         elif waiter.exception() is None:  # answered as the caller gave up
                             orphan(*waiter.result())
                     raise
+        except TimeoutError:  # an OSError too: the line is fine, the master is late
+            raise
         except (OSError, ValueError) as exc:
             raise _FastLineDown(str(exc)) from None
 

@@ -2,9 +2,11 @@
 
 A cancelled call's GetReplicas may already be with the master (the master is stopped with
 SIGSTOP here, so the request is surely sent and not yet answered when the caller is
-cancelled by `task.cancel()` or `asyncio.wait_for`). The master then pins the keys and answers; the caller is gone, but the pins it was
+cancelled by `task.cancel()` or `asyncio.wait_for`, or when the call's own `timeout_s`
+passes). The master then pins the keys and answers; the caller is gone, but the pins it was
 granted must still be released by the client (an Unpin), not left to the pin TTL (120 s
-here, so a pin count of 0 proves the release). And the client stays usable.
+here, so a pin count of 0 proves the release). And the client stays usable, and a call that
+times out leaves the other calls on the same fast-line connection alone.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ CALLS = [_get_into, _get_many_into, _get, _get_many]
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("call", CALLS, ids=[c.__name__.lstrip("_") for c in CALLS])
-@pytest.mark.parametrize("how", ["cancel", "wait_for"])
+@pytest.mark.parametrize("how", ["cancel", "wait_for", "timeout_s"])
 def test_a_get_cancelled_while_its_lookup_is_with_the_master_releases_its_pins(
         cluster: LocalCluster, call: Callable[[cellar.AsyncClient], Awaitable[Any]],
         how: str) -> None:
@@ -78,7 +80,9 @@ def test_a_get_cancelled_while_its_lookup_is_with_the_master_releases_its_pins(
         async with cellar.AsyncClient(cluster.address, transport="tcp") as writer:
             await writer.put_many([(k, value(i)) for i, k in enumerate(KEYS)], upsert=True)
         # a fresh reader knows no key's place: its get asks the master first
-        async with cellar.AsyncClient(cluster.address, transport="tcp") as reader:
+        timeout_s = 1.0 if how == "timeout_s" else 30.0
+        async with cellar.AsyncClient(cluster.address, transport="tcp",
+                                      timeout_s=timeout_s) as reader:
             assert not await reader.exists("cancel/absent")  # the fast line is open
             assert await _pins_released(cluster) == 0
             cluster.signal_master(signal.SIGSTOP)
@@ -90,9 +94,12 @@ def test_a_get_cancelled_while_its_lookup_is_with_the_master_releases_its_pins(
                     task.cancel()
                     with pytest.raises(asyncio.CancelledError):
                         await task
-                else:
+                elif how == "wait_for":
                     with pytest.raises(TimeoutError):
                         await asyncio.wait_for(call(reader), 0.5)
+                else:  # the call's own deadline passes while the master holds its request
+                    with pytest.raises((cellar.Timeout, cellar.Unavailable)):
+                        await call(reader)
             finally:
                 cluster.signal_master(signal.SIGCONT)
             assert await _pins_released(cluster) == 0
@@ -101,6 +108,40 @@ def test_a_get_cancelled_while_its_lookup_is_with_the_master_releases_its_pins(
             assert await reader.get_into(KEYS[2], buf) == len(value(2))
             assert bytes(buf[:len(value(2))]) == value(2)
             assert await reader.get_many(KEYS) == [value(i) for i in range(len(KEYS))]
+        assert await _pins_released(cluster) == 0
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(120)
+def test_a_call_that_times_out_on_the_fast_line_leaves_the_others_on_it_alone(
+        cluster: LocalCluster) -> None:
+    """A deadline get whose GetReplicas outlives its budget (LATE) while another get waits on
+    the same fast-line connection: the late one's reply is dropped when it comes (its pins
+    released), and the other get is answered on the line it asked on. (A timeout on the fast
+    line once counted as a broken line: the line was closed under the other call, whose
+    request the master had already acted on, so its pins were never released, and it was sent
+    again over gRPC.)"""
+    async def body() -> None:
+        async with cellar.AsyncClient(cluster.address, transport="tcp") as writer:
+            await writer.put_many([(k, value(i)) for i, k in enumerate(KEYS)], upsert=True)
+        async with cellar.AsyncClient(cluster.address, transport="tcp") as reader:
+            assert not await reader.exists("cancel/absent")  # the fast line is open
+            assert await _pins_released(cluster) == 0
+            buf = bytearray(64 << 10)
+            late_bufs = [bytearray(64 << 10) for _ in KEYS[1:]]
+            cluster.signal_master(signal.SIGSTOP)
+            try:
+                plain = asyncio.ensure_future(reader.get_into(KEYS[0], buf))
+                await asyncio.sleep(0.2)  # its GetReplicas is sent, unanswered
+                got = await reader.get_many_into(KEYS[1:], late_bufs, timeout_s=0.3)
+                assert got == [cellar.LATE] * len(late_bufs)
+                assert not plain.done()
+            finally:
+                cluster.signal_master(signal.SIGCONT)
+            assert await plain == len(value(0))
+            assert bytes(buf[:len(value(0))]) == value(0)
+            assert await _pins_released(cluster) == 0
         assert await _pins_released(cluster) == 0
 
     asyncio.run(body())
