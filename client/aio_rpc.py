@@ -90,7 +90,7 @@ class _Pipe(asyncio.Protocol):
         self.pending: collections.deque[asyncio.Future[tuple[int, bytes]]] = collections.deque()
         self.down = False
         self._inbox = bytearray()
-        # an abandoned call's slot -> who takes its reply when it comes (`AsyncFastLine.call`)
+        # a call's slot -> who takes its reply should its caller give up (`AsyncFastLine.call`)
         self.orphans: dict[asyncio.Future[tuple[int, bytes]], Orphan] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -118,9 +118,10 @@ class _Pipe(asyncio.Protocol):
                 self.close(_FastLineDown("fast line reply to no request"))
                 return
             waiter = self.pending.popleft()
+            orphan = self.orphans.pop(waiter, None) if self.orphans else None
             if not waiter.done():
                 waiter.set_result((code, bytes(inbox[used + head_bytes:end])))
-            elif self.orphans and (orphan := self.orphans.pop(waiter, None)) is not None:
+            elif orphan is not None:  # its caller gave up: the reply goes to who takes it
                 orphan(code, bytes(inbox[used + head_bytes:end]))
             used = end
         if used:
@@ -168,15 +169,15 @@ class AsyncFastLine:
                 waiter: asyncio.Future[tuple[int, bytes]] = \
                     asyncio.get_running_loop().create_future()
                 pipe.pending.append(waiter)
+                if orphan is not None:  # from now on: a cancelled waiter's reply goes there
+                    pipe.orphans[waiter] = orphan
                 pipe.send(fastline.pack_head(len(body), method_id) + body)
                 try:
                     return await waiter
                 except asyncio.CancelledError:
-                    if orphan is not None:
-                        if waiter.cancelled():  # unanswered yet: the pipe hands it over
-                            pipe.orphans[waiter] = orphan
-                        elif waiter.exception() is None:  # answered as the caller gave up
-                            orphan(*waiter.result())
+                    if (orphan is not None and not waiter.cancelled()
+                            and waiter.exception() is None):
+                        orphan(*waiter.result())  # answered just as the caller gave up
                     raise
         except TimeoutError:  # an OSError too: the line is fine, the master is late
             raise
