@@ -1,4 +1,6 @@
-"""Finding (review 2026-12-07): one tenant's request stopped the whole master for minutes.
+"""Findings (review 2026-12-07): JSON bodies from any tenant token that stalled or broke the master.
+
+One tenant's request stopped the whole master for minutes.
 
 The HTTP server measures a JSON body's nesting (`cellar.http.json_depth`) before parsing it. Its
 scan matched each string with a regex; a string that never closes, such as `"\\"\\"\\"...`,
@@ -6,6 +8,10 @@ failed at the end of the body and the scan started again at the next quote, insi
 quadratic in the body (16 KiB took 1 s, the 1 MiB the server admits about an hour), on the
 master's one event loop, with any tenant token (`POST /api/v1/lookup`, `/query`). Every RPC,
 the fast line and the other HTTP requests waited behind it.
+
+Same review: a JSON integer too big for a float (`"bytes_per_s": 1e400` written out as digits)
+in a lookup dropped the connection without a reply and logged a traceback per request
+(`math.isfinite` raised OverflowError, which nothing caught); now a 400 naming the field.
 
 Real master process (cellar.devtools.local_cluster): while the hostile body is being measured,
 another caller's /health must be answered (the port still serves others), and the hostile
@@ -15,6 +21,7 @@ waits for an answer that, before the fix, came minutes later.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import urllib.request
@@ -70,3 +77,20 @@ def test_an_unclosed_string_of_escaped_quotes_does_not_stall_the_master(
 ])
 def test_json_depth_counts_what_json_would_nest(body: bytes, depth: int) -> None:
     assert json_depth(body) == depth
+
+
+BIG = 10 ** 400  # a JSON integer: Python's json makes it an int no float can hold
+
+
+@pytest.mark.parametrize("extra", [
+    {"bytes_per_s": BIG}, {"rtt_s": BIG}, {"bytes_per_s": 1e9, "rtt_s": -BIG},
+    {"prefill_tokens_per_s": BIG, "tokens_per_key": 16},
+])
+def test_a_number_too_big_for_a_float_is_a_400(cluster: LocalCluster, extra: dict) -> None:
+    """Finding (same review): `math.isfinite` of such an int raised OverflowError, which no one
+    caught: the connection was dropped without a reply and the master logged a traceback per
+    request ("Unhandled exception in client_connected_cb"), from any tenant token."""
+    body = json.dumps({"keys": ["k"], **extra}).encode()
+    answer = _reply(_send(cluster.http_url, "/api/v1/lookup", cluster.token, body))
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"must be a number" in answer
