@@ -94,3 +94,17 @@ def test_a_number_too_big_for_a_float_is_a_400(cluster: LocalCluster, extra: dic
     answer = _reply(_send(cluster.http_url, "/api/v1/lookup", cluster.token, body))
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
     assert b"must be a number" in answer
+
+
+@pytest.mark.parametrize("quota", ["1e400GiB", "9" * 400 + "GiB"])
+def test_a_quota_past_a_float_is_a_400_and_changes_nothing(cluster: LocalCluster,
+                                                           quota: str) -> None:
+    """Finding (same review): `parse_size_bytes` turned such a size into float infinity and
+    `int()` of it raised OverflowError: PUT /api/v1/tenants dropped the connection unanswered
+    (and a config file with it failed with a traceback instead of a ConfigError)."""
+    body = json.dumps({"name": "overflow", "quota_bytes": quota}).encode()
+    answer = _reply(_send(cluster.http_url, "/api/v1/tenants", cluster.admin_token, body))
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"not a size" in answer
+    tenants = cluster.admin_request("GET", "/api/v1/tenants")
+    assert "overflow" not in {t["name"] for t in tenants}
