@@ -7,7 +7,8 @@ token names one in the header), so tenant A's events never reach tenant B's stre
 holds it, so the consumer knows to resync, e.g. with `lookup`); 0 starts with the next batch.
 
 The generic gRPC interceptor only checks unary calls, so this handler runs `Authorizer.check`
-itself before anything else. Each stream waits on the hub's wakeup between flushes; it holds
+itself before anything else, and again before each round of batches: a token revoked while
+its stream is open ends the stream (UNAUTHENTICATED) instead of reading on. Each stream waits on the hub's wakeup between flushes; it holds
 no state of the master's and sends at most `replay_batches` batches per wakeup.
 """
 
@@ -54,6 +55,10 @@ def watch_handler(leadership: Leadership, authorizer: Authorizer,
                 yield pb.KvEventBatch(seq=seq, payload=payload, epoch=epoch)
                 next_seq = seq + 1
             await wakeup.wait()
+            try:  # a token revoked since the last round reads no more (a cached dict lookup)
+                authorizer.check(METHOD, request)
+            except AuthRefused as exc:
+                await context.abort(*rejection(exc))
 
     return grpc.unary_stream_rpc_method_handler(
         watch, request_deserializer=_parse, response_serializer=pb.KvEventBatch.SerializeToString)
