@@ -5,7 +5,8 @@ would be a heavy dependency for that. Requests are bounded (header bytes, body b
 nesting, time, concurrent connections) so a hostile peer cannot make the server allocate,
 recurse or wait without limit: anything over a bound is a 4xx with a message saying which,
 never an unhandled exception. A handler's `CellarError` (e.g. QuotaExceeded past max_tenants)
-answers 400 with its message.
+answers 400 with its message; anything else a handler raises is its bug and answers 500
+(before, the connection closed unanswered and asyncio logged a traceback per request).
 
 Ports a stranger cannot block: at most `max_connections` connections in all and
 `max_connections_per_peer` from one peer address (more are closed at once, so one address
@@ -181,6 +182,7 @@ class HttpServer:
         self.request_timeout_s = REQUEST_TIMEOUT_S
         self.response_timeout_s = RESPONSE_TIMEOUT_S
         self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.handler_failures = 0  # handlers that raised something unexpected (answered 500)
         self.refusal_log = RefusalLog(log, "http", interval_s=DEFAULT_INTERVAL_S)
 
     def set_limits(self, *, max_connections: int, max_connections_per_peer: int,
@@ -336,3 +338,9 @@ class HttpServer:
             return await handler(request)
         except (CellarError, ValueError, KeyError, TypeError) as exc:
             return Response.json({"error": str(exc)}, 400)
+        except Exception:  # noqa: BLE001 - a handler's bug: still an answer, logged 1, 2, 4, ... times
+            self.handler_failures += 1
+            if self.handler_failures & (self.handler_failures - 1) == 0:
+                log.exception("HTTP %s %s failed (%d so far)", method, url.path,
+                              self.handler_failures)
+            return Response.json({"error": "internal error (the server's log says more)"}, 500)

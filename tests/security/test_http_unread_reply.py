@@ -1,5 +1,6 @@
-"""Finding (review 2026-12-07): a client that never reads its reply held its HTTP connection slot
-for ever.
+"""Findings (review 2026-12-07) on replies of `cellar.http`, the master's and nodes' HTTP server.
+
+A client that never reads its reply held its HTTP connection slot for ever.
 
 `cellar.http` bounded the request (header and request timeouts) but then awaited the reply's
 drain with no deadline. A reply larger than what the kernel buffers (a master's /metrics or
@@ -58,6 +59,10 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     async def health(_: Request) -> Response:
         return Response(200, b"ok\n")
 
+    async def broken(_: Request) -> Response:
+        return Response(200, str(1.0 * 10 ** 400).encode())  # OverflowError: a handler's bug
+
+    http.route("GET", "/broken", broken)
     http.route("GET", "/large", large)
     http.route("GET", "/health", health)
     port = loop.run_until_complete(http.start("127.0.0.1", 0, server_tls))
@@ -117,3 +122,15 @@ def test_a_reply_nobody_reads_does_not_hold_the_slot(server: Server) -> None:
         for sock in stalled:
             assert isinstance(sock, socket.socket)
             sock.close()
+
+
+def test_a_handler_that_raises_is_answered_500_and_the_server_serves_on(server: Server) -> None:
+    """Finding (same review): a handler raising anything but CellarError, ValueError, KeyError
+    or TypeError (an OverflowError from a number too large for a float, twice in the master's
+    API) closed the connection with no reply, and asyncio logged a traceback per request."""
+    http, port, tls = server
+    for _ in range(3):
+        reply = _ask(port, tls, "/broken", read=True)
+        assert isinstance(reply, bytes) and reply.startswith(b"HTTP/1.1 500 "), reply[:200]
+    assert http.handler_failures == 3
+    assert _health(port, tls).startswith(b"HTTP/1.1 200 ")
