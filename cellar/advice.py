@@ -49,8 +49,9 @@ def check_rate(prefill_tokens_per_s: float | None, tokens_per_key: int | None) -
     if tokens_per_key is not None and prefill_tokens_per_s is None:
         return  # tokens reused are reported; no advice without a rate
     rate = prefill_tokens_per_s
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) \
-            or not 0 < rate <= MAX_PREFILL_TOKENS_PER_S:
+    # the range before math.isfinite, which raises OverflowError for an int past a float's range
+    if isinstance(rate, bool) or not isinstance(rate, int | float) \
+            or not 0 < rate <= MAX_PREFILL_TOKENS_PER_S or not math.isfinite(rate):
         raise InvalidArgument(f"prefill_tokens_per_s must be a number in (0, "
                               f"{MAX_PREFILL_TOKENS_PER_S:g}] (tokens per second)")
 

@@ -5,14 +5,17 @@ would be a heavy dependency for that. Requests are bounded (header bytes, body b
 nesting, time, concurrent connections) so a hostile peer cannot make the server allocate,
 recurse or wait without limit: anything over a bound is a 4xx with a message saying which,
 never an unhandled exception. A handler's `CellarError` (e.g. QuotaExceeded past max_tenants)
-answers 400 with its message.
+answers 400 with its message; anything else a handler raises is its bug and answers 500
+(before, the connection closed unanswered and asyncio logged a traceback per request).
 
 Ports a stranger cannot block: at most `max_connections` connections in all and
 `max_connections_per_peer` from one peer address (more are closed at once, so one address
 cannot take every slot); a request's line and headers must arrive within `header_timeout_s` of
 its connection (an idle or dripping connection is closed then, not after the whole
-`request_timeout_s`). Every refusal is counted by reason (`refusals`, exported through
-`collector`) and logged at most once per peer per interval (cellar.refusals).
+`request_timeout_s`); its reply must drain within `response_timeout_s` (a peer that never
+reads a reply larger than the kernel buffers is cut off, not left holding its slot). Every
+refusal is counted by reason (`refusals`, exported through `collector`) and logged at most
+once per peer per interval (cellar.refusals).
 
 TLS (`http_tls`, docs/security.md): `start(..., ssl_context=)` serves HTTPS with the process's
 own certificate (the master's gRPC one, a node's data-port one), so admin tokens never cross
@@ -46,17 +49,22 @@ MAX_CONNECTIONS = 256  # concurrent HTTP connections; more are closed at once
 MAX_CONNECTIONS_PER_PEER = 16  # concurrent HTTP connections from one peer address
 HEADER_TIMEOUT_S = 2.0  # request line and headers, from the moment the connection is accepted
 REQUEST_TIMEOUT_S = 10.0  # the whole request: headers, body and handler
+RESPONSE_TIMEOUT_S = 10.0  # the reply must drain to the client within this, or it is cut
 # Refusal reasons, the `reason` label of <prefix>_http_refusals_total
 REFUSED_MAX_CONNECTIONS = "max_connections"
 REFUSED_PER_PEER = "max_connections_per_peer"
 REFUSED_HEADER_TIMEOUT = "header_timeout"
 REFUSED_REQUEST_TIMEOUT = "request_timeout"
 REFUSED_TLS_HANDSHAKE = "tls_handshake"  # http_tls: no TLS handshake, a failed or a late one
+REFUSED_RESPONSE_TIMEOUT = "response_timeout"  # a reply the client did not read in time
 REFUSAL_REASONS = (REFUSED_MAX_CONNECTIONS, REFUSED_PER_PEER, REFUSED_HEADER_TIMEOUT,
-                   REFUSED_REQUEST_TIMEOUT, REFUSED_TLS_HANDSHAKE)
+                   REFUSED_REQUEST_TIMEOUT, REFUSED_TLS_HANDSHAKE, REFUSED_RESPONSE_TIMEOUT)
 log = logging.getLogger("cellar.http")
-# A JSON string, or one of the characters that open or close a level of nesting.
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# A JSON string, or one of the characters that open or close a level of nesting. A string that
+# never closes runs to the end of the body (the closing quote is optional): the scan is linear.
+# With the quote required, `"\"\"\"...` failed at the end and was tried again from every quote
+# inside it, quadratic (1 s for 16 KiB) on the event loop (tests/security/test_json_scan.py).
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 
 
 def max_connections_setting() -> Any:
@@ -172,7 +180,9 @@ class HttpServer:
         self.max_connections_per_peer = MAX_CONNECTIONS_PER_PEER
         self.header_timeout_s = HEADER_TIMEOUT_S
         self.request_timeout_s = REQUEST_TIMEOUT_S
+        self.response_timeout_s = RESPONSE_TIMEOUT_S
         self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.handler_failures = 0  # handlers that raised something unexpected (answered 500)
         self.refusal_log = RefusalLog(log, "http", interval_s=DEFAULT_INTERVAL_S)
 
     def set_limits(self, *, max_connections: int, max_connections_per_peer: int,
@@ -284,7 +294,11 @@ class HttpServer:
             for name, value in response.headers.items():
                 head += f"{name}: {value}\r\n"
             writer.write(head.encode() + b"\r\n" + response.body)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), self.response_timeout_s)
+        except asyncio.TimeoutError:  # a peer that does not read must not keep its slot
+            self._refuse(host, REFUSED_RESPONSE_TIMEOUT,
+                         f"reply not taken within {self.response_timeout_s} s")
+            writer.transport.abort()  # (the close below then sends nothing)
         except ConnectionError:
             pass
         finally:
@@ -324,3 +338,9 @@ class HttpServer:
             return await handler(request)
         except (CellarError, ValueError, KeyError, TypeError) as exc:
             return Response.json({"error": str(exc)}, 400)
+        except Exception:  # noqa: BLE001 - a handler's bug: still an answer, logged 1, 2, 4, ... times
+            self.handler_failures += 1
+            if self.handler_failures & (self.handler_failures - 1) == 0:
+                log.exception("HTTP %s %s failed (%d so far)", method, url.path,
+                              self.handler_failures)
+            return Response.json({"error": "internal error (the server's log says more)"}, 500)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE_UNITS = {
@@ -24,7 +25,10 @@ def parse_size_bytes(text: str | int) -> int:
     match = _NUMBER_WITH_UNIT.match(str(text))
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64KiB, 4GiB, 1.5GB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not math.isfinite(size):  # '1e400GiB': int() of infinity raised OverflowError
+        raise ValueError(f"not a size: {text!r} (too large)")
+    return int(size)
 
 
 def parse_duration_s(text: str | float) -> float:

@@ -236,6 +236,9 @@ class MasterConfig:
         "events port + 1)")
     kv_events_replay_batches: int = setting(
         4096, "event batches kept per tenant for replay and the gRPC stream", unit="batches")
+    kv_events_max_streams_per_tenant: int = setting(
+        64, "most WatchKvEvents streams open at once per tenant (one more is "
+        "RESOURCE_EXHAUSTED)", unit="streams")
     kv_events_queue_batches: int = setting(
         4096, "event batches queued for each subscriber (the PUB socket's high-water mark); "
         "a subscriber further behind misses live batches (still replayable)", unit="batches")
@@ -502,6 +505,8 @@ class MasterConfig:
                 "must be in [1, 1000000]")
         require(1 <= self.kv_events_queue_batches <= 1_000_000, "kv_events_queue_batches",
                 "must be in [1, 1000000]")
+        require(1 <= self.kv_events_max_streams_per_tenant <= 100_000,
+                "kv_events_max_streams_per_tenant", "must be in [1, 100000]")
         if not isinstance(self.tenants, dict):
             raise ConfigError("tenants", "expected a mapping of tenant name to quotas")
         require(len(self.tenants) < self.max_tenants, "tenants",

@@ -54,8 +54,10 @@ def add_lookup_route(server: HttpServer, leadership: Leadership, authorizer: Aut
             check_rate(rate, per_key)
             for name, value, top in (("bytes_per_s", bytes_per_s, MAX_BYTES_PER_S),
                                      ("rtt_s", rtt_s, 60.0)):
+                # the range first: it refuses NaN and inf, and compares a JSON integer too big
+                # for a float exactly, where math.isfinite raised OverflowError (no reply)
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                          or not math.isfinite(value) or not 0 <= value <= top
+                                          or not 0 <= value <= top or not math.isfinite(value)
                                           or (name == "bytes_per_s" and value == 0)):
                     raise InvalidArgument(f"{name} must be a number in the range (0, {top:g}]")
             outcome = lookup(leadership.service, str(tenant), body["keys"])
