@@ -8,8 +8,9 @@ holds it, so the consumer knows to resync, e.g. with `lookup`); 0 starts with th
 
 The generic gRPC interceptor only checks unary calls, so this handler runs `Authorizer.check`
 itself before anything else, and again before each round of batches: a token revoked while
-its stream is open ends the stream (UNAUTHENTICATED) instead of reading on. Each stream waits on the hub's wakeup between flushes; it holds
-no state of the master's and sends at most `replay_batches` batches per wakeup. A tenant has
+its stream is open ends the stream (UNAUTHENTICATED) instead of reading on. Each stream waits
+on the hub's wakeup between flushes; it holds no state of the master's and sends at most
+`replay_batches` batches per wakeup. A tenant has
 at most `kv_events_max_streams_per_tenant` streams open (one more is RESOURCE_EXHAUSTED): each
 is a task the master wakes on every flush, so their number is bounded like everything else.
 """
