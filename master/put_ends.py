@@ -70,8 +70,8 @@ class PutEnds:
 
     def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
         s = self.service
+        s.check_batch(len(items))  # before `tenant`, which may create it: a refusal changes nothing
         tenant = s.tenant(tenant_name)
-        s.check_batch(len(items))
         now = s.clock.monotonic()
         puts = s.objects.puts
         if s.recovering() and any(item.put_id not in puts
@@ -145,8 +145,8 @@ class PutEnds:
 
     def put_revoke(self, tenant_name: str, client_id: str, items: Sequence[PutRefLike]) -> KeyResults:
         s = self.service
+        s.check_batch(len(items))  # before `tenant`, which may create it: a refusal changes nothing
         tenant = s.tenant(tenant_name)
-        s.check_batch(len(items))
         now = s.clock.monotonic()
         results: KeyResults = []
         for item in items:

@@ -105,9 +105,9 @@ class PutStarts:
         begins, so a repeat of the call finds its own put, not ALREADY_EXISTS, even once the
         serving room's reply memory forgot it (proto/request_id.py)."""
         s = self.service
+        s.check_batch(len(items))  # before `tenant`, which may create it: a refusal changes nothing
         tenant = s.tenant(tenant_name)
         write_op = GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE
-        s.check_batch(len(items))
         if s.membership.segments and s.recovering() and any(
                 not item.upsert and item.key not in tenant.objects for item in items):
             # A key missing from a table still being rebuilt may be a value not reported

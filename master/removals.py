@@ -59,8 +59,8 @@ class Removals:
         the new master answers this call's repeat (its first reply lost with the old master)
         OK for a key the call removed, as the first call answered, not NOT_FOUND."""
         s = self.service
+        s.check_batch(len(keys))  # before `tenant`, which may create it: a refusal changes nothing
         tenant = s.tenant(tenant_name)
-        s.check_batch(len(keys))
         now = s.clock.monotonic()
         if s.recovering() and any(key not in tenant.objects for key in keys):
             raise s.grace.error()

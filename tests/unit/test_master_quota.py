@@ -178,3 +178,31 @@ def test_a_tenant_nobody_set_a_quota_for_gets_the_default_fraction() -> None:
     with pytest.raises(ConfigError, match="default_tenant_quota_fraction"):
         MasterConfig(default_tenant_quota_fraction=1.5).validate()
 
+
+
+@pytest.mark.parametrize("call", ["exists", "prefix_len", "get_replicas", "unpin", "put_start",
+                                  "put_end", "put_revoke", "remove", "lookup"])
+def test_a_batch_refused_as_too_large_creates_no_tenant(call: str) -> None:
+    """With allow_unknown_tenants a tenant is created by its first request; one refused for
+    its batch size must not create it (a refused request changes nothing)."""
+    from cellar.master.lookup import lookup
+    from cellar.master.service import PutEndItem, PutRef
+
+    svc, _ = service(allow_unknown_tenants=True, max_batch_keys=2)
+    keys = ["a", "b", "c"]
+    calls = {
+        "exists": lambda t: svc.exists(t, keys),
+        "prefix_len": lambda t: svc.prefix_len(t, keys),
+        "get_replicas": lambda t: svc.get_replicas(t, "c", keys),
+        "unpin": lambda t: svc.unpin(t, "c", [1, 2, 3]),
+        "put_start": lambda t: svc.put_start(t, "c", [PutItem(k, 1) for k in keys]),
+        "put_end": lambda t: svc.put_end(t, "c", [PutEndItem(k, 1, 0, []) for k in keys]),
+        "put_revoke": lambda t: svc.put_revoke(t, "c", [PutRef(k, 1) for k in keys]),
+        "remove": lambda t: svc.remove(t, keys),
+        "lookup": lambda t: lookup(svc, t, keys),
+    }
+    with pytest.raises(RequestRejected, match="max_batch_keys"):
+        calls[call]("newcomer")
+    assert "newcomer" not in svc.tenants.by_name
+    svc.exists("newcomer", keys[:2])  # within the limit, the first request creates it
+    assert "newcomer" in svc.tenants.by_name
