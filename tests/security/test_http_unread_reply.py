@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from cellar.http import REFUSED_RESPONSE_TIMEOUT, HttpServer, Request, Response
+from tests.support.http import serving
 
 PER_PEER = 2
 BIG_BYTES = 16 << 20
@@ -65,16 +65,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     http.route("GET", "/broken", broken)
     http.route("GET", "/large", large)
     http.route("GET", "/health", health)
-    port = loop.run_until_complete(http.start("127.0.0.1", 0, server_tls))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(http, loop, server_tls) as port:
         yield http, port, client_tls
-    finally:
-        asyncio.run_coroutine_threadsafe(http.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def _ask(port: int, tls: ssl.SSLContext | None, path: str, *, read: bool) -> socket.socket | bytes:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import socket
 import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from cellar.http import (
     Response,
     parse_json,
 )
+from tests.support.http import serving
 
 Server = tuple[int, list[object], ssl.SSLContext | None]
 
@@ -57,16 +57,8 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
         return Response.json({"ok": True})
 
     http.route("POST", "/api/v1/tenants", echo)
-    port = loop.run_until_complete(http.start("127.0.0.1", 0, server_tls))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(http, loop, server_tls) as port:
         yield port, seen, client_tls
-    finally:
-        asyncio.run_coroutine_threadsafe(http.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def _post(server: Server, body: bytes, length: str | None = None) -> tuple[int, bytes]:

@@ -1,13 +1,19 @@
 """`post_json`: a JSON POST to a local cluster's master HTTP port with a bearer token; the
 status and the decoded reply (error replies included). `master_metric`: one sample of its
-/metrics."""
+/metrics. `serving`: a `cellar.http.HttpServer` run on loopback by an event loop of its own in
+a thread, for tests of the server itself."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import ssl
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -29,3 +35,20 @@ def master_metric(cluster: Any, name: str) -> float:
     match = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M)
     assert match, f"{name} not in the master's /metrics"
     return float(match.group(1))
+
+
+@contextmanager
+def serving(http: Any, loop: asyncio.AbstractEventLoop,
+            tls: ssl.SSLContext | None = None) -> Iterator[int]:
+    """`http` (its routes set) listening on 127.0.0.1 on `loop`, run by a thread; its port.
+    Stopped, the loop closed, on the way out."""
+    port = loop.run_until_complete(http.start("127.0.0.1", 0, tls))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        asyncio.run_coroutine_threadsafe(http.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
