@@ -44,13 +44,11 @@ from cellar.storage_node.segment import Segment
 from cellar.transfer.frame import (
     OP_WRITE,
     REQUEST,
-    REQUEST_MAGIC,
-    VERSION,
     WriteMeta,
     decode_request,
     decode_write_meta,
-    grant_flags,
 )
+from cellar.transfer.tcp_plan import add_request
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB)
@@ -75,15 +73,16 @@ def _sender(port: int, sizes: tuple[int, ...], frames: int) -> None:
 
 
 def _frame(access_secret: bytes, alloc_id: int, offset: int, size: int) -> tuple[bytes, bytes]:
-    """(packed request header, packed write meta) of one whole-object WRITE."""
+    """(packed request header, packed write meta) of one whole-object WRITE, packed as the
+    clients pack it (`tcp_plan.add_request`)."""
     grant = sign(access_secret, op=GRANT_OP_WRITE, segment_id=SEG, offset=offset, length=size,
                  alloc_id=alloc_id, epoch=EPOCH, expiry_ms=wall_ms() + 60_000,
                  tag=key_tag("bench", f"k{alloc_id}"))
     meta = WriteMeta(alloc_id, size, "bench", f"k{alloc_id}").pack()
-    head = REQUEST.pack(REQUEST_MAGIC, VERSION, OP_WRITE, grant_flags(grant), len(meta),
-                        alloc_id, grant.segment_id, grant.offset, grant.length, grant.alloc_id,
-                        grant.epoch, grant.expiry_ms, grant.key_tag, grant.mac, offset, size)
-    return head, meta
+    parts: list[bytes | memoryview] = []
+    add_request(parts, OP_WRITE, alloc_id, (0, offset, (), size, grant), meta)
+    head = bytes(parts[0])
+    return head[:REQUEST.size], head[REQUEST.size:]
 
 
 def run(frames: int, segment_bytes: int = SEGMENT_BYTES) -> dict[int, dict[str, float]]:
