@@ -27,7 +27,7 @@ service; it never touches payload bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from cellar.errors import Status
 from cellar.master.grace import RebuildGrace
@@ -55,9 +55,8 @@ class MasterService(Protocol):
     tiers: Tiers
     aheads: PutAheads
 
-    def tenant(self, name: str) -> Tenant: ...
+    def tenant(self, name: str, batch: int = ..., what: str = ...) -> Tenant: ...
     def recovering(self) -> bool: ...
-    def check_batch(self, count: int, what: str = ...) -> Any: ...
     def key_error(self, key: str) -> str: ...
     def ranges_of(self, obj: Obj) -> list[int]: ...
 
@@ -70,8 +69,7 @@ class PutEnds:
 
     def put_end(self, tenant_name: str, client_id: str, items: Sequence[PutEndLike]) -> KeyResults:
         s = self.service
-        s.check_batch(len(items))  # before `tenant`, which may create it: a refusal changes nothing
-        tenant = s.tenant(tenant_name)
+        tenant = s.tenant(tenant_name, len(items))  # checks the batch before it may create one
         now = s.clock.monotonic()
         puts = s.objects.puts
         if s.recovering() and any(item.put_id not in puts
@@ -145,8 +143,7 @@ class PutEnds:
 
     def put_revoke(self, tenant_name: str, client_id: str, items: Sequence[PutRefLike]) -> KeyResults:
         s = self.service
-        s.check_batch(len(items))  # before `tenant`, which may create it: a refusal changes nothing
-        tenant = s.tenant(tenant_name)
+        tenant = s.tenant(tenant_name, len(items))  # checks the batch before it may create one
         now = s.clock.monotonic()
         results: KeyResults = []
         for item in items:

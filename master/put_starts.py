@@ -17,7 +17,7 @@ service; it never touches payload bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from xxhash import xxh64_intdigest
 
@@ -71,9 +71,8 @@ class MasterService(Protocol):
     no_space_count: int
     grace: RebuildGrace
 
-    def tenant(self, name: str) -> Tenant: ...
+    def tenant(self, name: str, batch: int = ..., what: str = ...) -> Tenant: ...
     def recovering(self) -> bool: ...
-    def check_batch(self, count: int, what: str = ...) -> Any: ...
     def key_error(self, key: str) -> str: ...
 
 
@@ -105,8 +104,7 @@ class PutStarts:
         begins, so a repeat of the call finds its own put, not ALREADY_EXISTS, even once the
         serving room's reply memory forgot it (proto/request_id.py)."""
         s = self.service
-        s.check_batch(len(items))  # before `tenant`, which may create it: a refusal changes nothing
-        tenant = s.tenant(tenant_name)
+        tenant = s.tenant(tenant_name, len(items))  # checks the batch before it may create one
         write_op = GRANT_OP_WRITE_COMMIT if may_commit else GRANT_OP_WRITE
         if s.membership.segments and s.recovering() and any(
                 not item.upsert and item.key not in tenant.objects for item in items):

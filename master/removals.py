@@ -15,7 +15,7 @@ loop, like every method of the service; it never touches payload bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from cellar.errors import Status
 from cellar.master.config import MasterConfig
@@ -40,8 +40,7 @@ class MasterService(Protocol):
     tombstones: Tombstones
     alloc_ids: AllocIds
 
-    def tenant(self, name: str) -> Tenant: ...
-    def check_batch(self, count: int, what: str = ...) -> Any: ...
+    def tenant(self, name: str, batch: int = ..., what: str = ...) -> Tenant: ...
     def recovering(self) -> bool: ...
     def miss(self, tenant: Tenant, key: str) -> tuple[Status, str]: ...
 
@@ -59,8 +58,7 @@ class Removals:
         the new master answers this call's repeat (its first reply lost with the old master)
         OK for a key the call removed, as the first call answered, not NOT_FOUND."""
         s = self.service
-        s.check_batch(len(keys))  # before `tenant`, which may create it: a refusal changes nothing
-        tenant = s.tenant(tenant_name)
+        tenant = s.tenant(tenant_name, len(keys))  # checks the batch before it may create one
         now = s.clock.monotonic()
         if s.recovering() and any(key not in tenant.objects for key in keys):
             raise s.grace.error()

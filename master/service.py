@@ -207,7 +207,11 @@ class MasterService:
 
     # ---------------------------------------------------------------- request checks
 
-    def tenant(self, name: str) -> Tenant:
+    def tenant(self, name: str, batch: int = 0, what: str = "keys") -> Tenant:
+        """The request's tenant (created on first use under allow_unknown_tenants), once its
+        `batch` of `what` passed `check_batch`: a request refused for its size creates none."""
+        if batch:
+            self.check_batch(batch, what)
         tenant = self.tenants.resolve(name)
         if tenant is None:
             raise RequestRejected(f"unknown tenant {name!r}")
@@ -243,9 +247,8 @@ class MasterService:
     def get_replicas(
         self, tenant_name: str, client_id: str, keys: Sequence[str], unpin_ids: Sequence[int] = ()
     ) -> GetOutcome:
-        self.check_batch(len(keys))  # before `tenant`, which may create it: a refusal changes nothing
         self.check_batch(len(unpin_ids), "pin ids")
-        tenant = self.tenant(tenant_name)
+        tenant = self.tenant(tenant_name, len(keys))
         if self.recovering():
             # A miss may be an object not reported yet, and a hit may be an older value that a
             # report still to come replaces (newest wins): answer nothing until the table is
@@ -330,16 +333,14 @@ class MasterService:
         return Status.NOT_FOUND, "no such key"
 
     def unpin(self, tenant_name: str, client_id: str, pin_ids: Sequence[int]) -> int:
-        self.check_batch(len(pin_ids), "pin ids")  # before `tenant` (see get_replicas)
-        tenant = self.tenant(tenant_name)
+        tenant = self.tenant(tenant_name, len(pin_ids), "pin ids")
         unpin = self.pins.unpin
         return sum(1 for pin_id in pin_ids if unpin(pin_id, tenant))
 
     # ---------------------------------------------------------------- probes and removal
 
     def exists(self, tenant_name: str, keys: Sequence[str]) -> list[int]:
-        self.check_batch(len(keys))  # before `tenant` (see get_replicas)
-        tenant = self.tenant(tenant_name)
+        tenant = self.tenant(tenant_name, len(keys))
         found = list(map(tenant.objects.__contains__, keys))  # C loops for the common batch
         if all(found):
             return [OK] * len(found)
@@ -357,8 +358,7 @@ class MasterService:
         return statuses
 
     def prefix_len(self, tenant_name: str, keys: Sequence[str]) -> int:
-        self.check_batch(len(keys))  # before `tenant` (see get_replicas)
-        tenant = self.tenant(tenant_name)
+        tenant = self.tenant(tenant_name, len(keys))
         found = list(map(tenant.objects.__contains__, keys))  # C loops: 256 keys in ~5 us
         count = found.index(False) if False in found else len(found)
         self.check_run_end(tenant, keys, count)
